@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds lathe and runs every test suite: the release build (unit, op,
+# golden, e2e), the same tests under ASan/UBSan, and each fuzz target briefly. Used by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+bash scripts/install-deps.sh
+export LATHE_SMOLLM2="$(bash scripts/fetch-models.sh)"
+export LATHE_REQUIRE_ALL=1
+
+echo "== release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs"
+(cd build && ctest --output-on-failure -j "$jobs")
+
+echo "== ASan/UBSan build"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLATHE_SANITIZE=ON >/dev/null
+cmake --build build-asan -j "$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --output-on-failure -j "$jobs" -LE slow)
+
+if [ -d tests/fuzz ] && ls tests/fuzz/*_fuzz.cc >/dev/null 2>&1; then
+  echo "== fuzz targets (brief)"
+  CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DLATHE_FUZZ=ON -DLATHE_TESTS=OFF >/dev/null
+  cmake --build build-fuzz -j "$jobs"
+  for src in tests/fuzz/*_fuzz.cc; do
+    name=$(basename "$src" .cc)
+    corpus=tests/fuzz/corpus/${name%_fuzz}
+    mkdir -p "build-fuzz/corpus-$name"
+    ./build-fuzz/"$name" -max_total_time="${LATHE_FUZZ_SECONDS:-30}" -rss_limit_mb=2048 \
+      "build-fuzz/corpus-$name" $( [ -d "$corpus" ] && echo "$corpus" ) 2>&1 | tail -3
+  done
+fi

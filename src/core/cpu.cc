@@ -1,0 +1,105 @@
+// cpuid-based feature detection.
+#include "core/cpu.h"
+
+#include <cpuid.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace lathe {
+
+namespace {
+
+uint64_t Xgetbv() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return ((uint64_t)edx << 32) | eax;
+}
+
+CpuFeatures Detect() {
+  CpuFeatures f;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  bool osxsave = c & (1u << 27);
+  bool avx = c & (1u << 28);
+  f.fma = c & (1u << 12);
+  f.f16c = c & (1u << 29);
+  uint64_t xcr0 = osxsave ? Xgetbv() : 0;
+  bool ymm_ok = (xcr0 & 0x6) == 0x6;
+  bool zmm_ok = (xcr0 & 0xe6) == 0xe6;
+  if (!avx || !ymm_ok) {
+    f.fma = f.f16c = false;
+    return f;
+  }
+  if (__get_cpuid_max(0, nullptr) < 7) return f;
+  __cpuid_count(7, 0, a, b, c, d);
+  f.avx2 = b & (1u << 5);
+  if (zmm_ok) {
+    f.avx512f = b & (1u << 16);
+    f.avx512dq = b & (1u << 17);
+    f.avx512bw = b & (1u << 30);
+    f.avx512vl = b & (1u << 31);
+    f.avx512_vnni = c & (1u << 11);
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx512_bf16 = a & (1u << 5);
+    f.avx_vnni = a & (1u << 4);
+  } else {
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx_vnni = a & (1u << 4);
+  }
+  return f;
+}
+
+}  // namespace
+
+std::string CpuFeatures::ToString() const {
+  std::string s;
+  auto add = [&](bool on, const char* name) {
+    if (!on) return;
+    if (!s.empty()) s += ' ';
+    s += name;
+  };
+  add(avx2, "avx2");
+  add(fma, "fma");
+  add(f16c, "f16c");
+  add(avx512f, "avx512f");
+  add(avx512bw, "avx512bw");
+  add(avx512vl, "avx512vl");
+  add(avx512dq, "avx512dq");
+  add(avx512_bf16, "avx512_bf16");
+  add(avx512_vnni, "avx512_vnni");
+  add(avx_vnni, "avx_vnni");
+  return s.empty() ? "none" : s;
+}
+
+const CpuFeatures& GetCpuFeatures() {
+  static const CpuFeatures f = Detect();
+  return f;
+}
+
+IsaTier BestIsaTier() {
+  static const IsaTier tier = [] {
+    const CpuFeatures& f = GetCpuFeatures();
+    IsaTier t = f.HasAvx512Tier() ? IsaTier::kAvx512 : f.HasAvx2Tier() ? IsaTier::kAvx2 : IsaTier::kScalar;
+    if (const char* cap = std::getenv("LATHE_ISA")) {
+      IsaTier c = t;
+      if (!std::strcmp(cap, "scalar")) c = IsaTier::kScalar;
+      else if (!std::strcmp(cap, "avx2")) c = IsaTier::kAvx2;
+      else if (!std::strcmp(cap, "avx512")) c = IsaTier::kAvx512;
+      if ((int)c < (int)t) t = c;
+    }
+    return t;
+  }();
+  return tier;
+}
+
+const char* IsaTierName(IsaTier t) {
+  switch (t) {
+    case IsaTier::kScalar: return "scalar";
+    case IsaTier::kAvx2: return "avx2";
+    case IsaTier::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+}  // namespace lathe

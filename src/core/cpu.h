@@ -1,0 +1,35 @@
+// Run-time CPU feature detection (cpuid + xgetbv). Kernels dispatch on these.
+#pragma once
+
+#include <string>
+
+namespace lathe {
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512dq = false;
+  bool avx512_bf16 = false;
+  bool avx512_vnni = false;
+  bool avx_vnni = false;
+  // Convenience: the full set each kernel tier is compiled for.
+  bool HasAvx2Tier() const { return avx2 && fma && f16c; }
+  bool HasAvx512Tier() const {
+    return avx512f && avx512bw && avx512vl && avx512dq && avx512_bf16 && avx512_vnni && HasAvx2Tier();
+  }
+  std::string ToString() const;
+};
+
+// Detected once. The environment variable LATHE_ISA=scalar|avx2|avx512 caps the tier used
+// (for testing the slower paths on a fast machine).
+const CpuFeatures& GetCpuFeatures();
+
+enum class IsaTier { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+IsaTier BestIsaTier();  // highest tier the CPU has, capped by LATHE_ISA
+const char* IsaTierName(IsaTier t);
+
+}  // namespace lathe

@@ -1,0 +1,68 @@
+// DType tables and the float -> half conversion.
+#include "core/dtype.h"
+
+#include <cctype>
+#include <string>
+
+#include "core/check.h"
+
+namespace lathe {
+
+namespace {
+const DTypeInfo kInfos[] = {
+    {"f32", 1, 4},  {"f16", 1, 2},  {"bf16", 1, 2},  {"f64", 1, 8},   {"i8", 1, 1},
+    {"i16", 1, 2},  {"i32", 1, 4},  {"i64", 1, 8},   {"u8", 1, 1},    {"bool", 1, 1},
+    {"q8_0", 32, 34}, {"q4_0", 32, 18}, {"q4_1", 32, 20},
+};
+static_assert(sizeof(kInfos) / sizeof(kInfos[0]) == (size_t)DType::kCount);
+}  // namespace
+
+const DTypeInfo& GetDTypeInfo(DType t) {
+  LATHE_CHECK((size_t)t < (size_t)DType::kCount);
+  return kInfos[(size_t)t];
+}
+
+bool ParseDType(std::string_view name, DType* out) {
+  std::string lower;
+  for (char c : name) lower.push_back((char)std::tolower((unsigned char)c));
+  for (size_t i = 0; i < (size_t)DType::kCount; ++i) {
+    if (lower == kInfos[i].name) {
+      *out = (DType)i;
+      return true;
+    }
+  }
+  return false;
+}
+
+size_t DTypeBytes(DType t, int64_t n) {
+  const DTypeInfo& info = GetDTypeInfo(t);
+  LATHE_CHECK(n % info.block_size == 0);
+  return (size_t)(n / info.block_size) * info.block_bytes;
+}
+
+uint16_t F32ToF16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  uint32_t abs = x & 0x7fffffff;
+  if (abs >= 0x7f800000) {  // inf or nan
+    return (uint16_t)(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0));
+  }
+  if (abs >= 0x477ff000) return (uint16_t)(sign | 0x7c00);  // overflow -> inf (after rounding)
+  if (abs < 0x38800000) {  // subnormal or zero in half
+    if (abs < 0x33000000) return (uint16_t)sign;  // rounds to zero
+    uint32_t mant = (abs & 0x7fffff) | 0x800000;
+    int shift = 113 - (int)(abs >> 23) + 13;  // 126 - exp + 14 - 1
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1))) half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t h = ((abs - 0x38000000) >> 13);
+  uint32_t rem = abs & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+  return (uint16_t)(sign | h);
+}
+
+}  // namespace lathe

@@ -1,0 +1,63 @@
+// ThreadPool: the one pool every parallel kernel uses (no OpenMP, no second pool).
+// Work is split into chunks taken from an atomic counter, so a thread that loses its core to
+// another process delays only the chunk it holds; idle workers spin briefly, then sleep on a
+// futex (std::atomic::wait), so a busy machine does not collapse the way spinning barriers do.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace lathe {
+
+// A non-owning reference to a callable void(int64_t begin, int64_t end, int thread_index).
+class RangeFn {
+ public:
+  template <typename F>
+  RangeFn(const F& f)  // NOLINT: implicit by design
+      : obj_(&f), call_([](const void* o, int64_t b, int64_t e, int t) { (*(const F*)o)(b, e, t); }) {}
+  void operator()(int64_t b, int64_t e, int t) const { call_(obj_, b, e, t); }
+
+ private:
+  const void* obj_;
+  void (*call_)(const void*, int64_t, int64_t, int);
+};
+
+class ThreadPool {
+ public:
+  // n_threads counts the calling thread: n_threads - 1 workers are started.
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Calls fn(begin, end, thread) over [0, n) in chunks of `grain` (the last may be short), on all
+  // threads including the caller, and returns when every chunk is done. Not reentrant: fn must not
+  // call ParallelFor on the same pool. Only one thread may call ParallelFor at a time.
+  void ParallelFor(int64_t n, int64_t grain, RangeFn fn);
+
+ private:
+  void WorkerLoop(int index);
+  void RunChunks(int thread);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  // Job state, published by bumping generation_.
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<int64_t> next_chunk_{0};
+  std::atomic<int> busy_workers_{0};
+  int64_t n_ = 0;
+  int64_t grain_ = 1;
+  int64_t n_chunks_ = 0;
+  const RangeFn* fn_ = nullptr;
+  std::atomic<bool> stop_{false};
+};
+
+// A process-wide default pool sized by LATHE_THREADS or the number of online CPUs; CLI sub-
+// commands create their own from --threads instead.
+int DefaultThreadCount();
+
+}  // namespace lathe
