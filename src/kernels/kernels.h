@@ -1,0 +1,37 @@
+// The CPU op kernels the model calls. Each op has a scalar reference (kernels/cpu/reference.h)
+// and may have AVX2 / AVX-512 paths chosen at run time (core/cpu.h); all paths agree with the
+// reference within the per-op error limits in tests/ops.
+// Shapes in PyTorch order, row-major. Pointers must not alias unless stated.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace lathe::kernels {
+
+// y(M, N) = x(M, K) . W(N, K)^T, with W = w in its stored dtype (f32, f16, bf16, q8_0, q4_0,
+// q4_1); K = w.shape[1], N = w.shape[0]. Runs on `pool`. Never materializes a dequantized W.
+void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
+
+// out(n_rows, K) = dequantize(w[row_begin : row_begin + n_rows]) for a 2-D w of any dtype.
+void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out);
+
+// Quantizes n floats (n a multiple of the block size) into t's layout, GGML-compatible rounding.
+void QuantizeRow(DType t, const float* x, int64_t n, void* out);
+
+// out(T, C) = x / sqrt(mean(x^2) + eps) * w, per row. out may alias x.
+void RmsNorm(const float* x, const float* w, float* out, int64_t T, int64_t C, float eps);
+
+// gate(n) = silu(gate) * up, in place.
+void SiluMul(float* gate, const float* up, int64_t n);
+
+// Dot product and y += a * x.
+float Dot(const float* a, const float* b, int64_t n);
+void Axpy(float* y, float a, const float* x, int64_t n);
+
+// In-place softmax over n values (max-subtracted).
+void Softmax(float* x, int64_t n);
+
+}  // namespace lathe::kernels

@@ -1,0 +1,48 @@
+// ModelConfig: the hyper-parameters of a Llama-family decoder, whatever file it came from.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace lathe::model {
+
+enum class RopeStyle {
+  kInterleaved,  // rotate pairs (2i, 2i+1): Meta checkpoints, llama2.c, GGUF "llama" (Q/K permuted)
+  kHalfSplit,    // rotate (i, i + d/2): HF transformers checkpoints, GGUF qwen2 (NEOX)
+};
+
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 } type = Type::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int64_t original_max_position = 8192;
+};
+
+struct ModelConfig {
+  std::string arch = "llama";  // llama | mistral | qwen2 (smollm2 and llama3 are "llama")
+  int64_t n_layers = 0;
+  int64_t dim = 0;             // hidden size
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;        // usually dim / n_heads
+  int64_t ffn_dim = 0;         // intermediate size
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 2048;
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  int64_t rope_dim = 0;        // dims rotated per head (== head_dim for these archs)
+  RopeStyle rope_style = RopeStyle::kHalfSplit;
+  RopeScaling rope_scaling;
+  bool tied_embeddings = false;
+  bool qkv_bias = false;       // qwen2
+  int64_t sliding_window = 0;  // mistral; 0 = none (not applied at lengths we support yet)
+
+  int64_t q_dim() const { return n_heads * head_dim; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  // Total parameters (weights only), counting a tied head once.
+  int64_t ParamCount() const;
+  std::string Summary() const;
+};
+
+}  // namespace lathe::model

@@ -1,0 +1,40 @@
+// ModelWeights: tensor views for every weight of a decoder, plus whatever owns their bytes
+// (mmapped files, converted buffers). Loaders fill it; the forward pass only reads it.
+// Linear weights are (out_features, in_features) in PyTorch order, in their stored dtype.
+#pragma once
+
+#include <any>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace lathe::model {
+
+struct LayerWeights {
+  Tensor attn_norm;              // (dim)        f32
+  Tensor wq, wk, wv, wo;         // (q_dim, dim), (kv_dim, dim), (kv_dim, dim), (dim, q_dim)
+  Tensor bq, bk, bv;             // (q_dim), (kv_dim), (kv_dim) f32; data == nullptr when absent
+  Tensor ffn_norm;               // (dim)        f32
+  Tensor w_gate, w_up, w_down;   // (ffn, dim), (ffn, dim), (dim, ffn)
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  Tensor tok_embd;               // (vocab, dim)
+  Tensor output_norm;            // (dim) f32
+  Tensor output;                 // (vocab, dim); same view as tok_embd when tied
+  std::vector<LayerWeights> layers;
+
+  // Keeps the storage alive: mmapped files, vectors of converted data, etc.
+  std::vector<std::shared_ptr<void>> owners;
+  // Makes a float buffer owned by these weights and returns a Tensor over it.
+  Tensor OwnF32(std::vector<float> data, std::vector<int64_t> shape);
+  // Checks every shape against the config; errors name the tensor.
+  Status Validate(const std::string& source) const;
+};
+
+}  // namespace lathe::model

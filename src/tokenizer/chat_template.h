@@ -1,0 +1,39 @@
+// Chat templates by name (chatml, llama3, llama2, mistral, alpaca), chosen from a model's jinja
+// template by its markers when it has one, overridable by name. Renders messages to the prompt
+// text the model was trained on.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace lathe::tokenizer {
+
+struct ChatMessage {
+  std::string role;  // system | user | assistant
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // name: chatml | llama3 | llama2 | mistral | alpaca. Error lists the valid names.
+  static Result<ChatTemplate> ByName(const std::string& name);
+  // Picks the template matching a jinja chat template's markers; chatml when unrecognized or empty.
+  // Keeps a default system prompt written into the jinja text (SmolLM2 has one).
+  static ChatTemplate Detect(const std::string& jinja);
+
+  const std::string& name() const { return name_; }
+  // The prompt text for the conversation; with add_generation_prompt, ends where the assistant's
+  // reply begins. bos_text is prepended when the template expects BOS in the text (llama3/llama2).
+  std::string Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // Strings that end an assistant turn (e.g. "<|im_end|>"), for stop detection.
+  std::vector<std::string> StopStrings() const;
+  const std::string& default_system() const { return default_system_; }
+
+ private:
+  std::string name_;
+  std::string default_system_;
+};
+
+}  // namespace lathe::tokenizer

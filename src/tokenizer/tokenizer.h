@@ -1,0 +1,81 @@
+// Tokenizer: text <-> token ids for SentencePiece-style BPE (llama, byte fallback) and byte-level
+// BPE (gpt2/llama3/qwen2/smollm), loaded from GGUF metadata, tokenizer.json, tokenizer.model or
+// llama2.c tokenizer.bin. Reproduces llama.cpp's tokenizer test vectors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace lathe::formats {
+class GgufFile;
+}
+
+namespace lathe::tokenizer {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // From a GGUF's tokenizer.ggml.* metadata (model "llama" or "gpt2").
+  static Result<std::unique_ptr<Tokenizer>> FromGguf(const formats::GgufFile& gguf);
+  // From an HF tokenizer.json (reads tokenizer_config.json beside it when present, for
+  // bos/eos/add_bos_token and the chat template).
+  static Result<std::unique_ptr<Tokenizer>> FromTokenizerJson(const std::string& path);
+  // From a SentencePiece tokenizer.model (protobuf).
+  static Result<std::unique_ptr<Tokenizer>> FromSentencePieceModel(const std::string& path);
+  // From a llama2.c tokenizer.bin (vocab_size entries).
+  static Result<std::unique_ptr<Tokenizer>> FromLlama2cBin(const std::string& path, int vocab_size);
+
+  // Encodes text. add_bos prepends BOS when the tokenizer has one (and adds EOS if the
+  // tokenizer config says so); parse_special turns special-token text (e.g. "<|im_start|>")
+  // into its single id instead of tokenizing its characters.
+  virtual std::vector<int32_t> Encode(std::string_view text, bool add_bos, bool parse_special = true) const = 0;
+  // The raw bytes a token stands for when detokenized (byte-fallback tokens give their byte,
+  // SentencePiece's U+2581 becomes a space, byte-level BPE maps back to bytes). Special tokens
+  // give their text. May be a partial UTF-8 sequence.
+  virtual std::string TokenBytes(int32_t id) const = 0;
+  // Detokenizes a whole sequence (drops BOS, strips the SentencePiece leading space).
+  virtual std::string Decode(const std::vector<int32_t>& ids) const = 0;
+  // The vocabulary string of a token as stored (for display/debugging).
+  virtual const std::string& Piece(int32_t id) const = 0;
+
+  virtual int32_t vocab_size() const = 0;
+  int32_t bos_id() const { return bos_id_; }
+  int32_t eos_id() const { return eos_id_; }
+  // All ids that end generation (eos, eot, <|im_end|>, <|eot_id|>, ...).
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+  bool add_bos() const { return add_bos_; }
+  // The chat template text from the file (jinja), empty if none.
+  const std::string& chat_template() const { return chat_template_; }
+  // "spm" or "bpe".
+  virtual const char* kind() const = 0;
+
+ protected:
+  int32_t bos_id_ = -1;
+  int32_t eos_id_ = -1;
+  std::vector<int32_t> stop_ids_;
+  bool add_bos_ = true;
+  std::string chat_template_;
+};
+
+// Streams detokenized text: feed ids one by one, get back only complete UTF-8 (a multi-byte
+// character split across tokens is held until it completes). Strips the SentencePiece leading
+// space of the first piece after BOS.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  std::string Push(int32_t id);
+  std::string Flush();  // whatever is pending (invalid bytes become U+FFFD)
+
+ private:
+  const Tokenizer& tok_;
+  std::string pending_;
+  bool first_ = true;
+};
+
+}  // namespace lathe::tokenizer
