@@ -1,7 +1,8 @@
-// ThreadPool implementation: atomic chunk counter, spin-then-futex idle workers.
+// ThreadPool implementation: generation-tagged chunk claims, spin-then-futex idle workers.
 #include "core/thread_pool.h"
 
 #include <immintrin.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,7 +10,7 @@
 namespace lathe {
 
 namespace {
-constexpr int kSpinIters = 1 << 14;  // ~ tens of microseconds before sleeping
+constexpr int kSpinIters = 1 << 13;  // a few tens of microseconds before sleeping
 }
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
@@ -18,37 +19,48 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads
 
 ThreadPool::~ThreadPool() {
   stop_.store(true, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
+  wake_.fetch_add(1, std::memory_order_acq_rel);
+  wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::RunChunks(int thread) {
+int64_t ThreadPool::RunChunks(uint32_t gen, int thread) {
+  int64_t ran = 0;
+  uint64_t cur = claim_.load(std::memory_order_acquire);
   for (;;) {
-    int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
-    if (c >= n_chunks_) break;
+    if ((uint32_t)(cur >> 32) != gen) break;
+    int64_t c = (int64_t)(uint32_t)cur;
+    // n_chunks_ is stable while the generation matches: the job cannot finish before our claim.
+    if (c >= n_chunks_.load(std::memory_order_relaxed)) break;
+    if (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
     int64_t b = c * grain_;
     int64_t e = b + grain_ < n_ ? b + grain_ : n_;
     (*fn_)(b, e, thread);
+    ++ran;
+    if (done_chunks_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_chunks_.load(std::memory_order_relaxed)) done_chunks_.notify_one();
+    cur = claim_.load(std::memory_order_acquire);
   }
+  return ran;
 }
 
 void ThreadPool::WorkerLoop(int index) {
-  uint32_t seen = 0;
+  uint32_t seen_wake = 0;
   for (;;) {
-    uint32_t g = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; g == seen && spin < kSpinIters; ++spin) {
+    uint32_t w = wake_.load(std::memory_order_acquire);
+    for (int spin = 0; w == seen_wake && spin < kSpinIters; ++spin) {
       _mm_pause();
-      g = generation_.load(std::memory_order_acquire);
+      w = wake_.load(std::memory_order_acquire);
     }
-    if (g == seen) {
-      generation_.wait(seen, std::memory_order_acquire);
+    if (w == seen_wake) {
+      sleepers_.fetch_add(1, std::memory_order_acq_rel);
+      wake_.wait(seen_wake, std::memory_order_acquire);
+      sleepers_.fetch_sub(1, std::memory_order_acq_rel);
       continue;
     }
-    seen = g;
+    seen_wake = w;
     if (stop_.load(std::memory_order_acquire)) return;
-    RunChunks(index);
-    if (busy_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) busy_workers_.notify_one();
+    uint64_t cur = claim_.load(std::memory_order_acquire);
+    RunChunks((uint32_t)(cur >> 32), index);
   }
 }
 
@@ -62,23 +74,26 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain, RangeFn fn) {
   }
   n_ = n;
   grain_ = grain;
-  n_chunks_ = n_chunks;
+  n_chunks_.store(n_chunks, std::memory_order_relaxed);
   fn_ = &fn;
-  next_chunk_.store(0, std::memory_order_relaxed);
-  busy_workers_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
-  RunChunks(0);
-  // Wait for workers: spin briefly, then sleep.
-  int left = busy_workers_.load(std::memory_order_acquire);
-  for (int spin = 0; left != 0 && spin < kSpinIters; ++spin) {
+  done_chunks_.store(0, std::memory_order_relaxed);
+  uint32_t gen = ++generation_;
+  claim_.store((uint64_t)gen << 32, std::memory_order_release);  // publishes the parameters
+  wake_.fetch_add(1, std::memory_order_acq_rel);
+  if (sleepers_.load(std::memory_order_acquire) > 0) wake_.notify_all();
+  RunChunks(gen, 0);
+  // Only chunks that a worker claimed can still be running.
+  int64_t done = done_chunks_.load(std::memory_order_acquire);
+  for (int spin = 0; done != n_chunks && spin < kSpinIters; ++spin) {
     _mm_pause();
-    left = busy_workers_.load(std::memory_order_acquire);
+    done = done_chunks_.load(std::memory_order_acquire);
   }
-  while (left != 0) {
-    busy_workers_.wait(left, std::memory_order_acquire);
-    left = busy_workers_.load(std::memory_order_acquire);
+  while (done != n_chunks) {
+    done_chunks_.wait(done, std::memory_order_acquire);
+    done = done_chunks_.load(std::memory_order_acquire);
   }
+  // Close the job: later claims for this generation fail.
+  claim_.store((uint64_t)gen << 32 | 0xffffffffu, std::memory_order_release);
   fn_ = nullptr;
 }
 

@@ -1,7 +1,9 @@
 // ThreadPool: the one pool every parallel kernel uses (no OpenMP, no second pool).
-// Work is split into chunks taken from an atomic counter, so a thread that loses its core to
-// another process delays only the chunk it holds; idle workers spin briefly, then sleep on a
-// futex (std::atomic::wait), so a busy machine does not collapse the way spinning barriers do.
+// Work is split into chunks claimed from one atomic (job generation << 32 | next chunk). The
+// caller runs chunks too and waits only for chunks a worker has actually claimed, so a worker
+// that is asleep or has lost its core to another process costs nothing: the caller just does
+// more of the work. Idle workers spin briefly, then sleep on a futex (std::atomic::wait). A busy
+// machine therefore degrades to single-thread speed instead of collapsing like spinning barriers.
 #pragma once
 
 #include <atomic>
@@ -41,18 +43,23 @@ class ThreadPool {
 
  private:
   void WorkerLoop(int index);
-  void RunChunks(int thread);
+  // Claims and runs chunks of job `gen` until none are left; returns the number run.
+  int64_t RunChunks(uint32_t gen, int thread);
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  // Job state, published by bumping generation_.
-  std::atomic<uint32_t> generation_{0};
-  std::atomic<int64_t> next_chunk_{0};
-  std::atomic<int> busy_workers_{0};
+  // (generation << 32) | next chunk index. Workers claim a chunk by CAS, which fails once the
+  // caller has moved on to another generation, so a late worker never touches a finished job.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<uint32_t> wake_{0};       // bumped per job; sleeping workers wait on it
+  std::atomic<int> sleepers_{0};
+  std::atomic<int64_t> done_chunks_{0};
+  // Job parameters: written before the generation is published, read only after a claim.
   int64_t n_ = 0;
   int64_t grain_ = 1;
-  int64_t n_chunks_ = 0;
+  std::atomic<int64_t> n_chunks_{0};  // atomic: a stale worker may read it while it changes
   const RangeFn* fn_ = nullptr;
+  uint32_t generation_ = 0;  // caller-side copy
   std::atomic<bool> stop_{false};
 };
 

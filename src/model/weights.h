@@ -27,6 +27,8 @@ struct ModelWeights {
   Tensor tok_embd;               // (vocab, dim)
   Tensor output_norm;            // (dim) f32
   Tensor output;                 // (vocab, dim); same view as tok_embd when tied
+  Tensor rope_freqs;             // (rope_dim / 2) f32 divisors of each rope frequency (GGUF
+                                 // llama3 scaling); data == nullptr when absent
   std::vector<LayerWeights> layers;
 
   // Keeps the storage alive: mmapped files, vectors of converted data, etc.

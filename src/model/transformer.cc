@@ -1,0 +1,236 @@
+// Transformer::Forward: embedding -> N x (RMSNorm, GQA attention with RoPE, RMSNorm, SwiGLU) ->
+// RMSNorm -> output head, for a stacked batch of sequences.
+#include "model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "kernels/kernels.h"
+
+namespace lathe::model {
+
+KvCache::KvCache(const ModelConfig& c, int n_slots, int64_t max_len)
+    : n_slots_(n_slots), max_len_(max_len), kv_dim_(c.kv_dim()), len_(n_slots, 0) {
+  size_t n = (size_t)c.n_layers * n_slots * max_len * kv_dim_;
+  k_.resize(n);
+  v_.resize(n);
+}
+
+void KvCache::Truncate(int slot, int64_t new_len) {
+  LATHE_CHECK(slot >= 0 && slot < n_slots_ && new_len >= 0);
+  if (new_len < len_[slot]) len_[slot] = new_len;
+}
+
+std::vector<float> RopeInvFreq(const ModelConfig& c, const float* freq_divisors) {
+  int64_t half = c.rope_dim / 2;
+  std::vector<float> inv(half);
+  for (int64_t i = 0; i < half; ++i) {
+    // As transformers: 1 / theta^(2i/d) in float32.
+    inv[i] = 1.0f / std::pow(c.rope_theta, (float)(2 * i) / (float)c.rope_dim);
+  }
+  const RopeScaling& s = c.rope_scaling;
+  if (freq_divisors) {
+    for (int64_t i = 0; i < half; ++i) inv[i] /= freq_divisors[i];
+  } else if (s.type == RopeScaling::Type::kLinear) {
+    for (float& f : inv) f /= s.factor;
+  } else if (s.type == RopeScaling::Type::kLlama3) {
+    // transformers' _compute_llama3_parameters.
+    float old_ctx = (float)s.original_max_position;
+    float low_wavelen = old_ctx / s.low_freq_factor;
+    float high_wavelen = old_ctx / s.high_freq_factor;
+    for (float& f : inv) {
+      float wavelen = 2.0f * (float)M_PI / f;
+      float scaled = wavelen > low_wavelen ? f / s.factor : f;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        float smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        scaled = (1.0f - smooth) * scaled / s.factor + smooth * scaled;
+      }
+      f = scaled;
+    }
+  }
+  return inv;
+}
+
+Transformer::Transformer(const ModelWeights& weights, ThreadPool& pool) : w_(weights), pool_(pool) {
+  inv_freq_ = RopeInvFreq(w_.config, w_.rope_freqs.data ? w_.rope_freqs.as<float>() : nullptr);
+  scores_.resize(pool.size());
+}
+
+void Transformer::EnsureRopeTable(int64_t n_pos) {
+  if (n_pos <= rope_pos_) return;
+  int64_t half = (int64_t)inv_freq_.size();
+  int64_t new_n = std::max(n_pos, rope_pos_ * 2);
+  rope_cos_.resize(new_n * half);
+  rope_sin_.resize(new_n * half);
+  for (int64_t p = rope_pos_; p < new_n; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      float angle = (float)p * inv_freq_[i];  // float32 product, as transformers and llama2.c
+      rope_cos_[p * half + i] = (float)std::cos((double)angle);
+      rope_sin_[p * half + i] = (float)std::sin((double)angle);
+    }
+  }
+  rope_pos_ = new_n;
+}
+
+void Transformer::ApplyRope(float* x, int64_t n_heads, int64_t pos) const {
+  const ModelConfig& c = w_.config;
+  int64_t half = c.rope_dim / 2;
+  const float* cs = &rope_cos_[pos * half];
+  const float* sn = &rope_sin_[pos * half];
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * c.head_dim;
+    if (c.rope_style == RopeStyle::kInterleaved) {
+      for (int64_t i = 0; i < half; ++i) {
+        float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = a * cs[i] - b * sn[i];
+        v[2 * i + 1] = a * sn[i] + b * cs[i];
+      }
+    } else {
+      for (int64_t i = 0; i < half; ++i) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+      }
+    }
+  }
+}
+
+void Transformer::Attention(KvCache& cache, int64_t layer, std::span<const SeqInput> batch) {
+  const ModelConfig& c = w_.config;
+  const int64_t hd = c.head_dim, n_heads = c.n_heads, group = c.n_heads / c.n_kv_heads;
+  const int64_t q_dim = c.q_dim();
+  const float scale = 1.0f / std::sqrt((float)hd);
+  // Work items: (sequence, head, chunk of that sequence's new tokens).
+  struct Item {
+    int seq;
+    int64_t row0;  // first stacked row of the chunk
+    int64_t t0, t1;  // token range within the sequence's new tokens
+    int64_t head;
+  };
+  std::vector<Item> items;
+  int64_t row = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    int64_t n = (int64_t)batch[s].tokens.size();
+    int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, 64));
+    for (int64_t h = 0; h < n_heads; ++h)
+      for (int64_t t = 0; t < n; t += chunk) items.push_back({(int)s, row, t, std::min(n, t + chunk), h});
+    row += n;
+  }
+  pool_.ParallelFor((int64_t)items.size(), 1, [&](int64_t b, int64_t e, int thread) {
+    std::vector<float>& sc = scores_[thread];
+    for (int64_t it = b; it < e; ++it) {
+      const Item& item = items[it];
+      const SeqInput& seq = batch[item.seq];
+      int64_t base = cache.length(seq.slot);  // position of the sequence's first new token
+      int64_t kvh = item.head / group;
+      for (int64_t t = item.t0; t < item.t1; ++t) {
+        int64_t pos = base + t;
+        int64_t r = item.row0 + t;
+        const float* q = &q_[r * q_dim + item.head * hd];
+        if ((int64_t)sc.size() < pos + 1) sc.resize(pos + 1);
+        for (int64_t p = 0; p <= pos; ++p) {
+          sc[p] = kernels::Dot(q, cache.K(layer, seq.slot, p) + kvh * hd, hd) * scale;
+        }
+        kernels::Softmax(sc.data(), pos + 1);
+        float* out = &att_[r * q_dim + item.head * hd];
+        std::memset(out, 0, hd * sizeof(float));
+        for (int64_t p = 0; p <= pos; ++p) kernels::Axpy(out, sc[p], cache.V(layer, seq.slot, p) + kvh * hd, hd);
+      }
+    }
+  });
+}
+
+Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std::vector<float>* logits) {
+  const ModelConfig& c = w_.config;
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), ffn = c.ffn_dim;
+  int64_t T = 0, n_out = 0, max_pos = 0;
+  for (const SeqInput& s : batch) {
+    if (s.slot < 0 || s.slot >= cache.n_slots()) return Status::Error(StrFormat("KV cache slot %d out of range", s.slot));
+    int64_t n = (int64_t)s.tokens.size();
+    if (n == 0) return Status::Error("empty sequence in batch");
+    if (cache.length(s.slot) + n > cache.max_len()) {
+      return Status::Error(StrFormat("sequence of %lld tokens exceeds the context of %lld tokens",
+                                     (long long)(cache.length(s.slot) + n), (long long)cache.max_len()));
+    }
+    for (int32_t id : s.tokens) {
+      if (id < 0 || id >= c.vocab_size) {
+        return Status::Error(StrFormat("token id %d out of range (vocab size %lld)", id, (long long)c.vocab_size));
+      }
+    }
+    T += n;
+    n_out += s.all_logits ? n : 1;
+    max_pos = std::max(max_pos, cache.length(s.slot) + n);
+  }
+  EnsureRopeTable(max_pos);
+  x_.resize(T * dim);
+  xb_.resize(T * dim);
+  q_.resize(T * q_dim);
+  k_.resize(T * kv_dim);
+  v_.resize(T * kv_dim);
+  att_.resize(T * q_dim);
+  hb_.resize(T * ffn);
+  hb2_.resize(T * ffn);
+  row_pos_.resize(T);
+
+  // Embedding rows.
+  int64_t r = 0;
+  for (const SeqInput& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i, ++r) {
+      kernels::DequantizeRows(w_.tok_embd, s.tokens[i], 1, &x_[r * dim]);
+      row_pos_[r] = cache.length(s.slot) + (int64_t)i;
+    }
+  }
+
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    kernels::RmsNorm(x_.data(), L.attn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
+    kernels::MatMul(pool_, xb_.data(), T, L.wq, q_.data());
+    kernels::MatMul(pool_, xb_.data(), T, L.wk, k_.data());
+    kernels::MatMul(pool_, xb_.data(), T, L.wv, v_.data());
+    if (c.qkv_bias) {
+      for (int64_t t = 0; t < T; ++t) {
+        kernels::Axpy(&q_[t * q_dim], 1.0f, L.bq.as<float>(), q_dim);
+        kernels::Axpy(&k_[t * kv_dim], 1.0f, L.bk.as<float>(), kv_dim);
+        kernels::Axpy(&v_[t * kv_dim], 1.0f, L.bv.as<float>(), kv_dim);
+      }
+    }
+    r = 0;
+    for (const SeqInput& s : batch) {
+      for (size_t i = 0; i < s.tokens.size(); ++i, ++r) {
+        ApplyRope(&q_[r * q_dim], c.n_heads, row_pos_[r]);
+        ApplyRope(&k_[r * kv_dim], c.n_kv_heads, row_pos_[r]);
+        std::memcpy(cache.K(l, s.slot, row_pos_[r]), &k_[r * kv_dim], kv_dim * sizeof(float));
+        std::memcpy(cache.V(l, s.slot, row_pos_[r]), &v_[r * kv_dim], kv_dim * sizeof(float));
+      }
+    }
+    Attention(cache, l, batch);
+    kernels::MatMul(pool_, att_.data(), T, L.wo, xb_.data());
+    kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
+    kernels::RmsNorm(x_.data(), L.ffn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
+    kernels::MatMul(pool_, xb_.data(), T, L.w_gate, hb_.data());
+    kernels::MatMul(pool_, xb_.data(), T, L.w_up, hb2_.data());
+    kernels::SiluMul(hb_.data(), hb2_.data(), T * ffn);
+    kernels::MatMul(pool_, hb_.data(), T, L.w_down, xb_.data());
+    kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
+  }
+  for (const SeqInput& s : batch) cache.SetLength(s.slot, cache.length(s.slot) + (int64_t)s.tokens.size());
+
+  // Final norm only on the rows whose logits are wanted.
+  rows_.resize(n_out * dim);
+  int64_t o = 0;
+  r = 0;
+  for (const SeqInput& s : batch) {
+    int64_t n = (int64_t)s.tokens.size();
+    int64_t first = s.all_logits ? 0 : n - 1;
+    for (int64_t i = first; i < n; ++i, ++o) std::memcpy(&rows_[o * dim], &x_[(r + i) * dim], dim * sizeof(float));
+    r += n;
+  }
+  kernels::RmsNorm(rows_.data(), w_.output_norm.as<float>(), rows_.data(), n_out, dim, c.norm_eps);
+  logits->resize(n_out * c.vocab_size);
+  kernels::MatMul(pool_, rows_.data(), n_out, w_.output, logits->data());
+  return Status::Ok();
+}
+
+}  // namespace lathe::model
