@@ -1,0 +1,59 @@
+// Sampler: turns one row of logits into a token id: repetition / frequency / presence penalties,
+// temperature, top-k, top-p, min-p, then a draw from a seeded RNG (or argmax when temperature 0).
+// Each request owns its Sampler, so results depend only on its seed, never on batch composition.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+
+namespace lathe::serve {
+
+struct SamplingParams {
+  float temperature = 1.0f;        // 0 = greedy
+  int top_k = 0;                   // 0 = off
+  float top_p = 1.0f;              // 1 = off
+  float min_p = 0.0f;              // 0 = off
+  float repetition_penalty = 1.0f; // HF-style: logit / p if > 0 else * p, for tokens in prompt or output
+  float frequency_penalty = 0.0f;  // OpenAI-style: - f * count(token in output)
+  float presence_penalty = 0.0f;   // OpenAI-style: - p * [token in output]
+  uint64_t seed = 0;
+  bool has_seed = false;           // without a seed, one is drawn from std::random_device
+  // Returns an error naming the field when a value is out of range.
+  Status Validate() const;
+};
+
+struct TokenLogprob {
+  int32_t id;
+  float logprob;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  // Registers prompt tokens (for repetition_penalty); call once before sampling.
+  void AddPrompt(std::span<const int32_t> prompt);
+  // Samples from `logits` (modified in place by penalties and temperature) and records the
+  // token as generated. If logprobs is not null, fills the chosen token's log-probability under
+  // the model's raw distribution followed by the top `n_top` alternatives.
+  int32_t Sample(float* logits, int64_t vocab, int n_top = 0, std::vector<TokenLogprob>* logprobs = nullptr);
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::unordered_map<int32_t, int> output_counts_;
+  std::vector<int32_t> seen_;             // prompt + output tokens (for repetition penalty)
+  std::vector<uint8_t> seen_mask_;
+  std::vector<std::pair<float, int32_t>> cand_;  // scratch
+};
+
+// Log-softmax of one logit row at `id` and the top-n (id, logprob) pairs.
+void ComputeLogprobs(const float* logits, int64_t vocab, int32_t id, int n_top, std::vector<TokenLogprob>* out);
+
+}  // namespace lathe::serve

@@ -1,0 +1,138 @@
+// Sampler: greedy, truncation rules, penalties, seeded reproducibility and the sampled
+// distribution against the softmax it should follow.
+#include "serve/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+namespace lathe::serve {
+namespace {
+
+std::vector<float> Logits() { return {1.0f, 3.0f, 2.0f, 0.5f, -1.0f, 2.5f}; }
+
+int32_t Draw(const SamplingParams& p) {
+  Sampler s(p);
+  auto l = Logits();
+  return s.Sample(l.data(), (int64_t)l.size());
+}
+
+TEST(Sampler, GreedyPicksArgmax) {
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_EQ(Draw(p), 1);
+}
+
+TEST(Sampler, TopKRestrictsSupport) {
+  SamplingParams p;
+  p.top_k = 2;
+  std::set<int32_t> seen;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    p.seed = seed;
+    p.has_seed = true;
+    seen.insert(Draw(p));
+  }
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 5}));
+}
+
+TEST(Sampler, TopPAndMinP) {
+  // softmax of Logits(): p(1)=.42, p(5)=.26, p(2)=.155 ... top_p 0.6 keeps {1, 5}.
+  SamplingParams p;
+  p.top_p = 0.6f;
+  std::set<int32_t> seen;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    p.seed = seed;
+    p.has_seed = true;
+    seen.insert(Draw(p));
+  }
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 5}));
+  SamplingParams m;
+  m.min_p = 0.5f;  // keeps tokens with prob >= 0.5 * max: exp(-0.5)=.61 -> {1, 5}; exp(-1)=.37 -> not 2
+  seen.clear();
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    m.seed = seed;
+    m.has_seed = true;
+    seen.insert(Draw(m));
+  }
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 5}));
+}
+
+TEST(Sampler, DistributionFollowsSoftmaxAtTemperature) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.seed = 42;
+  p.has_seed = true;
+  Sampler s(p);
+  auto base = Logits();
+  std::vector<double> want(base.size());
+  double z = 0;
+  for (size_t i = 0; i < base.size(); ++i) z += want[i] = std::exp(base[i] / 0.7);
+  std::vector<int> counts(base.size());
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    // No penalties: the sampler's history does not affect later draws.
+    auto l = base;
+    counts[s.Sample(l.data(), (int64_t)l.size())]++;
+  }
+  for (size_t i = 0; i < base.size(); ++i) {
+    double pr = want[i] / z;
+    double sd = std::sqrt(n * pr * (1 - pr));
+    EXPECT_NEAR(counts[i], n * pr, 5 * sd + 1) << "token " << i;
+  }
+}
+
+TEST(Sampler, SeedReproducible) {
+  SamplingParams p;
+  p.seed = 7;
+  p.has_seed = true;
+  Sampler a(p), b(p);
+  for (int i = 0; i < 50; ++i) {
+    auto la = Logits(), lb = Logits();
+    ASSERT_EQ(a.Sample(la.data(), 6), b.Sample(lb.data(), 6));
+  }
+}
+
+TEST(Sampler, Penalties) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;  // token 1: 3 -> 1.5 < 2.5 (token 5)
+  Sampler s(p);
+  std::vector<int32_t> prompt = {1};
+  s.AddPrompt(prompt);
+  auto l = Logits();
+  EXPECT_EQ(s.Sample(l.data(), 6), 5);
+  SamplingParams f;
+  f.temperature = 0;
+  f.presence_penalty = 1.0f;  // after emitting 1 once, 3 - 1 = 2 < 2.5 -> 5
+  Sampler t(f);
+  auto l1 = Logits();
+  EXPECT_EQ(t.Sample(l1.data(), 6), 1);
+  auto l2 = Logits();
+  EXPECT_EQ(t.Sample(l2.data(), 6), 5);
+}
+
+TEST(Sampler, LogprobsAreNormalized) {
+  auto l = Logits();
+  std::vector<TokenLogprob> lp;
+  ComputeLogprobs(l.data(), 6, 2, 6, &lp);
+  ASSERT_EQ(lp.size(), 7u);
+  EXPECT_EQ(lp[0].id, 2);
+  EXPECT_EQ(lp[1].id, 1);
+  double s = 0;
+  for (int i = 1; i < 7; ++i) s += std::exp(lp[i].logprob);
+  EXPECT_NEAR(s, 1.0, 1e-5);
+}
+
+TEST(Sampler, ValidateNamesTheField) {
+  SamplingParams p;
+  p.top_p = 0;
+  EXPECT_NE(p.Validate().message().find("top_p"), std::string::npos);
+  p = {};
+  p.temperature = -1;
+  EXPECT_NE(p.Validate().message().find("temperature"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lathe::serve
