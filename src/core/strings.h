@@ -1,0 +1,14 @@
+// Small string helpers: edit distance and "did you mean" suggestions for bad keys and flags.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace lathe {
+
+// Levenshtein distance.
+int EditDistance(const std::string& a, const std::string& b);
+// The candidate nearest to `word`, or "" if none is reasonably close.
+std::string Nearest(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace lathe
