@@ -1,0 +1,52 @@
+// Public kernel entry points (kernels.h): pick the best ISA tier once and forward to its table.
+#include "kernels/cpu/dispatch.h"
+
+#include "core/check.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/kernels.h"
+
+namespace lathe::kernels {
+
+namespace cpu {
+
+const KernelTable& KernelsFor(IsaTier tier) {
+  switch (tier) {
+    case IsaTier::kAvx512: return avx512::Table();
+    case IsaTier::kAvx2: return avx2::Table();
+    default: return scalar::Table();
+  }
+}
+
+const KernelTable& Best() {
+  static const KernelTable& t = KernelsFor(BestIsaTier());
+  return t;
+}
+
+}  // namespace cpu
+
+void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+  cpu::MatMulWith(cpu::Best().mm, pool, x, M, w, y);
+}
+
+void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out) {
+  const int64_t K = w.shape.back();
+  const size_t rb = w.row_bytes();
+  cpu::Best().mm.dequant_rows(w.dtype, (const uint8_t*)w.data + row_begin * rb, rb, n_rows, K, out, K);
+}
+
+// Kept scalar: it must stay bit-identical to ggml's quantize_row_*_ref, and it is not hot.
+void QuantizeRow(DType t, const float* x, int64_t n, void* out) { ref::QuantizeRow(t, x, n, out); }
+
+void RmsNorm(const float* x, const float* w, float* out, int64_t T, int64_t C, float eps) {
+  cpu::Best().rms_norm(x, w, out, T, C, eps);
+}
+
+void SiluMul(float* gate, const float* up, int64_t n) { cpu::Best().silu_mul(gate, up, n); }
+
+float Dot(const float* a, const float* b, int64_t n) { return cpu::Best().dot(a, b, n); }
+
+void Axpy(float* y, float a, const float* x, int64_t n) { cpu::Best().axpy(y, a, x, n); }
+
+void Softmax(float* x, int64_t n) { cpu::Best().softmax(x, n); }
+
+}  // namespace lathe::kernels

@@ -1,0 +1,74 @@
+// Per-ISA kernel tables (scalar, AVX2, AVX-512) behind the public entry points in kernels.h.
+// Tests call a tier's table directly so every path is exercised on a CPU that has it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/cpu.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace lathe::kernels::cpu {
+
+// One row of activations quantized for the integer GEMV: 32 int8 values, scale d, and
+// s = d * sum(qs) (the term Q4_0's offset and Q4_1's min multiply). Internal layout, not GGUF.
+struct BlockQ8X {
+  float d;
+  float s;
+  int8_t qs[32];
+};
+static_assert(sizeof(BlockQ8X) == 40);
+
+// The building blocks one ISA tier provides; MatMulWith (matmul.cc) does blocking and threading.
+struct MatMulKernels {
+  // Quantizes x (K floats, K % 32 == 0) into K / 32 blocks.
+  void (*quantize_x)(const float* x, int64_t K, BlockQ8X* out);
+  // y[i * ldy + r] = dot(W row r, x row i) for r < n_rows, i < m (1 <= m <= 4).
+  // W rows start at w, rb bytes apart, dtype t. x is BlockQ8X (m rows of K / 32 blocks) for the
+  // block types and f32 (m rows of K) otherwise.
+  void (*gemv)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m,
+               int64_t K, float* y, int64_t ldy);
+  // out(n_rows, K), row stride ldo floats = dequantized W rows.
+  void (*dequant_rows)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, int64_t K, float* out,
+                       int64_t ldo);
+  // y(m_rows, n_rows) (row stride ldy) = x(m_rows, K) (stride ldx) . w(n_rows, K)^T (stride ldw),
+  // n_rows <= panel_rows. f32 FMA, the prefill workhorse.
+  void (*panel)(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t ldw,
+                int64_t n_rows, int64_t K, float* y, int64_t ldy);
+  int panel_rows;  // weight rows per panel call (the kernel's register tile width)
+  int tile_m;      // x rows per register tile (M blocks are rounded to a multiple of this)
+};
+
+struct KernelTable {
+  IsaTier tier;
+  MatMulKernels mm;
+  void (*rms_norm)(const float* x, const float* w, float* out, int64_t T, int64_t C, float eps);
+  void (*silu_mul)(float* gate, const float* up, int64_t n);
+  float (*dot)(const float* a, const float* b, int64_t n);
+  void (*axpy)(float* y, float a, const float* x, int64_t n);
+  void (*softmax)(float* x, int64_t n);
+};
+
+// The table for a tier. REQUIRES the CPU to support it (GetCpuFeatures()).
+const KernelTable& KernelsFor(IsaTier tier);
+// The table for BestIsaTier().
+const KernelTable& Best();
+
+// y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. M < kGemvMaxM uses the GEMV kernels
+// (int8 dot for block types), larger M the dequantize-panel + FMA path.
+void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
+                float* y);
+constexpr int64_t kGemvMaxM = 16;
+
+namespace scalar {
+const KernelTable& Table();
+}
+namespace avx2 {
+const KernelTable& Table();
+}
+namespace avx512 {
+const KernelTable& Table();
+}
+
+}  // namespace lathe::kernels::cpu

@@ -1,0 +1,105 @@
+// MatMul driver shared by all ISA tiers: picks GEMV (decode) or panel (prefill), blocks for the
+// caches and splits the work over the pool. The tier supplies the inner kernels (dispatch.h).
+#include <algorithm>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/cpu/dispatch.h"
+
+namespace lathe::kernels::cpu {
+
+namespace {
+
+// Grows (never shrinks) a per-thread buffer, so steady-state calls do not allocate.
+template <typename T>
+T* Scratch(std::vector<T>& buf, size_t n) {
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// Bytes of x rows kept hot in L2 per M block (L2 is 512 KiB on Zen 3, 1-2 MiB on Zen 4/5).
+constexpr int64_t kXBlockBytes = 192 * 1024;
+// Weight rows per prefill task (several panels, so a task amortizes its x block).
+constexpr int64_t kPrefillRowsPerTask = 48;
+
+void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
+          float* y) {
+  const int64_t N = w.shape[0], K = w.shape[1];
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  const void* xa = x;
+  size_t x_row_elems = (size_t)K;  // in units of the x element type below
+  if (IsQuantized(w.dtype)) {
+    LATHE_CHECK(K % 32 == 0);
+    static thread_local std::vector<BlockQ8X> xq_buf;
+    const int64_t nb = K / 32;
+    BlockQ8X* xq = Scratch(xq_buf, (size_t)(M * nb));
+    for (int64_t m = 0; m < M; ++m) k.quantize_x(x + m * K, K, xq + m * nb);
+    xa = xq;
+    x_row_elems = (size_t)nb;
+  }
+  // Chunks of a few rows each so 2-3 threads balance even when one is slowed by another process.
+  const int64_t threads = pool.size();
+  int64_t grain = threads == 1 ? N : (N + threads * 4 - 1) / (threads * 4);
+  grain = std::max<int64_t>(grain, 16);
+  const bool quant = IsQuantized(w.dtype);
+  pool.ParallelFor(N, grain, [&](int64_t b, int64_t e, int) {
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int64_t mm = std::min<int64_t>(4, M - m0);
+      const void* xp = quant ? (const void*)((const BlockQ8X*)xa + m0 * x_row_elems)
+                             : (const void*)((const float*)xa + m0 * x_row_elems);
+      k.gemv(w.dtype, wd + b * rb, rb, e - b, xp, mm, K, y + m0 * N + b, N);
+    }
+  });
+}
+
+void Prefill(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
+             float* y) {
+  const int64_t N = w.shape[0], K = w.shape[1];
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  const int64_t tm = k.tile_m, pr = k.panel_rows;
+  int64_t mc = kXBlockBytes / (K * 4);
+  mc = std::max<int64_t>(tm, mc / tm * tm);
+  // Fewer, evenly sized M blocks instead of one short remainder block.
+  const int64_t n_mblocks = (M + mc - 1) / mc;
+  mc = ((M + n_mblocks - 1) / n_mblocks + tm - 1) / tm * tm;
+  const int64_t rows_per_task = (kPrefillRowsPerTask + pr - 1) / pr * pr;
+  const int64_t n_groups = (N + rows_per_task - 1) / rows_per_task;
+  const bool direct = w.dtype == DType::kF32;
+  const int64_t ldw = (K + 15) / 16 * 16;
+  pool.ParallelFor(n_mblocks * n_groups, 1, [&](int64_t b, int64_t e, int) {
+    static thread_local std::vector<float> panel_buf;
+    float* panel = direct ? nullptr : Scratch(panel_buf, (size_t)(pr * ldw));
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t mb = t / n_groups, g = t % n_groups;
+      const int64_t m0 = mb * mc, m1 = std::min(M, m0 + mc);
+      if (m0 >= m1) continue;
+      const int64_t n_end = std::min(N, (g + 1) * rows_per_task);
+      for (int64_t n0 = g * rows_per_task; n0 < n_end; n0 += pr) {
+        const int64_t nr = std::min<int64_t>(pr, n_end - n0);
+        if (direct) {
+          k.panel(x + m0 * K, K, m1 - m0, (const float*)(wd + n0 * rb), K, nr, K, y + m0 * N + n0, N);
+        } else {
+          k.dequant_rows(w.dtype, wd + n0 * rb, rb, nr, K, panel, ldw);
+          k.panel(x + m0 * K, K, m1 - m0, panel, ldw, nr, K, y + m0 * N + n0, N);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
+                float* y) {
+  LATHE_CHECK(w.ndim() == 2);
+  if (M <= 0 || w.shape[0] == 0) return;
+  if (M < kGemvMaxM) {
+    Gemv(k, pool, x, M, w, y);
+  } else {
+    Prefill(k, pool, x, M, w, y);
+  }
+}
+
+}  // namespace lathe::kernels::cpu

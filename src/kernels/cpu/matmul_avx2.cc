@@ -1,0 +1,355 @@
+// AVX2 + FMA + F16C matmul kernels: int8 GEMV for Q8_0/Q4_0/Q4_1 (x quantized to int8 blocks,
+// maddubs/madd dot products), f32/f16/bf16 GEMV, row dequantization and the f32 FMA prefill panel.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/dispatch.h"
+
+namespace lathe::kernels::cpu::avx2 {
+
+namespace {
+
+// ---- activations -> int8 blocks ----------------------------------------------------------------
+
+void QuantizeX(const float* x, int64_t K, BlockQ8X* out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t j = 0; j < K / 32; ++j) {
+    const float* p = x + j * 32;
+    __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8);
+    __m256 v2 = _mm256_loadu_ps(p + 16), v3 = _mm256_loadu_ps(p + 24);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, abs_mask), _mm256_and_ps(v1, abs_mask)),
+                              _mm256_max_ps(_mm256_and_ps(v2, abs_mask), _mm256_and_ps(v3, abs_mask)));
+    const float amax = HmaxPs(mx);
+    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    const __m256 mul = _mm256_set1_ps(id);
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), kRound));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), kRound));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), kRound));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), kRound));
+    const int sum = HsumEpi32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+    // packs interleave 128-bit lanes; the permute restores element order.
+    __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    q = _mm256_permutevar8x32_epi32(q, perm);
+    _mm256_storeu_si256((__m256i*)out[j].qs, q);
+    out[j].d = d;
+    out[j].s = d * (float)sum;
+  }
+}
+
+// ---- int8 GEMV for block types ------------------------------------------------------------------
+
+// Sum of 32 u8 x s8 products as 8 int32 lanes converted to float. REQUIRES |products| such that
+// adjacent pairs fit int16 (true for |u| <= 128, |s| <= 127).
+inline __m256 DotU8S8(__m256i u, __m256i s) {
+  const __m256i p16 = _mm256_maddubs_epi16(u, s);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+// 32 4-bit values of a Q4 block as unsigned bytes in element order.
+inline __m256i UnpackNibbles(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128((const __m128i*)qs);
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+// Two blocks per step with separate accumulators: one FMA chain per block would cap the loop at
+// the FMA latency instead of the memory bandwidth.
+template <int M>
+void GemvQ8_0(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y,
+              int64_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const BlockQ8_0* wb = (const BlockQ8_0*)(w + r * rb);
+    __m256 acc0[M], acc1[M];
+    for (int i = 0; i < M; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 2 <= nb; j += 2) {
+      const __m256i q0 = _mm256_loadu_si256((const __m256i*)wb[j].qs);
+      const __m256i q1 = _mm256_loadu_si256((const __m256i*)wb[j + 1].qs);
+      const __m256i a0 = _mm256_sign_epi8(q0, q0), a1 = _mm256_sign_epi8(q1, q1);
+      const float d0 = _cvtsh_ss(wb[j].d), d1 = _cvtsh_ss(wb[j + 1].d);
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X* xb = x + i * nb + j;
+        const __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb[0].qs), q0);
+        const __m256i s1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb[1].qs), q1);
+        acc0[i] = _mm256_fmadd_ps(DotU8S8(a0, s0), _mm256_set1_ps(d0 * xb[0].d), acc0[i]);
+        acc1[i] = _mm256_fmadd_ps(DotU8S8(a1, s1), _mm256_set1_ps(d1 * xb[1].d), acc1[i]);
+      }
+    }
+    for (; j < nb; ++j) {
+      const __m256i q0 = _mm256_loadu_si256((const __m256i*)wb[j].qs);
+      const __m256i a0 = _mm256_sign_epi8(q0, q0);
+      const float d0 = _cvtsh_ss(wb[j].d);
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X* xb = x + i * nb + j;
+        const __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb[0].qs), q0);
+        acc0[i] = _mm256_fmadd_ps(DotU8S8(a0, s0), _mm256_set1_ps(d0 * xb[0].d), acc0[i]);
+      }
+    }
+    for (int i = 0; i < M; ++i) y[i * ldy + r] = HsumPs(_mm256_add_ps(acc0[i], acc1[i]));
+  }
+}
+
+// Q4_0: d*(q - 8) . dx*qx = d*dx*(q . qx) - 8*d*(dx*sum qx). Q4_1: (d*q + m) . dx*qx
+// = d*dx*(q . qx) + m*(dx*sum qx). Both keep the nibbles unsigned for maddubs and fold the offset
+// or min into a per-block scalar term (kept in two chains, like the vector accumulators).
+template <int M, bool kQ41>
+void GemvQ4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y,
+            int64_t ldy) {
+  constexpr size_t kBB = kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  constexpr size_t kQsOff = kQ41 ? 4 : 2;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * rb;
+    __m256 acc0[M], acc1[M];
+    float c0[M], c1[M];
+    for (int i = 0; i < M; ++i) {
+      acc0[i] = acc1[i] = _mm256_setzero_ps();
+      c0[i] = c1[i] = 0;
+    }
+    auto scales = [&](const uint8_t* b, float* d, float* c) {
+      const uint16_t* h = (const uint16_t*)b;
+      *d = _cvtsh_ss(h[0]);
+      *c = kQ41 ? _cvtsh_ss(h[1]) : -8.0f * *d;
+    };
+    int64_t j = 0;
+    for (; j + 2 <= nb; j += 2) {
+      const uint8_t* b0 = row + j * kBB;
+      const uint8_t* b1 = b0 + kBB;
+      const __m256i v0 = UnpackNibbles(b0 + kQsOff), v1 = UnpackNibbles(b1 + kQsOff);
+      float d0, d1, m0, m1;
+      scales(b0, &d0, &m0);
+      scales(b1, &d1, &m1);
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X* xb = x + i * nb + j;
+        const __m256 p0 = DotU8S8(v0, _mm256_loadu_si256((const __m256i*)xb[0].qs));
+        const __m256 p1 = DotU8S8(v1, _mm256_loadu_si256((const __m256i*)xb[1].qs));
+        acc0[i] = _mm256_fmadd_ps(p0, _mm256_set1_ps(d0 * xb[0].d), acc0[i]);
+        acc1[i] = _mm256_fmadd_ps(p1, _mm256_set1_ps(d1 * xb[1].d), acc1[i]);
+        c0[i] += m0 * xb[0].s;
+        c1[i] += m1 * xb[1].s;
+      }
+    }
+    for (; j < nb; ++j) {
+      const uint8_t* b0 = row + j * kBB;
+      const __m256i v0 = UnpackNibbles(b0 + kQsOff);
+      float d0, m0;
+      scales(b0, &d0, &m0);
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X* xb = x + i * nb + j;
+        const __m256 p0 = DotU8S8(v0, _mm256_loadu_si256((const __m256i*)xb[0].qs));
+        acc0[i] = _mm256_fmadd_ps(p0, _mm256_set1_ps(d0 * xb[0].d), acc0[i]);
+        c0[i] += m0 * xb[0].s;
+      }
+    }
+    for (int i = 0; i < M; ++i) y[i * ldy + r] = HsumPs(_mm256_add_ps(acc0[i], acc1[i])) + (c0[i] + c1[i]);
+  }
+}
+
+// ---- f32 / f16 / bf16 -----------------------------------------------------------------------------
+
+template <DType T>
+inline __m256 Load8(const uint8_t* row, int64_t k) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_loadu_ps((const float*)row + k);
+  } else if constexpr (T == DType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)row + k)));
+  } else {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)((const uint16_t*)row + k)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+  }
+}
+
+template <DType T>
+inline float LoadScalar(const uint8_t* row, int64_t k) {
+  if constexpr (T == DType::kF32) {
+    return ((const float*)row)[k];
+  } else if constexpr (T == DType::kF16) {
+    return _cvtsh_ss(((const uint16_t*)row)[k]);
+  } else {
+    return BF16ToF32(((const uint16_t*)row)[k]);
+  }
+}
+
+// U independent accumulators per x row: 4 for M <= 2 (hides FMA latency on one row), 2 beyond
+// (M rows already give independent chains; more would spill the 16 ymm registers).
+template <DType T, int M>
+void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t K, float* y, int64_t ldy) {
+  constexpr int U = M <= 2 ? 4 : 2;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * rb;
+    __m256 acc[U][M];
+    for (int u = 0; u < U; ++u)
+      for (int i = 0; i < M; ++i) acc[u][i] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 * U <= K; k += 8 * U) {
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) {
+        const __m256 wv = Load8<T>(row, k + 8 * u);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; ++i)
+          acc[u][i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * K + k + 8 * u), acc[u][i]);
+      }
+    }
+    for (; k + 8 <= K; k += 8) {
+      const __m256 wv = Load8<T>(row, k);
+      for (int i = 0; i < M; ++i) acc[0][i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * K + k), acc[0][i]);
+    }
+    for (int i = 0; i < M; ++i) {
+      __m256 s = acc[0][i];
+      for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[u][i]);
+      float t = HsumPs(s);
+      for (int64_t kk = k; kk < K; ++kk) t += LoadScalar<T>(row, kk) * x[i * K + kk];
+      y[i * ldy + r] = t;
+    }
+  }
+}
+
+template <int M>
+void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t K, float* y,
+           int64_t ldy) {
+  const BlockQ8X* xq = (const BlockQ8X*)x;
+  const float* xf = (const float*)x;
+  switch (t) {
+    case DType::kQ8_0: return GemvQ8_0<M>(w, rb, n_rows, xq, K / 32, y, ldy);
+    case DType::kQ4_0: return GemvQ4<M, false>(w, rb, n_rows, xq, K / 32, y, ldy);
+    case DType::kQ4_1: return GemvQ4<M, true>(w, rb, n_rows, xq, K / 32, y, ldy);
+    case DType::kF32: return GemvF<DType::kF32, M>(w, rb, n_rows, xf, K, y, ldy);
+    case DType::kF16: return GemvF<DType::kF16, M>(w, rb, n_rows, xf, K, y, ldy);
+    case DType::kBF16: return GemvF<DType::kBF16, M>(w, rb, n_rows, xf, K, y, ldy);
+    default: LATHE_CHECK_MSG(false, "MatMul: unsupported weight dtype %s", DTypeName(t));
+  }
+}
+
+void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K,
+          float* y, int64_t ldy) {
+  switch (m) {
+    case 1: return GemvM<1>(t, w, rb, n_rows, x, K, y, ldy);
+    case 2: return GemvM<2>(t, w, rb, n_rows, x, K, y, ldy);
+    case 3: return GemvM<3>(t, w, rb, n_rows, x, K, y, ldy);
+    default: return GemvM<4>(t, w, rb, n_rows, x, K, y, ldy);
+  }
+}
+
+// ---- dequantization -------------------------------------------------------------------------------
+
+template <DType T>
+void DequantRowF(const uint8_t* row, int64_t K, float* out) {
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, Load8<T>(row, k));
+  for (; k < K; ++k) out[k] = LoadScalar<T>(row, k);
+}
+
+void DequantRow(DType t, const uint8_t* row, int64_t K, float* out) {
+  const int64_t nb = K / 32;
+  switch (t) {
+    case DType::kF32: return DequantRowF<DType::kF32>(row, K, out);
+    case DType::kF16: return DequantRowF<DType::kF16>(row, K, out);
+    case DType::kBF16: return DequantRowF<DType::kBF16>(row, K, out);
+    case DType::kQ8_0: {
+      const BlockQ8_0* b = (const BlockQ8_0*)row;
+      for (int64_t j = 0; j < nb; ++j) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[j].d));
+        for (int h = 0; h < 4; ++h) {
+          const __m128i q = _mm_loadl_epi64((const __m128i*)(b[j].qs + 8 * h));
+          _mm256_storeu_ps(out + j * 32 + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+        }
+      }
+      return;
+    }
+    case DType::kQ4_0:
+    case DType::kQ4_1: {
+      const bool q41 = t == DType::kQ4_1;
+      const size_t bb = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+      for (int64_t j = 0; j < nb; ++j) {
+        const uint8_t* b = row + j * bb;
+        const uint16_t* h = (const uint16_t*)b;
+        const float df = _cvtsh_ss(h[0]);
+        const __m256 d = _mm256_set1_ps(df);
+        const __m256 m = _mm256_set1_ps(q41 ? _cvtsh_ss(h[1]) : -8.0f * df);
+        alignas(32) uint8_t v[32];
+        _mm256_store_si256((__m256i*)v, UnpackNibbles(b + (q41 ? 4 : 2)));
+        for (int g = 0; g < 4; ++g) {
+          const __m256i u = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(v + 8 * g)));
+          _mm256_storeu_ps(out + j * 32 + 8 * g, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(u), m));
+        }
+      }
+      return;
+    }
+    default: LATHE_CHECK_MSG(false, "DequantizeRows: unsupported dtype %s", DTypeName(t));
+  }
+}
+
+void DequantRows(DType t, const uint8_t* w, size_t rb, int64_t n_rows, int64_t K, float* out, int64_t ldo) {
+  for (int64_t r = 0; r < n_rows; ++r) DequantRow(t, w + r * rb, K, out + r * ldo);
+}
+
+// ---- prefill panel: MR x rows times NR weight rows, dot-product form ------------------------------
+
+// 4 x 3 = 12 accumulators + 3 weight vectors + 1 x vector = all 16 ymm registers; 7 loads per 12
+// FMAs keeps the two FMA pipes busy. The K tail uses masked loads (no padding required).
+template <int MR, int NR>
+void Tile(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy) {
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + j * ldw + k);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (k < K) {
+    const __m256i mask = TailMask(K - k);
+    __m256 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm256_maskload_ps(w + j * ldw + k, mask);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_maskload_ps(x + i * ldx + k, mask);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = HsumPs(acc[i][j]);
+}
+
+constexpr int kMR = 4, kNR = 3;
+
+template <int NR>
+void PanelN(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t ldw, int64_t K, float* y,
+            int64_t ldy) {
+  int64_t i = 0;
+  for (; i + kMR <= m_rows; i += kMR) Tile<kMR, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy);
+  switch (m_rows - i) {
+    case 3: Tile<3, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy); break;
+    case 2: Tile<2, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy); break;
+    case 1: Tile<1, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy); break;
+    default: break;
+  }
+}
+
+void Panel(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t ldw, int64_t n_rows,
+           int64_t K, float* y, int64_t ldy) {
+  switch (n_rows) {
+    case 3: return PanelN<3>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    case 2: return PanelN<2>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    case 1: return PanelN<1>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    default: LATHE_CHECK(n_rows > 0 && n_rows <= kNR);
+  }
+}
+
+}  // namespace
+
+MatMulKernels GetMatMulKernels() { return {QuantizeX, Gemv, DequantRows, Panel, kNR, kMR}; }
+
+}  // namespace lathe::kernels::cpu::avx2

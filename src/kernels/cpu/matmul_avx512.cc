@@ -1,0 +1,332 @@
+// AVX-512 (F/BW/VL/DQ + VNNI) matmul kernels: int8 GEMV for Q8_0/Q4_0/Q4_1 with vpdpbusd,
+// f32/f16/bf16 GEMV on zmm, row dequantization and the 6 x 4 zmm FMA prefill panel.
+// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "kernels/cpu/avx512_util.h"
+#include "kernels/cpu/dispatch.h"
+
+namespace lathe::kernels::cpu::avx512 {
+
+namespace {
+
+// ---- activations -> int8 blocks ----------------------------------------------------------------
+
+void QuantizeX(const float* x, int64_t K, BlockQ8X* out) {
+  for (int64_t j = 0; j < K / 32; ++j) {
+    const __m512 v0 = _mm512_loadu_ps(x + j * 32), v1 = _mm512_loadu_ps(x + j * 32 + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+    const __m512 mul = _mm512_set1_ps(id);
+    // cvtps rounds to nearest even (default MXCSR); |values| <= 127 so the saturating narrow is exact.
+    const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, mul));
+    const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, mul));
+    _mm_storeu_si128((__m128i*)out[j].qs, _mm512_cvtsepi32_epi8(i0));
+    _mm_storeu_si128((__m128i*)(out[j].qs + 16), _mm512_cvtsepi32_epi8(i1));
+    out[j].d = d;
+    out[j].s = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+  }
+}
+
+// ---- int8 GEMV for block types (256-bit VNNI: one 32-byte block per instruction) ---------------
+
+// Sum of 32 u8 x s8 products as 8 int32 lanes converted to float.
+inline __m256 DotU8S8(__m256i u, __m256i s) {
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s));
+}
+
+inline __m256i UnpackNibbles(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128((const __m128i*)qs);
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+template <int M>
+void GemvQ8_0(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y,
+              int64_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const BlockQ8_0* wb = (const BlockQ8_0*)(w + r * rb);
+    __m256 acc0[M], acc1[M];
+    for (int i = 0; i < M; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 2 <= nb; j += 2) {
+      const __m256i q0 = _mm256_loadu_si256((const __m256i*)wb[j].qs);
+      const __m256i q1 = _mm256_loadu_si256((const __m256i*)wb[j + 1].qs);
+      const __m256i a0 = _mm256_sign_epi8(q0, q0), a1 = _mm256_sign_epi8(q1, q1);
+      const float d0 = _cvtsh_ss(wb[j].d), d1 = _cvtsh_ss(wb[j + 1].d);
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X* xb = x + i * nb + j;
+        const __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb[0].qs), q0);
+        const __m256i s1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb[1].qs), q1);
+        acc0[i] = _mm256_fmadd_ps(DotU8S8(a0, s0), _mm256_set1_ps(d0 * xb[0].d), acc0[i]);
+        acc1[i] = _mm256_fmadd_ps(DotU8S8(a1, s1), _mm256_set1_ps(d1 * xb[1].d), acc1[i]);
+      }
+    }
+    for (; j < nb; ++j) {
+      const __m256i q0 = _mm256_loadu_si256((const __m256i*)wb[j].qs);
+      const __m256i a0 = _mm256_sign_epi8(q0, q0);
+      const float d0 = _cvtsh_ss(wb[j].d);
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X* xb = x + i * nb + j;
+        const __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb[0].qs), q0);
+        acc0[i] = _mm256_fmadd_ps(DotU8S8(a0, s0), _mm256_set1_ps(d0 * xb[0].d), acc0[i]);
+      }
+    }
+    for (int i = 0; i < M; ++i) y[i * ldy + r] = Hsum256(_mm256_add_ps(acc0[i], acc1[i]));
+  }
+}
+
+// Same algebra as the AVX2 GemvQ4: unsigned nibbles . int8 x, offset/min folded into s = dx*sum qx.
+template <int M, bool kQ41>
+void GemvQ4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y,
+            int64_t ldy) {
+  constexpr size_t kBB = kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  constexpr size_t kQsOff = kQ41 ? 4 : 2;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * rb;
+    __m256 acc0[M], acc1[M];
+    float c0[M], c1[M];
+    for (int i = 0; i < M; ++i) {
+      acc0[i] = acc1[i] = _mm256_setzero_ps();
+      c0[i] = c1[i] = 0;
+    }
+    auto scales = [&](const uint8_t* b, float* d, float* c) {
+      const uint16_t* h = (const uint16_t*)b;
+      *d = _cvtsh_ss(h[0]);
+      *c = kQ41 ? _cvtsh_ss(h[1]) : -8.0f * *d;
+    };
+    int64_t j = 0;
+    for (; j + 2 <= nb; j += 2) {
+      const uint8_t* b0 = row + j * kBB;
+      const uint8_t* b1 = b0 + kBB;
+      const __m256i v0 = UnpackNibbles(b0 + kQsOff), v1 = UnpackNibbles(b1 + kQsOff);
+      float d0, d1, m0, m1;
+      scales(b0, &d0, &m0);
+      scales(b1, &d1, &m1);
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X* xb = x + i * nb + j;
+        const __m256 p0 = DotU8S8(v0, _mm256_loadu_si256((const __m256i*)xb[0].qs));
+        const __m256 p1 = DotU8S8(v1, _mm256_loadu_si256((const __m256i*)xb[1].qs));
+        acc0[i] = _mm256_fmadd_ps(p0, _mm256_set1_ps(d0 * xb[0].d), acc0[i]);
+        acc1[i] = _mm256_fmadd_ps(p1, _mm256_set1_ps(d1 * xb[1].d), acc1[i]);
+        c0[i] += m0 * xb[0].s;
+        c1[i] += m1 * xb[1].s;
+      }
+    }
+    for (; j < nb; ++j) {
+      const uint8_t* b0 = row + j * kBB;
+      const __m256i v0 = UnpackNibbles(b0 + kQsOff);
+      float d0, m0;
+      scales(b0, &d0, &m0);
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X* xb = x + i * nb + j;
+        const __m256 p0 = DotU8S8(v0, _mm256_loadu_si256((const __m256i*)xb[0].qs));
+        acc0[i] = _mm256_fmadd_ps(p0, _mm256_set1_ps(d0 * xb[0].d), acc0[i]);
+        c0[i] += m0 * xb[0].s;
+      }
+    }
+    for (int i = 0; i < M; ++i) y[i * ldy + r] = Hsum256(_mm256_add_ps(acc0[i], acc1[i])) + (c0[i] + c1[i]);
+  }
+}
+
+// ---- f32 / f16 / bf16 -----------------------------------------------------------------------------
+
+// 16 weights from k, lanes outside `m` zero (masked loads never touch memory outside the mask).
+template <DType T>
+inline __m512 Load16(const uint8_t* row, int64_t k, __mmask16 m = 0xffff) {
+  if constexpr (T == DType::kF32) {
+    return _mm512_maskz_loadu_ps(m, (const float*)row + k);
+  } else if constexpr (T == DType::kF16) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t*)row + k));
+  } else {
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t*)row + k));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+  }
+}
+
+template <DType T, int M>
+void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t K, float* y, int64_t ldy) {
+  constexpr int U = M <= 2 ? 4 : 2;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * rb;
+    __m512 acc[U][M];
+    for (int u = 0; u < U; ++u)
+      for (int i = 0; i < M; ++i) acc[u][i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 * U <= K; k += 16 * U) {
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) {
+        const __m512 wv = Load16<T>(row, k + 16 * u);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; ++i)
+          acc[u][i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * K + k + 16 * u), acc[u][i]);
+      }
+    }
+    for (; k < K; k += 16) {
+      const __mmask16 m = Mask16(std::min<int64_t>(16, K - k));
+      const __m512 wv = Load16<T>(row, k, m);
+      for (int i = 0; i < M; ++i) acc[0][i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + i * K + k), acc[0][i]);
+    }
+    for (int i = 0; i < M; ++i) {
+      __m512 s = acc[0][i];
+      for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[u][i]);
+      y[i * ldy + r] = _mm512_reduce_add_ps(s);
+    }
+  }
+}
+
+template <int M>
+void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t K, float* y,
+           int64_t ldy) {
+  const BlockQ8X* xq = (const BlockQ8X*)x;
+  const float* xf = (const float*)x;
+  switch (t) {
+    case DType::kQ8_0: return GemvQ8_0<M>(w, rb, n_rows, xq, K / 32, y, ldy);
+    case DType::kQ4_0: return GemvQ4<M, false>(w, rb, n_rows, xq, K / 32, y, ldy);
+    case DType::kQ4_1: return GemvQ4<M, true>(w, rb, n_rows, xq, K / 32, y, ldy);
+    case DType::kF32: return GemvF<DType::kF32, M>(w, rb, n_rows, xf, K, y, ldy);
+    case DType::kF16: return GemvF<DType::kF16, M>(w, rb, n_rows, xf, K, y, ldy);
+    case DType::kBF16: return GemvF<DType::kBF16, M>(w, rb, n_rows, xf, K, y, ldy);
+    default: LATHE_CHECK_MSG(false, "MatMul: unsupported weight dtype %s", DTypeName(t));
+  }
+}
+
+void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K,
+          float* y, int64_t ldy) {
+  switch (m) {
+    case 1: return GemvM<1>(t, w, rb, n_rows, x, K, y, ldy);
+    case 2: return GemvM<2>(t, w, rb, n_rows, x, K, y, ldy);
+    case 3: return GemvM<3>(t, w, rb, n_rows, x, K, y, ldy);
+    default: return GemvM<4>(t, w, rb, n_rows, x, K, y, ldy);
+  }
+}
+
+// ---- dequantization -------------------------------------------------------------------------------
+
+template <DType T>
+void DequantRowF(const uint8_t* row, int64_t K, float* out) {
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = Mask16(std::min<int64_t>(16, K - k));
+    _mm512_mask_storeu_ps(out + k, m, Load16<T>(row, k, m));
+  }
+}
+
+void DequantRow(DType t, const uint8_t* row, int64_t K, float* out) {
+  const int64_t nb = K / 32;
+  switch (t) {
+    case DType::kF32: return DequantRowF<DType::kF32>(row, K, out);
+    case DType::kF16: return DequantRowF<DType::kF16>(row, K, out);
+    case DType::kBF16: return DequantRowF<DType::kBF16>(row, K, out);
+    case DType::kQ8_0: {
+      const BlockQ8_0* b = (const BlockQ8_0*)row;
+      for (int64_t j = 0; j < nb; ++j) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[j].d));
+        for (int h = 0; h < 2; ++h) {
+          const __m128i q = _mm_loadu_si128((const __m128i*)(b[j].qs + 16 * h));
+          _mm512_storeu_ps(out + j * 32 + 16 * h, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+        }
+      }
+      return;
+    }
+    case DType::kQ4_0:
+    case DType::kQ4_1: {
+      const bool q41 = t == DType::kQ4_1;
+      const size_t bb = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+      for (int64_t j = 0; j < nb; ++j) {
+        const uint8_t* b = row + j * bb;
+        const uint16_t* h = (const uint16_t*)b;
+        const float df = _cvtsh_ss(h[0]);
+        const __m512 d = _mm512_set1_ps(df);
+        const __m512 m = _mm512_set1_ps(q41 ? _cvtsh_ss(h[1]) : -8.0f * df);
+        const __m256i v = UnpackNibbles(b + (q41 ? 4 : 2));
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(v)));
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1)));
+        _mm512_storeu_ps(out + j * 32, _mm512_fmadd_ps(d, lo, m));
+        _mm512_storeu_ps(out + j * 32 + 16, _mm512_fmadd_ps(d, hi, m));
+      }
+      return;
+    }
+    default: LATHE_CHECK_MSG(false, "DequantizeRows: unsupported dtype %s", DTypeName(t));
+  }
+}
+
+void DequantRows(DType t, const uint8_t* w, size_t rb, int64_t n_rows, int64_t K, float* out, int64_t ldo) {
+  for (int64_t r = 0; r < n_rows; ++r) DequantRow(t, w + r * rb, K, out + r * ldo);
+}
+
+// ---- prefill panel: MR x rows times NR weight rows, dot-product form ------------------------------
+
+// 6 x 4 = 24 zmm accumulators + 4 weight vectors + 1 x vector of the 32 registers; 10 loads per 24
+// FMAs. The K tail uses masked loads.
+template <int MR, int NR>
+void Tile(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy) {
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * ldw + k);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 m = Mask16(K - k);
+    __m512 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(m, w + j * ldw + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+constexpr int kMR = 6, kNR = 4;
+
+template <int NR>
+void PanelN(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t ldw, int64_t K, float* y,
+            int64_t ldy) {
+  int64_t i = 0;
+  for (; i + kMR <= m_rows; i += kMR) Tile<kMR, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy);
+  const float* xi = x + i * ldx;
+  float* yi = y + i * ldy;
+  switch (m_rows - i) {
+    case 5: Tile<5, NR>(xi, ldx, w, ldw, K, yi, ldy); break;
+    case 4: Tile<4, NR>(xi, ldx, w, ldw, K, yi, ldy); break;
+    case 3: Tile<3, NR>(xi, ldx, w, ldw, K, yi, ldy); break;
+    case 2: Tile<2, NR>(xi, ldx, w, ldw, K, yi, ldy); break;
+    case 1: Tile<1, NR>(xi, ldx, w, ldw, K, yi, ldy); break;
+    default: break;
+  }
+}
+
+void Panel(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t ldw, int64_t n_rows,
+           int64_t K, float* y, int64_t ldy) {
+  switch (n_rows) {
+    case 4: return PanelN<4>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    case 3: return PanelN<3>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    case 2: return PanelN<2>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    case 1: return PanelN<1>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    default: LATHE_CHECK(n_rows > 0 && n_rows <= kNR);
+  }
+}
+
+}  // namespace
+
+MatMulKernels GetMatMulKernels() { return {QuantizeX, Gemv, DequantRows, Panel, kNR, kMR}; }
+
+}  // namespace lathe::kernels::cpu::avx512

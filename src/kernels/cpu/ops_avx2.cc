@@ -1,0 +1,112 @@
+// AVX2 + FMA elementwise and reduction ops (RmsNorm, SiluMul, Dot, Axpy, Softmax) and the AVX2
+// kernel table.
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/dispatch.h"
+
+namespace lathe::kernels::cpu::avx2 {
+
+namespace {
+
+float Dot(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    s1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s1);
+  }
+  return HsumPs(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+void Axpy(float* y, float a, const float* x, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+void RmsNorm(const float* x, const float* w, float* out, int64_t T, int64_t C, float eps) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * C;
+    float* o = out + t * C;
+    const float ss = Dot(xr, xr, C);
+    const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(ss / (float)C + eps));
+    int64_t i = 0;
+    for (; i + 8 <= C; i += 8)
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), r), _mm256_loadu_ps(w + i)));
+    const float rs = _mm256_cvtss_f32(r);
+    for (; i < C; ++i) o[i] = xr[i] * rs * w[i];
+  }
+}
+
+inline __m256 Silu(__m256 g) {
+  const __m256 e = ExpPs(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+void SiluMul(float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(Silu(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    const __m256 g = _mm256_maskload_ps(gate + i, m);
+    _mm256_maskstore_ps(gate + i, m, _mm256_mul_ps(Silu(g), _mm256_maskload_ps(up + i, m)));
+  }
+}
+
+void Softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
+  float m = HmaxPs(mx);
+  for (; i < n; ++i) m = std::fmax(m, x[i]);
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+  i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 e0 = ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    const __m256 e1 = ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv));
+    _mm256_storeu_ps(x + i, e0);
+    _mm256_storeu_ps(x + i + 8, e1);
+    s0 = _mm256_add_ps(s0, e0);
+    s1 = _mm256_add_ps(s1, e1);
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e0 = ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    _mm256_storeu_ps(x + i, e0);
+    s0 = _mm256_add_ps(s0, e0);
+  }
+  if (i < n) {
+    const __m256i tm = TailMask(n - i);
+    // Masked-off lanes load 0 and give exp(-m) != 0, so mask them out of the sum.
+    const __m256 e0 = _mm256_and_ps(ExpPs(_mm256_sub_ps(_mm256_maskload_ps(x + i, tm), mv)), _mm256_castsi256_ps(tm));
+    _mm256_maskstore_ps(x + i, tm, e0);
+    s1 = _mm256_add_ps(s1, e0);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / HsumPs(_mm256_add_ps(s0, s1)));
+  i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  const float invs = _mm256_cvtss_f32(inv);
+  for (; i < n; ++i) x[i] *= invs;
+}
+
+}  // namespace
+
+const KernelTable& Table() {
+  static const KernelTable t = {IsaTier::kAvx2, GetMatMulKernels(), RmsNorm, SiluMul, Dot, Axpy, Softmax};
+  return t;
+}
+
+}  // namespace lathe::kernels::cpu::avx2

@@ -1,0 +1,96 @@
+// AVX-512 elementwise and reduction ops (RmsNorm, SiluMul, Dot, Axpy, Softmax) and the AVX-512
+// kernel table. Tails use masked loads/stores.
+// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/avx512_util.h"
+#include "kernels/cpu/dispatch.h"
+
+namespace lathe::kernels::cpu::avx512 {
+
+namespace {
+
+float Dot(const float* a, const float* b, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+    s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = Mask16(std::min<int64_t>(16, n - i));
+    s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+void Axpy(float* y, float a, const float* x, int64_t n) {
+  const __m512 av = _mm512_set1_ps(a);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Mask16(std::min<int64_t>(16, n - i));
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+void RmsNorm(const float* x, const float* w, float* out, int64_t T, int64_t C, float eps) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * C;
+    float* o = out + t * C;
+    const float ss = Dot(xr, xr, C);
+    const __m512 r = _mm512_set1_ps(1.0f / std::sqrt(ss / (float)C + eps));
+    for (int64_t i = 0; i < C; i += 16) {
+      const __mmask16 m = Mask16(std::min<int64_t>(16, C - i));
+      _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), r),
+                                                    _mm512_maskz_loadu_ps(m, w + i)));
+    }
+  }
+}
+
+void SiluMul(float* gate, const float* up, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Mask16(std::min<int64_t>(16, n - i));
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 e = ExpPs(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+void Softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Mask16(std::min<int64_t>(16, n - i));
+    mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, x + i));
+  }
+  const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  __m512 s = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Mask16(std::min<int64_t>(16, n - i));
+    const __m512 e = ExpPs(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mv));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    s = _mm512_mask_add_ps(s, m, s, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(s));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Mask16(std::min<int64_t>(16, n - i));
+    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+  }
+}
+
+}  // namespace
+
+const KernelTable& Table() {
+  static const KernelTable t = {IsaTier::kAvx512, GetMatMulKernels(), RmsNorm, SiluMul, Dot, Axpy, Softmax};
+  return t;
+}
+
+}  // namespace lathe::kernels::cpu::avx512

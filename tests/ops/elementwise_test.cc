@@ -1,0 +1,124 @@
+// RmsNorm, SiluMul, Dot, Axpy and Softmax on every ISA tier against the scalar reference, over
+// lengths that exercise full vectors, unrolled loops and masked tails.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "ops_test_util.h"
+
+namespace lathe::kernels {
+namespace {
+
+using testing::AllTiers;
+using testing::NormalizedError;
+using testing::RandomVec;
+
+const int64_t kLengths[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65, 100, 576, 1000, 1536};
+
+// Summation order and the polynomial exp (~2e-7 relative) are the only differences.
+constexpr double kLimit = 2e-6;
+
+class OpsTier : public ::testing::TestWithParam<IsaTier> {};
+
+TEST_P(OpsTier, RmsNorm) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  for (int64_t C : kLengths) {
+    const int64_t T = 3;
+    const std::vector<float> x = RandomVec(T * C, 1, 3.0f), w = RandomVec(C, 2);
+    std::vector<float> ref(T * C), out(T * C), inplace = x;
+    ref::RmsNorm(x.data(), w.data(), ref.data(), T, C, 1e-5f);
+    kt.rms_norm(x.data(), w.data(), out.data(), T, C, 1e-5f);
+    EXPECT_LE(NormalizedError(out, ref), kLimit) << C;
+    kt.rms_norm(inplace.data(), w.data(), inplace.data(), T, C, 1e-5f);  // out may alias x
+    EXPECT_LE(NormalizedError(inplace, ref), kLimit) << C;
+  }
+}
+
+TEST_P(OpsTier, SiluMul) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  for (int64_t n : kLengths) {
+    std::vector<float> g = RandomVec(n, 3, 4.0f);
+    if (n > 4) {
+      g[0] = 95.0f;  // exp(-g) underflows
+      g[1] = -95.0f;  // exp(-g) overflows: silu -> -0
+      g[2] = 0.0f;
+    }
+    const std::vector<float> up = RandomVec(n, 4);
+    std::vector<float> ref = g, out = g;
+    ref::SiluMul(ref.data(), up.data(), n);
+    kt.silu_mul(out.data(), up.data(), n);
+    EXPECT_LE(NormalizedError(out, ref), kLimit) << n;
+    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(out[i])) << i;
+  }
+}
+
+TEST_P(OpsTier, DotAndAxpy) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  for (int64_t n : kLengths) {
+    const std::vector<float> a = RandomVec(n, 5), b = RandomVec(n, 6);
+    double ref = 0, norm = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ref += (double)a[i] * b[i];
+      norm += std::fabs((double)a[i] * b[i]);
+    }
+    EXPECT_LE(std::fabs(kt.dot(a.data(), b.data(), n) - ref), 1e-6 * norm + 1e-30) << n;
+    std::vector<float> y = RandomVec(n, 7), yr = y;
+    kt.axpy(y.data(), 0.37f, a.data(), n);
+    for (int64_t i = 0; i < n; ++i) yr[i] += 0.37f * a[i];
+    EXPECT_LE(NormalizedError(y, yr), 1e-7) << n;
+  }
+}
+
+TEST_P(OpsTier, Softmax) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  for (int64_t n : kLengths) {
+    for (float scale : {1.0f, 30.0f}) {
+      std::vector<float> x = RandomVec(n, 8, scale);
+      if (n > 3) x[n - 1] = -std::numeric_limits<float>::infinity();  // a masked attention score
+      std::vector<float> ref = x, out = x;
+      ref::Softmax(ref.data(), n);
+      kt.softmax(out.data(), n);
+      EXPECT_LE(NormalizedError(out, ref), kLimit) << n << " scale " << scale;
+      double sum = 0;
+      for (float v : out) sum += v;
+      EXPECT_NEAR(sum, 1.0, 1e-5) << n;
+      if (n > 3) {
+        EXPECT_LE(out[n - 1], 1e-30f);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, OpsTier, ::testing::ValuesIn(AllTiers()), testing::TierParamName);
+
+TEST(OpsPublic, BestTierMatchesReference) {
+  const int64_t n = 77;
+  const std::vector<float> x = RandomVec(n, 20), w = RandomVec(n, 21);
+  std::vector<float> a(n), b(n);
+  RmsNorm(x.data(), w.data(), a.data(), 1, n, 1e-6f);
+  ref::RmsNorm(x.data(), w.data(), b.data(), 1, n, 1e-6f);
+  EXPECT_LE(NormalizedError(a, b), kLimit);
+  a = x;
+  b = x;
+  SiluMul(a.data(), w.data(), n);
+  ref::SiluMul(b.data(), w.data(), n);
+  EXPECT_LE(NormalizedError(a, b), kLimit);
+  a = x;
+  b = x;
+  Softmax(a.data(), n);
+  ref::Softmax(b.data(), n);
+  EXPECT_LE(NormalizedError(a, b), kLimit);
+  double d = 0;
+  for (int64_t i = 0; i < n; ++i) d += (double)x[i] * w[i];
+  EXPECT_NEAR(Dot(x.data(), w.data(), n), d, 1e-4);
+}
+
+}  // namespace
+}  // namespace lathe::kernels

@@ -1,0 +1,162 @@
+// MatMul and DequantizeRows on every ISA tier and weight dtype against the scalar reference, over
+// odd shapes, on both the GEMV (M < 16) and prefill paths, single- and multi-threaded.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+#include "ops_test_util.h"
+
+namespace lathe::kernels {
+namespace {
+
+using testing::AllTiers;
+using testing::MakeWeight;
+using testing::NormalizedError;
+using testing::RandomVec;
+
+const DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+
+// Normalized error limits. The float types differ from the reference only in summation order.
+// The GEMV path for block types quantizes x to int8 blocks of 32 (as llama.cpp does), which costs
+// about 0.6% relative error on Gaussian data (measured 0.55-0.7% over these shapes); a handful of
+// outputs does not average, so the limit is looser there. The prefill path dequantizes W and runs
+// in f32.
+double ErrorLimit(DType t, int64_t M, int64_t N = 1000) {
+  if (IsQuantized(t) && M < cpu::kGemvMaxM) return M * N >= 8 ? 1.2e-2 : 4e-2;
+  return 2e-6;
+}
+
+struct Shape {
+  int64_t N, K;
+};
+// K not a multiple of 256 (nor, for float types, of 8 or 32); N not a multiple of any tile.
+const Shape kBlockShapes[] = {{1, 32}, {5, 64}, {37, 96}, {50, 288}, {67, 576}, {13, 1536}};
+const Shape kFloatShapes[] = {{1, 1}, {3, 7}, {9, 37}, {17, 100}, {40, 129}, {11, 576}};
+
+class MatMulTier : public ::testing::TestWithParam<IsaTier> {};
+
+void CheckMatMul(IsaTier tier, DType dt, int64_t M, int64_t N, int64_t K, uint32_t seed) {
+  const cpu::KernelTable& kt = cpu::KernelsFor(tier);
+  testing::TestWeight w = MakeWeight(dt, N, K, seed);
+  const std::vector<float> x = RandomVec(M * K, seed + 1);
+  std::vector<float> ref(M * N), y1(M * N, -1.0f);
+  ref::MatMul(x.data(), M, w.t, ref.data());
+  ThreadPool pool1(1);
+  cpu::MatMulWith(kt.mm, pool1, x.data(), M, w.t, y1.data());
+  const double err = NormalizedError(y1, ref);
+  EXPECT_LE(err, ErrorLimit(dt, M, N)) << IsaTierName(tier) << " " << DTypeName(dt) << " M=" << M << " N=" << N
+                                    << " K=" << K;
+  // Multi-threaded runs compute every element with the same code: bitwise equal.
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<float> yt(M * N, -2.0f);
+    cpu::MatMulWith(kt.mm, pool, x.data(), M, w.t, yt.data());
+    ASSERT_EQ(yt, y1) << threads << " threads, " << DTypeName(dt) << " M=" << M << " N=" << N << " K=" << K;
+  }
+}
+
+TEST_P(MatMulTier, AllDtypesOddShapes) {
+  LATHE_REQUIRE_TIER(GetParam());
+  uint32_t seed = 1;
+  for (DType dt : kWeightTypes) {
+    const bool block = IsQuantized(dt);
+    for (const Shape& s : block ? std::vector<Shape>(std::begin(kBlockShapes), std::end(kBlockShapes))
+                                : std::vector<Shape>(std::begin(kFloatShapes), std::end(kFloatShapes))) {
+      for (int64_t M : {1, 2, 3, 4, 5, 17, 64}) CheckMatMul(GetParam(), dt, M, s.N, s.K, seed++);
+    }
+  }
+}
+
+// Shapes of the real model (SmolLM2-135M) on both paths, including a large N that spans many
+// prefill tasks and GEMV chunks.
+TEST_P(MatMulTier, ModelShapes) {
+  LATHE_REQUIRE_TIER(GetParam());
+  uint32_t seed = 1000;
+  for (DType dt : kWeightTypes) {
+    CheckMatMul(GetParam(), dt, 1, 576, 576, seed++);
+    CheckMatMul(GetParam(), dt, 3, 1536, 576, seed++);
+    CheckMatMul(GetParam(), dt, 1, 576, 1536, seed++);
+    CheckMatMul(GetParam(), dt, 33, 192, 576, seed++);
+    CheckMatMul(GetParam(), dt, 100, 577, 1536, seed++);
+  }
+}
+
+// Large activations and a zero x row: the int8 scale must handle amax == 0 and big magnitudes.
+TEST_P(MatMulTier, ZeroAndLargeActivations) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  for (DType dt : kWeightTypes) {
+    const int64_t M = 3, N = 21, K = 128;
+    testing::TestWeight w = MakeWeight(dt, N, K, 77);
+    std::vector<float> x = RandomVec(M * K, 78, 1000.0f);
+    for (int64_t k = 0; k < K; ++k) x[K + k] = 0;  // row 1 all zero
+    std::vector<float> ref(M * N), y(M * N);
+    ref::MatMul(x.data(), M, w.t, ref.data());
+    ThreadPool pool(1);
+    cpu::MatMulWith(kt.mm, pool, x.data(), M, w.t, y.data());
+    EXPECT_LE(NormalizedError(y, ref), ErrorLimit(dt, M, N)) << DTypeName(dt);
+    for (int64_t n = 0; n < N; ++n) EXPECT_EQ(y[N + n], 0.0f) << DTypeName(dt);
+  }
+}
+
+TEST_P(MatMulTier, DequantizeRowsMatchesReference) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  for (DType dt : kWeightTypes) {
+    for (int64_t K : {32, 96, 576}) {
+      if (!IsQuantized(dt) && K == 96) K = 101;
+      const int64_t N = 7;
+      testing::TestWeight w = MakeWeight(dt, N, K, 5);
+      const size_t rb = w.t.row_bytes();
+      std::vector<float> ref(3 * K), out(3 * K);
+      for (int64_t r = 0; r < 3; ++r) ref::DequantizeRow(dt, w.bytes.data() + (2 + r) * rb, K, ref.data() + r * K);
+      kt.mm.dequant_rows(dt, w.bytes.data() + 2 * rb, rb, 3, K, out.data(), K);
+      // Q4_1 may round d*q + m once (FMA) instead of twice; everything else is exact.
+      EXPECT_LE(NormalizedError(out, ref), dt == DType::kQ4_1 ? 1e-7 : 0.0) << DTypeName(dt) << " K=" << K;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, MatMulTier, ::testing::ValuesIn(AllTiers()), testing::TierParamName);
+
+// The public entry points (best tier) agree with the reference too.
+TEST(MatMulPublic, BestTierAndDequantizeRows) {
+  ThreadPool pool(2);
+  for (DType dt : kWeightTypes) {
+    for (int64_t M : {1, 20}) {
+      const int64_t N = 45, K = 320;
+      testing::TestWeight w = MakeWeight(dt, N, K, 9);
+      const std::vector<float> x = RandomVec(M * K, 10);
+      std::vector<float> ref(M * N), y(M * N);
+      ref::MatMul(x.data(), M, w.t, ref.data());
+      MatMul(pool, x.data(), M, w.t, y.data());
+      EXPECT_LE(NormalizedError(y, ref), ErrorLimit(dt, M)) << DTypeName(dt) << " M=" << M;
+    }
+    const int64_t N = 6, K = 64;
+    testing::TestWeight w = MakeWeight(dt, N, K, 11);
+    std::vector<float> ref(2 * K), out(2 * K);
+    for (int r = 0; r < 2; ++r) ref::DequantizeRow(dt, w.bytes.data() + (3 + r) * w.t.row_bytes(), K, ref.data() + r * K);
+    DequantizeRows(w.t, 3, 2, out.data());
+    EXPECT_LE(NormalizedError(out, ref), 1e-7) << DTypeName(dt);
+  }
+}
+
+// QuantizeRow must stay bit-identical to the reference (which mirrors ggml's *_ref quantizers).
+TEST(QuantizeRowPublic, BitIdenticalToReference) {
+  for (DType dt : kWeightTypes) {
+    const int64_t n = 320;
+    std::vector<float> x = RandomVec(n, 12);
+    x[5] = 0;
+    x[40] = -3.5f;  // a clear amax for the negative-max Q4_0 rule
+    const size_t nb = DTypeBytes(dt, n);
+    std::vector<uint8_t> a(nb), b(nb);
+    QuantizeRow(dt, x.data(), n, a.data());
+    ref::QuantizeRow(dt, x.data(), n, b.data());
+    EXPECT_EQ(a, b) << DTypeName(dt);
+  }
+}
+
+}  // namespace
+}  // namespace lathe::kernels
