@@ -1,0 +1,94 @@
+// Batched forward over several sequences (different lengths, different cache slots, mixed
+// prefill and decode) gives the same logits as running each sequence alone.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "formats/gguf.h"
+#include "model/load_gguf.h"
+#include "model/transformer.h"
+#include "test_util.h"
+
+namespace lathe::model {
+namespace {
+
+using lathe::testing::SharedPath;
+
+double MaxAbsDiff(const float* a, const float* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, (double)std::fabs(a[i] - b[i]));
+  return m;
+}
+
+TEST(BatchEquivalence, Stories260KMixedBatchEqualsOneAtATime) {
+  std::string path = SharedPath("models/stories260K/stories260K.gguf");
+  LATHE_REQUIRE_FILE(path);
+  auto g = formats::GgufFile::Open(path);
+  ASSERT_TRUE(g.ok());
+  auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ThreadPool pool(2);
+  Transformer tf(*w, pool);
+  const int64_t V = tf.config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts = {
+      {1, 403, 407, 261, 378}, {1, 376, 298}, {1, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317}};
+  std::vector<int32_t> next = {432, 315, 426};  // one decode token each afterwards
+
+  // Alone: prefill (all logits) then one decode step.
+  std::vector<std::vector<float>> alone_prefill, alone_decode;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    KvCache cache(tf.config(), 1, 32);
+    std::vector<float> lg;
+    SeqInput in{0, prompts[s], true};
+    ASSERT_TRUE(tf.Forward(cache, {&in, 1}, &lg).ok());
+    alone_prefill.push_back(lg);
+    SeqInput step{0, {&next[s], 1}, false};
+    ASSERT_TRUE(tf.Forward(cache, {&step, 1}, &lg).ok());
+    alone_decode.push_back(lg);
+  }
+
+  // Together: sequence 1 prefills first alone; then one batch mixes the decode step of 1 with
+  // the prefills of 0 and 2 (slots in a different order than the batch order).
+  KvCache cache(tf.config(), 3, 32);
+  std::vector<float> lg;
+  SeqInput first{1, prompts[1], true};
+  ASSERT_TRUE(tf.Forward(cache, {&first, 1}, &lg).ok());
+  EXPECT_LT(MaxAbsDiff(lg.data(), alone_prefill[1].data(), (int64_t)lg.size()), 1e-5);
+  std::vector<SeqInput> mixed = {{2, prompts[0], true}, {1, {&next[1], 1}, false}, {0, prompts[2], true}};
+  ASSERT_TRUE(tf.Forward(cache, mixed, &lg).ok());
+  int64_t n0 = (int64_t)prompts[0].size(), n2 = (int64_t)prompts[2].size();
+  ASSERT_EQ((int64_t)lg.size(), (n0 + 1 + n2) * V);
+  EXPECT_LT(MaxAbsDiff(lg.data(), alone_prefill[0].data(), n0 * V), 1e-5);
+  EXPECT_LT(MaxAbsDiff(lg.data() + n0 * V, alone_decode[1].data(), V), 1e-5);
+  EXPECT_LT(MaxAbsDiff(lg.data() + (n0 + 1) * V, alone_prefill[2].data(), n2 * V), 1e-5);
+  // Then decode steps for 0 and 2 together.
+  std::vector<SeqInput> dec = {{0, {&next[2], 1}, false}, {2, {&next[0], 1}, false}};
+  ASSERT_TRUE(tf.Forward(cache, dec, &lg).ok());
+  EXPECT_LT(MaxAbsDiff(lg.data(), alone_decode[2].data(), V), 1e-5);
+  EXPECT_LT(MaxAbsDiff(lg.data() + V, alone_decode[0].data(), V), 1e-5);
+}
+
+TEST(BatchEquivalence, ErrorsNameTheProblem) {
+  std::string path = SharedPath("models/stories260K/stories260K.gguf");
+  LATHE_REQUIRE_FILE(path);
+  auto g = formats::GgufFile::Open(path);
+  ASSERT_TRUE(g.ok());
+  auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
+  ASSERT_TRUE(w.ok());
+  ThreadPool pool(1);
+  Transformer tf(*w, pool);
+  KvCache cache(tf.config(), 1, 4);
+  std::vector<float> lg;
+  std::vector<int32_t> bad = {1, 9999};
+  SeqInput in{0, bad, false};
+  Status st = tf.Forward(cache, {&in, 1}, &lg);
+  EXPECT_NE(st.message().find("9999"), std::string::npos) << st.message();
+  std::vector<int32_t> longer = {1, 2, 3, 4, 5};
+  SeqInput in2{0, longer, false};
+  st = tf.Forward(cache, {&in2, 1}, &lg);
+  EXPECT_NE(st.message().find("context"), std::string::npos) << st.message();
+  EXPECT_EQ(cache.length(0), 0);  // nothing was written on error
+}
+
+}  // namespace
+}  // namespace lathe::model
