@@ -11,11 +11,34 @@
 
 namespace lathe::model {
 
-KvCache::KvCache(const ModelConfig& c, int n_slots, int64_t max_len)
-    : n_slots_(n_slots), max_len_(max_len), kv_dim_(c.kv_dim()), len_(n_slots, 0) {
-  size_t n = (size_t)c.n_layers * n_slots * max_len * kv_dim_;
+KvBlockStore::KvBlockStore(const ModelConfig& c, int64_t n_blocks, int64_t block_size)
+    : n_layers_(c.n_layers), n_blocks_(n_blocks), block_size_(block_size), kv_dim_(c.kv_dim()) {
+  LATHE_CHECK(n_blocks > 0 && block_size > 0);
+  size_t n = (size_t)n_layers_ * n_blocks * block_size * kv_dim_;
   k_.resize(n);
   v_.resize(n);
+}
+
+size_t KvBlockStore::BlockBytes(const ModelConfig& c, int64_t block_size) {
+  return (size_t)c.n_layers * block_size * c.kv_dim() * 2 * sizeof(float);
+}
+
+void KvBlockStore::CopyBlock(int64_t src, int64_t dst) {
+  size_t n = (size_t)block_size_ * kv_dim_;
+  for (int64_t l = 0; l < n_layers_; ++l) {
+    std::memcpy(K(l, dst, 0), K(l, src, 0), n * sizeof(float));
+    std::memcpy(V(l, dst, 0), V(l, src, 0), n * sizeof(float));
+  }
+}
+
+KvCache::KvCache(const ModelConfig& c, int n_slots, int64_t max_len, int64_t block_size)
+    : n_slots_(n_slots),
+      max_len_(max_len),
+      blocks_per_slot_((max_len + block_size - 1) / block_size),
+      store_(c, n_slots * blocks_per_slot_, block_size),
+      tables_((size_t)n_slots * blocks_per_slot_),
+      len_(n_slots, 0) {
+  for (size_t i = 0; i < tables_.size(); ++i) tables_[i] = (int32_t)i;
 }
 
 void KvCache::Truncate(int slot, int64_t new_len) {
@@ -97,15 +120,15 @@ void Transformer::ApplyRope(float* x, int64_t n_heads, int64_t pos) const {
   }
 }
 
-void Transformer::Attention(KvCache& cache, int64_t layer, std::span<const SeqInput> batch) {
+void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const PagedSeqInput> batch) {
   const ModelConfig& c = w_.config;
   const int64_t hd = c.head_dim, n_heads = c.n_heads, group = c.n_heads / c.n_kv_heads;
-  const int64_t q_dim = c.q_dim();
+  const int64_t q_dim = c.q_dim(), bs = store.block_size();
   const float scale = 1.0f / std::sqrt((float)hd);
   // Work items: (sequence, head, chunk of that sequence's new tokens).
   struct Item {
     int seq;
-    int64_t row0;  // first stacked row of the chunk
+    int64_t row0;    // first stacked row of the sequence
     int64_t t0, t1;  // token range within the sequence's new tokens
     int64_t head;
   };
@@ -122,37 +145,60 @@ void Transformer::Attention(KvCache& cache, int64_t layer, std::span<const SeqIn
     std::vector<float>& sc = scores_[thread];
     for (int64_t it = b; it < e; ++it) {
       const Item& item = items[it];
-      const SeqInput& seq = batch[item.seq];
-      int64_t base = cache.length(seq.slot);  // position of the sequence's first new token
-      int64_t kvh = item.head / group;
+      const PagedSeqInput& seq = batch[item.seq];
+      const int64_t kvo = (item.head / group) * hd;
       for (int64_t t = item.t0; t < item.t1; ++t) {
-        int64_t pos = base + t;
+        int64_t pos = seq.start_pos + t;
         int64_t r = item.row0 + t;
         const float* q = &q_[r * q_dim + item.head * hd];
         if ((int64_t)sc.size() < pos + 1) sc.resize(pos + 1);
         for (int64_t p = 0; p <= pos; ++p) {
-          sc[p] = kernels::Dot(q, cache.K(layer, seq.slot, p) + kvh * hd, hd) * scale;
+          sc[p] = kernels::Dot(q, store.K(layer, seq.block_table[p / bs], p % bs) + kvo, hd) * scale;
         }
         kernels::Softmax(sc.data(), pos + 1);
         float* out = &att_[r * q_dim + item.head * hd];
         std::memset(out, 0, hd * sizeof(float));
-        for (int64_t p = 0; p <= pos; ++p) kernels::Axpy(out, sc[p], cache.V(layer, seq.slot, p) + kvh * hd, hd);
+        for (int64_t p = 0; p <= pos; ++p) {
+          kernels::Axpy(out, sc[p], store.V(layer, seq.block_table[p / bs], p % bs) + kvo, hd);
+        }
       }
     }
   });
 }
 
 Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std::vector<float>* logits) {
+  std::vector<PagedSeqInput> paged(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqInput& s = batch[i];
+    if (s.slot < 0 || s.slot >= cache.n_slots()) return Status::Error(StrFormat("KV cache slot %d out of range", s.slot));
+    for (size_t j = 0; j < i; ++j) {
+      if (batch[j].slot == s.slot) return Status::Error(StrFormat("KV cache slot %d appears twice in a batch", s.slot));
+    }
+    if (cache.length(s.slot) + (int64_t)s.tokens.size() > cache.max_len()) {
+      return Status::Error(StrFormat("sequence of %lld tokens exceeds the context of %lld tokens",
+                                     (long long)(cache.length(s.slot) + (int64_t)s.tokens.size()),
+                                     (long long)cache.max_len()));
+    }
+    paged[i] = {s.tokens, cache.length(s.slot), cache.BlockTable(s.slot), s.all_logits};
+  }
+  LATHE_RETURN_IF_ERROR(ForwardPaged(cache.store(), paged, logits));
+  for (const SeqInput& s : batch) cache.SetLength(s.slot, cache.length(s.slot) + (int64_t)s.tokens.size());
+  return Status::Ok();
+}
+
+Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqInput> batch, std::vector<float>* logits) {
   const ModelConfig& c = w_.config;
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), ffn = c.ffn_dim;
   int64_t T = 0, n_out = 0, max_pos = 0;
-  for (const SeqInput& s : batch) {
-    if (s.slot < 0 || s.slot >= cache.n_slots()) return Status::Error(StrFormat("KV cache slot %d out of range", s.slot));
+  for (const PagedSeqInput& s : batch) {
     int64_t n = (int64_t)s.tokens.size();
     if (n == 0) return Status::Error("empty sequence in batch");
-    if (cache.length(s.slot) + n > cache.max_len()) {
-      return Status::Error(StrFormat("sequence of %lld tokens exceeds the context of %lld tokens",
-                                     (long long)(cache.length(s.slot) + n), (long long)cache.max_len()));
+    if (s.start_pos < 0 || (s.start_pos + n + store.block_size() - 1) / store.block_size() > (int64_t)s.block_table.size()) {
+      return Status::Error(StrFormat("block table of %zu blocks cannot hold %lld tokens", s.block_table.size(),
+                                     (long long)(s.start_pos + n)));
+    }
+    for (int32_t b : s.block_table.first((s.start_pos + n + store.block_size() - 1) / store.block_size())) {
+      if (b < 0 || b >= store.n_blocks()) return Status::Error(StrFormat("block id %d out of range", b));
     }
     for (int32_t id : s.tokens) {
       if (id < 0 || id >= c.vocab_size) {
@@ -161,7 +207,7 @@ Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std
     }
     T += n;
     n_out += s.all_logits ? n : 1;
-    max_pos = std::max(max_pos, cache.length(s.slot) + n);
+    max_pos = std::max(max_pos, s.start_pos + n);
   }
   EnsureRopeTable(max_pos);
   x_.resize(T * dim);
@@ -176,10 +222,10 @@ Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std
 
   // Embedding rows.
   int64_t r = 0;
-  for (const SeqInput& s : batch) {
+  for (const PagedSeqInput& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i, ++r) {
       kernels::DequantizeRows(w_.tok_embd, s.tokens[i], 1, &x_[r * dim]);
-      row_pos_[r] = cache.length(s.slot) + (int64_t)i;
+      row_pos_[r] = s.start_pos + (int64_t)i;
     }
   }
 
@@ -197,15 +243,17 @@ Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std
       }
     }
     r = 0;
-    for (const SeqInput& s : batch) {
+    const int64_t bs = store.block_size();
+    for (const PagedSeqInput& s : batch) {
       for (size_t i = 0; i < s.tokens.size(); ++i, ++r) {
-        ApplyRope(&q_[r * q_dim], c.n_heads, row_pos_[r]);
-        ApplyRope(&k_[r * kv_dim], c.n_kv_heads, row_pos_[r]);
-        std::memcpy(cache.K(l, s.slot, row_pos_[r]), &k_[r * kv_dim], kv_dim * sizeof(float));
-        std::memcpy(cache.V(l, s.slot, row_pos_[r]), &v_[r * kv_dim], kv_dim * sizeof(float));
+        int64_t pos = row_pos_[r];
+        ApplyRope(&q_[r * q_dim], c.n_heads, pos);
+        ApplyRope(&k_[r * kv_dim], c.n_kv_heads, pos);
+        std::memcpy(store.K(l, s.block_table[pos / bs], pos % bs), &k_[r * kv_dim], kv_dim * sizeof(float));
+        std::memcpy(store.V(l, s.block_table[pos / bs], pos % bs), &v_[r * kv_dim], kv_dim * sizeof(float));
       }
     }
-    Attention(cache, l, batch);
+    Attention(store, l, batch);
     kernels::MatMul(pool_, att_.data(), T, L.wo, xb_.data());
     kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
     kernels::RmsNorm(x_.data(), L.ffn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
@@ -215,13 +263,11 @@ Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std
     kernels::MatMul(pool_, hb_.data(), T, L.w_down, xb_.data());
     kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
   }
-  for (const SeqInput& s : batch) cache.SetLength(s.slot, cache.length(s.slot) + (int64_t)s.tokens.size());
-
   // Final norm only on the rows whose logits are wanted.
   rows_.resize(n_out * dim);
   int64_t o = 0;
   r = 0;
-  for (const SeqInput& s : batch) {
+  for (const PagedSeqInput& s : batch) {
     int64_t n = (int64_t)s.tokens.size();
     int64_t first = s.all_logits ? 0 : n - 1;
     for (int64_t i = first; i < n; ++i, ++o) std::memcpy(&rows_[o * dim], &x_[(r + i) * dim], dim * sizeof(float));

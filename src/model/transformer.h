@@ -13,31 +13,64 @@
 
 namespace lathe::model {
 
-// K and V for n_slots sequences of up to max_len tokens each, f32, laid out
-// [layer][slot][pos][kv_dim]. (The serving engine's paged cache replaces this for `serve`.)
+// KvBlockStore: K and V in fixed-size blocks of tokens, f32, laid out per layer as
+// [block][offset][kv_dim]. A sequence's tokens live in the blocks its block table lists:
+// position p is at (block_table[p / block_size], p % block_size). The serving engine's
+// KvCacheManager hands out blocks (with prefix sharing); KvCache below is the simple owner.
+class KvBlockStore {
+ public:
+  KvBlockStore(const ModelConfig& config, int64_t n_blocks, int64_t block_size);
+  int64_t n_blocks() const { return n_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  int64_t kv_dim() const { return kv_dim_; }
+  size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
+  // Bytes one block takes across all layers (K and V).
+  static size_t BlockBytes(const ModelConfig& config, int64_t block_size);
+  float* K(int64_t layer, int64_t block, int64_t offset) { return &k_[Index(layer, block, offset)]; }
+  float* V(int64_t layer, int64_t block, int64_t offset) { return &v_[Index(layer, block, offset)]; }
+  // Copies every layer's K/V of one block to another (copy-on-write of a shared block).
+  void CopyBlock(int64_t src, int64_t dst);
+
+ private:
+  size_t Index(int64_t layer, int64_t block, int64_t offset) const {
+    return (((size_t)layer * n_blocks_ + block) * block_size_ + offset) * kv_dim_;
+  }
+  int64_t n_layers_, n_blocks_, block_size_, kv_dim_;
+  std::vector<float> k_, v_;
+};
+
+// One sequence of a batch in block-table form.
+struct PagedSeqInput {
+  std::span<const int32_t> tokens;       // new tokens, at positions start_pos, start_pos + 1, ...
+  int64_t start_pos = 0;                 // tokens already in the cache for this sequence
+  std::span<const int32_t> block_table;  // must cover start_pos + tokens.size() positions
+  bool all_logits = false;               // logits for every new token, else only for the last
+};
+
+// KvCache: n_slots independent sequences of up to max_len tokens, each with its own run of
+// blocks in one KvBlockStore, and a length per slot. For generate/chat/eval/bench.
 class KvCache {
  public:
-  KvCache(const ModelConfig& config, int n_slots, int64_t max_len);
+  KvCache(const ModelConfig& config, int n_slots, int64_t max_len, int64_t block_size = 16);
   int n_slots() const { return n_slots_; }
   int64_t max_len() const { return max_len_; }
   int64_t length(int slot) const { return len_[slot]; }
   // Forgets the last tokens of a slot (or all of them): later tokens overwrite them.
   void Truncate(int slot, int64_t new_len);
   void Clear(int slot) { Truncate(slot, 0); }
-  size_t bytes() const { return k_.size() * sizeof(float) * 2; }
-
-  float* K(int64_t layer, int slot, int64_t pos) { return &k_[Index(layer, slot, pos)]; }
-  float* V(int64_t layer, int slot, int64_t pos) { return &v_[Index(layer, slot, pos)]; }
   void SetLength(int slot, int64_t len) { len_[slot] = len; }
+  size_t bytes() const { return store_.bytes(); }
+  KvBlockStore& store() { return store_; }
+  std::span<const int32_t> BlockTable(int slot) const {
+    return std::span<const int32_t>(tables_).subspan((size_t)slot * blocks_per_slot_, blocks_per_slot_);
+  }
 
  private:
-  size_t Index(int64_t layer, int slot, int64_t pos) const {
-    return (((size_t)layer * n_slots_ + slot) * max_len_ + pos) * kv_dim_;
-  }
   int n_slots_;
   int64_t max_len_;
-  int64_t kv_dim_;
-  std::vector<float> k_, v_;
+  int64_t blocks_per_slot_;
+  KvBlockStore store_;
+  std::vector<int32_t> tables_;
   std::vector<int64_t> len_;
 };
 
@@ -56,13 +89,17 @@ class Transformer {
   ThreadPool& pool() { return pool_; }
 
   // Runs the batch; `logits` gets (rows, vocab) in batch order: n_tokens rows for sequences with
-  // all_logits, one row for the others. Error if a token id is out of range or a slot overflows.
+  // all_logits, one row for the others. Error if a token id is out of range or a slot overflows;
+  // on error nothing is written to the cache. Advances each slot's length.
   Status Forward(KvCache& cache, std::span<const SeqInput> batch, std::vector<float>* logits);
+  // The same over block tables: writes the new tokens' K/V into their blocks and attends over
+  // positions [0, start_pos + i] of each sequence. Lengths are the caller's to track.
+  Status ForwardPaged(KvBlockStore& store, std::span<const PagedSeqInput> batch, std::vector<float>* logits);
 
  private:
   void EnsureRopeTable(int64_t n_pos);
   void ApplyRope(float* x, int64_t n_heads, int64_t pos) const;  // x: (n_heads, head_dim)
-  void Attention(KvCache& cache, int64_t layer, std::span<const SeqInput> batch);
+  void Attention(KvBlockStore& store, int64_t layer, std::span<const PagedSeqInput> batch);
 
   const ModelWeights& w_;
   ThreadPool& pool_;

@@ -68,6 +68,39 @@ TEST(BatchEquivalence, Stories260KMixedBatchEqualsOneAtATime) {
   EXPECT_LT(MaxAbsDiff(lg.data() + V, alone_decode[0].data(), V), 1e-5);
 }
 
+TEST(BatchEquivalence, ScatteredBlockTablesEqualContiguous) {
+  std::string path = SharedPath("models/stories260K/stories260K.gguf");
+  LATHE_REQUIRE_FILE(path);
+  auto g = formats::GgufFile::Open(path);
+  ASSERT_TRUE(g.ok());
+  auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
+  ASSERT_TRUE(w.ok());
+  ThreadPool pool(2);
+  Transformer tf(*w, pool);
+  const int64_t V = tf.config().vocab_size;
+  std::vector<int32_t> ids = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338};
+  KvCache cache(tf.config(), 1, 32, /*block_size=*/4);
+  std::vector<float> want, got;
+  SeqInput in{0, ids, true};
+  ASSERT_TRUE(tf.Forward(cache, {&in, 1}, &want).ok());
+  // Blocks 9, 2, 7, 0, 5 of a 10-block store with block size 4, filled in two chunks (chunked
+  // prefill), then block 2's content copied to block 3 and the table pointed there (CoW).
+  KvBlockStore store(tf.config(), 10, 4);
+  std::vector<int32_t> table = {9, 2, 7, 0, 5};
+  PagedSeqInput a{std::span<const int32_t>(ids).first(6), 0, table, true};
+  ASSERT_TRUE(tf.ForwardPaged(store, {&a, 1}, &got).ok());
+  EXPECT_LT(MaxAbsDiff(got.data(), want.data(), 6 * V), 1e-5);
+  store.CopyBlock(2, 3);
+  table[1] = 3;
+  PagedSeqInput b{std::span<const int32_t>(ids).subspan(6), 6, table, true};
+  ASSERT_TRUE(tf.ForwardPaged(store, {&b, 1}, &got).ok());
+  EXPECT_LT(MaxAbsDiff(got.data(), want.data() + 6 * V, (int64_t)(ids.size() - 6) * V), 1e-5);
+  // A table too short for the tokens is an error, not an out-of-bounds write.
+  std::vector<int32_t> short_table = {1};
+  PagedSeqInput c{ids, 0, short_table, false};
+  EXPECT_FALSE(tf.ForwardPaged(store, {&c, 1}, &got).ok());
+}
+
 TEST(BatchEquivalence, ErrorsNameTheProblem) {
   std::string path = SharedPath("models/stories260K/stories260K.gguf");
   LATHE_REQUIRE_FILE(path);
