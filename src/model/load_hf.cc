@@ -1,0 +1,365 @@
+// HF folder loading: config.json parsing, generation_config.json, safetensors -> ModelWeights.
+#include "model/load_hf.h"
+
+#include <sys/stat.h>
+
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/mapped_file.h"
+#include "formats/safetensors.h"
+
+namespace lathe::model {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int64_t kMaxConfigInt = int64_t{1} << 31;  // keeps products like dim * q_dim in range
+
+Result<json> ParseJson(const std::string& text, const std::string& source) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    return Status::Error(StrFormat("%s: not valid JSON (offset %zu): %s", source.c_str(), (size_t)e.byte, e.what()));
+  } catch (const std::exception& e) {
+    return Status::Error(StrFormat("%s: not valid JSON: %s", source.c_str(), e.what()));
+  }
+}
+
+// Typed access to a JSON object; a key holding null counts as absent (HF writes "head_dim": null).
+class Obj {
+ public:
+  Obj(const json& j, std::string source, std::string prefix = "")
+      : j_(j), source_(std::move(source)), prefix_(std::move(prefix)) {}
+  const json* Find(const std::string& key) const {
+    if (!j_.is_object()) return nullptr;
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  bool Has(const std::string& key) const { return Find(key) != nullptr; }
+  Status Err(const std::string& key, const std::string& what) const {
+    return Status::Error(StrFormat("%s: key '%s%s' %s", source_.c_str(), prefix_.c_str(), key.c_str(), what.c_str()));
+  }
+  Result<int64_t> Int(const std::string& key, std::optional<int64_t> def = std::nullopt) const {
+    const json* v = Find(key);
+    if (!v) {
+      if (def) return *def;
+      return Err(key, "is missing");
+    }
+    if (!v->is_number_integer()) return Err(key, "must be an integer, got " + v->dump());
+    int64_t x = v->get<int64_t>();
+    if (x < 0 || x > kMaxConfigInt) return Err(key, "is out of range: " + v->dump());
+    return x;
+  }
+  Result<double> Num(const std::string& key, std::optional<double> def = std::nullopt) const {
+    const json* v = Find(key);
+    if (!v) {
+      if (def) return *def;
+      return Err(key, "is missing");
+    }
+    if (!v->is_number()) return Err(key, "must be a number, got " + v->dump());
+    return v->get<double>();
+  }
+  Result<bool> Bool(const std::string& key, bool def) const {
+    const json* v = Find(key);
+    if (!v) return def;
+    if (!v->is_boolean()) return Err(key, "must be true or false, got " + v->dump());
+    return v->get<bool>();
+  }
+  Result<std::string> Str(const std::string& key, const std::string& def) const {
+    const json* v = Find(key);
+    if (!v) return def;
+    if (!v->is_string()) return Err(key, "must be a string, got " + v->dump());
+    return v->get<std::string>();
+  }
+
+ private:
+  const json& j_;
+  std::string source_, prefix_;
+};
+
+Status ParseRopeScaling(const Obj& cfg, const json* scaling, const std::string& key, const std::string& source,
+                        ModelConfig* c) {
+  if (!scaling) return Status::Ok();
+  if (!scaling->is_object()) return cfg.Err(key, "must be an object, got " + scaling->dump());
+  Obj s(*scaling, source, key + ".");
+  LATHE_ASSIGN_OR_RETURN(std::string type, s.Str("rope_type", ""));
+  if (type.empty()) {
+    LATHE_ASSIGN_OR_RETURN(type, s.Str("type", "default"));
+  }
+  if (type == "default") return Status::Ok();
+  if (type == "linear") {
+    c->rope_scaling.type = RopeScaling::Type::kLinear;
+    LATHE_ASSIGN_OR_RETURN(double f, s.Num("factor"));
+    c->rope_scaling.factor = (float)f;
+  } else if (type == "llama3") {
+    c->rope_scaling.type = RopeScaling::Type::kLlama3;
+    LATHE_ASSIGN_OR_RETURN(double f, s.Num("factor"));
+    LATHE_ASSIGN_OR_RETURN(double lo, s.Num("low_freq_factor"));
+    LATHE_ASSIGN_OR_RETURN(double hi, s.Num("high_freq_factor"));
+    LATHE_ASSIGN_OR_RETURN(int64_t orig, s.Int("original_max_position_embeddings"));
+    if (!(hi > lo) || orig <= 0) return s.Err("high_freq_factor", "must exceed low_freq_factor (and "
+                                                                  "original_max_position_embeddings be > 0)");
+    c->rope_scaling.factor = (float)f;
+    c->rope_scaling.low_freq_factor = (float)lo;
+    c->rope_scaling.high_freq_factor = (float)hi;
+    c->rope_scaling.original_max_position = orig;
+  } else {
+    return s.Err("rope_type", "is \"" + type + "\"; lathe supports default, linear and llama3");
+  }
+  if (!(c->rope_scaling.factor > 0)) return s.Err("factor", "must be positive");
+  return Status::Ok();
+}
+
+bool FileExists(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+}  // namespace
+
+Result<ModelConfig> ParseHfConfig(const std::string& json_text, const std::string& source) {
+  LATHE_ASSIGN_OR_RETURN(json j, ParseJson(json_text, source));
+  if (!j.is_object()) return Status::Error(source + ": config is not a JSON object");
+  Obj cfg(j, source);
+  ModelConfig c;
+  std::string arch_name;
+  if (const json* a = cfg.Find("architectures")) {
+    if (!a->is_array() || a->empty() || !(*a)[0].is_string()) {
+      return cfg.Err("architectures", "must be a list of class names, got " + a->dump());
+    }
+    arch_name = (*a)[0].get<std::string>();
+  }
+  LATHE_ASSIGN_OR_RETURN(std::string model_type, cfg.Str("model_type", ""));
+  if (arch_name == "LlamaForCausalLM" || (arch_name.empty() && model_type == "llama")) c.arch = "llama";
+  else if (arch_name == "MistralForCausalLM" || (arch_name.empty() && model_type == "mistral")) c.arch = "mistral";
+  else if (arch_name == "Qwen2ForCausalLM" || (arch_name.empty() && model_type == "qwen2")) c.arch = "qwen2";
+  else {
+    return Status::Error(StrFormat("%s: architecture '%s' (model_type '%s') is not supported; lathe loads "
+                                   "LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM", source.c_str(),
+                                   arch_name.c_str(), model_type.c_str()));
+  }
+  LATHE_ASSIGN_OR_RETURN(std::string act, cfg.Str("hidden_act", "silu"));
+  if (act != "silu") return cfg.Err("hidden_act", "is \"" + act + "\"; only silu (SwiGLU) is supported");
+  LATHE_ASSIGN_OR_RETURN(bool mlp_bias, cfg.Bool("mlp_bias", false));
+  if (mlp_bias) return cfg.Err("mlp_bias", "is true; MLP biases are not supported");
+
+  LATHE_ASSIGN_OR_RETURN(c.dim, cfg.Int("hidden_size"));
+  LATHE_ASSIGN_OR_RETURN(c.ffn_dim, cfg.Int("intermediate_size"));
+  LATHE_ASSIGN_OR_RETURN(c.n_layers, cfg.Int("num_hidden_layers"));
+  LATHE_ASSIGN_OR_RETURN(c.n_heads, cfg.Int("num_attention_heads"));
+  LATHE_ASSIGN_OR_RETURN(c.n_kv_heads, cfg.Int("num_key_value_heads", c.n_heads));
+  LATHE_ASSIGN_OR_RETURN(c.vocab_size, cfg.Int("vocab_size"));
+  if (c.n_heads == 0) return cfg.Err("num_attention_heads", "must be positive");
+  if (cfg.Has("head_dim")) {
+    LATHE_ASSIGN_OR_RETURN(c.head_dim, cfg.Int("head_dim"));
+  } else {
+    if (c.dim % c.n_heads != 0) return cfg.Err("hidden_size", "is not a multiple of num_attention_heads");
+    c.head_dim = c.dim / c.n_heads;
+  }
+  c.rope_dim = c.head_dim;
+  LATHE_ASSIGN_OR_RETURN(c.max_seq_len, cfg.Int("max_position_embeddings", 2048));
+  LATHE_ASSIGN_OR_RETURN(double eps, cfg.Num("rms_norm_eps", 1e-6));
+  c.norm_eps = (float)eps;
+  LATHE_ASSIGN_OR_RETURN(c.tied_embeddings, cfg.Bool("tie_word_embeddings", false));
+  if (c.arch == "qwen2") {
+    c.qkv_bias = true;  // Qwen2 always has q/k/v biases; its config has no switch for it
+    LATHE_ASSIGN_OR_RETURN(bool use_sw, cfg.Bool("use_sliding_window", false));
+    if (use_sw) {
+      LATHE_ASSIGN_OR_RETURN(c.sliding_window, cfg.Int("sliding_window", 0));
+    }
+  } else {
+    LATHE_ASSIGN_OR_RETURN(c.qkv_bias, cfg.Bool("attention_bias", false));
+    if (c.arch == "mistral") {
+      LATHE_ASSIGN_OR_RETURN(c.sliding_window, cfg.Int("sliding_window", 0));
+    }
+  }
+  // transformers 5 moved rope_theta and the scaling dict into "rope_parameters".
+  const json* params = cfg.Find("rope_parameters");
+  double theta = 10000.0;
+  if (params) {
+    if (!params->is_object()) return cfg.Err("rope_parameters", "must be an object");
+    LATHE_ASSIGN_OR_RETURN(theta, Obj(*params, source, "rope_parameters.").Num("rope_theta", 10000.0));
+    LATHE_RETURN_IF_ERROR(ParseRopeScaling(cfg, params, "rope_parameters", source, &c));
+  }
+  if (cfg.Has("rope_theta")) {
+    LATHE_ASSIGN_OR_RETURN(theta, cfg.Num("rope_theta"));
+  }
+  if (!(theta > 0)) return cfg.Err("rope_theta", "must be positive");
+  c.rope_theta = (float)theta;
+  if (cfg.Has("rope_scaling")) {
+    c.rope_scaling = RopeScaling();
+    LATHE_RETURN_IF_ERROR(ParseRopeScaling(cfg, cfg.Find("rope_scaling"), "rope_scaling", source, &c));
+  }
+  c.rope_style = RopeStyle::kHalfSplit;
+  return c;
+}
+
+Result<GenerationConfig> ParseHfGenerationConfig(const std::string& json_text, const std::string& source) {
+  LATHE_ASSIGN_OR_RETURN(json j, ParseJson(json_text, source));
+  if (!j.is_object()) return Status::Error(source + ": not a JSON object");
+  Obj o(j, source);
+  GenerationConfig g;
+  LATHE_ASSIGN_OR_RETURN(g.bos_token_id, o.Int("bos_token_id", -1));
+  LATHE_ASSIGN_OR_RETURN(g.pad_token_id, o.Int("pad_token_id", -1));
+  if (const json* e = o.Find("eos_token_id")) {
+    if (e->is_array()) {
+      for (const json& x : *e) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 0) return o.Err("eos_token_id", "must hold token ids, got " + e->dump());
+        g.eos_token_ids.push_back(x.get<int64_t>());
+      }
+    } else {
+      LATHE_ASSIGN_OR_RETURN(int64_t id, o.Int("eos_token_id"));
+      g.eos_token_ids.push_back(id);
+    }
+  }
+  if (o.Has("do_sample")) {
+    LATHE_ASSIGN_OR_RETURN(bool b, o.Bool("do_sample", false));
+    g.do_sample = b;
+  }
+  if (o.Has("temperature")) {
+    LATHE_ASSIGN_OR_RETURN(double t, o.Num("temperature"));
+    g.temperature = (float)t;
+  }
+  if (o.Has("top_p")) {
+    LATHE_ASSIGN_OR_RETURN(double p, o.Num("top_p"));
+    g.top_p = (float)p;
+  }
+  if (o.Has("top_k")) {
+    LATHE_ASSIGN_OR_RETURN(int64_t k, o.Int("top_k"));
+    g.top_k = k;
+  }
+  if (o.Has("max_new_tokens")) {
+    LATHE_ASSIGN_OR_RETURN(int64_t n, o.Int("max_new_tokens"));
+    g.max_new_tokens = n;
+  }
+  return g;
+}
+
+Result<GenerationConfig> LoadHfGenerationConfig(const std::string& dir) {
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    std::string p = JoinPath(dir, name);
+    if (!FileExists(p)) continue;
+    LATHE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(p));
+    LATHE_ASSIGN_OR_RETURN(GenerationConfig g, ParseHfGenerationConfig(text, p));
+    if (std::string(name) == "config.json") {  // only the token ids are meant for generation there
+      GenerationConfig ids;
+      ids.bos_token_id = g.bos_token_id;
+      ids.eos_token_ids = g.eos_token_ids;
+      ids.pad_token_id = g.pad_token_id;
+      return ids;
+    }
+    return g;
+  }
+  return GenerationConfig();
+}
+
+namespace {
+
+// Resolves HF tensor names into views, converting or copying where the forward pass needs it.
+class WeightReader {
+ public:
+  WeightReader(const formats::SafetensorsSet& set, ModelWeights* w) : set_(set), w_(w) {}
+
+  // A matrix kept in its stored dtype (copied only if the file leaves it misaligned).
+  Result<Tensor> Matrix(const std::string& name, std::vector<int64_t> shape) {
+    LATHE_ASSIGN_OR_RETURN(Tensor t, Get(name, shape));
+    if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
+      return Status::Error(StrFormat("%s: tensor '%s' has dtype %s; weights must be f32, f16 or bf16",
+                                     set_.FileFor(name)->path().c_str(), name.c_str(), DTypeName(t.dtype)));
+    }
+    if (!formats::IsAligned(t)) {
+      auto copy = std::make_shared<std::vector<uint64_t>>((t.nbytes() + 7) / 8);
+      std::memcpy(copy->data(), t.data, t.nbytes());
+      t.data = copy->data();
+      w_->owners.push_back(copy);
+    }
+    return t;
+  }
+
+  // A 1-D tensor (norm weight, bias) converted to f32.
+  Result<Tensor> Vector(const std::string& name, int64_t n) {
+    LATHE_ASSIGN_OR_RETURN(Tensor t, Get(name, {n}));
+    std::vector<float> out(n);
+    const uint8_t* p = (const uint8_t*)t.data;
+    for (int64_t i = 0; i < n; ++i) {
+      switch (t.dtype) {
+        case DType::kF32: std::memcpy(&out[i], p + 4 * i, 4); break;
+        case DType::kF64: { double d; std::memcpy(&d, p + 8 * i, 8); out[i] = (float)d; break; }
+        case DType::kF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); out[i] = F16ToF32(h); break; }
+        case DType::kBF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); out[i] = BF16ToF32(h); break; }
+        default:
+          return Status::Error(StrFormat("%s: tensor '%s' has dtype %s; expected a float type",
+                                         set_.FileFor(name)->path().c_str(), name.c_str(), DTypeName(t.dtype)));
+      }
+    }
+    return w_->OwnF32(std::move(out), {n});
+  }
+
+ private:
+  Result<Tensor> Get(const std::string& name, const std::vector<int64_t>& shape) {
+    LATHE_ASSIGN_OR_RETURN(Tensor t, set_.GetTensor(name));
+    if (t.shape != shape) {
+      Tensor want;
+      want.shape = shape;
+      return Status::Error(StrFormat("%s: tensor '%s' has shape %s, expected %s from config.json",
+                                     set_.FileFor(name)->path().c_str(), name.c_str(), t.ShapeString().c_str(),
+                                     want.ShapeString().c_str()));
+    }
+    return t;
+  }
+
+  const formats::SafetensorsSet& set_;
+  ModelWeights* w_;
+};
+
+}  // namespace
+
+Result<ModelWeights> LoadHfModelDir(const std::string& dir) {
+  std::string config_path = JoinPath(dir, "config.json");
+  LATHE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
+  ModelWeights w;
+  LATHE_ASSIGN_OR_RETURN(w.config, ParseHfConfig(text, config_path));
+  const ModelConfig& c = w.config;
+  LATHE_ASSIGN_OR_RETURN(auto set_unique, formats::SafetensorsSet::Open(dir));
+  std::shared_ptr<formats::SafetensorsSet> set(std::move(set_unique));
+  w.owners.push_back(set);
+  WeightReader r(*set, &w);
+  LATHE_ASSIGN_OR_RETURN(w.tok_embd, r.Matrix("model.embed_tokens.weight", {c.vocab_size, c.dim}));
+  LATHE_ASSIGN_OR_RETURN(w.output_norm, r.Vector("model.norm.weight", c.dim));
+  if (c.tied_embeddings) {
+    w.output = w.tok_embd;
+  } else {
+    LATHE_ASSIGN_OR_RETURN(w.output, r.Matrix("lm_head.weight", {c.vocab_size, c.dim}));
+  }
+  w.layers.resize(c.n_layers);
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    LayerWeights& l = w.layers[i];
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    LATHE_ASSIGN_OR_RETURN(l.attn_norm, r.Vector(p + "input_layernorm.weight", c.dim));
+    LATHE_ASSIGN_OR_RETURN(l.ffn_norm, r.Vector(p + "post_attention_layernorm.weight", c.dim));
+    LATHE_ASSIGN_OR_RETURN(l.wq, r.Matrix(p + "self_attn.q_proj.weight", {c.q_dim(), c.dim}));
+    LATHE_ASSIGN_OR_RETURN(l.wk, r.Matrix(p + "self_attn.k_proj.weight", {c.kv_dim(), c.dim}));
+    LATHE_ASSIGN_OR_RETURN(l.wv, r.Matrix(p + "self_attn.v_proj.weight", {c.kv_dim(), c.dim}));
+    LATHE_ASSIGN_OR_RETURN(l.wo, r.Matrix(p + "self_attn.o_proj.weight", {c.dim, c.q_dim()}));
+    if (c.qkv_bias) {
+      LATHE_ASSIGN_OR_RETURN(l.bq, r.Vector(p + "self_attn.q_proj.bias", c.q_dim()));
+      LATHE_ASSIGN_OR_RETURN(l.bk, r.Vector(p + "self_attn.k_proj.bias", c.kv_dim()));
+      LATHE_ASSIGN_OR_RETURN(l.bv, r.Vector(p + "self_attn.v_proj.bias", c.kv_dim()));
+    }
+    LATHE_ASSIGN_OR_RETURN(l.w_gate, r.Matrix(p + "mlp.gate_proj.weight", {c.ffn_dim, c.dim}));
+    LATHE_ASSIGN_OR_RETURN(l.w_up, r.Matrix(p + "mlp.up_proj.weight", {c.ffn_dim, c.dim}));
+    LATHE_ASSIGN_OR_RETURN(l.w_down, r.Matrix(p + "mlp.down_proj.weight", {c.dim, c.ffn_dim}));
+  }
+  LATHE_RETURN_IF_ERROR(w.Validate(dir));
+  return w;
+}
+
+}  // namespace lathe::model

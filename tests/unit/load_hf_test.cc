@@ -1,0 +1,204 @@
+// HF folder loader: tiny random Llama (bf16, llama3 rope scaling) and sharded Qwen2 (f16, tied,
+// qkv bias) made by tools/ref/make_format_fixtures.py, config.json variants, and error messages.
+#include "model/load_hf.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/mapped_file.h"
+#include "test_util.h"
+
+namespace lathe::model {
+namespace {
+
+std::string Fixture(const std::string& rel) {
+  return lathe::testing::SourceDir() + "/tests/unit/fixtures/formats/" + rel;
+}
+
+nlohmann::json Expected() {
+  auto text = ReadFileToString(Fixture("expected.json"));
+  EXPECT_TRUE(text.ok());
+  return nlohmann::json::parse(*text);
+}
+
+float ToF32(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::kF32: return t.as<float>()[i];
+    case DType::kF16: return F16ToF32(t.as<uint16_t>()[i]);
+    case DType::kBF16: return BF16ToF32(t.as<uint16_t>()[i]);
+    default: ADD_FAILURE() << "dtype"; return 0;
+  }
+}
+
+void ExpectFirst(const Tensor& t, const nlohmann::json& want, const std::string& what) {
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(ToF32(t, (int64_t)i), want[i].get<float>()) << what << " " << i;
+}
+
+TEST(LoadHf, TinyLlamaBf16WithLlama3Scaling) {
+  auto w = LoadHfModelDir(Fixture("tiny_llama_hf"));
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  const ModelConfig& c = w->config;
+  EXPECT_EQ(c.arch, "llama");
+  EXPECT_EQ(c.n_layers, 2);
+  EXPECT_EQ(c.dim, 16);
+  EXPECT_EQ(c.n_heads, 4);
+  EXPECT_EQ(c.n_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 4);
+  EXPECT_EQ(c.rope_dim, 4);
+  EXPECT_EQ(c.ffn_dim, 24);
+  EXPECT_EQ(c.vocab_size, 32);
+  EXPECT_EQ(c.max_seq_len, 256);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-5f);
+  EXPECT_EQ(c.rope_theta, 500000.0f);
+  EXPECT_EQ(c.rope_style, RopeStyle::kHalfSplit);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c.rope_scaling.factor, 8.0f);
+  EXPECT_EQ(c.rope_scaling.low_freq_factor, 1.0f);
+  EXPECT_EQ(c.rope_scaling.high_freq_factor, 4.0f);
+  EXPECT_EQ(c.rope_scaling.original_max_position, 128);
+  EXPECT_FALSE(c.tied_embeddings);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(w->layers[1].wq.dtype, DType::kBF16);
+  EXPECT_EQ(w->output.dtype, DType::kBF16);
+  EXPECT_NE(w->output.data, w->tok_embd.data);
+  EXPECT_EQ(w->layers[0].attn_norm.dtype, DType::kF32);
+  EXPECT_EQ(w->output_norm.dtype, DType::kF32);
+  EXPECT_EQ(w->layers[0].bq.data, nullptr);
+  auto e = Expected()["llama"];
+  ExpectFirst(w->layers[1].wq, e["q_proj_1"], "q_proj_1");
+  ExpectFirst(w->layers[0].attn_norm, e["input_layernorm_0"], "input_layernorm_0");
+  ExpectFirst(w->output_norm, e["norm"], "norm");
+  ExpectFirst(w->output, e["lm_head"], "lm_head");
+
+  auto g = LoadHfGenerationConfig(Fixture("tiny_llama_hf"));
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->bos_token_id, 1);
+  EXPECT_EQ(g->eos_token_ids, (std::vector<int64_t>{2, 7}));
+  EXPECT_EQ(g->pad_token_id, -1);
+  EXPECT_EQ(g->do_sample, true);
+  EXPECT_FLOAT_EQ(*g->temperature, 0.6f);
+  EXPECT_FLOAT_EQ(*g->top_p, 0.9f);
+  EXPECT_FALSE(g->top_k.has_value());
+}
+
+TEST(LoadHf, ShardedQwen2F16Tied) {
+  auto w = LoadHfModelDir(Fixture("tiny_qwen2_hf_sharded"));
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  const ModelConfig& c = w->config;
+  EXPECT_EQ(c.arch, "qwen2");
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_EQ(c.rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-6f);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(w->output.data, w->tok_embd.data);
+  EXPECT_EQ(w->tok_embd.dtype, DType::kF16);
+  EXPECT_EQ(w->layers[1].bk.dtype, DType::kF32);
+  EXPECT_EQ(w->layers[1].bk.shape, std::vector<int64_t>{8});
+  auto e = Expected()["qwen2"];
+  ExpectFirst(w->layers[1].bk, e["k_bias_1"], "k_bias_1");
+  ExpectFirst(w->tok_embd, e["embed"], "embed");
+  ExpectFirst(w->layers[0].w_down, e["down_proj_0"], "down_proj_0");
+  // generation_config.json from save_pretrained has no sampling settings here.
+  auto g = LoadHfGenerationConfig(Fixture("tiny_qwen2_hf_sharded"));
+  ASSERT_TRUE(g.ok()) << g.status().message();
+}
+
+TEST(LoadHf, ConfigVariants) {
+  // transformers 4.x style: rope_theta and rope_scaling at the top level.
+  auto c = ParseHfConfig(R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,
+      "num_hidden_layers":2,"num_attention_heads":8,"vocab_size":100,"rope_theta":20000.0,"head_dim":null,
+      "rope_scaling":{"type":"linear","factor":2.0},"tie_word_embeddings":true,"attention_bias":true})",
+                         "v4.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->n_kv_heads, 8);
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_EQ(c->rope_theta, 20000.0f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c->rope_scaling.factor, 2.0f);
+  EXPECT_TRUE(c->tied_embeddings);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_FLOAT_EQ(c->norm_eps, 1e-6f);
+  EXPECT_EQ(c->max_seq_len, 2048);
+
+  auto m = ParseHfConfig(R"({"architectures":["MistralForCausalLM"],"hidden_size":64,"intermediate_size":128,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":100,
+      "sliding_window":4096,"head_dim":16,"rope_scaling":null})", "mistral.json");
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->arch, "mistral");
+  EXPECT_EQ(m->sliding_window, 4096);
+  EXPECT_EQ(m->head_dim, 16);
+  EXPECT_EQ(m->q_dim(), 128);
+  EXPECT_EQ(m->rope_scaling.type, RopeScaling::Type::kNone);
+
+  auto by_type = ParseHfConfig(R"({"model_type":"qwen2","hidden_size":8,"intermediate_size":8,
+      "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10})", "q.json");
+  ASSERT_TRUE(by_type.ok()) << by_type.status().message();
+  EXPECT_TRUE(by_type->qkv_bias);
+
+  struct Bad {
+    std::string json, expect;
+  };
+  std::string base = R"("hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":8,"vocab_size":100)";
+  for (const Bad& b : std::vector<Bad>{
+           {R"({"architectures":["GPT2LMHeadModel"]})", "GPT2LMHeadModel"},
+           {R"({"architectures":["LlamaForCausalLM"],"hidden_size":64})", "'intermediate_size' is missing"},
+           {R"({"architectures":["LlamaForCausalLM"],"hidden_size":"64"})", "'hidden_size' must be an integer"},
+           {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"rope_scaling":{"rope_type":"yarn","factor":4}})",
+            "yarn"},
+           {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"rope_scaling":{"rope_type":"llama3","factor":8}})",
+            "rope_scaling.low_freq_factor' is missing"},
+           {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"hidden_act":"gelu"})", "gelu"},
+           {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"mlp_bias":true})", "mlp_bias"},
+           {R"({"architectures":["LlamaForCausalLM"],)" + base, "not valid JSON"},
+       }) {
+    auto r = ParseHfConfig(b.json, "bad/config.json");
+    ASSERT_FALSE(r.ok()) << b.expect;
+    EXPECT_NE(r.status().message().find("bad/config.json"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(b.expect), std::string::npos) << r.status().message();
+  }
+
+  auto g = ParseHfGenerationConfig(R"({"eos_token_id": 5, "top_k": 40, "max_new_tokens": 10})", "g.json");
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->eos_token_ids, std::vector<int64_t>{5});
+  EXPECT_EQ(*g->top_k, 40);
+  EXPECT_EQ(*g->max_new_tokens, 10);
+  EXPECT_FALSE(ParseHfGenerationConfig(R"({"eos_token_id": ["x"]})", "g.json").ok());
+}
+
+// Copies the tiny Llama folder with an edited config.json: wrong configs must name the tensor.
+TEST(LoadHf, MissingAndMisshapedTensorsNameTheTensor) {
+  auto cfg_text = ReadFileToString(Fixture("tiny_llama_hf/config.json"));
+  ASSERT_TRUE(cfg_text.ok());
+  auto run = [&](const std::string& key, int value) {
+    std::string dir = ::testing::TempDir() + "lathe_hf_XXXXXX";
+    EXPECT_NE(mkdtemp(dir.data()), nullptr);
+    std::string st = Fixture("tiny_llama_hf/model.safetensors");
+    EXPECT_EQ(symlink(st.c_str(), (dir + "/model.safetensors").c_str()), 0);
+    auto j = nlohmann::json::parse(*cfg_text);
+    j[key] = value;
+    std::ofstream(dir + "/config.json") << j.dump();
+    return LoadHfModelDir(dir).status();
+  };
+  Status s = run("num_hidden_layers", 3);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("missing tensor 'model.layers.2.input_layernorm.weight'"), std::string::npos)
+      << s.message();
+  s = run("intermediate_size", 25);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has shape [24, 16], "
+                             "expected [25, 16]"), std::string::npos) << s.message();
+  s = run("tie_word_embeddings", 1);  // not a bool
+  EXPECT_NE(s.message().find("tie_word_embeddings"), std::string::npos) << s.message();
+  auto none = LoadHfModelDir(Fixture("no_such_dir"));
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("config.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lathe::model
