@@ -238,6 +238,7 @@ Status GgufFile::ParseAll() {
       LATHE_RETURN_IF_ERROR(ReadScalar(c, v.type, &v.i, &v.u, &v.f, "metadata value").WithContext("key '" + key + "'"));
     }
     if (kv_.count(key)) return err("duplicate key");
+    key_order_.push_back(key);
     kv_.emplace(std::move(key), std::move(v));
   }
   if (const GgufValue* a = Find("general.alignment")) {

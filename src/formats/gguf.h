@@ -74,6 +74,8 @@ class GgufFile {
   uint64_t data_offset() const { return data_offset_; }
 
   const std::map<std::string, GgufValue>& metadata() const { return kv_; }
+  // Metadata keys in file order (to copy metadata into a new file unchanged).
+  const std::vector<std::string>& keys() const { return key_order_; }
   const GgufValue* Find(const std::string& key) const;
   bool Has(const std::string& key) const { return Find(key) != nullptr; }
   // Typed getters: error names the file and key when missing or of the wrong type.
@@ -106,6 +108,7 @@ class GgufFile {
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
   std::map<std::string, GgufValue> kv_;
+  std::vector<std::string> key_order_;
   std::vector<GgufTensorInfo> tensors_;
   std::map<std::string, size_t> tensor_index_;
 };

@@ -92,11 +92,53 @@ def python_written():
     save_torch({"w.bf16": t, "v.f32": torch.tensor([0.5])}, os.path.join(OUT, "python_written_bf16.safetensors"))
 
 
+def python_written_gguf():
+    # Every metadata value type and a few tensor types, written by the gguf package; the C++
+    # writer must reproduce these bytes exactly (tests/unit/gguf_writer_test.cc).
+    import gguf
+    path = os.path.join(OUT, "python_written.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    T = gguf.GGUFValueType
+    w.add_uint8("t.u8", 200)
+    w.add_int8("t.i8", -100)
+    w.add_uint16("t.u16", 60000)
+    w.add_int16("t.i16", -30000)
+    w.add_uint32("t.u32", 4000000000)
+    w.add_int32("t.i32", -2000000000)
+    w.add_uint64("t.u64", 18000000000000000000)
+    w.add_int64("t.i64", -9000000000000000000)
+    w.add_float32("t.f32", 0.1)
+    w.add_float64("t.f64", 0.1)
+    w.add_bool("t.bool", True)
+    w.add_string("t.str", "héllo")
+    w.add_array("t.arr_str", ["a", "", "ünï"])
+    w.add_array("t.arr_i32", [1, -2, 3])
+    w.add_array("t.arr_f32", [0.5, -1.25])
+    w.add_key_value("t.arr_u8", [1, 255], T.ARRAY, sub_type=T.UINT8)
+    w.add_key_value("t.arr_i64", [-1, 2**40], T.ARRAY, sub_type=T.INT64)
+    w.add_key_value("t.arr_f64", [1e-300, 2.5], T.ARRAY, sub_type=T.FLOAT64)
+    w.add_key_value("t.arr_bool", [True, False], T.ARRAY, sub_type=T.BOOL)
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    b = rng.standard_normal((5,)).astype(np.float16)
+    q = gguf.quants.quantize(rng.standard_normal((2, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    c = rng.standard_normal((2, 1, 2, 3)).astype(np.float32)
+    w.add_tensor("a.f32", a)
+    w.add_tensor("b.f16", b)
+    w.add_tensor("q.q8_0", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("c.4d", c)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     expected = {"llama": llama(), "qwen2": qwen2(),
                 "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                              "safetensors": safetensors.__version__}}
     python_written()
+    python_written_gguf()
     with open(os.path.join(OUT, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
