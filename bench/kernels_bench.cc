@@ -66,7 +66,11 @@ Weights MakeWeights(DType dt, Shape s, int copies) {
   return w;
 }
 
-int CopiesFor(size_t bytes) { return (int)std::max<size_t>(1, (kColdBytes + bytes - 1) / bytes); }
+// LATHE_BENCH_HOT=1 reuses one copy (W stays in L2/L3 when it fits): the kernels' compute rate.
+int CopiesFor(size_t bytes) {
+  static const bool hot = std::getenv("LATHE_BENCH_HOT") != nullptr;
+  return hot ? 1 : (int)std::max<size_t>(1, (kColdBytes + bytes - 1) / bytes);
+}
 
 // Seconds per call of the baseline, keyed by "gemv NxK" / "prefill NxK", for the speedup column.
 std::map<std::string, double>& BaselineSeconds() {
