@@ -52,8 +52,9 @@ inline __m256 DotU8S8(__m256i u, __m256i s) {
 
 // 32 4-bit values of a Q4 block as unsigned bytes in element order.
 inline __m256i UnpackNibbles(const uint8_t* qs) {
-  const __m128i q = _mm_loadu_si128((const __m128i*)qs);
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+  // One broadcast load, then shift only the upper copy: 3 ops instead of 4.
+  const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)qs));
+  const __m256i both = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 
@@ -114,7 +115,7 @@ void GemvQ4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
     auto scales = [&](const uint8_t* b, float* d, float* c) {
       const uint16_t* h = (const uint16_t*)b;
       *d = _cvtsh_ss(h[0]);
-      *c = kQ41 ? _cvtsh_ss(h[1]) : -8.0f * *d;
+      *c = kQ41 ? _cvtsh_ss(h[1]) : *d;  // Q4_0's -8 is applied once per row
     };
     int64_t j = 0;
     for (; j + 2 <= nb; j += 2) {
@@ -147,7 +148,7 @@ void GemvQ4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
         c0[i] += m0 * xb[0].s;
       }
     }
-    for (int i = 0; i < M; ++i) y[i * ldy + r] = HsumPs(_mm256_add_ps(acc0[i], acc1[i])) + (c0[i] + c1[i]);
+    for (int i = 0; i < M; ++i) y[i * ldy + r] = HsumPs(_mm256_add_ps(acc0[i], acc1[i])) + (kQ41 ? 1.0f : -8.0f) * (c0[i] + c1[i]);
   }
 }
 

@@ -1,0 +1,249 @@
+// Kernel micro-benchmarks: MatMul GEMV (decode, M=1) in GB/s of weight read and prefill (M=512)
+// in GFLOP/s, per weight dtype and thread count, each next to a plain f32 baseline from the same
+// run (bench/baseline_gemv.cc over a dequantized copy); plus the elementwise ops.
+// GEMV cycles through copies of W totalling >= 128 MiB, so W comes from DRAM as in real decode.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "baseline_gemv.h"
+#include "core/cpu.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/kernels.h"
+
+namespace lathe::bench {
+namespace {
+
+constexpr size_t kColdBytes = (size_t)128 << 20;
+constexpr int64_t kPrefillM = 512;
+
+struct Shape {
+  int64_t N, K;
+};
+// SmolLM2-135M: q/o (576,576), k/v (192,576), gate/up (1536,576), down (576,1536), head.
+const Shape kShapes[] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
+const Shape kHead = {49152, 576};
+const DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+
+std::vector<float> RandomFloats(int64_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = ((int32_t)(s >> 8) - (1 << 23)) * (0.05f / (1 << 23));
+  }
+  return v;
+}
+
+// `copies` identical weights in dtype t, so that successive calls read cold memory.
+struct Weights {
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<Tensor> t;
+};
+
+Weights MakeWeights(DType dt, Shape s, int copies) {
+  Weights w;
+  const std::vector<float> f = RandomFloats(s.N * s.K, 1);
+  const size_t rb = DTypeBytes(dt, s.K);
+  std::vector<uint8_t> one(rb * s.N);
+  for (int64_t n = 0; n < s.N; ++n) kernels::ref::QuantizeRow(dt, f.data() + n * s.K, s.K, one.data() + n * rb);
+  for (int c = 0; c < copies; ++c) {
+    w.bytes.push_back(one);
+    Tensor t;
+    t.data = w.bytes.back().data();
+    t.dtype = dt;
+    t.shape = {s.N, s.K};
+    w.t.push_back(t);
+  }
+  return w;
+}
+
+// LATHE_BENCH_HOT=1 reuses one copy (W stays in L2/L3 when it fits): the kernels' compute rate.
+int CopiesFor(size_t bytes) {
+  static const bool hot = std::getenv("LATHE_BENCH_HOT") != nullptr;
+  return hot ? 1 : (int)std::max<size_t>(1, (kColdBytes + bytes - 1) / bytes);
+}
+
+// Seconds per call of the baseline, keyed by "gemv NxK" / "prefill NxK", for the speedup column.
+std::map<std::string, double>& BaselineSeconds() {
+  static std::map<std::string, double> m;
+  return m;
+}
+
+std::string Key(const char* kind, Shape s) {
+  return std::string(kind) + " " + std::to_string(s.N) + "x" + std::to_string(s.K);
+}
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsPerCall(Clock::time_point t0, const benchmark::State& state) {
+  return std::chrono::duration<double>(Clock::now() - t0).count() / std::max<int64_t>(1, state.iterations());
+}
+
+// Baselines run before the lathe benchmarks of the same shape (registration order), so the
+// ratio is always against a baseline measured in this run.
+void SetSpeedup(benchmark::State& state, const std::string& key, double our_seconds_per_call) {
+  auto it = BaselineSeconds().find(key);
+  if (it != BaselineSeconds().end()) state.counters["x_baseline"] = it->second / our_seconds_per_call;
+}
+
+// ---- baselines (single thread, dequantized f32 W) ----
+
+void BM_BaselineGemv(benchmark::State& state, Shape s) {
+  const size_t bytes = (size_t)s.N * s.K * 4;
+  const int copies = CopiesFor(bytes);
+  std::vector<std::vector<float>> w(copies, RandomFloats(s.N * s.K, 1));
+  const std::vector<float> x = RandomFloats(s.K, 2);
+  std::vector<float> y(s.N);
+  int c = 0;
+  const auto t0 = Clock::now();
+  for (auto _ : state) {
+    BaselineMatMulF32(x.data(), 1, w[c].data(), s.N, s.K, y.data());
+    benchmark::DoNotOptimize(y.data());
+    c = (c + 1) % copies;
+  }
+  BaselineSeconds()[Key("gemv", s)] = SecondsPerCall(t0, state);
+  state.counters["GB/s"] = benchmark::Counter((double)bytes * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
+void BM_BaselinePrefill(benchmark::State& state, Shape s) {
+  const std::vector<float> w = RandomFloats(s.N * s.K, 1), x = RandomFloats(kPrefillM * s.K, 2);
+  std::vector<float> y(kPrefillM * s.N);
+  const auto t0 = Clock::now();
+  for (auto _ : state) {
+    BaselineMatMulF32(x.data(), kPrefillM, w.data(), s.N, s.K, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  BaselineSeconds()[Key("prefill", s)] = SecondsPerCall(t0, state);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kPrefillM * s.N * s.K * state.iterations() * 1e-9,
+                                                 benchmark::Counter::kIsRate);
+}
+
+// ---- lathe ----
+
+void BM_Gemv(benchmark::State& state, DType dt, Shape s, int threads) {
+  ThreadPool pool(threads);
+  const size_t bytes = DTypeBytes(dt, s.N * s.K);
+  const int copies = CopiesFor(bytes);
+  Weights w = MakeWeights(dt, s, copies);
+  const std::vector<float> x = RandomFloats(s.K, 2);
+  std::vector<float> y(s.N);
+  int c = 0;
+  const auto t0 = Clock::now();
+  for (auto _ : state) {
+    kernels::MatMul(pool, x.data(), 1, w.t[c], y.data());
+    benchmark::DoNotOptimize(y.data());
+    c = (c + 1) % copies;
+  }
+  SetSpeedup(state, Key("gemv", s), SecondsPerCall(t0, state));
+  state.counters["GB/s"] = benchmark::Counter((double)bytes * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["us/call"] = benchmark::Counter((double)state.iterations() * 1e-6,
+                                                 benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+void BM_Prefill(benchmark::State& state, DType dt, Shape s, int threads) {
+  ThreadPool pool(threads);
+  Weights w = MakeWeights(dt, s, 1);
+  const std::vector<float> x = RandomFloats(kPrefillM * s.K, 2);
+  std::vector<float> y(kPrefillM * s.N);
+  const auto t0 = Clock::now();
+  for (auto _ : state) {
+    kernels::MatMul(pool, x.data(), kPrefillM, w.t[0], y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  SetSpeedup(state, Key("prefill", s), SecondsPerCall(t0, state));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kPrefillM * s.N * s.K * state.iterations() * 1e-9,
+                                                 benchmark::Counter::kIsRate);
+}
+
+void BM_Elementwise(benchmark::State& state, int op, bool reference) {
+  const int64_t n = 1536 * 64;
+  std::vector<float> a = RandomFloats(n, 3), b = RandomFloats(n, 4), o(n);
+  for (auto _ : state) {
+    switch (op) {
+      case 0:
+        if (reference) kernels::ref::RmsNorm(a.data(), b.data(), o.data(), 64, 1536, 1e-5f);
+        else kernels::RmsNorm(a.data(), b.data(), o.data(), 64, 1536, 1e-5f);
+        break;
+      case 1:
+        o = a;
+        if (reference) kernels::ref::SiluMul(o.data(), b.data(), n);
+        else kernels::SiluMul(o.data(), b.data(), n);
+        break;
+      default:
+        o = a;
+        if (reference) kernels::ref::Softmax(o.data(), n);
+        else kernels::Softmax(o.data(), n);
+        break;
+    }
+    benchmark::DoNotOptimize(o.data());
+  }
+  state.counters["Melem/s"] = benchmark::Counter((double)n * state.iterations() * 1e-6, benchmark::Counter::kIsRate);
+}
+
+
+std::string Name(const char* kind, const std::string& what, Shape s, int threads) {
+  std::string n = std::string(kind) + "/" + what + "/" + std::to_string(s.N) + "x" + std::to_string(s.K);
+  if (threads > 0) n += "/threads:" + std::to_string(threads);
+  return n;
+}
+
+void RegisterAll() {
+  const bool avx2 = GetCpuFeatures().HasAvx2Tier();  // the baseline is compiled for AVX2
+  std::vector<Shape> gemv_shapes(std::begin(kShapes), std::end(kShapes));
+  gemv_shapes.push_back(kHead);
+  for (Shape s : gemv_shapes) {
+    const bool head = s.N == kHead.N;
+    if (avx2) benchmark::RegisterBenchmark(Name("gemv", "baseline_f32", s, 0).c_str(), BM_BaselineGemv, s)->UseRealTime();
+    for (DType dt : kTypes) {
+      if (head && dt != DType::kQ8_0 && dt != DType::kQ4_0) continue;
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark(Name("gemv", DTypeName(dt), s, threads).c_str(), BM_Gemv, dt, s, threads)
+            ->UseRealTime();
+    }
+  }
+  for (Shape s : kShapes) {
+    if (s.N == 192) continue;
+    if (avx2)
+      benchmark::RegisterBenchmark(Name("prefill", "baseline_f32", s, 0).c_str(), BM_BaselinePrefill, s)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (DType dt : kTypes)
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark(Name("prefill", DTypeName(dt), s, threads).c_str(), BM_Prefill, dt, s, threads)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  const char* ops[] = {"rmsnorm", "silu_mul", "softmax"};
+  for (int op = 0; op < 3; ++op)
+    for (bool reference : {true, false})
+      benchmark::RegisterBenchmark((std::string("elementwise/") + ops[op] + (reference ? "/reference" : "/lathe")).c_str(),
+                                   BM_Elementwise, op, reference);
+}
+
+}  // namespace
+}  // namespace lathe::bench
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  const lathe::CpuFeatures& f = lathe::GetCpuFeatures();
+  std::printf("lathe kernels bench: ISA tier %s (cpu: %s)\n", lathe::IsaTierName(lathe::BestIsaTier()),
+              f.ToString().c_str());
+  if (f.HasAvx2Tier() && !std::getenv("LATHE_BENCH_NO_PEAK"))
+    std::printf("measured 1-core peaks: f32 FMA (ymm) %.1f GFLOP/s, DRAM read %.1f GB/s\n",
+                lathe::bench::MeasurePeakFmaGflops(), lathe::bench::MeasureReadBandwidthGBs());
+  lathe::bench::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
