@@ -211,11 +211,75 @@ void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t 
   }
 }
 
+// Decode (M = 1): four weight rows per pass. Their four f16 scales are converted by one
+// vcvtph2ps and multiplied by the x scale together, the Q4 offset/min terms of the four rows share
+// one FMA, and the x block is loaded once: ~10 instead of ~14 instructions per block and row.
+template <DType T>
+inline __m256 RowBlockDot(const uint8_t* qs, __m256i xq) {
+  if constexpr (T == DType::kQ8_0) {
+    const __m256i q = _mm256_loadu_si256((const __m256i*)qs);
+    return DotU8S8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xq, q));
+  } else {
+    return DotU8S8(UnpackNibbles(qs), xq);
+  }
+}
+
+inline __m128i Load4Halves(const uint8_t* p0, size_t stride) {
+  __m128i h = _mm_cvtsi32_si128(*(const uint16_t*)p0);
+  h = _mm_insert_epi16(h, *(const uint16_t*)(p0 + stride), 1);
+  h = _mm_insert_epi16(h, *(const uint16_t*)(p0 + 2 * stride), 2);
+  return _mm_insert_epi16(h, *(const uint16_t*)(p0 + 3 * stride), 3);
+}
+
+template <DType T>
+void Gemv1Rows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y) {
+  constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
+  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  constexpr size_t kQsOff = kQ41 ? 4 : 2;
+  for (int64_t r = 0; r + 4 <= n_rows; r += 4) {
+    const uint8_t* row = w + r * rb;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    __m128 corr = _mm_setzero_ps();
+    for (int64_t j = 0; j < nb; ++j) {
+      const uint8_t* b0 = row + j * kBB;
+      const __m128 dw = _mm_cvtph_ps(Load4Halves(b0, rb));
+      const __m128 ds = _mm_mul_ps(dw, _mm_set1_ps(x[j].d));
+      const __m256 ds2 = _mm256_set_m128(ds, ds);
+      if constexpr (!kQ8) {
+        const __m128 cw = kQ41 ? _mm_cvtph_ps(Load4Halves(b0 + 2, rb)) : dw;
+        corr = _mm_fmadd_ps(cw, _mm_set1_ps(x[j].s), corr);
+      }
+      const __m256i xq = _mm256_loadu_si256((const __m256i*)x[j].qs);
+      acc0 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x00), acc0);
+      acc1 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x55), acc1);
+      acc2 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + 2 * rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0xaa), acc2);
+      acc3 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + 3 * rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0xff), acc3);
+    }
+    alignas(16) float c[4];
+    _mm_store_ps(c, _mm_mul_ps(corr, _mm_set1_ps(kQ41 ? 1.0f : -8.0f)));
+    y[r] = HsumPs(acc0) + c[0];
+    y[r + 1] = HsumPs(acc1) + c[1];
+    y[r + 2] = HsumPs(acc2) + c[2];
+    y[r + 3] = HsumPs(acc3) + c[3];
+  }
+}
+
 template <int M>
 void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t K, float* y,
            int64_t ldy) {
   const BlockQ8X* xq = (const BlockQ8X*)x;
   const float* xf = (const float*)x;
+  if (M == 1 && n_rows >= 4 && IsQuantized(t)) {
+    const int64_t n4 = n_rows / 4 * 4;
+    switch (t) {
+      case DType::kQ8_0: Gemv1Rows4<DType::kQ8_0>(w, rb, n4, xq, K / 32, y); break;
+      case DType::kQ4_0: Gemv1Rows4<DType::kQ4_0>(w, rb, n4, xq, K / 32, y); break;
+      case DType::kQ4_1: Gemv1Rows4<DType::kQ4_1>(w, rb, n4, xq, K / 32, y); break;
+      default: break;
+    }
+    if (n4 == n_rows) return;
+    return GemvM<M>(t, w + n4 * rb, rb, n_rows - n4, x, K, y + n4, ldy);
+  }
   switch (t) {
     case DType::kQ8_0: return GemvQ8_0<M>(w, rb, n_rows, xq, K / 32, y, ldy);
     case DType::kQ4_0: return GemvQ4<M, false>(w, rb, n_rows, xq, K / 32, y, ldy);
