@@ -13,7 +13,11 @@ namespace lathe::kernels {
 
 // y(M, N) = x(M, K) . W(N, K)^T, with W = w in its stored dtype (f32, f16, bf16, q8_0, q4_0,
 // q4_1); K = w.shape[1], N = w.shape[0]. Runs on `pool`. Never materializes a dequantized W.
-void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
+// For block-quantized W and small M (decode), x is quantized to int8 blocks of 32 as llama.cpp
+// does (fast, ~1% logit noise); exact_activations keeps x in f32 (dequantized W panels, FMA):
+// slower in decode, but the result is the f32 product of the stored weights.
+void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
+            bool exact_activations = false);
 
 // out(n_rows, K) = dequantize(w[row_begin : row_begin + n_rows]) for a 2-D w of any dtype.
 void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out);

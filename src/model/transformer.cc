@@ -76,7 +76,8 @@ std::vector<float> RopeInvFreq(const ModelConfig& c, const float* freq_divisors)
   return inv;
 }
 
-Transformer::Transformer(const ModelWeights& weights, ThreadPool& pool) : w_(weights), pool_(pool) {
+Transformer::Transformer(const ModelWeights& weights, ThreadPool& pool, TransformerOptions options)
+    : w_(weights), pool_(pool), options_(options) {
   inv_freq_ = RopeInvFreq(w_.config, w_.rope_freqs.data ? w_.rope_freqs.as<float>() : nullptr);
   scores_.resize(pool.size());
 }
@@ -232,9 +233,9 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
     kernels::RmsNorm(x_.data(), L.attn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
-    kernels::MatMul(pool_, xb_.data(), T, L.wq, q_.data());
-    kernels::MatMul(pool_, xb_.data(), T, L.wk, k_.data());
-    kernels::MatMul(pool_, xb_.data(), T, L.wv, v_.data());
+    Linear(xb_.data(), T, L.wq, q_.data());
+    Linear(xb_.data(), T, L.wk, k_.data());
+    Linear(xb_.data(), T, L.wv, v_.data());
     if (c.qkv_bias) {
       for (int64_t t = 0; t < T; ++t) {
         kernels::Axpy(&q_[t * q_dim], 1.0f, L.bq.as<float>(), q_dim);
@@ -254,13 +255,13 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
       }
     }
     Attention(store, l, batch);
-    kernels::MatMul(pool_, att_.data(), T, L.wo, xb_.data());
+    Linear(att_.data(), T, L.wo, xb_.data());
     kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
     kernels::RmsNorm(x_.data(), L.ffn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
-    kernels::MatMul(pool_, xb_.data(), T, L.w_gate, hb_.data());
-    kernels::MatMul(pool_, xb_.data(), T, L.w_up, hb2_.data());
+    Linear(xb_.data(), T, L.w_gate, hb_.data());
+    Linear(xb_.data(), T, L.w_up, hb2_.data());
     kernels::SiluMul(hb_.data(), hb2_.data(), T * ffn);
-    kernels::MatMul(pool_, hb_.data(), T, L.w_down, xb_.data());
+    Linear(hb_.data(), T, L.w_down, xb_.data());
     kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
   }
   // Final norm only on the rows whose logits are wanted.
@@ -275,7 +276,7 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   }
   kernels::RmsNorm(rows_.data(), w_.output_norm.as<float>(), rows_.data(), n_out, dim, c.norm_eps);
   logits->resize(n_out * c.vocab_size);
-  kernels::MatMul(pool_, rows_.data(), n_out, w_.output, logits->data());
+  Linear(rows_.data(), n_out, w_.output, logits->data());
   return Status::Ok();
 }
 

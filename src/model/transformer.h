@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "kernels/kernels.h"
 #include "model/weights.h"
 
 namespace lathe::model {
@@ -80,10 +81,16 @@ struct SeqInput {
   bool all_logits = false;          // logits for every token, else only for the last
 };
 
+struct TransformerOptions {
+  // Keep activations in f32 for block-quantized weights in decode too (see kernels::MatMul):
+  // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations.
+  bool exact_activations = false;
+};
+
 class Transformer {
  public:
   // REQUIRES: weights outlive the Transformer; weights.Validate() passed.
-  Transformer(const ModelWeights& weights, ThreadPool& pool);
+  Transformer(const ModelWeights& weights, ThreadPool& pool, TransformerOptions options = {});
   const ModelConfig& config() const { return w_.config; }
   const ModelWeights& weights() const { return w_; }
   ThreadPool& pool() { return pool_; }
@@ -101,8 +108,13 @@ class Transformer {
   void ApplyRope(float* x, int64_t n_heads, int64_t pos) const;  // x: (n_heads, head_dim)
   void Attention(KvBlockStore& store, int64_t layer, std::span<const PagedSeqInput> batch);
 
+  void Linear(const float* x, int64_t M, const Tensor& w, float* y) {
+    kernels::MatMul(pool_, x, M, w, y, options_.exact_activations);
+  }
+
   const ModelWeights& w_;
   ThreadPool& pool_;
+  TransformerOptions options_;
   std::vector<float> inv_freq_;           // (rope_dim / 2)
   std::vector<float> rope_cos_, rope_sin_;  // (n_pos, rope_dim / 2)
   int64_t rope_pos_ = 0;

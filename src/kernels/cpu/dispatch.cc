@@ -24,8 +24,8 @@ const KernelTable& Best() {
 
 }  // namespace cpu
 
-void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
-  cpu::MatMulWith(cpu::Best().mm, pool, x, M, w, y);
+void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y, bool exact_activations) {
+  cpu::MatMulWith(cpu::Best().mm, pool, x, M, w, y, exact_activations);
 }
 
 void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out) {

@@ -56,9 +56,10 @@ const KernelTable& KernelsFor(IsaTier tier);
 const KernelTable& Best();
 
 // y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. M < kGemvMaxM uses the GEMV kernels
-// (int8 dot for block types), larger M the dequantize-panel + FMA path.
+// (int8 dot for block types), larger M — or any M with exact_activations and a block-quantized
+// weight — the dequantize-panel + FMA path.
 void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
-                float* y);
+                float* y, bool exact_activations = false);
 constexpr int64_t kGemvMaxM = 16;
 
 namespace scalar {

@@ -92,10 +92,11 @@ void Prefill(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M
 }  // namespace
 
 void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
-                float* y) {
+                float* y, bool exact_activations) {
   LATHE_CHECK(w.ndim() == 2);
   if (M <= 0 || w.shape[0] == 0) return;
-  if (M < kGemvMaxM) {
+  // The GEMV kernels quantize x to int8 for block-quantized weights; the panel path keeps f32.
+  if (M < kGemvMaxM && !(exact_activations && IsQuantized(w.dtype))) {
     Gemv(k, pool, x, M, w, y);
   } else {
     Prefill(k, pool, x, M, w, y);
