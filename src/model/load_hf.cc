@@ -207,17 +207,21 @@ Result<GenerationConfig> ParseHfGenerationConfig(const std::string& json_text, c
   if (!j.is_object()) return Status::Error(source + ": not a JSON object");
   Obj o(j, source);
   GenerationConfig g;
-  LATHE_ASSIGN_OR_RETURN(g.bos_token_id, o.Int("bos_token_id", -1));
-  LATHE_ASSIGN_OR_RETURN(g.pad_token_id, o.Int("pad_token_id", -1));
+  // Token ids: an int (negative means none, as some exports write -1) or, for eos, a list.
+  auto token_id = [&](const std::string& key, const json& x, int64_t* out) -> Status {
+    if (!x.is_number_integer()) return o.Err(key, "must be a token id or a list of them, got " + x.dump());
+    int64_t v = x.get<int64_t>();
+    *out = v < 0 ? -1 : v;
+    return Status::Ok();
+  };
+  if (const json* b = o.Find("bos_token_id")) LATHE_RETURN_IF_ERROR(token_id("bos_token_id", *b, &g.bos_token_id));
+  if (const json* p = o.Find("pad_token_id")) LATHE_RETURN_IF_ERROR(token_id("pad_token_id", *p, &g.pad_token_id));
   if (const json* e = o.Find("eos_token_id")) {
-    if (e->is_array()) {
-      for (const json& x : *e) {
-        if (!x.is_number_integer() || x.get<int64_t>() < 0) return o.Err("eos_token_id", "must hold token ids, got " + e->dump());
-        g.eos_token_ids.push_back(x.get<int64_t>());
-      }
-    } else {
-      LATHE_ASSIGN_OR_RETURN(int64_t id, o.Int("eos_token_id"));
-      g.eos_token_ids.push_back(id);
+    std::vector<json> ids = e->is_array() ? std::vector<json>(e->begin(), e->end()) : std::vector<json>{*e};
+    for (const json& x : ids) {
+      int64_t id;
+      LATHE_RETURN_IF_ERROR(token_id("eos_token_id", x, &id));
+      if (id >= 0) g.eos_token_ids.push_back(id);
     }
   }
   if (o.Has("do_sample")) {
