@@ -217,9 +217,10 @@ Status GgufFile::ParseAll() {
       v.array_size = n;
       if (v.elem_type == GgufValueType::kString) {
         if (n > c.remaining() / 8) return err(StrFormat("string array of %llu entries exceeds the file", (unsigned long long)n));
-        v.strings.resize(n);
+        v.strings.reserve(n < 65536 ? n : 65536);  // grow with the bytes actually read
         for (uint64_t j = 0; j < n; ++j) {
-          LATHE_RETURN_IF_ERROR(c.ReadString(&v.strings[j], "array string").WithContext("key '" + key + "'"));
+          v.strings.emplace_back();
+          LATHE_RETURN_IF_ERROR(c.ReadString(&v.strings.back(), "array string").WithContext("key '" + key + "'"));
         }
       } else {
         size_t es = ScalarSize(v.elem_type);
@@ -248,9 +249,11 @@ Status GgufFile::ParseAll() {
     }
     alignment_ = a->u;
   }
-  tensors_.resize(n_tensors);
+  // Grow as infos are actually read: a corrupt count must not allocate before the bytes are seen.
+  tensors_.reserve(n_tensors < 4096 ? n_tensors : 4096);
   for (uint64_t t = 0; t < n_tensors; ++t) {
-    GgufTensorInfo& ti = tensors_[t];
+    tensors_.emplace_back();
+    GgufTensorInfo& ti = tensors_.back();
     size_t at = c.pos();
     LATHE_RETURN_IF_ERROR(c.ReadString(&ti.name, "tensor name"));
     uint32_t n_dims;

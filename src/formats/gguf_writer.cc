@@ -1,6 +1,7 @@
 // GgufWriter: serialization of metadata, tensor infos and padded tensor data.
 #include "formats/gguf_writer.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "formats/atomic_file.h"
@@ -47,7 +48,12 @@ class Bytes {
     }
   }
   void PutFloat(GgufValueType t, double f) {
-    if (t == GgufValueType::kFloat32) Put<float>((float)f);
+    if (t == GgufValueType::kFloat32) {
+      // Saturate instead of the undefined conversion of an out-of-range double.
+      if (f > 3.4028234663852886e38) Put<float>(HUGE_VALF);
+      else if (f < -3.4028234663852886e38) Put<float>(-HUGE_VALF);
+      else Put<float>((float)f);
+    }
     else Put<double>(f);
   }
   std::string out;

@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,14 @@ Result<json> ParseJson(const std::string& text, const std::string& source) {
   }
 }
 
+// For error messages: dump() recurses, so nested values (untrusted, maybe very deep) are only named.
+std::string Show(const json& v) {
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  std::string s = v.dump();
+  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+}
+
 // Typed access to a JSON object; a key holding null counts as absent (HF writes "head_dim": null).
 class Obj {
  public:
@@ -48,9 +57,9 @@ class Obj {
       if (def) return *def;
       return Err(key, "is missing");
     }
-    if (!v->is_number_integer()) return Err(key, "must be an integer, got " + v->dump());
+    if (!v->is_number_integer()) return Err(key, "must be an integer, got " + Show(*v));
     int64_t x = v->get<int64_t>();
-    if (x < 0 || x > kMaxConfigInt) return Err(key, "is out of range: " + v->dump());
+    if (x < 0 || x > kMaxConfigInt) return Err(key, "is out of range: " + Show(*v));
     return x;
   }
   Result<double> Num(const std::string& key, std::optional<double> def = std::nullopt) const {
@@ -59,19 +68,22 @@ class Obj {
       if (def) return *def;
       return Err(key, "is missing");
     }
-    if (!v->is_number()) return Err(key, "must be a number, got " + v->dump());
-    return v->get<double>();
+    if (!v->is_number()) return Err(key, "must be a number, got " + Show(*v));
+    double x = v->get<double>();
+    // Values end up in floats; out-of-range ones would be undefined to convert.
+    if (!(std::fabs(x) <= 3.0e38)) return Err(key, "is out of range: " + Show(*v));
+    return x;
   }
   Result<bool> Bool(const std::string& key, bool def) const {
     const json* v = Find(key);
     if (!v) return def;
-    if (!v->is_boolean()) return Err(key, "must be true or false, got " + v->dump());
+    if (!v->is_boolean()) return Err(key, "must be true or false, got " + Show(*v));
     return v->get<bool>();
   }
   Result<std::string> Str(const std::string& key, const std::string& def) const {
     const json* v = Find(key);
     if (!v) return def;
-    if (!v->is_string()) return Err(key, "must be a string, got " + v->dump());
+    if (!v->is_string()) return Err(key, "must be a string, got " + Show(*v));
     return v->get<std::string>();
   }
 
@@ -83,7 +95,7 @@ class Obj {
 Status ParseRopeScaling(const Obj& cfg, const json* scaling, const std::string& key, const std::string& source,
                         ModelConfig* c) {
   if (!scaling) return Status::Ok();
-  if (!scaling->is_object()) return cfg.Err(key, "must be an object, got " + scaling->dump());
+  if (!scaling->is_object()) return cfg.Err(key, "must be an object, got " + Show(*scaling));
   Obj s(*scaling, source, key + ".");
   LATHE_ASSIGN_OR_RETURN(std::string type, s.Str("rope_type", ""));
   if (type.empty()) {
@@ -133,7 +145,7 @@ Result<ModelConfig> ParseHfConfig(const std::string& json_text, const std::strin
   std::string arch_name;
   if (const json* a = cfg.Find("architectures")) {
     if (!a->is_array() || a->empty() || !(*a)[0].is_string()) {
-      return cfg.Err("architectures", "must be a list of class names, got " + a->dump());
+      return cfg.Err("architectures", "must be a list of class names, got " + Show(*a));
     }
     arch_name = (*a)[0].get<std::string>();
   }
@@ -207,17 +219,21 @@ Result<GenerationConfig> ParseHfGenerationConfig(const std::string& json_text, c
   if (!j.is_object()) return Status::Error(source + ": not a JSON object");
   Obj o(j, source);
   GenerationConfig g;
-  LATHE_ASSIGN_OR_RETURN(g.bos_token_id, o.Int("bos_token_id", -1));
-  LATHE_ASSIGN_OR_RETURN(g.pad_token_id, o.Int("pad_token_id", -1));
+  // Token ids: an int (negative means none, as some exports write -1) or, for eos, a list.
+  auto token_id = [&](const std::string& key, const json& x, int64_t* out) -> Status {
+    if (!x.is_number_integer()) return o.Err(key, "must be a token id or a list of them, got " + Show(x));
+    int64_t v = x.get<int64_t>();
+    *out = v < 0 ? -1 : v;
+    return Status::Ok();
+  };
+  if (const json* b = o.Find("bos_token_id")) LATHE_RETURN_IF_ERROR(token_id("bos_token_id", *b, &g.bos_token_id));
+  if (const json* p = o.Find("pad_token_id")) LATHE_RETURN_IF_ERROR(token_id("pad_token_id", *p, &g.pad_token_id));
   if (const json* e = o.Find("eos_token_id")) {
-    if (e->is_array()) {
-      for (const json& x : *e) {
-        if (!x.is_number_integer() || x.get<int64_t>() < 0) return o.Err("eos_token_id", "must hold token ids, got " + e->dump());
-        g.eos_token_ids.push_back(x.get<int64_t>());
-      }
-    } else {
-      LATHE_ASSIGN_OR_RETURN(int64_t id, o.Int("eos_token_id"));
-      g.eos_token_ids.push_back(id);
+    std::vector<json> ids = e->is_array() ? std::vector<json>(e->begin(), e->end()) : std::vector<json>{*e};
+    for (const json& x : ids) {
+      int64_t id;
+      LATHE_RETURN_IF_ERROR(token_id("eos_token_id", x, &id));
+      if (id >= 0) g.eos_token_ids.push_back(id);
     }
   }
   if (o.Has("do_sample")) {

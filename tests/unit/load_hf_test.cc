@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -169,6 +170,11 @@ TEST(LoadHf, ConfigVariants) {
   EXPECT_EQ(*g->top_k, 40);
   EXPECT_EQ(*g->max_new_tokens, 10);
   EXPECT_FALSE(ParseHfGenerationConfig(R"({"eos_token_id": ["x"]})", "g.json").ok());
+  auto neg = ParseHfGenerationConfig(R"({"pad_token_id": -1, "bos_token_id": null, "eos_token_id": [3, -1]})", "g.json");
+  ASSERT_TRUE(neg.ok()) << neg.status().message();
+  EXPECT_EQ(neg->pad_token_id, -1);
+  EXPECT_EQ(neg->bos_token_id, -1);
+  EXPECT_EQ(neg->eos_token_ids, std::vector<int64_t>{3});
 }
 
 // Copies the tiny Llama folder with an edited config.json: wrong configs must name the tensor.
@@ -198,6 +204,31 @@ TEST(LoadHf, MissingAndMisshapedTensorsNameTheTensor) {
   auto none = LoadHfModelDir(Fixture("no_such_dir"));
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("config.json"), std::string::npos);
+}
+
+// The same model with one extra header byte: every bf16 tensor lands on an odd address. The
+// loader must copy those into aligned memory and still give the same values.
+TEST(LoadHf, MisalignedTensorsAreCopied) {
+  auto st = ReadFileToString(Fixture("tiny_llama_hf/model.safetensors"));
+  ASSERT_TRUE(st.ok());
+  uint64_t n;
+  std::memcpy(&n, st->data(), 8);
+  uint64_t n1 = n + 1;
+  std::string shifted((const char*)&n1, 8);
+  shifted += st->substr(8, n) + " " + st->substr(8 + n);
+  std::string dir = ::testing::TempDir() + "lathe_hf_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  std::ofstream(dir + "/model.safetensors", std::ios::binary).write(shifted.data(), (std::streamsize)shifted.size());
+  std::string cfg = Fixture("tiny_llama_hf/config.json");
+  ASSERT_EQ(symlink(cfg.c_str(), (dir + "/config.json").c_str()), 0);
+  auto w = LoadHfModelDir(dir);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ((uintptr_t)w->layers[1].wq.data % 2, 0u);
+  EXPECT_EQ((uintptr_t)w->tok_embd.data % 2, 0u);
+  auto e = Expected()["llama"];
+  ExpectFirst(w->layers[1].wq, e["q_proj_1"], "q_proj_1");
+  ExpectFirst(w->output, e["lm_head"], "lm_head");
+  ExpectFirst(w->output_norm, e["norm"], "norm");
 }
 
 }  // namespace

@@ -195,6 +195,21 @@ TEST(Safetensors, CorruptHeadersAreErrors) {
   EXPECT_FALSE((*f)->GetTensor("f8").ok());
 }
 
+// A header whose length is not a multiple of 8 leaves f32 data misaligned; IsAligned says so
+// (the HF loader copies such tensors instead of handing out misaligned float pointers).
+TEST(Safetensors, MisalignedDataIsReported) {
+  std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  ASSERT_NE((8 + header.size()) % 4, 0u);
+  std::vector<uint64_t> storage(16);  // 8-byte aligned base
+  std::string bytes = Build(header, std::string(8, '\0'));
+  std::memcpy(storage.data(), bytes.data(), bytes.size());
+  auto f = SafetensorsFile::Parse((const uint8_t*)storage.data(), bytes.size(), "odd.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  auto t = (*f)->GetTensor("w");
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(IsAligned(*t));
+}
+
 TEST(Safetensors, EveryTruncationIsAnError) {
   auto mf = MappedFile::Open(Fixture("python_written.safetensors"));
   ASSERT_TRUE(mf.ok());
