@@ -1,0 +1,284 @@
+// MemoryPlan formulas. Bytes are exact products of the shapes; each line carries its formula.
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/strings.h"
+
+namespace lathe::train {
+
+namespace {
+
+struct LinearShape {
+  const char* name;
+  int64_t in, out;
+};
+
+std::vector<LinearShape> Linears(const model::ModelConfig& c) {
+  return {{"q", c.dim, c.q_dim()},    {"k", c.dim, c.kv_dim()},    {"v", c.dim, c.kv_dim()},
+          {"o", c.q_dim(), c.dim},    {"gate", c.dim, c.ffn_dim},  {"up", c.dim, c.ffn_dim},
+          {"down", c.ffn_dim, c.dim}};
+}
+
+int64_t LinearParamsPerLayer(const model::ModelConfig& c) {
+  int64_t n = 0;
+  for (const auto& l : Linears(c)) n += l.in * l.out;
+  return n;
+}
+
+// Everything that is not a linear layer of a block: embeddings, head, norms, biases.
+int64_t OtherParams(const model::ModelConfig& c) { return c.ParamCount() - c.n_layers * LinearParamsPerLayer(c); }
+
+std::string GB(double b) { return StrFormat("%.3f GB", b / 1e9); }
+
+bool Is16Bit(const std::string& p) { return p == "bf16" || p == "fp16" || p == "pure_bf16"; }
+
+}  // namespace
+
+Status TrainSetup::Validate() const {
+  auto one_of = [](const std::string& key, const std::string& v, std::vector<std::string> ok) -> Status {
+    if (std::find(ok.begin(), ok.end(), v) != ok.end()) return Status::Ok();
+    std::string list;
+    for (auto& o : ok) list += (list.empty() ? "" : ", ") + o;
+    std::string near = Nearest(v, ok);
+    return Status::Error(StrFormat("%s: '%s' is not one of %s%s", key.c_str(), v.c_str(), list.c_str(),
+                                   near.empty() ? "" : (" (did you mean '" + near + "'?)").c_str()));
+  };
+  LATHE_RETURN_IF_ERROR(one_of("method", method, {"full", "freeze", "lora", "qlora"}));
+  LATHE_RETURN_IF_ERROR(one_of("precision", precision, {"fp32", "fp16", "bf16", "pure_bf16"}));
+  LATHE_RETURN_IF_ERROR(one_of("base_quant", base_quant, {"none", "int8", "nf4", "nf4_dq"}));
+  LATHE_RETURN_IF_ERROR(
+      one_of("optimizer", optimizer, {"adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "sgd"}));
+  for (const std::string& t : lora_targets) {
+    LATHE_RETURN_IF_ERROR(one_of("lora_target", t, {"q", "k", "v", "o", "gate", "up", "down"}));
+  }
+  if (batch_size < 1 || seq_len < 1 || grad_accum < 1 || lora_rank < 1 || world_size < 1 || loss_chunk_tokens < 1) {
+    return Status::Error("batch_size, seq_len, grad_accum, lora_rank, world_size and loss_chunk_tokens must be >= 1");
+  }
+  if (zero_stage < 0 || zero_stage > 3) return Status::Error("zero_stage must be 0, 1, 2 or 3");
+  if (base_quant != "none" && method != "lora" && method != "qlora") {
+    return Status::Error("base_quant applies to lora/qlora only (a quantized base cannot be trained directly)");
+  }
+  return Status::Ok();
+}
+
+int64_t LoraParams(const model::ModelConfig& c, const std::vector<std::string>& targets, int64_t rank) {
+  int64_t n = 0;
+  for (const auto& l : Linears(c)) {
+    if (std::find(targets.begin(), targets.end(), l.name) != targets.end()) n += rank * (l.in + l.out);
+  }
+  return n * c.n_layers;
+}
+
+double QuantBytesPerParam(const std::string& q, int64_t in_features) {
+  if (q == "nf4") return 0.5 + 4.0 / 64;  // 4-bit codes + one f32 absmax per 64-value block
+  if (q == "nf4_dq") {
+    // bitsandbytes double quant: absmax as 8-bit codes per 64-block, plus one f32 scale per
+    // 256 absmax values, plus the f32 offset (negligible).
+    return 0.5 + 1.0 / 64 + 4.0 / (64 * 256);
+  }
+  if (q == "int8") return 1.0 + 4.0 / (double)in_features;  // int8 + one f32 scale per row
+  return 0;
+}
+
+double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s) {
+  const double a = Is16Bit(s.precision) ? 2 : 4;  // bytes per saved activation element
+  const double tokens = (double)s.batch_size * s.seq_len;
+  int64_t lora_r = 0;
+  if (s.method == "lora" || s.method == "qlora") lora_r = s.lora_rank * (int64_t)s.lora_targets.size();
+  // Per token per layer: residual inputs of both norms (2 dim), normalized outputs (2 dim), q/k/v
+  // after RoPE, the attention output, SwiGLU's gate, up and product, LoRA's x·A (r per target);
+  // plus f32 rstd of both norms and the attention logsumexp per head.
+  double per_layer_elems = 4.0 * c.dim + 2.0 * c.q_dim() + 2.0 * c.kv_dim() + 3.0 * c.ffn_dim + lora_r;
+  double per_layer = tokens * (per_layer_elems * a + (2.0 + c.n_heads) * 4);
+  double final_norm = tokens * (2.0 * c.dim * a + 4);
+  if (s.grad_checkpointing) {
+    // Only block inputs are kept; one block is recomputed (and its activations live) at a time.
+    return tokens * c.dim * a * c.n_layers + per_layer + final_norm;
+  }
+  return per_layer * c.n_layers + final_norm;
+}
+
+double MemoryPlan::Total(const std::string& where) const {
+  double t = 0;
+  for (const PlanLine& l : lines) t += l.where == where ? l.bytes : 0;
+  return t;
+}
+
+double MemoryPlan::Bytes(const std::string& category) const {
+  double t = 0;
+  for (const PlanLine& l : lines) t += l.category == category ? l.bytes : 0;
+  return t;
+}
+
+Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& setup) {
+  TrainSetup s = setup;
+  if (s.method == "qlora" && s.base_quant == "none") s.base_quant = "nf4_dq";
+  LATHE_RETURN_IF_ERROR(s.Validate());
+  MemoryPlan p;
+  int64_t P = c.ParamCount(), lin = c.n_layers * LinearParamsPerLayer(c), other = OtherParams(c);
+  if (s.param_count > 0) {
+    lin = (int64_t)((double)lin * s.param_count / P);
+    other = s.param_count - lin;
+    P = s.param_count;
+  }
+  p.total_params = P;
+  const bool mixed = s.precision == "bf16" || s.precision == "fp16";
+  const bool pure = s.precision == "pure_bf16";
+  const double wb = Is16Bit(s.precision) ? 2 : 4;  // bytes per working weight
+  const double W = s.world_size;
+  const double shard_params = s.zero_stage >= 3 ? W : 1;
+  auto add = [&](std::string cat, std::string where, double bytes, std::string formula) {
+    p.lines.push_back({std::move(cat), std::move(where), bytes, std::move(formula)});
+  };
+
+  int64_t trainable = 0;
+  if (s.method == "full") {
+    trainable = P;
+    add("weights", "device", P * wb / shard_params,
+        StrFormat("%lld params x %.0f B (%s weights)%s", (long long)P, wb, s.precision.c_str(),
+                  shard_params > 1 ? " / world (ZeRO-3)" : ""));
+  } else if (s.method == "freeze") {
+    int64_t per_layer = LinearParamsPerLayer(c) + 2 * c.dim + (c.qkv_bias ? c.q_dim() + 2 * c.kv_dim() : 0);
+    trainable = std::min(s.freeze_trainable_layers, c.n_layers) * per_layer;
+    add("weights", "device", P * wb / shard_params,
+        StrFormat("%lld params x %.0f B (%s); the last %lld layers train", (long long)P, wb, s.precision.c_str(),
+                  (long long)std::min(s.freeze_trainable_layers, c.n_layers)));
+  } else {  // lora / qlora
+    trainable = LoraParams(c, s.lora_targets, s.lora_rank);
+    if (s.base_quant == "none") {
+      add("weights", "device", P * wb / shard_params,
+          StrFormat("%lld frozen params x %.0f B (%s)", (long long)P, wb, s.precision.c_str()));
+    } else {
+      double qb = QuantBytesPerParam(s.base_quant, c.dim);
+      add("weights", "device", lin * qb / shard_params,
+          StrFormat("%lld linear-layer params x %.4f B (%s incl. quantization constants)", (long long)lin, qb,
+                    s.base_quant.c_str()));
+      add("weights", "device", other * 2.0 / shard_params,
+          StrFormat("%lld embedding/norm/bias params x 2 B (kept in 16 bits, as bitsandbytes does)", (long long)other));
+    }
+  }
+  p.trainable_params = trainable;
+  const bool lora = s.method == "lora" || s.method == "qlora";
+  // Trainable parameters: f32 masters under fp32/mixed precision, bf16 under pure_bf16.
+  const double master = pure ? 2 : 4;
+  if (lora) {
+    add("lora", "device", trainable * master,
+        StrFormat("%lld LoRA params (rank %lld on %zu module kinds x %lld layers) x %.0f B", (long long)trainable,
+                  (long long)s.lora_rank, s.lora_targets.size(), (long long)c.n_layers, master));
+  } else if (mixed) {
+    add("weights", "device", trainable * 4.0 / shard_params,
+        StrFormat("%lld trainable params x 4 B (f32 master copy under %s mixed precision)", (long long)trainable,
+                  s.precision.c_str()));
+  }
+  const double shard_grads = s.zero_stage >= 2 ? W : 1;
+  add("gradients", "device", trainable * master / shard_grads,
+      StrFormat("%lld trainable params x %.0f B%s", (long long)trainable, master,
+                shard_grads > 1 ? " / world (ZeRO-2+)" : ""));
+  double opt_b = 0;
+  std::string opt_f;
+  if (s.optimizer == "adamw" || s.optimizer == "paged_adamw_32bit") {
+    opt_b = pure ? 4 : 8;
+    opt_f = pure ? "AdamW m and v in bf16: 2 x 2 B" : "AdamW m and v in f32: 2 x 4 B";
+  } else if (s.optimizer == "adamw_8bit" || s.optimizer == "paged_adamw_8bit") {
+    opt_b = 2 + 2 * 4.0 / 256;
+    opt_f = "8-bit AdamW: m and v as 1-byte codes + one f32 absmax per 256-value block each";
+  } else {
+    opt_b = 0;
+    opt_f = "SGD without momentum keeps no state";
+  }
+  const double shard_opt = s.zero_stage >= 1 ? W : 1;
+  const bool paged = s.optimizer.rfind("paged_", 0) == 0;
+  add("optimizer", s.cpu_offload || paged ? "host" : "device", trainable * opt_b / shard_opt,
+      StrFormat("%lld trainable params x %.4f B (%s)%s%s", (long long)trainable, opt_b, opt_f.c_str(),
+                shard_opt > 1 ? " / world (ZeRO-1+)" : "",
+                paged ? "; paged: may be pushed out of RAM" : s.cpu_offload ? "; offloaded to host" : ""));
+  add("activations", "device", ActivationBytes(c, s),
+      StrFormat("batch %lld x seq %lld tokens x per-layer saved tensors x %lld layers%s", (long long)s.batch_size,
+                (long long)s.seq_len, (long long)c.n_layers,
+                s.grad_checkpointing ? " (checkpointing: block inputs + one recomputed block)" : ""));
+  const double tokens = (double)s.batch_size * s.seq_len;
+  double chunk = std::min<double>(s.loss_chunk_tokens, tokens);
+  add("temporary", "device", 2 * chunk * c.vocab_size * 4.0,
+      StrFormat("cross-entropy chunk: %.0f tokens x vocab %lld x (logits + dlogits) x 4 B", chunk,
+                (long long)c.vocab_size));
+  add("temporary", "device", tokens * (2.0 * c.dim + c.q_dim() + 2.0 * c.kv_dim() + 2.0 * c.ffn_dim) * 4,
+      "backward scratch of one block: d(activations) in f32 for every token");
+  return p;
+}
+
+MemoryPlan PlanInference(const model::ModelConfig& c, const InferSetup& s) {
+  MemoryPlan p;
+  const int64_t P = s.param_count > 0 ? s.param_count : c.ParamCount(), norms = c.n_layers * 2 * c.dim + c.dim;
+  p.total_params = P;
+  const DTypeInfo& wi = GetDTypeInfo(s.weight_dtype);
+  double wb = (double)wi.block_bytes / wi.block_size;
+  p.lines.push_back({"weights", "device", (P - norms) * wb + norms * 4.0,
+                     StrFormat("%lld params x %.4f B (%s) + %lld norm params x 4 B", (long long)(P - norms), wb,
+                               wi.name, (long long)norms)});
+  const DTypeInfo& ki = GetDTypeInfo(s.kv_dtype);
+  double kv = (double)c.n_layers * 2 * c.kv_dim() * s.kv_tokens * s.kv_seqs * ((double)ki.block_bytes / ki.block_size);
+  p.lines.push_back({"kv_cache", "device", kv,
+                     StrFormat("%lld layers x 2 (K, V) x kv_dim %lld x %lld tokens x %lld seqs x %s", (long long)c.n_layers,
+                               (long long)c.kv_dim(), (long long)s.kv_tokens, (long long)s.kv_seqs, ki.name)});
+  double t = (double)s.batch_tokens;
+  p.lines.push_back({"activations", "device",
+                     t * (3.0 * c.dim + 2.0 * c.q_dim() + 2.0 * c.kv_dim() + 2.0 * c.ffn_dim) * 4,
+                     StrFormat("%lld tokens per forward x (3 dim + 2 q_dim + 2 kv_dim + 2 ffn) x 4 B", (long long)s.batch_tokens)});
+  p.lines.push_back({"temporary", "device", (double)s.kv_seqs * c.vocab_size * 4.0,
+                     StrFormat("logits: %lld rows x vocab %lld x 4 B", (long long)s.kv_seqs, (long long)c.vocab_size)});
+  return p;
+}
+
+Result<model::ModelConfig> NamedArchitecture(const std::string& name) {
+  struct Arch {
+    const char* name;
+    const char* arch;
+    int64_t layers, dim, heads, kv_heads, ffn, vocab, ctx;
+    float theta;
+    bool tied, bias;
+  };
+  static const Arch kArchs[] = {
+      {"llama-7b", "llama", 32, 4096, 32, 32, 11008, 32000, 4096, 10000, false, false},
+      {"llama-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 4096, 10000, false, false},
+      {"llama-70b", "llama", 80, 8192, 64, 8, 28672, 32000, 4096, 10000, false, false},
+      {"llama3-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192, 500000, false, false},
+      {"mistral-7b", "mistral", 32, 4096, 32, 8, 14336, 32000, 32768, 1000000, false, false},
+      {"qwen2.5-0.5b", "qwen2", 24, 896, 14, 2, 4864, 151936, 32768, 1000000, true, true},
+      {"qwen2.5-7b", "qwen2", 28, 3584, 28, 4, 18944, 152064, 32768, 1000000, false, true},
+      {"smollm2-135m", "llama", 30, 576, 9, 3, 1536, 49152, 8192, 100000, true, false},
+      {"smollm2-360m", "llama", 32, 960, 15, 5, 2560, 49152, 8192, 100000, true, false},
+      {"smollm2-1.7b", "llama", 24, 2048, 32, 32, 8192, 49152, 8192, 130000, true, false},
+  };
+  for (const Arch& a : kArchs) {
+    if (name != a.name) continue;
+    model::ModelConfig c;
+    c.arch = a.arch;
+    c.n_layers = a.layers;
+    c.dim = a.dim;
+    c.n_heads = a.heads;
+    c.n_kv_heads = a.kv_heads;
+    c.head_dim = a.dim / a.heads;
+    c.rope_dim = c.head_dim;
+    c.ffn_dim = a.ffn;
+    c.vocab_size = a.vocab;
+    c.max_seq_len = a.ctx;
+    c.rope_theta = a.theta;
+    c.tied_embeddings = a.tied;
+    c.qkv_bias = a.bias;
+    return c;
+  }
+  std::string near = Nearest(name, NamedArchitectures());
+  std::string list;
+  for (auto& n : NamedArchitectures()) list += (list.empty() ? "" : ", ") + n;
+  return Status::Error(StrFormat("unknown architecture '%s'%s; known: %s", name.c_str(),
+                                 near.empty() ? "" : (" (did you mean '" + near + "'?)").c_str(), list.c_str()));
+}
+
+std::vector<std::string> NamedArchitectures() {
+  return {"llama-7b", "llama-13b", "llama-70b", "llama3-8b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b",
+          "smollm2-135m", "smollm2-360m", "smollm2-1.7b"};
+}
+
+}  // namespace lathe::train

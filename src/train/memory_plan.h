@@ -1,0 +1,77 @@
+// MemoryPlan: where every byte of a training or inference run goes, per category, with the
+// formula behind each line. `lathe estimate` prints it; the trainer sizes its arenas from it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "model/config.h"
+
+namespace lathe::train {
+
+// The knobs that decide memory, with LLaMA-Factory's names where it has them.
+struct TrainSetup {
+  std::string method = "lora";        // full | freeze | lora | qlora
+  std::string precision = "bf16";     // fp32 | fp16 | bf16 | pure_bf16
+  std::string base_quant = "none";    // none | int8 | nf4 | nf4_dq (qlora implies nf4_dq)
+  std::string optimizer = "adamw";    // adamw | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit | sgd
+  int64_t batch_size = 1;             // per device micro-batch
+  int64_t seq_len = 512;
+  int64_t grad_accum = 1;             // does not change peak memory (grads are accumulated in place)
+  bool grad_checkpointing = false;
+  int64_t lora_rank = 8;
+  std::vector<std::string> lora_targets = {"q", "k", "v", "o", "gate", "up", "down"};
+  int64_t freeze_trainable_layers = 2;  // freeze: the last N layers train
+  int zero_stage = 0;                 // 0-3: shard optimizer states (1), + grads (2), + params (3)
+  int world_size = 1;
+  bool cpu_offload = false;           // optimizer states (and params with ZeRO-3) live in host RAM
+  int64_t loss_chunk_tokens = 1024;   // tokens per cross-entropy chunk (logits never all at once)
+  int64_t param_count = 0;            // > 0 overrides the config's count (`--params 7B`), scaling
+                                      // linear and other parameters in proportion
+  Status Validate() const;
+};
+
+struct InferSetup {
+  DType weight_dtype = DType::kBF16;
+  DType kv_dtype = DType::kF32;
+  int64_t kv_tokens = 4096;  // per sequence
+  int64_t kv_seqs = 1;
+  int64_t batch_tokens = 512;  // tokens per forward (prefill chunk), for activations
+  int64_t param_count = 0;     // > 0 overrides the config's count (`--params 7B`)
+};
+
+struct PlanLine {
+  std::string category;  // weights | lora | gradients | optimizer | activations | temporary | kv_cache
+  std::string where;     // device | host
+  double bytes = 0;
+  std::string formula;   // how the number was computed, in words and symbols
+};
+
+struct MemoryPlan {
+  std::vector<PlanLine> lines;
+  int64_t total_params = 0;
+  int64_t trainable_params = 0;
+  double Total(const std::string& where = "device") const;
+  double Bytes(const std::string& category) const;  // device + host
+};
+
+// Parameters of the linear layers a LoRA target list covers, and the LoRA params for rank r.
+int64_t LoraParams(const model::ModelConfig& c, const std::vector<std::string>& targets, int64_t rank);
+// Bytes per parameter of a quantized base weight, constants included (see the .cc for the
+// bitsandbytes layouts).
+double QuantBytesPerParam(const std::string& base_quant, int64_t in_features);
+// Saved activations of the training forward for one micro-batch (bytes).
+double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s);
+
+Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& s);
+MemoryPlan PlanInference(const model::ModelConfig& c, const InferSetup& s);
+
+// Named architectures for estimating without a model file (llama-7b, llama-13b, llama-70b,
+// llama3-8b, mistral-7b, qwen2.5-0.5b, qwen2.5-7b, smollm2-135m, smollm2-360m, smollm2-1.7b).
+Result<model::ModelConfig> NamedArchitecture(const std::string& name);
+std::vector<std::string> NamedArchitectures();
+
+}  // namespace lathe::train
