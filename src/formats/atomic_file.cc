@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -36,7 +37,8 @@ AtomicFileWriter::~AtomicFileWriter() {
 Status AtomicFileWriter::Open(const std::string& path) {
   if (fd_ >= 0) return Status::Error(path + ": AtomicFileWriter already open");
   path_ = path;
-  tmp_path_ = path + ".tmp." + std::to_string(::getpid());
+  static std::atomic<uint64_t> counter{0};  // distinct temp names for concurrent writers
+  tmp_path_ = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     return Status::Error(StrFormat("%s: cannot create: %s", tmp_path_.c_str(), std::strerror(errno)));

@@ -18,7 +18,7 @@ class AtomicFileWriter {
   AtomicFileWriter(const AtomicFileWriter&) = delete;
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
 
-  // Creates `path`.tmp.<pid> next to `path`.
+  // Creates `path`.tmp.<pid>.<n> next to `path`.
   Status Open(const std::string& path);
   Status Write(const void* data, size_t n);
   // Writes n zero bytes.

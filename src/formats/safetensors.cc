@@ -145,6 +145,8 @@ Status SafetensorsFile::ParseAll() {
   }
   data_offset_ = 8 + header_len;
   const char* h = (const char*)data_ + 8;
+  // The format pads with spaces; tolerate writers that pad with NULs.
+  while (header_len > 0 && h[header_len - 1] == '\0') --header_len;
   size_t bad_at = 0;
   if (!NestingWithin(h, header_len, 4, &bad_at)) {
     return Status::Error(StrFormat("%s: header JSON nests too deeply at offset %zu", file, 8 + bad_at));

@@ -107,7 +107,7 @@ struct SafetensorsWriteEntry {
 // Serializes like the Python library (byte-identical for the same tensors and at most one
 // metadata key; with several, keys are sorted): data ordered by element size (largest first)
 // then name, JSON header in that order with "__metadata__" first, padded with spaces to a
-// multiple of 8. WriteSafetensors writes to `path`.tmp.<pid>, fsyncs, then renames over `path`.
+// multiple of 8. WriteSafetensors writes to a temp file beside `path`, fsyncs, then renames over `path`.
 Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsWriteEntry>& tensors,
                         const std::map<std::string, std::string>& metadata = {});
 // The same bytes in memory (small files: tests, fuzz seeds).

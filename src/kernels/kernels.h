@@ -38,4 +38,15 @@ void Axpy(float* y, float a, const float* x, int64_t n);
 // In-place softmax over n values (max-subtracted).
 void Softmax(float* x, int64_t n);
 
+// Causal multi-head attention with grouped-query KV heads, for T query tokens at positions
+// pos0 .. pos0 + T - 1 attending to key/value positions 0 .. (own position):
+//   out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g],  g = h / (n_head / n_kv_head).
+// q: (T, n_head, head_dim), rows q_stride floats apart; k, v: (pos0 + T, n_kv_head, head_dim), rows
+// kv_stride floats apart (the KV cache, already holding the T new tokens); out: (T, n_head,
+// head_dim), rows out_stride floats apart. REQUIRES n_head % n_kv_head == 0. Runs on `pool` over
+// (token, head) pairs; out must not alias q, k or v.
+void Attention(ThreadPool& pool, const float* q, int64_t q_stride, const float* k, const float* v,
+               int64_t kv_stride, int64_t T, int64_t pos0, int n_head, int n_kv_head, int head_dim,
+               float scale, float* out, int64_t out_stride);
+
 }  // namespace lathe::kernels

@@ -116,7 +116,7 @@ TEST(Safetensors, WriterIsByteIdenticalToPython) {
     auto back = ReadFileToString(out);
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, want);
-    EXPECT_FALSE(lathe::testing::FileExists(out + ".tmp." + std::to_string(getpid())));
+    EXPECT_FALSE(lathe::testing::FileExists(out + ".tmp." + std::to_string(getpid()) + ".0"));
   }
 }
 
@@ -153,6 +153,7 @@ TEST(Safetensors, RoundTrip) {
 TEST(Safetensors, CorruptHeadersAreErrors) {
   std::string ok_entry = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   ASSERT_TRUE(ParseString(Build(ok_entry, std::string(8, '\0'))).ok());
+  ASSERT_TRUE(ParseString(Build(ok_entry + std::string(2, '\0'), std::string(8, '\0'))).ok());  // NUL padding
   struct Case {
     std::string bytes;
     std::string expect;  // substring of the error

@@ -62,6 +62,11 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
                 float* y, bool exact_activations = false);
 constexpr int64_t kGemvMaxM = 16;
 
+// kernels::Attention with one tier's Dot/Softmax/Axpy (attention.cc).
+void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int64_t q_stride, const float* k,
+                   const float* v, int64_t kv_stride, int64_t T, int64_t pos0, int n_head, int n_kv_head,
+                   int head_dim, float scale, float* out, int64_t out_stride);
+
 namespace scalar {
 const KernelTable& Table();
 }

@@ -1,0 +1,37 @@
+// Causal grouped-query attention over a contiguous KV cache, built from one tier's Dot, Softmax and
+// Axpy; parallel over (token, head) pairs. The scores of one pair live in a per-thread buffer.
+#include <algorithm>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/cpu/dispatch.h"
+
+namespace lathe::kernels::cpu {
+
+void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int64_t q_stride, const float* k,
+                   const float* v, int64_t kv_stride, int64_t T, int64_t pos0, int n_head, int n_kv_head,
+                   int head_dim, float scale, float* out, int64_t out_stride) {
+  LATHE_CHECK(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0 && T >= 0 && pos0 >= 0);
+  const int group = n_head / n_kv_head;
+  const int64_t hd = head_dim;
+  pool.ParallelFor(T * n_head, 1, [&](int64_t b, int64_t e, int) {
+    static thread_local std::vector<float> scores_buf;
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t t = task / n_head;
+      const int h = (int)(task % n_head), g = h / group;
+      const int64_t n_keys = pos0 + t + 1;
+      if ((int64_t)scores_buf.size() < n_keys) scores_buf.resize(n_keys);
+      float* sc = scores_buf.data();
+      const float* qv = q + t * q_stride + h * hd;
+      const float* kg = k + g * hd;
+      const float* vg = v + g * hd;
+      for (int64_t s = 0; s < n_keys; ++s) sc[s] = scale * kt.dot(qv, kg + s * kv_stride, hd);
+      kt.softmax(sc, n_keys);
+      float* o = out + t * out_stride + h * hd;
+      std::fill(o, o + hd, 0.0f);
+      for (int64_t s = 0; s < n_keys; ++s) kt.axpy(o, sc[s], vg + s * kv_stride, hd);
+    }
+  });
+}
+
+}  // namespace lathe::kernels::cpu

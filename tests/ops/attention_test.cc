@@ -1,0 +1,93 @@
+// Attention (causal, grouped-query, strided rows) on every ISA tier against a double-precision
+// scalar definition in this file, for decode (T = 1) and prefill chunks; threads agree bitwise.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+#include "ops_test_util.h"
+
+namespace lathe::kernels {
+namespace {
+
+using testing::AllTiers;
+using testing::NormalizedError;
+using testing::RandomVec;
+
+struct Case {
+  int64_t T, pos0;
+  int n_head, n_kv_head, head_dim;
+};
+const Case kCases[] = {{1, 0, 2, 1, 8}, {1, 37, 9, 3, 64}, {5, 0, 4, 4, 20}, {17, 3, 9, 3, 64}, {3, 100, 14, 2, 13}};
+
+// The definition, in double.
+void RefAttention(const float* q, int64_t qs, const float* k, const float* v, int64_t kvs, const Case& c, float scale,
+                  float* out, int64_t os) {
+  const int group = c.n_head / c.n_kv_head;
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int h = 0; h < c.n_head; ++h) {
+      const int g = h / group;
+      const int64_t n = c.pos0 + t + 1;
+      std::vector<double> s(n);
+      double mx = -1e300;
+      for (int64_t j = 0; j < n; ++j) {
+        double d = 0;
+        for (int i = 0; i < c.head_dim; ++i) d += (double)q[t * qs + h * c.head_dim + i] * k[j * kvs + g * c.head_dim + i];
+        s[j] = d * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (auto& x : s) sum += (x = std::exp(x - mx));
+      for (int i = 0; i < c.head_dim; ++i) {
+        double o = 0;
+        for (int64_t j = 0; j < n; ++j) o += s[j] / sum * v[j * kvs + g * c.head_dim + i];
+        out[t * os + h * c.head_dim + i] = (float)o;
+      }
+    }
+}
+
+class AttentionTier : public ::testing::TestWithParam<IsaTier> {};
+
+TEST_P(AttentionTier, MatchesDefinition) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  uint32_t seed = 1;
+  for (const Case& c : kCases) {
+    const int64_t S = c.pos0 + c.T;
+    // Strides wider than the data, as with fused QKV rows or a cache with spare columns.
+    const int64_t qs = c.n_head * c.head_dim + 3, kvs = c.n_kv_head * c.head_dim + 5, os = c.n_head * c.head_dim + 1;
+    const std::vector<float> q = RandomVec(c.T * qs, seed++, 1.0f), k = RandomVec(S * kvs, seed++, 1.0f),
+                             v = RandomVec(S * kvs, seed++, 1.0f);
+    const float scale = 1.0f / std::sqrt((float)c.head_dim);
+    std::vector<float> ref(c.T * os, 0.0f), out1(c.T * os, 0.0f);
+    RefAttention(q.data(), qs, k.data(), v.data(), kvs, c, scale, ref.data(), os);
+    ThreadPool pool1(1);
+    cpu::AttentionWith(kt, pool1, q.data(), qs, k.data(), v.data(), kvs, c.T, c.pos0, c.n_head, c.n_kv_head,
+                       c.head_dim, scale, out1.data(), os);
+    EXPECT_LE(NormalizedError(out1, ref), 2e-6) << "T=" << c.T << " pos0=" << c.pos0 << " heads=" << c.n_head;
+    for (int threads : {2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> outt(c.T * os, 0.0f);
+      cpu::AttentionWith(kt, pool, q.data(), qs, k.data(), v.data(), kvs, c.T, c.pos0, c.n_head, c.n_kv_head,
+                         c.head_dim, scale, outt.data(), os);
+      ASSERT_EQ(outt, out1) << threads << " threads";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, AttentionTier, ::testing::ValuesIn(AllTiers()), testing::TierParamName);
+
+TEST(AttentionPublic, FirstTokenCopiesValue) {
+  // With one key, the softmax weight is exactly 1: out = v.
+  ThreadPool pool(2);
+  const std::vector<float> q = RandomVec(4 * 16, 1), k = RandomVec(2 * 16, 2), v = RandomVec(2 * 16, 3);
+  std::vector<float> out(4 * 16);
+  Attention(pool, q.data(), 64, k.data(), v.data(), 32, 1, 0, 4, 2, 16, 0.25f, out.data(), 64);
+  for (int h = 0; h < 4; ++h)
+    for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(out[h * 16 + i], v[(h / 2) * 16 + i]) << h << " " << i;
+}
+
+}  // namespace
+}  // namespace lathe::kernels
