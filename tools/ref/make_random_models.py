@@ -118,6 +118,69 @@ def write_legacy_config(model_dir):
         f.write("\n")
 
 
+def _heads_rows(w, n, order):
+    """Reorders the head blocks of the rows of w (n heads) by order."""
+    return w.reshape(n, -1, *w.shape[1:])[order].reshape(w.shape)
+
+
+@torch.no_grad()
+def bug_sensitivity(model, ids, logits):
+    """Max |logits change| for plausible implementation bugs: shows 1e-4 is far below them."""
+    cfg = model.config
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
+    out = {}
+
+    def run(mutate):
+        m = copy.deepcopy(model)
+        mutate(m)
+        return round((forward(m, ids)[0] - logits).abs().max().item(), 4)
+
+    def rope_pairs(m):  # q/k rows in the other RoPE layout (interleaved vs half-split mix-up)
+        for layer in m.model.layers:
+            for proj, n in ((layer.self_attn.q_proj, nh), (layer.self_attn.k_proj, nkv)):
+                for t in [proj.weight] + ([proj.bias] if proj.bias is not None else []):
+                    v = t.reshape(n, 2, hd // 2, *t.shape[1:]).transpose(1, 2)
+                    t.copy_(v.reshape(t.shape))
+    out["rope_pairing_wrong"] = run(rope_pairs)
+
+    def eps10(m):
+        for mod in m.modules():
+            if hasattr(mod, "variance_epsilon"):
+                mod.variance_epsilon *= 10
+    out["rms_eps_x10"] = run(eps10)
+
+    if 1 < nkv < nh:
+        g = nh // nkv
+        # query head h reads kv head h % nkv instead of h // g (tile instead of repeat_interleave)
+        order = [(p % nkv) * g + p // nkv for p in range(nh)]
+
+        def tiled(m):
+            for layer in m.model.layers:
+                a = layer.self_attn
+                a.q_proj.weight.copy_(_heads_rows(a.q_proj.weight, nh, order))
+                if a.q_proj.bias is not None:
+                    a.q_proj.bias.copy_(_heads_rows(a.q_proj.bias, nh, order))
+                a.o_proj.weight.copy_(_heads_rows(a.o_proj.weight.T, nh, order).T)
+        out["gqa_kv_head_mapping_tiled"] = run(tiled)
+
+    if getattr(model.model.layers[0].self_attn.q_proj, "bias", None) is not None:
+        def nobias(m):
+            for layer in m.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.zero_()
+        out["qkv_bias_dropped"] = run(nobias)
+
+    rp = cfg.rope_parameters
+    if rp.get("rope_type") == "llama3":
+        def unscaled(m):
+            base = rp["rope_theta"]
+            m.model.rotary_emb.inv_freq = 1.0 / (
+                base ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+        out["llama3_scaling_ignored"] = run(unscaled)
+    return out
+
+
 def stats(logits):
     p = torch.softmax(logits.double(), -1)
     v = torch.sort(logits, -1, descending=True).values
@@ -131,16 +194,17 @@ def stats(logits):
     }
 
 
-def f32_tolerances(err64):
+def f32_tolerances(err64, bugs):
     return {
         "float32": {
             "logits_atol": 1e-4, "logits_rtol": 1e-4,
             "hidden_states_atol": 1e-4, "hidden_states_rtol": 1e-4,
             "why": f"transformers' f32 logits differ from the same model run in float64 by "
                    f"{err64:.1e} max-abs (logits are O(1)), so that is the size of honest f32 "
-                   f"summation-order noise; 1e-4 leaves ~10x headroom for a different "
-                   f"accumulation order/FMA/SIMD reductions while any real bug (wrong RoPE pair, "
-                   f"GQA mapping, eps, bias) moves logits by >1e-2.",
+                   f"summation-order noise; 1e-4 leaves ~50x headroom for a different "
+                   f"accumulation order/FMA/SIMD reductions, while the simulated bugs in "
+                   f"measured.bug_sensitivity (wrong RoPE pairing, eps x10, GQA mapping, ...) "
+                   f"move logits by at least {min(bugs.values()):.2g}.",
         },
         "top1_agreement": "all positions (argmax of lathe logits == argmax of expected)",
     }
@@ -162,6 +226,7 @@ def make_one(spec):
     logits, hidden = forward(model, ids)
     logits64, _ = forward(copy.deepcopy(model).double(), ids)
     err64 = (logits.double() - logits64).abs().max().item()
+    bugs = bug_sensitivity(model, ids, logits)
     inv_freq = model.model.rotary_emb.inv_freq.float().clone()
     attn_scaling = float(model.model.rotary_emb.attention_scaling)
 
@@ -195,10 +260,11 @@ def make_one(spec):
         "input_ids_seed": spec["seed"] + 77,
         "weights_dtype": "float32",
         "tensors": fu.describe(expected, desc),
-        "tolerances": f32_tolerances(err64),
-        "measured": {"max_abs_f32_vs_f64_logits": float(f"{err64:.3g}"), **stats(logits)},
+        "tolerances": f32_tolerances(err64, bugs),
+        "measured": {"max_abs_f32_vs_f64_logits": float(f"{err64:.3g}"), **stats(logits),
+                     "bug_sensitivity": bugs},
     }}
-    fu.log(f"{name}: T={len(ids)} f32-vs-f64 {err64:.2e} {stats(logits)}")
+    fu.log(f"{name}: T={len(ids)} f32-vs-f64 {err64:.2e} {stats(logits)} bugs {bugs}")
 
     if spec.get("bf16_copy"):
         bname = name + "_bf16"
