@@ -276,7 +276,7 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   }
   kernels::RmsNorm(rows_.data(), w_.output_norm.as<float>(), rows_.data(), n_out, dim, c.norm_eps);
   logits->resize(n_out * c.vocab_size);
-  Linear(rows_.data(), n_out, w_.output, logits->data());
+  kernels::MatMul(pool_, rows_.data(), n_out, w_.output, logits->data(), /*exact_activations=*/true);  // see header
   return Status::Ok();
 }
 

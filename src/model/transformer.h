@@ -83,7 +83,10 @@ struct SeqInput {
 
 struct TransformerOptions {
   // Keep activations in f32 for block-quantized weights in decode too (see kernels::MatMul):
-  // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations.
+  // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations in
+  // the decoder layers. The output head always runs exact: its logits feed sampling directly,
+  // and int8 noise there flips near-ties (SmolLM2 answers "L'..." instead of "The capital of
+  // France is Paris." with an int8 head; tests/golden/fixtures/MANIFEST.json measures it).
   bool exact_activations = false;
 };
 
