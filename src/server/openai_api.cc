@@ -1,0 +1,271 @@
+// OpenAI schema parsing and response building.
+#include "server/openai_api.h"
+
+#include <cmath>
+
+namespace lathe::server {
+
+using nlohmann::json;
+
+json ApiError::ToJson() const {
+  json e = {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}};
+  return json{{"error", e}};
+}
+
+namespace {
+
+ApiError Bad(const std::string& param, const std::string& message) {
+  ApiError e;
+  e.param = param;
+  e.message = message;
+  return e;
+}
+
+std::string TypeName(const json& v) { return v.type_name(); }
+
+// Reads an optional number field within [lo, hi].
+std::optional<ApiError> Number(const json& b, const char* key, double lo, double hi, float* out) {
+  auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return Bad(key, std::string("'") + key + "' must be a number, got " + TypeName(*it));
+  double v = it->get<double>();
+  if (!(v >= lo && v <= hi)) {
+    return Bad(key, std::string("'") + key + "' must be between " + json(lo).dump() + " and " + json(hi).dump() +
+                        ", got " + it->dump());
+  }
+  *out = (float)v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> Integer(const json& b, const char* key, int64_t lo, int64_t hi, int64_t* out) {
+  auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) return Bad(key, std::string("'") + key + "' must be an integer, got " + TypeName(*it));
+  int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return Bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
+                        ", got " + std::to_string(v));
+  }
+  *out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> Bool(const json& b, const char* key, bool* out) {
+  auto it = b.find(key);
+  if (it == b.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return Bad(key, std::string("'") + key + "' must be a boolean, got " + TypeName(*it));
+  *out = it->get<bool>();
+  return std::nullopt;
+}
+
+// OpenAI content may be a string or a list of {type: "text", text} parts.
+std::optional<ApiError> Content(const json& c, const std::string& param, std::string* out) {
+  if (c.is_string()) {
+    *out = c.get<std::string>();
+    return std::nullopt;
+  }
+  if (c.is_array()) {
+    out->clear();
+    for (const json& part : c) {
+      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+        return Bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+      }
+      *out += part["text"].get<std::string>();
+    }
+    return std::nullopt;
+  }
+  if (c.is_null()) {
+    out->clear();
+    return std::nullopt;
+  }
+  return Bad(param, param + " must be a string or a list of text parts, got " + TypeName(c));
+}
+
+}  // namespace
+
+std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, CompletionRequest* r) {
+  *r = CompletionRequest();
+  r->chat = chat;
+  if (!b.is_object()) return Bad("", "the request body must be a JSON object");
+  if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
+    if (!it->is_string()) return Bad("model", "'model' must be a string");
+    r->model = it->get<std::string>();
+  }
+  if (chat) {
+    auto it = b.find("messages");
+    if (it == b.end()) return Bad("messages", "'messages' is required");
+    if (!it->is_array() || it->empty()) return Bad("messages", "'messages' must be a non-empty array");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& m = (*it)[i];
+      std::string p = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object()) return Bad(p, p + " must be an object");
+      if (!m.contains("role") || !m["role"].is_string()) return Bad(p + ".role", p + ".role must be a string");
+      std::string role = m["role"].get<std::string>();
+      if (role == "developer") role = "system";
+      if (role != "system" && role != "user" && role != "assistant") {
+        return Bad(p + ".role", p + ".role '" + role + "' is not supported (system, user, assistant)");
+      }
+      tokenizer::ChatMessage msg;
+      msg.role = role;
+      if (auto e = Content(m.value("content", json(nullptr)), p + ".content", &msg.content)) return e;
+      r->messages.push_back(std::move(msg));
+    }
+  } else {
+    auto it = b.find("prompt");
+    if (it == b.end()) return Bad("prompt", "'prompt' is required");
+    const json& p = *it;
+    if (p.is_string()) {
+      r->prompt = p.get<std::string>();
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      r->prompt = p[0].get<std::string>();
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      r->prompt_is_ids = true;
+      for (const json& t : p) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+          return Bad("prompt", "'prompt' token arrays must hold non-negative integers");
+        }
+        r->prompt_ids.push_back((int32_t)t.get<int64_t>());
+      }
+    } else if (p.is_array() && p.size() > 1) {
+      return Bad("prompt", "batched prompts (a list of several prompts) are not supported; send one request each");
+    } else {
+      return Bad("prompt", "'prompt' must be a string, a one-element list of strings, or a list of token ids");
+    }
+  }
+  int64_t v;
+  const char* max_key = chat && b.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  v = chat ? -1 : 16;
+  if (auto e = Integer(b, max_key, 0, 1 << 30, &v)) return e;
+  r->max_tokens = v;
+  v = 1;
+  if (auto e = Integer(b, "n", 1, 128, &v)) return e;
+  r->n = (int)v;
+  if (auto e = Bool(b, "stream", &r->stream)) return e;
+  if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");
+    if (auto e = Bool(*it, "include_usage", &r->include_usage)) return e;
+  }
+  if (chat) {
+    bool lp = false;
+    if (auto e = Bool(b, "logprobs", &lp)) return e;
+    v = 0;
+    if (auto e = Integer(b, "top_logprobs", 0, 20, &v)) return e;
+    if (b.contains("top_logprobs") && !b["top_logprobs"].is_null() && !lp) {
+      return Bad("top_logprobs", "'top_logprobs' requires 'logprobs': true");
+    }
+    r->logprobs = lp ? (int)v : -1;
+  } else {
+    v = -1;
+    if (auto e = Integer(b, "logprobs", 0, 5, &v)) return e;
+    r->logprobs = (int)v;
+    if (auto e = Bool(b, "echo", &r->echo)) return e;
+  }
+  if (auto it = b.find("stop"); it != b.end() && !it->is_null()) {
+    if (it->is_string()) {
+      r->stop.push_back(it->get<std::string>());
+    } else if (it->is_array() && it->size() <= 4) {
+      for (const json& s : *it) {
+        if (!s.is_string()) return Bad("stop", "'stop' must be a string or a list of up to 4 strings");
+        r->stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return Bad("stop", "'stop' must be a string or a list of up to 4 strings");
+    }
+  }
+  serve::SamplingParams& s = r->sampling;
+  if (auto e = Number(b, "temperature", 0, 2, &s.temperature)) return e;
+  if (auto e = Number(b, "top_p", 1e-9, 1, &s.top_p)) return e;
+  if (auto e = Number(b, "min_p", 0, 1, &s.min_p)) return e;
+  if (auto e = Number(b, "presence_penalty", -2, 2, &s.presence_penalty)) return e;
+  if (auto e = Number(b, "frequency_penalty", -2, 2, &s.frequency_penalty)) return e;
+  if (auto e = Number(b, "repetition_penalty", 1e-3, 10, &s.repetition_penalty)) return e;
+  v = 0;
+  if (auto e = Integer(b, "top_k", -1, 1 << 20, &v)) return e;
+  s.top_k = v < 0 ? 0 : (int)v;
+  if (auto it = b.find("seed"); it != b.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return Bad("seed", "'seed' must be an integer");
+    s.seed = (uint64_t)it->get<int64_t>();
+    s.has_seed = true;
+  }
+  if (auto e = Bool(b, "ignore_eos", &r->ignore_eos)) return e;
+  v = 0;
+  if (auto e = Integer(b, "priority", -1000000, 1000000, &v)) return e;
+  r->priority = (int)v;
+  return std::nullopt;
+}
+
+namespace {
+
+json LogprobsJson(const Choice& c, bool chat) {
+  if (chat) {
+    json content = json::array();
+    for (const TokenLogprobInfo& t : c.logprobs) {
+      json top = json::array();
+      for (const auto& [tok, lp] : t.top) top.push_back({{"token", tok}, {"logprob", lp}, {"bytes", json(std::vector<uint8_t>(tok.begin(), tok.end()))}});
+      content.push_back({{"token", t.token}, {"logprob", t.logprob},
+                         {"bytes", json(std::vector<uint8_t>(t.token.begin(), t.token.end()))}, {"top_logprobs", top}});
+    }
+    return json{{"content", content}};
+  }
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  int64_t off = 0;
+  for (const TokenLogprobInfo& t : c.logprobs) {
+    tokens.push_back(t.token);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [tok, lp] : t.top) top[tok] = lp;
+    tops.push_back(top);
+    offsets.push_back(off);
+    off += (int64_t)t.token.size();
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json UsageJson(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens}, {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+}  // namespace
+
+json CompletionResponse(const std::string& id, int64_t created, const std::string& model,
+                        const std::vector<Choice>& choices, const Usage& usage, bool chat) {
+  json arr = json::array();
+  for (const Choice& c : choices) {
+    json j = {{"index", c.index}, {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)},
+              {"logprobs", c.has_logprobs ? LogprobsJson(c, chat) : json(nullptr)}};
+    if (chat) j["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else j["text"] = c.text;
+    arr.push_back(j);
+  }
+  return json{{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+              {"model", model}, {"choices", arr}, {"usage", UsageJson(usage)}};
+}
+
+json CompletionChunk(const std::string& id, int64_t created, const std::string& model, const Choice& c, bool chat,
+                     bool first) {
+  json j = {{"index", c.index}, {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)},
+            {"logprobs", c.has_logprobs ? LogprobsJson(c, chat) : json(nullptr)}};
+  if (chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!c.text.empty() || first) delta["content"] = c.text;
+    j["delta"] = delta;
+  } else {
+    j["text"] = c.text;
+  }
+  return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+              {"model", model}, {"choices", json::array({j})}};
+}
+
+json UsageChunk(const std::string& id, int64_t created, const std::string& model, const Usage& usage, bool chat) {
+  return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+              {"model", model}, {"choices", json::array()}, {"usage", UsageJson(usage)}};
+}
+
+std::string SseEvent(const json& payload) {
+  return "data: " + payload.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace lathe::server

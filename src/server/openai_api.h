@@ -1,0 +1,83 @@
+// The OpenAI wire schema: parses /v1/completions and /v1/chat/completions request bodies into
+// plain structs (validating every known field's type and range; unknown fields are ignored, as
+// OpenAI does) and builds response / streaming-chunk / error bodies. No HTTP and no engine here.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "serve/sampler.h"
+#include "tokenizer/chat_template.h"
+
+namespace lathe::server {
+
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, if any
+  std::string code;
+  nlohmann::json ToJson() const;
+};
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  // completions: text prompt, or token ids; chat: messages.
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  std::vector<tokenizer::ChatMessage> messages;
+  int64_t max_tokens = -1;  // -1: until the context is full (chat) / 16 (completions)
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  // completions: logprobs = number of alternatives (0-5), -1 = off; chat: logprobs bool +
+  // top_logprobs (0-20) map to the same two fields.
+  int logprobs = -1;
+  bool echo = false;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int priority = 0;
+  serve::SamplingParams sampling;
+};
+
+// REQUIRES: body is a JSON object (the caller reports unparsable JSON).
+std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat, CompletionRequest* out);
+
+struct TokenLogprobInfo {
+  std::string token;                                          // the token's text
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;             // alternatives, best first
+};
+
+struct Choice {
+  int index = 0;
+  std::string text;
+  std::string finish_reason;  // "stop" | "length" | "" (still running, in chunks)
+  std::vector<TokenLogprobInfo> logprobs;  // one per generated token when requested
+  bool has_logprobs = false;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// Full (non-streaming) response bodies.
+nlohmann::json CompletionResponse(const std::string& id, int64_t created, const std::string& model,
+                                  const std::vector<Choice>& choices, const Usage& usage, bool chat);
+// One streaming chunk (the `data:` payload). For chat, `first` adds the assistant role delta.
+nlohmann::json CompletionChunk(const std::string& id, int64_t created, const std::string& model, const Choice& choice,
+                               bool chat, bool first);
+// The final usage-only chunk of stream_options.include_usage.
+nlohmann::json UsageChunk(const std::string& id, int64_t created, const std::string& model, const Usage& usage,
+                          bool chat);
+// "data: <json>\n\n"
+std::string SseEvent(const nlohmann::json& payload);
+
+}  // namespace lathe::server
