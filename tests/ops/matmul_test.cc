@@ -64,7 +64,7 @@ TEST_P(MatMulTier, AllDtypesOddShapes) {
     const bool block = IsQuantized(dt);
     for (const Shape& s : block ? std::vector<Shape>(std::begin(kBlockShapes), std::end(kBlockShapes))
                                 : std::vector<Shape>(std::begin(kFloatShapes), std::end(kFloatShapes))) {
-      for (int64_t M : {1, 2, 3, 4, 5, 17, 64}) CheckMatMul(GetParam(), dt, M, s.N, s.K, seed++);
+      for (int64_t M : {1, 2, 3, 4, 5, 15, 16, 17, 64}) CheckMatMul(GetParam(), dt, M, s.N, s.K, seed++);
     }
   }
 }
