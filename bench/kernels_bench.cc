@@ -168,6 +168,20 @@ void BM_Prefill(benchmark::State& state, DType dt, Shape s, int threads) {
                                                  benchmark::Counter::kIsRate);
 }
 
+// Small batches (several decoding sequences at once): where GEMV hands over to the panel path.
+void BM_Batch(benchmark::State& state, DType dt, Shape s, int64_t M) {
+  ThreadPool pool(1);
+  Weights w = MakeWeights(dt, s, 1);
+  const std::vector<float> x = RandomFloats(M * s.K, 2);
+  std::vector<float> y(M * s.N);
+  for (auto _ : state) {
+    kernels::MatMul(pool, x.data(), M, w.t[0], y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * M * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
 void BM_Elementwise(benchmark::State& state, int op, bool reference) {
   const int64_t n = 1536 * 64;
   std::vector<float> a = RandomFloats(n, 3), b = RandomFloats(n, 4), o(n);
@@ -224,6 +238,11 @@ void RegisterAll() {
         benchmark::RegisterBenchmark(Name("prefill", DTypeName(dt), s, threads).c_str(), BM_Prefill, dt, s, threads)
             ->Unit(benchmark::kMillisecond)->UseRealTime();
   }
+  for (DType dt : kTypes)
+    for (int64_t M : {2, 4, 8, 12, 15, 16, 24, 32})
+      benchmark::RegisterBenchmark(("batch/" + std::string(DTypeName(dt)) + "/M:" + std::to_string(M) + "/1536x576").c_str(),
+                                   BM_Batch, dt, Shape{1536, 576}, M)
+          ->UseRealTime();
   const char* ops[] = {"rmsnorm", "silu_mul", "softmax"};
   for (int op = 0; op < 3; ++op)
     for (bool reference : {true, false})

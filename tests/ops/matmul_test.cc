@@ -1,5 +1,5 @@
 // MatMul and DequantizeRows on every ISA tier and weight dtype against the scalar reference, over
-// odd shapes, on both the GEMV (M < 16) and prefill paths, single- and multi-threaded.
+// odd shapes, on both the GEMV (M < cpu::kGemvMaxM) and panel paths, single- and multi-threaded.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -64,7 +64,7 @@ TEST_P(MatMulTier, AllDtypesOddShapes) {
     const bool block = IsQuantized(dt);
     for (const Shape& s : block ? std::vector<Shape>(std::begin(kBlockShapes), std::end(kBlockShapes))
                                 : std::vector<Shape>(std::begin(kFloatShapes), std::end(kFloatShapes))) {
-      for (int64_t M : {1, 2, 3, 4, 5, 17, 64}) CheckMatMul(GetParam(), dt, M, s.N, s.K, seed++);
+      for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 64}) CheckMatMul(GetParam(), dt, M, s.N, s.K, seed++);
     }
   }
 }
@@ -101,6 +101,32 @@ TEST_P(MatMulTier, ZeroAndLargeActivations) {
   }
 }
 
+// The GEMV kernel takes up to 4 x rows per call; MatMul uses it for M < kGemvMaxM only, so call
+// it directly for every row count, with a row stride of y wider than N.
+TEST_P(MatMulTier, GemvKernelEveryRowCount) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  for (DType dt : kWeightTypes) {
+    for (int64_t m = 1; m <= 4; ++m) {
+      const int64_t N = 23, K = IsQuantized(dt) ? 320 : 301, ldy = N + 2;
+      testing::TestWeight w = MakeWeight(dt, N, K, 30 + (uint32_t)m);
+      const std::vector<float> x = RandomVec(m * K, 40 + (uint32_t)m);
+      std::vector<float> ref(m * N), yk(m * ldy, 0.0f), y(m * N);
+      ref::MatMul(x.data(), m, w.t, ref.data());
+      std::vector<cpu::BlockQ8X> xq(m * K / 32 + 1);
+      const void* xa = x.data();
+      if (IsQuantized(dt)) {
+        for (int64_t i = 0; i < m; ++i) kt.mm.quantize_x(x.data() + i * K, K, xq.data() + i * (K / 32));
+        xa = xq.data();
+      }
+      kt.mm.gemv(dt, w.bytes.data(), w.t.row_bytes(), N, xa, m, K, yk.data(), ldy);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t n = 0; n < N; ++n) y[i * N + n] = yk[i * ldy + n];
+      EXPECT_LE(NormalizedError(y, ref), IsQuantized(dt) ? 1.2e-2 : 2e-6) << DTypeName(dt) << " m=" << m;
+    }
+  }
+}
+
 TEST_P(MatMulTier, DequantizeRowsMatchesReference) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
@@ -125,7 +151,7 @@ INSTANTIATE_TEST_SUITE_P(Tiers, MatMulTier, ::testing::ValuesIn(AllTiers()), tes
 TEST(MatMulPublic, BestTierAndDequantizeRows) {
   ThreadPool pool(2);
   for (DType dt : kWeightTypes) {
-    for (int64_t M : {1, 20}) {
+    for (int64_t M : {1, 3, 20}) {
       const int64_t N = 45, K = 320;
       testing::TestWeight w = MakeWeight(dt, N, K, 9);
       const std::vector<float> x = RandomVec(M * K, 10);

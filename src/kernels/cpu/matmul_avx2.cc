@@ -240,8 +240,18 @@ void Gemv1Rows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, 
     const uint8_t* row = w + r * rb;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     __m128 corr = _mm_setzero_ps();
+    // Interleaved access to four rows hides the stream from the hardware prefetcher (measured:
+    // cold Q8_0 ran at half speed), so fetch the next four rows, linearly, one step ahead.
+    const uint8_t* next = row + 4 * rb;
+    const bool prefetch = r + 8 <= n_rows;
     for (int64_t j = 0; j < nb; ++j) {
       const uint8_t* b0 = row + j * kBB;
+      if (prefetch) {
+        const char* p = (const char*)next + j * 4 * kBB;
+        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch(p + 64, _MM_HINT_T0);
+        if constexpr (4 * kBB > 128) _mm_prefetch(p + 128, _MM_HINT_T0);
+      }
       const __m128 dw = _mm_cvtph_ps(Load4Halves(b0, rb));
       const __m128 ds = _mm_mul_ps(dw, _mm_set1_ps(x[j].d));
       const __m256 ds2 = _mm256_set_m128(ds, ds);
