@@ -117,29 +117,41 @@ bool DTypeToGgmlType(DType t, uint32_t* out) {
   return false;
 }
 
-const char* GgmlTypeName(uint32_t t) {
-  switch ((GgmlType)t) {
-    case GgmlType::kF32: return "F32";
-    case GgmlType::kF16: return "F16";
-    case GgmlType::kQ4_0: return "Q4_0";
-    case GgmlType::kQ4_1: return "Q4_1";
-    case GgmlType::kQ5_0: return "Q5_0";
-    case GgmlType::kQ5_1: return "Q5_1";
-    case GgmlType::kQ8_0: return "Q8_0";
-    case GgmlType::kQ8_1: return "Q8_1";
-    case GgmlType::kQ2_K: return "Q2_K";
-    case GgmlType::kQ3_K: return "Q3_K";
-    case GgmlType::kQ4_K: return "Q4_K";
-    case GgmlType::kQ5_K: return "Q5_K";
-    case GgmlType::kQ6_K: return "Q6_K";
-    case GgmlType::kQ8_K: return "Q8_K";
-    case GgmlType::kI8: return "I8";
-    case GgmlType::kI16: return "I16";
-    case GgmlType::kI32: return "I32";
-    case GgmlType::kI64: return "I64";
-    case GgmlType::kF64: return "F64";
-    case GgmlType::kBF16: return "BF16";
+namespace {
+struct GgmlBlock {
+  uint32_t type;
+  const char* name;
+  int block_size, block_bytes;
+};
+// From gguf-py's GGML_QUANT_SIZES.
+const GgmlBlock kGgmlBlocks[] = {
+    {0, "F32", 1, 4},        {1, "F16", 1, 2},         {2, "Q4_0", 32, 18},      {3, "Q4_1", 32, 20},
+    {6, "Q5_0", 32, 22},     {7, "Q5_1", 32, 24},      {8, "Q8_0", 32, 34},      {9, "Q8_1", 32, 40},
+    {10, "Q2_K", 256, 84},   {11, "Q3_K", 256, 110},   {12, "Q4_K", 256, 144},   {13, "Q5_K", 256, 176},
+    {14, "Q6_K", 256, 210},  {15, "Q8_K", 256, 292},   {16, "IQ2_XXS", 256, 66}, {17, "IQ2_XS", 256, 74},
+    {18, "IQ3_XXS", 256, 98}, {19, "IQ1_S", 256, 50},  {20, "IQ4_NL", 32, 18},   {21, "IQ3_S", 256, 110},
+    {22, "IQ2_S", 256, 82},  {23, "IQ4_XS", 256, 136}, {24, "I8", 1, 1},         {25, "I16", 1, 2},
+    {26, "I32", 1, 4},       {27, "I64", 1, 8},        {28, "F64", 1, 8},        {29, "IQ1_M", 256, 56},
+    {30, "BF16", 1, 2},      {34, "TQ1_0", 256, 54},   {35, "TQ2_0", 256, 66},   {39, "MXFP4", 32, 17},
+};
+const GgmlBlock* FindGgmlBlock(uint32_t t) {
+  for (const GgmlBlock& b : kGgmlBlocks) {
+    if (b.type == t) return &b;
   }
+  return nullptr;
+}
+}  // namespace
+
+bool GgmlTypeBlock(uint32_t ggml_type, int* block_size, int* block_bytes) {
+  const GgmlBlock* b = FindGgmlBlock(ggml_type);
+  if (!b) return false;
+  *block_size = b->block_size;
+  *block_bytes = b->block_bytes;
+  return true;
+}
+
+const char* GgmlTypeName(uint32_t t) {
+  if (const GgmlBlock* b = FindGgmlBlock(t)) return b->name;
   return "unknown";
 }
 
@@ -278,16 +290,17 @@ Status GgufFile::ParseAll() {
     LATHE_RETURN_IF_ERROR(c.Read(&ti.ggml_type, "tensor type"));
     LATHE_RETURN_IF_ERROR(c.Read(&ti.offset, "tensor offset"));
     ti.supported = GgmlTypeToDType(ti.ggml_type, &ti.dtype);
-    if (ti.supported) {
-      const DTypeInfo& info = GetDTypeInfo(ti.dtype);
-      if (ti.ne[0] % info.block_size != 0) {
+    int block_size, block_bytes;
+    ti.known_size = GgmlTypeBlock(ti.ggml_type, &block_size, &block_bytes);
+    if (ti.known_size) {
+      if (ti.ne[0] % block_size != 0) {
         return err(StrFormat("row length %lld is not a multiple of the %s block size %d", (long long)ti.ne[0],
-                             GgmlTypeName(ti.ggml_type), info.block_size));
+                             GgmlTypeName(ti.ggml_type), block_size));
       }
-      if ((uint64_t)numel / info.block_size > std::numeric_limits<uint64_t>::max() / info.block_bytes) {
+      if ((uint64_t)numel / block_size > std::numeric_limits<uint64_t>::max() / block_bytes) {
         return err("size overflows");
       }
-      ti.nbytes = DTypeBytes(ti.dtype, numel);
+      ti.nbytes = (uint64_t)numel / block_size * block_bytes;
     }
     if (tensor_index_.count(ti.name)) return err("duplicate tensor name");
     tensor_index_[ti.name] = t;
@@ -307,7 +320,7 @@ Status GgufFile::ParseAll() {
                            (unsigned long long)(data_offset_ + ti.offset), size_));
     }
     ti.offset += data_offset_;
-    if (ti.supported && ti.nbytes > size_ - ti.offset) {
+    if (ti.known_size && ti.nbytes > size_ - ti.offset) {
       return err(StrFormat("data at offset %llu needs %llu bytes but the file ends after %llu (truncated file?)",
                            (unsigned long long)ti.offset, (unsigned long long)ti.nbytes,
                            (unsigned long long)(size_ - ti.offset)));

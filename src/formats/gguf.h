@@ -32,6 +32,9 @@ enum class GgmlType : uint32_t {
 bool GgmlTypeToDType(uint32_t ggml_type, DType* out);
 bool DTypeToGgmlType(DType t, uint32_t* out);
 const char* GgmlTypeName(uint32_t ggml_type);
+// Block geometry of every GGML type the gguf package knows (also those lathe cannot compute
+// with), so that their data can still be bounds-checked and copied. False for unknown ids.
+bool GgmlTypeBlock(uint32_t ggml_type, int* block_size, int* block_bytes);
 
 struct GgufValue {
   GgufValueType type = GgufValueType::kUint8;
@@ -54,11 +57,12 @@ struct GgufTensorInfo {
   std::string name;
   uint32_t ggml_type = 0;
   DType dtype = DType::kF32;          // valid only if supported
-  bool supported = false;
+  bool supported = false;             // lathe has a DType for it
+  bool known_size = false;            // block geometry known: nbytes valid and bounds-checked
   std::vector<int64_t> ne;            // GGUF order: ne[0] innermost
   std::vector<int64_t> shape;         // PyTorch order: reversed ne
   uint64_t offset = 0;                // absolute offset in the file
-  uint64_t nbytes = 0;
+  uint64_t nbytes = 0;                // 0 when !known_size
 };
 
 class GgufFile {

@@ -131,6 +131,16 @@ void GgufWriter::SetFloatArray(const std::string& key, GgufValueType elem, std::
 
 Status GgufWriter::AddTensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                              const void* data, size_t nbytes) {
+  uint32_t ggml_type;
+  if (!DTypeToGgmlType(dtype, &ggml_type)) {
+    return Status::Error(StrFormat("GGUF writer: tensor '%s': dtype %s has no GGML type", name.c_str(),
+                                   DTypeName(dtype)));
+  }
+  return AddRawTensor(name, ggml_type, shape, data, nbytes);
+}
+
+Status GgufWriter::AddRawTensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& shape,
+                                const void* data, size_t nbytes) {
   auto err = [&](const std::string& what) {
     return Status::Error(StrFormat("GGUF writer: tensor '%s': %s", name.c_str(), what.c_str()));
   };
@@ -139,19 +149,19 @@ Status GgufWriter::AddTensor(const std::string& name, DType dtype, const std::ve
     if (t.name == name) return err("duplicate tensor name");
   }
   if (shape.empty() || shape.size() > 4) return err(StrFormat("%zu dimensions (GGUF holds 1..4)", shape.size()));
-  uint32_t ggml_type;
-  if (!DTypeToGgmlType(dtype, &ggml_type)) return err(std::string("dtype ") + DTypeName(dtype) + " has no GGML type");
-  const DTypeInfo& info = GetDTypeInfo(dtype);
+  int block_size, block_bytes;
+  if (!GgmlTypeBlock(ggml_type, &block_size, &block_bytes)) return err(StrFormat("unknown GGML type %u", ggml_type));
   int64_t numel = 1;
   for (int64_t d : shape) {
     if (d <= 0 || __builtin_mul_overflow(numel, d, &numel)) return err("dimensions must be positive");
   }
-  if (shape.back() % info.block_size != 0) {
+  if (shape.back() % block_size != 0) {
     return err(StrFormat("row length %lld is not a multiple of the %s block size %d", (long long)shape.back(),
-                         DTypeName(dtype), info.block_size));
+                         GgmlTypeName(ggml_type), block_size));
   }
-  size_t want = DTypeBytes(dtype, numel);
-  if (want != nbytes) return err(StrFormat("shape needs %zu bytes, got %zu", want, nbytes));
+  uint64_t want;
+  if (__builtin_mul_overflow((uint64_t)(numel / block_size), (uint64_t)block_bytes, &want)) return err("size overflows");
+  if (want != nbytes) return err(StrFormat("shape needs %llu bytes, got %zu", (unsigned long long)want, nbytes));
   if (!data) return err("no data");
   tensors_.push_back({name, ggml_type, std::vector<int64_t>(shape.rbegin(), shape.rend()), data, nbytes});
   return Status::Ok();

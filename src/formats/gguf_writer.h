@@ -41,6 +41,10 @@ class GgufWriter {
   // than 4 dims, a dtype GGUF cannot hold, a row not a whole number of blocks, nbytes mismatch.
   Status AddTensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* data,
                    size_t nbytes);
+  // The same for any GGML type with known block geometry (GgmlTypeBlock), e.g. to copy K-quant
+  // tensors lathe cannot compute with.
+  Status AddRawTensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& shape,
+                      const void* data, size_t nbytes);
 
   Status Write(const std::string& path) const;
   Result<std::vector<uint8_t>> Serialize() const;

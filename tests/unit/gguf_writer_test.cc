@@ -131,9 +131,28 @@ TEST(GgufWriter, InputErrors) {
   EXPECT_FALSE(w.AddTensor("z", DType::kQ8_0, {2, 16}, a.data(), 34).ok());       // partial block
   EXPECT_FALSE(w.AddTensor("z", DType::kBool, {4}, a.data(), 4).ok());            // no GGML type
   EXPECT_FALSE(w.AddTensor(std::string(64, 'n'), DType::kF32, {1}, a.data(), 4).ok());
+  // Raw GGML types: a Q4_K row is 256 elements in 144 bytes.
+  std::vector<uint8_t> k(2 * 144);
+  EXPECT_TRUE(w.AddRawTensor("k", (uint32_t)GgmlType::kQ4_K, {2, 256}, k.data(), k.size()).ok());
+  EXPECT_FALSE(w.AddRawTensor("k2", (uint32_t)GgmlType::kQ4_K, {2, 128}, k.data(), 144).ok());
+  EXPECT_FALSE(w.AddRawTensor("k3", 99, {4}, k.data(), 4).ok());
   Status s = w.AddTensor("w", DType::kF32, {0, 4}, a.data(), 0);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("'w'"), std::string::npos);
+  auto with_k = w.Serialize();
+  ASSERT_TRUE(with_k.ok());
+  auto gk = GgufFile::Parse(with_k->data(), with_k->size(), "k.gguf");
+  ASSERT_TRUE(gk.ok()) << gk.status().message();
+  const GgufTensorInfo* ki = (*gk)->FindTensor("k");
+  ASSERT_NE(ki, nullptr);
+  EXPECT_FALSE(ki->supported);
+  EXPECT_TRUE(ki->known_size);
+  EXPECT_EQ(ki->nbytes, 288u);
+  EXPECT_STREQ(GgmlTypeName(ki->ggml_type), "Q4_K");
+  EXPECT_FALSE((*gk)->GetTensor("k").ok());
+  // A truncated K-quant tensor is now caught at open time.
+  auto cut = GgufFile::Parse(with_k->data(), with_k->size() - 200, "cut.gguf");
+  EXPECT_FALSE(cut.ok());
   w.SetUint32("general.alignment", 48);
   auto bad = w.Serialize();
   ASSERT_FALSE(bad.ok());
