@@ -5,6 +5,7 @@ pkgs=(
   build-essential cmake ninja-build git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libyaml-cpp-dev libdnnl-dev
+  libprotobuf-dev protobuf-compiler libcpp-httplib-dev
   clang-14 libclang-rt-14-dev
   python3 python3-pip python3-venv unzip
 )
