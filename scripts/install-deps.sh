@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libpcre2-dev libyaml-cpp-dev libdnnl-dev
+  nlohmann-json3-dev libpcre2-dev libicu-dev libyaml-cpp-dev libdnnl-dev
   libprotobuf-dev protobuf-compiler libcpp-httplib-dev
   clang-14 libclang-rt-14-dev
   python3 python3-pip python3-venv unzip

@@ -1,0 +1,137 @@
+// llama.cpp's tokenizer test vectors (test-tokenizer-0): every case of *.gguf.inp must encode to
+// exactly the ids of *.gguf.out, with add_special = false and parse_special = false as
+// test-tokenizer-0 calls it.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "formats/gguf.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lathe::tokenizer {
+namespace {
+
+using lathe::testing::SharedPath;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Case {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+std::vector<Case> LoadCases(const std::string& vocab) {
+  std::string base = SharedPath("models/vocab-llamacpp/ggml-vocab-" + vocab + ".gguf");
+  std::string inp = ReadAll(base + ".inp"), out = ReadAll(base + ".out");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  size_t pos = 0;
+  while (true) {
+    size_t next = inp.find(sep, pos);
+    if (next == std::string::npos) break;
+    texts.push_back(inp.substr(pos, next - pos));
+    pos = next + sep.size();
+  }
+  std::vector<Case> cases;
+  std::istringstream lines(out);
+  std::string line;
+  for (const std::string& t : texts) {
+    if (!std::getline(lines, line)) break;
+    Case c{t, {}};
+    std::istringstream ids(line);
+    int32_t id;
+    while (ids >> id) c.ids.push_back(id);
+    cases.push_back(std::move(c));
+  }
+  EXPECT_EQ(cases.size(), texts.size());
+  return cases;
+}
+
+// Returns the number of cases that pass; reports each failure.
+int RunCases(const Tokenizer& tok, const std::string& vocab) {
+  auto cases = LoadCases(vocab);
+  int passed = 0;
+  for (const Case& c : cases) {
+    auto ids = tok.Encode(c.text, /*add_bos=*/false, /*parse_special=*/false);
+    if (ids == c.ids) {
+      ++passed;
+    } else {
+      std::string got, want;
+      for (int32_t i : ids) got += " " + std::to_string(i);
+      for (int32_t i : c.ids) want += " " + std::to_string(i);
+      ADD_FAILURE() << vocab << ": '" << c.text << "'\n  got: " << got << "\n want: " << want;
+    }
+  }
+  EXPECT_EQ(passed, static_cast<int>(cases.size())) << vocab;
+  std::printf("[vocab %s] %d/%zu cases pass\n", vocab.c_str(), passed, cases.size());
+  return passed;
+}
+
+std::unique_ptr<Tokenizer> FromGgufPath(const std::string& path) {
+  auto g = formats::GgufFile::Open(path);
+  EXPECT_TRUE(g.ok()) << g.status().message();
+  if (!g.ok()) return nullptr;
+  auto t = Tokenizer::FromGguf(**g);
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+TEST(TokenizerVocab, LlamaSpmGguf) {
+  std::string path = SharedPath("models/vocab-llamacpp/ggml-vocab-llama-spm.gguf");
+  LATHE_REQUIRE_FILE(path);
+  auto tok = FromGgufPath(path);
+  ASSERT_TRUE(tok);
+  EXPECT_STREQ(tok->kind(), "spm");
+  RunCases(*tok, "llama-spm");
+}
+
+TEST(TokenizerVocab, LlamaSpmTokenizerModel) {
+  std::string path = SharedPath("models/llama2-tokenizer/tokenizer.model");
+  LATHE_REQUIRE_FILE(path);
+  auto tok = Tokenizer::FromSentencePieceModel(path);
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  RunCases(**tok, "llama-spm");
+}
+
+TEST(TokenizerVocab, LlamaSpmTokenizerBin) {
+  std::string path = SharedPath("models/llama2-tokenizer/tokenizer.bin");
+  LATHE_REQUIRE_FILE(path);
+  auto tok = Tokenizer::FromLlama2cBin(path, 32000);
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  RunCases(**tok, "llama-spm");
+}
+
+TEST(TokenizerVocab, Gpt2Gguf) {
+  std::string path = SharedPath("models/vocab-llamacpp/ggml-vocab-gpt-2.gguf");
+  LATHE_REQUIRE_FILE(path);
+  auto tok = FromGgufPath(path);
+  ASSERT_TRUE(tok);
+  EXPECT_STREQ(tok->kind(), "bpe");
+  RunCases(*tok, "gpt-2");
+}
+
+TEST(TokenizerVocab, LlamaBpeTokenizerJson) {
+  std::string path = SharedPath("models/llama3-tokenizer/tokenizer.json");
+  LATHE_REQUIRE_FILE(path);
+  auto tok = Tokenizer::FromTokenizerJson(path);
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  RunCases(**tok, "llama-bpe");
+}
+
+TEST(TokenizerVocab, Qwen2TokenizerJson) {
+  std::string path = SharedPath("models/qwen3-tokenizer/tokenizer.json");
+  LATHE_REQUIRE_FILE(path);
+  auto tok = Tokenizer::FromTokenizerJson(path);
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  RunCases(**tok, "qwen2");
+}
+
+}  // namespace
+}  // namespace lathe::tokenizer
