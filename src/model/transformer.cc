@@ -167,6 +167,22 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
   });
 }
 
+void Transformer::RefineLogits(const float* rows, int64_t n_rows, float* logits) {
+  const int64_t V = w_.config.vocab_size, dim = w_.config.dim;
+  pool_.ParallelFor(n_rows, 1, [&](int64_t b, int64_t e, int) {
+    std::vector<float> wrow(dim);
+    for (int64_t r = b; r < e; ++r) {
+      float* row = logits + r * V;
+      const float cut = *std::max_element(row, row + V) - kExactLogitMargin;
+      for (int64_t v = 0; v < V; ++v) {
+        if (row[v] < cut) continue;
+        kernels::DequantizeRows(w_.output, v, 1, wrow.data());
+        row[v] = kernels::Dot(rows + r * dim, wrow.data(), dim);
+      }
+    }
+  });
+}
+
 Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std::vector<float>* logits) {
   std::vector<PagedSeqInput> paged(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -276,7 +292,8 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   }
   kernels::RmsNorm(rows_.data(), w_.output_norm.as<float>(), rows_.data(), n_out, dim, c.norm_eps);
   logits->resize(n_out * c.vocab_size);
-  kernels::MatMul(pool_, rows_.data(), n_out, w_.output, logits->data(), /*exact_activations=*/true);  // see header
+  Linear(rows_.data(), n_out, w_.output, logits->data());
+  if (!options_.exact_activations && IsQuantized(w_.output.dtype)) RefineLogits(rows_.data(), n_out, logits->data());
   return Status::Ok();
 }
 

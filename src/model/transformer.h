@@ -83,15 +83,20 @@ struct SeqInput {
 
 struct TransformerOptions {
   // Keep activations in f32 for block-quantized weights in decode too (see kernels::MatMul):
-  // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations in
-  // the decoder layers. The output head always runs exact: its logits feed sampling directly,
-  // and int8 noise there flips near-ties (SmolLM2 answers "L'..." instead of "The capital of
-  // France is Paris." with an int8 head; tests/golden/fixtures/MANIFEST.json measures it).
+  // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations.
+  // Either way, every output logit within kExactLogitMargin of a row's maximum is recomputed
+  // exactly (f32 activations): the logits feed sampling directly, and int8 noise (~1 logit)
+  // flips near-ties — SmolLM2 answers "L'..." instead of "The capital of France is Paris." with
+  // a plain int8 head (tests/golden/fixtures/MANIFEST.json measures it).
   bool exact_activations = false;
 };
 
 class Transformer {
  public:
+  // Logits this close to a row's maximum (in nats) are always exact; beyond it a token's
+  // probability is < e^-6 of the top's, and the int8 error (~1) barely moves it.
+  static constexpr float kExactLogitMargin = 6.0f;
+
   // REQUIRES: weights outlive the Transformer; weights.Validate() passed.
   Transformer(const ModelWeights& weights, ThreadPool& pool, TransformerOptions options = {});
   const ModelConfig& config() const { return w_.config; }
@@ -111,6 +116,8 @@ class Transformer {
   void ApplyRope(float* x, int64_t n_heads, int64_t pos) const;  // x: (n_heads, head_dim)
   void Attention(KvBlockStore& store, int64_t layer, std::span<const PagedSeqInput> batch);
 
+  // Recomputes exactly the logits of each row within kExactLogitMargin of its maximum.
+  void RefineLogits(const float* rows, int64_t n_rows, float* logits);
   void Linear(const float* x, int64_t M, const Tensor& w, float* y) {
     kernels::MatMul(pool_, x, M, w, y, options_.exact_activations);
   }

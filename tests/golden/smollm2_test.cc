@@ -1,7 +1,8 @@
 // SmolLM2-135M-Instruct (the real Q4_1 GGUF) against transformers, which dequantizes the same
 // file to f32 (tools/ref/make_smollm2_fixture.py): prompt logits (top-20 at every position and
 // the full last row) within the fixture's f32 tolerance and greedy ids exactly, with exact
-// activations; with llama.cpp-style int8 activations, the fixture's looser bounds.
+// activations; with llama.cpp-style int8 activations, the fixture's looser bounds and, thanks to
+// the exactly recomputed top logits, still the reference answer to the capital question.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -85,7 +86,9 @@ TEST_P(SmolLM2, MatchesTransformers) {
       for (int64_t v = 0; v < V; ++v) m = std::max(m, (double)std::fabs(lg[(ids.size() - 1) * V + v] - last[v]));
       EXPECT_LE(m, atol);
     }
-    if (!exact) continue;  // int8 activations may legitimately flip near-ties (see MANIFEST)
+    // int8 activations in the layers may legitimately flip the story's 0.0135-margin steps (see
+    // MANIFEST); the refined head keeps the capital answer exact.
+    if (!exact && p != "capital") continue;
     // Greedy continuation, token by token through the cache.
     std::vector<int64_t> want = Ints(*fx.st, p + ".greedy_ids");
     std::vector<int32_t> got;
