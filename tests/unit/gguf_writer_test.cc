@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -46,6 +47,7 @@ TEST(GgufWriter, ByteIdenticalToPythonGguf) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->size(), (*g)->size());
   EXPECT_EQ(std::memcmp(back->data(), (*g)->base(), back->size()), 0);
+  unlink(path.c_str());
 }
 
 // Real files from ../shared rewritten through GgufFile -> GgufWriter come out byte-identical.
