@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,20 @@ namespace {
 std::string Fixture(const std::string& rel) {
   return lathe::testing::SourceDir() + "/tests/unit/fixtures/formats/" + rel;
 }
+
+// Temp folders, removed at exit.
+struct TempDirs {
+  ~TempDirs() {
+    for (const std::string& d : dirs) std::filesystem::remove_all(d);
+  }
+  std::string Make() {
+    std::string dir = ::testing::TempDir() + "lathe_hf_XXXXXX";
+    EXPECT_NE(mkdtemp(dir.data()), nullptr);
+    dirs.push_back(dir);
+    return dir;
+  }
+  std::vector<std::string> dirs;
+} temp_dirs;
 
 nlohmann::json Expected() {
   auto text = ReadFileToString(Fixture("expected.json"));
@@ -182,8 +197,7 @@ TEST(LoadHf, MissingAndMisshapedTensorsNameTheTensor) {
   auto cfg_text = ReadFileToString(Fixture("tiny_llama_hf/config.json"));
   ASSERT_TRUE(cfg_text.ok());
   auto run = [&](const std::string& key, int value) {
-    std::string dir = ::testing::TempDir() + "lathe_hf_XXXXXX";
-    EXPECT_NE(mkdtemp(dir.data()), nullptr);
+    std::string dir = temp_dirs.Make();
     std::string st = Fixture("tiny_llama_hf/model.safetensors");
     EXPECT_EQ(symlink(st.c_str(), (dir + "/model.safetensors").c_str()), 0);
     auto j = nlohmann::json::parse(*cfg_text);
@@ -216,8 +230,7 @@ TEST(LoadHf, MisalignedTensorsAreCopied) {
   uint64_t n1 = n + 1;
   std::string shifted((const char*)&n1, 8);
   shifted += st->substr(8, n) + " " + st->substr(8 + n);
-  std::string dir = ::testing::TempDir() + "lathe_hf_XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  std::string dir = temp_dirs.Make();
   std::ofstream(dir + "/model.safetensors", std::ios::binary).write(shifted.data(), (std::streamsize)shifted.size());
   std::string cfg = Fixture("tiny_llama_hf/config.json");
   ASSERT_EQ(symlink(cfg.c_str(), (dir + "/config.json").c_str()), 0);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -74,14 +75,25 @@ TEST(LoadLlama2c, Stories260KMatchesGgufBitForBit) {
   }
 }
 
-std::string TempFile(const std::string& bytes) {
-  std::string path = ::testing::TempDir() + "lathe_l2c_XXXXXX";
-  int fd = mkstemp(path.data());
-  EXPECT_GE(fd, 0);
-  close(fd);
-  std::ofstream(path, std::ios::binary).write(bytes.data(), (std::streamsize)bytes.size());
-  return path;
-}
+// Temp copies (about 1 MB each) removed when the test ends.
+class TempFiles {
+ public:
+  ~TempFiles() {
+    for (const std::string& p : paths_) unlink(p.c_str());
+  }
+  std::string Make(const std::string& bytes) {
+    std::string path = ::testing::TempDir() + "lathe_l2c_XXXXXX";
+    int fd = mkstemp(path.data());
+    EXPECT_GE(fd, 0);
+    close(fd);
+    std::ofstream(path, std::ios::binary).write(bytes.data(), (std::streamsize)bytes.size());
+    paths_.push_back(path);
+    return path;
+  }
+
+ private:
+  std::vector<std::string> paths_;
+};
 
 TEST(LoadLlama2c, TruncatedAndBadFiles) {
   std::string bin = SharedPath("models/stories260K/stories260K.bin");
@@ -89,42 +101,43 @@ TEST(LoadLlama2c, TruncatedAndBadFiles) {
   auto text = ReadFileToString(bin);
   ASSERT_TRUE(text.ok());
   const std::string& full = *text;
+  TempFiles tmp;
   // Without the freq_cis tables (newer exports) the file still loads.
   size_t freq_bytes = 512 * 8 * 4;
-  auto nofreq = LoadLlama2cBin(TempFile(full.substr(0, full.size() - freq_bytes)));
+  auto nofreq = LoadLlama2cBin(tmp.Make(full.substr(0, full.size() - freq_bytes)));
   EXPECT_TRUE(nofreq.ok()) << nofreq.status().message();
 
-  auto cut = LoadLlama2cBin(TempFile(full.substr(0, 1000)));
+  auto cut = LoadLlama2cBin(tmp.Make(full.substr(0, 1000)));
   ASSERT_FALSE(cut.ok());
   EXPECT_NE(cut.status().message().find("truncated"), std::string::npos) << cut.status().message();
   EXPECT_NE(cut.status().message().find("offset 1000"), std::string::npos) << cut.status().message();
 
-  auto extra = LoadLlama2cBin(TempFile(full + "x"));
+  auto extra = LoadLlama2cBin(tmp.Make(full + "x"));
   ASSERT_FALSE(extra.ok());
   EXPECT_NE(extra.status().message().find("matches neither"), std::string::npos) << extra.status().message();
 
-  auto tiny = LoadLlama2cBin(TempFile("abc"));
+  auto tiny = LoadLlama2cBin(tmp.Make("abc"));
   ASSERT_FALSE(tiny.ok());
   EXPECT_NE(tiny.status().message().find("28 bytes"), std::string::npos);
 
   std::string bad = full;
   int32_t heads = 7;  // 64 % 7 != 0
   std::memcpy(bad.data() + 12, &heads, 4);
-  EXPECT_FALSE(LoadLlama2cBin(TempFile(bad)).ok());
+  EXPECT_FALSE(LoadLlama2cBin(tmp.Make(bad)).ok());
   int32_t huge = 0x7fffffff;
   for (int field = 0; field < 7; ++field) {
     std::string h = full;
     std::memcpy(h.data() + 4 * field, &huge, 4);
-    auto r = LoadLlama2cBin(TempFile(h));
+    auto r = LoadLlama2cBin(tmp.Make(h));
     EXPECT_FALSE(r.ok()) << field;
   }
   // Untied: negative vocab needs a classifier at the end.
   std::string untied = full;
   int32_t neg = -512;
   std::memcpy(untied.data() + 20, &neg, 4);
-  auto u = LoadLlama2cBin(TempFile(untied));
+  auto u = LoadLlama2cBin(tmp.Make(untied));
   ASSERT_FALSE(u.ok());
-  auto u2 = LoadLlama2cBin(TempFile(untied + std::string(512 * 64 * 4, '\0')));
+  auto u2 = LoadLlama2cBin(tmp.Make(untied + std::string(512 * 64 * 4, '\0')));
   ASSERT_TRUE(u2.ok()) << u2.status().message();
   EXPECT_FALSE(u2->config.tied_embeddings);
   EXPECT_NE(u2->output.data, u2->tok_embd.data);

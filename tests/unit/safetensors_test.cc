@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -22,10 +23,19 @@ std::string Fixture(const std::string& rel) {
   return lathe::testing::SourceDir() + "/tests/unit/fixtures/formats/" + rel;
 }
 
+// Temp folders, removed at exit.
+struct TempDirs {
+  ~TempDirs() {
+    for (const std::string& d : dirs) std::filesystem::remove_all(d);
+  }
+  std::vector<std::string> dirs;
+} temp_dirs;
+
 std::string MakeTempDir() {
   std::string t = ::testing::TempDir() + "lathe_st_XXXXXX";
   char* p = mkdtemp(t.data());
   EXPECT_NE(p, nullptr);
+  temp_dirs.dirs.push_back(t);
   return t;
 }
 
