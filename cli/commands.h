@@ -4,5 +4,12 @@
 namespace lathe::cli {
 
 int RunInfo(int argc, char** argv);
+int RunGenerate(int argc, char** argv);
+int RunChat(int argc, char** argv);
+int RunTokenize(int argc, char** argv);
+int RunBench(int argc, char** argv);
+int RunEval(int argc, char** argv);
+int RunConvert(int argc, char** argv);
+int RunEstimate(int argc, char** argv);
 
 }  // namespace lathe::cli

@@ -14,7 +14,14 @@ struct Command {
 };
 
 const Command kCommands[] = {
+    {"generate", lathe::cli::RunGenerate, "complete a prompt"},
+    {"chat", lathe::cli::RunChat, "interactive chat with a model (streams, keeps history)"},
     {"info", lathe::cli::RunInfo, "show a model's architecture, parameter count, dtypes and memory"},
+    {"tokenize", lathe::cli::RunTokenize, "text -> token ids"},
+    {"eval", lathe::cli::RunEval, "perplexity on a text file"},
+    {"convert", lathe::cli::RunConvert, "rewrite a GGUF model in another dtype (f32, f16, bf16, q8_0, q4_0, q4_1)"},
+    {"estimate", lathe::cli::RunEstimate, "predicted memory of a training or inference run"},
+    {"bench", lathe::cli::RunBench, "inference speed: prefill and decode tok/s, bandwidth"},
 };
 
 void PrintUsage() {

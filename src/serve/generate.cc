@@ -61,6 +61,8 @@ Result<GenerateResult> Generate(model::Transformer& tf, model::KvCache& cache, i
   Sampler sampler(options.sampling);
   sampler.AddPrompt(prompt);
   tokenizer::StreamDecoder decoder(tok);
+  // Text generated right after BOS starts a document: SentencePiece drops its leading space.
+  if (prompt.back() == tok.bos_id()) decoder.Push(prompt.back());
   StopStringMatcher stops(options.stop);
   std::vector<float> logits;
   auto t0 = Clock::now();

@@ -1,0 +1,169 @@
+// `lathe bench`: inference speed of one or more models — prefill tok/s (512-token prompt) and
+// decode tok/s (batch 1) at 1 and 2 threads — with decode's achieved memory bandwidth as a
+// fraction of the read bandwidth measured in the same run.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/cpu.h"
+#include "model/transformer.h"
+
+namespace lathe::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Read bandwidth (GB/s) over a buffer much larger than the caches, on `pool`'s threads.
+double MeasureReadBandwidth(ThreadPool& pool, size_t bytes) {
+  size_t n = bytes / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n);
+  pool.ParallelFor((int64_t)n, 1 << 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) buf[i] = (uint64_t)i * 2654435761u;
+  });
+  double best = 0;
+  std::vector<uint64_t> sink(pool.size() * 8);
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = Clock::now();
+    pool.ParallelFor((int64_t)n, (int64_t)(n / pool.size() / 8 + 1), [&](int64_t b, int64_t e, int t) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t i = b;
+      for (; i + 4 <= e; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      for (; i < e; ++i) s0 += buf[i];
+      sink[t * 8] += s0 + s1 + s2 + s3;
+    });
+    double s = Seconds(t0, Clock::now());
+    best = std::max(best, bytes / s / 1e9);
+  }
+  return best;
+}
+
+// Bytes of weights a decode step reads: every layer matrix, one embedding row, the output head.
+double DecodeWeightBytes(const model::ModelWeights& w) {
+  double b = (double)w.output.nbytes() + (double)w.tok_embd.row_bytes() + (double)w.output_norm.nbytes();
+  for (const auto& l : w.layers) {
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate,
+                            &l.w_up, &l.w_down}) {
+      if (t->data) b += (double)t->nbytes();
+    }
+  }
+  return b;
+}
+
+struct Row {
+  std::string model;
+  int threads;
+  double prefill_tps, decode_tps, decode_gbs, bw_gbs;
+};
+
+}  // namespace
+
+int RunBench(int argc, char** argv) {
+  Args args("bench", "lathe bench -m MODEL [-m MODEL2 ...] [--prompt-tokens 512] [--gen-tokens 128] [--threads-list 1,2]");
+  args.Flag("-m,--model", "model to benchmark (repeatable)");
+  args.Flag("--prompt-tokens", "prefill length", "512");
+  args.Flag("--gen-tokens", "decode length (batch 1)", "128");
+  args.Flag("--threads-list", "thread counts to run", "1,2");
+  args.Flag("-r,--repetitions", "repetitions per measurement (best is reported)", "3");
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return Fail("bench", st);
+  if (args.help_requested() || args.All("model").empty()) {
+    std::printf("%s", args.Help().c_str());
+    return args.help_requested() ? 0 : 1;
+  }
+  auto pp = args.Int("prompt-tokens");
+  auto tg = args.Int("gen-tokens");
+  auto reps = args.Int("repetitions");
+  if (!pp.ok() || !tg.ok() || !reps.ok() || *pp < 1 || *tg < 1 || *reps < 1) {
+    return Fail("bench", Status::Error("--prompt-tokens, --gen-tokens and --repetitions must be positive integers"));
+  }
+  std::vector<int> thread_list;
+  {
+    std::string s = args.Get("threads-list");
+    size_t p = 0;
+    while (p < s.size()) {
+      size_t q = s.find(',', p);
+      if (q == std::string::npos) q = s.size();
+      int n = std::atoi(s.substr(p, q - p).c_str());
+      if (n < 1) return Fail("bench", Status::Error("--threads-list: expected positive integers like 1,2"));
+      thread_list.push_back(n);
+      p = q + 1;
+    }
+  }
+  std::printf("lathe bench: CPU features: %s; kernels: %s\n", GetCpuFeatures().ToString().c_str(),
+              IsaTierName(BestIsaTier()));
+  std::vector<double> bw(thread_list.size());
+  for (size_t i = 0; i < thread_list.size(); ++i) {
+    ThreadPool pool(thread_list[i]);
+    bw[i] = MeasureReadBandwidth(pool, (size_t)1 << 30);
+    std::printf("measured read bandwidth, %d thread(s): %.1f GB/s\n", thread_list[i], bw[i]);
+  }
+  std::vector<Row> rows;
+  for (const std::string& path : args.All("model")) {
+    model::LoadOptions opts;
+    auto lm = model::LoadModel(path, opts);
+    if (!lm.ok()) return Fail("bench", lm.status());
+    const model::ModelWeights& w = (*lm)->weights;
+    double wbytes = DecodeWeightBytes(w);
+    std::mt19937 rng(1234);
+    std::vector<int32_t> prompt(*pp);
+    for (auto& t : prompt) t = (int32_t)(rng() % w.config.vocab_size);
+    for (size_t ti = 0; ti < thread_list.size(); ++ti) {
+      ThreadPool pool(thread_list[ti]);
+      model::Transformer tf(w, pool);
+      model::KvCache cache(w.config, 1, *pp + *tg + 1);
+      std::vector<float> logits;
+      Row row{path, thread_list[ti], 0, 0, 0, bw[ti]};
+      for (int r = 0; r < *reps; ++r) {
+        cache.Clear(0);
+        model::SeqInput in{0, std::span<const int32_t>(prompt), false};
+        auto t0 = Clock::now();
+        Status fs = tf.Forward(cache, std::span<const model::SeqInput>(&in, 1), &logits);
+        if (!fs.ok()) return Fail("bench", fs);
+        row.prefill_tps = std::max(row.prefill_tps, *pp / Seconds(t0, Clock::now()));
+        // Decode from a one-token context, as llama-bench's tg.
+        cache.Clear(0);
+        int32_t tok = prompt[0];
+        t0 = Clock::now();
+        for (int64_t i = 0; i < *tg; ++i) {
+          model::SeqInput step{0, std::span<const int32_t>(&tok, 1), false};
+          fs = tf.Forward(cache, std::span<const model::SeqInput>(&step, 1), &logits);
+          if (!fs.ok()) return Fail("bench", fs);
+          tok = (int32_t)(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        }
+        row.decode_tps = std::max(row.decode_tps, *tg / Seconds(t0, Clock::now()));
+      }
+      // KV bytes read per decode step, averaged over the run.
+      double kv = (double)w.config.n_layers * 2 * w.config.kv_dim() * 4 * (*tg / 2.0);
+      row.decode_gbs = row.decode_tps * (wbytes + kv) / 1e9;
+      rows.push_back(row);
+      std::printf("%-50s threads %d: prefill %8.1f tok/s | decode %7.1f tok/s, %5.1f GB/s = %3.0f%% of %.1f GB/s\n",
+                  path.c_str(), row.threads, row.prefill_tps, row.decode_tps, row.decode_gbs,
+                  100 * row.decode_gbs / row.bw_gbs, row.bw_gbs);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n| model | threads | pp%lld tok/s | tg%lld tok/s | decode GB/s | %% of measured bandwidth |\n|---|---:|---:|---:|---:|---:|\n",
+              (long long)*pp, (long long)*tg);
+  for (const Row& r : rows) {
+    std::string name = r.model.substr(r.model.find_last_of('/') + 1);
+    std::printf("| %s | %d | %.1f | %.1f | %.1f | %.0f%% |\n", name.c_str(), r.threads, r.prefill_tps, r.decode_tps,
+                r.decode_gbs, 100 * r.decode_gbs / r.bw_gbs);
+  }
+  return 0;
+}
+
+}  // namespace lathe::cli

@@ -1,0 +1,39 @@
+// Shared sub-command helpers.
+#include "cli/common.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/thread_pool.h"
+
+namespace lathe::cli {
+
+int Fail(const std::string& command, const Status& status) {
+  std::fprintf(stderr, "lathe %s: %s\n", command.c_str(), status.message().c_str());
+  return 1;
+}
+
+void AddModelFlags(Args& args) {
+  args.Flag("-m,--model", "model: a .gguf file, an HF model directory, or a llama2.c .bin");
+  args.Flag("--tokenizer", "tokenizer file overriding the model's (tokenizer.json, .model, llama2.c .bin)");
+  args.Flag("-t,--threads", "threads", std::to_string(DefaultThreadCount()));
+}
+
+Result<std::unique_ptr<model::LoadedModel>> LoadModelFromArgs(const Args& args) {
+  std::string path = args.Get("model");
+  if (path.empty()) return Status::Error("no model given: pass -m MODEL (a .gguf, an HF directory or a .bin)");
+  model::LoadOptions opts;
+  opts.tokenizer_path = args.Get("tokenizer");
+  return model::LoadModel(path, opts);
+}
+
+int ThreadsFromArgs(const Args& args) {
+  auto n = args.Int("threads");
+  return n.ok() && *n > 0 ? (int)*n : DefaultThreadCount();
+}
+
+std::string JsonString(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace lathe::cli

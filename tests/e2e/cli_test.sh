@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# End-to-end tests of the lathe CLI as a user runs it: generate/tokenize/info/eval/chat on
+# stories260K (against the llama2.c reference) and SmolLM2, and clear errors on bad input.
+set -uo pipefail
+LATHE="${LATHE_BIN:?}"
+SHARED="${LATHE_SHARED:?}"
+STORIES="$SHARED/models/stories260K"
+REF="$STORIES/reference/stories260K_reference.json"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+pass=0
+check() {  # check NAME COMMAND...
+  local name="$1"; shift
+  if "$@"; then pass=$((pass + 1)); else echo "FAIL: $name"; fails=$((fails + 1)); fi
+}
+
+# 1. Greedy 200 tokens from BOS equal the llama2.c reference, from both the .bin and the .gguf.
+for model in "$STORIES/stories260K.bin" "$STORIES/stories260K.gguf"; do
+  "$LATHE" generate -m "$model" -p "" -n 200 --temp 0 --ignore-eos --json > "$tmp/gen.json" 2>"$tmp/err"
+  check "generate exit ($model)" test $? -eq 0
+  check "greedy ids+text ($model)" python3 - "$tmp/gen.json" "$REF" <<'PY'
+import json, sys
+out = json.loads(open(sys.argv[1]).read())
+ref = json.load(open(sys.argv[2]))["greedy_from_bos"]
+assert out["prompt_ids"] == [1], out["prompt_ids"]
+assert out["ids"] == ref["tokens"][1:], (out["ids"][:20], ref["tokens"][1:21])
+assert out["text"] == ref["text"], (out["text"][:80], ref["text"][:80])
+PY
+done
+
+# 2. A prompt continues as in the reference.
+"$LATHE" generate -m "$STORIES/stories260K.gguf" -p "Once upon a time" -n 48 --temp 0 --ignore-eos --json > "$tmp/p.json"
+check "prompt continuation" python3 - "$tmp/p.json" "$REF" <<'PY'
+import json, sys
+out = json.loads(open(sys.argv[1]).read())
+ref = [p for p in json.load(open(sys.argv[2]))["greedy_prompts"] if p["prompt"] == "Once upon a time"][0]
+assert out["prompt_ids"] == ref["prompt_ids_with_bos"], out["prompt_ids"]
+assert out["prompt_ids"] + out["ids"] == ref["tokens"], (out["ids"], ref["tokens"])
+PY
+
+# 3. tokenize --json, with and without BOS.
+check "tokenize" test "$("$LATHE" tokenize --tokenizer "$STORIES/tok512.model" --json "Once upon a time")" = '{"ids": [1, 403, 407, 261, 378]}'
+check "tokenize --no-bos" test "$("$LATHE" tokenize -m "$STORIES/stories260K.gguf" --no-bos --json "Once upon a time")" = '{"ids": [403, 407, 261, 378]}'
+
+# 4. eval reproduces the reference NLL.
+"$LATHE" eval -m "$STORIES/stories260K.gguf" --text "$SHARED/data/tinystories/validation_100.txt" --json > "$tmp/eval.json"
+check "eval nll" python3 -c "
+import json; r = json.load(open('$tmp/eval.json')); assert abs(r['mean_nll'] - 1.3196398797561912) < 5e-4, r"
+
+# 5. info names the architecture.
+check "info" bash -c "'$LATHE' info '$STORIES/stories260K.gguf' | grep -q 'llama: 5 layers, dim 64, heads 8/4'"
+
+# 5b. estimate: the familiar figures, JSON for machines, and a config read from a model file.
+"$LATHE" estimate --params 7B --inference --dtype f16 --kv-tokens 1 --json > "$tmp/est.json"
+check "estimate 7B f16 = 14 GB" python3 -c "
+import json; r = json.load(open('$tmp/est.json'))
+w = [l for l in r['lines'] if l['category'] == 'weights'][0]['bytes']; assert abs(w - 14e9) < 1e7, w"
+check "estimate from gguf" bash -c "'$LATHE' estimate '$STORIES/stories260K.gguf' --method full --precision fp32 | grep -q 'total'"
+"$LATHE" estimate --arch llama-7b --optim adam > /dev/null 2>"$tmp/err"; rc=$?
+check "estimate bad optimizer" bash -c "[ $rc -eq 1 ] && grep -q \"did you mean 'adamw'\" '$tmp/err'"
+
+# 6. Errors are clear and name the culprit; nothing crashes.
+"$LATHE" generate -m /nonexistent.gguf -p hi > /dev/null 2>"$tmp/err"; rc=$?
+check "missing model rc" test $rc -eq 1
+check "missing model message" grep -q "/nonexistent.gguf" "$tmp/err"
+head -c 3000 "$STORIES/stories260K.gguf" > "$tmp/trunc.gguf"
+"$LATHE" info "$tmp/trunc.gguf" > /dev/null 2>"$tmp/err"; rc=$?
+check "truncated gguf rc" test $rc -eq 1
+check "truncated gguf message" grep -q "trunc.gguf.*offset" "$tmp/err"
+"$LATHE" generate -m "$STORIES/stories260K.gguf" --temperature 0 > /dev/null 2>"$tmp/err"; rc=$?
+check "unknown flag rc" test $rc -eq 1
+check "unknown flag suggestion" grep -q "did you mean '--temp'" "$tmp/err"
+"$LATHE" generate -m "$STORIES/stories260K.gguf" --top-p 0 > /dev/null 2>"$tmp/err"; rc=$?
+check "bad value" grep -q "top_p" "$tmp/err"
+
+# 7. SmolLM2 answers a question (greedy), and chat keeps history across turns.
+if [ -n "${LATHE_SMOLLM2:-}" ] && [ -f "$LATHE_SMOLLM2" ]; then
+  "$LATHE" generate -m "$LATHE_SMOLLM2" --chat -p "What is the capital of France?" -n 48 --temp 0 --json > "$tmp/smol.json"
+  check "smollm2 answers" python3 -c "
+import json; r = json.load(open('$tmp/smol.json')); assert 'Paris' in r['text'], r['text']; assert r['finish_reason'] == 'stop', r"
+  printf 'What is the capital of France?\nAnd what is the capital of Germany?\n' |
+    "$LATHE" chat -m "$LATHE_SMOLLM2" --temp 0 -n 40 --verbose > "$tmp/chat.txt" 2> "$tmp/chat.err"
+  check "chat answers both turns" bash -c "head -1 '$tmp/chat.txt' | grep -q Paris && sed -n 2p '$tmp/chat.txt' | grep -q Berlin"
+  # Turn 2's prompt holds turn 1 (history) and reuses its cached tokens.
+  check "chat keeps history" python3 - "$tmp/chat.err" <<'PY'
+import re, sys
+turns = [tuple(map(int, m)) for m in re.findall(r"prompt (\d+) tokens, (\d+) reused", open(sys.argv[1]).read())]
+assert len(turns) == 2, turns
+(p1, r1), (p2, r2) = turns
+assert r1 == 0 and p2 > p1 + 10 and r2 >= p1, turns
+PY
+elif [ "${LATHE_REQUIRE_ALL:-0}" = 1 ]; then
+  echo "FAIL: LATHE_SMOLLM2 not set or missing"; fails=$((fails + 1))
+fi
+
+echo "cli e2e: $pass passed, $fails failed"
+[ "$fails" -eq 0 ]
