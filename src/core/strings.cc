@@ -20,12 +20,16 @@ int EditDistance(const std::string& a, const std::string& b) {
 
 std::string Nearest(const std::string& word, const std::vector<std::string>& candidates) {
   // A candidate that the word extends or abbreviates ("--temperature" for "--temp") beats a
-  // merely close spelling ("--template"); the longest such wins.
+  // merely close spelling ("--template"); among those, the closest spelling wins.
   std::string prefix_best;
+  int prefix_d = 1 << 30;
   for (const std::string& c : candidates) {
     bool related = c.size() >= 3 && word.size() >= 3 &&
                    (word.compare(0, c.size(), c) == 0 || c.compare(0, word.size(), word) == 0);
-    if (related && c.size() > prefix_best.size()) prefix_best = c;
+    if (related && EditDistance(word, c) < prefix_d) {
+      prefix_d = EditDistance(word, c);
+      prefix_best = c;
+    }
   }
   if (!prefix_best.empty()) return prefix_best;
   std::string best;
