@@ -19,8 +19,18 @@ int EditDistance(const std::string& a, const std::string& b) {
 }
 
 std::string Nearest(const std::string& word, const std::vector<std::string>& candidates) {
-  // A candidate that the word extends or abbreviates ("--temperature" for "--temp") beats a
-  // merely close spelling ("--template"); among those, the closest spelling wins.
+  std::string best;
+  int best_d = 1 << 30;
+  for (const std::string& c : candidates) {
+    int d = EditDistance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  if (best_d <= 2) return best;  // a typo
+  // Otherwise a candidate that the word extends or abbreviates ("--temperature" for "--temp")
+  // beats a merely similar spelling ("--template"); among those, the closest wins.
   std::string prefix_best;
   int prefix_d = 1 << 30;
   for (const std::string& c : candidates) {
@@ -32,15 +42,6 @@ std::string Nearest(const std::string& word, const std::vector<std::string>& can
     }
   }
   if (!prefix_best.empty()) return prefix_best;
-  std::string best;
-  int best_d = 1 << 30;
-  for (const std::string& c : candidates) {
-    int d = EditDistance(word, c);
-    if (d < best_d) {
-      best_d = d;
-      best = c;
-    }
-  }
   return best_d <= std::max<int>(2, (int)word.size() / 3) ? best : "";
 }
 
