@@ -1,4 +1,5 @@
-// Baseline for bench/kernels_bench.cc: naive auto-vectorized f32 matmul over a dequantized copy.
+// Baseline and machine-limit probes for bench/kernels_bench.cc: naive auto-vectorized f32 matmul
+// over a dequantized copy, and one-core FMA-peak and DRAM-read measurements.
 #pragma once
 
 #include <cstdint>

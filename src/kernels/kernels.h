@@ -12,10 +12,14 @@
 namespace lathe::kernels {
 
 // y(M, N) = x(M, K) . W(N, K)^T, with W = w in its stored dtype (f32, f16, bf16, q8_0, q4_0,
-// q4_1); K = w.shape[1], N = w.shape[0]. Runs on `pool`. Never materializes a dequantized W.
-// For block-quantized W and small M (decode), x is quantized to int8 blocks of 32 as llama.cpp
-// does (fast, ~1% logit noise); exact_activations keeps x in f32 (dequantized W panels, FMA):
-// slower in decode, but the result is the f32 product of the stored weights.
+// q4_1); K = w.shape[1], N = w.shape[0]. Runs on `pool` (must not be called from inside a
+// ParallelFor of the same pool). Never materializes a dequantized W (the prefill path dequantizes
+// a few rows at a time into a per-thread buffer).
+// Accuracy: for M < 4 and a block-quantized W, x is quantized to int8 blocks of 32 (as llama.cpp
+// does), ~0.6 % relative error vs the f32 reference, unless exact_activations; otherwise f32
+// arithmetic (only the summation order differs). So decode and prefill logits for the same token
+// differ at that level.
+// Reuses per-thread scratch buffers: no heap allocation after the first call at a given size.
 void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
             bool exact_activations = false);
 

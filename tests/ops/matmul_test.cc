@@ -186,3 +186,23 @@ TEST(QuantizeRowPublic, BitIdenticalToReference) {
 
 }  // namespace
 }  // namespace lathe::kernels
+
+namespace lathe::kernels {
+namespace {
+
+// Every tier's table is wired to that tier and complete, whether or not this CPU can run it (the
+// AVX-512 table is only read here, never called, on CPUs without AVX-512).
+TEST(KernelDispatch, TablesAreCompleteAndTagged) {
+  for (IsaTier t : AllTiers()) {
+    const cpu::KernelTable& kt = cpu::KernelsFor(t);
+    EXPECT_EQ(kt.tier, t);
+    EXPECT_TRUE(kt.mm.quantize_x && kt.mm.gemv && kt.mm.dequant_rows && kt.mm.panel) << IsaTierName(t);
+    EXPECT_GT(kt.mm.panel_rows, 0);
+    EXPECT_GT(kt.mm.tile_m, 0);
+    EXPECT_TRUE(kt.rms_norm && kt.silu_mul && kt.dot && kt.axpy && kt.softmax) << IsaTierName(t);
+  }
+  EXPECT_EQ(cpu::Best().tier, BestIsaTier());
+}
+
+}  // namespace
+}  // namespace lathe::kernels

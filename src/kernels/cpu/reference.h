@@ -1,5 +1,5 @@
 // Scalar reference implementations: the definition of each op, used by tests/ops and as the
-// fallback path on CPUs without AVX2. Written for clarity, not speed.
+// building blocks of the scalar tier (kernels/cpu/scalar.cc). Written for clarity, not speed.
 #pragma once
 
 #include <cstdint>
