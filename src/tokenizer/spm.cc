@@ -29,10 +29,8 @@ class SpmTokenizer final : public TokenizerBase {
     for (int& b : byte_ids_) b = -1;
     for (int32_t id = 0; id < static_cast<int32_t>(pieces_.size()); ++id) {
       const std::string& p = pieces_[id];
-      if (types_[id] == TokenType::kByte && p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>') {
-        int b = std::stoi(p.substr(3, 2), nullptr, 16);
-        if (byte_ids_[b] < 0) byte_ids_[b] = id;
-      }
+      int b = types_[id] == TokenType::kByte ? ParseByteToken(p) : -1;
+      if (b >= 0 && byte_ids_[b] < 0) byte_ids_[b] = id;
     }
     FinishVocab();
     // Only pieces sentencepiece keeps in its merge table take part in merges (not control,
