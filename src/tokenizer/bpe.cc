@@ -87,7 +87,7 @@ class BpeTokenizer final : public TokenizerBase {
     return out;
   }
 
-  void EncodeText(std::string_view text, bool prev_special, std::vector<int32_t>* out) const override {
+  void EncodeText(std::string_view text, bool /*prev_special*/, bool at_start, std::vector<int32_t>* out) const override {
     std::string normalized;
     bool owned = false;
     for (const NormalizeOp& op : normalize_) {
@@ -97,8 +97,11 @@ class BpeTokenizer final : public TokenizerBase {
         case NormalizeOp::kNfc:
           if (!NormalizeNfc(cur, &next)) continue;
           break;
-        case NormalizeOp::kPrependFirst:
-          if (!prev_special) continue;
+        case NormalizeOp::kMetaspaceFirst:
+          if (!at_start) continue;
+          [[fallthrough]];
+        case NormalizeOp::kMetaspaceAlways:
+          if (cur.substr(0, op.a.size()) == op.a) continue;
           [[fallthrough]];
         case NormalizeOp::kPrepend:
           if (cur.empty()) continue;

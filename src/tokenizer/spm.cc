@@ -77,7 +77,7 @@ class SpmTokenizer final : public TokenizerBase {
     return out;
   }
 
-  void EncodeText(std::string_view raw, bool prev_special, std::vector<int32_t>* out) const override {
+  void EncodeText(std::string_view raw, bool prev_special, bool /*at_start*/, std::vector<int32_t>* out) const override {
     std::string text;
     text.reserve(raw.size() + 8);
     std::string_view body = raw;

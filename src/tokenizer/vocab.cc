@@ -96,7 +96,7 @@ std::vector<int32_t> TokenizerBase::Encode(std::string_view text, bool add_bos, 
       out.push_back(f.id);
       prev_special = true;
     } else {
-      EncodeText(f.text, prev_special, &out);
+      EncodeText(f.text, prev_special, f.text.data() == text.data(), &out);
       prev_special = false;
     }
   }

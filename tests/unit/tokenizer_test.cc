@@ -257,3 +257,30 @@ TEST(Tokenizer, EncodesLongTextQuickly) {
 
 }  // namespace
 }  // namespace lathe::tokenizer
+
+namespace lathe::tokenizer {
+namespace {
+
+// An HF tokenizer.json of a SentencePiece vocab (BPE over code points, byte_fallback, Metaspace
+// with prepend_scheme "first"), as transformers converts stories260K's vocab.
+TEST(Tokenizer, SentencePieceStyleTokenizerJsonMatchesHf) {
+  std::string dir = lathe::testing::SourceDir() + "/tests/golden/fixtures/tokenizer/stories260K_hf";
+  auto tok = Tokenizer::FromTokenizerJson(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  EXPECT_EQ(tok.value()->vocab_size(), 512);
+  EXPECT_TRUE(tok.value()->add_space_prefix());
+  nlohmann::json j = nlohmann::json::parse(ReadAll(dir + "/expected.json"));
+  int passed = 0;
+  for (const auto& c : j["cases"]) {
+    std::string text = c["text"].get<std::string>();
+    auto want = c["ids"].get<std::vector<int32_t>>();
+    auto got = tok.value()->Encode(text, false, true);
+    EXPECT_EQ(got, want) << text;
+    passed += got == want;
+  }
+  std::printf("[stories260K tokenizer.json] %d/%zu cases match HF tokenizers\n", passed, j["cases"].size());
+  EXPECT_EQ(tok.value()->Decode(tok.value()->Encode("Hello world", false)), "Hello world");
+}
+
+}  // namespace
+}  // namespace lathe::tokenizer
