@@ -50,11 +50,8 @@ class BpeTokenizer final : public TokenizerBase {
       }
     } else {
       for (int32_t id = 0; id < vocab_size(); ++id) {
-        const std::string& p = pieces_[id];
-        if (p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>') {
-          int b = std::stoi(p.substr(3, 2), nullptr, 16);
-          if (byte_ids_[b] < 0) byte_ids_[b] = id;
-        }
+        int b = ParseByteToken(pieces_[id]);
+        if (b >= 0 && byte_ids_[b] < 0) byte_ids_[b] = id;
       }
     }
     merges_.reserve(v.merges.size());
@@ -77,9 +74,7 @@ class BpeTokenizer final : public TokenizerBase {
   std::string NormalTokenBytes(int32_t id) const override {
     const std::string& p = pieces_[id];
     if (byte_level_) return ByteLevelDecode(p);
-    if (p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>') {
-      return std::string(1, static_cast<char>(std::stoi(p.substr(3, 2), nullptr, 16)));
-    }
+    if (int b = ParseByteToken(p); b >= 0) return std::string(1, static_cast<char>(b));
     std::string out;
     for (size_t i = 0; i < p.size();) {
       if (p.compare(i, 3, "\xE2\x96\x81") == 0) {
@@ -92,7 +87,7 @@ class BpeTokenizer final : public TokenizerBase {
     return out;
   }
 
-  void EncodeText(std::string_view text, bool prev_special, std::vector<int32_t>* out) const override {
+  void EncodeText(std::string_view text, bool /*prev_special*/, bool at_start, std::vector<int32_t>* out) const override {
     std::string normalized;
     bool owned = false;
     for (const NormalizeOp& op : normalize_) {
@@ -102,8 +97,11 @@ class BpeTokenizer final : public TokenizerBase {
         case NormalizeOp::kNfc:
           if (!NormalizeNfc(cur, &next)) continue;
           break;
-        case NormalizeOp::kPrependFirst:
-          if (!prev_special) continue;
+        case NormalizeOp::kMetaspaceFirst:
+          if (!at_start) continue;
+          [[fallthrough]];
+        case NormalizeOp::kMetaspaceAlways:
+          if (cur.substr(0, op.a.size()) == op.a) continue;
           [[fallthrough]];
         case NormalizeOp::kPrepend:
           if (cur.empty()) continue;

@@ -22,7 +22,9 @@ struct AddedToken {
 
 // One text rewrite applied before pre-tokenization (HF normalizers, Metaspace).
 struct NormalizeOp {
-  enum Kind { kNfc, kPrepend, kPrependFirst, kReplace } kind = kNfc;
+  // kMetaspace*: HF Metaspace's prefix, added only when the text does not already start with it;
+  // kMetaspaceFirst only to the fragment at the start of the input.
+  enum Kind { kNfc, kPrepend, kMetaspaceAlways, kMetaspaceFirst, kReplace } kind = kNfc;
   std::string a, b;  // prepend: a; replace: a -> b
 };
 

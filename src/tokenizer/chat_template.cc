@@ -1,125 +1,182 @@
-// Chat templates: the prompt formats of the common chat models, rendered in C++ (no jinja).
+// Chat templates (chatml, llama3, llama2, mistral, alpaca) rendered in C++ to match what each
+// family's jinja produces, detection from a jinja's markers, and default system prompt extraction.
 #include "tokenizer/chat_template.h"
 
-#include "core/strings.h"
-
 namespace lathe::tokenizer {
-
 namespace {
 
-const char* const kNames[] = {"chatml", "llama3", "llama2", "mistral", "alpaca"};
-
-const char kAlpacaSystem[] =
+constexpr const char* kNames[] = {"chatml", "llama3", "llama2", "mistral", "alpaca"};
+constexpr char kAlpacaPreamble[] =
     "Below is an instruction that describes a task. Write a response that appropriately completes the request.";
 
-// The system prompt a chatml jinja template inserts when the conversation has none: the
-// literal between "<|im_start|>system\n" and "<|im_end|>" in a string constant (SmolLM2's
-// "You are a helpful AI assistant named SmolLM, trained by Hugging Face").
-std::string DefaultChatmlSystem(const std::string& jinja) {
-  for (const std::string& open : {std::string("<|im_start|>system\\n"), std::string("<|im_start|>system\n")}) {
-    size_t p = jinja.find(open);
-    while (p != std::string::npos) {
-      size_t start = p + open.size();
-      size_t end = jinja.find("<|im_end|>", start);
-      if (end == std::string::npos) break;
-      std::string text = jinja.substr(start, end - start);
-      // A literal default, not an expression such as "' + message['content'] + '".
-      if (text.find("{{") == std::string::npos && text.find('\'') == std::string::npos &&
-          text.find("message") == std::string::npos && !text.empty()) {
-        return text;
-      }
-      p = jinja.find(open, end);
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+// Python's str.strip() / lstrip(chars) / rstrip(chars) for ASCII characters.
+std::string Trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && IsSpace(s[b])) ++b;
+  while (e > b && IsSpace(s[e - 1])) --e;
+  return s.substr(b, e - b);
+}
+std::string LStrip(const std::string& s, char c) {
+  size_t b = 0;
+  while (b < s.size() && s[b] == c) ++b;
+  return s.substr(b);
+}
+std::string RStrip(const std::string& s, char c) {
+  size_t e = s.size();
+  while (e > 0 && s[e - 1] == c) --e;
+  return s.substr(0, e);
+}
+std::string Strip(const std::string& s, char c) { return LStrip(RStrip(s, c), c); }
+
+// A system prompt written as a literal in the jinja: the text between "<|im_start|>system\n" and
+// "<|im_end|>" when it contains no jinja expression (no quotes, braces or concatenation).
+std::string ExtractDefaultSystem(const std::string& jinja) {
+  const std::string start = "<|im_start|>system";
+  size_t pos = 0;
+  while ((pos = jinja.find(start, pos)) != std::string::npos) {
+    size_t p = pos + start.size();
+    pos = p;
+    if (jinja.compare(p, 1, "\n") == 0) {
+      p += 1;
+    } else if (jinja.compare(p, 2, "\\n") == 0) {
+      p += 2;
+    } else {
+      continue;
     }
+    size_t end = jinja.find("<|im_end|>", p);
+    if (end == std::string::npos) continue;
+    std::string raw = jinja.substr(p, end - p);
+    if (raw.empty() || raw.find_first_of("'\"{}+") != std::string::npos) continue;
+    std::string text;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] == '\\' && i + 1 < raw.size()) {
+        char n = raw[++i];
+        text.push_back(n == 'n' ? '\n' : n == 't' ? '\t' : n);
+      } else {
+        text.push_back(raw[i]);
+      }
+    }
+    return text;
   }
-  return "";
+  return {};
 }
 
 }  // namespace
 
 Result<ChatTemplate> ChatTemplate::ByName(const std::string& name) {
-  std::vector<std::string> names(std::begin(kNames), std::end(kNames));
-  for (const std::string& n : names) {
-    if (n == name) {
+  for (const char* n : kNames) {
+    if (name == n) {
       ChatTemplate t;
-      t.name_ = n;
-      if (n == "alpaca") t.default_system_ = kAlpacaSystem;
+      t.name_ = name;
       return t;
     }
   }
-  std::string near = Nearest(name, names);
-  return Status::Error("unknown chat template '" + name + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
-                       "; known: chatml, llama3, llama2, mistral, alpaca");
+  return Status::Error("unknown chat template '" + name + "'; valid: chatml, llama3, llama2, mistral, alpaca");
 }
 
 ChatTemplate ChatTemplate::Detect(const std::string& jinja) {
   ChatTemplate t;
-  if (jinja.find("<|start_header_id|>") != std::string::npos) {
+  if (jinja.find("<|im_start|>") != std::string::npos) {
+    t.name_ = "chatml";
+    t.default_system_ = ExtractDefaultSystem(jinja);
+    t.think_blocks_ = jinja.find("<think>") != std::string::npos && jinja.find("reasoning_content") != std::string::npos;
+  } else if (jinja.find("<|start_header_id|>") != std::string::npos) {
     t.name_ = "llama3";
-  } else if (jinja.find("<<SYS>>") != std::string::npos) {
-    t.name_ = "llama2";
   } else if (jinja.find("[INST]") != std::string::npos) {
-    t.name_ = "mistral";
+    t.name_ = jinja.find("<<SYS>>") != std::string::npos ? "llama2" : "mistral";
   } else if (jinja.find("### Instruction") != std::string::npos) {
     t.name_ = "alpaca";
-    t.default_system_ = kAlpacaSystem;
   } else {
     t.name_ = "chatml";
-    t.default_system_ = DefaultChatmlSystem(jinja);
   }
   return t;
 }
 
 std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
-  std::string system = default_system_;
-  bool has_system = !messages.empty() && messages[0].role == "system";
-  if (has_system) system = messages[0].content;
-  size_t first = has_system ? 1 : 0;
   std::string out;
+  const size_t n = messages.size();
+  const bool has_system = n > 0 && messages[0].role == "system";
   if (name_ == "chatml") {
-    if (has_system || !system.empty()) out += "<|im_start|>system\n" + system + "<|im_end|>\n";
-    for (size_t i = first; i < messages.size(); ++i) {
-      out += "<|im_start|>" + messages[i].role + "\n" + messages[i].content + "<|im_end|>\n";
+    if (n > 0 && !has_system && !default_system_.empty()) {
+      out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+    }
+    size_t last_query = n == 0 ? 0 : n - 1;
+    for (size_t i = n; i-- > 0;) {
+      if (messages[i].role == "user") {
+        last_query = i;
+        break;
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const ChatMessage& m = messages[i];
+      std::string content = m.content;
+      if (think_blocks_ && m.role == "assistant") {
+        std::string reasoning;
+        size_t close = content.find("</think>");
+        if (close != std::string::npos) {
+          size_t last_close = content.rfind("</think>");
+          std::string before = RStrip(content.substr(0, close), '\n');
+          size_t open = before.rfind("<think>");
+          reasoning = LStrip(open == std::string::npos ? before : before.substr(open + 7), '\n');
+          content = LStrip(content.substr(last_close + 8), '\n');
+        }
+        if (i > last_query && (i + 1 == n || !reasoning.empty())) {
+          out += "<|im_start|>assistant\n<think>\n" + Strip(reasoning, '\n') + "\n</think>\n\n" + LStrip(content, '\n');
+        } else {
+          out += "<|im_start|>assistant\n" + content;
+        }
+        out += "<|im_end|>\n";
+        continue;
+      }
+      out += "<|im_start|>" + m.role + "\n" + content + "<|im_end|>\n";
     }
     if (add_generation_prompt) out += "<|im_start|>assistant\n";
   } else if (name_ == "llama3") {
     out += "<|begin_of_text|>";
-    if (has_system) out += "<|start_header_id|>system<|end_header_id|>\n\n" + system + "<|eot_id|>";
-    for (size_t i = first; i < messages.size(); ++i) {
-      out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n" + messages[i].content + "<|eot_id|>";
+    for (const ChatMessage& m : messages) {
+      out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + Trim(m.content) + "<|eot_id|>";
     }
     if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
   } else if (name_ == "llama2" || name_ == "mistral") {
-    // Meta's format: the system prompt rides in the first user turn; each exchange is
-    // "<s>[INST] user [/INST] assistant </s>". Mistral has no <<SYS>> block.
-    bool pending_system = has_system;
-    for (size_t i = first; i < messages.size(); ++i) {
+    const bool llama2 = name_ == "llama2";
+    if (!llama2) out += "<s>";
+    bool first = true;
+    for (size_t i = has_system ? 1 : 0; i < n; ++i) {
       const ChatMessage& m = messages[i];
+      std::string content = m.content;
       if (m.role == "user") {
-        std::string content = m.content;
-        if (pending_system) {
-          content = name_ == "llama2" ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content : system + "\n\n" + content;
-          pending_system = false;
+        if (first && has_system) {
+          content = llama2 ? "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + content
+                           : messages[0].content + "\n\n" + content;
         }
-        out += (name_ == "llama2" || out.empty() ? "<s>" : "") + std::string("[INST] ") + content + " [/INST]";
+        if (llama2) {
+          out += "<s>[INST] " + Trim(content) + " [/INST]";
+        } else {
+          out += "[INST] " + content + " [/INST]";
+        }
       } else if (m.role == "assistant") {
-        out += (name_ == "llama2" ? " " : "") + m.content + (name_ == "llama2" ? " </s>" : "</s>");
+        out += llama2 ? " " + Trim(content) + " </s>" : content + "</s>";
       }
+      first = false;
     }
-  } else {  // alpaca, as LLaMA-Factory renders it
-    if (!system.empty()) out += system + "\n\n";
-    for (size_t i = first; i < messages.size(); ++i) {
+  } else {  // alpaca
+    out += (has_system ? messages[0].content : std::string(kAlpacaPreamble)) + "\n\n";
+    for (size_t i = has_system ? 1 : 0; i < n; ++i) {
       const ChatMessage& m = messages[i];
-      if (m.role == "user") out += "### Instruction:\n" + m.content + "\n\n### Response:\n";
-      else if (m.role == "assistant") out += m.content + "\n\n";
+      if (m.role == "user") out += "### Instruction:\n" + m.content + "\n\n";
+      if (m.role == "assistant") out += "### Response:\n" + m.content + "\n\n";
     }
+    if (add_generation_prompt) out += "### Response:\n";
   }
   return out;
 }
 
 std::vector<std::string> ChatTemplate::StopStrings() const {
-  if (name_ == "chatml") return {"<|im_end|>"};
-  if (name_ == "llama3") return {"<|eot_id|>"};
-  if (name_ == "alpaca") return {"### Instruction:"};
+  if (name_ == "chatml") return {"<|im_end|>", "<|endoftext|>"};
+  if (name_ == "llama3") return {"<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"};
+  if (name_ == "alpaca") return {"### Instruction:", "</s>"};
   return {"</s>"};
 }
 

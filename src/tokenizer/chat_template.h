@@ -24,9 +24,14 @@ class ChatTemplate {
   static ChatTemplate Detect(const std::string& jinja);
 
   const std::string& name() const { return name_; }
-  // The prompt text for the conversation; with add_generation_prompt, ends where the assistant's
-  // reply begins. bos_text is prepended when the template expects BOS in the text (llama3/llama2).
+  // The prompt text for the conversation, exactly as the model's jinja renders it; with
+  // add_generation_prompt, ends where the assistant's reply begins. Templates whose jinja writes
+  // BOS (llama3: "<|begin_of_text|>", llama2/mistral: "<s>") include it in the text: tokenize
+  // with parse_special and without add_bos then (see text_has_bos()). Roles other than
+  // system/user/assistant are rendered like user turns by chatml/llama3 and skipped by the rest.
   std::string Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // True when Apply's text already starts with the BOS token text.
+  bool text_has_bos() const { return name_ == "llama3" || name_ == "llama2" || name_ == "mistral"; }
   // Strings that end an assistant turn (e.g. "<|im_end|>"), for stop detection.
   std::vector<std::string> StopStrings() const;
   const std::string& default_system() const { return default_system_; }
@@ -34,6 +39,9 @@ class ChatTemplate {
  private:
   std::string name_;
   std::string default_system_;
+  // Qwen3-style chatml: the final assistant turn (after the last user turn) is written with a
+  // <think>...</think> block, and reasoning in earlier turns is dropped.
+  bool think_blocks_ = false;
 };
 
 }  // namespace lathe::tokenizer

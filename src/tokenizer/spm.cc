@@ -4,6 +4,7 @@
 // byte tokens. A linked list plus a priority queue keep it O(n log n) on long texts.
 #include "tokenizer/spm.h"
 
+#include <mutex>
 #include <queue>
 
 #include "core/status.h"
@@ -29,10 +30,8 @@ class SpmTokenizer final : public TokenizerBase {
     for (int& b : byte_ids_) b = -1;
     for (int32_t id = 0; id < static_cast<int32_t>(pieces_.size()); ++id) {
       const std::string& p = pieces_[id];
-      if (types_[id] == TokenType::kByte && p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>') {
-        int b = std::stoi(p.substr(3, 2), nullptr, 16);
-        if (byte_ids_[b] < 0) byte_ids_[b] = id;
-      }
+      int b = types_[id] == TokenType::kByte ? ParseByteToken(p) : -1;
+      if (b >= 0 && byte_ids_[b] < 0) byte_ids_[b] = id;
     }
     FinishVocab();
     // Only pieces sentencepiece keeps in its merge table take part in merges (not control,
@@ -43,6 +42,14 @@ class SpmTokenizer final : public TokenizerBase {
         merge_pieces_.emplace(pieces_[id], id);
       }
       if (t == TokenType::kUnused) has_unused_ = true;
+    }
+    // If no mergeable piece has U+2581 after another character, no merge crosses the start of a
+    // run of U+2581 that follows other text: the text can be encoded word by word (and cached).
+    chunkable_ = true;
+    for (const auto& [piece, id] : merge_pieces_) {
+      size_t lead = 0;
+      while (piece.compare(lead, 3, kSpaceMark) == 0) lead += 3;
+      if (piece.find(kSpaceMark, lead) != std::string::npos) chunkable_ = false;
     }
     ComputeStopIds(v.extra_stop_ids);
   }
@@ -70,7 +77,7 @@ class SpmTokenizer final : public TokenizerBase {
     return out;
   }
 
-  void EncodeText(std::string_view raw, bool prev_special, std::vector<int32_t>* out) const override {
+  void EncodeText(std::string_view raw, bool prev_special, bool /*at_start*/, std::vector<int32_t>* out) const override {
     std::string text;
     text.reserve(raw.size() + 8);
     std::string_view body = raw;
@@ -95,7 +102,19 @@ class SpmTokenizer final : public TokenizerBase {
         text.push_back(c);
       }
     }
-    Tokenize(text, out);
+    if (!chunkable_) {
+      Tokenize(text, out);
+      return;
+    }
+    size_t start = 0;
+    for (size_t i = 1; i + 3 <= text.size(); ++i) {
+      if (text.compare(i, 3, kSpaceMark) == 0 && !(i >= 3 && text.compare(i - 3, 3, kSpaceMark) == 0)) {
+        EncodeChunk(std::string_view(text).substr(start, i - start), out);
+        start = i;
+        i += 2;
+      }
+    }
+    EncodeChunk(std::string_view(text).substr(start), out);
   }
 
  private:
@@ -114,12 +133,33 @@ class SpmTokenizer final : public TokenizerBase {
     }
   };
 
+  void EncodeChunk(std::string_view chunk, std::vector<int32_t>* out) const {
+    if (chunk.empty()) return;
+    const bool cacheable = chunk.size() <= 256;
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(cache_mu_);
+      auto it = cache_.find(chunk);
+      if (it != cache_.end()) {
+        out->insert(out->end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    std::vector<int32_t> ids;
+    Tokenize(chunk, &ids);
+    out->insert(out->end(), ids.begin(), ids.end());
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(cache_mu_);
+      if (cache_.size() >= (1u << 18)) cache_.clear();
+      cache_.emplace(std::string(chunk), std::move(ids));
+    }
+  }
+
   int32_t MergeId(std::string_view s) const {
     auto it = merge_pieces_.find(s);
     return it == merge_pieces_.end() ? -1 : it->second;
   }
 
-  void Tokenize(const std::string& text, std::vector<int32_t>* out) const {
+  void Tokenize(std::string_view text, std::vector<int32_t>* out) const {
     std::vector<Symbol> sym;
     sym.reserve(text.size());
     for (size_t i = 0; i < text.size();) {
@@ -159,7 +199,7 @@ class SpmTokenizer final : public TokenizerBase {
     for (int i = 0; i >= 0; i = sym[i].next) Resegment(text, sym[i].off, sym[i].len, rev_merge, out);
   }
 
-  void Resegment(const std::string& text, uint32_t off, uint32_t len,
+  void Resegment(std::string_view text, uint32_t off, uint32_t len,
                  const std::unordered_map<uint64_t, uint32_t>& rev_merge,
                  std::vector<int32_t>* out) const {
     std::string_view s(text.data() + off, len);
@@ -188,6 +228,9 @@ class SpmTokenizer final : public TokenizerBase {
   std::vector<float> scores_;
   bool remove_extra_ws_;
   bool has_unused_ = false;
+  bool chunkable_ = false;
+  mutable std::mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
   int byte_ids_[256];
   PieceMap merge_pieces_;
 };

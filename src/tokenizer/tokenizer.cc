@@ -143,7 +143,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromLlama2cBin(const std::string& 
 }
 
 std::string StreamDecoder::Push(int32_t id) {
-  if (id == tok_.bos_id() && id >= 0) {
+  if (id == tok_.bos_id() && id >= 0 && tok_.add_bos()) {
     after_bos_ = true;
     return {};
   }

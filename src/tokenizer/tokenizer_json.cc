@@ -134,8 +134,8 @@ Status ParsePreTokenizer(const Ctx& c, const json& j, const std::string& field, 
     std::string scheme = j.value("prepend_scheme", std::string(j.value("add_prefix_space", true) ? "always" : "never"));
     v->byte_level = false;
     v->normalize.push_back({NormalizeOp::kReplace, " ", repl});
-    if (scheme == "always") v->normalize.push_back({NormalizeOp::kPrepend, repl, ""});
-    if (scheme == "first") v->normalize.push_back({NormalizeOp::kPrependFirst, repl, ""});
+    if (scheme == "always") v->normalize.push_back({NormalizeOp::kMetaspaceAlways, repl, ""});
+    if (scheme == "first") v->normalize.push_back({NormalizeOp::kMetaspaceFirst, repl, ""});
     if (scheme != "never") v->add_space_prefix = true;
     if (j.value("split", true)) return v->pre.AddLiteral(repl, SplitBehavior::kMergedWithNext, false);
     return Status::Ok();

@@ -17,6 +17,19 @@ inline int Utf8SeqLen(uint8_t lead) {
   return 1;
 }
 
+// The byte a SentencePiece byte-fallback piece "<0xAB>" stands for, or -1 for any other text.
+inline int ParseByteToken(std::string_view p) {
+  if (p.size() != 6 || p.compare(0, 3, "<0x") != 0 || p[5] != '>') return -1;
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  int hi = hex(p[3]), lo = hex(p[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
 // Appends the UTF-8 encoding of a code point.
 void AppendUtf8(uint32_t cp, std::string* out);
 // Decodes one code point at s[*pos] (advancing *pos); invalid bytes decode as themselves (Latin-1)

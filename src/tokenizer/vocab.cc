@@ -96,7 +96,7 @@ std::vector<int32_t> TokenizerBase::Encode(std::string_view text, bool add_bos, 
       out.push_back(f.id);
       prev_special = true;
     } else {
-      EncodeText(f.text, prev_special, &out);
+      EncodeText(f.text, prev_special, f.text.data() == text.data(), &out);
       prev_special = false;
     }
   }
@@ -112,8 +112,9 @@ std::string TokenizerBase::TokenBytes(int32_t id) const {
 std::string TokenizerBase::Decode(const std::vector<int32_t>& ids) const {
   std::string out;
   bool first = true;
-  for (int32_t id : ids) {
-    if (id == bos_id_ && bos_id_ >= 0) continue;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    int32_t id = ids[i];
+    if (i == 0 && add_bos_ && id == bos_id_ && bos_id_ >= 0) continue;
     if (id < 0 || id >= vocab_size()) continue;
     const std::string& b = token_bytes_[id];
     if (first && add_space_prefix_ && !b.empty() && b[0] == ' ') {

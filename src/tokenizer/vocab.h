@@ -62,8 +62,9 @@ class TokenizerBase : public Tokenizer {
 
  protected:
   // Encodes one fragment of plain text (no special tokens in it). prev_special: the fragment
-  // starts the text or follows a special token (SentencePiece adds its space prefix then).
-  virtual void EncodeText(std::string_view text, bool prev_special, std::vector<int32_t>* out) const = 0;
+  // starts the text or follows a special token (SentencePiece adds its space prefix then);
+  // at_start: the fragment begins at the first byte of the input (HF Metaspace "first").
+  virtual void EncodeText(std::string_view text, bool prev_special, bool at_start, std::vector<int32_t>* out) const = 0;
 
   // Call after pieces_/types_ are filled: builds the piece map, the detokenized bytes per token
   // (via TokenText), the special matcher (control + user-defined, unless already added), and

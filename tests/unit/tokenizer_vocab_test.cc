@@ -3,7 +3,10 @@
 // test-tokenizer-0 calls it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <thread>
 #include <sstream>
 
 #include "formats/gguf.h"
@@ -123,6 +126,18 @@ TEST(TokenizerVocab, LlamaBpeTokenizerJson) {
   auto tok = Tokenizer::FromTokenizerJson(path);
   ASSERT_TRUE(tok.ok()) << tok.status().message();
   RunCases(**tok, "llama-bpe");
+  const Tokenizer& t = **tok;
+  EXPECT_EQ(t.bos_id(), 128000);
+  EXPECT_EQ(t.eos_id(), 128001);
+  EXPECT_TRUE(t.add_bos());
+  auto stops = t.stop_ids();
+  EXPECT_NE(std::find(stops.begin(), stops.end(), 128009), stops.end());  // <|eot_id|>
+  EXPECT_NE(std::find(stops.begin(), stops.end(), 128001), stops.end());
+  auto ids = t.Encode("<|start_header_id|>user<|end_header_id|>", true, true);
+  EXPECT_EQ(ids.front(), 128000);
+  EXPECT_EQ(ids[1], 128006);
+  EXPECT_EQ(ids.back(), 128007);
+  EXPECT_GT(t.Encode("<|eot_id|>", false, false).size(), 1u);
 }
 
 TEST(TokenizerVocab, Qwen2TokenizerJson) {
@@ -131,6 +146,32 @@ TEST(TokenizerVocab, Qwen2TokenizerJson) {
   auto tok = Tokenizer::FromTokenizerJson(path);
   ASSERT_TRUE(tok.ok()) << tok.status().message();
   RunCases(**tok, "qwen2");
+  const Tokenizer& t = **tok;
+  EXPECT_EQ(t.bos_id(), -1);
+  EXPECT_FALSE(t.add_bos());
+  EXPECT_EQ(t.Piece(t.eos_id()), "<|im_end|>");
+  auto stops = t.stop_ids();
+  EXPECT_NE(std::find(stops.begin(), stops.end(), 151643), stops.end());  // <|endoftext|>
+  EXPECT_NE(t.chat_template().find("<|im_start|>"), std::string::npos);
+  // NFC: a decomposed e + U+0301 encodes like the precomposed U+00E9.
+  EXPECT_EQ(t.Encode("cafe\xCC\x81", false), t.Encode("caf\xC3\xA9", false));
+  // Non-special added tokens (<think>) are matched even without parse_special.
+  EXPECT_EQ(t.Encode("<think>", false, false).size(), 1u);
+  // Thread safety: the same texts from several threads give the same ids.
+  auto cases = LoadCases("qwen2");
+  std::vector<std::vector<int32_t>> want;
+  for (const Case& c : cases) want.push_back(t.Encode(c.text, false, false));
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&] {
+      for (int rep = 0; rep < 20; ++rep) {
+        for (size_t i = 0; i < cases.size(); ++i) bad += t.Encode(cases[i].text, false, false) != want[i];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
 }
 
 }  // namespace
