@@ -54,7 +54,8 @@ Weights MakeWeights(DType dt, Shape s, int copies) {
   const std::vector<float> f = RandomFloats(s.N * s.K, 1);
   const size_t rb = DTypeBytes(dt, s.K);
   std::vector<uint8_t> one(rb * s.N);
-  for (int64_t n = 0; n < s.N; ++n) kernels::ref::QuantizeRow(dt, f.data() + n * s.K, s.K, one.data() + n * rb);
+  for (int64_t n = 0; n < s.N; ++n)
+    kernels::ref::QuantizeRow(dt, f.data() + n * s.K, s.K, one.data() + n * rb);
   for (int c = 0; c < copies; ++c) {
     w.bytes.push_back(one);
     Tensor t;
@@ -111,7 +112,8 @@ void BM_BaselineGemv(benchmark::State& state, Shape s) {
     c = (c + 1) % copies;
   }
   BaselineSeconds()[Key("gemv", s)] = SecondsPerCall(t0, state);
-  state.counters["GB/s"] = benchmark::Counter((double)bytes * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] =
+      benchmark::Counter((double)bytes * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
@@ -146,7 +148,8 @@ void BM_Gemv(benchmark::State& state, DType dt, Shape s, int threads) {
     c = (c + 1) % copies;
   }
   SetSpeedup(state, Key("gemv", s), SecondsPerCall(t0, state));
-  state.counters["GB/s"] = benchmark::Counter((double)bytes * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] =
+      benchmark::Counter((double)bytes * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
   state.counters["us/call"] = benchmark::Counter((double)state.iterations() * 1e-6,
@@ -188,25 +191,31 @@ void BM_Elementwise(benchmark::State& state, int op, bool reference) {
   for (auto _ : state) {
     switch (op) {
       case 0:
-        if (reference) kernels::ref::RmsNorm(a.data(), b.data(), o.data(), 64, 1536, 1e-5f);
-        else kernels::RmsNorm(a.data(), b.data(), o.data(), 64, 1536, 1e-5f);
+        if (reference)
+          kernels::ref::RmsNorm(a.data(), b.data(), o.data(), 64, 1536, 1e-5f);
+        else
+          kernels::RmsNorm(a.data(), b.data(), o.data(), 64, 1536, 1e-5f);
         break;
       case 1:
         o = a;
-        if (reference) kernels::ref::SiluMul(o.data(), b.data(), n);
-        else kernels::SiluMul(o.data(), b.data(), n);
+        if (reference)
+          kernels::ref::SiluMul(o.data(), b.data(), n);
+        else
+          kernels::SiluMul(o.data(), b.data(), n);
         break;
       default:
         o = a;
-        if (reference) kernels::ref::Softmax(o.data(), n);
-        else kernels::Softmax(o.data(), n);
+        if (reference)
+          kernels::ref::Softmax(o.data(), n);
+        else
+          kernels::Softmax(o.data(), n);
         break;
     }
     benchmark::DoNotOptimize(o.data());
   }
-  state.counters["Melem/s"] = benchmark::Counter((double)n * state.iterations() * 1e-6, benchmark::Counter::kIsRate);
+  state.counters["Melem/s"] =
+      benchmark::Counter((double)n * state.iterations() * 1e-6, benchmark::Counter::kIsRate);
 }
-
 
 std::string Name(const char* kind, const std::string& what, Shape s, int threads) {
   std::string n = std::string(kind) + "/" + what + "/" + std::to_string(s.N) + "x" + std::to_string(s.K);
@@ -220,7 +229,9 @@ void RegisterAll() {
   gemv_shapes.push_back(kHead);
   for (Shape s : gemv_shapes) {
     const bool head = s.N == kHead.N;
-    if (avx2) benchmark::RegisterBenchmark(Name("gemv", "baseline_f32", s, 0).c_str(), BM_BaselineGemv, s)->UseRealTime();
+    if (avx2)
+      benchmark::RegisterBenchmark(Name("gemv", "baseline_f32", s, 0).c_str(), BM_BaselineGemv, s)
+          ->UseRealTime();
     for (DType dt : kTypes) {
       if (head && dt != DType::kQ8_0 && dt != DType::kQ4_0) continue;
       for (int threads : {1, 2})
@@ -232,22 +243,27 @@ void RegisterAll() {
     if (s.N == 192) continue;
     if (avx2)
       benchmark::RegisterBenchmark(Name("prefill", "baseline_f32", s, 0).c_str(), BM_BaselinePrefill, s)
-          ->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
     for (DType dt : kTypes)
       for (int threads : {1, 2})
-        benchmark::RegisterBenchmark(Name("prefill", DTypeName(dt), s, threads).c_str(), BM_Prefill, dt, s, threads)
-            ->Unit(benchmark::kMillisecond)->UseRealTime();
+        benchmark::RegisterBenchmark(Name("prefill", DTypeName(dt), s, threads).c_str(), BM_Prefill, dt, s,
+                                     threads)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
   }
   for (DType dt : kTypes)
     for (int64_t M : {2, 4, 8, 12, 15, 16, 24, 32})
-      benchmark::RegisterBenchmark(("batch/" + std::string(DTypeName(dt)) + "/M:" + std::to_string(M) + "/1536x576").c_str(),
-                                   BM_Batch, dt, Shape{1536, 576}, M)
+      benchmark::RegisterBenchmark(
+          ("batch/" + std::string(DTypeName(dt)) + "/M:" + std::to_string(M) + "/1536x576").c_str(), BM_Batch,
+          dt, Shape{1536, 576}, M)
           ->UseRealTime();
   const char* ops[] = {"rmsnorm", "silu_mul", "softmax"};
   for (int op = 0; op < 3; ++op)
     for (bool reference : {true, false})
-      benchmark::RegisterBenchmark((std::string("elementwise/") + ops[op] + (reference ? "/reference" : "/lathe")).c_str(),
-                                   BM_Elementwise, op, reference);
+      benchmark::RegisterBenchmark(
+          (std::string("elementwise/") + ops[op] + (reference ? "/reference" : "/lathe")).c_str(),
+          BM_Elementwise, op, reference);
 }
 
 }  // namespace

@@ -20,11 +20,12 @@ struct Case {
   int64_t T, pos0;
   int n_head, n_kv_head, head_dim;
 };
-const Case kCases[] = {{1, 0, 2, 1, 8}, {1, 37, 9, 3, 64}, {5, 0, 4, 4, 20}, {17, 3, 9, 3, 64}, {3, 100, 14, 2, 13}};
+const Case kCases[] = {
+    {1, 0, 2, 1, 8}, {1, 37, 9, 3, 64}, {5, 0, 4, 4, 20}, {17, 3, 9, 3, 64}, {3, 100, 14, 2, 13}};
 
 // The definition, in double.
-void RefAttention(const float* q, int64_t qs, const float* k, const float* v, int64_t kvs, const Case& c, float scale,
-                  float* out, int64_t os) {
+void RefAttention(const float* q, int64_t qs, const float* k, const float* v, int64_t kvs, const Case& c,
+                  float scale, float* out, int64_t os) {
   const int group = c.n_head / c.n_kv_head;
   for (int64_t t = 0; t < c.T; ++t)
     for (int h = 0; h < c.n_head; ++h) {
@@ -34,7 +35,8 @@ void RefAttention(const float* q, int64_t qs, const float* k, const float* v, in
       double mx = -1e300;
       for (int64_t j = 0; j < n; ++j) {
         double d = 0;
-        for (int i = 0; i < c.head_dim; ++i) d += (double)q[t * qs + h * c.head_dim + i] * k[j * kvs + g * c.head_dim + i];
+        for (int i = 0; i < c.head_dim; ++i)
+          d += (double)q[t * qs + h * c.head_dim + i] * k[j * kvs + g * c.head_dim + i];
         s[j] = d * scale;
         mx = std::max(mx, s[j]);
       }
@@ -57,7 +59,8 @@ TEST_P(AttentionTier, MatchesDefinition) {
   for (const Case& c : kCases) {
     const int64_t S = c.pos0 + c.T;
     // Strides wider than the data, as with fused QKV rows or a cache with spare columns.
-    const int64_t qs = c.n_head * c.head_dim + 3, kvs = c.n_kv_head * c.head_dim + 5, os = c.n_head * c.head_dim + 1;
+    const int64_t qs = c.n_head * c.head_dim + 3, kvs = c.n_kv_head * c.head_dim + 5,
+                  os = c.n_head * c.head_dim + 1;
     const std::vector<float> q = RandomVec(c.T * qs, seed++, 1.0f), k = RandomVec(S * kvs, seed++, 1.0f),
                              v = RandomVec(S * kvs, seed++, 1.0f);
     const float scale = 1.0f / std::sqrt((float)c.head_dim);

@@ -44,7 +44,7 @@ TEST_P(OpsTier, SiluMul) {
   for (int64_t n : kLengths) {
     std::vector<float> g = RandomVec(n, 3, 4.0f);
     if (n > 4) {
-      g[0] = 95.0f;  // exp(-g) underflows
+      g[0] = 95.0f;   // exp(-g) underflows
       g[1] = -95.0f;  // exp(-g) overflows: silu -> -0
       g[2] = 0.0f;
     }

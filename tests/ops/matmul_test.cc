@@ -16,7 +16,8 @@ using testing::MakeWeight;
 using testing::NormalizedError;
 using testing::RandomVec;
 
-const DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+const DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
+                              DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
 
 // Normalized error limits. The float types differ from the reference only in summation order.
 // The GEMV path for block types quantizes x to int8 blocks of 32 (as llama.cpp does), which costs
@@ -46,8 +47,8 @@ void CheckMatMul(IsaTier tier, DType dt, int64_t M, int64_t N, int64_t K, uint32
   ThreadPool pool1(1);
   cpu::MatMulWith(kt.mm, pool1, x.data(), M, w.t, y1.data());
   const double err = NormalizedError(y1, ref);
-  EXPECT_LE(err, ErrorLimit(dt, M, N)) << IsaTierName(tier) << " " << DTypeName(dt) << " M=" << M << " N=" << N
-                                    << " K=" << K;
+  EXPECT_LE(err, ErrorLimit(dt, M, N))
+      << IsaTierName(tier) << " " << DTypeName(dt) << " M=" << M << " N=" << N << " K=" << K;
   // Multi-threaded runs compute every element with the same code: bitwise equal.
   for (int threads : {2, 3}) {
     ThreadPool pool(threads);
@@ -137,7 +138,8 @@ TEST_P(MatMulTier, DequantizeRowsMatchesReference) {
       testing::TestWeight w = MakeWeight(dt, N, K, 5);
       const size_t rb = w.t.row_bytes();
       std::vector<float> ref(3 * K), out(3 * K);
-      for (int64_t r = 0; r < 3; ++r) ref::DequantizeRow(dt, w.bytes.data() + (2 + r) * rb, K, ref.data() + r * K);
+      for (int64_t r = 0; r < 3; ++r)
+        ref::DequantizeRow(dt, w.bytes.data() + (2 + r) * rb, K, ref.data() + r * K);
       kt.mm.dequant_rows(dt, w.bytes.data() + 2 * rb, rb, 3, K, out.data(), K);
       // Q4_1 may round d*q + m once (FMA) instead of twice; everything else is exact.
       EXPECT_LE(NormalizedError(out, ref), dt == DType::kQ4_1 ? 1e-7 : 0.0) << DTypeName(dt) << " K=" << K;
@@ -163,7 +165,8 @@ TEST(MatMulPublic, BestTierAndDequantizeRows) {
     const int64_t N = 6, K = 64;
     testing::TestWeight w = MakeWeight(dt, N, K, 11);
     std::vector<float> ref(2 * K), out(2 * K);
-    for (int r = 0; r < 2; ++r) ref::DequantizeRow(dt, w.bytes.data() + (3 + r) * w.t.row_bytes(), K, ref.data() + r * K);
+    for (int r = 0; r < 2; ++r)
+      ref::DequantizeRow(dt, w.bytes.data() + (3 + r) * w.t.row_bytes(), K, ref.data() + r * K);
     DequantizeRows(w.t, 3, 2, out.data());
     EXPECT_LE(NormalizedError(out, ref), 1e-7) << DTypeName(dt);
   }

@@ -29,10 +29,10 @@ inline bool CpuHasTier(IsaTier t) {
 }
 
 // Skips the test when the CPU lacks the tier (the AVX-512 tests run on AVX-512 machines).
-#define LATHE_REQUIRE_TIER(tier)                                                              \
-  do {                                                                                        \
-    if (!::lathe::kernels::testing::CpuHasTier(tier))                                         \
-      GTEST_SKIP() << "CPU lacks the " << ::lathe::IsaTierName(tier) << " tier";              \
+#define LATHE_REQUIRE_TIER(tier)                                                 \
+  do {                                                                           \
+    if (!::lathe::kernels::testing::CpuHasTier(tier))                            \
+      GTEST_SKIP() << "CPU lacks the " << ::lathe::IsaTierName(tier) << " tier"; \
   } while (0)
 
 inline std::vector<float> RandomVec(int64_t n, uint32_t seed, float scale = 1.0f) {

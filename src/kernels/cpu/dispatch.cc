@@ -11,9 +11,12 @@ namespace cpu {
 
 const KernelTable& KernelsFor(IsaTier tier) {
   switch (tier) {
-    case IsaTier::kAvx512: return avx512::Table();
-    case IsaTier::kAvx2: return avx2::Table();
-    default: return scalar::Table();
+    case IsaTier::kAvx512:
+      return avx512::Table();
+    case IsaTier::kAvx2:
+      return avx2::Table();
+    default:
+      return scalar::Table();
   }
 }
 
@@ -52,8 +55,8 @@ void Softmax(float* x, int64_t n) { cpu::Best().softmax(x, n); }
 void Attention(ThreadPool& pool, const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_stride, int64_t T, int64_t pos0, int n_head, int n_kv_head, int head_dim,
                float scale, float* out, int64_t out_stride) {
-  cpu::AttentionWith(cpu::Best(), pool, q, q_stride, k, v, kv_stride, T, pos0, n_head, n_kv_head, head_dim, scale,
-                     out, out_stride);
+  cpu::AttentionWith(cpu::Best(), pool, q, q_stride, k, v, kv_stride, T, pos0, n_head, n_kv_head, head_dim,
+                     scale, out, out_stride);
 }
 
 }  // namespace lathe::kernels

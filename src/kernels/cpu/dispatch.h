@@ -27,15 +27,15 @@ struct MatMulKernels {
   // y[i * ldy + r] = dot(W row r, x row i) for r < n_rows, i < m (1 <= m <= 4).
   // W rows start at w, rb bytes apart, dtype t. x is BlockQ8X (m rows of K / 32 blocks) for the
   // block types and f32 (m rows of K) otherwise.
-  void (*gemv)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m,
-               int64_t K, float* y, int64_t ldy);
+  void (*gemv)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K,
+               float* y, int64_t ldy);
   // out(n_rows, K), row stride ldo floats = dequantized W rows.
   void (*dequant_rows)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, int64_t K, float* out,
                        int64_t ldo);
   // y(m_rows, n_rows) (row stride ldy) = x(m_rows, K) (stride ldx) . w(n_rows, K)^T (stride ldw),
   // n_rows <= panel_rows. f32 FMA, the prefill workhorse.
-  void (*panel)(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t ldw,
-                int64_t n_rows, int64_t K, float* y, int64_t ldy);
+  void (*panel)(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t ldw, int64_t n_rows,
+                int64_t K, float* y, int64_t ldy);
   int panel_rows;  // weight rows per panel call (the kernel's register tile width)
   int tile_m;      // x rows per register tile (M blocks are rounded to a multiple of this)
 };

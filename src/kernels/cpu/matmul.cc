@@ -24,8 +24,7 @@ constexpr int64_t kXBlockBytes = 384 * 1024;
 // Weight rows per prefill task (several panels, so a task amortizes its x block).
 constexpr int64_t kPrefillRowsPerTask = 48;
 
-void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
-          float* y) {
+void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
   const int64_t N = w.shape[0], K = w.shape[1];
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
@@ -55,8 +54,7 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
   });
 }
 
-void Prefill(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
-             float* y) {
+void Prefill(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
   const int64_t N = w.shape[0], K = w.shape[1];
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;

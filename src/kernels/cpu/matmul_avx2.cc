@@ -148,7 +148,8 @@ void GemvQ4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
         c0[i] += m0 * xb[0].s;
       }
     }
-    for (int i = 0; i < M; ++i) y[i * ldy + r] = HsumPs(_mm256_add_ps(acc0[i], acc1[i])) + (kQ41 ? 1.0f : -8.0f) * (c0[i] + c1[i]);
+    for (int i = 0; i < M; ++i)
+      y[i * ldy + r] = HsumPs(_mm256_add_ps(acc0[i], acc1[i])) + (kQ41 ? 1.0f : -8.0f) * (c0[i] + c1[i]);
   }
 }
 
@@ -262,8 +263,10 @@ void Gemv1Rows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, 
       const __m256i xq = _mm256_loadu_si256((const __m256i*)x[j].qs);
       acc0 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x00), acc0);
       acc1 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x55), acc1);
-      acc2 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + 2 * rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0xaa), acc2);
-      acc3 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + 3 * rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0xff), acc3);
+      acc2 =
+          _mm256_fmadd_ps(RowBlockDot<T>(b0 + 2 * rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0xaa), acc2);
+      acc3 =
+          _mm256_fmadd_ps(RowBlockDot<T>(b0 + 3 * rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0xff), acc3);
     }
     alignas(16) float c[4];
     _mm_store_ps(c, _mm_mul_ps(corr, _mm_set1_ps(kQ41 ? 1.0f : -8.0f)));
@@ -274,40 +277,126 @@ void Gemv1Rows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, 
   }
 }
 
+// The same for M = 2 x rows (batched decode): ~25 % faster than the per-row kernel; kept apart
+// from the M = 1 kernel, which the generalization slowed by 2-3 %.
+template <DType T, int M>
+void GemvRows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y,
+               int64_t ldy) {
+  constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
+  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  constexpr size_t kQsOff = kQ41 ? 4 : 2;
+  for (int64_t r = 0; r + 4 <= n_rows; r += 4) {
+    const uint8_t* row = w + r * rb;
+    __m256 acc[M][4];
+    __m128 corr[M];
+    for (int i = 0; i < M; ++i) {
+      acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm256_setzero_ps();
+      corr[i] = _mm_setzero_ps();
+    }
+    // Interleaved access to four rows hides the stream from the hardware prefetcher (measured:
+    // cold Q8_0 ran at half speed), so fetch the next four rows, linearly, one step ahead.
+    const uint8_t* next = row + 4 * rb;
+    const bool prefetch = r + 8 <= n_rows;
+    for (int64_t j = 0; j < nb; ++j) {
+      const uint8_t* b0 = row + j * kBB;
+      if (prefetch) {
+        const char* p = (const char*)next + j * 4 * kBB;
+        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch(p + 64, _MM_HINT_T0);
+        if constexpr (4 * kBB > 128) _mm_prefetch(p + 128, _MM_HINT_T0);
+      }
+      const __m128 dw = _mm_cvtph_ps(Load4Halves(b0, rb));
+      __m128 cw = dw;
+      if constexpr (kQ41) cw = _mm_cvtph_ps(Load4Halves(b0 + 2, rb));
+#pragma GCC unroll 2
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X& xb = x[i * nb + j];
+        const __m128 ds = _mm_mul_ps(dw, _mm_set1_ps(xb.d));
+        const __m256 ds2 = _mm256_set_m128(ds, ds);
+        if constexpr (!kQ8) corr[i] = _mm_fmadd_ps(cw, _mm_set1_ps(xb.s), corr[i]);
+        const __m256i xq = _mm256_loadu_si256((const __m256i*)xb.qs);
+        acc[i][0] =
+            _mm256_fmadd_ps(RowBlockDot<T>(b0 + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x00), acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(RowBlockDot<T>(b0 + rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x55),
+                                    acc[i][1]);
+        acc[i][2] = _mm256_fmadd_ps(RowBlockDot<T>(b0 + 2 * rb + kQsOff, xq),
+                                    _mm256_shuffle_ps(ds2, ds2, 0xaa), acc[i][2]);
+        acc[i][3] = _mm256_fmadd_ps(RowBlockDot<T>(b0 + 3 * rb + kQsOff, xq),
+                                    _mm256_shuffle_ps(ds2, ds2, 0xff), acc[i][3]);
+      }
+    }
+    for (int i = 0; i < M; ++i) {
+      alignas(16) float c[4];
+      _mm_store_ps(c, _mm_mul_ps(corr[i], _mm_set1_ps(kQ41 ? 1.0f : -8.0f)));
+      for (int q = 0; q < 4; ++q) y[i * ldy + r + q] = HsumPs(acc[i][q]) + c[q];
+    }
+  }
+}
+
+template <DType T, int M>
+void QuantRows4(const uint8_t* w, size_t rb, int64_t n4, const BlockQ8X* x, int64_t nb, float* y,
+                int64_t ldy) {
+  if constexpr (M == 1) {
+    Gemv1Rows4<T>(w, rb, n4, x, nb, y);
+  } else {
+    GemvRows4<T, M>(w, rb, n4, x, nb, y, ldy);
+  }
+}
+
 template <int M>
 void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t K, float* y,
            int64_t ldy) {
   const BlockQ8X* xq = (const BlockQ8X*)x;
   const float* xf = (const float*)x;
-  if (M == 1 && n_rows >= 4 && IsQuantized(t)) {
-    const int64_t n4 = n_rows / 4 * 4;
-    switch (t) {
-      case DType::kQ8_0: Gemv1Rows4<DType::kQ8_0>(w, rb, n4, xq, K / 32, y); break;
-      case DType::kQ4_0: Gemv1Rows4<DType::kQ4_0>(w, rb, n4, xq, K / 32, y); break;
-      case DType::kQ4_1: Gemv1Rows4<DType::kQ4_1>(w, rb, n4, xq, K / 32, y); break;
-      default: break;
+  if constexpr (M <= 2) {
+    if (n_rows >= 4 && IsQuantized(t)) {
+      const int64_t n4 = n_rows / 4 * 4;
+      switch (t) {
+        case DType::kQ8_0:
+          QuantRows4<DType::kQ8_0, M>(w, rb, n4, xq, K / 32, y, ldy);
+          break;
+        case DType::kQ4_0:
+          QuantRows4<DType::kQ4_0, M>(w, rb, n4, xq, K / 32, y, ldy);
+          break;
+        case DType::kQ4_1:
+          QuantRows4<DType::kQ4_1, M>(w, rb, n4, xq, K / 32, y, ldy);
+          break;
+        default:
+          break;
+      }
+      if (n4 == n_rows) return;
+      return GemvM<M>(t, w + n4 * rb, rb, n_rows - n4, x, K, y + n4, ldy);
     }
-    if (n4 == n_rows) return;
-    return GemvM<M>(t, w + n4 * rb, rb, n_rows - n4, x, K, y + n4, ldy);
   }
   switch (t) {
-    case DType::kQ8_0: return GemvQ8_0<M>(w, rb, n_rows, xq, K / 32, y, ldy);
-    case DType::kQ4_0: return GemvQ4<M, false>(w, rb, n_rows, xq, K / 32, y, ldy);
-    case DType::kQ4_1: return GemvQ4<M, true>(w, rb, n_rows, xq, K / 32, y, ldy);
-    case DType::kF32: return GemvF<DType::kF32, M>(w, rb, n_rows, xf, K, y, ldy);
-    case DType::kF16: return GemvF<DType::kF16, M>(w, rb, n_rows, xf, K, y, ldy);
-    case DType::kBF16: return GemvF<DType::kBF16, M>(w, rb, n_rows, xf, K, y, ldy);
-    default: LATHE_CHECK_MSG(false, "MatMul: unsupported weight dtype %s", DTypeName(t));
+    case DType::kQ8_0:
+      return GemvQ8_0<M>(w, rb, n_rows, xq, K / 32, y, ldy);
+    case DType::kQ4_0:
+      return GemvQ4<M, false>(w, rb, n_rows, xq, K / 32, y, ldy);
+    case DType::kQ4_1:
+      return GemvQ4<M, true>(w, rb, n_rows, xq, K / 32, y, ldy);
+    case DType::kF32:
+      return GemvF<DType::kF32, M>(w, rb, n_rows, xf, K, y, ldy);
+    case DType::kF16:
+      return GemvF<DType::kF16, M>(w, rb, n_rows, xf, K, y, ldy);
+    case DType::kBF16:
+      return GemvF<DType::kBF16, M>(w, rb, n_rows, xf, K, y, ldy);
+    default:
+      LATHE_CHECK_MSG(false, "MatMul: unsupported weight dtype %s", DTypeName(t));
   }
 }
 
-void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K,
-          float* y, int64_t ldy) {
+void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
+          int64_t ldy) {
   switch (m) {
-    case 1: return GemvM<1>(t, w, rb, n_rows, x, K, y, ldy);
-    case 2: return GemvM<2>(t, w, rb, n_rows, x, K, y, ldy);
-    case 3: return GemvM<3>(t, w, rb, n_rows, x, K, y, ldy);
-    default: return GemvM<4>(t, w, rb, n_rows, x, K, y, ldy);
+    case 1:
+      return GemvM<1>(t, w, rb, n_rows, x, K, y, ldy);
+    case 2:
+      return GemvM<2>(t, w, rb, n_rows, x, K, y, ldy);
+    case 3:
+      return GemvM<3>(t, w, rb, n_rows, x, K, y, ldy);
+    default:
+      return GemvM<4>(t, w, rb, n_rows, x, K, y, ldy);
   }
 }
 
@@ -323,16 +412,20 @@ void DequantRowF(const uint8_t* row, int64_t K, float* out) {
 void DequantRow(DType t, const uint8_t* row, int64_t K, float* out) {
   const int64_t nb = K / 32;
   switch (t) {
-    case DType::kF32: return DequantRowF<DType::kF32>(row, K, out);
-    case DType::kF16: return DequantRowF<DType::kF16>(row, K, out);
-    case DType::kBF16: return DequantRowF<DType::kBF16>(row, K, out);
+    case DType::kF32:
+      return DequantRowF<DType::kF32>(row, K, out);
+    case DType::kF16:
+      return DequantRowF<DType::kF16>(row, K, out);
+    case DType::kBF16:
+      return DequantRowF<DType::kBF16>(row, K, out);
     case DType::kQ8_0: {
       const BlockQ8_0* b = (const BlockQ8_0*)row;
       for (int64_t j = 0; j < nb; ++j) {
         const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[j].d));
         for (int h = 0; h < 4; ++h) {
           const __m128i q = _mm_loadl_epi64((const __m128i*)(b[j].qs + 8 * h));
-          _mm256_storeu_ps(out + j * 32 + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+          _mm256_storeu_ps(out + j * 32 + 8 * h,
+                           _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
         }
       }
       return;
@@ -356,7 +449,8 @@ void DequantRow(DType t, const uint8_t* row, int64_t K, float* out) {
       }
       return;
     }
-    default: LATHE_CHECK_MSG(false, "DequantizeRows: unsupported dtype %s", DTypeName(t));
+    default:
+      LATHE_CHECK_MSG(false, "DequantizeRows: unsupported dtype %s", DTypeName(t));
   }
 }
 
@@ -406,20 +500,31 @@ void PanelN(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t
   int64_t i = 0;
   for (; i + kMR <= m_rows; i += kMR) Tile<kMR, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy);
   switch (m_rows - i) {
-    case 3: Tile<3, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy); break;
-    case 2: Tile<2, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy); break;
-    case 1: Tile<1, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy); break;
-    default: break;
+    case 3:
+      Tile<3, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy);
+      break;
+    case 2:
+      Tile<2, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy);
+      break;
+    case 1:
+      Tile<1, NR>(x + i * ldx, ldx, w, ldw, K, y + i * ldy, ldy);
+      break;
+    default:
+      break;
   }
 }
 
 void Panel(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t ldw, int64_t n_rows,
            int64_t K, float* y, int64_t ldy) {
   switch (n_rows) {
-    case 3: return PanelN<3>(x, ldx, m_rows, w, ldw, K, y, ldy);
-    case 2: return PanelN<2>(x, ldx, m_rows, w, ldw, K, y, ldy);
-    case 1: return PanelN<1>(x, ldx, m_rows, w, ldw, K, y, ldy);
-    default: LATHE_CHECK(n_rows > 0 && n_rows <= kNR);
+    case 3:
+      return PanelN<3>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    case 2:
+      return PanelN<2>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    case 1:
+      return PanelN<1>(x, ldx, m_rows, w, ldw, K, y, ldy);
+    default:
+      LATHE_CHECK(n_rows > 0 && n_rows <= kNR);
   }
 }
 

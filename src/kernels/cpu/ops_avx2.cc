@@ -31,7 +31,8 @@ float Dot(const float* a, const float* b, int64_t n) {
 void Axpy(float* y, float a, const float* x, int64_t n) {
   const __m256 av = _mm256_set1_ps(a);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
@@ -43,7 +44,8 @@ void RmsNorm(const float* x, const float* w, float* out, int64_t T, int64_t C, f
     const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(ss / (float)C + eps));
     int64_t i = 0;
     for (; i + 8 <= C; i += 8)
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), r), _mm256_loadu_ps(w + i)));
+      _mm256_storeu_ps(o + i,
+                       _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), r), _mm256_loadu_ps(w + i)));
     const float rs = _mm256_cvtss_f32(r);
     for (; i < C; ++i) o[i] = xr[i] * rs * w[i];
   }
@@ -91,7 +93,8 @@ void Softmax(float* x, int64_t n) {
   if (i < n) {
     const __m256i tm = TailMask(n - i);
     // Masked-off lanes load 0 and give exp(-m) != 0, so mask them out of the sum.
-    const __m256 e0 = _mm256_and_ps(ExpPs(_mm256_sub_ps(_mm256_maskload_ps(x + i, tm), mv)), _mm256_castsi256_ps(tm));
+    const __m256 e0 =
+        _mm256_and_ps(ExpPs(_mm256_sub_ps(_mm256_maskload_ps(x + i, tm), mv)), _mm256_castsi256_ps(tm));
     _mm256_maskstore_ps(x + i, tm, e0);
     s1 = _mm256_add_ps(s1, e0);
   }

@@ -35,7 +35,8 @@ void Axpy(float* y, float a, const float* x, int64_t n) {
   const __m512 av = _mm512_set1_ps(a);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = Mask16(std::min<int64_t>(16, n - i));
-    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    _mm512_mask_storeu_ps(
+        y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
   }
 }
 
@@ -47,8 +48,9 @@ void RmsNorm(const float* x, const float* w, float* out, int64_t T, int64_t C, f
     const __m512 r = _mm512_set1_ps(1.0f / std::sqrt(ss / (float)C + eps));
     for (int64_t i = 0; i < C; i += 16) {
       const __mmask16 m = Mask16(std::min<int64_t>(16, C - i));
-      _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), r),
-                                                    _mm512_maskz_loadu_ps(m, w + i)));
+      _mm512_mask_storeu_ps(
+          o + i, m,
+          _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), r), _mm512_maskz_loadu_ps(m, w + i)));
     }
   }
 }

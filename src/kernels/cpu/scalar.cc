@@ -49,20 +49,24 @@ inline float BlockDot(DType t, const uint8_t* wb, const BlockQ8X& xb) {
       for (int i = 0; i < 16; ++i) s += (b->qs[i] & 0xf) * xb.qs[i] + (b->qs[i] >> 4) * xb.qs[i + 16];
       return F16ToF32(b->d) * xb.d * (float)s + F16ToF32(b->m) * xb.s;
     }
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
 inline float LoadF(DType t, const uint8_t* row, int64_t k) {
   switch (t) {
-    case DType::kF32: return ((const float*)row)[k];
-    case DType::kF16: return F16ToF32(((const uint16_t*)row)[k]);
-    default: return BF16ToF32(((const uint16_t*)row)[k]);
+    case DType::kF32:
+      return ((const float*)row)[k];
+    case DType::kF16:
+      return F16ToF32(((const uint16_t*)row)[k]);
+    default:
+      return BF16ToF32(((const uint16_t*)row)[k]);
   }
 }
 
-void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K,
-          float* y, int64_t ldy) {
+void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
+          int64_t ldy) {
   if (IsQuantized(t)) {
     const BlockQ8X* xq = (const BlockQ8X*)x;
     const int64_t nb = K / 32, bb = GetDTypeInfo(t).block_bytes;
