@@ -35,15 +35,16 @@ class Tokenizer {
   // add_bos() (llama.cpp's add_special; SmolLM2 and Qwen add none), EOS when add_eos().
   // parse_special turns control-token text (e.g. "<|im_start|>") into its single id instead of
   // tokenizing its characters; user-defined/added non-special tokens are always matched whole.
-  // Thread-safe (the BPE word cache is internally locked).
+  // Thread-safe (the per-word cache is internally locked).
   virtual std::vector<int32_t> Encode(std::string_view text, bool add_bos, bool parse_special = true) const = 0;
   // The raw bytes a token stands for when detokenized (byte-fallback tokens give their byte,
   // SentencePiece's U+2581 becomes a space, byte-level BPE maps back to bytes). Special tokens
   // give their text. May be a partial UTF-8 sequence.
   virtual std::string TokenBytes(int32_t id) const = 0;
   // Detokenizes a whole sequence: drops a leading BOS when add_bos() (the BOS Encode adds; a
-  // chatml "BOS" such as SmolLM2's <|im_start|> is kept), strips the SentencePiece leading space of the first
-  // piece (as sentencepiece's decode does). Bytes are returned as they are (may be invalid UTF-8).
+  // chatml "BOS" such as SmolLM2's <|im_start|> is kept), strips the SentencePiece leading space
+  // of the first piece (as sentencepiece's decode does). Bytes are returned as they are (may be
+  // invalid UTF-8).
   virtual std::string Decode(const std::vector<int32_t>& ids) const = 0;
   // The vocabulary string of a token as stored (for display/debugging).
   virtual const std::string& Piece(int32_t id) const = 0;
@@ -76,7 +77,8 @@ class Tokenizer {
 // Streams detokenized text: feed ids one by one, get back only complete UTF-8 (a multi-byte
 // character split across tokens is held until it completes; invalid bytes become U+FFFD). Strips
 // the SentencePiece leading space of the piece right after a BOS (so generated text that follows
-// a prompt keeps its leading space); BOS itself gives no text when add_bos(). Not thread-safe; one per stream.
+// a prompt keeps its leading space); BOS itself gives no text when add_bos(). Not thread-safe:
+// one per stream.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
