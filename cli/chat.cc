@@ -68,7 +68,7 @@ int RunChat(int argc, char** argv) {
     if (line.empty()) continue;
     history.push_back({"user", line});
     std::string prompt = tmpl.Apply(history, true);
-    std::vector<int32_t> ids = tok.Encode(prompt, tok.add_bos(), true);
+    std::vector<int32_t> ids = tok.Encode(prompt, tok.add_bos() && !tmpl.text_has_bos(), true);
     // Reuse the cached prefix.
     size_t common = 0;
     while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;

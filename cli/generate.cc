@@ -41,6 +41,7 @@ int RunGenerate(int argc, char** argv) {
   const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
 
   std::string prompt = args.Get("prompt");
+  bool add_bos = !args.On("no-bos") && tok.add_bos();
   if (args.On("chat")) {
     tokenizer::ChatTemplate tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
     if (args.Has("template")) {
@@ -52,8 +53,8 @@ int RunGenerate(int argc, char** argv) {
     if (args.Has("system")) msgs.push_back({"system", args.Get("system")});
     msgs.push_back({"user", prompt});
     prompt = tmpl.Apply(msgs, true);
+    if (tmpl.text_has_bos()) add_bos = false;  // the rendered text starts with BOS already
   }
-  bool add_bos = !args.On("no-bos") && tok.add_bos();
   std::vector<int32_t> ids = tok.Encode(prompt, add_bos, /*parse_special=*/true);
   if (ids.empty()) {
     if (tok.bos_id() < 0) return Fail("generate", Status::Error("empty prompt and the tokenizer has no BOS token"));
