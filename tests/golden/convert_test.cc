@@ -74,7 +74,9 @@ TEST(Convert, Stories260KToEveryDtype) {
       den += ref[i] * ref[i];
     }
     EXPECT_LE(std::sqrt(num / den), want.rel) << DTypeName(want.dtype);
-    if (want.rel == 0) EXPECT_EQ(got, ref);
+    if (want.rel == 0) {
+      EXPECT_EQ(got, ref);
+    }
     std::remove(out.c_str());
   }
 }
