@@ -1,0 +1,339 @@
+// Dataset registry, format conversion, tokenization with label masks, packing and splitting.
+#include "train/dataset.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "core/mapped_file.h"
+#include "core/strings.h"
+
+namespace lathe::train {
+
+using nlohmann::json;
+
+int64_t TokenizedSample::target_tokens() const {
+  return std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+}
+
+namespace {
+
+std::string Col(const json& entry, const char* key, const char* def) {
+  if (entry.contains("columns") && entry["columns"].is_object() && entry["columns"].contains(key) &&
+      entry["columns"][key].is_string()) {
+    return entry["columns"][key].get<std::string>();
+  }
+  return def;
+}
+
+std::string Tag(const json& entry, const char* key, const char* def) {
+  if (entry.contains("tags") && entry["tags"].is_object() && entry["tags"].contains(key) &&
+      entry["tags"][key].is_string()) {
+    return entry["tags"][key].get<std::string>();
+  }
+  return def;
+}
+
+// A string field of a record, "" when absent or null; error when of another type.
+Status StrField(const json& rec, const std::string& key, const std::string& where, std::string* out) {
+  out->clear();
+  if (!rec.contains(key) || rec[key].is_null()) return Status::Ok();
+  if (!rec[key].is_string()) return Status::Error(where + ": field '" + key + "' must be a string");
+  *out = rec[key].get<std::string>();
+  return Status::Ok();
+}
+
+Result<std::vector<json>> ReadRecords(const std::string& path) {
+  LATHE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  std::vector<json> out;
+  bool jsonl = path.size() > 6 && path.substr(path.size() - 6) == ".jsonl";
+  if (jsonl) {
+    std::istringstream in(text);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      try {
+        out.push_back(json::parse(line));
+      } catch (const json::exception& e) {
+        return Status::Error(StrFormat("%s line %d: invalid JSON: %s", path.c_str(), n, e.what()));
+      }
+    }
+    return out;
+  }
+  try {
+    json j = json::parse(text);
+    if (!j.is_array()) return Status::Error(path + ": expected a JSON array of records");
+    for (auto& r : j) out.push_back(std::move(r));
+  } catch (const json::exception& e) {
+    return Status::Error(path + ": invalid JSON: " + e.what());
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<Example>> LoadExamples(const std::string& dataset_dir, const std::string& name,
+                                          const std::string& stage, int64_t max_samples) {
+  std::string info_path = dataset_dir + "/dataset_info.json";
+  LATHE_ASSIGN_OR_RETURN(std::string info_text, ReadFileToString(info_path));
+  json info;
+  try {
+    info = json::parse(info_text);
+  } catch (const json::exception& e) {
+    return Status::Error(info_path + ": invalid JSON: " + e.what());
+  }
+  if (!info.is_object() || !info.contains(name)) {
+    std::vector<std::string> names;
+    if (info.is_object()) for (auto& [k, v] : info.items()) names.push_back(k);
+    std::string near = Nearest(name, names);
+    return Status::Error(StrFormat("dataset '%s' is not in %s%s", name.c_str(), info_path.c_str(),
+                                   near.empty() ? "" : (" (did you mean '" + near + "'?)").c_str()));
+  }
+  const json& e = info[name];
+  if (!e.contains("file_name") || !e["file_name"].is_string()) {
+    return Status::Error(StrFormat("%s: dataset '%s' has no local file_name (hub datasets are not fetched: lathe "
+                                   "reads local files only)", info_path.c_str(), name.c_str()));
+  }
+  std::string file = dataset_dir + "/" + e["file_name"].get<std::string>();
+  std::string formatting = e.value("formatting", "alpaca");
+  if (formatting != "alpaca" && formatting != "sharegpt") {
+    return Status::Error(StrFormat("%s: dataset '%s' has formatting '%s' (expected alpaca or sharegpt)",
+                                   info_path.c_str(), name.c_str(), formatting.c_str()));
+  }
+  bool ranking = e.value("ranking", false);
+  LATHE_ASSIGN_OR_RETURN(std::vector<json> records, ReadRecords(file));
+  if (max_samples > 0 && (int64_t)records.size() > max_samples) records.resize(max_samples);
+  std::vector<Example> out;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const json& r = records[i];
+    std::string where = file + " record " + std::to_string(i);
+    if (!r.is_object()) return Status::Error(where + ": expected a JSON object");
+    Example ex;
+    ex.source = where;
+    if (stage == "pt") {
+      LATHE_RETURN_IF_ERROR(StrField(r, Col(e, "prompt", "text"), where, &ex.text));
+      out.push_back(std::move(ex));
+      continue;
+    }
+    if (formatting == "alpaca") {
+      std::string instruction, input, output, system;
+      LATHE_RETURN_IF_ERROR(StrField(r, Col(e, "prompt", "instruction"), where, &instruction));
+      LATHE_RETURN_IF_ERROR(StrField(r, Col(e, "query", "input"), where, &input));
+      LATHE_RETURN_IF_ERROR(StrField(r, Col(e, "response", "output"), where, &output));
+      LATHE_RETURN_IF_ERROR(StrField(r, Col(e, "system", "system"), where, &system));
+      if (!system.empty()) ex.messages.push_back({"system", system});
+      std::string hist_col = Col(e, "history", "history");
+      if (r.contains(hist_col) && r[hist_col].is_array()) {
+        for (const json& turn : r[hist_col]) {
+          if (!turn.is_array() || turn.size() != 2 || !turn[0].is_string() || !turn[1].is_string()) {
+            return Status::Error(where + ": field '" + hist_col + "' must be a list of [user, assistant] pairs");
+          }
+          ex.messages.push_back({"user", turn[0].get<std::string>()});
+          ex.messages.push_back({"assistant", turn[1].get<std::string>()});
+        }
+      }
+      // As LLaMA-Factory: instruction and input joined by a newline.
+      ex.messages.push_back({"user", input.empty() ? instruction : instruction + "\n" + input});
+      ex.messages.push_back({"assistant", output});
+    } else {
+      std::string msg_col = Col(e, "messages", "conversations");
+      std::string role_tag = Tag(e, "role_tag", "from"), content_tag = Tag(e, "content_tag", "value");
+      std::string user = Tag(e, "user_tag", "human"), assistant = Tag(e, "assistant_tag", "gpt");
+      std::string observation = Tag(e, "observation_tag", "observation");
+      std::string function = Tag(e, "function_tag", "function_call"), system_tag = Tag(e, "system_tag", "system");
+      if (!r.contains(msg_col) || !r[msg_col].is_array()) {
+        return Status::Error(where + ": field '" + msg_col + "' must be a list of messages");
+      }
+      std::string system;
+      LATHE_RETURN_IF_ERROR(StrField(r, Col(e, "system", "system"), where, &system));
+      std::string tools;
+      std::string tools_col = Col(e, "tools", "tools");
+      if (r.contains(tools_col) && r[tools_col].is_string()) tools = r[tools_col].get<std::string>();
+      if (!tools.empty()) {
+        system += (system.empty() ? "" : "\n\n") + std::string("You have access to the following tools:\n") + tools;
+      }
+      for (const json& m : r[msg_col]) {
+        if (!m.is_object() || !m.contains(role_tag) || !m[role_tag].is_string() || !m.contains(content_tag) ||
+            !m[content_tag].is_string()) {
+          return Status::Error(where + ": each message needs string fields '" + role_tag + "' and '" + content_tag + "'");
+        }
+        std::string role = m[role_tag].get<std::string>(), content = m[content_tag].get<std::string>();
+        if (role == system_tag) system = content;
+        else if (role == user) ex.messages.push_back({"user", content});
+        else if (role == assistant || role == function) ex.messages.push_back({"assistant", content});
+        else if (role == observation) ex.messages.push_back({"tool", content});
+        else return Status::Error(where + ": unknown role '" + role + "'");
+      }
+      if (ranking) {  // sft on a preference dataset: learn the chosen answer
+        std::string chosen_col = Col(e, "chosen", "chosen");
+        if (r.contains(chosen_col) && r[chosen_col].is_object() && r[chosen_col].contains(content_tag)) {
+          ex.messages.push_back({"assistant", r[chosen_col][content_tag].get<std::string>()});
+        }
+      }
+      if (!system.empty()) ex.messages.insert(ex.messages.begin(), {"system", system});
+    }
+    out.push_back(std::move(ex));
+  }
+  return out;
+}
+
+std::pair<int64_t, int64_t> InferSeqLen(int64_t source_len, int64_t target_len, int64_t cutoff_len) {
+  int64_t max_target_len;
+  if (target_len * 2 < cutoff_len) {
+    max_target_len = cutoff_len;
+  } else if (source_len * 2 < cutoff_len) {
+    max_target_len = cutoff_len - source_len;
+  } else {
+    max_target_len = (int64_t)(cutoff_len * ((double)target_len / (double)(source_len + target_len)));
+  }
+  int64_t new_target = std::min(max_target_len, target_len);
+  int64_t max_source = std::max<int64_t>(cutoff_len - new_target, 0);
+  int64_t new_source = std::min(max_source, source_len);
+  return {new_source, new_target};
+}
+
+Result<TokenizedSample> EncodeConversation(const Example& ex, const tokenizer::Tokenizer& tok,
+                                           const tokenizer::ChatTemplate& tmpl, int64_t cutoff_len,
+                                           bool train_on_prompt, bool mask_history, bool* truncated) {
+  // Split the rendered conversation into (prompt, response) text pairs, one per assistant turn:
+  // the prompt runs from the previous turn's end to where the reply begins.
+  std::vector<std::pair<std::string, std::string>> pairs;
+  std::string done;
+  for (size_t k = 0; k < ex.messages.size(); ++k) {
+    if (ex.messages[k].role != "assistant") continue;
+    std::vector<tokenizer::ChatMessage> head(ex.messages.begin(), ex.messages.begin() + k);
+    std::vector<tokenizer::ChatMessage> upto(ex.messages.begin(), ex.messages.begin() + k + 1);
+    std::string prompt = tmpl.Apply(head, true), full = tmpl.Apply(upto, false);
+    if (prompt.compare(0, done.size(), done) != 0 || full.compare(0, prompt.size(), prompt) != 0) {
+      return Status::Error(ex.source + ": the '" + tmpl.name() + "' template does not render this conversation as "
+                                       "a sequence of turns (a later turn changes earlier text)");
+    }
+    pairs.push_back({prompt.substr(done.size()), full.substr(prompt.size())});
+    done = full;
+  }
+  if (pairs.empty()) return Status::Error(ex.source + ": no assistant turn to train on");
+  const bool add_eos = tmpl.name() == "alpaca";  // the other templates end a turn with a stop token
+  TokenizedSample s;
+  if (tok.add_bos() && !tmpl.text_has_bos() && tok.bos_id() >= 0) {
+    s.input_ids.push_back(tok.bos_id());
+    s.labels.push_back(kIgnoreIndex);
+  }
+  *truncated = false;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    std::vector<int32_t> src = tok.Encode(pairs[i].first, false, true);
+    std::vector<int32_t> tgt = tok.Encode(pairs[i].second, false, true);
+    if (add_eos && tok.eos_id() >= 0) tgt.push_back(tok.eos_id());
+    int64_t total = (int64_t)s.input_ids.size();
+    if (total >= cutoff_len) {
+      *truncated = true;
+      break;
+    }
+    auto [sl, tl] = InferSeqLen((int64_t)src.size(), (int64_t)tgt.size(), cutoff_len - total);
+    if (sl < (int64_t)src.size() || tl < (int64_t)tgt.size()) *truncated = true;
+    src.resize(sl);
+    tgt.resize(tl);
+    bool learn = !mask_history || i + 1 == pairs.size();
+    for (int32_t t : src) {
+      s.input_ids.push_back(t);
+      s.labels.push_back(train_on_prompt ? t : kIgnoreIndex);
+    }
+    for (int32_t t : tgt) {
+      s.input_ids.push_back(t);
+      s.labels.push_back(learn ? t : kIgnoreIndex);
+    }
+  }
+  s.segment_ids.assign(s.input_ids.size(), 0);
+  return s;
+}
+
+std::vector<TokenizedSample> EncodePretrain(const std::vector<Example>& examples, const tokenizer::Tokenizer& tok,
+                                            int64_t cutoff_len) {
+  std::vector<int32_t> stream;
+  for (const Example& ex : examples) {
+    std::vector<int32_t> ids = tok.Encode(ex.text, tok.add_bos(), false);
+    stream.insert(stream.end(), ids.begin(), ids.end());
+    if (tok.eos_id() >= 0) stream.push_back(tok.eos_id());
+  }
+  std::vector<TokenizedSample> out;
+  for (size_t p = 0; p + cutoff_len <= stream.size(); p += cutoff_len) {
+    TokenizedSample s;
+    s.input_ids.assign(stream.begin() + p, stream.begin() + p + cutoff_len);
+    s.labels = s.input_ids;
+    s.segment_ids.assign(cutoff_len, 0);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<TokenizedSample> Pack(std::vector<TokenizedSample> samples, int64_t cutoff_len) {
+  std::stable_sort(samples.begin(), samples.end(), [](const TokenizedSample& a, const TokenizedSample& b) {
+    return a.input_ids.size() > b.input_ids.size();
+  });
+  std::vector<TokenizedSample> bins;
+  for (TokenizedSample& s : samples) {
+    size_t n = s.input_ids.size();
+    TokenizedSample* dst = nullptr;
+    for (TokenizedSample& b : bins) {  // first fit
+      if (b.input_ids.size() + n <= (size_t)cutoff_len) {
+        dst = &b;
+        break;
+      }
+    }
+    if (!dst) {
+      bins.emplace_back();
+      dst = &bins.back();
+    }
+    int32_t seg = dst->segment_ids.empty() ? 0 : dst->segment_ids.back() + 1;
+    dst->input_ids.insert(dst->input_ids.end(), s.input_ids.begin(), s.input_ids.end());
+    dst->labels.insert(dst->labels.end(), s.labels.begin(), s.labels.end());
+    dst->segment_ids.insert(dst->segment_ids.end(), n, seg);
+  }
+  return bins;
+}
+
+Result<DatasetSplit> BuildDatasets(const TrainConfig& c, const tokenizer::Tokenizer& tok,
+                                   const tokenizer::ChatTemplate& tmpl) {
+  DatasetSplit out;
+  std::vector<Example> all;
+  for (const std::string& name : c.dataset) {
+    LATHE_ASSIGN_OR_RETURN(std::vector<Example> ex, LoadExamples(c.dataset_dir, name, c.stage, c.max_samples));
+    all.insert(all.end(), std::make_move_iterator(ex.begin()), std::make_move_iterator(ex.end()));
+  }
+  out.examples = (int64_t)all.size();
+  std::vector<TokenizedSample> samples;
+  if (c.stage == "pt") {
+    samples = EncodePretrain(all, tok, c.cutoff_len);
+  } else {
+    for (const Example& ex : all) {
+      bool truncated = false;
+      LATHE_ASSIGN_OR_RETURN(TokenizedSample s,
+                             EncodeConversation(ex, tok, tmpl, c.cutoff_len, c.train_on_prompt, c.mask_history,
+                                                &truncated));
+      out.truncated += truncated;
+      if (s.target_tokens() == 0) {
+        out.dropped++;
+        continue;
+      }
+      samples.push_back(std::move(s));
+    }
+  }
+  if (samples.empty()) return Status::Error("no training samples: every example was empty or cut away");
+  // Deterministic shuffle (own Fisher-Yates: std::shuffle's output is implementation-defined).
+  std::mt19937_64 rng((uint64_t)c.seed);
+  for (size_t i = samples.size(); i > 1; --i) std::swap(samples[i - 1], samples[rng() % i]);
+  int64_t n_val = c.val_size >= 1 ? (int64_t)c.val_size : (int64_t)(c.val_size * (double)samples.size());
+  if (n_val >= (int64_t)samples.size()) {
+    return Status::Error(StrFormat("key 'val_size': %g leaves no training samples out of %zu", c.val_size,
+                                   samples.size()));
+  }
+  out.eval.assign(std::make_move_iterator(samples.end() - n_val), std::make_move_iterator(samples.end()));
+  samples.resize(samples.size() - n_val);
+  out.train = c.packing && c.stage != "pt" ? Pack(std::move(samples), c.cutoff_len) : std::move(samples);
+  return out;
+}
+
+}  // namespace lathe::train
