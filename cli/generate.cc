@@ -25,6 +25,8 @@ int RunGenerate(int argc, char** argv) {
   args.Bool("--ignore-eos", "keep generating after end-of-sequence tokens");
   args.Bool("--json", "print one JSON line {prompt_ids, ids, text} instead of streaming text");
   args.Bool("--verbose", "print timings to stderr");
+  args.Flag("--profile", "write a Chrome trace of every op to this file and print the top ops");
+  args.Bool("--exact-activations", "f32 activations for quantized weights in decode (slower, exact)");
   AddSamplingFlags(args);
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("generate", st);
@@ -64,7 +66,14 @@ int RunGenerate(int argc, char** argv) {
   if (!ctx.ok()) return Fail("generate", ctx.status());
   int64_t max_len = *ctx > 0 ? *ctx : (int64_t)ids.size() + *n_predict;
   ThreadPool pool(ThreadsFromArgs(args));
-  model::Transformer tf((*lm)->weights, pool);
+  Profiler profiler;
+  model::TransformerOptions topts;
+  topts.exact_activations = args.On("exact-activations");
+  if (args.Has("profile")) {
+    topts.profiler = &profiler;
+    pool.SetProfiler(&profiler);
+  }
+  model::Transformer tf((*lm)->weights, pool, topts);
   model::KvCache cache(tf.config(), 1, max_len);
   serve::GenerateOptions opts;
   opts.max_tokens = (int)*n_predict;
@@ -91,6 +100,13 @@ int RunGenerate(int argc, char** argv) {
     std::printf("\n");
   }
   std::fflush(stdout);
+  if (args.Has("profile")) {
+    pool.SetProfiler(nullptr);
+    Status ps = profiler.WriteChromeTrace(args.Get("profile"));
+    if (!ps.ok()) return Fail("generate", ps);
+    std::fprintf(stderr, "profile: %s (open in Perfetto or chrome://tracing)\n%s", args.Get("profile").c_str(),
+                 profiler.Summary().c_str());
+  }
   if (args.On("verbose")) {
     size_t n = res->ids.size();
     std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tok/s); generated %zu tokens in %.3f s (%.1f tok/s)\n",

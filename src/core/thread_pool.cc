@@ -1,6 +1,8 @@
 // ThreadPool implementation: generation-tagged chunk claims, spin-then-futex idle workers.
 #include "core/thread_pool.h"
 
+#include "core/profiler.h"
+
 #include <immintrin.h>
 #include <sched.h>
 #include <unistd.h>
@@ -35,7 +37,12 @@ int64_t ThreadPool::RunChunks(uint32_t gen, int thread) {
     if (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
     int64_t b = c * grain_;
     int64_t e = b + grain_ < n_ ? b + grain_ : n_;
-    (*fn_)(b, e, thread);
+    if (profiler_) {
+      ScopedOp op(profiler_, "pool_chunk");
+      (*fn_)(b, e, thread);
+    } else {
+      (*fn_)(b, e, thread);
+    }
     ++ran;
     if (done_chunks_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_chunks_.load(std::memory_order_relaxed)) done_chunks_.notify_one();
     cur = claim_.load(std::memory_order_acquire);

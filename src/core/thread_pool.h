@@ -35,6 +35,9 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
+  // Records every chunk each thread runs as a "pool_chunk" op (a track per thread in the trace).
+  // Not owned; nullptr turns it off. Set it only while no ParallelFor is running.
+  void SetProfiler(class Profiler* p) { profiler_ = p; }
 
   // Calls fn(begin, end, thread) over [0, n) in chunks of `grain` (the last may be short), on all
   // threads including the caller, and returns when every chunk is done. Not reentrant: fn must not
@@ -61,6 +64,7 @@ class ThreadPool {
   const RangeFn* fn_ = nullptr;
   uint32_t generation_ = 0;  // caller-side copy
   std::atomic<bool> stop_{false};
+  class Profiler* profiler_ = nullptr;
 };
 
 // A process-wide default pool sized by LATHE_THREADS or the number of online CPUs; CLI sub-

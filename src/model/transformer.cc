@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "core/check.h"
 #include "kernels/kernels.h"
@@ -237,8 +238,10 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   hb2_.resize(T * ffn);
   row_pos_.resize(T);
 
+  Profiler* prof = options_.profiler;
   // Embedding rows.
   int64_t r = 0;
+  std::optional<ScopedOp> embed_op(std::in_place, prof, "embedding", 0, (double)T * w_.tok_embd.row_bytes());
   for (const PagedSeqInput& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i, ++r) {
       kernels::DequantizeRows(w_.tok_embd, s.tokens[i], 1, &x_[r * dim]);
@@ -246,12 +249,17 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
     }
   }
 
+  embed_op.reset();
+  const double norm_bytes = 8.0 * T * dim;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
-    kernels::RmsNorm(x_.data(), L.attn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
-    Linear(xb_.data(), T, L.wq, q_.data());
-    Linear(xb_.data(), T, L.wk, k_.data());
-    Linear(xb_.data(), T, L.wv, v_.data());
+    {
+      ScopedOp op(prof, "rmsnorm", 4.0 * T * dim, norm_bytes);
+      kernels::RmsNorm(x_.data(), L.attn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
+    }
+    Linear("matmul_q", xb_.data(), T, L.wq, q_.data());
+    Linear("matmul_k", xb_.data(), T, L.wk, k_.data());
+    Linear("matmul_v", xb_.data(), T, L.wv, v_.data());
     if (c.qkv_bias) {
       for (int64_t t = 0; t < T; ++t) {
         kernels::Axpy(&q_[t * q_dim], 1.0f, L.bq.as<float>(), q_dim);
@@ -261,6 +269,8 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
     }
     r = 0;
     const int64_t bs = store.block_size();
+    std::optional<ScopedOp> rope_op(std::in_place, prof, "rope_kv_write", 3.0 * T * (q_dim + kv_dim),
+                                    4.0 * T * (q_dim + 3 * kv_dim));
     for (const PagedSeqInput& s : batch) {
       for (size_t i = 0; i < s.tokens.size(); ++i, ++r) {
         int64_t pos = row_pos_[r];
@@ -270,15 +280,33 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
         std::memcpy(store.V(l, s.block_table[pos / bs], pos % bs), &v_[r * kv_dim], kv_dim * sizeof(float));
       }
     }
-    Attention(store, l, batch);
-    Linear(att_.data(), T, L.wo, xb_.data());
-    kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
-    kernels::RmsNorm(x_.data(), L.ffn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
-    Linear(xb_.data(), T, L.w_gate, hb_.data());
-    Linear(xb_.data(), T, L.w_up, hb2_.data());
-    kernels::SiluMul(hb_.data(), hb2_.data(), T * ffn);
-    Linear(hb_.data(), T, L.w_down, xb_.data());
-    kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
+    rope_op.reset();
+    {
+      double ctx = 0;  // attended positions, summed over new tokens
+      for (const PagedSeqInput& s : batch) {
+        int64_t n = (int64_t)s.tokens.size();
+        ctx += (double)n * s.start_pos + (double)n * (n + 1) / 2;
+      }
+      ScopedOp op(prof, "attention", 4.0 * ctx * q_dim, 8.0 * ctx * kv_dim);
+      Attention(store, l, batch);
+    }
+    Linear("matmul_o", att_.data(), T, L.wo, xb_.data());
+    {
+      ScopedOp op(prof, "residual_norm", 5.0 * T * dim, 3 * norm_bytes);
+      kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
+      kernels::RmsNorm(x_.data(), L.ffn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
+    }
+    Linear("matmul_gate", xb_.data(), T, L.w_gate, hb_.data());
+    Linear("matmul_up", xb_.data(), T, L.w_up, hb2_.data());
+    {
+      ScopedOp op(prof, "silu_mul", 6.0 * T * ffn, 12.0 * T * ffn);
+      kernels::SiluMul(hb_.data(), hb2_.data(), T * ffn);
+    }
+    Linear("matmul_down", hb_.data(), T, L.w_down, xb_.data());
+    {
+      ScopedOp op(prof, "residual", 1.0 * T * dim, norm_bytes * 1.5);
+      kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
+    }
   }
   // Final norm only on the rows whose logits are wanted.
   rows_.resize(n_out * dim);
@@ -292,9 +320,17 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   }
   kernels::RmsNorm(rows_.data(), w_.output_norm.as<float>(), rows_.data(), n_out, dim, c.norm_eps);
   logits->resize(n_out * c.vocab_size);
-  Linear(rows_.data(), n_out, w_.output, logits->data());
-  if (!options_.exact_activations && IsQuantized(w_.output.dtype)) RefineLogits(rows_.data(), n_out, logits->data());
+  Linear("matmul_head", rows_.data(), n_out, w_.output, logits->data());
+  if (!options_.exact_activations && IsQuantized(w_.output.dtype)) {
+    ScopedOp op(prof, "refine_logits");
+    RefineLogits(rows_.data(), n_out, logits->data());
+  }
   return Status::Ok();
+}
+
+std::string Transformer::OpShape(int64_t M, const Tensor& w) {
+  return StrFormat("[%lld, %lld] x [%lld, %lld] %s", (long long)M, (long long)w.shape[1], (long long)w.shape[0],
+                   (long long)w.shape[1], DTypeName(w.dtype));
 }
 
 }  // namespace lathe::model

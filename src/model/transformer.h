@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/profiler.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
 #include "model/weights.h"
@@ -89,6 +90,8 @@ struct TransformerOptions {
   // flips near-ties — SmolLM2 answers "L'..." instead of "The capital of France is Paris." with
   // a plain int8 head (tests/golden/fixtures/MANIFEST.json measures it).
   bool exact_activations = false;
+  // When set, every op of Forward is recorded (name, shape, time, FLOPs, bytes). Not owned.
+  Profiler* profiler = nullptr;
 };
 
 class Transformer {
@@ -118,9 +121,12 @@ class Transformer {
 
   // Recomputes exactly the logits of each row within kExactLogitMargin of its maximum.
   void RefineLogits(const float* rows, int64_t n_rows, float* logits);
-  void Linear(const float* x, int64_t M, const Tensor& w, float* y) {
+  void Linear(const char* name, const float* x, int64_t M, const Tensor& w, float* y) {
+    ScopedOp op(options_.profiler, name, 2.0 * M * w.numel(), (double)w.nbytes() + 4.0 * M * (w.shape[0] + w.shape[1]),
+                options_.profiler ? OpShape(M, w) : std::string());
     kernels::MatMul(pool_, x, M, w, y, options_.exact_activations);
   }
+  static std::string OpShape(int64_t M, const Tensor& w);
 
   const ModelWeights& w_;
   ThreadPool& pool_;

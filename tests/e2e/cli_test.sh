@@ -48,6 +48,18 @@ check "tokenize --no-bos" test "$("$LATHE" tokenize -m "$STORIES/stories260K.ggu
 check "eval nll" python3 -c "
 import json; r = json.load(open('$tmp/eval.json')); assert abs(r['mean_nll'] - 1.3196398797561912) < 5e-4, r"
 
+# 4b. --profile writes a Chrome trace Perfetto can open (JSON with X events, shapes, FLOPs).
+"$LATHE" generate -m "$STORIES/stories260K.gguf" -p "Once" -n 8 --temp 0 --profile "$tmp/trace.json" > /dev/null 2> "$tmp/prof.txt"
+check "profile trace" python3 - "$tmp/trace.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["name"] for e in t if e["ph"] == "X"}
+assert {"matmul_q", "attention", "matmul_head", "rmsnorm"} <= names, names
+q = [e for e in t if e["name"] == "matmul_q"][0]
+assert q["args"]["flops"] > 0 and "x [64, 64] f32" in q["args"]["shape"], q
+PY
+check "profile table" grep -q "GFLOP/s" "$tmp/prof.txt"
+
 # 5. info names the architecture.
 check "info" bash -c "'$LATHE' info '$STORIES/stories260K.gguf' | grep -q 'llama: 5 layers, dim 64, heads 8/4'"
 

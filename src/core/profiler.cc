@@ -1,0 +1,97 @@
+// Profiler: event buffer, Chrome trace writer, summary table.
+#include "core/profiler.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+namespace lathe {
+
+Profiler::Profiler() : t0_(std::chrono::steady_clock::now()) {}
+
+int64_t Profiler::NowNs() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+int Profiler::ThreadIndex() {  // REQUIRES mu_ held
+  std::thread::id id = std::this_thread::get_id();
+  for (const auto& [t, i] : threads_) {
+    if (t == id) return i;
+  }
+  threads_.push_back({id, (int)threads_.size()});
+  return threads_.back().second;
+}
+
+void Profiler::Record(Event e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  e.tid = ThreadIndex();
+  events_.push_back(std::move(e));
+}
+
+std::vector<Profiler::Event> Profiler::Events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+Status Profiler::WriteChromeTrace(const std::string& path) const {
+  nlohmann::json events = nlohmann::json::array();
+  std::vector<Event> evs = Events();
+  int max_tid = 0;
+  for (const Event& e : evs) {
+    max_tid = std::max(max_tid, e.tid);
+    nlohmann::json args = {{"flops", e.flops}, {"bytes", e.bytes}};
+    if (!e.shape.empty()) args["shape"] = e.shape;
+    events.push_back({{"name", e.name}, {"ph", "X"}, {"pid", 1}, {"tid", e.tid}, {"ts", e.start_ns / 1000.0},
+                      {"dur", e.dur_ns / 1000.0}, {"args", args}});
+  }
+  for (int t = 0; t <= max_tid; ++t) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", t},
+                      {"args", {{"name", t == 0 ? std::string("main") : "thread " + std::to_string(t)}}}});
+  }
+  nlohmann::json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) return Status::Error(StrFormat("%s: cannot write: %s", path.c_str(), std::strerror(errno)));
+    out << doc.dump();
+    if (!out) return Status::Error(StrFormat("%s: write failed", path.c_str()));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::Error(StrFormat("%s: cannot rename into place: %s", path.c_str(), std::strerror(errno)));
+  }
+  return Status::Ok();
+}
+
+std::string Profiler::Summary(int top) const {
+  struct Agg {
+    int64_t calls = 0, ns = 0;
+    double flops = 0, bytes = 0;
+  };
+  std::map<std::string, Agg> by;
+  int64_t total = 0;
+  for (const Event& e : Events()) {
+    if (e.name == "pool_chunk") continue;  // worker-track spans nested inside the ops below
+    Agg& a = by[e.name];
+    a.calls++;
+    a.ns += e.dur_ns;
+    a.flops += e.flops;
+    a.bytes += e.bytes;
+    total += e.dur_ns;
+  }
+  std::vector<std::pair<std::string, Agg>> rows(by.begin(), by.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  std::string out = StrFormat("%-18s %8s %10s %7s %9s %8s\n", "op", "calls", "total ms", "share", "GFLOP/s", "GB/s");
+  for (size_t i = 0; i < rows.size() && (int)i < top; ++i) {
+    const Agg& a = rows[i].second;
+    double s = a.ns / 1e9;
+    out += StrFormat("%-18s %8lld %10.2f %6.1f%% %9.1f %8.1f\n", rows[i].first.c_str(), (long long)a.calls, a.ns / 1e6,
+                     total ? 100.0 * a.ns / total : 0.0, s > 0 ? a.flops / s / 1e9 : 0.0, s > 0 ? a.bytes / s / 1e9 : 0.0);
+  }
+  out += StrFormat("%-18s %8s %10.2f\n", "total", "", total / 1e6);
+  return out;
+}
+
+}  // namespace lathe

@@ -1,0 +1,74 @@
+// Profiler: records ops (name, shape, start, duration, FLOPs, bytes) per thread, writes them as a
+// Chrome trace JSON (Perfetto / chrome://tracing open it; one track per thread) and summarizes
+// the top ops by total time with their share, achieved GFLOP/s and GB/s. Recording is a few
+// hundred nanoseconds per op; code pays nothing when no profiler is attached (a null pointer).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace lathe {
+
+class Profiler {
+ public:
+  struct Event {
+    std::string name;
+    std::string shape;  // e.g. "[512, 576] x [1536, 576] q4_1"
+    int tid = 0;        // small per-thread index (0 = first thread that recorded)
+    int64_t start_ns = 0;
+    int64_t dur_ns = 0;
+    double flops = 0;
+    double bytes = 0;
+  };
+
+  Profiler();
+  int64_t NowNs() const;
+  // Thread-safe.
+  void Record(Event e);
+  std::vector<Event> Events() const;
+  // Chrome trace format ("X" complete events, microseconds).
+  Status WriteChromeTrace(const std::string& path) const;
+  // A table of the `top` ops by total time: calls, total ms, share, GFLOP/s, GB/s. The thread
+  // pool's "pool_chunk" spans (nested inside ops) are left out.
+  std::string Summary(int top = 15) const;
+
+ private:
+  int ThreadIndex();
+  std::chrono::steady_clock::time_point t0_;
+  mutable std::mutex mu_;
+  std::vector<Event> events_;
+  std::vector<std::pair<std::thread::id, int>> threads_;
+};
+
+// Times a scope as one op. A null profiler makes it a no-op.
+class ScopedOp {
+ public:
+  ScopedOp(Profiler* p, const char* name, double flops = 0, double bytes = 0, std::string shape = {})
+      : p_(p) {
+    if (!p_) return;
+    e_.name = name;
+    e_.flops = flops;
+    e_.bytes = bytes;
+    e_.shape = std::move(shape);
+    e_.start_ns = p_->NowNs();
+  }
+  ~ScopedOp() {
+    if (!p_) return;
+    e_.dur_ns = p_->NowNs() - e_.start_ns;
+    p_->Record(std::move(e_));
+  }
+  ScopedOp(const ScopedOp&) = delete;
+  ScopedOp& operator=(const ScopedOp&) = delete;
+
+ private:
+  Profiler* p_;
+  Profiler::Event e_;
+};
+
+}  // namespace lathe

@@ -1,0 +1,67 @@
+// Profiler: the Chrome trace parses back with every op, per-thread tracks and metadata; the
+// summary aggregates by op; an unwritable path is an error.
+#include "core/profiler.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "core/thread_pool.h"
+
+namespace lathe {
+namespace {
+
+TEST(Profiler, TraceAndSummary) {
+  Profiler p;
+  {
+    ScopedOp a(&p, "matmul", 2e9, 1e9, "[1, 576] x [576, 576] q4_1");
+  }
+  {
+    ScopedOp b(&p, "matmul", 2e9, 1e9);
+  }
+  {
+    ScopedOp c(&p, "rmsnorm", 1e6, 1e6);
+  }
+  ThreadPool pool(2);
+  pool.SetProfiler(&p);
+  pool.ParallelFor(64, 1, [](int64_t, int64_t, int) { std::this_thread::sleep_for(std::chrono::microseconds(50)); });
+  pool.SetProfiler(nullptr);
+  {
+    ScopedOp off(nullptr, "ignored");  // no profiler: nothing recorded
+  }
+  std::string path = ::testing::TempDir() + "/trace.json";
+  ASSERT_TRUE(p.WriteChromeTrace(path).ok());
+  std::ifstream in(path);
+  nlohmann::json j = nlohmann::json::parse(in);
+  int matmuls = 0, chunks = 0, meta = 0;
+  std::set<int> chunk_threads;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M") {
+      meta++;
+      continue;
+    }
+    EXPECT_EQ(e["ph"], "X");
+    EXPECT_GE(e["dur"].get<double>(), 0);
+    if (e["name"] == "matmul") matmuls++;
+    if (e["name"] == "pool_chunk") {
+      chunks++;
+      chunk_threads.insert(e["tid"].get<int>());
+    }
+    EXPECT_NE(e["name"], "ignored");
+  }
+  EXPECT_EQ(matmuls, 2);
+  EXPECT_EQ(chunks, 64);
+  EXPECT_GE(meta, 1);
+  EXPECT_EQ(j["traceEvents"][0]["args"]["shape"], "[1, 576] x [576, 576] q4_1");
+  std::string s = p.Summary();
+  EXPECT_NE(s.find("matmul"), std::string::npos);
+  EXPECT_EQ(s.find("pool_chunk"), std::string::npos);
+  EXPECT_LT(s.find("matmul"), s.find("rmsnorm")) << s;  // sorted by time
+  EXPECT_FALSE(p.WriteChromeTrace("/proc/nope/trace.json").ok());
+}
+
+}  // namespace
+}  // namespace lathe
