@@ -48,7 +48,9 @@ int RunChat(int argc, char** argv) {
     tmpl = *t;
   }
   ThreadPool pool(ThreadsFromArgs(args));
-  model::Transformer tf((*lm)->weights, pool);
+  model::TransformerOptions topts;
+  topts.adapter = (*lm)->adapter.get();
+  model::Transformer tf((*lm)->weights, pool, topts);
   model::KvCache cache(tf.config(), 1, *ctx);
   std::vector<int32_t> cached;  // tokens whose K/V are in the cache
   std::vector<tokenizer::ChatMessage> history;

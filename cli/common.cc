@@ -17,6 +17,7 @@ void AddModelFlags(Args& args) {
   args.Flag("-m,--model", "model: a .gguf file, an HF model directory, or a llama2.c .bin");
   args.Flag("--tokenizer", "tokenizer file overriding the model's (tokenizer.json, .model, llama2.c .bin)");
   args.Flag("-t,--threads", "threads", std::to_string(DefaultThreadCount()));
+  args.Flag("--adapter", "PEFT LoRA adapter directory to apply (adapter_config.json + adapter_model.safetensors)");
 }
 
 Result<std::unique_ptr<model::LoadedModel>> LoadModelFromArgs(const Args& args) {
@@ -24,6 +25,7 @@ Result<std::unique_ptr<model::LoadedModel>> LoadModelFromArgs(const Args& args) 
   if (path.empty()) return Status::Error("no model given: pass -m MODEL (a .gguf, an HF directory or a .bin)");
   model::LoadOptions opts;
   opts.tokenizer_path = args.Get("tokenizer");
+  opts.adapter_path = args.Get("adapter");
   return model::LoadModel(path, opts);
 }
 

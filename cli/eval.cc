@@ -35,7 +35,9 @@ int RunEval(int argc, char** argv) {
   std::vector<std::string> docs = tools::SplitDocuments(*text, args.Get("separator"));
   if (*max_docs > 0 && (int64_t)docs.size() > *max_docs) docs.resize(*max_docs);
   ThreadPool pool(ThreadsFromArgs(args));
-  model::Transformer tf((*lm)->weights, pool);
+  model::TransformerOptions topts;
+  topts.adapter = (*lm)->adapter.get();
+  model::Transformer tf((*lm)->weights, pool, topts);
   auto t0 = std::chrono::steady_clock::now();
   auto r = tools::EvaluateNll(tf, *(*lm)->tokenizer, docs, *ctx);
   if (!r.ok()) return Fail("eval", r.status());

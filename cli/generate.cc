@@ -69,6 +69,7 @@ int RunGenerate(int argc, char** argv) {
   Profiler profiler;
   model::TransformerOptions topts;
   topts.exact_activations = args.On("exact-activations");
+  topts.adapter = (*lm)->adapter.get();
   if (args.Has("profile")) {
     topts.profiler = &profiler;
     pool.SetProfiler(&profiler);

@@ -118,6 +118,9 @@ Result<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, const Lo
   } else {
     return Status::Error(path + ": unrecognized model file (expected a .gguf, an HF model directory, or a llama2.c .bin)");
   }
+  if (!options.adapter_path.empty()) {
+    LATHE_ASSIGN_OR_RETURN(lm->adapter, LoadPeftAdapter(options.adapter_path, lm->weights.config));
+  }
   if (lm->tokenizer->vocab_size() > lm->weights.config.vocab_size) {
     return Status::Error(StrFormat("%s: tokenizer has %d tokens but the model's vocabulary is %lld", path.c_str(),
                                    lm->tokenizer->vocab_size(), (long long)lm->weights.config.vocab_size));

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "model/lora.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -15,11 +16,15 @@ struct LoadOptions {
   // Overrides the tokenizer found with the model (tokenizer.json, tokenizer.model or a llama2.c
   // tokenizer .bin). Required for a llama2.c .bin without a tokenizer beside it.
   std::string tokenizer_path;
+  // A PEFT LoRA adapter directory to load with the model (applied by passing it to the
+  // Transformer's options).
+  std::string adapter_path;
 };
 
 struct LoadedModel {
   ModelWeights weights;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  std::unique_ptr<LoraAdapter> adapter;  // null without LoadOptions::adapter_path
   std::string path;
   std::string format;  // gguf | hf | llama2c
 };

@@ -257,9 +257,9 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
       ScopedOp op(prof, "rmsnorm", 4.0 * T * dim, norm_bytes);
       kernels::RmsNorm(x_.data(), L.attn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
     }
-    Linear("matmul_q", xb_.data(), T, L.wq, q_.data());
-    Linear("matmul_k", xb_.data(), T, L.wk, k_.data());
-    Linear("matmul_v", xb_.data(), T, L.wv, v_.data());
+    Linear("matmul_q", xb_.data(), T, L.wq, q_.data(), l, LoraModule::kQ);
+    Linear("matmul_k", xb_.data(), T, L.wk, k_.data(), l, LoraModule::kK);
+    Linear("matmul_v", xb_.data(), T, L.wv, v_.data(), l, LoraModule::kV);
     if (c.qkv_bias) {
       for (int64_t t = 0; t < T; ++t) {
         kernels::Axpy(&q_[t * q_dim], 1.0f, L.bq.as<float>(), q_dim);
@@ -290,19 +290,19 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
       ScopedOp op(prof, "attention", 4.0 * ctx * q_dim, 8.0 * ctx * kv_dim);
       Attention(store, l, batch);
     }
-    Linear("matmul_o", att_.data(), T, L.wo, xb_.data());
+    Linear("matmul_o", att_.data(), T, L.wo, xb_.data(), l, LoraModule::kO);
     {
       ScopedOp op(prof, "residual_norm", 5.0 * T * dim, 3 * norm_bytes);
       kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
       kernels::RmsNorm(x_.data(), L.ffn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
     }
-    Linear("matmul_gate", xb_.data(), T, L.w_gate, hb_.data());
-    Linear("matmul_up", xb_.data(), T, L.w_up, hb2_.data());
+    Linear("matmul_gate", xb_.data(), T, L.w_gate, hb_.data(), l, LoraModule::kGate);
+    Linear("matmul_up", xb_.data(), T, L.w_up, hb2_.data(), l, LoraModule::kUp);
     {
       ScopedOp op(prof, "silu_mul", 6.0 * T * ffn, 12.0 * T * ffn);
       kernels::SiluMul(hb_.data(), hb2_.data(), T * ffn);
     }
-    Linear("matmul_down", hb_.data(), T, L.w_down, xb_.data());
+    Linear("matmul_down", hb_.data(), T, L.w_down, xb_.data(), l, LoraModule::kDown);
     {
       ScopedOp op(prof, "residual", 1.0 * T * dim, norm_bytes * 1.5);
       kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
@@ -326,6 +326,25 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
     RefineLogits(rows_.data(), n_out, logits->data());
   }
   return Status::Ok();
+}
+
+void Transformer::Linear(const char* name, const float* x, int64_t M, const Tensor& w, float* y, int64_t layer,
+                         LoraModule module) {
+  {
+    ScopedOp op(options_.profiler, name, 2.0 * M * w.numel(), (double)w.nbytes() + 4.0 * M * (w.shape[0] + w.shape[1]),
+                options_.profiler ? OpShape(M, w) : std::string());
+    kernels::MatMul(pool_, x, M, w, y, options_.exact_activations);
+  }
+  if (!options_.adapter || layer < 0) return;
+  const LoraPair& p = options_.adapter->at(layer, module);
+  if (!p.a.data) return;
+  ScopedOp op(options_.profiler, "lora", 2.0 * M * (p.a.numel() + p.b.numel()), 4.0 * (p.a.numel() + p.b.numel()));
+  const int64_t r = p.a.shape[0], out = p.b.shape[0];
+  lora_mid_.resize(M * r);
+  lora_out_.resize(M * out);
+  kernels::MatMul(pool_, x, M, p.a, lora_mid_.data());         // (M, r) = x A^T
+  kernels::MatMul(pool_, lora_mid_.data(), M, p.b, lora_out_.data());  // (M, out) = (x A^T) B^T
+  kernels::Axpy(y, p.scale, lora_out_.data(), M * out);
 }
 
 std::string Transformer::OpShape(int64_t M, const Tensor& w) {

@@ -11,6 +11,7 @@
 #include "core/profiler.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
+#include "model/lora.h"
 #include "model/weights.h"
 
 namespace lathe::model {
@@ -92,6 +93,8 @@ struct TransformerOptions {
   bool exact_activations = false;
   // When set, every op of Forward is recorded (name, shape, time, FLOPs, bytes). Not owned.
   Profiler* profiler = nullptr;
+  // When set, its LoRA deltas are added to the adapted linear layers. Not owned.
+  const LoraAdapter* adapter = nullptr;
 };
 
 class Transformer {
@@ -121,11 +124,9 @@ class Transformer {
 
   // Recomputes exactly the logits of each row within kExactLogitMargin of its maximum.
   void RefineLogits(const float* rows, int64_t n_rows, float* logits);
-  void Linear(const char* name, const float* x, int64_t M, const Tensor& w, float* y) {
-    ScopedOp op(options_.profiler, name, 2.0 * M * w.numel(), (double)w.nbytes() + 4.0 * M * (w.shape[0] + w.shape[1]),
-                options_.profiler ? OpShape(M, w) : std::string());
-    kernels::MatMul(pool_, x, M, w, y, options_.exact_activations);
-  }
+  // y(M, out) = x(M, in) . W^T (+ the adapter's LoRA delta for (layer, module) when set).
+  void Linear(const char* name, const float* x, int64_t M, const Tensor& w, float* y, int64_t layer = -1,
+              LoraModule module = LoraModule::kCount);
   static std::string OpShape(int64_t M, const Tensor& w);
 
   const ModelWeights& w_;
@@ -135,7 +136,7 @@ class Transformer {
   std::vector<float> rope_cos_, rope_sin_;  // (n_pos, rope_dim / 2)
   int64_t rope_pos_ = 0;
   // Scratch, grown as needed and reused across calls.
-  std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rows_;
+  std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rows_, lora_mid_, lora_out_;
   std::vector<int64_t> row_pos_;  // position of each stacked row
   std::vector<std::vector<float>> scores_;  // per thread
 };
