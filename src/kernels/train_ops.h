@@ -1,0 +1,88 @@
+// Training ops for `lathe train`: forward functions that save what their backward needs, and the
+// matching explicit backward (llm.c style, no autograd). Scalar references: kernels/cpu/train_reference.h.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace lathe::kernels {
+
+// Conventions: shapes in PyTorch order, row-major, contiguous. A backward that takes `*_accum`
+// adds into it (the caller zeroes it once per step); every other output is overwritten. Output
+// pointers must not alias inputs unless stated. Functions without a pool run on the caller.
+
+// ---- RMSNorm ----
+// out = x * rstd * w, rstd[t] = 1 / sqrt(mean_c(x[t, c]^2) + eps).
+void RmsNormForward(float* out,       // (T, C)
+                    float* rstd,      // (T) saved for the backward
+                    const float* x,   // (T, C)
+                    const float* w,   // (C)
+                    int64_t T, int64_t C, float eps);
+void RmsNormBackward(float* dx,           // (T, C) overwritten
+                     float* dw_accum,     // (C) += sum_t dout * x * rstd
+                     const float* dout,   // (T, C)
+                     const float* x,      // (T, C)
+                     const float* w,      // (C)
+                     const float* rstd,   // (T) from RmsNormForward
+                     int64_t T, int64_t C);
+
+// ---- SwiGLU ----  out = silu(gate) * up, silu(g) = g * sigmoid(g).
+void SwiGluForward(float* out,         // (n)   may alias gate or up
+                   const float* gate,  // (n)
+                   const float* up,    // (n)
+                   int64_t n);
+void SwiGluBackward(float* dgate,       // (n) overwritten; may alias dout
+                    float* dup,         // (n) overwritten
+                    const float* dout,  // (n)
+                    const float* gate,  // (n)
+                    const float* up,    // (n)
+                    int64_t n);
+
+// ---- RoPE ----
+// kInterleaved rotates pairs (x[2i], x[2i+1]) (Meta llama, llama2.c); kHalfSplit rotates
+// (x[i], x[i + D/2]) (Hugging Face rotate_half). Pair i of token t uses angle cos[t, i], sin[t, i]:
+// the tables hold one row per token, so packed samples just restart their positions.
+enum class RopeLayout { kInterleaved, kHalfSplit };
+void RopeForward(float* out,         // (T, n_head, head_dim) may alias x
+                 const float* x,     // (T, n_head, head_dim)
+                 const float* cos,   // (T, head_dim / 2)
+                 const float* sin,   // (T, head_dim / 2)
+                 int64_t T, int n_head, int head_dim, RopeLayout layout);
+// The transpose rotation (angle -theta). dx may alias dout.
+void RopeBackward(float* dx,          // (T, n_head, head_dim)
+                  const float* dout,  // (T, n_head, head_dim)
+                  const float* cos,   // (T, head_dim / 2)
+                  const float* sin,   // (T, head_dim / 2)
+                  int64_t T, int n_head, int head_dim, RopeLayout layout);
+
+// ---- Token embedding ----
+void EmbeddingForward(float* out,            // (T, C)
+                      const int32_t* tokens, // (T) in [0, V)
+                      const float* wte,      // (V, C)
+                      int64_t T, int64_t C);
+// Scatter-add: dwte[tokens[t]] += dout[t]. Repeated tokens accumulate.
+void EmbeddingBackward(float* dwte_accum,       // (V, C)
+                       const float* dout,       // (T, C)
+                       const int32_t* tokens,   // (T) in [0, V)
+                       int64_t T, int64_t C);
+
+// ---- Linear layer y = x . W^T (kernels::MatMul) ----
+// dx = dy . W with W read in its stored dtype (f32, f16, bf16, q8_0, q4_0, q4_1): a 256 x 256
+// block of W is dequantized at a time into a per-thread buffer, never the whole matrix.
+// REQUIRES K % 32 == 0 for the block-quantized dtypes. dx is overwritten unless accumulate.
+void MatMulBackwardInput(ThreadPool& pool,
+                         float* dx,         // (M, K)
+                         const float* dy,   // (M, N)
+                         int64_t M,
+                         const Tensor& w,   // (N, K) any dtype
+                         bool accumulate = false);
+// dw += dy^T . x, f32.
+void MatMulBackwardWeight(ThreadPool& pool,
+                          float* dw_accum,   // (N, K)
+                          const float* dy,   // (M, N)
+                          const float* x,    // (M, K)
+                          int64_t M, int64_t N, int64_t K);
+
+}  // namespace lathe::kernels
