@@ -85,4 +85,28 @@ void MatMulBackwardWeight(ThreadPool& pool,
                           const float* x,    // (M, K)
                           int64_t M, int64_t N, int64_t K);
 
+// ---- Cross-entropy over the output head ----
+// logits[t] = x[t] . W_head^T is computed chunk_tokens rows at a time and never stored whole.
+// Tokens with labels[t] == kIgnoreLabel are skipped entirely (no logits computed for them).
+// loss = sum over the other t of (logsumexp(logits[t]) - logits[t, labels[t]]) / normalizer.
+// REQUIRES labels[t] in [0, V) or kIgnoreLabel; normalizer > 0.
+constexpr int32_t kIgnoreLabel = -100;
+float CrossEntropyForward(ThreadPool& pool,
+                          const float* x,          // (T, C) final hidden states (after the norm)
+                          int64_t T,
+                          const Tensor& w_head,    // (V, C) any dtype MatMul takes
+                          const int32_t* labels,   // (T)
+                          float normalizer, int64_t chunk_tokens = 128);
+// Recomputes each chunk's logits, so it needs nothing saved from the forward, and returns the same
+// loss: one call per training step is enough. dx = dloss * d loss / d x (overwritten, zero rows
+// for ignored tokens); dw_head_accum += dloss * d loss / d W_head when not null.
+float CrossEntropyBackward(ThreadPool& pool,
+                           float* dx,                // (T, C)
+                           float* dw_head_accum,     // (V, C) f32 or nullptr
+                           const float* x,           // (T, C)
+                           int64_t T,
+                           const Tensor& w_head,     // (V, C)
+                           const int32_t* labels,    // (T)
+                           float normalizer, float dloss = 1.0f, int64_t chunk_tokens = 128);
+
 }  // namespace lathe::kernels

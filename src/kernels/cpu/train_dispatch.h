@@ -27,6 +27,10 @@ struct TrainKernelTable {
   // c[i * ldc + j] += sum_l a[l * kGemmTileR + i] * b[l * kGemmTileC + j] for i < mr, j < nc.
   // a: (L, kGemmTileR) and b: (L, kGemmTileC) packed panels (padding lanes may hold anything).
   void (*gemm_tile)(const float* a, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc);
+  // log(sum_i exp(x[i])), max-subtracted. n >= 1.
+  float (*logsumexp)(const float* x, int64_t n);
+  // x[i] = exp(x[i] - shift) * scale.
+  void (*exp_shift_scale)(float* x, int64_t n, float shift, float scale);
 };
 
 // The table for a tier (AVX-512 machines use the AVX2 table). REQUIRES CPU support.
@@ -38,6 +42,12 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
                              const float* dy, int64_t M, const Tensor& w, bool accumulate);
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K);
+
+// CrossEntropyForward / CrossEntropyBackward with one tier's tables (train_xent.cc). Forward when
+// dx is null (dw must be null too).
+float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
+                       const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
+                       float dloss, int64_t chunk_tokens);
 
 namespace scalar {
 const TrainKernelTable& TrainTable();

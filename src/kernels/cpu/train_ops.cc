@@ -1,5 +1,7 @@
 // Public entry points of the training ops (train_ops.h): tier dispatch, the scalar tier, and the
 // memory-bound ops (RoPE, embedding) that have one portable implementation for every tier.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/check.h"
@@ -37,11 +39,23 @@ void GemmTile(const float* a, const float* b, int64_t L, float* c, int64_t ldc, 
     for (int j = 0; j < nc; ++j) c[i * ldc + j] += acc[i][j];
 }
 
+float LogSumExp(const float* x, int64_t n) {
+  float m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp((double)x[i] - m);
+  return m + (float)std::log(s);
+}
+
+void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift) * scale;
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile};
+                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale};
   return t;
 }
 
@@ -138,6 +152,19 @@ void MatMulBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M
 void MatMulBackwardWeight(ThreadPool& pool, float* dw_accum, const float* dy, const float* x, int64_t M, int64_t N,
                           int64_t K) {
   cpu::MatMulBackwardWeightWith(cpu::TrainBest(), pool, dw_accum, dy, x, M, N, K);
+}
+
+float CrossEntropyForward(ThreadPool& pool, const float* x, int64_t T, const Tensor& w_head, const int32_t* labels,
+                          float normalizer, int64_t chunk_tokens) {
+  return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, nullptr, nullptr, x, T, w_head, labels,
+                               normalizer, 1.0f, chunk_tokens);
+}
+
+float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, const float* x, int64_t T,
+                           const Tensor& w_head, const int32_t* labels, float normalizer, float dloss,
+                           int64_t chunk_tokens) {
+  return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, dx, dw_head_accum, x, T, w_head, labels,
+                               normalizer, dloss, chunk_tokens);
 }
 
 }  // namespace lathe::kernels

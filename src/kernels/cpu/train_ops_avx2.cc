@@ -2,6 +2,7 @@
 // micro-kernel behind MatMulBackwardInput/Weight (train_matmul.cc does the blocking).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/avx2_util.h"
@@ -146,11 +147,37 @@ void GemmTile(const float* a, const float* b, int64_t L, float* c, int64_t ldc, 
   }
 }
 
+float LogSumExp(const float* x, int64_t n) {
+  __m256 mv = _mm256_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  float m = HmaxPs(mv);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  mv = _mm256_set1_ps(m);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_add_ps(s0, ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+    s1 = _mm256_add_ps(s1, ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv)));
+  }
+  float s = HsumPs(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += std::exp(x[i] - m);
+  return m + std::log(s);
+}
+
+void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
+  const __m256 sh = _mm256_set1_ps(shift), sc = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh)), sc));
+  for (; i < n; ++i) x[i] = std::exp(x[i] - shift) * scale;
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kAvx2, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile};
+                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale};
   return t;
 }
 
