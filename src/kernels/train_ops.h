@@ -109,4 +109,33 @@ float CrossEntropyBackward(ThreadPool& pool,
                            const int32_t* labels,    // (T)
                            float normalizer, float dloss = 1.0f, int64_t chunk_tokens = 128);
 
+// ---- Causal grouped-query attention for training (flash style) ----
+// out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g] over s <= t with
+// segment_ids[s] == segment_ids[t] (all s <= t when segment_ids is null), g = h / (n_head / n_kv_head).
+// Tiled online softmax: no T x T matrix is ever stored; the forward saves only out and the
+// per-row logsumexp, and the backward recomputes scores tile by tile (one pass over key tiles
+// for dK/dV, one over query tiles for dQ, so no two threads write the same gradient row).
+// REQUIRES n_head % n_kv_head == 0; tensors contiguous. Runs on `pool`.
+void FlashAttentionForward(ThreadPool& pool,
+                           float* out,                  // (T, n_head, head_dim)
+                           float* lse,                  // (T, n_head) saved for the backward
+                           const float* q,              // (T, n_head, head_dim)
+                           const float* k,              // (T, n_kv_head, head_dim)
+                           const float* v,              // (T, n_kv_head, head_dim)
+                           const int32_t* segment_ids,  // (T) or nullptr
+                           int64_t T, int n_head, int n_kv_head, int head_dim, float scale);
+// dq, dk, dv are overwritten.
+void FlashAttentionBackward(ThreadPool& pool,
+                            float* dq,                   // (T, n_head, head_dim)
+                            float* dk,                   // (T, n_kv_head, head_dim)
+                            float* dv,                   // (T, n_kv_head, head_dim)
+                            const float* dout,           // (T, n_head, head_dim)
+                            const float* q,              // (T, n_head, head_dim)
+                            const float* k,              // (T, n_kv_head, head_dim)
+                            const float* v,              // (T, n_kv_head, head_dim)
+                            const float* out,            // (T, n_head, head_dim) from the forward
+                            const float* lse,            // (T, n_head) from the forward
+                            const int32_t* segment_ids,  // (T) or nullptr
+                            int64_t T, int n_head, int n_kv_head, int head_dim, float scale);
+
 }  // namespace lathe::kernels

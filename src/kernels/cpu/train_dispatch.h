@@ -49,6 +49,15 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
                        float dloss, int64_t chunk_tokens);
 
+// FlashAttentionForward / Backward with one tier's tables (train_attention.cc).
+void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* out,
+                               float* lse, const float* q, const float* k, const float* v, const int32_t* seg,
+                               int64_t T, int n_head, int n_kv_head, int head_dim, float scale);
+void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq,
+                                float* dk, float* dv, const float* dout, const float* q, const float* k,
+                                const float* v, const float* out, const float* lse, const int32_t* seg, int64_t T,
+                                int n_head, int n_kv_head, int head_dim, float scale);
+
 namespace scalar {
 const TrainKernelTable& TrainTable();
 }
