@@ -1,0 +1,68 @@
+// Per-ISA tables for the training ops (train_ops.h). Tests call a tier's table and the *With
+// drivers directly so the scalar and AVX2 paths are both exercised on one machine.
+#pragma once
+
+#include <cstdint>
+
+#include "core/cpu.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/dispatch.h"
+
+namespace lathe::kernels::cpu {
+
+// GEMM register tile shared by every tier, so packing and blocking live once in train_matmul.cc.
+constexpr int kGemmTileR = 6;   // rows of C per tile
+constexpr int kGemmTileC = 16;  // columns of C per tile
+
+struct TrainKernelTable {
+  IsaTier tier;
+  void (*rmsnorm_forward)(float* out, float* rstd, const float* x, const float* w, int64_t T, int64_t C,
+                          float eps);
+  void (*rmsnorm_backward)(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                           const float* rstd, int64_t T, int64_t C);
+  void (*swiglu_forward)(float* out, const float* gate, const float* up, int64_t n);
+  void (*swiglu_backward)(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                          int64_t n);
+  // c[i * ldc + j] += sum_l a[l * kGemmTileR + i] * b[l * kGemmTileC + j] for i < mr, j < nc.
+  // a: (L, kGemmTileR) and b: (L, kGemmTileC) packed panels (padding lanes may hold anything).
+  void (*gemm_tile)(const float* a, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc);
+  // log(sum_i exp(x[i])), max-subtracted. n >= 1.
+  float (*logsumexp)(const float* x, int64_t n);
+  // x[i] = exp(x[i] - shift) * scale.
+  void (*exp_shift_scale)(float* x, int64_t n, float shift, float scale);
+};
+
+// The table for a tier (AVX-512 machines use the AVX2 table). REQUIRES CPU support.
+const TrainKernelTable& TrainKernelsFor(IsaTier tier);
+const TrainKernelTable& TrainBest();
+
+// MatMulBackwardInput / MatMulBackwardWeight with one tier's tables (train_matmul.cc).
+void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
+                             const float* dy, int64_t M, const Tensor& w, bool accumulate);
+void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
+                              const float* x, int64_t M, int64_t N, int64_t K);
+
+// CrossEntropyForward / CrossEntropyBackward with one tier's tables (train_xent.cc). Forward when
+// dx is null (dw must be null too).
+float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
+                       const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
+                       float dloss, int64_t chunk_tokens);
+
+// FlashAttentionForward / Backward with one tier's tables (train_attention.cc).
+void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* out,
+                               float* lse, const float* q, const float* k, const float* v, const int32_t* seg,
+                               int64_t T, int n_head, int n_kv_head, int head_dim, float scale);
+void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq,
+                                float* dk, float* dv, const float* dout, const float* q, const float* k,
+                                const float* v, const float* out, const float* lse, const int32_t* seg, int64_t T,
+                                int n_head, int n_kv_head, int head_dim, float scale);
+
+namespace scalar {
+const TrainKernelTable& TrainTable();
+}
+namespace avx2 {
+const TrainKernelTable& TrainTable();
+}
+
+}  // namespace lathe::kernels::cpu

@@ -1,0 +1,185 @@
+// Public entry points of the training ops (train_ops.h): tier dispatch, the scalar tier, and the
+// memory-bound ops (RoPE, embedding) that have one portable implementation for every tier.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "kernels/cpu/train_dispatch.h"
+#include "kernels/cpu/train_reference.h"
+#include "kernels/train_ops.h"
+
+namespace lathe::kernels {
+
+namespace cpu {
+
+namespace scalar {
+namespace {
+
+void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t T, int64_t C, float eps) {
+  train_ref::RmsNormForward<float>(out, rstd, x, w, T, C, eps);
+}
+void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
+                     int64_t T, int64_t C) {
+  train_ref::RmsNormBackward<float>(dx, dw, dout, x, w, rstd, T, C);
+}
+void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) {
+  train_ref::SwiGluForward<float>(out, gate, up, n);
+}
+void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
+  train_ref::SwiGluBackward<float>(dgate, dup, dout, gate, up, n);
+}
+
+void GemmTile(const float* a, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc) {
+  float acc[kGemmTileR][kGemmTileC] = {};
+  for (int64_t l = 0; l < L; ++l)
+    for (int i = 0; i < kGemmTileR; ++i)
+      for (int j = 0; j < kGemmTileC; ++j) acc[i][j] += a[l * kGemmTileR + i] * b[l * kGemmTileC + j];
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nc; ++j) c[i * ldc + j] += acc[i][j];
+}
+
+float LogSumExp(const float* x, int64_t n) {
+  float m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp((double)x[i] - m);
+  return m + (float)std::log(s);
+}
+
+void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift) * scale;
+}
+
+}  // namespace
+
+const TrainKernelTable& TrainTable() {
+  static const TrainKernelTable t = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
+                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale};
+  return t;
+}
+
+}  // namespace scalar
+
+const TrainKernelTable& TrainKernelsFor(IsaTier tier) {
+  return tier == IsaTier::kScalar ? scalar::TrainTable() : avx2::TrainTable();
+}
+
+const TrainKernelTable& TrainBest() {
+  static const TrainKernelTable& t = TrainKernelsFor(BestIsaTier());
+  return t;
+}
+
+}  // namespace cpu
+
+void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t T, int64_t C, float eps) {
+  cpu::TrainBest().rmsnorm_forward(out, rstd, x, w, T, C, eps);
+}
+
+void RmsNormBackward(float* dx, float* dw_accum, const float* dout, const float* x, const float* w,
+                     const float* rstd, int64_t T, int64_t C) {
+  cpu::TrainBest().rmsnorm_backward(dx, dw_accum, dout, x, w, rstd, T, C);
+}
+
+void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) {
+  cpu::TrainBest().swiglu_forward(out, gate, up, n);
+}
+
+void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
+  cpu::TrainBest().swiglu_backward(dgate, dup, dout, gate, up, n);
+}
+
+namespace {
+
+// Rotation by +theta (sign 1) or its transpose (sign -1). Reads both elements of a pair before
+// writing either, so out may alias x.
+void RopeRotate(float* out, const float* x, const float* cos, const float* sin, int64_t T, int n_head,
+                int head_dim, RopeLayout layout, float sign) {
+  LATHE_CHECK(head_dim % 2 == 0);
+  const int half = head_dim / 2;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* ct = cos + t * half;
+    const float* st = sin + t * half;
+    for (int h = 0; h < n_head; ++h) {
+      const int64_t base = (t * n_head + h) * (int64_t)head_dim;
+      const float* xi = x + base;
+      float* oi = out + base;
+      if (layout == RopeLayout::kInterleaved) {
+        for (int i = 0; i < half; ++i) {
+          const float a = xi[2 * i], b = xi[2 * i + 1], c = ct[i], s = sign * st[i];
+          oi[2 * i] = a * c - b * s;
+          oi[2 * i + 1] = a * s + b * c;
+        }
+      } else {
+        for (int i = 0; i < half; ++i) {
+          const float a = xi[i], b = xi[i + half], c = ct[i], s = sign * st[i];
+          oi[i] = a * c - b * s;
+          oi[i + half] = a * s + b * c;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void RopeForward(float* out, const float* x, const float* cos, const float* sin, int64_t T, int n_head,
+                 int head_dim, RopeLayout layout) {
+  RopeRotate(out, x, cos, sin, T, n_head, head_dim, layout, 1.0f);
+}
+
+void RopeBackward(float* dx, const float* dout, const float* cos, const float* sin, int64_t T, int n_head,
+                  int head_dim, RopeLayout layout) {
+  RopeRotate(dx, dout, cos, sin, T, n_head, head_dim, layout, -1.0f);
+}
+
+void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, int64_t T, int64_t C) {
+  for (int64_t t = 0; t < T; ++t) std::memcpy(out + t * C, wte + (int64_t)tokens[t] * C, sizeof(float) * C);
+}
+
+void EmbeddingBackward(float* dwte_accum, const float* dout, const int32_t* tokens, int64_t T, int64_t C) {
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = dwte_accum + (int64_t)tokens[t] * C;
+    const float* d = dout + t * C;
+    for (int64_t c = 0; c < C; ++c) row[c] += d[c];
+  }
+}
+
+void MatMulBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, bool accumulate) {
+  cpu::MatMulBackwardInputWith(cpu::TrainBest(), cpu::Best(), pool, dx, dy, M, w, accumulate);
+}
+
+void MatMulBackwardWeight(ThreadPool& pool, float* dw_accum, const float* dy, const float* x, int64_t M, int64_t N,
+                          int64_t K) {
+  cpu::MatMulBackwardWeightWith(cpu::TrainBest(), pool, dw_accum, dy, x, M, N, K);
+}
+
+float CrossEntropyForward(ThreadPool& pool, const float* x, int64_t T, const Tensor& w_head, const int32_t* labels,
+                          float normalizer, int64_t chunk_tokens) {
+  return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, nullptr, nullptr, x, T, w_head, labels,
+                               normalizer, 1.0f, chunk_tokens);
+}
+
+float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, const float* x, int64_t T,
+                           const Tensor& w_head, const int32_t* labels, float normalizer, float dloss,
+                           int64_t chunk_tokens) {
+  return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, dx, dw_head_accum, x, T, w_head, labels,
+                               normalizer, dloss, chunk_tokens);
+}
+
+void FlashAttentionForward(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,
+                           const int32_t* segment_ids, int64_t T, int n_head, int n_kv_head, int head_dim,
+                           float scale) {
+  cpu::FlashAttentionForwardWith(cpu::TrainBest(), cpu::Best(), pool, out, lse, q, k, v, segment_ids, T, n_head,
+                                 n_kv_head, head_dim, scale);
+}
+
+void FlashAttentionBackward(ThreadPool& pool, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                            const float* k, const float* v, const float* out, const float* lse,
+                            const int32_t* segment_ids, int64_t T, int n_head, int n_kv_head, int head_dim,
+                            float scale) {
+  cpu::FlashAttentionBackwardWith(cpu::TrainBest(), cpu::Best(), pool, dq, dk, dv, dout, q, k, v, out, lse,
+                                  segment_ids, T, n_head, n_kv_head, head_dim, scale);
+}
+
+}  // namespace lathe::kernels

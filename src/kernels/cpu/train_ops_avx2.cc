@@ -1,0 +1,184 @@
+// AVX2 + FMA paths of the training ops: RMSNorm and SwiGLU forward/backward and the 6x16 GEMM
+// micro-kernel behind MatMulBackwardInput/Weight (train_matmul.cc does the blocking).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/train_dispatch.h"
+
+namespace lathe::kernels::cpu::avx2 {
+
+namespace {
+
+void RmsNormForward(float* out, float* rstd, const float* x, const float* w, int64_t T, int64_t C, float eps) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * C;
+    float* ot = out + t * C;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= C; c += 16) {
+      const __m256 a = _mm256_loadu_ps(xt + c), b = _mm256_loadu_ps(xt + c + 8);
+      s0 = _mm256_fmadd_ps(a, a, s0);
+      s1 = _mm256_fmadd_ps(b, b, s1);
+    }
+    float ss = HsumPs(_mm256_add_ps(s0, s1));
+    for (; c < C; ++c) ss += xt[c] * xt[c];
+    const float r = 1.0f / std::sqrt(ss / (float)C + eps);
+    rstd[t] = r;
+    const __m256 rv = _mm256_set1_ps(r);
+    c = 0;
+    for (; c + 8 <= C; c += 8)
+      _mm256_storeu_ps(ot + c, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xt + c), rv), _mm256_loadu_ps(w + c)));
+    for (; c < C; ++c) ot[c] = xt[c] * r * w[c];
+  }
+}
+
+// dx = r * dout * w - (r^3 / C) * sum(dout * w * x) * x;  dw += dout * x * r.
+void RmsNormBackward(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd,
+                     int64_t T, int64_t C) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * C;
+    const float* dt = dout + t * C;
+    float* dxt = dx + t * C;
+    const float r = rstd[t];
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= C; c += 16) {
+      s0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dt + c), _mm256_loadu_ps(w + c)), _mm256_loadu_ps(xt + c),
+                           s0);
+      s1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dt + c + 8), _mm256_loadu_ps(w + c + 8)),
+                           _mm256_loadu_ps(xt + c + 8), s1);
+    }
+    float dot = HsumPs(_mm256_add_ps(s0, s1));
+    for (; c < C; ++c) dot += dt[c] * w[c] * xt[c];
+    const float coef = r * r * r * dot / (float)C;
+    const __m256 rv = _mm256_set1_ps(r), cv = _mm256_set1_ps(coef);
+    c = 0;
+    for (; c + 8 <= C; c += 8) {
+      const __m256 xv = _mm256_loadu_ps(xt + c), dv = _mm256_loadu_ps(dt + c);
+      _mm256_storeu_ps(dw + c, _mm256_fmadd_ps(_mm256_mul_ps(dv, xv), rv, _mm256_loadu_ps(dw + c)));
+      _mm256_storeu_ps(dxt + c, _mm256_fnmadd_ps(cv, xv, _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_loadu_ps(w + c)), rv)));
+    }
+    for (; c < C; ++c) {
+      dw[c] += dt[c] * xt[c] * r;
+      dxt[c] = dt[c] * w[c] * r - coef * xt[c];
+    }
+  }
+}
+
+inline __m256 SigmoidPs(__m256 g) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, ExpPs(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+}
+
+inline float SigmoidS(float g) { return 1.0f / (1.0f + std::exp(-g)); }
+
+void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, SigmoidPs(g)), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) out[i] = gate[i] * SigmoidS(gate[i]) * up[i];
+}
+
+void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i), d = _mm256_loadu_ps(dout + i), u = _mm256_loadu_ps(up + i);
+    const __m256 s = SigmoidPs(g);
+    // dgate = d * u * s * (1 + g * (1 - s))
+    const __m256 t = _mm256_fmadd_ps(g, _mm256_sub_ps(one, s), one);
+    _mm256_storeu_ps(dup + i, _mm256_mul_ps(d, _mm256_mul_ps(g, s)));
+    _mm256_storeu_ps(dgate + i, _mm256_mul_ps(_mm256_mul_ps(d, u), _mm256_mul_ps(s, t)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i], s = SigmoidS(g), d = dout[i];
+    dup[i] = d * g * s;
+    dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
+  }
+}
+
+// 6 x 16 tile: 12 accumulators, per l two B loads, six A broadcasts, twelve FMAs.
+void GemmTile(const float* a, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(),
+         c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
+         c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps(),
+         c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int64_t l = 0; l < L; ++l) {
+    const __m256 b0 = _mm256_loadu_ps(b + l * 16), b1 = _mm256_loadu_ps(b + l * 16 + 8);
+    const float* al = a + l * 6;
+    __m256 av = _mm256_broadcast_ss(al + 0);
+    c00 = _mm256_fmadd_ps(av, b0, c00);
+    c01 = _mm256_fmadd_ps(av, b1, c01);
+    av = _mm256_broadcast_ss(al + 1);
+    c10 = _mm256_fmadd_ps(av, b0, c10);
+    c11 = _mm256_fmadd_ps(av, b1, c11);
+    av = _mm256_broadcast_ss(al + 2);
+    c20 = _mm256_fmadd_ps(av, b0, c20);
+    c21 = _mm256_fmadd_ps(av, b1, c21);
+    av = _mm256_broadcast_ss(al + 3);
+    c30 = _mm256_fmadd_ps(av, b0, c30);
+    c31 = _mm256_fmadd_ps(av, b1, c31);
+    av = _mm256_broadcast_ss(al + 4);
+    c40 = _mm256_fmadd_ps(av, b0, c40);
+    c41 = _mm256_fmadd_ps(av, b1, c41);
+    av = _mm256_broadcast_ss(al + 5);
+    c50 = _mm256_fmadd_ps(av, b0, c50);
+    c51 = _mm256_fmadd_ps(av, b1, c51);
+  }
+  const __m256 acc[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  if (nc == 16) {
+    for (int i = 0; i < mr; ++i) {
+      float* ci = c + i * ldc;
+      _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), acc[i][0]));
+      _mm256_storeu_ps(ci + 8, _mm256_add_ps(_mm256_loadu_ps(ci + 8), acc[i][1]));
+    }
+  } else {
+    alignas(32) float tmp[16];
+    for (int i = 0; i < mr; ++i) {
+      _mm256_store_ps(tmp, acc[i][0]);
+      _mm256_store_ps(tmp + 8, acc[i][1]);
+      for (int j = 0; j < nc; ++j) c[i * ldc + j] += tmp[j];
+    }
+  }
+}
+
+float LogSumExp(const float* x, int64_t n) {
+  __m256 mv = _mm256_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  float m = HmaxPs(mv);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  mv = _mm256_set1_ps(m);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_add_ps(s0, ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+    s1 = _mm256_add_ps(s1, ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv)));
+  }
+  float s = HsumPs(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += std::exp(x[i] - m);
+  return m + std::log(s);
+}
+
+void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
+  const __m256 sh = _mm256_set1_ps(shift), sc = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh)), sc));
+  for (; i < n; ++i) x[i] = std::exp(x[i] - shift) * scale;
+}
+
+}  // namespace
+
+const TrainKernelTable& TrainTable() {
+  static const TrainKernelTable t = {IsaTier::kAvx2, RmsNormForward, RmsNormBackward, SwiGluForward,
+                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale};
+  return t;
+}
+
+}  // namespace lathe::kernels::cpu::avx2

@@ -1,0 +1,141 @@
+// Training ops for `lathe train`: forward functions that save what their backward needs, and the
+// matching explicit backward (llm.c style, no autograd). Scalar references: kernels/cpu/train_reference.h.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace lathe::kernels {
+
+// Conventions: shapes in PyTorch order, row-major, contiguous. A backward that takes `*_accum`
+// adds into it (the caller zeroes it once per step); every other output is overwritten. Output
+// pointers must not alias inputs unless stated. Functions without a pool run on the caller.
+
+// ---- RMSNorm ----
+// out = x * rstd * w, rstd[t] = 1 / sqrt(mean_c(x[t, c]^2) + eps).
+void RmsNormForward(float* out,       // (T, C)
+                    float* rstd,      // (T) saved for the backward
+                    const float* x,   // (T, C)
+                    const float* w,   // (C)
+                    int64_t T, int64_t C, float eps);
+void RmsNormBackward(float* dx,           // (T, C) overwritten
+                     float* dw_accum,     // (C) += sum_t dout * x * rstd
+                     const float* dout,   // (T, C)
+                     const float* x,      // (T, C)
+                     const float* w,      // (C)
+                     const float* rstd,   // (T) from RmsNormForward
+                     int64_t T, int64_t C);
+
+// ---- SwiGLU ----  out = silu(gate) * up, silu(g) = g * sigmoid(g).
+void SwiGluForward(float* out,         // (n)   may alias gate or up
+                   const float* gate,  // (n)
+                   const float* up,    // (n)
+                   int64_t n);
+void SwiGluBackward(float* dgate,       // (n) overwritten; may alias dout
+                    float* dup,         // (n) overwritten
+                    const float* dout,  // (n)
+                    const float* gate,  // (n)
+                    const float* up,    // (n)
+                    int64_t n);
+
+// ---- RoPE ----
+// kInterleaved rotates pairs (x[2i], x[2i+1]) (Meta llama, llama2.c); kHalfSplit rotates
+// (x[i], x[i + D/2]) (Hugging Face rotate_half). Pair i of token t uses angle cos[t, i], sin[t, i]:
+// the tables hold one row per token, so packed samples just restart their positions.
+enum class RopeLayout { kInterleaved, kHalfSplit };
+void RopeForward(float* out,         // (T, n_head, head_dim) may alias x
+                 const float* x,     // (T, n_head, head_dim)
+                 const float* cos,   // (T, head_dim / 2)
+                 const float* sin,   // (T, head_dim / 2)
+                 int64_t T, int n_head, int head_dim, RopeLayout layout);
+// The transpose rotation (angle -theta). dx may alias dout.
+void RopeBackward(float* dx,          // (T, n_head, head_dim)
+                  const float* dout,  // (T, n_head, head_dim)
+                  const float* cos,   // (T, head_dim / 2)
+                  const float* sin,   // (T, head_dim / 2)
+                  int64_t T, int n_head, int head_dim, RopeLayout layout);
+
+// ---- Token embedding ----
+void EmbeddingForward(float* out,            // (T, C)
+                      const int32_t* tokens, // (T) in [0, V)
+                      const float* wte,      // (V, C)
+                      int64_t T, int64_t C);
+// Scatter-add: dwte[tokens[t]] += dout[t]. Repeated tokens accumulate.
+void EmbeddingBackward(float* dwte_accum,       // (V, C)
+                       const float* dout,       // (T, C)
+                       const int32_t* tokens,   // (T) in [0, V)
+                       int64_t T, int64_t C);
+
+// ---- Linear layer y = x . W^T (kernels::MatMul) ----
+// dx = dy . W with W read in its stored dtype (f32, f16, bf16, q8_0, q4_0, q4_1): a 256 x 256
+// block of W is dequantized at a time into a per-thread buffer, never the whole matrix.
+// REQUIRES K % 32 == 0 for the block-quantized dtypes. dx is overwritten unless accumulate.
+void MatMulBackwardInput(ThreadPool& pool,
+                         float* dx,         // (M, K)
+                         const float* dy,   // (M, N)
+                         int64_t M,
+                         const Tensor& w,   // (N, K) any dtype
+                         bool accumulate = false);
+// dw += dy^T . x, f32.
+void MatMulBackwardWeight(ThreadPool& pool,
+                          float* dw_accum,   // (N, K)
+                          const float* dy,   // (M, N)
+                          const float* x,    // (M, K)
+                          int64_t M, int64_t N, int64_t K);
+
+// ---- Cross-entropy over the output head ----
+// logits[t] = x[t] . W_head^T is computed chunk_tokens rows at a time and never stored whole.
+// Tokens with labels[t] == kIgnoreLabel are skipped entirely (no logits computed for them).
+// loss = sum over the other t of (logsumexp(logits[t]) - logits[t, labels[t]]) / normalizer.
+// REQUIRES labels[t] in [0, V) or kIgnoreLabel; normalizer > 0.
+constexpr int32_t kIgnoreLabel = -100;
+float CrossEntropyForward(ThreadPool& pool,
+                          const float* x,          // (T, C) final hidden states (after the norm)
+                          int64_t T,
+                          const Tensor& w_head,    // (V, C) any dtype MatMul takes
+                          const int32_t* labels,   // (T)
+                          float normalizer, int64_t chunk_tokens = 128);
+// Recomputes each chunk's logits, so it needs nothing saved from the forward, and returns the same
+// loss: one call per training step is enough. dx = dloss * d loss / d x (overwritten, zero rows
+// for ignored tokens); dw_head_accum += dloss * d loss / d W_head when not null.
+float CrossEntropyBackward(ThreadPool& pool,
+                           float* dx,                // (T, C)
+                           float* dw_head_accum,     // (V, C) f32 or nullptr
+                           const float* x,           // (T, C)
+                           int64_t T,
+                           const Tensor& w_head,     // (V, C)
+                           const int32_t* labels,    // (T)
+                           float normalizer, float dloss = 1.0f, int64_t chunk_tokens = 128);
+
+// ---- Causal grouped-query attention for training (flash style) ----
+// out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g] over s <= t with
+// segment_ids[s] == segment_ids[t] (all s <= t when segment_ids is null), g = h / (n_head / n_kv_head).
+// Tiled online softmax: no T x T matrix is ever stored; the forward saves only out and the
+// per-row logsumexp, and the backward recomputes scores tile by tile (one pass over key tiles
+// for dK/dV, one over query tiles for dQ, so no two threads write the same gradient row).
+// REQUIRES n_head % n_kv_head == 0; tensors contiguous. Runs on `pool`.
+void FlashAttentionForward(ThreadPool& pool,
+                           float* out,                  // (T, n_head, head_dim)
+                           float* lse,                  // (T, n_head) saved for the backward
+                           const float* q,              // (T, n_head, head_dim)
+                           const float* k,              // (T, n_kv_head, head_dim)
+                           const float* v,              // (T, n_kv_head, head_dim)
+                           const int32_t* segment_ids,  // (T) or nullptr
+                           int64_t T, int n_head, int n_kv_head, int head_dim, float scale);
+// dq, dk, dv are overwritten.
+void FlashAttentionBackward(ThreadPool& pool,
+                            float* dq,                   // (T, n_head, head_dim)
+                            float* dk,                   // (T, n_kv_head, head_dim)
+                            float* dv,                   // (T, n_kv_head, head_dim)
+                            const float* dout,           // (T, n_head, head_dim)
+                            const float* q,              // (T, n_head, head_dim)
+                            const float* k,              // (T, n_kv_head, head_dim)
+                            const float* v,              // (T, n_kv_head, head_dim)
+                            const float* out,            // (T, n_head, head_dim) from the forward
+                            const float* lse,            // (T, n_head) from the forward
+                            const int32_t* segment_ids,  // (T) or nullptr
+                            int64_t T, int n_head, int n_kv_head, int head_dim, float scale);
+
+}  // namespace lathe::kernels

@@ -1,0 +1,169 @@
+// MatMulBackwardInput (every weight dtype) and MatMulBackwardWeight on the scalar and AVX2 tiers
+// with 1 and 2 threads, against a double reference and double finite differences; odd shapes
+// cross every block edge. LATHE_PERF=1 also prints GFLOP/s at M = 2048.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <tuple>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/train_dispatch.h"
+#include "kernels/cpu/train_reference.h"
+#include "kernels/train_ops.h"
+#include "ops_test_util.h"
+#include "train_test_util.h"
+
+namespace lathe::kernels {
+namespace {
+
+using testing::FiniteDiffGrad;
+using testing::MakeWeight;
+using testing::RandomVec;
+using testing::RelErr;
+using testing::ToDouble;
+
+// f32 FMA sums of up to ~600 products vs a double reference: ~1e-7 typical, 1e-6 worst seen.
+constexpr double kRefLimit = 5e-6;
+constexpr double kFdLimit = 2e-5;
+
+std::vector<double> Dequantized(const Tensor& w) {
+  const int64_t N = w.shape[0], K = w.shape[1];
+  std::vector<float> f(N * K);
+  for (int64_t n = 0; n < N; ++n) ref::DequantizeRow(w.dtype, (const uint8_t*)w.data + n * w.row_bytes(), K, f.data() + n * K);
+  return ToDouble(f);
+}
+
+struct Shape {
+  int64_t M, N, K;
+};
+// Cross kRowBlock (192), kColBlock (256), kInner (256) and the 6 x 16 tile edges.
+const Shape kQuantShapes[] = {{1, 1, 32}, {7, 13, 64}, {13, 300, 96}, {200, 37, 288}, {6, 16, 256}};
+const Shape kF32Shapes[] = {{1, 1, 1}, {5, 7, 19}, {197, 261, 263}, {2, 259, 17}};
+
+class TrainMatMul : public ::testing::TestWithParam<std::tuple<IsaTier, int>> {};
+
+TEST_P(TrainMatMul, BackwardInputMatchesReference) {
+  const auto [tier, threads] = GetParam();
+  LATHE_REQUIRE_TIER(tier);
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
+  const cpu::KernelTable& kt = cpu::KernelsFor(tier);
+  ThreadPool pool(threads);
+  const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+  for (DType dt : dtypes) {
+    std::vector<Shape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
+    if (dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16)
+      shapes.insert(shapes.end(), std::begin(kF32Shapes), std::end(kF32Shapes));
+    for (const Shape& s : shapes) {
+      const testing::TestWeight w = MakeWeight(dt, s.N, s.K, 21);
+      const std::vector<double> wd = Dequantized(w.t);
+      const std::vector<float> dy = RandomVec(s.M * s.N, 22);
+      const std::vector<double> dyd = ToDouble(dy);
+      std::vector<double> ref(s.M * s.K);
+      train_ref::MatMulBackwardInput<double>(ref.data(), dyd.data(), wd.data(), s.M, s.N, s.K);
+      std::vector<float> dx(s.M * s.K, 123.0f);  // overwritten
+      cpu::MatMulBackwardInputWith(tk, kt, pool, dx.data(), dy.data(), s.M, w.t, false);
+      EXPECT_LE(RelErr(dx, ref), kRefLimit) << DTypeName(dt) << " " << s.M << "x" << s.N << "x" << s.K;
+      // accumulate = true adds onto what is there.
+      std::vector<float> acc = RandomVec(s.M * s.K, 23);
+      std::vector<double> ref_acc = ToDouble(acc);
+      for (size_t i = 0; i < ref_acc.size(); ++i) ref_acc[i] += ref[i];
+      cpu::MatMulBackwardInputWith(tk, kt, pool, acc.data(), dy.data(), s.M, w.t, true);
+      EXPECT_LE(RelErr(acc, ref_acc), kRefLimit) << DTypeName(dt) << " accumulate";
+    }
+  }
+}
+
+TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
+  const auto [tier, threads] = GetParam();
+  LATHE_REQUIRE_TIER(tier);
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
+  ThreadPool pool(threads);
+  std::vector<Shape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
+  shapes.insert(shapes.end(), std::begin(kF32Shapes), std::end(kF32Shapes));
+  for (const Shape& s : shapes) {
+    const std::vector<float> dy = RandomVec(s.M * s.N, 24), x = RandomVec(s.M * s.K, 25);
+    std::vector<float> dw = RandomVec(s.N * s.K, 26);
+    std::vector<double> ref = ToDouble(dw);
+    const std::vector<double> dyd = ToDouble(dy), xd = ToDouble(x);
+    train_ref::MatMulBackwardWeight<double>(ref.data(), dyd.data(), xd.data(), s.M, s.N, s.K);
+    cpu::MatMulBackwardWeightWith(tk, pool, dw.data(), dy.data(), x.data(), s.M, s.N, s.K);
+    EXPECT_LE(RelErr(dw, ref), kRefLimit) << s.M << "x" << s.N << "x" << s.K;
+  }
+}
+
+// loss = sum(g * (x . W^T)): dX and dW against central differences of the double forward.
+TEST_P(TrainMatMul, BackwardMatchesFiniteDifferences) {
+  const auto [tier, threads] = GetParam();
+  LATHE_REQUIRE_TIER(tier);
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
+  const cpu::KernelTable& kt = cpu::KernelsFor(tier);
+  ThreadPool pool(threads);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kQ4_1}) {
+    const int64_t M = 7, N = 5, K = dt == DType::kF32 ? 9 : 32;
+    const testing::TestWeight w = MakeWeight(dt, N, K, 27);
+    const std::vector<double> wd = Dequantized(w.t);
+    const std::vector<float> x = RandomVec(M * K, 28), g = RandomVec(M * N, 29);
+    const std::vector<double> xd = ToDouble(x), gd = ToDouble(g);
+    auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww) {
+      std::vector<double> y(M * N);
+      train_ref::MatMul<double>(y.data(), xx.data(), ww.data(), M, N, K);
+      return testing::Dot(y, gd);
+    };
+    const auto fd_dx = FiniteDiffGrad(xd, [&](const std::vector<double>& v) { return loss(v, wd); });
+    const auto fd_dw = FiniteDiffGrad(wd, [&](const std::vector<double>& v) { return loss(xd, v); });
+    std::vector<float> dx(M * K), dw(N * K, 0.0f);
+    cpu::MatMulBackwardInputWith(tk, kt, pool, dx.data(), g.data(), M, w.t, false);
+    cpu::MatMulBackwardWeightWith(tk, pool, dw.data(), g.data(), x.data(), M, N, K);
+    EXPECT_LE(RelErr(dx, fd_dx), kFdLimit) << DTypeName(dt);
+    EXPECT_LE(RelErr(dw, fd_dw), kFdLimit) << DTypeName(dt);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TiersThreads, TrainMatMul,
+                         ::testing::Combine(::testing::Values(IsaTier::kScalar, IsaTier::kAvx2),
+                                            ::testing::Values(1, 2)),
+                         [](const ::testing::TestParamInfo<std::tuple<IsaTier, int>>& info) {
+                           return std::string(IsaTierName(std::get<0>(info.param))) + "_t" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// Throughput at training sizes; only with LATHE_PERF=1 (takes a few seconds).
+TEST(TrainMatMulPerf, GflopsAtM2048) {
+  if (!std::getenv("LATHE_PERF")) GTEST_SKIP() << "set LATHE_PERF=1";
+  const int64_t M = 2048;
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {2048, 2048}}) {
+      for (DType dt : {DType::kF32, DType::kBF16, DType::kQ4_0}) {
+        const testing::TestWeight w = MakeWeight(dt, N, K, 30);
+        const std::vector<float> dy = RandomVec(M * N, 31), x = RandomVec(M * K, 32);
+        std::vector<float> dx(M * K), dw(N * K, 0.0f);
+        auto time = [&](auto&& f) {
+          f();  // warm-up
+          double best = 1e30;
+          for (int r = 0; r < 3; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            f();
+            best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          }
+          return 2.0 * M * N * K / best * 1e-9;
+        };
+        const double gi = time([&] { MatMulBackwardInput(pool, dx.data(), dy.data(), M, w.t); });
+        std::printf("threads=%d M=%lld N=%lld K=%lld %-5s backward_input  %6.1f GFLOP/s\n", threads, (long long)M,
+                    (long long)N, (long long)K, DTypeName(dt), gi);
+        if (dt == DType::kF32) {
+          const double gw = time([&] { MatMulBackwardWeight(pool, dw.data(), dy.data(), x.data(), M, N, K); });
+          std::printf("threads=%d M=%lld N=%lld K=%lld f32   backward_weight %6.1f GFLOP/s\n", threads,
+                      (long long)M, (long long)N, (long long)K, gw);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lathe::kernels

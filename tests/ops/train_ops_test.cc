@@ -1,0 +1,179 @@
+// RMSNorm, SwiGLU, RoPE and embedding forward/backward (train_ops.h): every tier against the
+// scalar reference in float, and every backward against central finite differences in double.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/train_dispatch.h"
+#include "kernels/cpu/train_reference.h"
+#include "kernels/train_ops.h"
+#include "ops_test_util.h"
+#include "train_test_util.h"
+
+namespace lathe::kernels {
+namespace {
+
+using testing::FiniteDiffGrad;
+using testing::RandomVec;
+using testing::RelErr;
+using testing::ToDouble;
+
+// Fast path vs float reference: summation order and the polynomial exp (~2e-7) differ.
+constexpr double kRefLimit = 2e-6;
+// Float backward vs double finite differences: float rounding of the backward (~1e-7 per op,
+// growing with C) plus the O(h^2) and cancellation error of the difference (~1e-9 here).
+constexpr double kFdLimit = 5e-5;
+
+class TrainOpsTier : public ::testing::TestWithParam<IsaTier> {};
+
+TEST_P(TrainOpsTier, RmsNormMatchesReference) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  // C = 1 is left out: there dx is ~eps / x^3, pure cancellation, so no relative limit fits.
+  for (int64_t C : {3, 7, 8, 15, 16, 17, 33, 100, 576}) {
+    const int64_t T = 3;
+    const std::vector<float> x = RandomVec(T * C, 1, 3.0f), w = RandomVec(C, 2), dout = RandomVec(T * C, 3);
+    std::vector<float> out(T * C), rstd(T), ref_out(T * C), ref_rstd(T);
+    train_ref::RmsNormForward<float>(ref_out.data(), ref_rstd.data(), x.data(), w.data(), T, C, 1e-5f);
+    tk.rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), T, C, 1e-5f);
+    EXPECT_LE(RelErr(out, ref_out), kRefLimit) << C;
+    EXPECT_LE(RelErr(rstd, ref_rstd), kRefLimit) << C;
+    std::vector<float> dx(T * C), dw = RandomVec(C, 4), ref_dx(T * C), ref_dw = dw;
+    train_ref::RmsNormBackward<float>(ref_dx.data(), ref_dw.data(), dout.data(), x.data(), w.data(),
+                                      ref_rstd.data(), T, C);
+    tk.rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), T, C);
+    EXPECT_LE(RelErr(dx, ref_dx), kRefLimit) << C;
+    EXPECT_LE(RelErr(dw, ref_dw), kRefLimit) << C;
+  }
+}
+
+TEST_P(TrainOpsTier, RmsNormBackwardMatchesFiniteDifferences) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  for (int64_t C : {3, 9, 20}) {
+    const int64_t T = 3;
+    const double eps = 1e-5;
+    const std::vector<float> x = RandomVec(T * C, 5, 2.0f), w = RandomVec(C, 6), g = RandomVec(T * C, 7);
+    const std::vector<double> xd = ToDouble(x), wd = ToDouble(w), gd = ToDouble(g);
+    auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww) {
+      std::vector<double> out(T * C), rstd(T);
+      train_ref::RmsNormForward<double>(out.data(), rstd.data(), xx.data(), ww.data(), T, C, eps);
+      return testing::Dot(out, gd);
+    };
+    const std::vector<double> fd_dx = FiniteDiffGrad(xd, [&](const std::vector<double>& v) { return loss(v, wd); });
+    const std::vector<double> fd_dw = FiniteDiffGrad(wd, [&](const std::vector<double>& v) { return loss(xd, v); });
+    std::vector<float> out(T * C), rstd(T), dx(T * C), dw(C, 0.0f);
+    tk.rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), T, C, (float)eps);
+    tk.rmsnorm_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), T, C);
+    EXPECT_LE(RelErr(dx, fd_dx), kFdLimit) << C;
+    EXPECT_LE(RelErr(dw, fd_dw), kFdLimit) << C;
+  }
+}
+
+TEST_P(TrainOpsTier, SwiGluMatchesReference) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  for (int64_t n : {1, 3, 7, 8, 9, 16, 17, 100, 1536}) {
+    std::vector<float> gate = RandomVec(n, 8, 4.0f);
+    if (n > 4) {
+      gate[0] = 95.0f;   // exp(-g) underflows
+      gate[1] = -95.0f;  // exp(-g) overflows
+      gate[2] = 0.0f;
+    }
+    const std::vector<float> up = RandomVec(n, 9), dout = RandomVec(n, 10);
+    std::vector<float> out(n), ref(n);
+    train_ref::SwiGluForward<float>(ref.data(), gate.data(), up.data(), n);
+    tk.swiglu_forward(out.data(), gate.data(), up.data(), n);
+    EXPECT_LE(RelErr(out, ref), kRefLimit) << n;
+    std::vector<float> dg(n), du(n), ref_dg(n), ref_du(n);
+    train_ref::SwiGluBackward<float>(ref_dg.data(), ref_du.data(), dout.data(), gate.data(), up.data(), n);
+    tk.swiglu_backward(dg.data(), du.data(), dout.data(), gate.data(), up.data(), n);
+    EXPECT_LE(RelErr(dg, ref_dg), kRefLimit) << n;
+    EXPECT_LE(RelErr(du, ref_du), kRefLimit) << n;
+    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(dg[i]) && std::isfinite(out[i])) << i;
+  }
+}
+
+TEST_P(TrainOpsTier, SwiGluBackwardMatchesFiniteDifferences) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  const int64_t n = 37;
+  const std::vector<float> gate = RandomVec(n, 11, 3.0f), up = RandomVec(n, 12), g = RandomVec(n, 13);
+  const std::vector<double> gd = ToDouble(gate), ud = ToDouble(up), wd = ToDouble(g);
+  auto loss = [&](const std::vector<double>& gg, const std::vector<double>& uu) {
+    std::vector<double> out(n);
+    train_ref::SwiGluForward<double>(out.data(), gg.data(), uu.data(), n);
+    return testing::Dot(out, wd);
+  };
+  const auto fd_dg = FiniteDiffGrad(gd, [&](const std::vector<double>& v) { return loss(v, ud); });
+  const auto fd_du = FiniteDiffGrad(ud, [&](const std::vector<double>& v) { return loss(gd, v); });
+  std::vector<float> dg(n), du(n);
+  tk.swiglu_backward(dg.data(), du.data(), g.data(), gate.data(), up.data(), n);
+  EXPECT_LE(RelErr(dg, fd_dg), kFdLimit);
+  EXPECT_LE(RelErr(du, fd_du), kFdLimit);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, TrainOpsTier, ::testing::Values(IsaTier::kScalar, IsaTier::kAvx2),
+                         testing::TierParamName);
+
+// RoPE and the embedding have one implementation for all tiers.
+TEST(TrainOps, RopeMatchesReferenceAndFiniteDifferences) {
+  const int64_t T = 3;
+  const int n_head = 2;
+  for (int head_dim : {2, 8, 14}) {
+    const int half = head_dim / 2;
+    std::vector<float> cos(T * half), sin(T * half);
+    for (int64_t t = 0; t < T; ++t)
+      for (int i = 0; i < half; ++i) {
+        const double ang = (t + 5) * std::pow(10000.0, -2.0 * i / head_dim);
+        cos[t * half + i] = (float)std::cos(ang);
+        sin[t * half + i] = (float)std::sin(ang);
+      }
+    for (RopeLayout layout : {RopeLayout::kInterleaved, RopeLayout::kHalfSplit}) {
+      const int64_t n = T * n_head * head_dim;
+      const std::vector<float> x = RandomVec(n, 14), g = RandomVec(n, 15);
+      std::vector<float> out(n), ref(n), inplace = x;
+      train_ref::Rope<float>(ref.data(), x.data(), cos.data(), sin.data(), T, n_head, head_dim, layout, 1);
+      RopeForward(out.data(), x.data(), cos.data(), sin.data(), T, n_head, head_dim, layout);
+      EXPECT_LE(RelErr(out, ref), kRefLimit) << head_dim;
+      RopeForward(inplace.data(), inplace.data(), cos.data(), sin.data(), T, n_head, head_dim, layout);
+      EXPECT_LE(RelErr(inplace, ref), kRefLimit) << head_dim;
+      const std::vector<double> gd = ToDouble(g);
+      const auto fd = FiniteDiffGrad(ToDouble(x), [&](const std::vector<double>& v) {
+        std::vector<double> o(n);
+        train_ref::Rope<double>(o.data(), v.data(), cos.data(), sin.data(), T, n_head, head_dim, layout, 1);
+        return testing::Dot(o, gd);
+      });
+      std::vector<float> dx = g;  // in place: dx aliases dout
+      RopeBackward(dx.data(), dx.data(), cos.data(), sin.data(), T, n_head, head_dim, layout);
+      EXPECT_LE(RelErr(dx, fd), kFdLimit) << head_dim;
+    }
+  }
+}
+
+TEST(TrainOps, EmbeddingMatchesReferenceAndFiniteDifferences) {
+  const int64_t V = 5, C = 7, T = 6;
+  const std::vector<int32_t> tokens = {3, 0, 3, 4, 3, 1};  // repeats must accumulate
+  const std::vector<float> wte = RandomVec(V * C, 16), g = RandomVec(T * C, 17);
+  std::vector<float> out(T * C), ref(T * C);
+  train_ref::EmbeddingForward<float>(ref.data(), tokens.data(), wte.data(), T, C);
+  EmbeddingForward(out.data(), tokens.data(), wte.data(), T, C);
+  EXPECT_EQ(out, ref);
+  std::vector<float> dw = RandomVec(V * C, 18), ref_dw = dw;
+  train_ref::EmbeddingBackward<float>(ref_dw.data(), g.data(), tokens.data(), T, C);
+  EmbeddingBackward(dw.data(), g.data(), tokens.data(), T, C);
+  EXPECT_LE(RelErr(dw, ref_dw), kRefLimit);
+  const std::vector<double> gd = ToDouble(g);
+  const auto fd = FiniteDiffGrad(ToDouble(wte), [&](const std::vector<double>& v) {
+    std::vector<double> o(T * C);
+    train_ref::EmbeddingForward<double>(o.data(), tokens.data(), v.data(), T, C);
+    return testing::Dot(o, gd);
+  });
+  std::vector<float> dz(V * C, 0.0f);
+  EmbeddingBackward(dz.data(), g.data(), tokens.data(), T, C);
+  EXPECT_LE(RelErr(dz, fd), kFdLimit);
+}
+
+}  // namespace
+}  // namespace lathe::kernels
