@@ -1,0 +1,136 @@
+// BlockPool (ref counts, LRU eviction, prefix hashes) and KvCacheManager (prefix reuse, the last
+// prompt token always computed, copy-on-write after fork, freeing everything at once).
+#include "serve/kv_cache_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+namespace lathe::serve {
+namespace {
+
+TEST(BlockPool, RefCountsAndLruEviction) {
+  BlockPool pool(3, 4);
+  int32_t a = pool.Allocate(), b = pool.Allocate(), c = pool.Allocate();
+  EXPECT_EQ(pool.Allocate(), -1);  // exhausted, no crash
+  std::vector<int32_t> t = {1, 2, 3, 4};
+  uint64_t h = BlockHash(0, t, 0);
+  pool.Register(b, h);
+  pool.Retain(b);
+  pool.Release(b);
+  EXPECT_EQ(pool.ref_count(b), 1);
+  pool.Release(a);  // freed first
+  pool.Release(b);  // freed second, still cached
+  pool.Release(c);
+  EXPECT_EQ(pool.num_free(), 3);
+  EXPECT_EQ(pool.num_cached(), 1);
+  // A lookup revives the cached free block.
+  EXPECT_EQ(pool.Lookup(h), b);
+  EXPECT_EQ(pool.ref_count(b), 1);
+  EXPECT_EQ(pool.num_free(), 2);
+  pool.Release(b);  // now most recently freed: order a, c, b
+  EXPECT_EQ(pool.Allocate(), a);
+  EXPECT_EQ(pool.Allocate(), c);
+  EXPECT_EQ(pool.num_cached(), 1);
+  EXPECT_EQ(pool.Allocate(), b);  // evicts b's prefix
+  EXPECT_EQ(pool.num_cached(), 0);
+  EXPECT_EQ(pool.Lookup(h), -1);
+  EXPECT_EQ(pool.queries(), 2);
+  EXPECT_EQ(pool.hits(), 1);
+}
+
+TEST(BlockPool, HashChainsAndExtraKey) {
+  std::vector<int32_t> t = {5, 6, 7, 8};
+  EXPECT_NE(BlockHash(0, t, 0), BlockHash(0, t, 1));  // another adapter
+  EXPECT_NE(BlockHash(0, t, 0), BlockHash(BlockHash(0, t, 0), t, 0));  // another position
+  EXPECT_EQ(BlockHash(3, t, 9), BlockHash(3, t, 9));
+}
+
+model::ModelConfig TinyConfig() {
+  model::ModelConfig c;
+  c.n_layers = 2;
+  c.dim = 8;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.head_dim = 4;
+  return c;
+}
+
+TEST(KvCacheManager, PrefixReuseAndLastTokenComputed) {
+  BlockPool pool(16, 4);
+  model::KvBlockStore store(TinyConfig(), 16, 4);
+  KvCacheManager m(pool, store);
+  std::vector<int32_t> a(10);
+  std::iota(a.begin(), a.end(), 100);
+  auto ca = m.Allocate(1, a, 0);
+  ASSERT_TRUE(ca.ok());
+  EXPECT_EQ(*ca, 0);
+  EXPECT_EQ(m.BlockTable(1).size(), 3u);
+  m.MarkComputed(1, a, 10);  // blocks 0 and 1 are full
+  EXPECT_EQ(pool.num_cached(), 2);
+  // Same first 9 tokens: two full blocks hit, 8 tokens computed.
+  std::vector<int32_t> b(a.begin(), a.begin() + 9);
+  auto cb = m.Allocate(2, b, 0);
+  ASSERT_TRUE(cb.ok());
+  EXPECT_EQ(*cb, 8);
+  EXPECT_EQ(m.BlockTable(2)[0], m.BlockTable(1)[0]);
+  EXPECT_EQ(m.BlockTable(2)[1], m.BlockTable(1)[1]);
+  EXPECT_NE(m.BlockTable(2)[2], m.BlockTable(1)[2]);
+  // Exactly the two full blocks: the second is recomputed in a fresh block (never written shared).
+  std::vector<int32_t> c(a.begin(), a.begin() + 8);
+  auto cc = m.Allocate(3, c, 0);
+  ASSERT_TRUE(cc.ok());
+  EXPECT_EQ(*cc, 4);
+  EXPECT_EQ(m.BlockTable(3)[0], m.BlockTable(1)[0]);
+  EXPECT_NE(m.BlockTable(3)[1], m.BlockTable(1)[1]);
+  // Another adapter shares nothing.
+  auto cd = m.Allocate(4, b, /*extra_key=*/7);
+  EXPECT_EQ(*cd, 0);
+  for (int64_t s : {1, 2, 3, 4}) m.Free(s);
+  EXPECT_EQ(pool.num_free(), 16);
+  EXPECT_EQ(pool.num_used(), 0);
+}
+
+TEST(KvCacheManager, ForkCopiesSharedBlockBeforeWriting) {
+  BlockPool pool(8, 4);
+  model::KvBlockStore store(TinyConfig(), 8, 4);
+  KvCacheManager m(pool, store);
+  std::vector<int32_t> p = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(m.Allocate(1, p, 0).ok());
+  int32_t partial = m.BlockTable(1)[1];
+  *store.K(1, partial, 1) = 42.0f;  // position 5 of layer 1, already computed
+  m.Fork(1, 2);
+  EXPECT_EQ(pool.ref_count(partial), 2);
+  ASSERT_TRUE(m.Reserve(2, 7));
+  ASSERT_TRUE(m.PrepareWrite(2, 6, 7));  // sample 2 writes position 6, in the shared block
+  int32_t copy = m.BlockTable(2)[1];
+  EXPECT_NE(copy, partial);
+  EXPECT_EQ(*store.K(1, copy, 1), 42.0f);  // the computed part came along
+  EXPECT_EQ(pool.ref_count(partial), 1);
+  EXPECT_EQ(m.BlockTable(2)[0], m.BlockTable(1)[0]);  // the full block stays shared
+  ASSERT_TRUE(m.PrepareWrite(1, 6, 7));  // now private to 1: no copy
+  EXPECT_EQ(m.BlockTable(1)[1], partial);
+  m.Free(1);
+  m.Free(2);
+  EXPECT_EQ(pool.num_used(), 0);
+}
+
+TEST(KvCacheManager, OutOfBlocksHoldsNothing) {
+  BlockPool pool(2, 4);
+  model::KvBlockStore store(TinyConfig(), 2, 4);
+  KvCacheManager m(pool, store);
+  std::vector<int32_t> big(12, 3);
+  auto r = m.Allocate(1, big, 0);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("KV cache full"), std::string::npos);
+  EXPECT_FALSE(m.Has(1));
+  EXPECT_EQ(pool.num_free(), 2);
+  std::vector<int32_t> small = {1, 2, 3};
+  ASSERT_TRUE(m.Allocate(1, small, 0).ok());
+  EXPECT_TRUE(m.Reserve(1, 8));
+  EXPECT_FALSE(m.Reserve(1, 9));  // a third block does not exist
+  EXPECT_EQ(m.BlockTable(1).size(), 2u);
+}
+
+}  // namespace
+}  // namespace lathe::serve
