@@ -1,0 +1,255 @@
+// Engine: scheduling, batched forward, sampling.
+#include "serve/engine.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace lathe::serve {
+
+Engine::Engine(const model::ModelWeights& weights, ThreadPool& pool, EngineConfig config,
+               model::TransformerOptions options)
+    : config_(config),
+      tf_(weights, pool, options),
+      blocks_(config.n_blocks, config.block_size),
+      store_(weights.config, config.n_blocks, config.block_size),
+      kv_(blocks_, store_) {
+  snapshot_.blocks_total = config.n_blocks;
+}
+
+Engine::~Engine() { Stop(); }
+
+Result<int64_t> Engine::AddRequest(std::vector<int32_t> prompt, const RequestOptions& options, Callback callback) {
+  if (prompt.empty()) return Status::Error("empty prompt");
+  const int64_t vocab = tf_.config().vocab_size;
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= vocab) return Status::Error(StrFormat("token id %d out of range (vocab %lld)", t, (long long)vocab));
+  }
+  if ((int64_t)prompt.size() + std::max<int64_t>(options.max_tokens, 1) > config_.max_model_len) {
+    return Status::Error(StrFormat("prompt (%zu tokens) + max_tokens (%lld) exceeds the context length %lld",
+                                   prompt.size(), (long long)options.max_tokens, (long long)config_.max_model_len));
+  }
+  int64_t blocks_needed = ((int64_t)prompt.size() + options.max_tokens + config_.block_size - 1) / config_.block_size;
+  if (blocks_needed > config_.n_blocks) {
+    return Status::Error(StrFormat("the request needs %lld KV blocks but the cache has %lld", (long long)blocks_needed,
+                                   (long long)config_.n_blocks));
+  }
+  LATHE_RETURN_IF_ERROR(options.sampling.Validate());
+  auto r = std::make_unique<Request>();
+  r->tokens = std::move(prompt);
+  r->prompt_len = (int64_t)r->tokens.size();
+  r->options = options;
+  r->sampler = std::make_unique<Sampler>(options.sampling);
+  r->sampler->AddPrompt(r->tokens);
+  r->callback = std::move(callback);
+  int64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = r->id = next_id_++;
+    inbox_.push_back(std::move(r));
+  }
+  cv_.notify_one();
+  return id;
+}
+
+void Engine::Abort(int64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborts_.push_back(id);
+  }
+  cv_.notify_one();
+}
+
+void Engine::DrainInbox() {
+  std::vector<std::unique_ptr<Request>> in;
+  std::vector<int64_t> ab;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in.swap(inbox_);
+    ab.swap(aborts_);
+  }
+  for (auto& r : in) {
+    int64_t id = r->id;
+    requests_[id] = std::move(r);
+    waiting_.push_back(id);
+  }
+  for (int64_t id : ab) {
+    auto it = requests_.find(id);
+    if (it != requests_.end()) Finish(*it->second, "abort", -1, {});
+  }
+}
+
+void Engine::Finish(Request& r, const std::string& reason, int32_t token, std::vector<TokenLogprob> logprobs) {
+  if (r.has_blocks) kv_.Free(r.id);
+  running_.erase(std::remove(running_.begin(), running_.end(), r.id), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r.id), waiting_.end());
+  TokenEvent ev;
+  ev.request_id = r.id;
+  ev.token = token;
+  ev.logprobs = std::move(logprobs);
+  ev.finished = true;
+  ev.finish_reason = reason;
+  Callback cb = std::move(r.callback);
+  requests_.erase(r.id);  // r is gone after this
+  if (cb) cb(ev);
+}
+
+void Engine::Preempt(int64_t id) {
+  Request& r = *requests_.at(id);
+  kv_.Free(id);
+  r.has_blocks = false;
+  r.computed = 0;
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  waiting_.push_front(id);
+  ++preemptions_;
+}
+
+bool Engine::Step() {
+  DrainInbox();
+  bool busy = !running_.empty() || !waiting_.empty();
+  if (busy) {
+    Status st = RunStep();
+    LATHE_CHECK_MSG(st.ok(), "engine step failed: %s", st.message().c_str());
+  }
+  PublishStats();
+  return busy;
+}
+
+void Engine::PublishStats() {
+  EngineStats s;
+  s.running = (int64_t)running_.size();
+  s.waiting = (int64_t)waiting_.size();
+  s.blocks_used = blocks_.num_used();
+  s.blocks_total = blocks_.n_blocks();
+  s.prefix_queries = blocks_.queries();
+  s.prefix_hits = blocks_.hits();
+  s.preemptions = preemptions_;
+  s.prompt_tokens_computed = prompt_computed_;
+  s.generated_tokens = generated_;
+  s.steps = steps_;
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot_ = s;
+}
+
+Status Engine::RunStep() {
+  struct Work {
+    int64_t id;
+    int64_t n;  // new tokens this step
+  };
+  std::vector<Work> work;
+  int64_t budget = config_.max_num_batched_tokens;
+  // Running sequences first, oldest first; a sequence that cannot get blocks preempts the newest.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    int64_t id = running_[i];
+    Request& r = *requests_.at(id);
+    int64_t n = std::min<int64_t>((int64_t)r.tokens.size() - r.computed, budget);
+    bool placed = false;
+    while (!placed) {
+      if (kv_.Reserve(id, r.computed + n)) {
+        placed = true;
+        break;
+      }
+      int64_t victim = running_.back();
+      Preempt(victim);
+      for (auto w = work.begin(); w != work.end(); ++w) {
+        if (w->id == victim) {
+          budget += w->n;
+          work.erase(w);
+          break;
+        }
+      }
+      if (victim == id) break;
+    }
+    if (!placed) continue;  // preempted itself; running_ shrank, i stays
+    work.push_back({id, n});
+    budget -= n;
+    ++i;
+  }
+  // Then waiting requests by (priority, arrival), while budget and sequence slots last.
+  std::stable_sort(waiting_.begin(), waiting_.end(), [&](int64_t a, int64_t b) {
+    return requests_.at(a)->options.priority < requests_.at(b)->options.priority;
+  });
+  while (!waiting_.empty() && budget > 0 && (int64_t)running_.size() < config_.max_num_seqs) {
+    int64_t id = waiting_.front();
+    Request& r = *requests_.at(id);
+    auto computed = kv_.Allocate(id, r.tokens, /*extra_key=*/0);
+    if (!computed.ok()) break;  // no room now; it waits
+    r.has_blocks = true;
+    r.computed = *computed;
+    waiting_.pop_front();
+    running_.push_back(id);
+    int64_t n = std::min<int64_t>((int64_t)r.tokens.size() - r.computed, budget);
+    work.push_back({id, n});
+    budget -= n;
+  }
+  if (work.empty()) return Status::Ok();
+
+  std::vector<model::PagedSeqInput> batch;
+  batch.reserve(work.size());
+  for (const Work& w : work) {
+    Request& r = *requests_.at(w.id);
+    batch.push_back({std::span<const int32_t>(r.tokens).subspan(r.computed, w.n), r.computed, kv_.BlockTable(w.id), false});
+  }
+  LATHE_RETURN_IF_ERROR(tf_.ForwardPaged(store_, batch, &logits_));
+  ++steps_;
+  const int64_t V = tf_.config().vocab_size;
+  for (size_t i = 0; i < work.size(); ++i) {
+    const Work& w = work[i];
+    Request& r = *requests_.at(w.id);
+    r.computed += w.n;
+    if (r.computed <= r.prompt_len) prompt_computed_ += w.n;
+    kv_.MarkComputed(w.id, r.tokens, r.computed);
+    if (r.computed < (int64_t)r.tokens.size()) continue;  // still prefilling
+    std::vector<TokenLogprob> lp;
+    float* row = &logits_[i * V];
+    int32_t tok = r.sampler->Sample(row, V, std::max(0, r.options.top_logprobs),
+                                    r.options.top_logprobs >= 0 ? &lp : nullptr);
+    r.tokens.push_back(tok);
+    ++r.generated;
+    ++generated_;
+    const auto& stops = r.options.stop_ids;
+    if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+      Finish(r, "stop", tok, std::move(lp));
+    } else if (r.generated >= r.options.max_tokens || (int64_t)r.tokens.size() >= config_.max_model_len) {
+      Finish(r, "length", tok, std::move(lp));
+    } else if (r.callback) {
+      TokenEvent ev;
+      ev.request_id = r.id;
+      ev.token = tok;
+      ev.logprobs = std::move(lp);
+      r.callback(ev);
+    }
+  }
+  return Status::Ok();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+void Engine::Start() {
+  if (thread_.joinable()) return;
+  stop_ = false;
+  thread_ = std::thread([this] {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !inbox_.empty() || !aborts_.empty() || !running_.empty() || !waiting_.empty(); });
+        if (stop_) return;
+      }
+      Step();
+    }
+  });
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace lathe::serve

@@ -1,0 +1,121 @@
+// Engine: continuous batching over the paged KV cache. Each Step() schedules within a token
+// budget — running sequences first (one decode token each, or their next prefill chunk), then
+// waiting requests by (priority, arrival) — runs ONE batched forward over the mixed prefill and
+// decode work, samples for every sequence that caught up, and reports tokens through each
+// request's callback. When blocks run out, the newest running sequence is preempted: its blocks
+// are freed and it is requeued first, to be recomputed (prefix-cache hits make that cheap).
+// Threading: AddRequest/Abort may be called from any thread; Step() and the callbacks run on one
+// engine thread (Start() makes one, or tests call Step() directly).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/transformer.h"
+#include "serve/block_pool.h"
+#include "serve/kv_cache_manager.h"
+#include "serve/sampler.h"
+
+namespace lathe::serve {
+
+struct EngineConfig {
+  int64_t n_blocks = 256;
+  int64_t block_size = 16;
+  int64_t max_num_batched_tokens = 512;  // tokens per forward (the step's budget)
+  int64_t max_num_seqs = 64;             // running sequences at once
+  int64_t max_model_len = 2048;          // prompt + generated, per request
+};
+
+struct RequestOptions {
+  SamplingParams sampling;
+  int64_t max_tokens = 16;
+  std::vector<int32_t> stop_ids;  // end the request (the stop token is reported)
+  int priority = 0;               // lower runs first; FCFS within a priority
+  int top_logprobs = -1;          // >= 0: report the sampled token's logprob and this many alternatives
+};
+
+struct TokenEvent {
+  int64_t request_id = 0;
+  int32_t token = -1;                  // -1 for an abort with no token
+  std::vector<TokenLogprob> logprobs;  // when requested: [sampled, top...]
+  bool finished = false;
+  std::string finish_reason;           // "stop" | "length" | "abort"
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t blocks_used = 0, blocks_total = 0;
+  int64_t prefix_queries = 0, prefix_hits = 0;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens_computed = 0, generated_tokens = 0, steps = 0;
+};
+
+class Engine {
+ public:
+  using Callback = std::function<void(const TokenEvent&)>;
+  Engine(const model::ModelWeights& weights, ThreadPool& pool, EngineConfig config,
+         model::TransformerOptions options = {});
+  ~Engine();
+
+  // Queues a request; returns its id, or an error for an empty/too long prompt or bad options.
+  Result<int64_t> AddRequest(std::vector<int32_t> prompt, const RequestOptions& options, Callback callback);
+  // Cancels a request: its blocks are freed at the next step boundary and its callback gets a
+  // final "abort" event. Unknown or finished ids are ignored.
+  void Abort(int64_t id);
+  // One scheduling step on the calling thread. Returns false when there was nothing to do.
+  bool Step();
+  // Runs Step() on a background thread until Stop().
+  void Start();
+  void Stop();
+  EngineStats stats() const;
+  const EngineConfig& config() const { return config_; }
+
+ private:
+  struct Request {
+    int64_t id = 0;
+    std::vector<int32_t> tokens;  // prompt + generated
+    int64_t prompt_len = 0;
+    int64_t computed = 0;         // tokens whose K/V are in the cache
+    int64_t generated = 0;
+    RequestOptions options;
+    std::unique_ptr<Sampler> sampler;
+    Callback callback;
+    bool has_blocks = false;
+  };
+  void DrainInbox();
+  void Finish(Request& r, const std::string& reason, int32_t token, std::vector<TokenLogprob> logprobs);
+  void Preempt(int64_t id);
+  Status RunStep();
+  void PublishStats();
+
+  EngineConfig config_;
+  model::Transformer tf_;
+  BlockPool blocks_;
+  model::KvBlockStore store_;
+  KvCacheManager kv_;
+  std::map<int64_t, std::unique_ptr<Request>> requests_;  // live requests
+  std::vector<int64_t> running_;                          // admission order
+  std::deque<int64_t> waiting_;
+  int64_t preemptions_ = 0, prompt_computed_ = 0, generated_ = 0, steps_ = 0;
+
+  mutable std::mutex mu_;  // guards the inbox, the stats snapshot and next_id_
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Request>> inbox_;
+  std::vector<int64_t> aborts_;
+  int64_t next_id_ = 1;
+  EngineStats snapshot_;
+  std::thread thread_;
+  bool stop_ = false;
+  std::vector<float> logits_;
+};
+
+}  // namespace lathe::serve
