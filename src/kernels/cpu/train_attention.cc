@@ -14,8 +14,8 @@ namespace lathe::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kQTile = 8 * kGemmTileR;  // 48 query rows per tile
-constexpr int64_t kKTile = 64;              // key rows per tile
+constexpr int64_t kQTile = 16 * kGemmTileR;  // 96 query rows per tile
+constexpr int64_t kKTile = 128;              // key rows per tile (96 x 128 scores, 48 KiB: L2)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 template <typename T>
@@ -49,9 +49,13 @@ struct GemmScratch {
   std::vector<float> a, b;
 };
 
+// Whether every (t, s) pair of the tile is allowed (no mask work needed).
+inline bool TileFull(int64_t q0, int64_t k1, const int32_t* seg) { return !seg && k1 - 1 <= q0; }
+
 // c(R, N) (row stride ldc) += A(R, L) . B(L, N) with A(i, l) = a(i, l), B(l, j) = b(l, j): packs
 // both into the micro-kernel's panels (a few thousand copies per ~100k FMAs at these tile sizes).
-template <typename FA, typename FB>
+// kBRowsContiguous: b(l, j) is contiguous in l (a transposed row-major matrix), so pack l-inner.
+template <bool kBRowsContiguous = false, typename FA, typename FB>
 void SmallGemm(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
                const FA& a, const FB& b) {
   const int64_t n_strips = (N + kGemmTileC - 1) / kGemmTileC;
@@ -60,9 +64,14 @@ void SmallGemm(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ld
   for (int64_t s = 0; s < n_strips; ++s) {
     float* bs = bp + s * L * kGemmTileC;
     const int64_t j0 = s * kGemmTileC, nj = std::min<int64_t>(kGemmTileC, N - j0);
-    for (int64_t l = 0; l < L; ++l) {
-      for (int64_t j = 0; j < nj; ++j) bs[l * kGemmTileC + j] = b(l, j0 + j);
-      for (int64_t j = nj; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = 0.0f;
+    if (kBRowsContiguous) {
+      for (int64_t j = 0; j < kGemmTileC; ++j)
+        for (int64_t l = 0; l < L; ++l) bs[l * kGemmTileC + j] = j < nj ? b(l, j0 + j) : 0.0f;
+    } else {
+      for (int64_t l = 0; l < L; ++l) {
+        for (int64_t j = 0; j < nj; ++j) bs[l * kGemmTileC + j] = b(l, j0 + j);
+        for (int64_t j = nj; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = 0.0f;
+      }
     }
   }
   for (int64_t r0 = 0; r0 < R; r0 += kGemmTileR) {
@@ -79,7 +88,7 @@ void SmallGemm(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ld
 void Scores(const TrainKernelTable& tk, GemmScratch& gs, const Dims& d, const float* q, const float* k, int h, int g,
             int64_t q0, int64_t nq, int64_t k0, int64_t nk, float scale, float* S) {
   std::fill(S, S + nq * nk, 0.0f);
-  SmallGemm(tk, gs, S, nk, nq, nk, d.D, [&](int64_t i, int64_t l) { return q[d.QRow(q0 + i, h) + l]; },
+  SmallGemm<true>(tk, gs, S, nk, nq, nk, d.D, [&](int64_t i, int64_t l) { return q[d.QRow(q0 + i, h) + l]; },
             [&](int64_t l, int64_t j) { return k[d.KRow(k0 + j, g) + l]; });
   for (int64_t i = 0; i < nq * nk; ++i) S[i] *= scale;
 }
@@ -91,6 +100,7 @@ void ProbsFromLse(const TrainKernelTable& tk, float* S, int64_t q0, int64_t nq, 
     float* row = S + i * nk;
     const int64_t t = q0 + i;
     tk.exp_shift_scale(row, nk, lse[t * n_head + h], 1.0f);
+    if (TileFull(q0, k0 + nk, seg)) continue;
     for (int64_t j = 0; j < nk; ++j)
       if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;
   }
@@ -101,7 +111,7 @@ void ScoreGrads(const TrainKernelTable& tk, GemmScratch& gs, const Dims& d, cons
                 const float* delta, int h, int g, int64_t q0, int64_t nq, int64_t k0, int64_t nk, float scale,
                 const float* P, float* dS) {
   std::fill(dS, dS + nq * nk, 0.0f);
-  SmallGemm(tk, gs, dS, nk, nq, nk, d.D, [&](int64_t i, int64_t l) { return dout[d.QRow(q0 + i, h) + l]; },
+  SmallGemm<true>(tk, gs, dS, nk, nq, nk, d.D, [&](int64_t i, int64_t l) { return dout[d.QRow(q0 + i, h) + l]; },
             [&](int64_t l, int64_t j) { return v[d.KRow(k0 + j, g) + l]; });
   for (int64_t i = 0; i < nq; ++i) {
     const float dl = delta[(q0 + i) * d.n_head + h];
@@ -136,12 +146,13 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
         if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
         Scores(tk, gs, d, q, k, h, g, q0, nq, k0, nk, scale, S);
+        const bool full = TileFull(q0, k1, seg);
         for (int64_t i = 0; i < nq; ++i) {
           float* row = S + i * nk;
           const int64_t t = q0 + i;
           float tmax = kNegInf;
           for (int64_t j = 0; j < nk; ++j) {
-            if (!Allowed(k0 + j, t, seg)) row[j] = kNegInf;
+            if (!full && !Allowed(k0 + j, t, seg)) row[j] = kNegInf;
             tmax = std::max(tmax, row[j]);
           }
           if (tmax == kNegInf) {  // no key of this tile for this row
@@ -156,10 +167,12 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
           }
           m[i] = m_new;
           tk.exp_shift_scale(row, nk, m_new, 1.0f);
+          float sum = 0.0f;
           for (int64_t j = 0; j < nk; ++j) {
-            if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;  // the polynomial exp gives ~1e-38, not 0
-            l[i] += row[j];
+            if (!full && !Allowed(k0 + j, t, seg)) row[j] = 0.0f;  // the polynomial exp gives ~1e-38, not 0
+            sum += row[j];
           }
+          l[i] += sum;
         }
         SmallGemm(tk, gs, o, D, nq, D, nk, [&](int64_t i, int64_t j) { return S[i * nk + j]; },
                   [&](int64_t j, int64_t c) { return v[d.KRow(k0 + j, g) + c]; });
