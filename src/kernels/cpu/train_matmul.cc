@@ -51,9 +51,12 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         for (int64_t s = 0; s < n_strips; ++s) {
           const int64_t j0 = s * kGemmTileC, nj = std::min<int64_t>(kGemmTileC, nk - j0);
           float* bs = bpack + s * nl * kGemmTileC;
-          for (int64_t l = 0; l < nl; ++l) {
-            std::memcpy(bs + l * kGemmTileC, p + l * ld + j0, sizeof(float) * nj);
-            for (int64_t j = nj; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = 0.0f;
+          if (nj == kGemmTileC) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
+            for (int64_t l = 0; l < nl; ++l)
+              std::memcpy(bs + l * kGemmTileC, p + l * ld + j0, sizeof(float) * kGemmTileC);
+          } else {
+            for (int64_t l = 0; l < nl; ++l)
+              for (int64_t j = 0; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = j < nj ? p[l * ld + j0 + j] : 0.0f;
           }
         }
         // All row tiles of A once per chunk, walking A in its contiguous direction (dY rows for
@@ -68,6 +71,9 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
               const float* ar = a + (ri + std::min(i, mr - 1)) * a_rs + l0;
               for (int64_t l = 0; l < nl; ++l) at[l * kGemmTileR + i] = i < mr ? ar[l] : 0.0f;
             }
+          } else if (a_rs == 1 && mr == kGemmTileR) {
+            for (int64_t l = 0; l < nl; ++l)
+              std::memcpy(at + l * kGemmTileR, a + ri + (l0 + l) * a_is, sizeof(float) * kGemmTileR);
           } else {
             for (int64_t l = 0; l < nl; ++l) {
               const float* al = a + ri * a_rs + (l0 + l) * a_is;
