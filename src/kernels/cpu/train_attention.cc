@@ -44,25 +44,37 @@ bool TileHasWork(int64_t q0, int64_t q1, int64_t k0, int64_t k1, const int32_t* 
   return false;
 }
 
+// Whether every (t, s) pair of the tile is allowed (no mask work needed).
+inline bool TileFull(int64_t q0, int64_t k1, const int32_t* seg) { return !seg && k1 - 1 <= q0; }
+
 // Per-thread packing buffers for SmallGemm.
 struct GemmScratch {
   std::vector<float> a, b;
 };
 
-// Whether every (t, s) pair of the tile is allowed (no mask work needed).
-inline bool TileFull(int64_t q0, int64_t k1, const int32_t* seg) { return !seg && k1 - 1 <= q0; }
+inline int64_t RowTiles(int64_t R) { return (R + kGemmTileR - 1) / kGemmTileR; }
 
-// c(R, N) (row stride ldc) += A(R, L) . B(L, N) with A(i, l) = a(i, l), B(l, j) = b(l, j): packs
-// both into the micro-kernel's panels (a few thousand copies per ~100k FMAs at these tile sizes).
+// A(R, L) as the micro-kernel's row panels: element (i, l) at [(i / 6 * L + l) * 6 + i % 6],
+// rows past R zero. Returns out.
+template <typename FA>
+float* PackA(float* out, int64_t R, int64_t L, const FA& a) {
+  for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
+    float* at = out + rt * L * kGemmTileR;
+    const int64_t r0 = rt * kGemmTileR;
+    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
+    for (int64_t l = 0; l < L; ++l)
+      for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? a(r0 + i, l) : 0.0f;
+  }
+  return out;
+}
+
+// B(L, N) as 16-column strips: element (l, j) at [(j / 16 * L + l) * 16 + j % 16], padding zero.
 // kBRowsContiguous: b(l, j) is contiguous in l (a transposed row-major matrix), so pack l-inner.
-template <bool kBRowsContiguous = false, typename FA, typename FB>
-void SmallGemm(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
-               const FA& a, const FB& b) {
+template <bool kBRowsContiguous, typename FB>
+float* PackB(float* out, int64_t L, int64_t N, const FB& b) {
   const int64_t n_strips = (N + kGemmTileC - 1) / kGemmTileC;
-  float* bp = Scratch(gs.b, (size_t)(n_strips * L * kGemmTileC));
-  float* ap = Scratch(gs.a, (size_t)(L * kGemmTileR));
   for (int64_t s = 0; s < n_strips; ++s) {
-    float* bs = bp + s * L * kGemmTileC;
+    float* bs = out + s * L * kGemmTileC;
     const int64_t j0 = s * kGemmTileC, nj = std::min<int64_t>(kGemmTileC, N - j0);
     if (kBRowsContiguous) {
       for (int64_t j = 0; j < kGemmTileC; ++j)
@@ -74,48 +86,70 @@ void SmallGemm(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ld
       }
     }
   }
-  for (int64_t r0 = 0; r0 < R; r0 += kGemmTileR) {
+  return out;
+}
+
+// c(R, N) (row stride ldc) += A . B from PackA / PackB panels with inner dimension L.
+void RunPacked(const TrainKernelTable& tk, const float* ap, const float* bp, float* c, int64_t ldc, int64_t R,
+               int64_t N, int64_t L) {
+  for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
+    const int64_t r0 = rt * kGemmTileR;
     const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
-    for (int64_t l = 0; l < L; ++l)
-      for (int i = 0; i < kGemmTileR; ++i) ap[l * kGemmTileR + i] = i < mr ? a(r0 + i, l) : 0.0f;
-    for (int64_t s = 0; s < n_strips; ++s)
-      tk.gemm_tile(ap, bp + s * L * kGemmTileC, L, c + r0 * ldc + s * kGemmTileC, ldc, mr,
-                   (int)std::min<int64_t>(kGemmTileC, N - s * kGemmTileC));
+    for (int64_t j0 = 0; j0 < N; j0 += kGemmTileC)
+      tk.gemm_tile(ap + rt * L * kGemmTileR, bp + j0 * L, L, c + r0 * ldc + j0, ldc, mr,
+                   (int)std::min<int64_t>(kGemmTileC, N - j0));
   }
 }
 
-// S(nq, nk) = scale * Q[q0:q0+nq, h] . K[k0:k0+nk, g]^T.
-void Scores(const TrainKernelTable& tk, GemmScratch& gs, const Dims& d, const float* q, const float* k, int h, int g,
-            int64_t q0, int64_t nq, int64_t k0, int64_t nk, float scale, float* S) {
-  std::fill(S, S + nq * nk, 0.0f);
-  SmallGemm<true>(tk, gs, S, nk, nq, nk, d.D, [&](int64_t i, int64_t l) { return q[d.QRow(q0 + i, h) + l]; },
-            [&](int64_t l, int64_t j) { return k[d.KRow(k0 + j, g) + l]; });
-  for (int64_t i = 0; i < nq * nk; ++i) S[i] *= scale;
+// c(R, N) (row stride ldc) += A(R, L) . B(L, N) with A(i, l) = a(i, l), B(l, j) = b(l, j): packs
+// both into the micro-kernel's panels (a few thousand copies per ~100k FMAs at these tile sizes).
+template <bool kBRowsContiguous = false, typename FA, typename FB>
+void SmallGemm(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
+               const FA& a, const FB& b) {
+  const int64_t n_strips = (N + kGemmTileC - 1) / kGemmTileC;
+  const float* bp = PackB<kBRowsContiguous>(Scratch(gs.b, (size_t)(n_strips * L * kGemmTileC)), L, N, b);
+  const float* ap = PackA(Scratch(gs.a, (size_t)(RowTiles(R) * L * kGemmTileR)), R, L, a);
+  RunPacked(tk, ap, bp, c, ldc, R, N, L);
 }
 
-// P = exp(S - lse_row) on allowed pairs, 0 elsewhere (in place).
-void ProbsFromLse(const TrainKernelTable& tk, float* S, int64_t q0, int64_t nq, int64_t k0, int64_t nk,
-                  const float* lse, int n_head, int h, const int32_t* seg) {
-  for (int64_t i = 0; i < nq; ++i) {
-    float* row = S + i * nk;
-    const int64_t t = q0 + i;
-    tk.exp_shift_scale(row, nk, lse[t * n_head + h], 1.0f);
-    if (TileFull(q0, k0 + nk, seg)) continue;
-    for (int64_t j = 0; j < nk; ++j)
-      if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;
-  }
+// Packed operands of one (query tile, key tile) pair, each reused across the other loop:
+// qa = scale * Q tile and da = dO tile as row panels (nq x D); kb = K^T and vb = V^T tiles as
+// column strips (D x nk).
+struct Panels {
+  float *qa, *da, *kb, *vb;
+};
+
+void PackQueryPanels(const Dims& d, const float* q, const float* dout, int h, int64_t q0, int64_t nq, float scale,
+                     Panels& p) {
+  PackA(p.qa, nq, d.D, [&](int64_t i, int64_t c) { return scale * q[d.QRow(q0 + i, h) + c]; });
+  PackA(p.da, nq, d.D, [&](int64_t i, int64_t c) { return dout[d.QRow(q0 + i, h) + c]; });
 }
 
-// dP(nq, nk) = dO[q0:, h] . V[k0:, g]^T, then in place dS = P * (dP - delta) * scale.
-void ScoreGrads(const TrainKernelTable& tk, GemmScratch& gs, const Dims& d, const float* dout, const float* v,
-                const float* delta, int h, int g, int64_t q0, int64_t nq, int64_t k0, int64_t nk, float scale,
-                const float* P, float* dS) {
+void PackKeyPanels(const Dims& d, const float* k, const float* v, int g, int64_t k0, int64_t nk, Panels& p) {
+  PackB<true>(p.kb, d.D, nk, [&](int64_t c, int64_t j) { return k[d.KRow(k0 + j, g) + c]; });
+  PackB<true>(p.vb, d.D, nk, [&](int64_t c, int64_t j) { return v[d.KRow(k0 + j, g) + c]; });
+}
+
+// P(nq, nk) = exp(scale * Q K^T - lse) on allowed pairs (0 elsewhere) and
+// dS = P * (dO V^T - delta) * scale, from packed panels.
+void ProbsAndScoreGrads(const TrainKernelTable& tk, const Dims& d, const Panels& p, int h, int64_t q0, int64_t nq,
+                        int64_t k0, int64_t nk, const float* lse, const float* delta, const int32_t* seg, float scale,
+                        float* P, float* dS) {
+  std::fill(P, P + nq * nk, 0.0f);
   std::fill(dS, dS + nq * nk, 0.0f);
-  SmallGemm<true>(tk, gs, dS, nk, nq, nk, d.D, [&](int64_t i, int64_t l) { return dout[d.QRow(q0 + i, h) + l]; },
-            [&](int64_t l, int64_t j) { return v[d.KRow(k0 + j, g) + l]; });
+  RunPacked(tk, p.qa, p.kb, P, nk, nq, nk, d.D);
+  RunPacked(tk, p.da, p.vb, dS, nk, nq, nk, d.D);
+  const bool full = TileFull(q0, k0 + nk, seg);
   for (int64_t i = 0; i < nq; ++i) {
-    const float dl = delta[(q0 + i) * d.n_head + h];
-    for (int64_t j = 0; j < nk; ++j) dS[i * nk + j] = P[i * nk + j] * (dS[i * nk + j] - dl) * scale;
+    float* row = P + i * nk;
+    const int64_t t = q0 + i;
+    tk.exp_shift_scale(row, nk, lse[t * d.n_head + h], 1.0f);
+    if (!full)
+      for (int64_t j = 0; j < nk; ++j)
+        if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;
+    const float dl = delta[t * d.n_head + h];
+    float* ds = dS + i * nk;
+    for (int64_t j = 0; j < nk; ++j) ds[j] = row[j] * (ds[j] - dl) * scale;
   }
 }
 
@@ -130,9 +164,10 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
   const int D = head_dim;
   const int64_t n_qt = (T + kQTile - 1) / kQTile;
   pool.ParallelFor(n_head * n_qt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> o_buf, s_buf, m_buf, l_buf;
+    static thread_local std::vector<float> o_buf, s_buf, m_buf, l_buf, qa_buf;
     static thread_local GemmScratch gs;
     float* o = Scratch(o_buf, (size_t)(kQTile * D));
+    float* qa = Scratch(qa_buf, (size_t)(kQTile * D));
     float* S = Scratch(s_buf, (size_t)(kQTile * kKTile));
     float* m = Scratch(m_buf, (size_t)kQTile);
     float* l = Scratch(l_buf, (size_t)kQTile);
@@ -142,10 +177,15 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
       std::fill(o, o + nq * D, 0.0f);
       std::fill(m, m + nq, kNegInf);
       std::fill(l, l + nq, 0.0f);
+      // scale * Q tile, packed once for all its key tiles.
+      PackA(qa, nq, D, [&](int64_t i, int64_t c) { return scale * q[d.QRow(q0 + i, h) + c]; });
       for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
         if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
-        Scores(tk, gs, d, q, k, h, g, q0, nq, k0, nk, scale, S);
+        std::fill(S, S + nq * nk, 0.0f);
+        const float* kb = PackB<true>(Scratch(gs.b, (size_t)(nk + kGemmTileC) * D), D, nk,
+                                      [&](int64_t c, int64_t j) { return k[d.KRow(k0 + j, g) + c]; });
+        RunPacked(tk, qa, kb, S, nk, nq, nk, D);
         const bool full = TileFull(q0, k1, seg);
         for (int64_t i = 0; i < nq; ++i) {
           float* row = S + i * nk;
@@ -204,8 +244,11 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
   // tile at or after the key tile; each task owns its dK / dV rows.
   const int64_t n_kt = (T + kKTile - 1) / kKTile;
   pool.ParallelFor(n_kv_head * n_kt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf;
+    static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf, pan_buf;
     static thread_local GemmScratch gs;
+    const size_t pan = (size_t)(std::max(kQTile, kKTile) + kGemmTileC) * D;
+    float* pb = Scratch(pan_buf, 4 * pan);
+    Panels panels{pb, pb + pan, pb + 2 * pan, pb + 3 * pan};
     float* dkt = Scratch(dk_buf, (size_t)(kKTile * D));
     float* dvt = Scratch(dv_buf, (size_t)(kKTile * D));
     float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
@@ -215,13 +258,13 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
       const int64_t k0 = task % n_kt * kKTile, k1 = std::min(T, k0 + kKTile), nk = k1 - k0;
       std::fill(dkt, dkt + nk * D, 0.0f);
       std::fill(dvt, dvt + nk * D, 0.0f);
+      PackKeyPanels(d, k, v, g, k0, nk, panels);
       for (int h = g * d.rep(); h < (g + 1) * d.rep(); ++h) {
         for (int64_t q0 = k0 / kQTile * kQTile; q0 < T; q0 += kQTile) {
           const int64_t q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
           if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
-          Scores(tk, gs, d, q, k, h, g, q0, nq, k0, nk, scale, P);
-          ProbsFromLse(tk, P, q0, nq, k0, nk, lse, n_head, h, seg);
-          ScoreGrads(tk, gs, d, dout, v, delta.data(), h, g, q0, nq, k0, nk, scale, P, dS);
+          PackQueryPanels(d, q, dout, h, q0, nq, scale, panels);
+          ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), seg, scale, P, dS);
           // dV += P^T dO, dK += dS^T Q.
           SmallGemm(tk, gs, dvt, D, nk, D, nq, [&](int64_t j, int64_t i) { return P[i * nk + j]; },
                     [&](int64_t i, int64_t c) { return dout[d.QRow(q0 + i, h) + c]; });
@@ -238,8 +281,11 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
   // Pass 2: dQ per (head, query tile) over the key tiles it sees: dQ += dS K.
   const int64_t n_qt = (T + kQTile - 1) / kQTile;
   pool.ParallelFor(n_head * n_qt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> dq_buf, p_buf, ds_buf;
+    static thread_local std::vector<float> dq_buf, p_buf, ds_buf, pan_buf;
     static thread_local GemmScratch gs;
+    const size_t pan = (size_t)(std::max(kQTile, kKTile) + kGemmTileC) * D;
+    float* pb = Scratch(pan_buf, 4 * pan);
+    Panels panels{pb, pb + pan, pb + 2 * pan, pb + 3 * pan};
     float* dqt = Scratch(dq_buf, (size_t)(kQTile * D));
     float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
     float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
@@ -247,12 +293,12 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
       const int h = (int)(task / n_qt), g = h / d.rep();
       const int64_t q0 = task % n_qt * kQTile, q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
       std::fill(dqt, dqt + nq * D, 0.0f);
+      PackQueryPanels(d, q, dout, h, q0, nq, scale, panels);
       for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
         if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
-        Scores(tk, gs, d, q, k, h, g, q0, nq, k0, nk, scale, P);
-        ProbsFromLse(tk, P, q0, nq, k0, nk, lse, n_head, h, seg);
-        ScoreGrads(tk, gs, d, dout, v, delta.data(), h, g, q0, nq, k0, nk, scale, P, dS);
+        PackKeyPanels(d, k, v, g, k0, nk, panels);
+        ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), seg, scale, P, dS);
         SmallGemm(tk, gs, dqt, D, nq, D, nk, [&](int64_t i, int64_t j) { return dS[i * nk + j]; },
                   [&](int64_t j, int64_t c) { return k[d.KRow(k0 + j, g) + c]; });
       }
