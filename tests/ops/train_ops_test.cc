@@ -23,7 +23,7 @@ using testing::ToDouble;
 constexpr double kRefLimit = 2e-6;
 // Float backward vs double finite differences: float rounding of the backward (~1e-7 per op,
 // growing with C) plus the O(h^2) and cancellation error of the difference (~1e-9 here).
-constexpr double kFdLimit = 5e-5;
+constexpr double kFdLimit = 2e-6;
 
 class TrainOpsTier : public ::testing::TestWithParam<IsaTier> {};
 

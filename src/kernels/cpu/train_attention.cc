@@ -1,6 +1,6 @@
 // Flash-style causal grouped-query attention for training: forward with a tiled online softmax
 // (saves out and the per-row logsumexp only) and a backward that recomputes scores tile by tile.
-// Dot products and row updates go through a tier's Dot / Axpy / exp kernels.
+// Every tile product (QK^T, PV, dO V^T, P^T dO, dS^T Q, dS K) runs on the tier's GEMM micro-kernel.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,8 +14,8 @@ namespace lathe::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kQTile = 32;  // query rows per task
-constexpr int64_t kKTile = 64;  // key rows per score tile (K and V tiles: 2 x 16 KiB at D = 64)
+constexpr int64_t kQTile = 16 * kGemmTileR;  // 96 query rows per tile
+constexpr int64_t kKTile = 128;              // key rows per tile (96 x 128 scores, 48 KiB: L2)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 template <typename T>
@@ -34,24 +34,123 @@ struct Dims {
 
 inline bool Allowed(int64_t s, int64_t t, const int32_t* seg) { return s <= t && (!seg || seg[s] == seg[t]); }
 
-// p[j] = exp(scale * q . k[s0 + j] - shift) for allowed keys (ok[j]), 0 for masked ones; j < n.
-// Without do_exp p holds the raw scaled scores (masked: -inf), for the forward's running max.
-// Returns the number of allowed keys.
-int64_t ScoreRow(const TrainKernelTable& tk, const KernelTable& kt, const Dims& d, const float* qt, const float* k,
-                 int g, int64_t s0, int64_t n, int64_t t, const int32_t* seg, float scale, float shift, bool do_exp,
-                 float* p, bool* ok) {
-  int64_t n_ok = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    ok[j] = Allowed(s0 + j, t, seg);
-    p[j] = ok[j] ? scale * kt.dot(qt, k + d.KRow(s0 + j, g), d.D) : kNegInf;
-    n_ok += ok[j];
+// Whether any query t in [q0, q1) may attend to any key s in [k0, k1).
+bool TileHasWork(int64_t q0, int64_t q1, int64_t k0, int64_t k1, const int32_t* seg) {
+  if (k0 >= q1) return false;
+  if (!seg) return true;
+  for (int64_t t = q0; t < q1; ++t)
+    for (int64_t s = k0; s < std::min(k1, t + 1); ++s)
+      if (seg[s] == seg[t]) return true;
+  return false;
+}
+
+// Whether every (t, s) pair of the tile is allowed (no mask work needed).
+inline bool TileFull(int64_t q0, int64_t k1, const int32_t* seg) { return !seg && k1 - 1 <= q0; }
+
+// Per-thread packing buffers for SmallGemm.
+struct GemmScratch {
+  std::vector<float> a, b;
+};
+
+inline int64_t RowTiles(int64_t R) { return (R + kGemmTileR - 1) / kGemmTileR; }
+
+// A(R, L) as the micro-kernel's row panels: element (i, l) at [(i / 6 * L + l) * 6 + i % 6],
+// rows past R zero. Returns out.
+template <typename FA>
+float* PackA(float* out, int64_t R, int64_t L, const FA& a) {
+  for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
+    float* at = out + rt * L * kGemmTileR;
+    const int64_t r0 = rt * kGemmTileR;
+    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
+    for (int64_t l = 0; l < L; ++l)
+      for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? a(r0 + i, l) : 0.0f;
   }
-  if (do_exp && n_ok > 0) {
-    tk.exp_shift_scale(p, n, shift, 1.0f);
-    for (int64_t j = 0; j < n; ++j)
-      if (!ok[j]) p[j] = 0.0f;
+  return out;
+}
+
+// B(L, N) as 16-column strips: element (l, j) at [(j / 16 * L + l) * 16 + j % 16], padding zero.
+// kBRowsContiguous: b(l, j) is contiguous in l (a transposed row-major matrix), so pack l-inner.
+template <bool kBRowsContiguous, typename FB>
+float* PackB(float* out, int64_t L, int64_t N, const FB& b) {
+  const int64_t n_strips = (N + kGemmTileC - 1) / kGemmTileC;
+  for (int64_t s = 0; s < n_strips; ++s) {
+    float* bs = out + s * L * kGemmTileC;
+    const int64_t j0 = s * kGemmTileC, nj = std::min<int64_t>(kGemmTileC, N - j0);
+    if (kBRowsContiguous) {
+      for (int64_t j = 0; j < kGemmTileC; ++j)
+        for (int64_t l = 0; l < L; ++l) bs[l * kGemmTileC + j] = j < nj ? b(l, j0 + j) : 0.0f;
+    } else {
+      for (int64_t l = 0; l < L; ++l) {
+        for (int64_t j = 0; j < nj; ++j) bs[l * kGemmTileC + j] = b(l, j0 + j);
+        for (int64_t j = nj; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = 0.0f;
+      }
+    }
   }
-  return n_ok;
+  return out;
+}
+
+// c(R, N) (row stride ldc) += A . B from PackA / PackB panels with inner dimension L.
+void RunPacked(const TrainKernelTable& tk, const float* ap, const float* bp, float* c, int64_t ldc, int64_t R,
+               int64_t N, int64_t L) {
+  for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
+    const int64_t r0 = rt * kGemmTileR;
+    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
+    for (int64_t j0 = 0; j0 < N; j0 += kGemmTileC)
+      tk.gemm_tile(ap + rt * L * kGemmTileR, bp + j0 * L, L, c + r0 * ldc + j0, ldc, mr,
+                   (int)std::min<int64_t>(kGemmTileC, N - j0));
+  }
+}
+
+// c(R, N) (row stride ldc) += A(R, L) . B(L, N) with A(i, l) = a(i, l), B(l, j) = b(l, j): packs
+// both into the micro-kernel's panels (a few thousand copies per ~100k FMAs at these tile sizes).
+template <bool kBRowsContiguous = false, typename FA, typename FB>
+void SmallGemm(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
+               const FA& a, const FB& b) {
+  const int64_t n_strips = (N + kGemmTileC - 1) / kGemmTileC;
+  const float* bp = PackB<kBRowsContiguous>(Scratch(gs.b, (size_t)(n_strips * L * kGemmTileC)), L, N, b);
+  const float* ap = PackA(Scratch(gs.a, (size_t)(RowTiles(R) * L * kGemmTileR)), R, L, a);
+  RunPacked(tk, ap, bp, c, ldc, R, N, L);
+}
+
+// Packed operands of one (query tile, key tile) pair, each reused across the other loop:
+// qa = scale * Q tile and da = dO tile as row panels (nq x D); kb = K^T and vb = V^T tiles as
+// column strips (D x nk).
+struct Panels {
+  float *qa, *da, *kb, *vb;
+};
+
+void PackQueryPanels(const Dims& d, const float* q, const float* dout, int h, int64_t q0, int64_t nq, float scale,
+                     Panels& p) {
+  PackA(p.qa, nq, d.D, [&](int64_t i, int64_t c) { return scale * q[d.QRow(q0 + i, h) + c]; });
+  PackA(p.da, nq, d.D, [&](int64_t i, int64_t c) { return dout[d.QRow(q0 + i, h) + c]; });
+}
+
+void PackKeyPanels(const Dims& d, const float* k, const float* v, int g, int64_t k0, int64_t nk, Panels& p) {
+  PackB<true>(p.kb, d.D, nk, [&](int64_t c, int64_t j) { return k[d.KRow(k0 + j, g) + c]; });
+  PackB<true>(p.vb, d.D, nk, [&](int64_t c, int64_t j) { return v[d.KRow(k0 + j, g) + c]; });
+}
+
+// P(nq, nk) = exp(scale * Q K^T - lse) on allowed pairs (0 elsewhere) and
+// dS = P * (dO V^T - delta) * scale, from packed panels.
+void ProbsAndScoreGrads(const TrainKernelTable& tk, const Dims& d, const Panels& p, int h, int64_t q0, int64_t nq,
+                        int64_t k0, int64_t nk, const float* lse, const float* delta, const int32_t* seg, float scale,
+                        float* P, float* dS) {
+  std::fill(P, P + nq * nk, 0.0f);
+  std::fill(dS, dS + nq * nk, 0.0f);
+  RunPacked(tk, p.qa, p.kb, P, nk, nq, nk, d.D);
+  RunPacked(tk, p.da, p.vb, dS, nk, nq, nk, d.D);
+  const bool full = TileFull(q0, k0 + nk, seg);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* row = P + i * nk;
+    const int64_t t = q0 + i;
+    tk.exp_shift_scale(row, nk, lse[t * d.n_head + h], 1.0f);
+    if (!full)
+      for (int64_t j = 0; j < nk; ++j)
+        if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;
+    const float dl = delta[t * d.n_head + h];
+    float* ds = dS + i * nk;
+    for (int64_t j = 0; j < nk; ++j) ds[j] = row[j] * (ds[j] - dl) * scale;
+  }
 }
 
 }  // namespace
@@ -59,51 +158,70 @@ int64_t ScoreRow(const TrainKernelTable& tk, const KernelTable& kt, const Dims& 
 void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* out,
                                float* lse, const float* q, const float* k, const float* v, const int32_t* seg,
                                int64_t T, int n_head, int n_kv_head, int head_dim, float scale) {
+  (void)kt;
   LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0);
   const Dims d{T, n_head, n_kv_head, head_dim};
+  const int D = head_dim;
   const int64_t n_qt = (T + kQTile - 1) / kQTile;
   pool.ParallelFor(n_head * n_qt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> o_buf, p_buf, m_buf, l_buf;
-    static thread_local std::vector<char> ok_buf;
-    float* o = Scratch(o_buf, (size_t)(kQTile * head_dim));
-    float* p = Scratch(p_buf, (size_t)kKTile);
+    static thread_local std::vector<float> o_buf, s_buf, m_buf, l_buf, qa_buf;
+    static thread_local GemmScratch gs;
+    float* o = Scratch(o_buf, (size_t)(kQTile * D));
+    float* qa = Scratch(qa_buf, (size_t)(kQTile * D));
+    float* S = Scratch(s_buf, (size_t)(kQTile * kKTile));
     float* m = Scratch(m_buf, (size_t)kQTile);
     float* l = Scratch(l_buf, (size_t)kQTile);
-    bool* ok = (bool*)Scratch(ok_buf, (size_t)kKTile);
     for (int64_t task = tb; task < te; ++task) {
       const int h = (int)(task / n_qt), g = h / d.rep();
-      const int64_t q0 = task % n_qt * kQTile, q1 = std::min(T, q0 + kQTile);
-      std::fill(o, o + (q1 - q0) * head_dim, 0.0f);
-      std::fill(m, m + (q1 - q0), kNegInf);
-      std::fill(l, l + (q1 - q0), 0.0f);
+      const int64_t q0 = task % n_qt * kQTile, q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
+      std::fill(o, o + nq * D, 0.0f);
+      std::fill(m, m + nq, kNegInf);
+      std::fill(l, l + nq, 0.0f);
+      // scale * Q tile, packed once for all its key tiles.
+      PackA(qa, nq, D, [&](int64_t i, int64_t c) { return scale * q[d.QRow(q0 + i, h) + c]; });
       for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
-        const int64_t k1 = std::min(q1, k0 + kKTile);
-        for (int64_t t = std::max(q0, k0); t < q1; ++t) {
-          const int64_t i = t - q0, n = std::min(k1, t + 1) - k0;
-          if (ScoreRow(tk, kt, d, q + d.QRow(t, h), k, g, k0, n, t, seg, scale, 0.0f, false, p, ok) == 0) continue;
+        const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
+        if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
+        std::fill(S, S + nq * nk, 0.0f);
+        const float* kb = PackB<true>(Scratch(gs.b, (size_t)(nk + kGemmTileC) * D), D, nk,
+                                      [&](int64_t c, int64_t j) { return k[d.KRow(k0 + j, g) + c]; });
+        RunPacked(tk, qa, kb, S, nk, nq, nk, D);
+        const bool full = TileFull(q0, k1, seg);
+        for (int64_t i = 0; i < nq; ++i) {
+          float* row = S + i * nk;
+          const int64_t t = q0 + i;
           float tmax = kNegInf;
-          for (int64_t j = 0; j < n; ++j) tmax = std::max(tmax, p[j]);
+          for (int64_t j = 0; j < nk; ++j) {
+            if (!full && !Allowed(k0 + j, t, seg)) row[j] = kNegInf;
+            tmax = std::max(tmax, row[j]);
+          }
+          if (tmax == kNegInf) {  // no key of this tile for this row
+            std::fill(row, row + nk, 0.0f);
+            continue;
+          }
           const float m_new = std::max(m[i], tmax);
-          const float corr = std::exp(m[i] - m_new);  // 0 on the first tile (m = -inf)
-          float* oi = o + i * head_dim;
+          const float corr = std::exp(m[i] - m_new);  // 0 on the row's first tile (m = -inf)
           if (corr != 1.0f) {
-            for (int c = 0; c < head_dim; ++c) oi[c] *= corr;
+            for (int c = 0; c < D; ++c) o[i * D + c] *= corr;
             l[i] *= corr;
           }
           m[i] = m_new;
-          tk.exp_shift_scale(p, n, m_new, 1.0f);
-          for (int64_t j = 0; j < n; ++j) {
-            if (!ok[j]) continue;
-            l[i] += p[j];
-            kt.axpy(oi, p[j], v + d.KRow(k0 + j, g), head_dim);
+          tk.exp_shift_scale(row, nk, m_new, 1.0f);
+          float sum = 0.0f;
+          for (int64_t j = 0; j < nk; ++j) {
+            if (!full && !Allowed(k0 + j, t, seg)) row[j] = 0.0f;  // the polynomial exp gives ~1e-38, not 0
+            sum += row[j];
           }
+          l[i] += sum;
         }
+        SmallGemm(tk, gs, o, D, nq, D, nk, [&](int64_t i, int64_t j) { return S[i * nk + j]; },
+                  [&](int64_t j, int64_t c) { return v[d.KRow(k0 + j, g) + c]; });
       }
-      for (int64_t t = q0; t < q1; ++t) {
-        const int64_t i = t - q0;
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t t = q0 + i;
         const float inv = 1.0f / l[i];  // l >= 1: the row's own key is always allowed
         float* ot = out + d.QRow(t, h);
-        for (int c = 0; c < head_dim; ++c) ot[c] = o[i * head_dim + c] * inv;
+        for (int c = 0; c < D; ++c) ot[c] = o[i * D + c] * inv;
         lse[t * n_head + h] = m[i] + std::log(l[i]);
       }
     }
@@ -122,33 +240,36 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
   pool.ParallelFor(T * n_head, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) delta[r] = kt.dot(dout + r * D, out + r * D, D);
   });
-  // Pass 1: dK, dV per (kv head, key tile), over every query head of the group and row t >= k0.
+  // Pass 1: dK, dV per (kv head, key tile), over every query head of the group and every query
+  // tile at or after the key tile; each task owns its dK / dV rows.
   const int64_t n_kt = (T + kKTile - 1) / kKTile;
   pool.ParallelFor(n_kv_head * n_kt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> dk_buf, dv_buf, p_buf;
-    static thread_local std::vector<char> ok_buf;
+    static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf, pan_buf;
+    static thread_local GemmScratch gs;
+    const size_t pan = (size_t)(std::max(kQTile, kKTile) + kGemmTileC) * D;
+    float* pb = Scratch(pan_buf, 4 * pan);
+    Panels panels{pb, pb + pan, pb + 2 * pan, pb + 3 * pan};
     float* dkt = Scratch(dk_buf, (size_t)(kKTile * D));
     float* dvt = Scratch(dv_buf, (size_t)(kKTile * D));
-    float* p = Scratch(p_buf, (size_t)kKTile);
-    bool* ok = (bool*)Scratch(ok_buf, (size_t)kKTile);
+    float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
+    float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
     for (int64_t task = tb; task < te; ++task) {
       const int g = (int)(task / n_kt);
-      const int64_t k0 = task % n_kt * kKTile, k1 = std::min(T, k0 + kKTile);
-      std::fill(dkt, dkt + (k1 - k0) * D, 0.0f);
-      std::fill(dvt, dvt + (k1 - k0) * D, 0.0f);
+      const int64_t k0 = task % n_kt * kKTile, k1 = std::min(T, k0 + kKTile), nk = k1 - k0;
+      std::fill(dkt, dkt + nk * D, 0.0f);
+      std::fill(dvt, dvt + nk * D, 0.0f);
+      PackKeyPanels(d, k, v, g, k0, nk, panels);
       for (int h = g * d.rep(); h < (g + 1) * d.rep(); ++h) {
-        for (int64_t t = k0; t < T; ++t) {
-          const int64_t n = std::min(k1, t + 1) - k0;
-          const float* qt = q + d.QRow(t, h);
-          const float* dot_ = dout + d.QRow(t, h);
-          if (ScoreRow(tk, kt, d, qt, k, g, k0, n, t, seg, scale, lse[t * n_head + h], true, p, ok) == 0) continue;
-          const float dl = delta[t * n_head + h];
-          for (int64_t j = 0; j < n; ++j) {
-            if (p[j] == 0.0f) continue;
-            kt.axpy(dvt + j * D, p[j], dot_, D);
-            const float ds = p[j] * (kt.dot(dot_, v + d.KRow(k0 + j, g), D) - dl);
-            kt.axpy(dkt + j * D, scale * ds, qt, D);
-          }
+        for (int64_t q0 = k0 / kQTile * kQTile; q0 < T; q0 += kQTile) {
+          const int64_t q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
+          if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
+          PackQueryPanels(d, q, dout, h, q0, nq, scale, panels);
+          ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), seg, scale, P, dS);
+          // dV += P^T dO, dK += dS^T Q.
+          SmallGemm(tk, gs, dvt, D, nk, D, nq, [&](int64_t j, int64_t i) { return P[i * nk + j]; },
+                    [&](int64_t i, int64_t c) { return dout[d.QRow(q0 + i, h) + c]; });
+          SmallGemm(tk, gs, dkt, D, nk, D, nq, [&](int64_t j, int64_t i) { return dS[i * nk + j]; },
+                    [&](int64_t i, int64_t c) { return q[d.QRow(q0 + i, h) + c]; });
         }
       }
       for (int64_t s = k0; s < k1; ++s) {
@@ -157,32 +278,31 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
       }
     }
   });
-  // Pass 2: dQ per (head, query tile) row by row over the allowed keys.
+  // Pass 2: dQ per (head, query tile) over the key tiles it sees: dQ += dS K.
   const int64_t n_qt = (T + kQTile - 1) / kQTile;
   pool.ParallelFor(n_head * n_qt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> p_buf;
-    static thread_local std::vector<char> ok_buf;
-    float* p = Scratch(p_buf, (size_t)kKTile);
-    bool* ok = (bool*)Scratch(ok_buf, (size_t)kKTile);
+    static thread_local std::vector<float> dq_buf, p_buf, ds_buf, pan_buf;
+    static thread_local GemmScratch gs;
+    const size_t pan = (size_t)(std::max(kQTile, kKTile) + kGemmTileC) * D;
+    float* pb = Scratch(pan_buf, 4 * pan);
+    Panels panels{pb, pb + pan, pb + 2 * pan, pb + 3 * pan};
+    float* dqt = Scratch(dq_buf, (size_t)(kQTile * D));
+    float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
+    float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
     for (int64_t task = tb; task < te; ++task) {
       const int h = (int)(task / n_qt), g = h / d.rep();
-      const int64_t q0 = task % n_qt * kQTile, q1 = std::min(T, q0 + kQTile);
-      for (int64_t t = q0; t < q1; ++t) {
-        float* dqt = dq + d.QRow(t, h);
-        std::fill(dqt, dqt + D, 0.0f);
-        const float* qt = q + d.QRow(t, h);
-        const float* dot_ = dout + d.QRow(t, h);
-        const float dl = delta[t * n_head + h];
-        for (int64_t k0 = 0; k0 <= t; k0 += kKTile) {
-          const int64_t n = std::min(t + 1, k0 + kKTile) - k0;
-          if (ScoreRow(tk, kt, d, qt, k, g, k0, n, t, seg, scale, lse[t * n_head + h], true, p, ok) == 0) continue;
-          for (int64_t j = 0; j < n; ++j) {
-            if (p[j] == 0.0f) continue;
-            const float ds = p[j] * (kt.dot(dot_, v + d.KRow(k0 + j, g), D) - dl);
-            kt.axpy(dqt, scale * ds, k + d.KRow(k0 + j, g), D);
-          }
-        }
+      const int64_t q0 = task % n_qt * kQTile, q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
+      std::fill(dqt, dqt + nq * D, 0.0f);
+      PackQueryPanels(d, q, dout, h, q0, nq, scale, panels);
+      for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
+        const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
+        if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
+        PackKeyPanels(d, k, v, g, k0, nk, panels);
+        ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), seg, scale, P, dS);
+        SmallGemm(tk, gs, dqt, D, nq, D, nk, [&](int64_t i, int64_t j) { return dS[i * nk + j]; },
+                  [&](int64_t j, int64_t c) { return k[d.KRow(k0 + j, g) + c]; });
       }
+      for (int64_t t = q0; t < q1; ++t) std::memcpy(dq + d.QRow(t, h), dqt + (t - q0) * D, sizeof(float) * D);
     }
   });
 }

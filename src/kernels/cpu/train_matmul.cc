@@ -35,12 +35,13 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
   pool.ParallelFor(n_rb * n_kb, 1, [&](int64_t tb, int64_t te, int) {
     static thread_local std::vector<float> bpack_buf, apack_buf, tmp_buf;
     float* bpack = Scratch(bpack_buf, (size_t)(kInner * kColBlock));
-    float* apack = Scratch(apack_buf, (size_t)(kInner * kGemmTileR));
+    float* apack = Scratch(apack_buf, (size_t)(kInner * kRowBlock));
     float* tmp = Scratch(tmp_buf, (size_t)(kInner * kColBlock));
     for (int64_t task = tb; task < te; ++task) {
       const int64_t r0 = task / n_kb * kRowBlock, r1 = std::min(R, r0 + kRowBlock);
       const int64_t k0 = task % n_kb * kColBlock, nk = std::min(Kd - k0, kColBlock);
       const int64_t n_strips = (nk + kGemmTileC - 1) / kGemmTileC;
+      const int64_t n_tiles = (r1 - r0 + kGemmTileR - 1) / kGemmTileR;
       if (!accumulate)
         for (int64_t r = r0; r < r1; ++r) std::memset(c + r * ldc + k0, 0, sizeof(float) * nk);
       for (int64_t l0 = 0; l0 < L; l0 += kInner) {
@@ -50,20 +51,43 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         for (int64_t s = 0; s < n_strips; ++s) {
           const int64_t j0 = s * kGemmTileC, nj = std::min<int64_t>(kGemmTileC, nk - j0);
           float* bs = bpack + s * nl * kGemmTileC;
-          for (int64_t l = 0; l < nl; ++l) {
-            std::memcpy(bs + l * kGemmTileC, p + l * ld + j0, sizeof(float) * nj);
-            for (int64_t j = nj; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = 0.0f;
+          if (nj == kGemmTileC) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
+            for (int64_t l = 0; l < nl; ++l)
+              std::memcpy(bs + l * kGemmTileC, p + l * ld + j0, sizeof(float) * kGemmTileC);
+          } else {
+            for (int64_t l = 0; l < nl; ++l)
+              for (int64_t j = 0; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = j < nj ? p[l * ld + j0 + j] : 0.0f;
           }
         }
-        for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
+        // All row tiles of A once per chunk, walking A in its contiguous direction (dY rows for
+        // the input gradient; runs of 6 within a dY row for the weight gradient).
+        // Tile rt holds a(r0 + rt * kGemmTileR + i, l0 + l) at apack[(rt * nl + l) * kGemmTileR + i].
+        for (int64_t rt = 0; rt < n_tiles; ++rt) {
+          float* at = apack + rt * nl * kGemmTileR;
+          const int64_t ri = r0 + rt * kGemmTileR;
           const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
-          for (int64_t l = 0; l < nl; ++l)
-            for (int i = 0; i < kGemmTileR; ++i)
-              apack[l * kGemmTileR + i] = i < mr ? a[(ri + i) * a_rs + (l0 + l) * a_is] : 0.0f;
+          if (a_is == 1) {
+            for (int i = 0; i < kGemmTileR; ++i) {
+              const float* ar = a + (ri + std::min(i, mr - 1)) * a_rs + l0;
+              for (int64_t l = 0; l < nl; ++l) at[l * kGemmTileR + i] = i < mr ? ar[l] : 0.0f;
+            }
+          } else if (a_rs == 1 && mr == kGemmTileR) {
+            for (int64_t l = 0; l < nl; ++l)
+              std::memcpy(at + l * kGemmTileR, a + ri + (l0 + l) * a_is, sizeof(float) * kGemmTileR);
+          } else {
+            for (int64_t l = 0; l < nl; ++l) {
+              const float* al = a + ri * a_rs + (l0 + l) * a_is;
+              for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? al[i * a_rs] : 0.0f;
+            }
+          }
+        }
+        for (int64_t rt = 0; rt < n_tiles; ++rt) {
+          const int64_t ri = r0 + rt * kGemmTileR;
+          const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
           for (int64_t s = 0; s < n_strips; ++s) {
             const int64_t j0 = s * kGemmTileC;
-            tk.gemm_tile(apack, bpack + s * nl * kGemmTileC, nl, c + ri * ldc + k0 + j0, ldc, mr,
-                         (int)std::min<int64_t>(kGemmTileC, nk - j0));
+            tk.gemm_tile(apack + rt * nl * kGemmTileR, bpack + s * nl * kGemmTileC, nl, c + ri * ldc + k0 + j0, ldc,
+                         mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
           }
         }
       }
