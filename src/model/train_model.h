@@ -1,0 +1,102 @@
+// TrainModel: the training forward and explicit backward of a Llama-family decoder (LoRA, full or
+// freeze fine-tuning) over micro-batches of token sequences, built from the kernels in
+// kernels/train_ops.h. No autograd: each layer's forward saves what its backward needs (or only the
+// block input under gradient checkpointing) and the backward is written out by hand.
+//
+// Contract shared by the model (model/train_model.cc) and the trainer (train/trainer.cc):
+// - Base weights stay in the dtype they were loaded in and are never written; trainable tensors
+//   (LoRA A/B, or the dequantized f32 copies of full/freeze parameters) are f32 master copies owned
+//   here, each with an f32 gradient of the same size.
+// - Labels are aligned with input_ids as in Hugging Face (not shifted): token t's hidden state
+//   predicts labels[t + 1]; labels equal to kernels::kIgnoreLabel (-100) take no loss.
+// - ForwardBackward adds d(sum of token losses / normalizer)/d(param) into the gradients, so k
+//   micro-batches with normalizer = total target tokens of all k equal one batch k times larger.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "model/lora.h"
+#include "model/weights.h"
+
+namespace lathe::model {
+
+enum class FinetuneMethod { kLora, kFull, kFreeze };
+
+struct TrainModelOptions {
+  FinetuneMethod method = FinetuneMethod::kLora;
+  // LoRA (PEFT semantics: A kaiming-uniform(a=sqrt(5)) init, B zeros, scale alpha / r or
+  // alpha / sqrt(r) with rsLoRA, dropout on the layer input before A).
+  int64_t lora_rank = 8;
+  double lora_alpha = 16;
+  double lora_dropout = 0;
+  bool use_rslora = false;
+  std::vector<LoraModule> lora_targets = {LoraModule::kQ, LoraModule::kK, LoraModule::kV, LoraModule::kO,
+                                          LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
+  // freeze: the last N decoder layers train (all their parameters), everything else is frozen.
+  int64_t freeze_trainable_layers = 2;
+  // bf16 mixed precision: matmul inputs rounded to bf16, f32 accumulation; f32 master weights and
+  // gradients.
+  bool bf16 = false;
+  // Keep only each decoder block's input in the forward; recompute the block in the backward.
+  bool gradient_checkpointing = false;
+  uint64_t seed = 42;  // LoRA init and dropout masks
+  int64_t loss_chunk_tokens = 128;  // rows of logits materialized at a time
+};
+
+// One micro-batch: B rows of T tokens (row-major), padded rows use label -100 beyond their end.
+struct TrainBatch {
+  std::span<const int32_t> input_ids;    // (B, T)
+  std::span<const int32_t> labels;       // (B, T), -100 = no loss
+  std::span<const int32_t> segment_ids;  // (B, T) or empty: packed samples attend only within
+                                         // their segment and restart positions at 0
+  int64_t B = 0, T = 0;
+};
+
+// A trainable tensor: f32 master values and gradient, named as the saved file names it (PEFT keys
+// such as "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" for LoRA, HF keys such
+// as "model.layers.0.mlp.up_proj.weight" for full/freeze), shape in PyTorch order.
+struct TrainableTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+  float* grad = nullptr;
+  int64_t n = 0;
+  bool decay = true;  // false for norm weights and biases (HF's no-decay groups)
+};
+
+class TrainModel {
+ public:
+  // REQUIRES: base outlives the model. Errors name the option (e.g. a LoRA target the model lacks).
+  static Result<std::unique_ptr<TrainModel>> Create(const ModelWeights& base, ThreadPool& pool,
+                                                    const TrainModelOptions& options);
+  virtual ~TrainModel() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // Every trainable tensor, in a fixed order (the same on every call).
+  virtual std::span<const TrainableTensor> params() const = 0;
+  virtual int64_t trainable_count() const = 0;
+  virtual void ZeroGrad() = 0;
+  // Forward + backward over one micro-batch; accumulates gradients scaled by 1 / normalizer and
+  // returns the sum of token losses (nats, unnormalized). Errors for token ids out of range or
+  // T > max_seq_len.
+  virtual Result<double> ForwardBackward(const TrainBatch& batch, double normalizer) = 0;
+  // Forward only (no dropout): returns the sum of token losses; *n_targets gets the token count.
+  virtual Result<double> Loss(const TrainBatch& batch, int64_t* n_targets) = 0;
+
+  // LoRA: the current adapter as an inference LoraAdapter (copies), usable by Transformer.
+  virtual Result<std::unique_ptr<LoraAdapter>> ExportAdapter() const = 0;
+  // Writes a PEFT adapter dir (adapter_config.json + adapter_model.safetensors), q/k rows in HF's
+  // half-split layout whatever the base's RoPE layout.
+  virtual Status SavePeftAdapter(const std::string& dir, const std::string& base_model_name) const = 0;
+  // Full/freeze: writes an HF model dir (config.json, generation_config.json, model.safetensors in
+  // f32 or bf16) with every weight, trained or frozen, in HF layout.
+  virtual Status SaveHfModel(const std::string& dir, bool bf16) const = 0;
+};
+
+}  // namespace lathe::model

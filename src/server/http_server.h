@@ -1,0 +1,40 @@
+// The OpenAI-compatible HTTP server: /v1/completions and /v1/chat/completions (JSON or SSE
+// streaming), /v1/models, /health, /tokenize, /detokenize and Prometheus /metrics, on top of the
+// serving Engine. HTTP via cpp-httplib; this is the only layer that speaks JSON over the wire.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "serve/engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lathe::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string model_name = "lathe";
+  std::string api_key;  // when set, requests need "Authorization: Bearer <key>"
+  int http_threads = 128;  // each streaming response holds one
+};
+
+class HttpServer {
+ public:
+  // REQUIRES: engine, tokenizer and template outlive the server; the engine is started.
+  HttpServer(serve::Engine& engine, const tokenizer::Tokenizer& tok, tokenizer::ChatTemplate tmpl, ServerOptions options);
+  ~HttpServer();
+  // Binds and serves until Stop() (blocking). Error if the address cannot be bound.
+  Status Run();
+  void Stop();
+  // The bound port (useful with port 0) once listening.
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lathe::server
