@@ -139,7 +139,7 @@ Status TrainModelImpl::SavePeftAdapter(const std::string& dir, const std::string
       }
       entries.push_back({key + ".lora_B.weight", DType::kF32, {p.out, p.r}, keep.back().data(), keep.back().size() * 4});
     }
-  return formats::WriteSafetensors(dir + "/adapter_model.safetensors", entries);
+  return formats::WriteSafetensors(dir + "/adapter_model.safetensors", entries, {{"format", "pt"}});
 }
 
 Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
