@@ -8,9 +8,17 @@
 //   (LoRA A/B, or the dequantized f32 copies of full/freeze parameters) are f32 master copies owned
 //   here, each with an f32 gradient of the same size.
 // - Labels are aligned with input_ids as in Hugging Face (not shifted): token t's hidden state
-//   predicts labels[t + 1]; labels equal to kernels::kIgnoreLabel (-100) take no loss.
+//   predicts labels[t + 1]; labels equal to kernels::kIgnoreLabel (-100) take no loss. The last
+//   token of a row, and with segment_ids the last token of each segment, predicts nothing (as HF's
+//   packed-sequence collators, which set each sequence's first label to -100).
 // - ForwardBackward adds d(sum of token losses / normalizer)/d(param) into the gradients, so k
 //   micro-batches with normalizer = total target tokens of all k equal one batch k times larger.
+// - params() data may be written between steps (optimizer, checkpoint restore, tests setting LoRA
+//   weights): every call re-reads the masters (and re-rounds them in bf16 mode). q/k rows (and
+//   q/k LoRA B rows) of a Meta-interleaved base (GGUF llama, llama2.c) are kept in that layout in
+//   memory; only the saved files are in HF order.
+// - Thread safety: one call at a time; all heavy work runs on the pool given to Create. Scratch
+//   buffers are members, sized by the largest B*T seen, and reused across steps.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +53,7 @@ struct TrainModelOptions {
   bool bf16 = false;
   // Keep only each decoder block's input in the forward; recompute the block in the backward.
   bool gradient_checkpointing = false;
-  uint64_t seed = 42;  // LoRA init and dropout masks
+  uint64_t seed = 42;  // LoRA init (std::mt19937_64, platform independent) and dropout masks
   int64_t loss_chunk_tokens = 128;  // rows of logits materialized at a time
 };
 

@@ -3,10 +3,15 @@
 // accumulation, gradient checkpointing, LoRA dropout, bf16 mixed precision and input errors.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <deque>
+#include <random>
 
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
+#include "model/loader.h"
+#include "model/transformer.h"
 #include "train/optimizer.h"
 #include "train_test_util.h"
 
@@ -300,6 +305,63 @@ TEST(TrainModelErrors, BadBatchesAndOptionsAreErrorsNotCrashes) {
   // A full model refuses to export an adapter.
   auto full = Make(*w, pool, Full());
   EXPECT_FALSE(full->ExportAdapter().ok());
+}
+
+
+// LATHE_PERF=1: one LoRA training step (r16, all 7 linear modules) at SmolLM2-135M shapes (its Q4_1
+// GGUF, batch 4 x 512 tokens) in tokens/s, with the inference prefill of the same tokens in the
+// same run as the baseline. Information only (no limit).
+TEST(TrainModelPerf, SmolLM2LoraStepTokensPerSecond) {
+  if (!std::getenv("LATHE_PERF")) GTEST_SKIP() << "set LATHE_PERF=1";
+  std::string path = lathe::testing::SmolLM2Path();
+  LATHE_REQUIRE_FILE(path);
+  auto lm = LoadModel(path);
+  ASSERT_TRUE(lm.ok()) << lm.status().message();
+  const ModelWeights& w = (*lm)->weights;
+  const int threads = std::getenv("LATHE_THREADS") ? std::atoi(std::getenv("LATHE_THREADS")) : 2;
+  ThreadPool pool(threads);
+  const int64_t B = 4, T = 512;
+  Batch b;
+  b.B = B;
+  b.T = T;
+  std::mt19937 rng(1);
+  for (int64_t i = 0; i < B * T; ++i) b.ids.push_back((int32_t)(rng() % w.config.vocab_size));
+  b.labels = b.ids;
+  auto now = [] { return std::chrono::steady_clock::now(); };
+  auto secs = [](auto a, auto z) { return std::chrono::duration<double>(z - a).count(); };
+  // Baseline: inference prefill of the same B x T tokens.
+  double t_inf;
+  {
+    Transformer tf(w, pool, TransformerOptions{});
+    std::vector<float> lg;
+    auto t0 = now();
+    for (int64_t r = 0; r < B; ++r) {
+      KvCache cache(w.config, 1, T);
+      std::vector<int32_t> ids(b.ids.begin() + r * T, b.ids.begin() + (r + 1) * T);
+      SeqInput in{0, ids, false};
+      ASSERT_TRUE(tf.Forward(cache, {&in, 1}, &lg).ok());
+    }
+    t_inf = secs(t0, now());
+  }
+  for (bool ckpt : {false, true}) {
+    TrainModelOptions o;
+    o.lora_rank = 16;
+    o.lora_alpha = 32;
+    o.gradient_checkpointing = ckpt;
+    auto m = Make(w, pool, o);
+    ASSERT_TRUE(m);
+    m->ZeroGrad();
+    ASSERT_TRUE(m->ForwardBackward(b.View(), B * T).ok());  // sizes the buffers
+    auto t0 = now();
+    m->ZeroGrad();
+    auto l = m->ForwardBackward(b.View(), B * T);
+    double t = secs(t0, now());
+    ASSERT_TRUE(l.ok());
+    std::printf("SmolLM2-135M Q4_1, LoRA r16 all-linear, %lld x %lld tokens, %d threads%s: step %.2f s = %.0f tokens/s; "
+                "inference prefill of the same tokens %.2f s (step / prefill = %.2fx); loss %.4f\n",
+                (long long)B, (long long)T, threads, ckpt ? ", checkpointing" : "", t, B * T / t, t_inf, t / t_inf,
+                *l / (B * T));
+  }
 }
 
 }  // namespace
