@@ -593,13 +593,15 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
     kernels::RopeBackward(dq + b * qd, dq + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
     kernels::RopeBackward(dk + b * kvd, dk + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
   });
-  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), a.xn1.data(), a.mid[(int)M::kQ].data(), dxn_.data(), false, true, l,
+  // Below the lowest trainable layer nothing needs d(block input): skip the q/k/v input gradients.
+  const bool dxn = need_dx || Ly.n1.g;
+  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), a.xn1.data(), a.mid[(int)M::kQ].data(), dxn_.data(), false, dxn, l,
               (int)M::kQ);
-  LinBackward(Ly.lin[(int)M::kK], dk_.data(), a.xn1.data(), a.mid[(int)M::kK].data(), dxn_.data(), true, true, l,
+  LinBackward(Ly.lin[(int)M::kK], dk_.data(), a.xn1.data(), a.mid[(int)M::kK].data(), dxn_.data(), true, dxn, l,
               (int)M::kK);
-  LinBackward(Ly.lin[(int)M::kV], dv_.data(), a.xn1.data(), a.mid[(int)M::kV].data(), dxn_.data(), true, true, l,
+  LinBackward(Ly.lin[(int)M::kV], dv_.data(), a.xn1.data(), a.mid[(int)M::kV].data(), dxn_.data(), true, dxn, l,
               (int)M::kV);
-  if (!need_dx && !Ly.n1.g) return;
+  if (!dxn) return;
   RmsBwd(dtmp_.data(), Ly.n1.g, dxn_.data(), &res_[l * N * dim], Ly.n1.w, a.rstd1.data());
   Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) dr[i] += dt[i];
