@@ -240,7 +240,8 @@ def make(name, extras):
             "why": "lathe computes in f32; torch's own f32 run differs from the f64 reference by the measured "
                    "amounts above (~1e-6..1e-5 normalized); limits leave ~10x for a different f32 summation "
                    "order. AdamW amplifies tiny gradient differences for near-zero second moments, hence an "
-                   "absolute loss limit over the 10 steps.",
+                   "absolute loss limit over the 10 steps. lathe measured (train_grad_test, 2 threads): loss "
+                   "rel <= 2e-7, gradients <= 3.0e-6 normalized, 10-step losses within 2.9e-5.",
         },
     }
 
