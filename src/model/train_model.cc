@@ -80,6 +80,8 @@ static Tensor Bf16View(const std::vector<uint16_t>& v, std::vector<int64_t> shap
   return t;
 }
 
+// bf16 mode rounds trainable weights (shadow copies refreshed every call) and activations; frozen
+// weights are read as stored (a bf16 checkpoint already is bf16) so they are never copied.
 void TrainModelImpl::SetEff(Lin& L) {
   if (L.master) {
     L.eff = F32View(L.master, {L.out, L.in});
@@ -87,17 +89,6 @@ void TrainModelImpl::SetEff(Lin& L) {
       L.w16.resize(L.out * L.in);
       L.eff = Bf16View(L.w16, {L.out, L.in});
     }
-  } else if (opt_.bf16 && (L.base.dtype == DType::kF32 || L.base.dtype == DType::kF16)) {
-    // Frozen f32/f16 weights: rounded to bf16 once (they never change).
-    L.w16.resize(L.out * L.in);
-    Par(L.out, 16, [&](int64_t b, int64_t e, int) {
-      std::vector<float> tmp(L.in);
-      for (int64_t r = b; r < e; ++r) {
-        kernels::DequantizeRows(L.base, r, 1, tmp.data());
-        for (int64_t i = 0; i < L.in; ++i) L.w16[r * L.in + i] = F32ToBF16(tmp[i]);
-      }
-    });
-    L.eff = Bf16View(L.w16, {L.out, L.in});
   } else {
     L.eff = L.base;
   }
@@ -241,18 +232,6 @@ Status TrainModelImpl::Init() {
   } else {
     final_norm_ = {base_.output_norm.as<float>(), nullptr};
     head_eff_ = base_.output;
-    if (opt_.bf16 && (head_eff_.dtype == DType::kF32 || head_eff_.dtype == DType::kF16)) {
-      head16_.resize(c.vocab_size * c.dim);
-      const Tensor& h = base_.output;
-      Par(c.vocab_size, 64, [&](int64_t b, int64_t e, int) {
-        std::vector<float> tmp(c.dim);
-        for (int64_t r = b; r < e; ++r) {
-          kernels::DequantizeRows(h, r, 1, tmp.data());
-          for (int64_t i = 0; i < c.dim; ++i) head16_[r * c.dim + i] = F32ToBF16(tmp[i]);
-        }
-      });
-      head_eff_ = Bf16View(head16_, {c.vocab_size, c.dim});
-    }
   }
   if (full) lowest_trainable_layer_ = 0;
 

@@ -48,8 +48,9 @@ struct TrainModelOptions {
                                           LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
   // freeze: the last N decoder layers train (all their parameters), everything else is frozen.
   int64_t freeze_trainable_layers = 2;
-  // bf16 mixed precision: matmul inputs rounded to bf16, f32 accumulation; f32 master weights and
-  // gradients.
+  // bf16 mixed precision: matmul inputs (activations, output gradients, trainable weights) rounded
+  // to bf16, f32 accumulation; f32 master weights and gradients. Frozen base weights are read as
+  // stored (never copied; a bf16 checkpoint already is bf16).
   bool bf16 = false;
   // Keep only each decoder block's input in the forward; recompute the block in the backward.
   bool gradient_checkpointing = false;

@@ -67,9 +67,10 @@ void CheckGradients(TrainModel& m, const Fixture& f, const Batch& b, const std::
         sel.insert(sel.end(), got.begin() + r * C, got.begin() + (r + 1) * C);
         used[r] = true;
       }
-      for (int64_t r = 0; r < t.shape[0]; ++r)
-        if (!used[r])
-          for (int64_t j = 0; j < C; ++j) ASSERT_EQ(got[r * C + j], 0.0f) << "row " << r;
+      for (int64_t r = 0; r < t.shape[0]; ++r) {
+        if (used[r]) continue;
+        for (int64_t j = 0; j < C; ++j) ASSERT_EQ(got[r * C + j], 0.0f) << "row " << r;
+      }
       got = sel;
     }
     ASSERT_EQ(got.size(), exp.size()) << t.name;
