@@ -34,19 +34,16 @@ void Gemv4(const QuantKernels& qk, ThreadPool& pool, const float* x, int64_t M, 
   grain = std::max<int64_t>(grain, 16);
   pool.ParallelFor(N, grain, [&](int64_t b, int64_t e, int) {
     static thread_local std::vector<float> am_buf;
-    constexpr int64_t kRows = 16;  // rows per absmax decode
-    for (int64_t r0 = b; r0 < e; r0 += kRows) {
-      const int64_t nr = std::min(kRows, e - r0);
-      const float* am = absmax ? absmax + r0 * nb : nullptr;
-      if (dq) {
-        float* buf = Scratch(am_buf, (size_t)(kRows * nb));
-        BlockAbsmax(w, r0 * nb, nr * nb, buf);
-        am = buf;
-      }
-      for (int64_t m0 = 0; m0 < M; m0 += 4) {
-        const int64_t mm = std::min<int64_t>(4, M - m0);
-        qk.gemv4(codes + r0 * (K / 2), code16, am, nr, K, x + m0 * K, mm, y + m0 * N + r0, N);
-      }
+    // The whole range at once: gemv4 permutes x once per call and DQ absmax decodes in one pass.
+    const float* am = absmax ? absmax + b * nb : nullptr;
+    if (dq) {
+      float* buf = Scratch(am_buf, (size_t)((e - b) * nb));
+      BlockAbsmax(w, b * nb, (e - b) * nb, buf);
+      am = buf;
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int64_t mm = std::min<int64_t>(4, M - m0);
+      qk.gemv4(codes + b * (K / 2), code16, am, e - b, K, x + m0 * K, mm, y + m0 * N + b, N);
     }
   });
 }
