@@ -38,7 +38,7 @@ bool ParseDType(std::string_view name, DType* out) {
 }
 
 size_t DTypeBytes(DType t, int64_t n) {
-  LATHE_CHECK_MSG(!IsPackedQuant(t), "DTypeBytes: %s is a packed buffer, use PackedQuantBytes", DTypeName(t));
+  if (IsPackedQuant(t)) return (size_t)PackedQuantLayout(t, 1, n).total_bytes;  // see dtype.h
   const DTypeInfo& info = GetDTypeInfo(t);
   LATHE_CHECK(n % info.block_size == 0);
   return (size_t)(n / info.block_size) * info.block_bytes;

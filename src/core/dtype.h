@@ -44,8 +44,11 @@ inline const char* DTypeName(DType t) { return GetDTypeInfo(t).name; }
 // Parses names such as "f32", "bf16", "q4_1" (case-insensitive). Returns false if unknown.
 bool ParseDType(std::string_view name, DType* out);
 inline bool IsQuantized(DType t) { return GetDTypeInfo(t).block_size > 1; }
-// Bytes for n elements; REQUIRES n % block_size == 0 and !IsPackedQuant(t) (a packed buffer's
-// size depends on its shape: use PackedQuantBytes).
+// Bytes for n elements; REQUIRES n % block_size == 0. For the packed types (below) this is the size
+// of a whole buffer of n elements: exact for the 4-bit types (their layout depends on n only), and
+// for i8_row 4 * (rows - 1) bytes short (the per-row absmax needs the shape: PackedQuantBytes is
+// exact). So Tensor::nbytes() is (nearly) right, but row_bytes() has no meaning for packed types:
+// their rows are not separately addressable; kernels take them through kernels/quant.h.
 size_t DTypeBytes(DType t, int64_t n);
 
 // Packed quantized weights: one self-describing contiguous buffer per 2-D weight (rows, cols), so a

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 #include "kernels/quant.h"
 
 namespace lathe {
@@ -47,6 +48,11 @@ TEST(QuantLayout, SmolLM2BytesPerParam) {
   // Exact for one weight: header + codes + u8 absmax + f32 absmax2, sections 64-byte aligned.
   EXPECT_EQ(PackedQuantBytes(DType::kNF4DQ, 576, 576), 64u + 165888u + 5184u + 128u);  // 21 absmax2 (84 B) padded
   EXPECT_EQ(PackedQuantBytes(DType::kI8Row, 576, 576), 64u + 331776u + 2304u);
+  // Tensor::nbytes() of a packed weight: exact for 4-bit, 4 bytes per extra row short for i8_row.
+  EXPECT_EQ((Tensor{nullptr, DType::kNF4DQ, {576, 576}}.nbytes()), PackedQuantBytes(DType::kNF4DQ, 576, 576));
+  EXPECT_EQ((Tensor{nullptr, DType::kFP4, {192, 576}}.nbytes()), PackedQuantBytes(DType::kFP4, 192, 576));
+  const Tensor i8t{nullptr, DType::kI8Row, {576, 576}};
+  EXPECT_LE(PackedQuantBytes(DType::kI8Row, 576, 576) - i8t.nbytes(), 4u * 575 + 64);
 }
 
 TEST(QuantLayout, DTypeNamesAndPackedPredicates) {

@@ -53,8 +53,8 @@ void Quantize4Bit(bool nf4, const float* x, int64_t n, uint8_t* codes, float* ab
     uint8_t* cb = codes + b * (kQuant4Block / 2);
     for (int i = 0; i < kQuant4Block; ++i) {
       const float s = std::clamp(xb[i] * inv, -1.0f, 1.0f);
-      int q = 0;  // torch.bucketize(right=False): number of bounds strictly below s
-      while (q < 15 && bounds[q] < s) ++q;
+      // torch.bucketize(right=False): the number of bounds strictly below s.
+      int q = (int)(std::lower_bound(bounds, bounds + 15, s) - bounds);
       if (order) q = order[q];
       if (i % 2 == 0) {
         cb[i / 2] = (uint8_t)(q << 4);
@@ -129,12 +129,14 @@ void DequantPackedBlock(const QuantKernels& qk, const Tensor& w, int64_t r0, int
   const uint8_t* codes = base + h->codes_offset;
   const float* code16 = CodeBook(w.dtype);
   const int64_t nb = nk / kQuant4Block;
-  float am[1024];
-  LATHE_CHECK(nb <= 1024);
+  constexpr int64_t kMaxBlocks = 512;  // absmax decoded in pieces of up to 32768 elements
+  float am[kMaxBlocks];
   for (int64_t r = r0; r < r0 + nr; ++r) {
-    const int64_t b0 = (r * K + k0) / kQuant4Block;
-    BlockAbsmax(w, b0, nb, am);
-    qk.dequant4(codes + b0 * (kQuant4Block / 2), code16, am, nb, out + (r - r0) * ldo);
+    for (int64_t j = 0; j < nb; j += kMaxBlocks) {
+      const int64_t b0 = (r * K + k0) / kQuant4Block + j, n = std::min(kMaxBlocks, nb - j);
+      BlockAbsmax(w, b0, n, am);
+      qk.dequant4(codes + b0 * (kQuant4Block / 2), code16, am, n, out + (r - r0) * ldo + j * kQuant4Block);
+    }
   }
 }
 
