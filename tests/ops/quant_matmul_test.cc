@@ -17,6 +17,7 @@
 #include "kernels/cpu/train_dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#include "kernels/train_ops.h"
 #include "ops_test_util.h"
 
 namespace lathe::kernels {
@@ -206,7 +207,8 @@ TEST(QuantMatMul, BfloatSourceQuantizesLikeItsF32Value) {
   }
 }
 
-// LATHE_PERF=1: GFLOP/s of the packed formats vs q4_1 / bf16 at SmolLM2-135M shapes, one thread.
+// LATHE_PERF=1: GFLOP/s of the packed formats vs q4_1 / bf16 at SmolLM2-135M shapes, one thread
+// (MatMul decode M = 1 and prefill M = 512; MatMulBackwardInput M = 512 vs bf16).
 TEST(QuantMatMul, Perf) {
   if (!std::getenv("LATHE_PERF")) GTEST_SKIP() << "set LATHE_PERF=1";
   ThreadPool pool(1);
@@ -238,6 +240,32 @@ TEST(QuantMatMul, Perf) {
       }
       std::printf("\n");
     }
+  }
+  // The QLoRA backward: dX = dY . W through the frozen weight, M = 512 tokens.
+  const int64_t M = 512;
+  for (const Shape& s : shapes) {
+    const std::vector<float> dy = RandomVec(M * s.N, 10);
+    std::vector<float> dx(M * s.K);
+    auto time = [&](const Tensor& w) {
+      MatMulBackwardInput(pool, dx.data(), dy.data(), M, w);
+      double best = 1e30;
+      for (int r = 0; r < 3; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        MatMulBackwardInput(pool, dx.data(), dy.data(), M, w);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return 2.0 * M * s.N * s.K / best * 1e-9;
+    };
+    testing::TestWeight bf = testing::MakeWeight(DType::kBF16, s.N, s.K, 1);
+    const double g_bf = time(bf.t);
+    std::printf("backward_input M=%lld %4lldx%-4lld  bf16 %6.1f GFLOP/s |", (long long)M, (long long)s.N,
+                (long long)s.K, g_bf);
+    for (DType t : {DType::kNF4DQ, DType::kI8Row}) {
+      PackedWeight pw = MakePacked(t, s.N, s.K, 2);
+      const double g = time(pw.view());
+      std::printf("  %s %6.1f (%.2fx bf16)", DTypeName(t), g, g / g_bf);
+    }
+    std::printf("\n");
   }
 }
 
