@@ -20,8 +20,10 @@ const float* CodeBook(DType t);
 // element 2i in the high nibble. n % 64 == 0.
 void Quantize4Bit(bool nf4, const float* x, int64_t n, uint8_t* codes, float* absmax);
 
-// bitsandbytes quantize_blockwise (csrc cpu_ops quantize_cpu): absmax per block, x / absmax, then
-// the nearest code (ties to the lower index). `code` is one of the 256-entry dynamic maps.
+// bitsandbytes 0.50 quantize_blockwise on CPU, bit for bit: absmax per block, t = x * (1/absmax),
+// then a 65536-entry lookup table over [-1, 1] holding the nearest code to each grid point (so values
+// within ~1.5e-5 of a code midpoint, and all |t| < ~1.5e-5, may get the neighbouring code). `code`
+// must be DynamicMapSigned() or DynamicMapUnsigned().
 void QuantizeBlockwise8(const float* code, const float* x, int64_t n, int64_t blocksize, uint8_t* out,
                         float* absmax);
 // out[i] = code[q[i]] * absmax[i / blocksize] (f32 product, as dequantize_blockwise).

@@ -65,27 +65,53 @@ void Quantize4Bit(bool nf4, const float* x, int64_t n, uint8_t* codes, float* ab
   }
 }
 
+namespace {
+
+// bitsandbytes 0.50's CPU quantize_blockwise (csrc cpu_ops build_quantize_lut / quantize_cpu_impl):
+// a 65536-entry table over [-1, 1]; entry k holds the nearest code to the grid point
+// 2k / 65535 - 1 (ties to the lower code), found against the f32 midpoints of the sorted map.
+struct QuantLut {
+  uint8_t lut[65536];
+  explicit QuantLut(const float* code) {
+    float mid[255];
+    for (int i = 0; i < 255; ++i) mid[i] = (code[i] + code[i + 1]) * 0.5f;
+    int idx = 0;
+    for (int k = 0; k < 65536; ++k) {
+      const float v = ((float)k + (float)k) / 65535.0f - 1.0f;
+      while (idx <= 254 && v > mid[idx]) ++idx;
+      lut[k] = (uint8_t)idx;
+    }
+  }
+};
+
+const QuantLut& LutFor(const float* code) {
+  static const QuantLut s(DynamicMapSigned()), u(DynamicMapUnsigned());
+  if (code == DynamicMapSigned()) return s;
+  LATHE_CHECK_MSG(code == DynamicMapUnsigned(), "QuantizeBlockwise8: not one of the dynamic maps");
+  return u;
+}
+
+}  // namespace
+
 void QuantizeBlockwise8(const float* code, const float* x, int64_t n, int64_t blocksize, uint8_t* out,
                         float* absmax) {
-  const float* c = code;
+  const uint8_t* lut = LutFor(code).lut;
   for (int64_t b0 = 0, bi = 0; b0 < n; b0 += blocksize, ++bi) {
     const int64_t b1 = std::min(n, b0 + blocksize);
-    float amax = -3.402823466e38f;
-    for (int64_t i = b0; i < b1; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    float amax = -INFINITY;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    amax = std::max(0.0f, amax);
     absmax[bi] = amax;
+    if (amax == 0.0f) {
+      std::memset(out + b0, 0, (size_t)(b1 - b0));
+      continue;
+    }
+    const float inv = 1.0f / amax;
     for (int64_t i = b0; i < b1; ++i) {
-      const float v = x[i] / amax;
-      // Nearest code: the largest index with c[idx] <= v, then the right neighbour if strictly closer
-      // (bitsandbytes' quantize_block). bitsandbytes 0.50's CPU binary lookup is not exact: probing
-      // its decision points found them within ~2 % of a code gap from the midpoints (50 % at the
-      // two codes next to 0), so a value that close to a midpoint may get the neighbouring code there.
-      int64_t idx = std::upper_bound(c, c + 256, v) - c - 1;
-      idx = std::clamp<int64_t>(idx, 0, 255);
-      if (idx < 255) {
-        const float dl = std::fabs(v - c[idx]), dr = std::fabs(v - c[idx + 1]);
-        if (dr < dl) idx += 1;
-      }
-      out[i] = (uint8_t)idx;
+      const float t = std::clamp(x[i] * inv, -1.0f, 1.0f);
+      const float u = (t + 1.0f) * 0.5f;
+      const int k = (int)std::fma(u, 65535.0f, 0.5f);  // truncation, as cvttss2si
+      out[i] = lut[k & 0xffff];
     }
   }
 }
