@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include <unistd.h>
 
@@ -136,6 +137,26 @@ void BnbAdamW::Step(std::span<const ParamRef> params, double lr) {
       }
     }
   }
+}
+
+std::vector<BnbAdamW::RawBuffer> BnbAdamW::RawState() {
+  LATHE_CHECK(!st_.empty());
+  std::vector<RawBuffer> out;
+  for (size_t i = 0; i < st_.size(); ++i) {
+    const State& s = st_[i];
+    const std::string p = std::to_string(i);
+    const size_t nb = (size_t)((s.n + kBlock - 1) / kBlock);
+    if (s.q) {
+      out.push_back({p + ".m_codes", s.mq, (size_t)s.n});
+      out.push_back({p + ".v_codes", s.vq, (size_t)s.n});
+      out.push_back({p + ".m_absmax", (uint8_t*)s.ma, 4 * nb});
+      out.push_back({p + ".v_absmax", (uint8_t*)s.va, 4 * nb});
+    } else {
+      out.push_back({p + ".m", (uint8_t*)s.m, 4 * (size_t)s.n});
+      out.push_back({p + ".v", (uint8_t*)s.v, 4 * (size_t)s.n});
+    }
+  }
+  return out;
 }
 
 std::vector<float> BnbAdamW::M(size_t i) const {

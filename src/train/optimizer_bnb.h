@@ -54,6 +54,18 @@ class BnbAdamW final : public Optimizer {
   const float* MAbsmax(size_t i) const { return st_[i].ma; }
   const float* VAbsmax(size_t i) const { return st_[i].va; }
 
+  // The raw state (for checkpoints): per parameter, its buffers in a fixed order (8-bit: m codes,
+  // v codes, m absmax, v absmax; 32-bit: m, v) as writable byte spans. Saving these bytes and
+  // steps(), then restoring them into a Prepare()d optimizer over the same parameter list, resumes
+  // bit-identically. REQUIRES Prepare() (or a Step()).
+  struct RawBuffer {
+    std::string name;  // "<param index>.m_codes", ".v_codes", ".m_absmax", ".v_absmax", ".m", ".v"
+    uint8_t* data;
+    size_t bytes;
+  };
+  std::vector<RawBuffer> RawState();
+  void set_steps(int64_t steps) { step_ = steps; }
+
   static constexpr int64_t kBlock = 256;
   // Elements per paging chunk (whole blocks): 2^16 elements = 128 KiB of 8-bit or 512 KiB of f32 state.
   static constexpr int64_t kChunk = 1 << 16;
