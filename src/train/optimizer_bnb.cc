@@ -1,12 +1,12 @@
 // bitsandbytes-style 8-bit / paged AdamW (optimizer_bnb.h) and the optimizer factory.
 #include "train/optimizer_bnb.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
-
-#include <unistd.h>
 
 #include "core/check.h"
 #include "kernels/cpu/quant.h"
@@ -71,8 +71,9 @@ Status BnbAdamW::Allocate(std::span<const ParamRef> params) {
 }
 
 void BnbAdamW::Step(std::span<const ParamRef> params, double lr) {
-  if (st_.empty()) LATHE_CHECK_MSG(Prepare(params).ok(), "BnbAdamW: %s (call Prepare() first to get the error)",
-                                   status_.message().c_str());
+  if (st_.empty())
+    LATHE_CHECK_MSG(Prepare(params).ok(), "BnbAdamW: %s (call Prepare() first to get the error)",
+                    status_.message().c_str());
   LATHE_CHECK(params.size() == st_.size());
   ++step_;
   const float b1 = (float)opt_.beta1, b2 = (float)opt_.beta2, eps = (float)opt_.eps;
@@ -163,7 +164,8 @@ std::vector<float> BnbAdamW::M(size_t i) const {
   const State& s = st_[i];
   std::vector<float> out((size_t)s.n);
   if (s.q) {
-    kernels::quant::DequantizeBlockwise8(kernels::quant::DynamicMapSigned(), s.mq, s.ma, s.n, kBlock, out.data());
+    kernels::quant::DequantizeBlockwise8(kernels::quant::DynamicMapSigned(), s.mq, s.ma, s.n, kBlock,
+                                         out.data());
   } else {
     std::copy(s.m, s.m + s.n, out.begin());
   }
@@ -174,7 +176,8 @@ std::vector<float> BnbAdamW::V(size_t i) const {
   const State& s = st_[i];
   std::vector<float> out((size_t)s.n);
   if (s.q) {
-    kernels::quant::DequantizeBlockwise8(kernels::quant::DynamicMapUnsigned(), s.vq, s.va, s.n, kBlock, out.data());
+    kernels::quant::DequantizeBlockwise8(kernels::quant::DynamicMapUnsigned(), s.vq, s.va, s.n, kBlock,
+                                         out.data());
   } else {
     std::copy(s.v, s.v + s.n, out.begin());
   }
@@ -188,8 +191,9 @@ Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& c) {
   }
   if (o == "sgd") return std::unique_ptr<Optimizer>(new Sgd(c.weight_decay));
   if (o != "adamw_8bit" && o != "paged_adamw_8bit" && o != "paged_adamw_32bit") {
-    return Status::Error("key 'optim': '" + o +
-                         "' is not one of adamw_torch, adamw_hf, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, sgd");
+    return Status::Error(
+        "key 'optim': '" + o +
+        "' is not one of adamw_torch, adamw_hf, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, sgd");
   }
   if (c.optim_resident_mb < 0) return Status::Error("key 'optim_resident_mb' must be >= 0");
   BnbAdamW::Options opt;

@@ -22,7 +22,8 @@ Result<std::unique_ptr<PagedStatePool>> PagedStatePool::Create(const std::string
   buf.push_back('\0');
   p->fd_ = mkstemp(buf.data());
   if (p->fd_ < 0) {
-    return Status::Error("paged optimizer: cannot create a state file in '" + dir + "': " + std::strerror(errno));
+    return Status::Error("paged optimizer: cannot create a state file in '" + dir +
+                         "': " + std::strerror(errno));
   }
   p->path_ = buf.data();
   unlink(p->path_.c_str());  // the open descriptor keeps it alive; nothing is left after exit
@@ -38,8 +39,8 @@ Status PagedStatePool::Map(size_t bytes) {
   LATHE_CHECK(base_ == nullptr);
   size_ = (std::max<size_t>(bytes, 1) + page_ - 1) / page_ * page_;
   if (ftruncate(fd_, (off_t)size_) != 0) {
-    return Status::Error("paged optimizer: cannot size the state file " + path_ + " to " + std::to_string(size_) +
-                         " bytes: " + std::strerror(errno));
+    return Status::Error("paged optimizer: cannot size the state file " + path_ + " to " +
+                         std::to_string(size_) + " bytes: " + std::strerror(errno));
   }
   void* m = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
   if (m == MAP_FAILED) {

@@ -1,5 +1,7 @@
 // Packed NF4/FP4 (+double quant) and LLM.int8 weights against bitsandbytes' own CPU path
 // (tools/ref/make_quant_fixture.py): quantized bytes, statistics and dequantized values.
+#include "kernels/cpu/quant.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 
 #include "core/thread_pool.h"
 #include "formats/safetensors.h"
-#include "kernels/cpu/quant.h"
 #include "kernels/quant.h"
 #include "test_util.h"
 #include "train/optimizer_bnb.h"
@@ -49,8 +50,8 @@ struct Variant {
 };
 
 TEST_F(QuantGolden, FourBitBytesAndDequantizedValuesMatchBitsandbytes) {
-  const Variant variants[] = {{DType::kNF4, "nf4"}, {DType::kFP4, "fp4"}, {DType::kNF4DQ, "nf4_dq"},
-                              {DType::kFP4DQ, "fp4_dq"}};
+  const Variant variants[] = {
+      {DType::kNF4, "nf4"}, {DType::kFP4, "fp4"}, {DType::kNF4DQ, "nf4_dq"}, {DType::kFP4DQ, "fp4_dq"}};
   for (const char* src : {"f32", "bf16"}) {
     const Tensor w = T(std::string(src) == "f32" ? "w" : "w_bf16");
     for (const Variant& v : variants) {
@@ -77,7 +78,8 @@ TEST_F(QuantGolden, FourBitBytesAndDequantizedValuesMatchBitsandbytes) {
         const std::vector<float> a2 = Vec<float>(key + "_absmax2");
         const float off = Vec<float>(key + "_offset")[0];
         // torch's mean sums in another order than our double sum: 1 ulp at most.
-        EXPECT_LE(std::fabs(h->offset - off), std::nextafter(off, INFINITY) - off) << h->offset << " vs " << off;
+        EXPECT_LE(std::fabs(h->offset - off), std::nextafter(off, INFINITY) - off)
+            << h->offset << " vs " << off;
         int64_t qa_diff = 0;
         for (int64_t b = 0; b < nb; ++b) qa_diff += base[h->absmax_offset + b] != qa[b];
         EXPECT_EQ(qa_diff, 0) << "double-quantized absmax codes differ";
@@ -95,7 +97,8 @@ TEST_F(QuantGolden, FourBitBytesAndDequantizedValuesMatchBitsandbytes) {
         for (IsaTier tier : {IsaTier::kScalar, IsaTier::kAvx2}) {
           if (tier == IsaTier::kAvx2 && BestIsaTier() == IsaTier::kScalar) continue;
           std::vector<float> blk((size_t)w.numel());
-          quant::DequantPackedBlock(quant::QuantKernelsFor(tier), q, 0, w.dim(0), 0, w.dim(1), blk.data(), w.dim(1));
+          quant::DequantPackedBlock(quant::QuantKernelsFor(tier), q, 0, w.dim(0), 0, w.dim(1), blk.data(),
+                                    w.dim(1));
           EXPECT_EQ(std::memcmp(blk.data(), deq.data(), 4 * deq.size()), 0) << IsaTierName(tier);
         }
       }
@@ -120,7 +123,8 @@ TEST_F(QuantGolden, Int8RowsAndOutlierProductMatchBitsandbytes) {
   for (IsaTier tier : {IsaTier::kScalar, IsaTier::kAvx2}) {
     if (tier == IsaTier::kAvx2 && BestIsaTier() == IsaTier::kScalar) continue;
     std::vector<float> y(y_ref.size());
-    quant::Int8DecomposedMatMul(quant::QuantKernelsFor(tier), pool, x.data(), 4, q, y.data(), kInt8OutlierThreshold);
+    quant::Int8DecomposedMatMul(quant::QuantKernelsFor(tier), pool, x.data(), 4, q, y.data(),
+                                kInt8OutlierThreshold);
     double num = 0, den = 0;
     for (size_t i = 0; i < y.size(); ++i) {
       num += (y[i] - y_ref[i]) * (double)(y[i] - y_ref[i]);
@@ -161,7 +165,8 @@ TEST_F(QuantGolden, AdamW8bitMatchesBitsandbytes) {
       for (int i = 0; i < 2; ++i) {
         const std::vector<float> want = Vec<float>("adam_p_" + std::to_string(k) + "_" + std::to_string(i));
         double worst = 0;
-        for (size_t j = 0; j < want.size(); ++j) worst = std::max(worst, (double)std::fabs(p[i][j] - want[j]));
+        for (size_t j = 0; j < want.size(); ++j)
+          worst = std::max(worst, (double)std::fabs(p[i][j] - want[j]));
         // The same f32 operations as bitsandbytes' CPU kernel (torch may fuse a multiply-add where
         // we do not, or the reverse): measured max 1.2e-7 after 8 steps.
         EXPECT_LT(worst, 1e-6) << "step " << k << " param " << i;
@@ -191,8 +196,8 @@ TEST_F(QuantGolden, AdamW8bitMatchesBitsandbytes) {
       amax_err = std::max(amax_err, std::fabs(opt.VAbsmax(i)[b] - a2[b]) / (double)a2[b]);
     }
     EXPECT_LT(amax_err, 1e-5) << "param " << i;
-    std::printf("param %d: %lld m / %lld v codes differ (%lld by > 1), absmax rel err %.3g\n", i, (long long)d1,
-                (long long)d2, (long long)far, amax_err);
+    std::printf("param %d: %lld m / %lld v codes differ (%lld by > 1), absmax rel err %.3g\n", i,
+                (long long)d1, (long long)d2, (long long)far, amax_err);
   }
 }
 

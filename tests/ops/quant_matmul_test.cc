@@ -130,7 +130,8 @@ TEST_P(QuantMatMulTier, BackwardInputMatchesDoubleReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiers, QuantMatMulTier, ::testing::ValuesIn(testing::AllTiers()), testing::TierParamName);
+INSTANTIATE_TEST_SUITE_P(Tiers, QuantMatMulTier, ::testing::ValuesIn(testing::AllTiers()),
+                         testing::TierParamName);
 
 TEST(QuantMatMul, Int8OutlierColumnsGoThroughF32) {
   // One huge activation column: LLM.int8 keeps it out of the int8 quantization of x, so the other
@@ -150,7 +151,8 @@ TEST(QuantMatMul, Int8OutlierColumnsGoThroughF32) {
     EXPECT_LE(NormalizedError(y, ref), 1e-2) << IsaTierName(tier);
     // Without the decomposition (threshold above every |x|) the error is far larger.
     std::vector<float> y_plain(M * N);
-    quant::Int8DecomposedMatMul(quant::QuantKernelsFor(tier), pool, x.data(), M, pw.view(), y_plain.data(), 1e9f);
+    quant::Int8DecomposedMatMul(quant::QuantKernelsFor(tier), pool, x.data(), M, pw.view(), y_plain.data(),
+                                1e9f);
     EXPECT_GT(NormalizedError(y_plain, ref), 3 * NormalizedError(y, ref)) << IsaTierName(tier);
   }
 }
@@ -170,7 +172,8 @@ TEST(QuantMatMul, PublicEntryPointsUseThePackedBuffer) {
 
 TEST(QuantMatMul, QuantizeRejectsBadInput) {
   std::vector<float> f(3 * 96, 0.5f);
-  auto r = QuantizeWeight(Tensor{f.data(), DType::kF32, {3, 96}}, DType::kNF4, "model.layers.0.mlp.up_proj.weight");
+  auto r = QuantizeWeight(Tensor{f.data(), DType::kF32, {3, 96}}, DType::kNF4,
+                          "model.layers.0.mlp.up_proj.weight");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("model.layers.0.mlp.up_proj.weight"), std::string::npos);
   EXPECT_NE(r.status().message().find("cols % 64"), std::string::npos);
@@ -224,7 +227,8 @@ TEST(QuantMatMul, Perf) {
         for (int r = 0; r < 3; ++r) {
           auto t0 = std::chrono::steady_clock::now();
           for (int i = 0; i < reps; ++i) MatMul(pool, x.data(), M, w, y.data());
-          best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
+          best = std::min(
+              best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
         }
         return 2.0 * M * s.N * s.K / best * 1e-9;
       };

@@ -71,7 +71,8 @@ struct Problem {
 
 std::vector<double> Train(Optimizer& opt, int steps) {
   static const Problem prob;
-  std::vector<float> w(Problem::kOut * Problem::kIn, 0.0f), b(Problem::kOut, 0.0f), gw(w.size()), gb(b.size());
+  std::vector<float> w(Problem::kOut * Problem::kIn, 0.0f), b(Problem::kOut, 0.0f), gw(w.size()),
+      gb(b.size());
   std::vector<ParamRef> refs = {{"w", w.data(), gw.data(), (int64_t)w.size(), true},
                                 {"b", b.data(), gb.data(), (int64_t)b.size(), false}};
   std::vector<double> losses;
@@ -143,8 +144,9 @@ TEST(BnbAdamW, PagedStatesFourTimesTheCapMatchUnpagedAndStayUnderTheCap) {
     for (int i = 0; i < 4; ++i) EXPECT_EQ(plain.M(i), paged.M(i)) << "m of param " << i;
     // Slack: the region just used (up to one chunk of each state array) and partial edge pages.
     const size_t slack = (bits == 8 ? 4 : 16) * (size_t)BnbAdamW::kChunk + 64 * 4096;
-    std::printf("%d-bit: state %zu KiB, cap %zu KiB, max resident after a step %zu KiB (tracked peak %zu KiB)\n",
-                bits, state >> 10, cap >> 10, max_resident >> 10, paged.pool()->peak_tracked_bytes() >> 10);
+    std::printf(
+        "%d-bit: state %zu KiB, cap %zu KiB, max resident after a step %zu KiB (tracked peak %zu KiB)\n",
+        bits, state >> 10, cap >> 10, max_resident >> 10, paged.pool()->peak_tracked_bytes() >> 10);
     EXPECT_LE(max_resident, cap + slack);
     EXPECT_LE(paged.pool()->peak_tracked_bytes(), cap + slack);
   }
@@ -242,7 +244,8 @@ TEST(TrainConfigQuant, KeysAliasesAndBaseDType) {
   DType t;
   ASSERT_TRUE(QuantizedBaseDType(*c, &t));
   EXPECT_EQ(t, DType::kFP4);
-  auto a = ParseTrainConfig("quantization_bit: 4\nbnb_4bit_quant_type: nf4\nbnb_4bit_use_double_quant: true\n", "a.yaml");
+  auto a = ParseTrainConfig(
+      "quantization_bit: 4\nbnb_4bit_quant_type: nf4\nbnb_4bit_use_double_quant: true\n", "a.yaml");
   ASSERT_TRUE(a.ok()) << a.status().message();
   ASSERT_TRUE(QuantizedBaseDType(*a, &t));
   EXPECT_EQ(t, DType::kNF4DQ);

@@ -46,7 +46,8 @@ TEST(QuantLayout, SmolLM2BytesPerParam) {
   EXPECT_LE(i8, 1.05);
   EXPECT_GT(nf4, nf4_dq);  // f32 absmax (0.0625 / param) vs u8 + second level
   // Exact for one weight: header + codes + u8 absmax + f32 absmax2, sections 64-byte aligned.
-  EXPECT_EQ(PackedQuantBytes(DType::kNF4DQ, 576, 576), 64u + 165888u + 5184u + 128u);  // 21 absmax2 (84 B) padded
+  EXPECT_EQ(PackedQuantBytes(DType::kNF4DQ, 576, 576),
+            64u + 165888u + 5184u + 128u);  // 21 absmax2 (84 B) padded
   EXPECT_EQ(PackedQuantBytes(DType::kI8Row, 576, 576), 64u + 331776u + 2304u);
   // Tensor::nbytes() of a packed weight: exact for 4-bit, 4 bytes per extra row short for i8_row.
   EXPECT_EQ((Tensor{nullptr, DType::kNF4DQ, {576, 576}}.nbytes()), PackedQuantBytes(DType::kNF4DQ, 576, 576));

@@ -58,18 +58,18 @@ const QuantKernels& Table();
 
 // out(nr, nk) (row stride ldo) = dequantized w[r0 : r0 + nr, k0 : k0 + nk] for a packed w. For 4-bit
 // types k0 and nk are multiples of 64.
-void DequantPackedBlock(const QuantKernels& qk, const Tensor& w, int64_t r0, int64_t nr, int64_t k0, int64_t nk,
-                        float* out, int64_t ldo);
+void DequantPackedBlock(const QuantKernels& qk, const Tensor& w, int64_t r0, int64_t nr, int64_t k0,
+                        int64_t nk, float* out, int64_t ldo);
 
 // MatMul for packed w: M < kGemvMaxM decode kernels (4-bit: f32 activations against decoded
 // blocks; int8: LLM.int8 decomposition, below), else dequantized panels into k.panel (f32).
-void PackedMatMul(const QuantKernels& qk, const cpu::MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
-                  const Tensor& w, float* y);
+void PackedMatMul(const QuantKernels& qk, const cpu::MatMulKernels& k, ThreadPool& pool, const float* x,
+                  int64_t M, const Tensor& w, float* y);
 // LLM.int8 product for int8 weights: columns of x (over all M rows) holding any |x| > threshold go
 // through f32 against the dequantized weight columns; the rest through int8 (x row-wise absmax over
 // the non-outlier columns, int32 accumulation).
-void Int8DecomposedMatMul(const QuantKernels& qk, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
-                          float* y, float threshold);
+void Int8DecomposedMatMul(const QuantKernels& qk, ThreadPool& pool, const float* x, int64_t M,
+                          const Tensor& w, float* y, float threshold);
 // (MatMulBackwardInput for packed w runs the shared GEMM driver in train_matmul.cc with
 // DequantPackedBlock filling its B chunks.)
 

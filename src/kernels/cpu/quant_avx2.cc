@@ -88,8 +88,8 @@ inline void Lookup32(__m256i idx, const Planes& t, __m256 out[4]) {
 }
 
 template <int M>
-void Gemv4M(const uint8_t* codes, const Planes& t, const float* absmax, int64_t n_rows, int64_t K, const float* xp,
-            float* y, int64_t ldy) {
+void Gemv4M(const uint8_t* codes, const Planes& t, const float* absmax, int64_t n_rows, int64_t K,
+            const float* xp, float* y, int64_t ldy) {
   const int64_t nb = K / 64;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   __m256 v[4];
@@ -106,10 +106,12 @@ void Gemv4M(const uint8_t* codes, const Planes& t, const float* absmax, int64_t 
       const float* xb = xp + b * 64;
       Lookup32(hi, t, v);
       for (int g = 0; g < 4; ++g)
-        for (int i = 0; i < M; ++i) blk[i] = _mm256_fmadd_ps(v[g], _mm256_loadu_ps(xb + i * K + g * 8), blk[i]);
+        for (int i = 0; i < M; ++i)
+          blk[i] = _mm256_fmadd_ps(v[g], _mm256_loadu_ps(xb + i * K + g * 8), blk[i]);
       Lookup32(lo, t, v);
       for (int g = 0; g < 4; ++g)
-        for (int i = 0; i < M; ++i) blk[i] = _mm256_fmadd_ps(v[g], _mm256_loadu_ps(xb + i * K + 32 + g * 8), blk[i]);
+        for (int i = 0; i < M; ++i)
+          blk[i] = _mm256_fmadd_ps(v[g], _mm256_loadu_ps(xb + i * K + 32 + g * 8), blk[i]);
       const __m256 a = _mm256_set1_ps(absmax[r * nb + b]);
       for (int i = 0; i < M; ++i) acc[i] = _mm256_fmadd_ps(blk[i], a, acc[i]);
     }
@@ -117,8 +119,8 @@ void Gemv4M(const uint8_t* codes, const Planes& t, const float* absmax, int64_t 
   }
 }
 
-void Gemv4(const uint8_t* codes, const float* code16, const float* absmax, int64_t n_rows, int64_t K, const float* x,
-           int64_t m, float* y, int64_t ldy) {
+void Gemv4(const uint8_t* codes, const float* code16, const float* absmax, int64_t n_rows, int64_t K,
+           const float* x, int64_t m, float* y, int64_t ldy) {
   const Planes t(code16);
   // x in decoded order (m rows of K); rebuilt per call, cheap next to n_rows * K weight elements.
   static thread_local std::vector<float> xp_buf;
@@ -127,10 +129,14 @@ void Gemv4(const uint8_t* codes, const float* code16, const float* absmax, int64
   for (int64_t i = 0; i < m; ++i)
     for (int64_t b = 0; b < K / 64; ++b) XPermBlock(x + i * K + b * 64, xp + i * K + b * 64);
   switch (m) {
-    case 1: return Gemv4M<1>(codes, t, absmax, n_rows, K, xp, y, ldy);
-    case 2: return Gemv4M<2>(codes, t, absmax, n_rows, K, xp, y, ldy);
-    case 3: return Gemv4M<3>(codes, t, absmax, n_rows, K, xp, y, ldy);
-    default: return Gemv4M<4>(codes, t, absmax, n_rows, K, xp, y, ldy);
+    case 1:
+      return Gemv4M<1>(codes, t, absmax, n_rows, K, xp, y, ldy);
+    case 2:
+      return Gemv4M<2>(codes, t, absmax, n_rows, K, xp, y, ldy);
+    case 3:
+      return Gemv4M<3>(codes, t, absmax, n_rows, K, xp, y, ldy);
+    default:
+      return Gemv4M<4>(codes, t, absmax, n_rows, K, xp, y, ldy);
   }
 }
 

@@ -78,8 +78,8 @@ void Prefill(const QuantKernels& qk, const cpu::MatMulKernels& k, ThreadPool& po
 
 }  // namespace
 
-void Int8DecomposedMatMul(const QuantKernels& qk, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
-                          float* y, float threshold) {
+void Int8DecomposedMatMul(const QuantKernels& qk, ThreadPool& pool, const float* x, int64_t M,
+                          const Tensor& w, float* y, float threshold) {
   const int64_t N = w.shape[0], K = w.shape[1];
   const QuantHeader* h = (const QuantHeader*)w.data;
   const int8_t* wq = (const int8_t*)((const uint8_t*)w.data + h->codes_offset);
@@ -107,7 +107,8 @@ void Int8DecomposedMatMul(const QuantKernels& qk, ThreadPool& pool, const float*
     xs[m] = amax;
     const float s = amax == 0 ? 0.0f : 127.0f / amax;
     int8_t* q = xq + m * Kp;
-    for (int64_t k = 0; k < K; ++k) q[k] = std::fabs(xr[k]) >= threshold ? 0 : (int8_t)std::nearbyint(xr[k] * s);
+    for (int64_t k = 0; k < K; ++k)
+      q[k] = std::fabs(xr[k]) >= threshold ? 0 : (int8_t)std::nearbyint(xr[k] * s);
     for (int64_t k = 0; k < cols_buf.size(); ++k) q[cols_buf[k]] = 0;
     for (int64_t k = K; k < Kp; ++k) q[k] = 0;
   }
@@ -135,8 +136,8 @@ void Int8DecomposedMatMul(const QuantKernels& qk, ThreadPool& pool, const float*
   });
 }
 
-void PackedMatMul(const QuantKernels& qk, const cpu::MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
-                  const Tensor& w, float* y) {
+void PackedMatMul(const QuantKernels& qk, const cpu::MatMulKernels& k, ThreadPool& pool, const float* x,
+                  int64_t M, const Tensor& w, float* y) {
   LATHE_CHECK(w.ndim() == 2 && IsPackedQuant(w.dtype));
   if (M <= 0 || w.shape[0] == 0) return;
   if (M < cpu::kGemvMaxM) {

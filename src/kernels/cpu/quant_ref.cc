@@ -116,8 +116,8 @@ void QuantizeBlockwise8(const float* code, const float* x, int64_t n, int64_t bl
   }
 }
 
-void DequantizeBlockwise8(const float* code, const uint8_t* q, const float* absmax, int64_t n, int64_t blocksize,
-                          float* out) {
+void DequantizeBlockwise8(const float* code, const uint8_t* q, const float* absmax, int64_t n,
+                          int64_t blocksize, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = code[q[i]] * absmax[i / blocksize];
 }
 
@@ -135,8 +135,8 @@ void BlockAbsmax(const Tensor& w, int64_t b0, int64_t nb, float* out) {
   for (int64_t b = b0; b < b0 + nb; ++b) out[b - b0] = dyn[qa[b]] * a2[b / kQuantDqBlock] + h->offset;
 }
 
-void DequantPackedBlock(const QuantKernels& qk, const Tensor& w, int64_t r0, int64_t nr, int64_t k0, int64_t nk,
-                        float* out, int64_t ldo) {
+void DequantPackedBlock(const QuantKernels& qk, const Tensor& w, int64_t r0, int64_t nr, int64_t k0,
+                        int64_t nk, float* out, int64_t ldo) {
   const QuantHeader* h = (const QuantHeader*)w.data;
   const uint8_t* base = (const uint8_t*)w.data;
   const int64_t K = w.shape[1];
@@ -230,7 +230,8 @@ PackedWeight::PackedWeight(DType t, int64_t rows, int64_t cols) : dtype_(t), row
 }
 
 Result<PackedWeight> QuantizeWeight(const Tensor& w, DType t, const char* name) {
-  if (!IsPackedQuant(t)) return Status::Error(std::string(name) + ": " + DTypeName(t) + " is not a packed type");
+  if (!IsPackedQuant(t))
+    return Status::Error(std::string(name) + ": " + DTypeName(t) + " is not a packed type");
   if (w.ndim() != 2) {
     return Status::Error(std::string(name) + ": quantizing needs a 2-D weight, got shape " + w.ShapeString());
   }
@@ -246,7 +247,8 @@ Result<PackedWeight> QuantizeWeight(const Tensor& w, DType t, const char* name) 
   const int64_t n = rows * cols;
   std::vector<float> x((size_t)n);
   for (int64_t r = 0; r < rows; ++r) {
-    ref::DequantizeRow(w.dtype, (const uint8_t*)w.data + r * DTypeBytes(w.dtype, cols), cols, x.data() + r * cols);
+    ref::DequantizeRow(w.dtype, (const uint8_t*)w.data + r * DTypeBytes(w.dtype, cols), cols,
+                       x.data() + r * cols);
   }
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(x[i])) {
@@ -283,20 +285,21 @@ Result<PackedWeight> QuantizeWeight(const Tensor& w, DType t, const char* name) 
   const float offset = nb ? (float)(sum / (double)nb) : 0.0f;
   h->offset = offset;
   for (float& a : absmax) a -= offset;
-  quant::QuantizeBlockwise8(quant::DynamicMapSigned(), absmax.data(), nb, kQuantDqBlock, base + h->absmax_offset,
-                            (float*)(base + h->absmax2_offset));
+  quant::QuantizeBlockwise8(quant::DynamicMapSigned(), absmax.data(), nb, kQuantDqBlock,
+                            base + h->absmax_offset, (float*)(base + h->absmax2_offset));
   return pw;
 }
 
 Status ValidatePacked(const Tensor& w, const char* name) {
   if (!IsPackedQuant(w.dtype)) return Status::Error(std::string(name) + ": not a packed quantized dtype");
-  if (w.ndim() != 2 || w.data == nullptr) return Status::Error(std::string(name) + ": packed weight must be 2-D");
+  if (w.ndim() != 2 || w.data == nullptr)
+    return Status::Error(std::string(name) + ": packed weight must be 2-D");
   const QuantHeader* h = (const QuantHeader*)w.data;
   if (h->magic != kQuantMagic) return Status::Error(std::string(name) + ": bad packed-weight magic");
   if (h->dtype != (uint8_t)w.dtype || h->rows != w.shape[0] || h->cols != w.shape[1]) {
     return Status::Error(std::string(name) + ": packed header (dtype " + std::to_string(h->dtype) + ", " +
-                         std::to_string(h->rows) + " x " + std::to_string(h->cols) + ") disagrees with tensor " +
-                         DTypeName(w.dtype) + " " + w.ShapeString());
+                         std::to_string(h->rows) + " x " + std::to_string(h->cols) +
+                         ") disagrees with tensor " + DTypeName(w.dtype) + " " + w.ShapeString());
   }
   if (IsPacked4Bit(w.dtype) && w.shape[1] % kQuant4Block != 0) {
     return Status::Error(std::string(name) + ": 4-bit packed weight needs cols % 64 == 0");
