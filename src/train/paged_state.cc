@@ -71,9 +71,9 @@ void PagedStatePool::PageOut(uint8_t* p, size_t len) {
 }
 
 void PagedStatePool::Used(void* p, size_t len) {
+  if (cap_ == 0) return;  // no cap: nothing is ever paged out, so nothing to remember
   used_.push_back({(uint8_t*)p, len});
   tracked_ += len;
-  if (cap_ == 0) return;
   while (tracked_ > cap_ && used_.size() > 1) {
     Region r = used_.front();
     used_.pop_front();
@@ -84,7 +84,7 @@ void PagedStatePool::Used(void* p, size_t len) {
 }
 
 void PagedStatePool::PageOutAll() {
-  for (const Region& r : used_) PageOut(r.p, r.len);
+  if (base_) PageOut(base_, size_);
   used_.clear();
   tracked_ = 0;
 }

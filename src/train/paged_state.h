@@ -32,7 +32,7 @@ class PagedStatePool {
   // Records that [p, p + len) was just used; when more than the cap is resident, the oldest used
   // regions are paged out (never the region just recorded). Not thread-safe.
   void Used(void* p, size_t len);
-  // Pages out everything recorded so far.
+  // Writes back and drops the whole state from RAM (e.g. before a phase that needs the memory).
   void PageOutAll();
 
   size_t cap_bytes() const { return cap_; }
