@@ -44,6 +44,7 @@ class BnbAdamW final : public Optimizer {
   // Bytes of state actually held (codes + absmax or f32 moments), for the memory plan and tests.
   size_t StateBytes() const { return state_bytes_; }
   const PagedStatePool* pool() const { return opt_.pool.get(); }
+  PagedStatePool* mutable_pool() { return opt_.pool.get(); }
 
   // Parameter i's state (dequantized to f32 for 8-bit), for tests and checkpoints.
   std::vector<float> M(size_t i) const;

@@ -149,7 +149,7 @@ TEST(BnbAdamW, PagedStatesFourTimesTheCapMatchUnpagedAndStayUnderTheCap) {
         bits, state >> 10, cap >> 10, max_resident >> 10, paged.pool()->peak_tracked_bytes() >> 10);
     EXPECT_LE(max_resident, cap + slack);
     EXPECT_LE(paged.pool()->peak_tracked_bytes(), cap + slack);
-    paged.pool()->PageOutAll();
+    paged.mutable_pool()->PageOutAll();
     EXPECT_LE(paged.pool()->ResidentBytes(), (size_t)16 * 4096);  // only partial edge pages may remain
     EXPECT_EQ(plain.M(0), paged.M(0));  // and the state reads back from the file
   }
