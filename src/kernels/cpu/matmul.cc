@@ -97,7 +97,10 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   LATHE_CHECK(w.ndim() == 2);
   if (M <= 0 || w.shape[0] == 0) return;
   if (IsPackedQuant(w.dtype)) {  // NF4/FP4/int8 whole-weight buffers (kernels/quant.h)
-    const IsaTier tier = &k == &scalar::Table().mm ? IsaTier::kScalar : IsaTier::kAvx2;
+    // The tier whose table `k` is (the AVX-512 table is only passed in on CPUs that have it).
+    const IsaTier tier = &k == &scalar::Table().mm ? IsaTier::kScalar
+                         : &k == &avx2::Table().mm ? IsaTier::kAvx2
+                                                   : IsaTier::kAvx512;
     quant::PackedMatMul(quant::QuantKernelsFor(tier), k, pool, x, M, w, y);
     return;
   }

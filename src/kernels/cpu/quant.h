@@ -55,6 +55,9 @@ const QuantKernels& Table();
 namespace avx2 {
 const QuantKernels& Table();
 }
+namespace avx512 {
+const QuantKernels& Table();  // REQUIRES an AVX-512 CPU (its static init may use AVX-512)
+}
 
 // out(nr, nk) (row stride ldo) = dequantized w[r0 : r0 + nr, k0 : k0 + nk] for a packed w. For 4-bit
 // types k0 and nk are multiples of 64.

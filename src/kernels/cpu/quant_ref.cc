@@ -213,7 +213,11 @@ const QuantKernels& Table() {
 }  // namespace scalar
 
 const QuantKernels& QuantKernelsFor(IsaTier tier) {
-  return tier == IsaTier::kScalar ? scalar::Table() : avx2::Table();  // AVX-512 machines use AVX2
+  switch (tier) {
+    case IsaTier::kScalar: return scalar::Table();
+    case IsaTier::kAvx2: return avx2::Table();
+    default: return avx512::Table();
+  }
 }
 
 }  // namespace quant
