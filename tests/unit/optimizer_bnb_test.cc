@@ -266,6 +266,11 @@ TEST(TrainConfigQuant, KeysAliasesAndBaseDType) {
   ASSERT_FALSE(bad_type.ok());
   EXPECT_NE(bad_type.status().message().find("nf4"), std::string::npos) << bad_type.status().message();
   EXPECT_FALSE(ParseTrainConfig("optim_resident_mb: -1\n", "b.yaml").ok());
+  // The spelling on the command line.
+  TrainConfig o;
+  ASSERT_TRUE(ApplyOverrides(&o, {{"--optim-resident-mb", "128"}, {"--quantization-bit", "8"}}).ok());
+  EXPECT_EQ(o.optim_resident_mb, 128);
+  EXPECT_EQ(o.quantization_bit, 8);
 }
 
 }  // namespace
