@@ -18,8 +18,8 @@ namespace lathe::train {
 
 // AdamW as bitsandbytes.optim.AdamW8bit / PagedAdamW8bit / PagedAdamW (32-bit) run it on CPU:
 //  - 8-bit: m and v blockwise-quantized with bitsandbytes' dynamic maps (signed for m, unsigned for
-//    v), block size 256 (what bitsandbytes' blockwise CPU optimizer kernel uses: blocksize = 256 in
-//    backends/cpu/ops.py _optimizer_update_8bit_blockwise_cpu; its CUDA kernels also use 256), an f32
+//    v), block size 256 (bitsandbytes 0.50 Optimizer2State.init_state: `blocksize = 256` for the
+//    blockwise state on every device; its CPU kernel _optimizer_update_8bit_blockwise_cpu too), an f32
 //    absmax per block, f32 math per block: 2 bytes/param + 8 bytes per 256. Tensors with fewer than
 //    min_8bit_size = 4096 elements keep 32-bit state, as bitsandbytes does.
 //  - 32-bit state updates use bitsandbytes' 32-bit formula (eps scaled by sqrt(1 - beta2^t)).
