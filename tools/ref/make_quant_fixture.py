@@ -10,7 +10,8 @@ Makes tests/golden/fixtures/quant/expected.safetensors:
     torch.ops.bitsandbytes.int8_mixed_scaled_mm-equivalent steps (bnb's own ops);
   - adamw8bit: bnb.optim.AdamW8bit (blockwise, CPU kernel) for 8 steps on two tensors
     (4608 and 4100 elements, over min_8bit_size 4096) with rolled seeded gradients; params after
-    the first and last step and the final quantized states.
+    the first and last step and the final quantized states; and bnb.optim.PagedAdamW (32-bit
+    state, unpaged on CPU) on the same steps.
 
 Run: $PY tools/ref/make_quant_fixture.py   (needs bitsandbytes, pinned in requirements.txt)
 """
@@ -101,6 +102,15 @@ def main():
         st = opt.state[p]
         for name in ["state1", "state2", "absmax1", "absmax2"]:
             out[f"adam_{name}_{i}"] = st[name].clone().reshape(-1)
+    # PagedAdamW (32-bit state; on CPU bitsandbytes runs it unpaged, same math) on the same steps.
+    params32 = [torch.nn.Parameter(p.clone()) for p in p0]
+    opt32 = bitsandbytes.optim.PagedAdamW(params32, lr=1e-2, betas=(0.9, 0.995), eps=1e-8, weight_decay=0.1)
+    for k in range(OPT_STEPS):
+        for i, p in enumerate(params32):
+            p.grad = grads[k][i].clone()
+        opt32.step()
+    for i, p in enumerate(params32):
+        out[f"adam32_p_7_{i}"] = p.detach().clone()
     out["adam_qmap1"] = opt.state[params[0]]["qmap1"].clone()
     out["adam_qmap2"] = opt.state[params[0]]["qmap2"].clone()
 
@@ -109,7 +119,7 @@ def main():
         "what": "bitsandbytes CPU path: quantize_4bit/dequantize_4bit (blocksize 64, nf4/fp4, with and without "
                 "compress_statistics) of a 72x256 weight with odd statistics from f32 and bf16; "
                 "int8_vectorwise_quant (Int8Params CB/SCB) and an LLM.int8 threshold-6 product; AdamW8bit "
-                "(lr 1e-2, betas 0.9/0.995, wd 0.1, blockwise 256) over 8 steps",
+                "(lr 1e-2, betas 0.9/0.995, wd 0.1, blockwise 256) and PagedAdamW (32-bit) over 8 steps",
         "expected": "tests/golden/fixtures/quant/expected.safetensors",
         "generator_library": f"bitsandbytes {bitsandbytes.__version__} (CPU backend; not a reimplementation)",
         "seed": SEED,
@@ -121,6 +131,7 @@ def main():
             "int8_why": "bnb's int8_mm_dequant scales by the literal 6.200124e-05 (1/127^2 is 6.2000124e-05, "
                         "1.8e-5 relative); lathe uses 1/127^2",
             "adam_params_abs": 1e-6,
+            "adam32_params_abs": 1e-6,
             "adam_codes": "identical (up to 4 allowed: an f32 moment 1 ulp off may cross a lookup-table cell)",
             "why": "lathe reproduces bnb's f32 arithmetic and its CPU 8-bit lookup table; measured after 8 steps: "
                    "codes identical, params within 1.2e-7",
