@@ -39,6 +39,43 @@ def make_weight(g):
     return w
 
 
+def describe_name(k):
+    """What each fixture tensor is (MANIFEST `tensors`)."""
+    if k == "w":
+        return "the source weight (72, 256) f32"
+    if k == "w_bf16":
+        return "w cast to bf16 (a second source dtype)"
+    for suffix, what in [("_codes", "quantize_4bit packed codes, flattened (2 per byte, element 2i in the high nibble)"),
+                         ("_absmax2", "state2.absmax: f32 absmax per 256 first-level blocks (double quant)"),
+                         ("_absmax", "absmax per 64-block: f32, or u8 codes of (absmax - offset) with double quant"),
+                         ("_offset", "QuantState.offset: mean of the first-level absmax (double quant)"),
+                         ("_deq", "dequantize_4bit(codes, state) in f32, flattened to (72, 256)")]:
+        if k.endswith(suffix) and k.split("_")[0] in ("nf4", "fp4"):
+            return f"{k[:-len(suffix)]}: {what}"
+    fixed = {
+        "int8_cb": "int8_vectorwise_quant(w) CB: round(w * 127 / row absmax), int8 (72, 256)",
+        "int8_scb": "int8_vectorwise_quant(w) SCB: f32 row absmax",
+        "int8_x": "activations (4, 256) with outliers at (1, 17) = 9 and (3, 130) = -7.5",
+        "int8_outlier_cols": "columns of int8_x with any |x| >= 6 (int8_vectorwise_quant(x, threshold=6))",
+        "int8_y": "LLM.int8 product: int8_scaled_mm(CA, CB, SCA, SCB) + x[:, cols] @ dequant(CB[:, cols])^T",
+        "adam_qmap1": "AdamW8bit qmap1: create_dynamic_map(signed=True)",
+        "adam_qmap2": "AdamW8bit qmap2: create_dynamic_map(signed=False)",
+    }
+    if k in fixed:
+        return fixed[k]
+    for prefix, what in [("adam_p0_", "AdamW8bit initial parameter"),
+                         ("adam_grad_base_", "base gradient; step k uses it rolled by -97 k, x 0.05 when k % 3 == 0"),
+                         ("adam_p_", "AdamW8bit parameter after step (index after adam_p_), tensor (last index)"),
+                         ("adam_state1_", "AdamW8bit final m codes (signed dynamic map)"),
+                         ("adam_state2_", "AdamW8bit final v codes (unsigned dynamic map)"),
+                         ("adam_absmax1_", "AdamW8bit final m absmax per 256"),
+                         ("adam_absmax2_", "AdamW8bit final v absmax per 256"),
+                         ("adam32_p_7_", "PagedAdamW (32-bit) parameter after 8 steps")]:
+        if k.startswith(prefix):
+            return what
+    raise KeyError(k)
+
+
 def main():
     fu.setup_torch()
     torch.use_deterministic_algorithms(False)  # bnb's ops are deterministic but not flagged
@@ -123,6 +160,7 @@ def main():
         "expected": "tests/golden/fixtures/quant/expected.safetensors",
         "generator_library": f"bitsandbytes {bitsandbytes.__version__} (CPU backend; not a reimplementation)",
         "seed": SEED,
+        "tensors": fu.describe(out, {k: describe_name(k) for k in out}),
         "tolerances": {
             "codes_absmax": "bit-identical (same f32 operations); DQ offset within 1 ulp (torch's mean sums in "
                             "a different order than lathe's double sum)",
