@@ -225,7 +225,9 @@ TEST(BnbAdamW, FactoryPicksTheOptimizer) {
   ASSERT_NE(b->pool(), nullptr);
   EXPECT_EQ(b->pool()->cap_bytes(), (size_t)3 << 20);
   c.optim = "paged_adamw_32bit";
-  b = dynamic_cast<BnbAdamW*>(MakeOptimizer(c)->get());
+  auto p32 = MakeOptimizer(c);  // kept alive: b points into it
+  ASSERT_TRUE(p32.ok());
+  b = dynamic_cast<BnbAdamW*>(p32->get());
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->StateBytesPerParam(), 8.0);
   c.optim = "adafactor";
