@@ -110,7 +110,9 @@ void QuantizeBlockwise8(const float* code, const float* x, int64_t n, int64_t bl
     for (int64_t i = b0; i < b1; ++i) {
       const float t = std::clamp(x[i] * inv, -1.0f, 1.0f);
       const float u = (t + 1.0f) * 0.5f;
-      const int k = (int)std::fma(u, 65535.0f, 0.5f);  // truncation, as cvttss2si
+      const float cell = std::fma(u, 65535.0f, 0.5f);
+      // Truncation as cvttss2si; a NaN input (which bitsandbytes turns into cell 0) stays defined.
+      const int k = cell >= 0.0f && cell < 65536.0f ? (int)cell : 0;
       out[i] = lut[k & 0xffff];
     }
   }
