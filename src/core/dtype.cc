@@ -13,6 +13,9 @@ const DTypeInfo kInfos[] = {
     {"f32", 1, 4},  {"f16", 1, 2},  {"bf16", 1, 2},  {"f64", 1, 8},   {"i8", 1, 1},
     {"i16", 1, 2},  {"i32", 1, 4},  {"i64", 1, 8},   {"u8", 1, 1},    {"bool", 1, 1},
     {"q8_0", 32, 34}, {"q4_0", 32, 18}, {"q4_1", 32, 20},
+    // Packed buffers: block_size is the absmax block; block_bytes the code bytes per block (the
+    // buffer also holds the header and statistics, see PackedQuantLayout).
+    {"nf4", 64, 32}, {"fp4", 64, 32}, {"nf4_dq", 64, 32}, {"fp4_dq", 64, 32}, {"i8_row", 1, 1},
 };
 static_assert(sizeof(kInfos) / sizeof(kInfos[0]) == (size_t)DType::kCount);
 }  // namespace
@@ -35,9 +38,41 @@ bool ParseDType(std::string_view name, DType* out) {
 }
 
 size_t DTypeBytes(DType t, int64_t n) {
+  if (IsPackedQuant(t)) return (size_t)PackedQuantLayout(t, 1, n).total_bytes;  // see dtype.h
   const DTypeInfo& info = GetDTypeInfo(t);
   LATHE_CHECK(n % info.block_size == 0);
   return (size_t)(n / info.block_size) * info.block_bytes;
+}
+
+namespace {
+uint64_t Align64(uint64_t n) { return (n + 63) / 64 * 64; }
+}  // namespace
+
+QuantHeader PackedQuantLayout(DType t, int64_t rows, int64_t cols) {
+  LATHE_CHECK(IsPackedQuant(t) && rows >= 0 && cols >= 0);
+  QuantHeader h{};
+  h.magic = kQuantMagic;
+  h.dtype = (uint8_t)t;
+  h.version = 1;
+  h.rows = rows;
+  h.cols = cols;
+  const uint64_t n = (uint64_t)rows * (uint64_t)cols;
+  h.codes_offset = sizeof(QuantHeader);
+  if (t == DType::kI8Row) {
+    h.absmax_offset = Align64(h.codes_offset + n);
+    h.total_bytes = Align64(h.absmax_offset + 4 * (uint64_t)rows);
+    return h;
+  }
+  LATHE_CHECK(cols % kQuant4Block == 0);
+  const uint64_t nb = n / kQuant4Block;
+  h.absmax_offset = Align64(h.codes_offset + n / 2);
+  if (IsDoubleQuant(t)) {
+    h.absmax2_offset = Align64(h.absmax_offset + nb);
+    h.total_bytes = Align64(h.absmax2_offset + 4 * ((nb + kQuantDqBlock - 1) / kQuantDqBlock));
+  } else {
+    h.total_bytes = Align64(h.absmax_offset + 4 * nb);
+  }
+  return h;
 }
 
 uint16_t F32ToF16(float f) {

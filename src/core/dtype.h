@@ -23,6 +23,13 @@ enum class DType : uint8_t {
   kQ8_0,  // 32 x int8 + f16 scale (34 bytes)
   kQ4_0,  // 32 x 4-bit (offset 8) + f16 scale (18 bytes)
   kQ4_1,  // 32 x 4-bit + f16 scale + f16 min (20 bytes)
+  // Packed whole-weight buffers (bitsandbytes layouts, see QuantHeader below). A Tensor of one of
+  // these dtypes points at the header; shape is the logical (rows, cols) weight shape.
+  kNF4,     // 4-bit NormalFloat codes, absmax f32 per 64
+  kFP4,     // 4-bit float codes, absmax f32 per 64
+  kNF4DQ,   // NF4 with double-quantized absmax (u8 per 64, f32 absmax per 256 blocks, f32 offset)
+  kFP4DQ,   // FP4 with double-quantized absmax
+  kI8Row,   // LLM.int8 weight: int8 per element, f32 absmax per row (scale = absmax / 127)
   kCount,
 };
 
@@ -37,8 +44,56 @@ inline const char* DTypeName(DType t) { return GetDTypeInfo(t).name; }
 // Parses names such as "f32", "bf16", "q4_1" (case-insensitive). Returns false if unknown.
 bool ParseDType(std::string_view name, DType* out);
 inline bool IsQuantized(DType t) { return GetDTypeInfo(t).block_size > 1; }
-// Bytes for n elements; REQUIRES n % block_size == 0.
+// Bytes for n elements; REQUIRES n % block_size == 0. For the packed types (below) this is the size
+// of a whole buffer of n elements: exact for the 4-bit types (their layout depends on n only), and
+// for i8_row 4 * (rows - 1) bytes short (the per-row absmax needs the shape: PackedQuantBytes is
+// exact). So Tensor::nbytes() is (nearly) right, but row_bytes() has no meaning for packed types:
+// their rows are not separately addressable; kernels take them through kernels/quant.h.
 size_t DTypeBytes(DType t, int64_t n);
+
+// Packed quantized weights: one self-describing contiguous buffer per 2-D weight (rows, cols), so a
+// Tensor {data = buffer, dtype, shape = {rows, cols}} is the weight as stored. Layout (every
+// section starts 64-byte aligned, offsets from the buffer start are in the header):
+//   QuantHeader (64 bytes)
+//   NF4/FP4[_DQ]: codes   u8[rows*cols/2]  the flattened row-major weight, two 4-bit codes per byte,
+//                                          element 2i in the HIGH nibble, 2i+1 in the low nibble
+//                                          (bitsandbytes quantize_4bit order)
+//                 absmax  f32[nb]          nb = rows*cols/64 blocks of 64 consecutive elements
+//              or (DQ)    u8[nb]           quantize_blockwise(absmax - offset, dynamic map, 256)
+//                         absmax2 f32[ceil(nb/256)], offset f32 in the header
+//                 value = code[q] * absmax[block] (DQ: absmax = dyn[qa] * absmax2[block/256] + offset)
+//   I8Row:        int8    i8[rows*cols]    round(w * 127 / row_absmax) (bitsandbytes Int8Params CB)
+//                 absmax  f32[rows]        row_absmax (bitsandbytes SCB); value = q * absmax / 127
+// REQUIRES cols % 64 == 0 for the 4-bit types (a block never crosses a row; holds for every Llama
+// shape), which QuantizeWeight checks.
+inline bool IsPackedQuant(DType t) { return t >= DType::kNF4 && t <= DType::kI8Row; }
+inline bool IsPacked4Bit(DType t) { return t >= DType::kNF4 && t <= DType::kFP4DQ; }
+inline bool IsNf4(DType t) { return t == DType::kNF4 || t == DType::kNF4DQ; }
+inline bool IsDoubleQuant(DType t) { return t == DType::kNF4DQ || t == DType::kFP4DQ; }
+constexpr int kQuant4Block = 64;     // elements per 4-bit absmax block
+constexpr int kQuantDqBlock = 256;   // absmax values per second-level block (double quant)
+constexpr uint32_t kQuantMagic = 0x544e514c;  // "LQNT"
+
+struct QuantHeader {
+  uint32_t magic;  // kQuantMagic
+  uint8_t dtype;   // the DType
+  uint8_t version;  // 1
+  uint16_t reserved0;
+  int64_t rows, cols;
+  uint64_t codes_offset;    // codes / int8 section
+  uint64_t absmax_offset;   // f32 absmax (or u8 quantized absmax with DQ, or f32 row absmax)
+  uint64_t absmax2_offset;  // DQ only: f32 second-level absmax; 0 otherwise
+  uint64_t total_bytes;     // whole buffer
+  float offset;             // DQ only: mean of the first-level absmax
+  uint32_t reserved1;
+};
+static_assert(sizeof(QuantHeader) == 64);
+
+// Size of the packed buffer for a (rows, cols) weight of packed type t, and its section offsets.
+QuantHeader PackedQuantLayout(DType t, int64_t rows, int64_t cols);
+inline size_t PackedQuantBytes(DType t, int64_t rows, int64_t cols) {
+  return (size_t)PackedQuantLayout(t, rows, cols).total_bytes;
+}
 
 // Block layouts, byte-compatible with GGML.
 struct BlockQ8_0 {

@@ -101,6 +101,18 @@ Setter List(std::vector<std::string> TrainConfig::*f) {
           }};
 }
 
+// quantization_bit: 4 (NF4/FP4, QLoRA) or 8 (LLM.int8); LLaMA-Factory's other widths need
+// methods (HQQ, EETQ) lathe does not have.
+Setter QuantBits() {
+  return {"4 or 8", [](TrainConfig* c, const std::string& k, const std::string& v) -> Status {
+            if (v == "4" || v == "8") {
+              c->quantization_bit = v[0] - '0';
+              return Status::Ok();
+            }
+            return BadValue(k, v, "4 or 8 (bitsandbytes NF4/FP4 or int8)");
+          }};
+}
+
 const std::map<std::string, Setter>& Table() {
   static const std::map<std::string, Setter> t = {
       {"model_name_or_path", Str(&TrainConfig::model_name_or_path)},
@@ -138,6 +150,13 @@ const std::map<std::string, Setter>& Table() {
       {"max_grad_norm", Float(&TrainConfig::max_grad_norm, 0)},
       {"optim", Str(&TrainConfig::optim, {"adamw_torch", "adamw_hf", "adamw_8bit", "paged_adamw_8bit",
                                           "paged_adamw_32bit", "sgd"})},
+      {"optim_resident_mb", Int(&TrainConfig::optim_resident_mb, 0)},
+      {"quantization_bit", QuantBits()},
+      {"quantization_method", Str(&TrainConfig::quantization_method, {"bnb"})},
+      {"quantization_type", Str(&TrainConfig::quantization_type, {"nf4", "fp4"})},
+      {"bnb_4bit_quant_type", Str(&TrainConfig::quantization_type, {"nf4", "fp4"})},
+      {"double_quantization", Bool(&TrainConfig::double_quantization)},
+      {"bnb_4bit_use_double_quant", Bool(&TrainConfig::double_quantization)},
       {"bf16", Bool(&TrainConfig::bf16)},
       {"fp16", Bool(&TrainConfig::fp16)},
       {"pure_bf16", Bool(&TrainConfig::pure_bf16)},
@@ -235,6 +254,17 @@ Status TrainConfig::Validate() const {
     }
   }
   return Status::Ok();
+}
+
+bool QuantizedBaseDType(const TrainConfig& c, DType* out) {
+  if (c.quantization_bit == 8) {
+    *out = DType::kI8Row;
+    return true;
+  }
+  if (c.quantization_bit != 4) return false;
+  const bool nf4 = c.quantization_type != "fp4";
+  *out = c.double_quantization ? (nf4 ? DType::kNF4DQ : DType::kFP4DQ) : (nf4 ? DType::kNF4 : DType::kFP4);
+  return true;
 }
 
 }  // namespace lathe::train

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace lathe::train {
@@ -49,6 +50,12 @@ struct TrainConfig {
   double weight_decay = 0;
   double max_grad_norm = 1.0;
   std::string optim = "adamw_torch";
+  int64_t optim_resident_mb = 0;       // paged_* optimizers: resident cap of the state (0 = none)
+  // quantized base weights (LLaMA-Factory's bitsandbytes keys; QLoRA when 4)
+  int64_t quantization_bit = 0;        // 0 = off | 4 | 8
+  std::string quantization_method = "bnb";
+  std::string quantization_type = "nf4";  // nf4 | fp4 (alias bnb_4bit_quant_type)
+  bool double_quantization = true;     // alias bnb_4bit_use_double_quant
   bool bf16 = false;
   bool fp16 = false;
   bool pure_bf16 = false;
@@ -77,5 +84,9 @@ Result<TrainConfig> ParseTrainConfig(const std::string& yaml_text, const std::st
 Status ApplyOverrides(TrainConfig* config, const std::vector<std::pair<std::string, std::string>>& overrides);
 // Every key the parser understands (for help and suggestions).
 std::vector<std::string> TrainConfigKeys();
+
+// The packed dtype (core/dtype.h) the frozen base weights are quantized to on load: quantization_bit
+// 4 -> nf4 / fp4, with _dq when double_quantization; 8 -> i8_row. False when quantization_bit is 0.
+bool QuantizedBaseDType(const TrainConfig& config, DType* out);
 
 }  // namespace lathe::train

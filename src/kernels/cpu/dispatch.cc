@@ -2,6 +2,7 @@
 #include "kernels/cpu/dispatch.h"
 
 #include "core/check.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/kernels.h"
 
@@ -33,6 +34,10 @@ void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float*
 
 void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out) {
   const int64_t K = w.shape.back();
+  if (IsPackedQuant(w.dtype)) {
+    quant::DequantPackedBlock(quant::QuantKernelsFor(BestIsaTier()), w, row_begin, n_rows, 0, K, out, K);
+    return;
+  }
   const size_t rb = w.row_bytes();
   cpu::Best().mm.dequant_rows(w.dtype, (const uint8_t*)w.data + row_begin * rb, rb, n_rows, K, out, K);
 }

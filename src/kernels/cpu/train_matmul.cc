@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/train_dispatch.h"
 
 namespace lathe::kernels::cpu {
@@ -101,6 +102,17 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
                              const float* dy, int64_t M, const Tensor& w, bool accumulate) {
   LATHE_CHECK(w.ndim() == 2);
   const int64_t N = w.shape[0], K = w.shape[1];
+  if (IsPackedQuant(w.dtype)) {  // NF4/FP4/int8: B chunks dequantized straight from the packed buffer
+    if (IsPacked4Bit(w.dtype)) LATHE_CHECK(K % kQuant4Block == 0);
+    const quant::QuantKernels& qk = quant::QuantKernelsFor(tk.tier);
+    auto fill_packed = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, int64_t* ld) -> const float* {
+      quant::DequantPackedBlock(qk, w, l0, nl, k0, nk, tmp, nk);
+      *ld = nk;
+      return tmp;
+    };
+    Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill_packed);
+    return;
+  }
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
   const DType t = w.dtype;
