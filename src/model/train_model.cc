@@ -1,0 +1,683 @@
+// TrainModel: setup of trainable tensors (LoRA / full / freeze), the training forward and the
+// hand-written backward over the kernels of kernels/train_ops.h. Saving is in train_model_save.cc.
+#include "model/train_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/check.h"
+#include "kernels/kernels.h"
+#include "kernels/train_ops.h"
+#include "model/train_model_impl.h"
+#include "model/transformer.h"
+
+namespace lathe::model {
+
+namespace internal {
+namespace {
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+const char* const kModNames[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+bool IsAttn(int m) { return m <= (int)LoraModule::kO; }
+
+}  // namespace
+
+TrainModelImpl::TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options)
+    : base_(base), pool_(pool), opt_(options), c_(base.config) {}
+
+float* TrainModelImpl::NewBuffer(int64_t n) {
+  storage_.emplace_back((size_t)n, 0.0f);
+  return storage_.back().data();
+}
+
+void TrainModelImpl::AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad,
+                              bool decay) {
+  TrainableTensor t;
+  t.name = name;
+  t.n = 1;
+  for (int64_t d : shape) t.n *= d;
+  t.shape = std::move(shape);
+  t.data = data;
+  t.grad = grad;
+  t.decay = decay;
+  trainable_count_ += t.n;
+  params_.push_back(std::move(t));
+}
+
+float* TrainModelImpl::MasterCopy(const Tensor& t) {
+  float* m = NewBuffer(t.numel());
+  if (t.ndim() == 2) {
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    Par(rows, 64, [&](int64_t b, int64_t e, int) { kernels::DequantizeRows(t, b, e - b, m + b * cols); });
+  } else {
+    LATHE_CHECK(t.dtype == DType::kF32);
+    std::memcpy(m, t.data, t.numel() * sizeof(float));
+  }
+  return m;
+}
+
+static Tensor F32View(const float* p, std::vector<int64_t> shape) {
+  Tensor t;
+  t.data = p;
+  t.dtype = DType::kF32;
+  t.shape = std::move(shape);
+  return t;
+}
+
+static Tensor Bf16View(const std::vector<uint16_t>& v, std::vector<int64_t> shape) {
+  Tensor t;
+  t.data = v.data();
+  t.dtype = DType::kBF16;
+  t.shape = std::move(shape);
+  return t;
+}
+
+void TrainModelImpl::SetEff(Lin& L) {
+  if (L.master) {
+    L.eff = F32View(L.master, {L.out, L.in});
+    if (opt_.bf16) {
+      L.w16.resize(L.out * L.in);
+      L.eff = Bf16View(L.w16, {L.out, L.in});
+    }
+  } else if (opt_.bf16 && (L.base.dtype == DType::kF32 || L.base.dtype == DType::kF16)) {
+    // Frozen f32/f16 weights: rounded to bf16 once (they never change).
+    L.w16.resize(L.out * L.in);
+    Par(L.out, 16, [&](int64_t b, int64_t e, int) {
+      std::vector<float> tmp(L.in);
+      for (int64_t r = b; r < e; ++r) {
+        kernels::DequantizeRows(L.base, r, 1, tmp.data());
+        for (int64_t i = 0; i < L.in; ++i) L.w16[r * L.in + i] = F32ToBF16(tmp[i]);
+      }
+    });
+    L.eff = Bf16View(L.w16, {L.out, L.in});
+  } else {
+    L.eff = L.base;
+  }
+  if (L.lora.on) {
+    LoraParam& p = L.lora;
+    p.a_eff = F32View(p.a, {p.r, p.in});
+    p.b_eff = F32View(p.b, {p.out, p.r});
+    if (opt_.bf16) {
+      p.a16.resize(p.r * p.in);
+      p.b16.resize(p.out * p.r);
+      p.a_eff = Bf16View(p.a16, {p.r, p.in});
+      p.b_eff = Bf16View(p.b16, {p.out, p.r});
+    }
+  }
+}
+
+Status TrainModelImpl::Init() {
+  const ModelConfig& c = c_;
+  if (c.n_layers <= 0 || c.dim <= 0 || c.vocab_size <= 0) return Status::Error("TrainModel: empty model config");
+  if (c.rope_dim != c.head_dim) {
+    return Status::Error(StrFormat("TrainModel: partial rotary embeddings (rope_dim %lld != head_dim %lld) are not "
+                                   "supported", (long long)c.rope_dim, (long long)c.head_dim));
+  }
+  if ((int64_t)base_.layers.size() != c.n_layers) return Status::Error("TrainModel: layer count mismatch");
+  const bool lora = opt_.method == FinetuneMethod::kLora;
+  if (lora) {
+    if (opt_.lora_rank < 1) return Status::Error(StrFormat("lora_rank: must be >= 1, got %lld", (long long)opt_.lora_rank));
+    if (!(opt_.lora_alpha > 0)) return Status::Error("lora_alpha: must be > 0");
+    if (!(opt_.lora_dropout >= 0 && opt_.lora_dropout < 1)) return Status::Error("lora_dropout: must be in [0, 1)");
+    if (opt_.lora_targets.empty()) return Status::Error("lora_target: no target modules");
+    for (LoraModule m : opt_.lora_targets) {
+      if ((int)m < 0 || (int)m >= kMods) return Status::Error("lora_target: unknown module");
+    }
+  }
+  if (opt_.method == FinetuneMethod::kFreeze &&
+      (opt_.freeze_trainable_layers < 1 || opt_.freeze_trainable_layers > c.n_layers)) {
+    return Status::Error(StrFormat("freeze_trainable_layers: must be in [1, %lld] for this model, got %lld",
+                                   (long long)c.n_layers, (long long)opt_.freeze_trainable_layers));
+  }
+  if (opt_.loss_chunk_tokens < 1) return Status::Error("loss_chunk_tokens: must be >= 1");
+  const bool full = opt_.method == FinetuneMethod::kFull;
+  const float lora_scale = (float)(opt_.use_rslora ? opt_.lora_alpha / std::sqrt((double)opt_.lora_rank)
+                                                   : opt_.lora_alpha / (double)opt_.lora_rank);
+  std::mt19937_64 rng(opt_.seed);
+
+  // Embedding (first in HF's parameter order).
+  embed_trainable_ = full;
+  if (full) {
+    embed_master_ = MasterCopy(base_.tok_embd);
+    g_embed_ = NewBuffer(base_.tok_embd.numel());
+    AddParam("model.embed_tokens.weight", {c.vocab_size, c.dim}, embed_master_, g_embed_, true);
+    embed_eff_ = F32View(embed_master_, {c.vocab_size, c.dim});
+  } else {
+    embed_eff_ = base_.tok_embd;
+  }
+
+  layers_.resize(c.n_layers);
+  lowest_trainable_layer_ = c.n_layers;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& W = base_.layers[l];
+    Layer& Ly = layers_[l];
+    const bool train_all = full || (opt_.method == FinetuneMethod::kFreeze && l >= c.n_layers - opt_.freeze_trainable_layers);
+    const Tensor* ws[kMods] = {&W.wq, &W.wk, &W.wv, &W.wo, &W.w_gate, &W.w_up, &W.w_down};
+    const Tensor* bs[kMods] = {&W.bq, &W.bk, &W.bv, nullptr, nullptr, nullptr, nullptr};
+    std::string pre = StrFormat("model.layers.%lld.", (long long)l);
+    for (int m = 0; m < kMods; ++m) {
+      Lin& L = Ly.lin[m];
+      L.base = *ws[m];
+      L.out = L.base.shape[0];
+      L.in = L.base.shape[1];
+      std::string key = pre + (IsAttn(m) ? "self_attn." : "mlp.") + kModNames[m];
+      if (train_all) {
+        L.master = MasterCopy(L.base);
+        L.grad = NewBuffer(L.out * L.in);
+        AddParam(key + ".weight", {L.out, L.in}, L.master, L.grad, true);
+      }
+      if (bs[m] && bs[m]->data) {
+        if (train_all) {
+          float* bm = MasterCopy(*bs[m]);
+          L.bias = bm;
+          L.gbias = NewBuffer(L.out);
+          AddParam(key + ".bias", {L.out}, bm, L.gbias, false);
+        } else {
+          L.bias = bs[m]->as<float>();
+        }
+      }
+      if (lora && std::find(opt_.lora_targets.begin(), opt_.lora_targets.end(), (LoraModule)m) != opt_.lora_targets.end()) {
+        LoraParam& p = L.lora;
+        p.on = true;
+        p.r = opt_.lora_rank;
+        p.in = L.in;
+        p.out = L.out;
+        p.scale = lora_scale;
+        p.a = NewBuffer(p.r * p.in);
+        p.b = NewBuffer(p.out * p.r);
+        p.ga = NewBuffer(p.r * p.in);
+        p.gb = NewBuffer(p.out * p.r);
+        // PEFT: kaiming_uniform_(a=sqrt(5)) on A (r, in) = U(-1/sqrt(in), 1/sqrt(in)); B = 0.
+        const double bound = 1.0 / std::sqrt((double)p.in);
+        for (int64_t i = 0; i < p.r * p.in; ++i) {
+          double u = (double)(rng() >> 11) * (1.0 / 9007199254740992.0);
+          p.a[i] = (float)((2 * u - 1) * bound);
+        }
+        std::string pk = "base_model.model." + key;
+        AddParam(pk + ".lora_A.weight", {p.r, p.in}, p.a, p.ga, true);
+        AddParam(pk + ".lora_B.weight", {p.out, p.r}, p.b, p.gb, true);
+      }
+      SetEff(L);
+      if (L.master || L.lora.on) Ly.trainable = true;
+    }
+    if (train_all) {
+      float* n1 = MasterCopy(W.attn_norm);
+      float* n2 = MasterCopy(W.ffn_norm);
+      Ly.n1 = {n1, NewBuffer(c.dim)};
+      Ly.n2 = {n2, NewBuffer(c.dim)};
+      AddParam(pre + "input_layernorm.weight", {c.dim}, n1, Ly.n1.g, false);
+      AddParam(pre + "post_attention_layernorm.weight", {c.dim}, n2, Ly.n2.g, false);
+    } else {
+      Ly.n1 = {W.attn_norm.as<float>(), nullptr};
+      Ly.n2 = {W.ffn_norm.as<float>(), nullptr};
+    }
+    if (Ly.trainable) lowest_trainable_layer_ = std::min(lowest_trainable_layer_, l);
+  }
+  if (full) {
+    float* fn = MasterCopy(base_.output_norm);
+    final_norm_ = {fn, NewBuffer(c.dim)};
+    AddParam("model.norm.weight", {c.dim}, fn, final_norm_.g, false);
+    if (c.tied_embeddings) {
+      head_master_ = embed_master_;
+      g_head_ = g_embed_;
+    } else {
+      head_master_ = MasterCopy(base_.output);
+      g_head_ = NewBuffer(base_.output.numel());
+      AddParam("lm_head.weight", {c.vocab_size, c.dim}, head_master_, g_head_, true);
+    }
+    head_eff_ = F32View(head_master_, {c.vocab_size, c.dim});
+    if (opt_.bf16) {
+      head16_.resize(c.vocab_size * c.dim);
+      head_eff_ = Bf16View(head16_, {c.vocab_size, c.dim});
+    }
+  } else {
+    final_norm_ = {base_.output_norm.as<float>(), nullptr};
+    head_eff_ = base_.output;
+    if (opt_.bf16 && (head_eff_.dtype == DType::kF32 || head_eff_.dtype == DType::kF16)) {
+      head16_.resize(c.vocab_size * c.dim);
+      const Tensor& h = base_.output;
+      Par(c.vocab_size, 64, [&](int64_t b, int64_t e, int) {
+        std::vector<float> tmp(c.dim);
+        for (int64_t r = b; r < e; ++r) {
+          kernels::DequantizeRows(h, r, 1, tmp.data());
+          for (int64_t i = 0; i < c.dim; ++i) head16_[r * c.dim + i] = F32ToBF16(tmp[i]);
+        }
+      });
+      head_eff_ = Bf16View(head16_, {c.vocab_size, c.dim});
+    }
+  }
+  if (full) lowest_trainable_layer_ = 0;
+
+  // RoPE angles per position, as Transformer::EnsureRopeTable.
+  inv_freq_ = RopeInvFreq(c, base_.rope_freqs.data ? base_.rope_freqs.as<float>() : nullptr);
+  const int64_t half = (int64_t)inv_freq_.size();
+  pos_cos_.resize(c.max_seq_len * half);
+  pos_sin_.resize(c.max_seq_len * half);
+  for (int64_t p = 0; p < c.max_seq_len; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      float angle = (float)p * inv_freq_[i];
+      pos_cos_[p * half + i] = (float)std::cos((double)angle);
+      pos_sin_[p * half + i] = (float)std::sin((double)angle);
+    }
+  acts_.resize(opt_.gradient_checkpointing ? 1 : c.n_layers);
+  normdw_.resize((size_t)pool_.size() * c.dim);
+  return Status::Ok();
+}
+
+void TrainModelImpl::ZeroGrad() {
+  for (const TrainableTensor& t : params_) std::memset(t.grad, 0, t.n * sizeof(float));
+}
+
+Status TrainModelImpl::CheckBatch(const TrainBatch& b) const {
+  if (b.B < 1 || b.T < 1) return Status::Error(StrFormat("batch: B and T must be >= 1 (got %lld, %lld)", (long long)b.B, (long long)b.T));
+  if (b.T > c_.max_seq_len) {
+    return Status::Error(StrFormat("batch: sequence length %lld exceeds the model's max_seq_len %lld", (long long)b.T,
+                                   (long long)c_.max_seq_len));
+  }
+  const size_t n = (size_t)(b.B * b.T);
+  if (b.input_ids.size() != n || b.labels.size() != n || (!b.segment_ids.empty() && b.segment_ids.size() != n)) {
+    return Status::Error(StrFormat("batch: input_ids/labels/segment_ids must hold B*T = %zu values", n));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    int32_t id = b.input_ids[i], lb = b.labels[i];
+    if (id < 0 || id >= c_.vocab_size) {
+      return Status::Error(StrFormat("batch: input_ids[%zu] = %d out of range (vocab size %lld)", i, id, (long long)c_.vocab_size));
+    }
+    if (lb != kernels::kIgnoreLabel && (lb < 0 || lb >= c_.vocab_size)) {
+      return Status::Error(StrFormat("batch: labels[%zu] = %d out of range (vocab size %lld, -100 = ignored)", i, lb,
+                                     (long long)c_.vocab_size));
+    }
+  }
+  return Status::Ok();
+}
+
+void TrainModelImpl::RefreshBf16() {
+  if (!opt_.bf16) return;
+  auto round = [&](const float* src, uint16_t* dst, int64_t n) {
+    Par(n, 4096, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) dst[i] = F32ToBF16(src[i]);
+    });
+  };
+  for (Layer& Ly : layers_)
+    for (Lin& L : Ly.lin) {
+      if (L.master) round(L.master, L.w16.data(), L.out * L.in);
+      if (L.lora.on) {
+        round(L.lora.a, L.lora.a16.data(), L.lora.r * L.lora.in);
+        round(L.lora.b, L.lora.b16.data(), L.lora.out * L.lora.r);
+      }
+    }
+  if (head_master_) round(head_master_, head16_.data(), c_.vocab_size * c_.dim);
+}
+
+void TrainModelImpl::Prepare(const TrainBatch& b) {
+  const ModelConfig& c = c_;
+  B_ = b.B;
+  T_ = b.T;
+  N_ = B_ * T_;
+  ids_ = b.input_ids.data();
+  seg_ = b.segment_ids.empty() ? nullptr : b.segment_ids.data();
+  const int64_t N = N_, half = c.head_dim / 2;
+  targets_.resize(N);
+  cos_.resize(N * half);
+  sin_.resize(N * half);
+  for (int64_t r = 0; r < B_; ++r) {
+    int64_t start = 0;
+    for (int64_t t = 0; t < T_; ++t) {
+      const int64_t i = r * T_ + t;
+      if (seg_ && t > 0 && seg_[i] != seg_[i - 1]) start = t;
+      const int64_t pos = t - start;
+      std::memcpy(&cos_[i * half], &pos_cos_[pos * half], half * sizeof(float));
+      std::memcpy(&sin_[i * half], &pos_sin_[pos * half], half * sizeof(float));
+      // Token t predicts labels[t + 1], never across a row end or a segment boundary.
+      bool ok = t + 1 < T_ && (!seg_ || seg_[i + 1] == seg_[i]);
+      targets_[i] = ok ? b.labels[i + 1] : kernels::kIgnoreLabel;
+    }
+  }
+  const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.ffn_dim;
+  res_.resize((c.n_layers + 1) * N * dim);
+  for (Acts& a : acts_) {
+    a.xn1.resize(N * dim);
+    a.rstd1.resize(N);
+    a.q.resize(N * qd);
+    a.k.resize(N * kvd);
+    a.v.resize(N * kvd);
+    a.att.resize(N * qd);
+    a.lse.resize(N * c.n_heads);
+    a.xmid.resize(N * dim);
+    a.xn2.resize(N * dim);
+    a.rstd2.resize(N);
+    a.gate.resize(N * ffn);
+    a.up.resize(N * ffn);
+    a.h.resize(N * ffn);
+    if (opt_.method == FinetuneMethod::kLora)
+      for (auto& mid : a.mid) mid.resize(N * opt_.lora_rank);
+  }
+  xf_.resize(N * dim);
+  rstdf_.resize(N);
+  RefreshBf16();
+}
+
+const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>& s) {
+  if (!opt_.bf16) return x;
+  s.resize(n);
+  float* o = s.data();
+  Par(n, 8192, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) o[i] = BF16ToF32(F32ToBF16(x[i]));
+  });
+  return o;
+}
+
+// PEFT's nn.Dropout on the LoRA input: inverted dropout, a fresh mask per call of ForwardBackward
+// (step_), layer and module. The mask is a hash of the element index, so the backward and a
+// checkpointed recompute see the same mask without storing it.
+const float* TrainModelImpl::Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& s) {
+  const double p = opt_.lora_dropout;
+  s.resize(N_ * in);
+  float* o = s.data();
+  const uint64_t key = SplitMix(SplitMix(opt_.seed ^ 0x6c6f7261ull) ^ (step_ * 1315423911ull) ^ ((uint64_t)layer << 40) ^
+                                ((uint64_t)mod << 56));
+  const uint64_t thresh = (uint64_t)(p * 18446744073709551616.0);
+  const float keep_scale = (float)(1.0 / (1.0 - p));
+  Par(N_, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b * in; i < e * in; ++i) o[i] = SplitMix(key + (uint64_t)i) < thresh ? 0.0f : x[i] * keep_scale;
+  });
+  return o;
+}
+
+void TrainModelImpl::RmsFwd(float* out, float* rstd, const float* x, const float* w) {
+  const int64_t C = c_.dim;
+  Par(N_, 16, [&](int64_t b, int64_t e, int) {
+    kernels::RmsNormForward(out + b * C, rstd + b, x + b * C, w, e - b, C, c_.norm_eps);
+  });
+}
+
+void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                            const float* rstd) {
+  const int64_t C = c_.dim;
+  // Per-thread dw rows (also a throwaway target when the norm is frozen).
+  std::fill(normdw_.begin(), normdw_.end(), 0.0f);
+  Par(N_, 16, [&](int64_t b, int64_t e, int th) {
+    float* tdw = &normdw_[th * C];
+    kernels::RmsNormBackward(dx + b * C, tdw, dout + b * C, x + b * C, w, rstd + b, e - b, C);
+  });
+  if (dw) {
+    for (int th = 0; th < pool_.size(); ++th)
+      for (int64_t i = 0; i < C; ++i) dw[i] += normdw_[th * C + i];
+  }
+}
+
+void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train) {
+  const int64_t N = N_;
+  kernels::MatMul(pool_, Round(x, N * L.in, rx_), N, L.eff, y, /*exact_activations=*/true);
+  if (L.bias) {
+    Par(N, 16, [&](int64_t b, int64_t e, int) {
+      for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
+    });
+  }
+  if (!L.lora.on) return;
+  LoraParam& p = L.lora;
+  const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
+  kernels::MatMul(pool_, Round(xd, N * p.in, rx2_), N, p.a_eff, mid, true);  // (N, r)
+  ltmp_.resize(N * p.out);
+  kernels::MatMul(pool_, Round(mid, N * p.r, rmid_), N, p.b_eff, ltmp_.data(), true);  // (N, out)
+  const float* t = ltmp_.data();
+  Par(N, 16, [&](int64_t b, int64_t e, int) {
+    kernels::Axpy(y + b * p.out, p.scale, t + b * p.out, (e - b) * p.out);
+  });
+}
+
+void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
+                                 bool need_dx, int64_t layer, int mod) {
+  const int64_t N = N_;
+  const float* dyr = Round(dy, N * L.out, rdy_);
+  if (need_dx) kernels::MatMulBackwardInput(pool_, dx, dyr, N, L.eff, accumulate);
+  if (L.grad) kernels::MatMulBackwardWeight(pool_, L.grad, dyr, Round(x, N * L.in, rx_), N, L.out, L.in);
+  if (L.gbias) {
+    Par(L.out, 64, [&](int64_t b, int64_t e, int) {
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t j = b; j < e; ++j) L.gbias[j] += dy[r * L.out + j];
+    });
+  }
+  if (!L.lora.on) return;
+  LoraParam& p = L.lora;
+  // out = scale * mid B^T, mid = drop(x) A^T.
+  lscr_.resize(N * p.out);
+  float* dys = lscr_.data();
+  Par(N, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b * p.out; i < e * p.out; ++i) dys[i] = p.scale * dy[i];
+  });
+  const float* dysr = Round(dys, N * p.out, rdy_);
+  kernels::MatMulBackwardWeight(pool_, p.gb, dysr, Round(mid, N * p.r, rmid_), N, p.out, p.r);
+  dmid_.resize(N * p.r);
+  kernels::MatMulBackwardInput(pool_, dmid_.data(), dysr, N, p.b_eff);  // (N, r)
+  const float* dmr = Round(dmid_.data(), N * p.r, rmid_);
+  const bool drop = opt_.lora_dropout > 0;
+  const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
+  kernels::MatMulBackwardWeight(pool_, p.ga, dmr, Round(xd, N * p.in, rx_), N, p.r, p.in);
+  if (!need_dx) return;
+  if (!drop) {
+    kernels::MatMulBackwardInput(pool_, dx, dmr, N, p.a_eff, /*accumulate=*/true);
+    return;
+  }
+  ltmp_.resize(N * p.in);
+  kernels::MatMulBackwardInput(pool_, ltmp_.data(), dmr, N, p.a_eff);
+  // d drop(x) / dx = mask / keep = drop(x) / x elementwise; use the mask directly.
+  const double pr = opt_.lora_dropout;
+  const uint64_t key = SplitMix(SplitMix(opt_.seed ^ 0x6c6f7261ull) ^ (step_ * 1315423911ull) ^ ((uint64_t)layer << 40) ^
+                                ((uint64_t)mod << 56));
+  const uint64_t thresh = (uint64_t)(pr * 18446744073709551616.0);
+  const float keep_scale = (float)(1.0 / (1.0 - pr));
+  const float* t = ltmp_.data();
+  const int64_t in = p.in;
+  Par(N, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b * in; i < e * in; ++i)
+      if (SplitMix(key + (uint64_t)i) >= thresh) dx[i] += t[i] * keep_scale;
+  });
+}
+
+void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train) {
+  const ModelConfig& c = c_;
+  Layer& Ly = layers_[l];
+  const int64_t N = N_, dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), T = T_;
+  const int H = (int)c.n_heads, KV = (int)c.n_kv_heads, hd = (int)c.head_dim;
+  const auto layout = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeLayout::kInterleaved
+                                                              : kernels::RopeLayout::kHalfSplit;
+  const int64_t half = hd / 2;
+  RmsFwd(a.xn1.data(), a.rstd1.data(), x_in, Ly.n1.w);
+  using M = LoraModule;
+  LinForward(Ly.lin[(int)M::kQ], a.xn1.data(), a.q.data(), a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
+  LinForward(Ly.lin[(int)M::kK], a.xn1.data(), a.k.data(), a.mid[(int)M::kK].data(), l, (int)M::kK, train);
+  LinForward(Ly.lin[(int)M::kV], a.xn1.data(), a.v.data(), a.mid[(int)M::kV].data(), l, (int)M::kV, train);
+  float *q = a.q.data(), *k = a.k.data();
+  Par(N, 16, [&](int64_t b, int64_t e, int) {
+    kernels::RopeForward(q + b * qd, q + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
+    kernels::RopeForward(k + b * kvd, k + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
+  });
+  const float scale = 1.0f / std::sqrt((float)hd);
+  for (int64_t r = 0; r < B_; ++r) {
+    kernels::FlashAttentionForward(pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd],
+                                   &a.v[r * T * kvd], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale);
+  }
+  scratch_out_.resize(N * dim);
+  LinForward(Ly.lin[(int)M::kO], a.att.data(), scratch_out_.data(), a.mid[(int)M::kO].data(), l, (int)M::kO, train);
+  float* xm = a.xmid.data();
+  const float* so = scratch_out_.data();
+  Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) xm[i] = x_in[i] + so[i];
+  });
+  RmsFwd(a.xn2.data(), a.rstd2.data(), xm, Ly.n2.w);
+  LinForward(Ly.lin[(int)M::kGate], a.xn2.data(), a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
+  LinForward(Ly.lin[(int)M::kUp], a.xn2.data(), a.up.data(), a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
+  const int64_t nf = N * c.ffn_dim;
+  Par(nf, 4096, [&](int64_t b, int64_t e, int) {
+    kernels::SwiGluForward(a.h.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
+  });
+  LinForward(Ly.lin[(int)M::kDown], a.h.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
+             train);
+  Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) x_out[i] = xm[i] + so[i];
+  });
+}
+
+void TrainModelImpl::Forward(const TrainBatch& b, bool train) {
+  const int64_t N = N_, dim = c_.dim;
+  float* x0 = res_.data();
+  if (embed_master_) {
+    Par(N, 16, [&](int64_t s, int64_t e, int) { kernels::EmbeddingForward(x0 + s * dim, ids_ + s, embed_master_, e - s, dim); });
+  } else {
+    Par(N, 16, [&](int64_t s, int64_t e, int) {
+      for (int64_t i = s; i < e; ++i) kernels::DequantizeRows(embed_eff_, ids_[i], 1, x0 + i * dim);
+    });
+  }
+  (void)b;
+  for (int64_t l = 0; l < c_.n_layers; ++l) {
+    Acts& a = acts_[opt_.gradient_checkpointing ? 0 : l];
+    BlockForward(l, &res_[l * N * dim], &res_[(l + 1) * N * dim], a, train);
+  }
+  RmsFwd(xf_.data(), rstdf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w);
+}
+
+void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx) {
+  const ModelConfig& c = c_;
+  Layer& Ly = layers_[l];
+  const int64_t N = N_, dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), T = T_, nf = N * c.ffn_dim;
+  const int H = (int)c.n_heads, KV = (int)c.n_kv_heads, hd = (int)c.head_dim;
+  const auto layout = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeLayout::kInterleaved
+                                                              : kernels::RopeLayout::kHalfSplit;
+  const int64_t half = hd / 2;
+  using M = LoraModule;
+  dh_.resize(nf);
+  dgate_.resize(nf);
+  dup_.resize(nf);
+  dxn_.resize(N * dim);
+  dtmp_.resize(N * dim);
+  // MLP: x_out = xmid + down(swiglu(gate(xn2), up(xn2))).
+  LinBackward(Ly.lin[(int)M::kDown], dres, a.h.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
+              (int)M::kDown);
+  Par(nf, 4096, [&](int64_t b, int64_t e, int) {
+    kernels::SwiGluBackward(dgate_.data() + b, dup_.data() + b, dh_.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
+  });
+  LinBackward(Ly.lin[(int)M::kUp], dup_.data(), a.xn2.data(), a.mid[(int)M::kUp].data(), dxn_.data(), false, true, l,
+              (int)M::kUp);
+  LinBackward(Ly.lin[(int)M::kGate], dgate_.data(), a.xn2.data(), a.mid[(int)M::kGate].data(), dxn_.data(), true, true,
+              l, (int)M::kGate);
+  RmsBwd(dtmp_.data(), Ly.n2.g, dxn_.data(), a.xmid.data(), Ly.n2.w, a.rstd2.data());
+  float* dr = dres;
+  const float* dt = dtmp_.data();
+  Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) dr[i] += dt[i];
+  });
+  // Attention: xmid = x_in + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
+  d_att_.resize(N * qd);
+  LinBackward(Ly.lin[(int)M::kO], dres, a.att.data(), a.mid[(int)M::kO].data(), d_att_.data(), false, true, l,
+              (int)M::kO);
+  dq_.resize(N * qd);
+  dk_.resize(N * kvd);
+  dv_.resize(N * kvd);
+  const float scale = 1.0f / std::sqrt((float)hd);
+  for (int64_t r = 0; r < B_; ++r) {
+    kernels::FlashAttentionBackward(pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd], &d_att_[r * T * qd],
+                                    &a.q[r * T * qd], &a.k[r * T * kvd], &a.v[r * T * kvd], &a.att[r * T * qd],
+                                    &a.lse[r * T * H], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale);
+  }
+  float *dq = dq_.data(), *dk = dk_.data();
+  Par(N, 16, [&](int64_t b, int64_t e, int) {
+    kernels::RopeBackward(dq + b * qd, dq + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
+    kernels::RopeBackward(dk + b * kvd, dk + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
+  });
+  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), a.xn1.data(), a.mid[(int)M::kQ].data(), dxn_.data(), false, true, l,
+              (int)M::kQ);
+  LinBackward(Ly.lin[(int)M::kK], dk_.data(), a.xn1.data(), a.mid[(int)M::kK].data(), dxn_.data(), true, true, l,
+              (int)M::kK);
+  LinBackward(Ly.lin[(int)M::kV], dv_.data(), a.xn1.data(), a.mid[(int)M::kV].data(), dxn_.data(), true, true, l,
+              (int)M::kV);
+  if (!need_dx && !Ly.n1.g) return;
+  RmsBwd(dtmp_.data(), Ly.n1.g, dxn_.data(), &res_[l * N * dim], Ly.n1.w, a.rstd1.data());
+  Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) dr[i] += dt[i];
+  });
+}
+
+Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double normalizer) {
+  LATHE_RETURN_IF_ERROR(CheckBatch(batch));
+  if (!(normalizer > 0)) return Status::Error("ForwardBackward: normalizer must be > 0");
+  ++step_;
+  Prepare(batch);
+  Forward(batch, /*train=*/true);
+  const int64_t N = N_, dim = c_.dim;
+  dxf_.resize(N * dim);
+  const float* xfr = Round(xf_.data(), N * dim, rx_);
+  float loss = kernels::CrossEntropyBackward(pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
+                                             (float)normalizer, 1.0f, opt_.loss_chunk_tokens);
+  dres_.resize(N * dim);
+  RmsBwd(dres_.data(), final_norm_.g, dxf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w, rstdf_.data());
+  for (int64_t l = c_.n_layers - 1; l >= lowest_trainable_layer_; --l) {
+    Acts* a = &acts_[opt_.gradient_checkpointing ? 0 : l];
+    if (opt_.gradient_checkpointing) {
+      // Recompute the block from its saved input; its output (already in res_) goes to scratch.
+      ckpt_out_.resize(N * dim);
+      BlockForward(l, &res_[l * N * dim], ckpt_out_.data(), *a, true);
+    }
+    BlockBackward(l, *a, dres_.data(), l > lowest_trainable_layer_ || embed_trainable_);
+  }
+  if (g_embed_) {
+    kernels::EmbeddingBackward(g_embed_, dres_.data(), ids_, N, dim);
+  }
+  return (double)loss * normalizer;
+}
+
+Result<double> TrainModelImpl::Loss(const TrainBatch& batch, int64_t* n_targets) {
+  LATHE_RETURN_IF_ERROR(CheckBatch(batch));
+  Prepare(batch);
+  Forward(batch, /*train=*/false);
+  int64_t n = 0;
+  for (int32_t t : targets_) n += t != kernels::kIgnoreLabel;
+  if (n_targets) *n_targets = n;
+  const float* xfr = Round(xf_.data(), N_ * c_.dim, rx_);
+  float loss = kernels::CrossEntropyForward(pool_, xfr, N_, head_eff_, targets_.data(), 1.0f, opt_.loss_chunk_tokens);
+  return (double)loss;
+}
+
+Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
+  if (opt_.method != FinetuneMethod::kLora) return Status::Error("ExportAdapter: the model is not trained with LoRA");
+  auto a = std::make_unique<LoraAdapter>();
+  a->path = "(training)";
+  a->rank = opt_.lora_rank;
+  a->alpha = opt_.lora_alpha;
+  a->rslora = opt_.use_rslora;
+  for (LoraModule m : opt_.lora_targets) a->target_modules.push_back(LoraModuleName(m));
+  a->layers.resize(c_.n_layers);
+  for (int64_t l = 0; l < c_.n_layers; ++l)
+    for (int m = 0; m < kMods; ++m) {
+      const LoraParam& p = layers_[l].lin[m].lora;
+      if (!p.on) continue;
+      auto sa = std::make_shared<std::vector<float>>(p.a, p.a + p.r * p.in);
+      auto sb = std::make_shared<std::vector<float>>(p.b, p.b + p.out * p.r);
+      LoraPair& pair = a->layers[l][m];
+      pair.a = F32View(sa->data(), {p.r, p.in});
+      pair.b = F32View(sb->data(), {p.out, p.r});
+      pair.scale = p.scale;
+      a->storage.push_back(sa);
+      a->storage.push_back(sb);
+    }
+  return a;
+}
+
+}  // namespace internal
+
+Result<std::unique_ptr<TrainModel>> TrainModel::Create(const ModelWeights& base, ThreadPool& pool,
+                                                       const TrainModelOptions& options) {
+  auto m = std::make_unique<internal::TrainModelImpl>(base, pool, options);
+  LATHE_RETURN_IF_ERROR(m->Init());
+  return std::unique_ptr<TrainModel>(std::move(m));
+}
+
+}  // namespace lathe::model

@@ -1,0 +1,126 @@
+// Internal state of TrainModel (model/train_model.cc forward/backward, model/train_model_save.cc
+// saving): trainable masters, effective weight views, saved activations and scratch buffers.
+#pragma once
+
+#include <array>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/train_model.h"
+
+namespace lathe::model::internal {
+
+constexpr int kMods = (int)LoraModule::kCount;
+
+struct LoraParam {
+  bool on = false;
+  int64_t r = 0, in = 0, out = 0;
+  float scale = 0;
+  float *a = nullptr, *b = nullptr;    // (r, in), (out, r) f32 masters
+  float *ga = nullptr, *gb = nullptr;  // gradients
+  Tensor a_eff, b_eff;                 // f32 views, or bf16 shadows in bf16 mode
+  std::vector<uint16_t> a16, b16;
+};
+
+// One linear layer y = x W^T (+ bias) (+ LoRA).
+struct Lin {
+  Tensor base;                 // as loaded (never written)
+  float* master = nullptr;     // f32 copy when trainable (full / freeze), else null
+  float* grad = nullptr;
+  Tensor eff;                  // what the matmuls read: base, master view or bf16 shadow
+  std::vector<uint16_t> w16;   // bf16 shadow
+  const float* bias = nullptr; // (out) effective bias (base or master), null when absent
+  float* gbias = nullptr;
+  int64_t in = 0, out = 0;
+  LoraParam lora;
+};
+
+struct Norm {
+  const float* w = nullptr;  // (C) base or master
+  float* g = nullptr;        // gradient when trainable
+};
+
+struct Layer {
+  Norm n1, n2;
+  std::array<Lin, kMods> lin;
+  bool trainable = false;  // any parameter (full/freeze weights or LoRA) in this layer
+};
+
+// What one decoder block's backward needs (per layer, or one set under checkpointing).
+struct Acts {
+  std::vector<float> xn1, rstd1, q, k, v, att, lse, xmid, xn2, rstd2, gate, up, h;
+  std::array<std::vector<float>, kMods> mid;  // LoRA x A^T, (N, r)
+};
+
+class TrainModelImpl final : public TrainModel {
+ public:
+  TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options);
+  Status Init();
+
+  const ModelConfig& config() const override { return c_; }
+  std::span<const TrainableTensor> params() const override { return params_; }
+  int64_t trainable_count() const override { return trainable_count_; }
+  void ZeroGrad() override;
+  Result<double> ForwardBackward(const TrainBatch& batch, double normalizer) override;
+  Result<double> Loss(const TrainBatch& batch, int64_t* n_targets) override;
+  Result<std::unique_ptr<LoraAdapter>> ExportAdapter() const override;
+  Status SavePeftAdapter(const std::string& dir, const std::string& base_model_name) const override;
+  Status SaveHfModel(const std::string& dir, bool bf16) const override;
+
+ private:
+  float* NewBuffer(int64_t n);  // zeroed, stable address
+  void AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad, bool decay);
+  float* MasterCopy(const Tensor& t);  // f32 copy of any dtype
+  Status CheckBatch(const TrainBatch& b) const;
+  void Prepare(const TrainBatch& b);  // rope tables, targets, buffers, bf16 shadows
+  void RefreshBf16();
+  void SetEff(Lin& L);
+  void Forward(const TrainBatch& b, bool train);
+  void BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train);
+  void BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx);
+  void LinForward(Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
+  void LinBackward(Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
+                   bool need_dx, int64_t layer, int mod);
+  const float* Round(const float* x, int64_t n, std::vector<float>& scratch);
+  const float* Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& scratch);
+  void RmsFwd(float* out, float* rstd, const float* x, const float* w);
+  void RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd);
+  void Par(int64_t n, int64_t grain, RangeFn fn) { pool_.ParallelFor(n, grain, fn); }
+  // Meta interleaved <-> HF half-split row order of a q/k output dimension (rows of `cols`).
+  std::vector<float> ToHfRows(const float* src, int64_t heads, int64_t cols) const;
+
+  const ModelWeights& base_;
+  ThreadPool& pool_;
+  TrainModelOptions opt_;
+  ModelConfig c_;
+  std::deque<std::vector<float>> storage_;
+  std::vector<TrainableTensor> params_;
+  int64_t trainable_count_ = 0;
+
+  std::vector<Layer> layers_;
+  Tensor embed_eff_, head_eff_;
+  float *embed_master_ = nullptr, *g_embed_ = nullptr, *head_master_ = nullptr, *g_head_ = nullptr;
+  std::vector<uint16_t> head16_;
+  Norm final_norm_;
+  int64_t lowest_trainable_layer_ = 0;
+  bool embed_trainable_ = false;
+
+  std::vector<float> inv_freq_, pos_cos_, pos_sin_;  // (max_seq_len, half)
+  uint64_t step_ = 0;  // dropout stream counter
+
+  // Per batch.
+  int64_t B_ = 0, T_ = 0, N_ = 0;
+  const int32_t* ids_ = nullptr;
+  const int32_t* seg_ = nullptr;
+  std::vector<int32_t> targets_;
+  std::vector<float> cos_, sin_;
+  std::vector<float> res_;  // (n_layers + 1, N, dim) residual stream, block inputs
+  std::vector<Acts> acts_;
+  std::vector<float> xf_, rstdf_, dxf_, dres_, dtmp_, scratch_out_, ckpt_out_;
+  std::vector<float> d_att_, dq_, dk_, dv_, dgate_, dup_, dh_, dxn_;
+  std::vector<float> rx_, rx2_, rdy_, xd_, lscr_, lmid_, ltmp_, dmid_, rmid_, normdw_;
+};
+
+}  // namespace lathe::model::internal

@@ -1,0 +1,306 @@
+// TrainModel properties beyond the golden gradients: freeze (vs the full fine-tuning fixture),
+// frozen block-quantized bases (Q8_0 / Q4_1, gradients through MatMulBackwardInput), gradient
+// accumulation, gradient checkpointing, LoRA dropout, bf16 mixed precision and input errors.
+#include <gtest/gtest.h>
+
+#include <deque>
+
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+#include "train/optimizer.h"
+#include "train_test_util.h"
+
+namespace lathe::model {
+namespace {
+
+using namespace train_test;
+
+std::unique_ptr<TrainModel> Make(const ModelWeights& w, ThreadPool& pool, TrainModelOptions o) {
+  auto m = TrainModel::Create(w, pool, o);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+TrainModelOptions Lora(double dropout = 0) {
+  TrainModelOptions o;
+  o.lora_rank = 4;
+  o.lora_alpha = 8;
+  o.lora_dropout = dropout;
+  return o;
+}
+
+TrainModelOptions Full() {
+  TrainModelOptions o;
+  o.method = FinetuneMethod::kFull;
+  return o;
+}
+
+// Gives every LoRA B a deterministic non-zero value (PEFT's B = 0 would make dA zero).
+void NonZeroB(TrainModel& m) {
+  int64_t k = 0;
+  for (const TrainableTensor& t : m.params())
+    if (t.name.find("lora_B") != std::string::npos)
+      for (int64_t i = 0; i < t.n; ++i, ++k) t.data[i] = (float)((k * 7919 % 97) - 48) / 2400.0f;
+}
+
+struct Grads {
+  double loss = 0;
+  std::vector<std::vector<float>> g;
+};
+
+Grads RunSteps(TrainModel& m, const std::vector<Batch>& micro, double normalizer) {
+  Grads r;
+  m.ZeroGrad();
+  for (const Batch& b : micro) {
+    auto l = m.ForwardBackward(b.View(), normalizer);
+    EXPECT_TRUE(l.ok()) << l.status().message();
+    r.loss += l.ok() ? *l : NAN;
+  }
+  for (const TrainableTensor& t : m.params()) r.g.emplace_back(t.grad, t.grad + t.n);
+  return r;
+}
+
+double WorstErr(const Grads& a, const Grads& b) {
+  double w = 0;
+  EXPECT_EQ(a.g.size(), b.g.size());
+  for (size_t i = 0; i < a.g.size() && i < b.g.size(); ++i)
+    w = std::max(w, NormErr(a.g[i].data(), b.g[i].data(), (int64_t)b.g[i].size()));
+  return w;
+}
+
+// Four rows: the fixture batch, the packed row without segments and row 0 reversed.
+Batch FourRows(const Fixture& f) {
+  Batch b = FixtureBatch(f);
+  Batch p = FixtureBatch(f, "packed_ids", "packed_labels");
+  Batch out;
+  out.B = 4;
+  out.T = b.T;
+  out.ids = b.ids;
+  out.labels = b.labels;
+  out.ids.insert(out.ids.end(), p.ids.begin(), p.ids.end());
+  out.labels.insert(out.labels.end(), p.labels.begin(), p.labels.end());
+  out.ids.insert(out.ids.end(), b.ids.rbegin() + b.T, b.ids.rend());
+  out.labels.insert(out.labels.end(), b.labels.rbegin() + b.T, b.labels.rend());
+  return out;
+}
+
+Batch Row(const Batch& b, int64_t r) {
+  Batch o;
+  o.B = 1;
+  o.T = b.T;
+  o.ids.assign(b.ids.begin() + r * b.T, b.ids.begin() + (r + 1) * b.T);
+  o.labels.assign(b.labels.begin() + r * b.T, b.labels.begin() + (r + 1) * b.T);
+  return o;
+}
+
+int64_t Targets(const Batch& b) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < b.B; ++r)
+    for (int64_t t = 1; t < b.T; ++t) n += b.labels[r * b.T + t] != -100;
+  return n;
+}
+
+TEST(TrainModelAccumulation, FourMicroBatchesOfOneEqualOneBatchOfFour) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_llama_gqa_tied");
+  Batch four = FourRows(f);
+  const double n = (double)Targets(four);
+  ThreadPool pool(2);
+  for (TrainModelOptions o : {Lora(), Full()}) {
+    auto m = Make(*w, pool, o);
+    NonZeroB(*m);
+    Grads one = RunSteps(*m, {four}, n);
+    Grads acc = RunSteps(*m, {Row(four, 0), Row(four, 1), Row(four, 2), Row(four, 3)}, n);
+    EXPECT_NEAR(acc.loss, one.loss, 1e-5 * one.loss);
+    double e = WorstErr(acc, one);
+    EXPECT_LT(e, 1e-5);
+    std::printf("accumulation (%s): loss %.7g vs %.7g, worst grad normalized error %.3g\n",
+                o.method == FinetuneMethod::kLora ? "lora" : "full", acc.loss, one.loss, e);
+  }
+}
+
+TEST(TrainModelCheckpointing, EqualsNoCheckpointing) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_llama_gqa_tied");
+  Batch b = FixtureBatch(f);
+  Batch p = FixtureBatch(f, "packed_ids", "packed_labels", "packed_seg");
+  ThreadPool pool(2);
+  for (TrainModelOptions o : {Lora(0.1), Full()}) {
+    auto plain = Make(*w, pool, o);
+    o.gradient_checkpointing = true;
+    auto ckpt = Make(*w, pool, o);
+    NonZeroB(*plain);
+    NonZeroB(*ckpt);
+    for (const Batch* batch : {&b, &p}) {
+      Grads a = RunSteps(*plain, {*batch}, 10), c = RunSteps(*ckpt, {*batch}, 10);
+      EXPECT_EQ(a.loss, c.loss);
+      EXPECT_LE(WorstErr(c, a), 1e-6);
+    }
+  }
+}
+
+TEST(TrainModelDropout, SeededMasksChangeGradientsDeterministically) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_llama_gqa_tied");
+  Batch b = FixtureBatch(f);
+  ThreadPool pool(2);
+  auto d1 = Make(*w, pool, Lora(0.2)), d2 = Make(*w, pool, Lora(0.2)), d0 = Make(*w, pool, Lora(0));
+  for (auto* m : {d1.get(), d2.get(), d0.get()}) NonZeroB(*m);
+  Grads g1 = RunSteps(*d1, {b}, 10), g2 = RunSteps(*d2, {b}, 10), g0 = RunSteps(*d0, {b}, 10);
+  EXPECT_EQ(WorstErr(g1, g2), 0.0);  // same seed, same step -> same masks
+  EXPECT_GT(WorstErr(g1, g0), 1e-2);  // dropout matters
+  EXPECT_EQ(g1.loss, g2.loss);
+  EXPECT_NE(g1.loss, g0.loss);  // B != 0, so dropping LoRA inputs changes the loss
+}
+
+TEST(TrainModelBf16, CloseToF32) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_llama_gqa_tied");
+  Batch b = FixtureBatch(f);
+  ThreadPool pool(2);
+  for (TrainModelOptions o : {Lora(), Full()}) {
+    auto f32 = Make(*w, pool, o);
+    o.bf16 = true;
+    auto b16 = Make(*w, pool, o);
+    NonZeroB(*f32);
+    NonZeroB(*b16);
+    Grads a = RunSteps(*f32, {b}, 32), c = RunSteps(*b16, {b}, 32);
+    double e = WorstErr(c, a);
+    std::printf("bf16 (%s): loss %.6g vs f32 %.6g, worst grad normalized error %.3g\n",
+                o.method == FinetuneMethod::kLora ? "lora" : "full", c.loss, a.loss, e);
+    EXPECT_NEAR(c.loss, a.loss, 5e-3 * a.loss);
+    EXPECT_LT(e, 5e-2);
+    EXPECT_GT(e, 1e-5);  // the rounding is really applied
+  }
+}
+
+// A copy of w with every linear weight and the embedding in `t` (and one with those values
+// dequantized back to f32, the same model in f32).
+ModelWeights Quantize(const ModelWeights& w, DType t, bool dequantized) {
+  ModelWeights q;
+  q.config = w.config;
+  q.output_norm = w.output_norm;
+  q.owners = w.owners;
+  auto conv = [&](const Tensor& src) {
+    const int64_t rows = src.shape[0], cols = src.shape[1];
+    std::vector<float> f32(rows * cols);
+    kernels::DequantizeRows(src, 0, rows, f32.data());
+    auto buf = std::make_shared<std::vector<uint8_t>>(DTypeBytes(t, rows * cols));
+    for (int64_t r = 0; r < rows; ++r) kernels::QuantizeRow(t, &f32[r * cols], cols, buf->data() + r * DTypeBytes(t, cols));
+    Tensor out;
+    out.data = buf->data();
+    out.dtype = t;
+    out.shape = src.shape;
+    q.owners.push_back(buf);
+    if (!dequantized) return out;
+    kernels::DequantizeRows(out, 0, rows, f32.data());
+    return q.OwnF32(std::move(f32), src.shape);
+  };
+  q.tok_embd = conv(w.tok_embd);
+  q.output = w.config.tied_embeddings ? q.tok_embd : conv(w.output);
+  for (const LayerWeights& L : w.layers) {
+    LayerWeights o = L;
+    for (Tensor* m : {&o.wq, &o.wk, &o.wv, &o.wo, &o.w_gate, &o.w_up, &o.w_down}) *m = conv(*m);
+    q.layers.push_back(o);
+  }
+  return q;
+}
+
+TEST(TrainModelQuantizedBase, GradientsThroughFrozenQ8_0AndQ4_1EqualTheDequantizedModel) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_llama_gqa_tied");
+  Batch b = FixtureBatch(f);
+  ThreadPool pool(2);
+  for (DType t : {DType::kQ8_0, DType::kQ4_1}) {
+    ModelWeights q = Quantize(*w, t, false), d = Quantize(*w, t, true);
+    ASSERT_EQ(q.layers[0].wq.dtype, t);
+    for (TrainModelOptions o : {Lora(), Full()}) {
+      auto mq = Make(q, pool, o), md = Make(d, pool, o);
+      NonZeroB(*mq);
+      NonZeroB(*md);
+      Grads gq = RunSteps(*mq, {b}, 32), gd = RunSteps(*md, {b}, 32);
+      double e = WorstErr(gq, gd);
+      std::printf("%s base (%s): loss %.7g vs dequantized f32 %.7g, worst grad normalized error %.3g\n", DTypeName(t),
+                  o.method == FinetuneMethod::kLora ? "lora" : "full", gq.loss, gd.loss, e);
+      EXPECT_NEAR(gq.loss, gd.loss, 1e-5 * gd.loss);
+      EXPECT_LT(e, 1e-5);
+    }
+  }
+}
+
+TEST(TrainModelFreeze, LastLayerTrainsWithTheFullFineTuningGradients) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_full_llama_gqa_tied");
+  ThreadPool pool(2);
+  TrainModelOptions o;
+  o.method = FinetuneMethod::kFreeze;
+  o.freeze_trainable_layers = 1;
+  auto m = Make(*w, pool, o);
+  ASSERT_EQ(m->params().size(), 9u);  // 7 linear weights + 2 norms of layer 1
+  const ModelConfig& c = w->config;
+  EXPECT_EQ(m->trainable_count(), (c.ParamCount() - c.vocab_size * c.dim - c.dim) / 2);  // one of two layers
+  Batch b = FixtureBatch(f);
+  RunSteps(*m, {b}, f.F64("n_targets"));
+  for (const TrainableTensor& t : m->params()) {
+    EXPECT_EQ(t.name.rfind("model.layers.1.", 0), 0u) << t.name;
+    std::vector<float> want = f.F32("full.grad." + t.name);
+    EXPECT_LT(NormErr(t.grad, want.data(), t.n), 1e-4) << t.name;
+  }
+  // Frozen weights stay as loaded (Q4_1 here): freeze works on a quantized base too.
+  ModelWeights q = Quantize(*w, DType::kQ4_1, false);
+  auto mq = Make(q, pool, o);
+  auto l = mq->ForwardBackward(b.View(), 32);
+  ASSERT_TRUE(l.ok()) << l.status().message();
+}
+
+TEST(TrainModelErrors, BadBatchesAndOptionsAreErrorsNotCrashes) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  ThreadPool pool(1);
+  auto m = Make(*w, pool, Lora());
+  Batch b;
+  b.B = 1;
+  b.T = 4;
+  b.ids = {1, 2, 3, 4};
+  b.labels = {1, 2, 3, 4};
+  auto msg = [&](const Batch& x, double n = 1) {
+    auto r = m->ForwardBackward(x.View(), n);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  EXPECT_EQ(msg(b), "ok");
+  Batch bad = b;
+  bad.ids[2] = 256;
+  EXPECT_NE(msg(bad).find("input_ids[2] = 256 out of range"), std::string::npos) << msg(bad);
+  bad = b;
+  bad.labels[1] = -5;
+  EXPECT_NE(msg(bad).find("labels[1] = -5"), std::string::npos) << msg(bad);
+  bad = b;
+  bad.T = 3;
+  EXPECT_NE(msg(bad).find("B*T"), std::string::npos) << msg(bad);
+  EXPECT_NE(msg(b, 0).find("normalizer"), std::string::npos);
+  bad.T = w->config.max_seq_len + 1;
+  bad.ids.assign(bad.T, 1);
+  bad.labels.assign(bad.T, 1);
+  EXPECT_NE(msg(bad).find("exceeds the model's max_seq_len"), std::string::npos) << msg(bad);
+  TrainModelOptions o = Lora();
+  o.lora_rank = 0;
+  EXPECT_NE(TrainModel::Create(*w, pool, o).status().message().find("lora_rank"), std::string::npos);
+  o = Lora();
+  o.lora_targets = {(LoraModule)9};
+  EXPECT_NE(TrainModel::Create(*w, pool, o).status().message().find("lora_target"), std::string::npos);
+  o.method = FinetuneMethod::kFreeze;
+  o.freeze_trainable_layers = 5;
+  EXPECT_NE(TrainModel::Create(*w, pool, o).status().message().find("freeze_trainable_layers"), std::string::npos);
+  // A full model refuses to export an adapter.
+  auto full = Make(*w, pool, Full());
+  EXPECT_FALSE(full->ExportAdapter().ok());
+}
+
+}  // namespace
+}  // namespace lathe::model
