@@ -130,20 +130,37 @@ Result<std::vector<std::string>> RotateCheckpoints(const std::string& output_dir
   return deleted;
 }
 
-Result<std::vector<std::string>> CopyTokenizerFiles(const std::string& source_dir, const std::string& dest_dir) {
+std::vector<std::pair<std::string, std::string>> TokenizerFiles(const std::string& tokenizer) {
   static const char* const kNames[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                        "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
                                        "chat_template.jinja"};
-  std::vector<std::string> copied;
-  for (const char* name : kNames) {
-    fs::path src = fs::path(source_dir) / name;
-    std::error_code ec;
-    if (!fs::is_regular_file(src, ec)) continue;
-    fs::copy_file(src, fs::path(dest_dir) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return Status::Error("cannot copy '" + src.string() + "' to '" + dest_dir + "': " + ec.message());
-    copied.push_back(name);
+  std::vector<std::pair<std::string, std::string>> out;
+  std::error_code ec;
+  fs::path p(tokenizer);
+  auto add_beside = [&](const fs::path& dir, std::initializer_list<const char*> names) {
+    for (const char* n : names) {
+      if (fs::is_regular_file(dir / n, ec)) out.push_back({(dir / n).string(), n});
+    }
+  };
+  if (fs::is_directory(p, ec)) {
+    for (const char* n : kNames) add_beside(p, {n});
+  } else if (p.extension() == ".json" && fs::is_regular_file(p, ec)) {
+    out.push_back({p.string(), "tokenizer.json"});
+    add_beside(p.parent_path().empty() ? fs::path(".") : p.parent_path(),
+               {"tokenizer_config.json", "special_tokens_map.json"});
+  } else if (p.extension() == ".model" && fs::is_regular_file(p, ec)) {
+    out.push_back({p.string(), "tokenizer.model"});
   }
-  return copied;
+  return out;
+}
+
+Status CopyFiles(const std::vector<std::pair<std::string, std::string>>& files, const std::string& dest_dir) {
+  for (const auto& [src, name] : files) {
+    std::error_code ec;
+    fs::copy_file(src, fs::path(dest_dir) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Status::Error("cannot copy '" + src + "' to '" + dest_dir + "': " + ec.message());
+  }
+  return Status::Ok();
 }
 
 JsonlLog::~JsonlLog() {

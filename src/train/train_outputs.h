@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -51,10 +52,15 @@ std::vector<std::string> ListCheckpoints(const std::string& output_dir);
 // deletes the newest. Returns the deleted paths.
 Result<std::vector<std::string>> RotateCheckpoints(const std::string& output_dir, int64_t limit);
 
-// Copies the HF tokenizer files found in source_dir (tokenizer.json, tokenizer_config.json,
+// (source path, file name in the output dir) of the files a tokenizer consists of, for a
+// `tokenizer` that is an HF model dir (tokenizer.json, tokenizer_config.json,
 // special_tokens_map.json, tokenizer.model, vocab.json, merges.txt, added_tokens.json,
-// chat_template.jinja) into dest_dir. Returns the names copied.
-Result<std::vector<std::string>> CopyTokenizerFiles(const std::string& source_dir, const std::string& dest_dir);
+// chat_template.jinja), a tokenizer.json (plus tokenizer_config.json / special_tokens_map.json
+// beside it) or a SentencePiece .model (written as tokenizer.model). Other paths (.gguf, llama2.c
+// .bin): none.
+std::vector<std::pair<std::string, std::string>> TokenizerFiles(const std::string& tokenizer);
+// Copies each (source, name) into dest_dir.
+Status CopyFiles(const std::vector<std::pair<std::string, std::string>>& files, const std::string& dest_dir);
 
 // trainer_log.jsonl: one JSON object per line, flushed after each line.
 class JsonlLog {

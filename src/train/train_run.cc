@@ -82,7 +82,11 @@ Result<TrainSummary> RunTraining(const TrainConfig& c, const RunOptions& o) {
 
   TrainerEnv env;
   env.base_model_name = c.model_name_or_path;
-  if (lm.format == "hf") env.tokenizer_source_dir = c.model_name_or_path;
+  // The tokenizer the run used travels with the weights when it is made of HF / SentencePiece
+  // files (a GGUF's or llama2.c tokenizer has no such file to copy).
+  env.tokenizer_files = TokenizerFiles(!o.tokenizer_path.empty() ? o.tokenizer_path
+                                       : lm.format == "hf"        ? c.model_name_or_path
+                                                                  : std::string());
   // Pad with EOS (as LLaMA-Factory does when a tokenizer has no pad token); labels mask it anyway.
   env.pad_id = tok.eos_id() >= 0 ? tok.eos_id() : 0;
   const model::ModelConfig& mc = lm.weights.config;
@@ -91,7 +95,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& c, const RunOptions& o) {
   env.interactive = o.interactive;
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, *tm, std::move(data), env));
   LATHE_ASSIGN_OR_RETURN(TrainSummary s, trainer->Run());
-  if (o.log && env.tokenizer_source_dir.empty() && c.finetuning_type != "lora") {
+  if (o.log && env.tokenizer_files.empty() && c.finetuning_type != "lora") {
     std::string hint = lm.format == "gguf" ? "--tokenizer " + c.model_name_or_path
                                            : std::string("--tokenizer with the tokenizer file beside the .bin");
     std::fprintf(o.log, "note: the model came from a %s file, so %s has no tokenizer files; load it with %s\n",

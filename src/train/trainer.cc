@@ -184,9 +184,7 @@ Status Trainer::SaveModelFiles(const std::string& dir) const {
   } else {
     LATHE_RETURN_IF_ERROR(model_.SaveHfModel(dir, config_.bf16));
   }
-  if (!env_.tokenizer_source_dir.empty()) {
-    LATHE_RETURN_IF_ERROR(CopyTokenizerFiles(env_.tokenizer_source_dir, dir).status());
-  }
+  LATHE_RETURN_IF_ERROR(CopyFiles(env_.tokenizer_files, dir));
   return WriteJsonFile((fs::path(dir) / "trainer_state.json").string(), state_.ToJson());
 }
 
@@ -196,6 +194,16 @@ Result<TrainSummary> Trainer::Run() {
   start_s_ = NowSeconds();
   summary_ = TrainSummary{};
   bar_ = std::make_unique<monitor::ProgressBar>(env_.log ? env_.log : stderr, env_.log && env_.interactive);
+  if (c.overwrite_output_dir) {
+    // Checkpoints of an earlier run would count against save_total_limit (and could outrank this
+    // run's newest), so overwriting the output dir removes them.
+    for (const std::string& cp : ListCheckpoints(out)) {
+      std::error_code ec;
+      fs::remove_all(cp, ec);
+      if (ec) return Status::Error("overwrite_output_dir: cannot delete old checkpoint '" + cp + "': " + ec.message());
+      Say("overwrite_output_dir: removed " + cp + " of an earlier run");
+    }
+  }
   LATHE_RETURN_IF_ERROR(jsonl_.Open((fs::path(out) / "trainer_log.jsonl").string()));
   if (std::find(c.report_to.begin(), c.report_to.end(), "tensorboard") != c.report_to.end()) {
     LATHE_ASSIGN_OR_RETURN(tb_, monitor::TensorBoardWriter::Open(TensorBoardDir(out)));

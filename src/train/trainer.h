@@ -36,7 +36,8 @@ Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& config);
 // Everything the loop needs besides the config and the model.
 struct TrainerEnv {
   std::string base_model_name;       // adapter_config.json base_model_name_or_path
-  std::string tokenizer_source_dir;  // HF dir whose tokenizer files are copied beside the weights
+  // Tokenizer files copied beside the weights: (source path, name), see TokenizerFiles().
+  std::vector<std::pair<std::string, std::string>> tokenizer_files;
   int32_t pad_id = 0;                // input id of padded positions (their labels are ignored)
   int64_t flops_params = 0;          // parameters counted in total_flos (6 * params * tokens)
   FILE* log = stderr;                // progress bar and log lines; nullptr = silent

@@ -234,6 +234,16 @@ TEST(TrainerLoop, OutputsLogsAndCheckpoints) {
   auto again = Train(c, m2, MakeData(20, 4));
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.status().message().find("overwrite_output_dir"), std::string::npos);
+  // With it, the run replaces the outputs and the old run's checkpoints go (they would outrank
+  // this run's in save_total_limit).
+  fs::create_directories(out + "/checkpoint-1000");
+  c.overwrite_output_dir = true;
+  c.save_steps = 100;
+  FakeTrainModel m3(16);
+  auto third = Train(c, m3, MakeData(20, 4));
+  ASSERT_TRUE(third.ok()) << third.status().message();
+  EXPECT_TRUE(ListCheckpoints(out).empty());
+  EXPECT_EQ(ReadJson(out + "/trainer_state.json")["global_step"], 10);
 }
 
 TEST(TrainerLoop, FullFinetuneWritesHfModelFiles) {

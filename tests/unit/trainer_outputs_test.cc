@@ -159,16 +159,28 @@ TEST(TrainerCheckpoint, RotationKeepsNewestAndSortsNumerically) {
   EXPECT_TRUE(fs::exists(d.path + "/checkpoint-abc"));
 }
 
-TEST(TrainerTokenizerFiles, CopiesOnlyTokenizerFiles) {
+TEST(TrainerTokenizerFiles, FromHfDirTokenizerJsonOrSentencePieceModel) {
   TempDir src, dst;
   for (const char* n : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "model.safetensors"}) {
     std::ofstream(src.path + "/" + n) << n;
   }
-  auto copied = CopyTokenizerFiles(src.path, dst.path);
-  ASSERT_TRUE(copied.ok());
-  EXPECT_EQ(*copied, (std::vector<std::string>{"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}));
+  std::ofstream(src.path + "/tok512.model") << "spm";
+  auto files = TokenizerFiles(src.path);
+  ASSERT_EQ(files.size(), 3u);
+  EXPECT_EQ(files[0].second, "tokenizer.json");
+  ASSERT_TRUE(CopyFiles(files, dst.path).ok());
   EXPECT_TRUE(fs::exists(dst.path + "/tokenizer.json"));
+  EXPECT_TRUE(fs::exists(dst.path + "/special_tokens_map.json"));
   EXPECT_FALSE(fs::exists(dst.path + "/model.safetensors"));
+  // A tokenizer.json path brings its config along; a .model is renamed to tokenizer.model.
+  EXPECT_EQ(TokenizerFiles(src.path + "/tokenizer.json").size(), 3u);
+  auto spm = TokenizerFiles(src.path + "/tok512.model");
+  ASSERT_EQ(spm.size(), 1u);
+  EXPECT_EQ(spm[0].second, "tokenizer.model");
+  EXPECT_TRUE(TokenizerFiles(src.path + "/model.gguf").empty());
+  EXPECT_TRUE(TokenizerFiles("").empty());
+  Status st = CopyFiles({{src.path + "/missing.json", "x.json"}}, dst.path);
+  EXPECT_FALSE(st.ok());
 }
 
 }  // namespace
