@@ -1,6 +1,7 @@
 // `lathe train` from a config: checks, loading, datasets, TrainModel, Trainer.
 #include "train/train_run.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/strings.h"
@@ -13,7 +14,22 @@ namespace lathe::train {
 
 namespace fs = std::filesystem;
 
-Result<TrainSummary> RunTraining(const TrainConfig& c, const RunOptions& o) {
+namespace {
+
+// "~/..." -> "$HOME/..." (YAML files are not expanded by a shell).
+std::string ExpandHome(const std::string& path) {
+  const char* home = std::getenv("HOME");
+  if (path.rfind("~/", 0) == 0 && home && *home) return std::string(home) + path.substr(1);
+  return path;
+}
+
+}  // namespace
+
+Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o) {
+  TrainConfig c = config;
+  c.model_name_or_path = ExpandHome(c.model_name_or_path);
+  c.output_dir = ExpandHome(c.output_dir);
+  c.dataset_dir = ExpandHome(c.dataset_dir);
   LATHE_RETURN_IF_ERROR(c.Validate());
   LATHE_RETURN_IF_ERROR(CheckTrainerConfig(c));
   std::error_code ec;
