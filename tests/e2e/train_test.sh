@@ -134,6 +134,16 @@ check "generate -m full-FT dir" test $? -eq 0
 check "full-FT dir generates tokens" python3 -c "
 import json; r = json.load(open('$tmp/full_gen.json')); assert len(r['ids']) > 0 and r['prompt_ids'][0] == 1, r"
 
+# 3b. An HF directory as the source (the full-FT output above): LoRA on it, evaluated on a separate
+# eval_dataset, copies its tokenizer files beside the adapter, and the adapter loads on that base.
+"$LATHE" train "$tmp/full.yaml" -t 2 --model_name_or_path "$tmp/full" --output_dir "$tmp/hf_lora" \
+  --finetuning_type lora --max_steps 4 --eval_dataset c4_demo --max_samples 8 2> "$tmp/hf_lora.log"
+check "lora on an HF dir exit" test $? -eq 0
+check "tokenizer copied from the HF source" test -f "$tmp/hf_lora/tokenizer.model"
+check "eval_dataset evaluated" grep -q '"eval_loss"' "$tmp/hf_lora/all_results.json"
+"$LATHE" generate -m "$tmp/full" --adapter "$tmp/hf_lora" -p "Once" -n 4 --temp 0 > /dev/null 2> "$tmp/hf_gen.err"
+check "generate with the adapter on the HF base" test $? -eq 0
+
 # 4. Errors name the key (and a nearby valid one), before any work.
 expect_error "unknown key on the command line" "lerning_rate" "$LATHE" train "$tmp/full.yaml" --lerning_rate 1e-3
 expect_error "suggestion" "did you mean 'learning_rate'" "$LATHE" train "$tmp/full.yaml" --lerning_rate 1e-3

@@ -246,6 +246,34 @@ TEST(TrainerLoop, OutputsLogsAndCheckpoints) {
   EXPECT_EQ(ReadJson(out + "/trainer_state.json")["global_step"], 10);
 }
 
+TEST(TrainerLoop, EvalEveryEpochAndWarmup) {
+  TempDir d;
+  TrainConfig c = BaseConfig(d.path + "/out");
+  c.per_device_train_batch_size = 4;
+  c.num_train_epochs = 3;  // 2 steps per epoch
+  c.eval_strategy = "epoch";
+  c.logging_steps = 1;
+  c.lr_scheduler_type = "constant_with_warmup";
+  c.warmup_steps = 2;
+  FakeTrainModel m(16);
+  auto s = Train(c, m, MakeData(8, 3));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->global_step, 6);
+  EXPECT_EQ(s->eval_losses.size(), 3u);  // after each epoch, none extra at the end
+  json h = ReadJson(c.output_dir + "/trainer_state.json")["log_history"];
+  std::vector<int64_t> eval_steps;
+  std::vector<double> lrs;
+  for (const json& e : h) {
+    if (e.contains("eval_loss")) eval_steps.push_back(e["step"].get<int64_t>());
+    if (e.contains("learning_rate")) lrs.push_back(e["learning_rate"].get<double>());
+  }
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{2, 4, 6}));
+  ASSERT_EQ(lrs.size(), 6u);
+  EXPECT_NEAR(lrs[0], 0.05, 1e-12);  // warmup: lr(1) = 0.1 * 1 / 2
+  EXPECT_NEAR(lrs[1], 0.1, 1e-12);
+  EXPECT_NEAR(lrs[5], 0.1, 1e-12);
+}
+
 TEST(TrainerLoop, FullFinetuneWritesHfModelFiles) {
   TempDir d;
   TrainConfig c = BaseConfig(d.path + "/out");
