@@ -56,7 +56,8 @@ int RunTrain(int argc, char** argv) {
     }
     if (a.rfind("-", 0) != 0) {
       if (!config_path.empty()) {
-        return Fail("train", Status::Error("unexpected argument '" + a + "' (one CONFIG.yaml, then --key value pairs)"));
+        return Fail("train", Status::Error("unexpected argument '" + a +
+                                           "' (one CONFIG.yaml, then --key value pairs)"));
       }
       config_path = a;
       continue;
@@ -74,7 +75,8 @@ int RunTrain(int argc, char** argv) {
     if (key == "-t" || key == "--threads") {
       char* end = nullptr;
       long n = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end || n < 1) return Fail("train", Status::Error("--threads: '" + value + "' is not a positive integer"));
+      if (value.empty() || *end || n < 1)
+        return Fail("train", Status::Error("--threads: '" + value + "' is not a positive integer"));
       threads = (int)n;
     } else if (key == "--tokenizer") {
       tokenizer = value;
@@ -83,7 +85,8 @@ int RunTrain(int argc, char** argv) {
     }
   }
   if (config_path.empty()) {
-    return Fail("train", Status::Error("no config given: lathe train CONFIG.yaml [--key value ...] (see --help)"));
+    return Fail("train",
+                Status::Error("no config given: lathe train CONFIG.yaml [--key value ...] (see --help)"));
   }
   auto text = ReadFileToString(config_path);
   if (!text.ok()) return Fail("train", text.status());

@@ -20,7 +20,7 @@ std::string FormatBytes(int64_t bytes);
 
 struct ProgressState {
   int64_t step = 0, total = 0;
-  double loss = -1;       // < 0: not known yet
+  double loss = -1;  // < 0: not known yet
   double lr = 0;
   double tokens_per_s = 0;
   double elapsed_s = 0;

@@ -18,7 +18,8 @@ Batch Collate(std::span<const TokenizedSample> samples, std::span<const int64_t>
     LATHE_CHECK(i >= 0 && i < (int64_t)samples.size());
     const TokenizedSample& s = samples[i];
     b.T = std::max<int64_t>(b.T, (int64_t)s.input_ids.size());
-    for (size_t t = 1; t < s.segment_ids.size() && !packed; ++t) packed = s.segment_ids[t] != s.segment_ids[0];
+    for (size_t t = 1; t < s.segment_ids.size() && !packed; ++t)
+      packed = s.segment_ids[t] != s.segment_ids[0];
   }
   b.input_ids.assign(b.B * b.T, pad_id);
   b.labels.assign(b.B * b.T, kIgnoreIndex);
@@ -63,13 +64,14 @@ StepPlan PlanSteps(int64_t num_samples, int64_t batch_size, int64_t grad_accum, 
   return p;
 }
 
-std::vector<std::vector<int64_t>> EpochMicroBatches(int64_t n, int64_t batch_size, uint64_t seed, int64_t epoch) {
+std::vector<std::vector<int64_t>> EpochMicroBatches(int64_t n, int64_t batch_size, uint64_t seed,
+                                                    int64_t epoch) {
   LATHE_CHECK(n > 0 && batch_size > 0);
   std::vector<int64_t> order(n);
   for (int64_t i = 0; i < n; ++i) order[i] = i;
   // Own Fisher-Yates over mt19937_64 (std::shuffle's output differs between standard libraries).
-  std::seed_seq seq{(uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)epoch, (uint32_t)((uint64_t)epoch >> 32),
-                    0x6c617468u};
+  std::seed_seq seq{(uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)epoch,
+                    (uint32_t)((uint64_t)epoch >> 32), 0x6c617468u};
   std::mt19937_64 rng(seq);
   for (int64_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % (uint64_t)i]);
   std::vector<std::vector<int64_t>> out;

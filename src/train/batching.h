@@ -32,13 +32,14 @@ struct StepPlan {
   int64_t micro_batches_per_epoch = 0;  // ceil(samples / batch_size)
   int64_t steps_per_epoch = 0;          // ceil(micro_batches_per_epoch / grad_accum)
   int64_t total_steps = 0;              // max_steps if > 0, else ceil(epochs * steps_per_epoch)
-  double num_train_epochs = 0;          // epochs the run covers (ceil(total / steps_per_epoch) with max_steps)
+  double num_train_epochs = 0;  // epochs the run covers (ceil(total / steps_per_epoch) with max_steps)
 };
 StepPlan PlanSteps(int64_t num_samples, int64_t batch_size, int64_t grad_accum, double num_train_epochs,
                    int64_t max_steps);
 
 // The micro-batches of one epoch: a permutation of [0, n) derived from (seed, epoch) only, cut
 // into consecutive groups of batch_size (the last may be shorter).
-std::vector<std::vector<int64_t>> EpochMicroBatches(int64_t n, int64_t batch_size, uint64_t seed, int64_t epoch);
+std::vector<std::vector<int64_t>> EpochMicroBatches(int64_t n, int64_t batch_size, uint64_t seed,
+                                                    int64_t epoch);
 
 }  // namespace lathe::train

@@ -34,15 +34,14 @@ json TrainerState::ToJson() const {
   j["num_input_tokens_seen"] = num_input_tokens_seen;
   j["num_train_epochs"] = num_train_epochs;
   j["save_steps"] = save_steps;
-  j["stateful_callbacks"] = {
-      {"TrainerControl",
-       {{"args",
-         {{"should_epoch_stop", false},
-          {"should_evaluate", false},
-          {"should_log", false},
-          {"should_save", true},
-          {"should_training_stop", should_training_stop}}},
-        {"attributes", json::object()}}}};
+  j["stateful_callbacks"] = {{"TrainerControl",
+                              {{"args",
+                                {{"should_epoch_stop", false},
+                                 {"should_evaluate", false},
+                                 {"should_log", false},
+                                 {"should_save", true},
+                                 {"should_training_stop", should_training_stop}}},
+                               {"attributes", json::object()}}}};
   j["total_flos"] = total_flos;
   j["train_batch_size"] = train_batch_size;
   j["trial_name"] = nullptr;
@@ -80,7 +79,7 @@ Result<std::string> WriteCheckpoint(const std::string& output_dir, int64_t step,
                                     const std::function<Status(const std::string& dir)>& write) {
   std::string final_dir = (fs::path(output_dir) / ("checkpoint-" + std::to_string(step))).string();
   std::string tmp_dir = (fs::path(output_dir) / (".checkpoint-" + std::to_string(step) + ".tmp." +
-                                                  std::to_string((long long)getpid())))
+                                                 std::to_string((long long)getpid())))
                             .string();
   std::error_code ec;
   fs::remove_all(tmp_dir, ec);
@@ -124,16 +123,18 @@ Result<std::vector<std::string>> RotateCheckpoints(const std::string& output_dir
   for (size_t i = 0; i + (size_t)limit < cps.size(); ++i) {
     std::error_code ec;
     fs::remove_all(cps[i], ec);
-    if (ec) return Status::Error("save_total_limit: cannot delete old checkpoint '" + cps[i] + "': " + ec.message());
+    if (ec)
+      return Status::Error("save_total_limit: cannot delete old checkpoint '" + cps[i] +
+                           "': " + ec.message());
     deleted.push_back(cps[i]);
   }
   return deleted;
 }
 
 std::vector<std::pair<std::string, std::string>> TokenizerFiles(const std::string& tokenizer) {
-  static const char* const kNames[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                       "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-                                       "chat_template.jinja"};
+  static const char* const kNames[] = {
+      "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
+      "merges.txt",     "added_tokens.json",     "chat_template.jinja"};
   std::vector<std::pair<std::string, std::string>> out;
   std::error_code ec;
   fs::path p(tokenizer);
@@ -191,7 +192,8 @@ json TrainLogJson(const TrainLogLine& l) {
   j["loss"] = l.loss;
   j["lr"] = l.lr;
   j["epoch"] = std::round(l.epoch * 100) / 100;
-  j["percentage"] = l.total_steps > 0 ? std::round(10000.0 * (double)l.step / (double)l.total_steps) / 100 : 0.0;
+  j["percentage"] =
+      l.total_steps > 0 ? std::round(10000.0 * (double)l.step / (double)l.total_steps) / 100 : 0.0;
   j["elapsed_time"] = monitor::FormatDuration(l.elapsed_s);
   double remaining = l.step > 0 ? l.elapsed_s / (double)l.step * (double)(l.total_steps - l.step) : -1;
   j["remaining_time"] = monitor::FormatDuration(remaining);

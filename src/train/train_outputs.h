@@ -30,7 +30,8 @@ struct TrainerState {
   double total_flos = 0;
   int64_t num_input_tokens_seen = 0;
   bool should_training_stop = false;
-  std::vector<nlohmann::json> log_history;  // {step, epoch, loss, learning_rate, grad_norm} | {eval_loss, ...}
+  std::vector<nlohmann::json>
+      log_history;  // {step, epoch, loss, learning_rate, grad_norm} | {eval_loss, ...}
   nlohmann::json ToJson() const;
 };
 

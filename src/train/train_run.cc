@@ -34,9 +34,10 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   LATHE_RETURN_IF_ERROR(CheckTrainerConfig(c));
   std::error_code ec;
   if (!fs::exists(c.model_name_or_path, ec)) {
-    return Status::Error("key 'model_name_or_path': '" + c.model_name_or_path +
-                         "' does not exist (expected a .gguf file, an HF model directory or a llama2.c .bin; models "
-                         "are not downloaded)");
+    return Status::Error(
+        "key 'model_name_or_path': '" + c.model_name_or_path +
+        "' does not exist (expected a .gguf file, an HF model directory or a llama2.c .bin; models "
+        "are not downloaded)");
   }
   tokenizer::ChatTemplate tmpl = tokenizer::ChatTemplate::Detect("");
   if (!c.template_name.empty()) {
@@ -57,7 +58,8 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
     std::fprintf(o.log, "model: %s (%s) %s\n", c.model_name_or_path.c_str(), lm.format.c_str(),
                  lm.weights.config.Summary().c_str());
     if (c.stage == "sft") std::fprintf(o.log, "template: %s\n", tmpl.name().c_str());
-    for (const std::string& k : c.ignored_keys) std::fprintf(o.log, "note: key '%s' has no effect in lathe\n", k.c_str());
+    for (const std::string& k : c.ignored_keys)
+      std::fprintf(o.log, "note: key '%s' has no effect in lathe\n", k.c_str());
   }
 
   LATHE_ASSIGN_OR_RETURN(DatasetSplit data, BuildDatasets(c, tok, tmpl));
@@ -68,17 +70,20 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
     ec_cfg.val_size = 0;
     ec_cfg.packing = false;
     LATHE_ASSIGN_OR_RETURN(DatasetSplit ev, BuildDatasets(ec_cfg, tok, tmpl));
-    data.eval.insert(data.eval.end(), std::make_move_iterator(ev.train.begin()), std::make_move_iterator(ev.train.end()));
+    data.eval.insert(data.eval.end(), std::make_move_iterator(ev.train.begin()),
+                     std::make_move_iterator(ev.train.end()));
   }
   if (o.log) {
-    std::fprintf(o.log, "data: %lld records -> %zu train / %zu eval samples (%lld truncated to cutoff_len %lld, %lld "
-                 "without target tokens dropped)\n",
-                 (long long)data.examples, data.train.size(), data.eval.size(), (long long)data.truncated,
-                 (long long)c.cutoff_len, (long long)data.dropped);
+    std::fprintf(
+        o.log,
+        "data: %lld records -> %zu train / %zu eval samples (%lld truncated to cutoff_len %lld, %lld "
+        "without target tokens dropped)\n",
+        (long long)data.examples, data.train.size(), data.eval.size(), (long long)data.truncated,
+        (long long)c.cutoff_len, (long long)data.dropped);
   }
 
   model::TrainModelOptions mo;
-  mo.method = c.finetuning_type == "lora" ? model::FinetuneMethod::kLora
+  mo.method = c.finetuning_type == "lora"   ? model::FinetuneMethod::kLora
               : c.finetuning_type == "full" ? model::FinetuneMethod::kFull
                                             : model::FinetuneMethod::kFreeze;
   mo.lora_rank = c.lora_rank;
@@ -94,15 +99,16 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   mo.seed = (uint64_t)c.seed;
 
   ThreadPool pool(o.threads);
-  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<model::TrainModel> tm, model::TrainModel::Create(lm.weights, pool, mo));
+  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<model::TrainModel> tm,
+                         model::TrainModel::Create(lm.weights, pool, mo));
 
   TrainerEnv env;
   env.base_model_name = c.model_name_or_path;
   // The tokenizer the run used travels with the weights when it is made of HF / SentencePiece
   // files (a GGUF's or llama2.c tokenizer has no such file to copy).
   env.tokenizer_files = TokenizerFiles(!o.tokenizer_path.empty() ? o.tokenizer_path
-                                       : lm.format == "hf"        ? c.model_name_or_path
-                                                                  : std::string());
+                                       : lm.format == "hf"       ? c.model_name_or_path
+                                                                 : std::string());
   // Pad with EOS (as LLaMA-Factory does when a tokenizer has no pad token); labels mask it anyway.
   env.pad_id = tok.eos_id() >= 0 ? tok.eos_id() : 0;
   const model::ModelConfig& mc = lm.weights.config;
@@ -112,11 +118,15 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, *tm, std::move(data), env));
   LATHE_ASSIGN_OR_RETURN(TrainSummary s, trainer->Run());
   if (o.log && env.tokenizer_files.empty() && c.finetuning_type != "lora") {
-    std::string hint = lm.format == "gguf" ? "--tokenizer " + c.model_name_or_path
-                                           : std::string("--tokenizer with the tokenizer file beside the .bin");
-    std::fprintf(o.log, "note: the model came from a %s file, so %s has no tokenizer files; load it with %s\n",
-                 lm.format.c_str(), c.output_dir.c_str(), o.tokenizer_path.empty() ? hint.c_str()
-                                                                                   : ("--tokenizer " + o.tokenizer_path).c_str());
+    std::string hint =
+        lm.format == "gguf"
+            ? "--tokenizer " + c.model_name_or_path
+            : std::string(
+                  "--tokenizer pointing at the tokenizer beside the .bin (tok<vocab>.bin, tokenizer.bin)");
+    std::fprintf(o.log,
+                 "note: the model came from a %s file, so %s has no tokenizer files; load it with %s\n",
+                 lm.format.c_str(), c.output_dir.c_str(),
+                 o.tokenizer_path.empty() ? hint.c_str() : ("--tokenizer " + o.tokenizer_path).c_str());
   }
   return s;
 }

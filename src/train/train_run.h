@@ -16,7 +16,7 @@ struct RunOptions {
   int threads = 1;
   std::string tokenizer_path;  // overrides the model's tokenizer (as --tokenizer elsewhere)
   FILE* log = stderr;
-  bool interactive = false;    // progress line redrawn with \r
+  bool interactive = false;  // progress line redrawn with \r
 };
 
 Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& options);

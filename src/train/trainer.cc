@@ -41,18 +41,22 @@ std::string TensorBoardDir(const std::string& output_dir) {
 
 Status CheckTrainerConfig(const TrainConfig& c) {
   if (c.optim == "adamw_8bit" || c.optim == "paged_adamw_8bit" || c.optim == "paged_adamw_32bit") {
-    return Status::Error("key 'optim': '" + c.optim +
-                         "' is not available yet (8-bit and paged optimizers come later); use adamw_torch or sgd");
+    return Status::Error(
+        "key 'optim': '" + c.optim +
+        "' is not available yet (8-bit and paged optimizers come later); use adamw_torch or sgd");
   }
-  if (c.fp16) return Status::Error("key 'fp16': fp16 mixed precision is not supported on CPU; use bf16: true");
+  if (c.fp16)
+    return Status::Error("key 'fp16': fp16 mixed precision is not supported on CPU; use bf16: true");
   if (c.pure_bf16) {
-    return Status::Error("key 'pure_bf16': not available yet; use bf16: true (bf16 matmuls, f32 master weights)");
+    return Status::Error(
+        "key 'pure_bf16': not available yet; use bf16: true (bf16 matmuls, f32 master weights)");
   }
   if (!c.resume_from_checkpoint.empty()) {
     return Status::Error("key 'resume_from_checkpoint': resuming a run is not available yet");
   }
   if (!c.adapter_name_or_path.empty()) {
-    return Status::Error("key 'adapter_name_or_path': continuing from an existing adapter is not available yet");
+    return Status::Error(
+        "key 'adapter_name_or_path': continuing from an existing adapter is not available yet");
   }
   if (!c.do_train) return Status::Error("key 'do_train': only training runs are supported (do_train: true)");
   if (c.finetuning_type == "lora") LATHE_RETURN_IF_ERROR(ParseLoraTargets(c.lora_target).status());
@@ -85,9 +89,10 @@ Result<std::vector<model::LoraModule>> ParseLoraTargets(const std::vector<std::s
     }
     if (!found) {
       std::string near = Nearest(n, valid);
-      return Status::Error("key 'lora_target': '" + n +
-                           "' is not a module (all, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)" +
-                           (near.empty() ? std::string() : " (did you mean '" + near + "'?)"));
+      return Status::Error(
+          "key 'lora_target': '" + n +
+          "' is not a module (all, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)" +
+          (near.empty() ? std::string() : " (did you mean '" + near + "'?)"));
     }
   }
   if (out.empty()) return Status::Error("key 'lora_target': no modules given");
@@ -112,10 +117,10 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config, mode
     for (const TokenizedSample& s : *split) longest = std::max<int64_t>(longest, (int64_t)s.input_ids.size());
   }
   if (longest > model.config().max_seq_len) {
-    return Status::Error(StrFormat("key 'cutoff_len': samples of up to %lld tokens exceed the model's context of "
-                                   "%lld tokens; set cutoff_len <= %lld",
-                                   (long long)longest, (long long)model.config().max_seq_len,
-                                   (long long)model.config().max_seq_len));
+    return Status::Error(StrFormat(
+        "key 'cutoff_len': samples of up to %lld tokens exceed the model's context of "
+        "%lld tokens; set cutoff_len <= %lld",
+        (long long)longest, (long long)model.config().max_seq_len, (long long)model.config().max_seq_len));
   }
   if (config.eval_strategy != "no" && data.eval.empty()) {
     return Status::Error("key 'eval_strategy': '" + config.eval_strategy +
@@ -125,9 +130,11 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config, mode
   t->plan_ = PlanSteps((int64_t)t->data_.train.size(), config.per_device_train_batch_size,
                        config.gradient_accumulation_steps, config.num_train_epochs, config.max_steps);
   if (t->plan_.total_steps <= 0) {
-    return Status::Error("key 'num_train_epochs': the run has no optimizer steps (set num_train_epochs > 0 or max_steps)");
+    return Status::Error(
+        "key 'num_train_epochs': the run has no optimizer steps (set num_train_epochs > 0 or max_steps)");
   }
-  if (config.eval_strategy == "steps") t->eval_every_ = config.eval_steps > 0 ? config.eval_steps : config.logging_steps;
+  if (config.eval_strategy == "steps")
+    t->eval_every_ = config.eval_steps > 0 ? config.eval_steps : config.logging_steps;
   return t;
 }
 
@@ -173,8 +180,9 @@ Status Trainer::EvalAndLog(double epoch) {
                                        {"epoch", std::round(epoch * 100) / 100},
                                        {"step", state_.global_step}}));
   if (tb_) LATHE_RETURN_IF_ERROR(tb_->AddScalar("eval/loss", state_.global_step, loss));
-  Say(StrFormat("step %lld/%lld | epoch %.2f | eval_loss %.4f (%lld samples, %.1f s)", (long long)state_.global_step,
-                (long long)plan_.total_steps, epoch, loss, (long long)n, runtime));
+  Say(StrFormat("step %lld/%lld | epoch %.2f | eval_loss %.4f (%lld samples, %.1f s)",
+                (long long)state_.global_step, (long long)plan_.total_steps, epoch, loss, (long long)n,
+                runtime));
   return Status::Ok();
 }
 
@@ -200,7 +208,9 @@ Result<TrainSummary> Trainer::Run() {
     for (const std::string& cp : ListCheckpoints(out)) {
       std::error_code ec;
       fs::remove_all(cp, ec);
-      if (ec) return Status::Error("overwrite_output_dir: cannot delete old checkpoint '" + cp + "': " + ec.message());
+      if (ec)
+        return Status::Error("overwrite_output_dir: cannot delete old checkpoint '" + cp +
+                             "': " + ec.message());
       Say("overwrite_output_dir: removed " + cp + " of an earlier run");
     }
   }
@@ -210,8 +220,9 @@ Result<TrainSummary> Trainer::Run() {
   }
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, MakeOptimizer(c));
   const int64_t total = plan_.total_steps;
-  LATHE_ASSIGN_OR_RETURN(LrSchedule sched, LrSchedule::Make(c.lr_scheduler_type, c.learning_rate,
-                                                            WarmupSteps(c.warmup_steps, c.warmup_ratio, total), total));
+  LATHE_ASSIGN_OR_RETURN(LrSchedule sched,
+                         LrSchedule::Make(c.lr_scheduler_type, c.learning_rate,
+                                          WarmupSteps(c.warmup_steps, c.warmup_ratio, total), total));
   std::vector<ParamRef> params;
   int64_t trainable = 0;
   for (const model::TrainableTensor& t : model_.params()) {
@@ -227,11 +238,12 @@ Result<TrainSummary> Trainer::Run() {
   state_.train_batch_size = c.per_device_train_batch_size;
 
   if (env_.log) {
-    Say(StrFormat("training: %zu samples (%zu eval), %g epochs, %lld steps of %lld x %lld samples, %lld trainable "
-                  "params (%s)",
-                  data_.train.size(), data_.eval.size(), plan_.num_train_epochs, (long long)total,
-                  (long long)c.per_device_train_batch_size, (long long)c.gradient_accumulation_steps,
-                  (long long)trainable, c.finetuning_type.c_str()));
+    Say(StrFormat(
+        "training: %zu samples (%zu eval), %g epochs, %lld steps of %lld x %lld samples, %lld trainable "
+        "params (%s)",
+        data_.train.size(), data_.eval.size(), plan_.num_train_epochs, (long long)total,
+        (long long)c.per_device_train_batch_size, (long long)c.gradient_accumulation_steps,
+        (long long)trainable, c.finetuning_type.c_str()));
   }
 
   model_.ZeroGrad();
@@ -265,9 +277,10 @@ Result<TrainSummary> Trainer::Run() {
       double step_loss = loss_sum / normalizer;
       last_grad_norm = ClipGradNorm(params, c.max_grad_norm);
       if (!std::isfinite(last_grad_norm) || !std::isfinite(step_loss)) {
-        return Status::Error(StrFormat("step %lld: the loss or gradient is not finite (loss %g, grad_norm %g); lower "
-                                       "learning_rate or set max_grad_norm",
-                                       (long long)state_.global_step + 1, step_loss, last_grad_norm));
+        return Status::Error(
+            StrFormat("step %lld: the loss or gradient is not finite (loss %g, grad_norm %g); lower "
+                      "learning_rate or set max_grad_norm",
+                      (long long)state_.global_step + 1, step_loss, last_grad_norm));
       }
       opt->Step(params, sched.At(state_.global_step));
       model_.ZeroGrad();
@@ -281,8 +294,12 @@ Result<TrainSummary> Trainer::Run() {
       loss_total += step_loss;
       interval_steps++;
       double now = NowSeconds();
-      monitor::ProgressState ps{state_.global_step, total, step_loss, last_lr,
-                                (double)summary_.train_tokens / std::max(now - start_s_, 1e-9), now - start_s_,
+      monitor::ProgressState ps{state_.global_step,
+                                total,
+                                step_loss,
+                                last_lr,
+                                (double)summary_.train_tokens / std::max(now - start_s_, 1e-9),
+                                now - start_s_,
                                 monitor::CurrentRssBytes()};
       bar_->Update(ps, state_.global_step == total);
 
@@ -294,8 +311,9 @@ Result<TrainSummary> Trainer::Run() {
                                       {"learning_rate", last_lr},
                                       {"loss", Round4(loss)},
                                       {"step", state_.global_step}});
-        TrainLogLine line{state_.global_step, total, epoch_f, loss, last_lr, last_grad_norm, now - start_s_, tps,
-                          summary_.train_tokens, ps.rss_bytes};
+        TrainLogLine line{
+            state_.global_step,    total,       epoch_f, loss, last_lr, last_grad_norm, now - start_s_, tps,
+            summary_.train_tokens, ps.rss_bytes};
         LATHE_RETURN_IF_ERROR(jsonl_.Append(TrainLogJson(line)));
         if (tb_) {
           LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/loss", state_.global_step, loss));
@@ -318,9 +336,9 @@ Result<TrainSummary> Trainer::Run() {
       }
       if (state_.global_step % c.save_steps == 0) {
         state_.should_training_stop = state_.global_step == total;
-        LATHE_ASSIGN_OR_RETURN(std::string cp, WriteCheckpoint(out, state_.global_step, [&](const std::string& dir) {
-                                 return SaveModelFiles(dir);
-                               }));
+        LATHE_ASSIGN_OR_RETURN(std::string cp,
+                               WriteCheckpoint(out, state_.global_step,
+                                               [&](const std::string& dir) { return SaveModelFiles(dir); }));
         LATHE_ASSIGN_OR_RETURN(std::vector<std::string> deleted, RotateCheckpoints(out, c.save_total_limit));
         Say("saved " + cp + (deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " old)"));
       }
@@ -337,8 +355,9 @@ Result<TrainSummary> Trainer::Run() {
   summary_.train_loss = loss_total / (double)std::max<int64_t>(state_.global_step, 1);
   summary_.train_runtime = NowSeconds() - start_s_;
   summary_.epoch = epoch_f;
-  double samples = c.max_steps > 0 ? (double)(total * c.per_device_train_batch_size * c.gradient_accumulation_steps)
-                                   : (double)n_train * c.num_train_epochs;
+  double samples = c.max_steps > 0
+                       ? (double)(total * c.per_device_train_batch_size * c.gradient_accumulation_steps)
+                       : (double)n_train * c.num_train_epochs;
   double rt = std::max(summary_.train_runtime, 1e-9);
   json train_metrics = {{"epoch", epoch_f},
                         {"total_flos", state_.total_flos},
@@ -371,7 +390,9 @@ Result<TrainSummary> Trainer::Run() {
   if (env_.log) {
     Say(StrFormat("done: %lld steps in %s, train_loss %.4f%s; wrote %s", (long long)state_.global_step,
                   monitor::FormatDuration(summary_.train_runtime).c_str(), summary_.train_loss,
-                  summary_.eval_losses.empty() ? "" : StrFormat(", eval_loss %.4f", summary_.eval_losses.back()).c_str(),
+                  summary_.eval_losses.empty()
+                      ? ""
+                      : StrFormat(", eval_loss %.4f", summary_.eval_losses.back()).c_str(),
                   out.c_str()));
   }
   return summary_;

@@ -35,19 +35,19 @@ Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& config);
 
 // Everything the loop needs besides the config and the model.
 struct TrainerEnv {
-  std::string base_model_name;       // adapter_config.json base_model_name_or_path
+  std::string base_model_name;  // adapter_config.json base_model_name_or_path
   // Tokenizer files copied beside the weights: (source path, name), see TokenizerFiles().
   std::vector<std::pair<std::string, std::string>> tokenizer_files;
-  int32_t pad_id = 0;                // input id of padded positions (their labels are ignored)
-  int64_t flops_params = 0;          // parameters counted in total_flos (6 * params * tokens)
-  FILE* log = stderr;                // progress bar and log lines; nullptr = silent
-  bool interactive = false;          // redraw a progress line with \r (stderr is a terminal)
+  int32_t pad_id = 0;        // input id of padded positions (their labels are ignored)
+  int64_t flops_params = 0;  // parameters counted in total_flos (6 * params * tokens)
+  FILE* log = stderr;        // progress bar and log lines; nullptr = silent
+  bool interactive = false;  // redraw a progress line with \r (stderr is a terminal)
 };
 
 struct TrainSummary {
   int64_t global_step = 0;
-  double train_loss = 0;      // mean of the per-step losses
-  double train_runtime = 0;   // seconds
+  double train_loss = 0;     // mean of the per-step losses
+  double train_runtime = 0;  // seconds
   double epoch = 0;
   std::vector<double> eval_losses;  // in order of evaluation
   std::vector<double> step_losses;  // per optimizer step

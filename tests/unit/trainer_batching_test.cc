@@ -19,14 +19,16 @@ TokenizedSample Sample(std::vector<int32_t> ids, std::vector<int32_t> labels, st
 }
 
 TEST(TrainerCollate, PadsToLongestWithIgnoredLabels) {
-  std::vector<TokenizedSample> s = {Sample({1, 5, 6}, {-100, 5, 6}), Sample({1, 7, 8, 9, 2}, {-100, -100, 8, 9, 2}),
+  std::vector<TokenizedSample> s = {Sample({1, 5, 6}, {-100, 5, 6}),
+                                    Sample({1, 7, 8, 9, 2}, {-100, -100, 8, 9, 2}),
                                     Sample({1, 3}, {-100, 3})};
   std::vector<int64_t> idx = {2, 0, 1};
   Batch b = Collate(s, idx, /*pad_id=*/0);
   EXPECT_EQ(b.B, 3);
   EXPECT_EQ(b.T, 5);
   EXPECT_EQ(b.input_ids, (std::vector<int32_t>{1, 3, 0, 0, 0, 1, 5, 6, 0, 0, 1, 7, 8, 9, 2}));
-  EXPECT_EQ(b.labels, (std::vector<int32_t>{-100, 3, -100, -100, -100, -100, 5, 6, -100, -100, -100, -100, 8, 9, 2}));
+  EXPECT_EQ(b.labels,
+            (std::vector<int32_t>{-100, 3, -100, -100, -100, -100, 5, 6, -100, -100, -100, -100, 8, 9, 2}));
   EXPECT_TRUE(b.segment_ids.empty());  // no row packs several samples
   EXPECT_EQ(b.target_tokens, 1 + 2 + 3);
   EXPECT_EQ(b.real_tokens, 2 + 3 + 5);

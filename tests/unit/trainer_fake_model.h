@@ -18,7 +18,8 @@ class FakeTrainModel final : public model::TrainModel {
     double normalizer;
     std::vector<int32_t> input_ids, labels, segment_ids;
   };
-  explicit FakeTrainModel(int64_t vocab, int64_t max_seq_len = 512) : w_(vocab, 0.f), gw_(vocab, 0.f), n_(4, 1.f), gn_(4, 0.f) {
+  explicit FakeTrainModel(int64_t vocab, int64_t max_seq_len = 512)
+      : w_(vocab, 0.f), gw_(vocab, 0.f), n_(4, 1.f), gn_(4, 0.f) {
     config_.vocab_size = vocab;
     config_.max_seq_len = max_seq_len;
     params_.push_back({"logits.weight", {vocab}, w_.data(), gw_.data(), vocab, true});
@@ -32,8 +33,12 @@ class FakeTrainModel final : public model::TrainModel {
     std::fill(gn_.begin(), gn_.end(), 0.f);
   }
   Result<double> ForwardBackward(const model::TrainBatch& b, double normalizer) override {
-    seen.push_back({b.B, b.T, normalizer, {b.input_ids.begin(), b.input_ids.end()},
-                    {b.labels.begin(), b.labels.end()}, {b.segment_ids.begin(), b.segment_ids.end()}});
+    seen.push_back({b.B,
+                    b.T,
+                    normalizer,
+                    {b.input_ids.begin(), b.input_ids.end()},
+                    {b.labels.begin(), b.labels.end()},
+                    {b.segment_ids.begin(), b.segment_ids.end()}});
     int64_t n = 0;
     double loss = Run(b, &n, normalizer, true);
     return loss;

@@ -193,13 +193,14 @@ TEST(TrainerLoop, OutputsLogsAndCheckpoints) {
   EXPECT_EQ(h[0]["step"], 3);
   EXPECT_EQ(h[2]["step"], 9);
   for (int i = 0; i < 3; ++i) {
-    for (const char* k : {"epoch", "loss", "learning_rate", "grad_norm", "step"}) EXPECT_TRUE(h[i].contains(k)) << k;
+    for (const char* k : {"epoch", "loss", "learning_rate", "grad_norm", "step"})
+      EXPECT_TRUE(h[i].contains(k)) << k;
   }
   // Linear decay from 0.05 over 10 steps: after step 3 the scheduler is at 0.05 * 7 / 10.
   EXPECT_NEAR(h[0]["learning_rate"].get<double>(), 0.035, 1e-12);
   EXPECT_NEAR(h[0]["epoch"].get<double>(), 0.3, 1e-12);
-  EXPECT_NEAR(h[0]["loss"].get<double>(), std::round((s->step_losses[0] + s->step_losses[1] + s->step_losses[2]) / 3 * 1e4) / 1e4,
-              1e-12);
+  EXPECT_NEAR(h[0]["loss"].get<double>(),
+              std::round((s->step_losses[0] + s->step_losses[1] + s->step_losses[2]) / 3 * 1e4) / 1e4, 1e-12);
   EXPECT_TRUE(h[3].contains("eval_loss"));
   EXPECT_EQ(h[3]["step"], 10);
   EXPECT_TRUE(h[4].contains("train_loss"));
@@ -324,11 +325,13 @@ TEST(TrainerConfigErrors, NameTheKey) {
 TEST(TrainerConfigErrors, LoraTargetsByNameAndShortName) {
   auto t = ParseLoraTargets({"q_proj", "v", "down_proj"});
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ(*t, (std::vector<model::LoraModule>{model::LoraModule::kQ, model::LoraModule::kV, model::LoraModule::kDown}));
+  EXPECT_EQ(*t, (std::vector<model::LoraModule>{model::LoraModule::kQ, model::LoraModule::kV,
+                                                model::LoraModule::kDown}));
   EXPECT_EQ(ParseLoraTargets({"all"})->size(), (size_t)model::LoraModule::kCount);
   auto bad = ParseLoraTargets({"q_prj"});
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("did you mean 'q_proj'"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("did you mean 'q_proj'"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(TrainerConfigErrors, DataProblemsNameTheKey) {

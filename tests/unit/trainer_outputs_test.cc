@@ -36,12 +36,14 @@ TEST(TrainerState, HfSchemaKeysAndTypes) {
   s.save_steps = 500;
   s.train_batch_size = 2;
   s.total_flos = 1.5e9;
-  s.log_history.push_back({{"epoch", 1.0}, {"grad_norm", 0.5}, {"learning_rate", 3e-5}, {"loss", 2.25}, {"step", 10}});
+  s.log_history.push_back(
+      {{"epoch", 1.0}, {"grad_norm", 0.5}, {"learning_rate", 3e-5}, {"loss", 2.25}, {"step", 10}});
   json j = s.ToJson();
-  for (const char* k : {"best_metric", "best_model_checkpoint", "epoch", "eval_steps", "global_step",
-                        "is_hyper_param_search", "is_local_process_zero", "is_world_process_zero", "log_history",
-                        "logging_steps", "max_steps", "num_input_tokens_seen", "num_train_epochs", "save_steps",
-                        "stateful_callbacks", "total_flos", "train_batch_size", "trial_name", "trial_params"}) {
+  for (const char* k :
+       {"best_metric", "best_model_checkpoint", "epoch", "eval_steps", "global_step", "is_hyper_param_search",
+        "is_local_process_zero", "is_world_process_zero", "log_history", "logging_steps", "max_steps",
+        "num_input_tokens_seen", "num_train_epochs", "save_steps", "stateful_callbacks", "total_flos",
+        "train_batch_size", "trial_name", "trial_params"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   EXPECT_TRUE(j["best_metric"].is_null());
@@ -140,9 +142,10 @@ TEST(TrainerCheckpoint, WrittenUnderTempNameThenRenamed) {
 
 TEST(TrainerCheckpoint, RotationKeepsNewestAndSortsNumerically) {
   TempDir d;
-  for (int step : {5, 10, 15, 20, 100}) fs::create_directories(d.path + "/checkpoint-" + std::to_string(step));
-  fs::create_directories(d.path + "/checkpoint-abc");   // not a checkpoint
-  std::ofstream(d.path + "/checkpoint-3") << "file";     // not a directory
+  for (int step : {5, 10, 15, 20, 100})
+    fs::create_directories(d.path + "/checkpoint-" + std::to_string(step));
+  fs::create_directories(d.path + "/checkpoint-abc");  // not a checkpoint
+  std::ofstream(d.path + "/checkpoint-3") << "file";   // not a directory
   auto list = ListCheckpoints(d.path);
   ASSERT_EQ(list.size(), 5u);
   EXPECT_EQ(list.back(), d.path + "/checkpoint-100");  // 100 > 20 although "100" < "20" as text
@@ -161,7 +164,8 @@ TEST(TrainerCheckpoint, RotationKeepsNewestAndSortsNumerically) {
 
 TEST(TrainerTokenizerFiles, FromHfDirTokenizerJsonOrSentencePieceModel) {
   TempDir src, dst;
-  for (const char* n : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "model.safetensors"}) {
+  for (const char* n :
+       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "model.safetensors"}) {
     std::ofstream(src.path + "/" + n) << n;
   }
   std::ofstream(src.path + "/tok512.model") << "spm";
