@@ -99,6 +99,30 @@ for tag in train/loss train/learning_rate train/grad_norm eval/loss; do
   check "tensorboard tag $tag" grep -qa "$tag" "$ev"
 done
 
+# TensorBoard's own reader sees the scalars (tensorboard from PyPI in a cached venv; this check
+# is skipped, with a message, only when PyPI cannot be reached).
+tbvenv="${XDG_CACHE_HOME:-$HOME/.cache}/lathe/tb-venv"
+if [ ! -x "$tbvenv/bin/python" ] || ! "$tbvenv/bin/python" -c "import tensorboard" 2> /dev/null; then
+  (python3 -m venv "$tbvenv" && "$tbvenv/bin/pip" install -q tensorboard==2.18.0) > "$tmp/pip.log" 2>&1 || true
+fi
+if "$tbvenv/bin/python" -c "import tensorboard" 2> /dev/null; then
+  check "tensorboard reads the run" "$tbvenv/bin/python" - "$tmp/lora/runs" <<'PY'
+import glob, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+runs = glob.glob(sys.argv[1] + "/*")
+assert len(runs) == 1, runs
+acc = EventAccumulator(runs[0])
+acc.Reload()
+tags = set(acc.Tags()["scalars"])
+assert {"train/loss", "train/learning_rate", "train/grad_norm", "eval/loss"} <= tags, tags
+assert [s.step for s in acc.Scalars("train/loss")] == [5, 10, 15, 20, 25, 30]
+ev = acc.Scalars("eval/loss")
+assert [s.step for s in ev] == [10, 20, 30] and ev[-1].value < ev[0].value, ev
+PY
+else
+  echo "SKIP: tensorboard reader check (could not install tensorboard from PyPI: $(tail -1 "$tmp/pip.log"))"
+fi
+
 # 2. The adapter loads into generate and changes its output.
 "$LATHE" generate -m "$STORIES/stories260K.gguf" -p "Once upon a time" -n 24 --temp 0 --json > "$tmp/base.json"
 "$LATHE" generate -m "$STORIES/stories260K.gguf" --adapter "$tmp/lora" -p "Once upon a time" -n 24 --temp 0 --json \
