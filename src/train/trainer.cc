@@ -214,6 +214,16 @@ Result<TrainSummary> Trainer::Run() {
       Say("overwrite_output_dir: removed " + cp + " of an earlier run");
     }
   }
+  {  // Temporary checkpoint dirs of a run that was killed mid-save.
+    std::error_code ec;
+    for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+      std::string name = it->path().filename().string();
+      if (name.rfind(".checkpoint-", 0) == 0 && name.find(".tmp.") != std::string::npos) {
+        std::error_code rm_ec;
+        fs::remove_all(it->path(), rm_ec);
+      }
+    }
+  }
   LATHE_RETURN_IF_ERROR(jsonl_.Open((fs::path(out) / "trainer_log.jsonl").string()));
   if (std::find(c.report_to.begin(), c.report_to.end(), "tensorboard") != c.report_to.end()) {
     LATHE_ASSIGN_OR_RETURN(tb_, monitor::TensorBoardWriter::Open(TensorBoardDir(out)));
@@ -239,7 +249,7 @@ Result<TrainSummary> Trainer::Run() {
 
   if (env_.log) {
     Say(StrFormat(
-        "training: %zu samples (%zu eval), %g epochs, %lld steps of %lld x %lld samples, %lld trainable "
+        "training: %zu samples (%zu eval), %g epoch(s), %lld steps of %lld x %lld samples, %lld trainable "
         "params (%s)",
         data_.train.size(), data_.eval.size(), plan_.num_train_epochs, (long long)total,
         (long long)c.per_device_train_batch_size, (long long)c.gradient_accumulation_steps,

@@ -238,12 +238,14 @@ TEST(TrainerLoop, OutputsLogsAndCheckpoints) {
   // With it, the run replaces the outputs and the old run's checkpoints go (they would outrank
   // this run's in save_total_limit).
   fs::create_directories(out + "/checkpoint-1000");
+  fs::create_directories(out + "/.checkpoint-4.tmp.12345");  // left by a killed run
   c.overwrite_output_dir = true;
   c.save_steps = 100;
   FakeTrainModel m3(16);
   auto third = Train(c, m3, MakeData(20, 4));
   ASSERT_TRUE(third.ok()) << third.status().message();
   EXPECT_TRUE(ListCheckpoints(out).empty());
+  EXPECT_FALSE(fs::exists(out + "/.checkpoint-4.tmp.12345"));
   EXPECT_EQ(ReadJson(out + "/trainer_state.json")["global_step"], 10);
 }
 
