@@ -22,6 +22,7 @@ const Command kCommands[] = {
     {"convert", lathe::cli::RunConvert, "rewrite a GGUF model in another dtype (f32, f16, bf16, q8_0, q4_0, q4_1)"},
     {"estimate", lathe::cli::RunEstimate, "predicted memory of a training or inference run"},
     {"bench", lathe::cli::RunBench, "inference speed: prefill and decode tok/s, bandwidth"},
+    {"train", lathe::cli::RunTrain, "fine-tune (LoRA, full, freeze) from a LLaMA-Factory-style YAML config"},
 };
 
 void PrintUsage() {

@@ -148,7 +148,7 @@ const std::map<std::string, Setter>& Table() {
       {"warmup_steps", Int(&TrainConfig::warmup_steps, 0)},
       {"weight_decay", Float(&TrainConfig::weight_decay, 0)},
       {"max_grad_norm", Float(&TrainConfig::max_grad_norm, 0)},
-      {"optim", Str(&TrainConfig::optim, {"adamw_torch", "adamw_hf", "adamw_8bit", "paged_adamw_8bit",
+      {"optim", Str(&TrainConfig::optim, {"adamw_torch", "adamw_hf", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit",
                                           "paged_adamw_32bit", "sgd"})},
       {"optim_resident_mb", Int(&TrainConfig::optim_resident_mb, 0)},
       {"quantization_bit", QuantBits()},

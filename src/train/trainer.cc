@@ -1,0 +1,411 @@
+// The training loop: epochs of seeded micro-batches, exact accumulation, clip, optimizer step,
+// logging / eval / checkpoint cadence as the HF Trainer counts steps.
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+
+#include "core/strings.h"
+
+namespace lathe::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Round4(double x) { return std::round(x * 1e4) / 1e4; }
+
+// HF's default logging_dir: output_dir/runs/<Mon DD_HH-MM-SS>_<hostname>.
+std::string TensorBoardDir(const std::string& output_dir) {
+  char stamp[64];
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  std::strftime(stamp, sizeof(stamp), "%b%d_%H-%M-%S", &tm);
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  return (fs::path(output_dir) / "runs" / (std::string(stamp) + "_" + host)).string();
+}
+
+}  // namespace
+
+Status CheckTrainerConfig(const TrainConfig& c) {
+  if (c.optim == "adamw_8bit" || c.optim == "paged_adamw_8bit" || c.optim == "paged_adamw_32bit") {
+    return Status::Error(
+        "key 'optim': '" + c.optim +
+        "' is not available yet (8-bit and paged optimizers come later); use adamw_torch or sgd");
+  }
+  if (c.fp16)
+    return Status::Error("key 'fp16': fp16 mixed precision is not supported on CPU; use bf16: true");
+  if (c.pure_bf16) {
+    return Status::Error(
+        "key 'pure_bf16': not available yet; use bf16: true (bf16 matmuls, f32 master weights)");
+  }
+  if (!c.resume_from_checkpoint.empty()) {
+    return Status::Error("key 'resume_from_checkpoint': resuming a run is not available yet");
+  }
+  if (!c.adapter_name_or_path.empty()) {
+    return Status::Error(
+        "key 'adapter_name_or_path': continuing from an existing adapter is not available yet");
+  }
+  if (!c.do_train) return Status::Error("key 'do_train': only training runs are supported (do_train: true)");
+  if (c.finetuning_type == "lora") LATHE_RETURN_IF_ERROR(ParseLoraTargets(c.lora_target).status());
+  if (c.eval_strategy == "steps" && c.eval_steps == 0 && c.logging_steps <= 0) {
+    return Status::Error("key 'eval_steps': eval_strategy 'steps' needs eval_steps > 0");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<model::LoraModule>> ParseLoraTargets(const std::vector<std::string>& names) {
+  using model::LoraModule;
+  std::vector<LoraModule> out;
+  auto add = [&](LoraModule m) {
+    if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
+  };
+  std::vector<std::string> valid = {"all"};
+  for (int m = 0; m < (int)LoraModule::kCount; ++m) valid.push_back(model::LoraModuleName((LoraModule)m));
+  for (const std::string& n : names) {
+    if (n == "all") {
+      for (int m = 0; m < (int)LoraModule::kCount; ++m) add((LoraModule)m);
+      continue;
+    }
+    bool found = false;
+    for (int m = 0; m < (int)LoraModule::kCount; ++m) {
+      std::string full = model::LoraModuleName((LoraModule)m);  // "q_proj"
+      if (n == full || n + "_proj" == full) {
+        add((LoraModule)m);
+        found = true;
+      }
+    }
+    if (!found) {
+      std::string near = Nearest(n, valid);
+      return Status::Error(
+          "key 'lora_target': '" + n +
+          "' is not a module (all, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)" +
+          (near.empty() ? std::string() : " (did you mean '" + near + "'?)"));
+    }
+  }
+  if (out.empty()) return Status::Error("key 'lora_target': no modules given");
+  return out;
+}
+
+Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& c) {
+  if (c.optim == "adamw_torch" || c.optim == "adamw_hf" || c.optim == "adamw_torch_fused") {
+    return std::unique_ptr<Optimizer>(std::make_unique<AdamW>(0.9, 0.999, 1e-8, c.weight_decay));
+  }
+  if (c.optim == "sgd") return std::unique_ptr<Optimizer>(std::make_unique<Sgd>(c.weight_decay));
+  LATHE_RETURN_IF_ERROR(CheckTrainerConfig(c));
+  return Status::Error("key 'optim': '" + c.optim + "' is not supported (adamw_torch, adamw_hf, sgd)");
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config, model::TrainModel& model,
+                                                 DatasetSplit data, TrainerEnv env) {
+  LATHE_RETURN_IF_ERROR(CheckTrainerConfig(config));
+  if (data.train.empty()) return Status::Error("no training samples");
+  int64_t longest = 0;
+  for (const auto* split : {&data.train, &data.eval}) {
+    for (const TokenizedSample& s : *split) longest = std::max<int64_t>(longest, (int64_t)s.input_ids.size());
+  }
+  if (longest > model.config().max_seq_len) {
+    return Status::Error(StrFormat(
+        "key 'cutoff_len': samples of up to %lld tokens exceed the model's context of "
+        "%lld tokens; set cutoff_len <= %lld",
+        (long long)longest, (long long)model.config().max_seq_len, (long long)model.config().max_seq_len));
+  }
+  if (config.eval_strategy != "no" && data.eval.empty()) {
+    return Status::Error("key 'eval_strategy': '" + config.eval_strategy +
+                         "' needs eval data; set val_size (a fraction or a count) or eval_dataset");
+  }
+  std::unique_ptr<Trainer> t(new Trainer(config, model, std::move(data), std::move(env)));
+  t->plan_ = PlanSteps((int64_t)t->data_.train.size(), config.per_device_train_batch_size,
+                       config.gradient_accumulation_steps, config.num_train_epochs, config.max_steps);
+  if (t->plan_.total_steps <= 0) {
+    return Status::Error(
+        "key 'num_train_epochs': the run has no optimizer steps (set num_train_epochs > 0 or max_steps)");
+  }
+  if (config.eval_strategy == "steps")
+    t->eval_every_ = config.eval_steps > 0 ? config.eval_steps : config.logging_steps;
+  return t;
+}
+
+void Trainer::Say(const std::string& line) {
+  if (bar_ && env_.log) bar_->Print(line);
+}
+
+Result<double> Trainer::Evaluate() {
+  double loss_sum = 0;
+  int64_t targets = 0;
+  const int64_t bs = config_.per_device_eval_batch_size;
+  for (int64_t p = 0; p < (int64_t)data_.eval.size(); p += bs) {
+    std::vector<int64_t> idx;
+    for (int64_t i = p; i < std::min<int64_t>(p + bs, (int64_t)data_.eval.size()); ++i) idx.push_back(i);
+    Batch b = Collate(data_.eval, idx, env_.pad_id);
+    model::TrainBatch tb{b.input_ids, b.labels, b.segment_ids, b.B, b.T};
+    int64_t n = 0;
+    LATHE_ASSIGN_OR_RETURN(double l, model_.Loss(tb, &n));
+    loss_sum += l;
+    targets += n;
+  }
+  if (targets == 0) return Status::Error("eval data has no target tokens");
+  return loss_sum / (double)targets;
+}
+
+Status Trainer::EvalAndLog(double epoch) {
+  double t0 = NowSeconds();
+  LATHE_ASSIGN_OR_RETURN(double loss, Evaluate());
+  double runtime = NowSeconds() - t0;
+  int64_t n = (int64_t)data_.eval.size();
+  int64_t batches = (n + config_.per_device_eval_batch_size - 1) / config_.per_device_eval_batch_size;
+  json e = {{"epoch", epoch},
+            {"eval_loss", loss},
+            {"eval_runtime", Round4(runtime)},
+            {"eval_samples_per_second", Round4(runtime > 0 ? (double)n / runtime : 0)},
+            {"eval_steps_per_second", Round4(runtime > 0 ? (double)batches / runtime : 0)},
+            {"step", state_.global_step}};
+  state_.log_history.push_back(e);
+  summary_.eval_losses.push_back(loss);
+  LATHE_RETURN_IF_ERROR(jsonl_.Append({{"current_steps", state_.global_step},
+                                       {"total_steps", plan_.total_steps},
+                                       {"eval_loss", loss},
+                                       {"epoch", std::round(epoch * 100) / 100},
+                                       {"step", state_.global_step}}));
+  if (tb_) LATHE_RETURN_IF_ERROR(tb_->AddScalar("eval/loss", state_.global_step, loss));
+  Say(StrFormat("step %lld/%lld | epoch %.2f | eval_loss %.4f (%lld samples, %.1f s)",
+                (long long)state_.global_step, (long long)plan_.total_steps, epoch, loss, (long long)n,
+                runtime));
+  return Status::Ok();
+}
+
+Status Trainer::SaveModelFiles(const std::string& dir) const {
+  if (config_.finetuning_type == "lora") {
+    LATHE_RETURN_IF_ERROR(model_.SavePeftAdapter(dir, env_.base_model_name));
+  } else {
+    LATHE_RETURN_IF_ERROR(model_.SaveHfModel(dir, config_.bf16));
+  }
+  LATHE_RETURN_IF_ERROR(CopyFiles(env_.tokenizer_files, dir));
+  return WriteJsonFile((fs::path(dir) / "trainer_state.json").string(), state_.ToJson());
+}
+
+Result<TrainSummary> Trainer::Run() {
+  const TrainConfig& c = config_;
+  const std::string& out = c.output_dir;
+  start_s_ = NowSeconds();
+  summary_ = TrainSummary{};
+  bar_ = std::make_unique<monitor::ProgressBar>(env_.log ? env_.log : stderr, env_.log && env_.interactive);
+  if (c.overwrite_output_dir) {
+    // Checkpoints of an earlier run would count against save_total_limit (and could outrank this
+    // run's newest), so overwriting the output dir removes them.
+    for (const std::string& cp : ListCheckpoints(out)) {
+      std::error_code ec;
+      fs::remove_all(cp, ec);
+      if (ec)
+        return Status::Error("overwrite_output_dir: cannot delete old checkpoint '" + cp +
+                             "': " + ec.message());
+      Say("overwrite_output_dir: removed " + cp + " of an earlier run");
+    }
+  }
+  {  // Temporary checkpoint dirs of a run that was killed mid-save.
+    std::error_code ec;
+    for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+      std::string name = it->path().filename().string();
+      if (name.rfind(".checkpoint-", 0) == 0 && name.find(".tmp.") != std::string::npos) {
+        std::error_code rm_ec;
+        fs::remove_all(it->path(), rm_ec);
+      }
+    }
+  }
+  LATHE_RETURN_IF_ERROR(jsonl_.Open((fs::path(out) / "trainer_log.jsonl").string()));
+  if (std::find(c.report_to.begin(), c.report_to.end(), "tensorboard") != c.report_to.end()) {
+    LATHE_ASSIGN_OR_RETURN(tb_, monitor::TensorBoardWriter::Open(TensorBoardDir(out)));
+  }
+  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, MakeOptimizer(c));
+  const int64_t total = plan_.total_steps;
+  LATHE_ASSIGN_OR_RETURN(LrSchedule sched,
+                         LrSchedule::Make(c.lr_scheduler_type, c.learning_rate,
+                                          WarmupSteps(c.warmup_steps, c.warmup_ratio, total), total));
+  std::vector<ParamRef> params;
+  int64_t trainable = 0;
+  for (const model::TrainableTensor& t : model_.params()) {
+    params.push_back({t.name, t.data, t.grad, t.n, t.decay});
+    trainable += t.n;
+  }
+  state_ = TrainerState{};
+  state_.max_steps = total;
+  state_.num_train_epochs = plan_.num_train_epochs;
+  state_.logging_steps = c.logging_steps;
+  state_.eval_steps = eval_every_ > 0 ? eval_every_ : c.logging_steps;
+  state_.save_steps = c.save_steps;
+  state_.train_batch_size = c.per_device_train_batch_size;
+
+  if (env_.log) {
+    Say(StrFormat(
+        "training: %zu samples (%zu eval), %g epoch(s), %lld steps of %lld x %lld samples, %lld trainable "
+        "params (%s)",
+        data_.train.size(), data_.eval.size(), plan_.num_train_epochs, (long long)total,
+        (long long)c.per_device_train_batch_size, (long long)c.gradient_accumulation_steps,
+        (long long)trainable, c.finetuning_type.c_str()));
+  }
+
+  model_.ZeroGrad();
+  const int64_t n_train = (int64_t)data_.train.size();
+  const int64_t mb_per_epoch = plan_.micro_batches_per_epoch;
+  double interval_loss = 0, loss_total = 0, last_log_s = start_s_, last_grad_norm = 0, last_lr = 0;
+  int64_t interval_steps = 0, interval_tokens = 0, last_eval_step = -1;
+  double epoch_f = 0;
+  for (int64_t epoch = 0; state_.global_step < total; ++epoch) {
+    std::vector<std::vector<int64_t>> mbs =
+        EpochMicroBatches(n_train, c.per_device_train_batch_size, (uint64_t)c.seed, epoch);
+    for (int64_t g = 0; g < mb_per_epoch && state_.global_step < total; g += c.gradient_accumulation_steps) {
+      int64_t g_end = std::min(mb_per_epoch, g + c.gradient_accumulation_steps);
+      std::vector<Batch> batches;
+      int64_t targets = 0;
+      for (int64_t k = g; k < g_end; ++k) {
+        batches.push_back(Collate(data_.train, mbs[k], env_.pad_id));
+        targets += batches.back().target_tokens;
+      }
+      // The normalizer covers the whole accumulated batch, so k micro-batches equal one big batch.
+      double normalizer = (double)std::max<int64_t>(targets, 1);
+      double loss_sum = 0;
+      for (const Batch& b : batches) {
+        model::TrainBatch tb{b.input_ids, b.labels, b.segment_ids, b.B, b.T};
+        LATHE_ASSIGN_OR_RETURN(double l, model_.ForwardBackward(tb, normalizer));
+        loss_sum += l;
+        interval_tokens += b.real_tokens;
+        summary_.train_tokens += b.real_tokens;
+        state_.total_flos += 6.0 * (double)env_.flops_params * (double)(b.B * b.T);
+      }
+      double step_loss = loss_sum / normalizer;
+      last_grad_norm = ClipGradNorm(params, c.max_grad_norm);
+      if (!std::isfinite(last_grad_norm) || !std::isfinite(step_loss)) {
+        return Status::Error(
+            StrFormat("step %lld: the loss or gradient is not finite (loss %g, grad_norm %g); lower "
+                      "learning_rate or set max_grad_norm",
+                      (long long)state_.global_step + 1, step_loss, last_grad_norm));
+      }
+      opt->Step(params, sched.At(state_.global_step));
+      model_.ZeroGrad();
+      state_.global_step++;
+      // As the HF Trainer: the logged learning rate is the scheduler's value after its step.
+      last_lr = sched.At(state_.global_step);
+      epoch_f = (double)epoch + (double)g_end / (double)mb_per_epoch;
+      state_.epoch = epoch_f;
+      summary_.step_losses.push_back(step_loss);
+      interval_loss += step_loss;
+      loss_total += step_loss;
+      interval_steps++;
+      double now = NowSeconds();
+      monitor::ProgressState ps{state_.global_step,
+                                total,
+                                step_loss,
+                                last_lr,
+                                (double)summary_.train_tokens / std::max(now - start_s_, 1e-9),
+                                now - start_s_,
+                                monitor::CurrentRssBytes()};
+      bar_->Update(ps, state_.global_step == total);
+
+      if (state_.global_step % c.logging_steps == 0) {
+        double loss = interval_loss / (double)interval_steps;
+        double tps = (double)interval_tokens / std::max(now - last_log_s, 1e-9);
+        state_.log_history.push_back({{"epoch", epoch_f},
+                                      {"grad_norm", last_grad_norm},
+                                      {"learning_rate", last_lr},
+                                      {"loss", Round4(loss)},
+                                      {"step", state_.global_step}});
+        TrainLogLine line{
+            state_.global_step,    total,       epoch_f, loss, last_lr, last_grad_norm, now - start_s_, tps,
+            summary_.train_tokens, ps.rss_bytes};
+        LATHE_RETURN_IF_ERROR(jsonl_.Append(TrainLogJson(line)));
+        if (tb_) {
+          LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/loss", state_.global_step, loss));
+          LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/learning_rate", state_.global_step, last_lr));
+          LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/grad_norm", state_.global_step, last_grad_norm));
+          LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/epoch", state_.global_step, epoch_f));
+        }
+        ps.loss = loss;
+        ps.tokens_per_s = tps;
+        Say(StrFormat("%s | epoch %.2f | grad_norm %.4f", monitor::FormatProgress(ps).c_str(), epoch_f,
+                      last_grad_norm));
+        interval_loss = 0;
+        interval_steps = 0;
+        interval_tokens = 0;
+        last_log_s = now;
+      }
+      if (eval_every_ > 0 && state_.global_step % eval_every_ == 0) {
+        LATHE_RETURN_IF_ERROR(EvalAndLog(epoch_f));
+        last_eval_step = state_.global_step;
+      }
+      if (state_.global_step % c.save_steps == 0) {
+        state_.should_training_stop = state_.global_step == total;
+        LATHE_ASSIGN_OR_RETURN(std::string cp,
+                               WriteCheckpoint(out, state_.global_step,
+                                               [&](const std::string& dir) { return SaveModelFiles(dir); }));
+        LATHE_ASSIGN_OR_RETURN(std::vector<std::string> deleted, RotateCheckpoints(out, c.save_total_limit));
+        Say("saved " + cp + (deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " old)"));
+      }
+    }
+    if (c.eval_strategy == "epoch" && last_eval_step != state_.global_step) {
+      LATHE_RETURN_IF_ERROR(EvalAndLog(epoch_f));
+      last_eval_step = state_.global_step;
+    }
+  }
+  bar_->Finish();
+  if (!data_.eval.empty() && last_eval_step != state_.global_step) LATHE_RETURN_IF_ERROR(EvalAndLog(epoch_f));
+
+  summary_.global_step = state_.global_step;
+  summary_.train_loss = loss_total / (double)std::max<int64_t>(state_.global_step, 1);
+  summary_.train_runtime = NowSeconds() - start_s_;
+  summary_.epoch = epoch_f;
+  double samples = c.max_steps > 0
+                       ? (double)(total * c.per_device_train_batch_size * c.gradient_accumulation_steps)
+                       : (double)n_train * c.num_train_epochs;
+  double rt = std::max(summary_.train_runtime, 1e-9);
+  json train_metrics = {{"epoch", epoch_f},
+                        {"total_flos", state_.total_flos},
+                        {"train_loss", summary_.train_loss},
+                        {"train_runtime", Round4(summary_.train_runtime)},
+                        {"train_samples_per_second", std::round(samples / rt * 1e3) / 1e3},
+                        {"train_steps_per_second", std::round((double)total / rt * 1e3) / 1e3}};
+  json final_entry = train_metrics;
+  final_entry["step"] = state_.global_step;
+  state_.log_history.push_back(final_entry);
+  state_.should_training_stop = true;
+
+  LATHE_RETURN_IF_ERROR(SaveModelFiles(out));
+  LATHE_RETURN_IF_ERROR(WriteJsonFile((fs::path(out) / "train_results.json").string(), train_metrics));
+  json all = train_metrics;
+  if (!summary_.eval_losses.empty()) {
+    json ev;
+    for (auto it = state_.log_history.rbegin(); it != state_.log_history.rend(); ++it) {
+      if (it->contains("eval_loss")) {
+        ev = *it;
+        break;
+      }
+    }
+    ev.erase("step");
+    if (c.stage == "pt") ev["perplexity"] = std::exp(ev["eval_loss"].get<double>());
+    LATHE_RETURN_IF_ERROR(WriteJsonFile((fs::path(out) / "eval_results.json").string(), ev));
+    for (auto& [k, v] : ev.items()) all[k] = v;
+  }
+  LATHE_RETURN_IF_ERROR(WriteJsonFile((fs::path(out) / "all_results.json").string(), all));
+  if (env_.log) {
+    Say(StrFormat("done: %lld steps in %s, train_loss %.4f%s; wrote %s", (long long)state_.global_step,
+                  monitor::FormatDuration(summary_.train_runtime).c_str(), summary_.train_loss,
+                  summary_.eval_losses.empty()
+                      ? ""
+                      : StrFormat(", eval_loss %.4f", summary_.eval_losses.back()).c_str(),
+                  out.c_str()));
+  }
+  return summary_;
+}
+
+}  // namespace lathe::train
