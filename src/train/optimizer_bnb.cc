@@ -186,14 +186,14 @@ std::vector<float> BnbAdamW::V(size_t i) const {
 
 Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& c) {
   const std::string& o = c.optim;
-  if (o == "adamw_torch" || o == "adamw_hf") {
+  if (o == "adamw_torch" || o == "adamw_hf" || o == "adamw_torch_fused") {
     return std::unique_ptr<Optimizer>(new AdamW(0.9, 0.999, 1e-8, c.weight_decay));
   }
   if (o == "sgd") return std::unique_ptr<Optimizer>(new Sgd(c.weight_decay));
   if (o != "adamw_8bit" && o != "paged_adamw_8bit" && o != "paged_adamw_32bit") {
     return Status::Error(
         "key 'optim': '" + o +
-        "' is not one of adamw_torch, adamw_hf, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, sgd");
+        "' is not one of adamw_torch, adamw_hf, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, sgd");
   }
   if (c.optim_resident_mb < 0) return Status::Error("key 'optim_resident_mb' must be >= 0");
   BnbAdamW::Options opt;

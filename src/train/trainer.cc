@@ -40,11 +40,6 @@ std::string TensorBoardDir(const std::string& output_dir) {
 }  // namespace
 
 Status CheckTrainerConfig(const TrainConfig& c) {
-  if (c.optim == "adamw_8bit" || c.optim == "paged_adamw_8bit" || c.optim == "paged_adamw_32bit") {
-    return Status::Error(
-        "key 'optim': '" + c.optim +
-        "' is not available yet (8-bit and paged optimizers come later); use adamw_torch or sgd");
-  }
   if (c.fp16)
     return Status::Error("key 'fp16': fp16 mixed precision is not supported on CPU; use bf16: true");
   if (c.pure_bf16) {
@@ -97,15 +92,6 @@ Result<std::vector<model::LoraModule>> ParseLoraTargets(const std::vector<std::s
   }
   if (out.empty()) return Status::Error("key 'lora_target': no modules given");
   return out;
-}
-
-Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& c) {
-  if (c.optim == "adamw_torch" || c.optim == "adamw_hf" || c.optim == "adamw_torch_fused") {
-    return std::unique_ptr<Optimizer>(std::make_unique<AdamW>(0.9, 0.999, 1e-8, c.weight_decay));
-  }
-  if (c.optim == "sgd") return std::unique_ptr<Optimizer>(std::make_unique<Sgd>(c.weight_decay));
-  LATHE_RETURN_IF_ERROR(CheckTrainerConfig(c));
-  return Status::Error("key 'optim': '" + c.optim + "' is not supported (adamw_torch, adamw_hf, sgd)");
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config, model::TrainModel& model,

@@ -17,6 +17,7 @@
 #include "train/batching.h"
 #include "train/dataset.h"
 #include "train/optimizer.h"
+#include "train/optimizer_bnb.h"  // MakeOptimizer
 #include "train/train_config.h"
 #include "train/train_outputs.h"
 
@@ -29,9 +30,6 @@ Status CheckTrainerConfig(const TrainConfig& config);
 // lora_target ("all", or names such as q_proj,v_proj / q,v) -> modules. Errors name the key.
 Result<std::vector<model::LoraModule>> ParseLoraTargets(const std::vector<std::string>& names);
 
-// The optimizer named by `optim` (adamw_torch / adamw_hf / adamw_torch_fused -> AdamW with torch's
-// defaults, sgd -> SGD), weight_decay applied to decay params only.
-Result<std::unique_ptr<Optimizer>> MakeOptimizer(const TrainConfig& config);
 
 // Everything the loop needs besides the config and the model.
 struct TrainerEnv {

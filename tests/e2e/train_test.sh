@@ -174,8 +174,11 @@ expect_error "suggestion" "did you mean 'learning_rate'" "$LATHE" train "$tmp/fu
 printf 'model_name_or_path: x\nper_device_train_batchsize: 2\n' > "$tmp/bad.yaml"
 expect_error "unknown key in YAML" "per_device_train_batchsize" "$LATHE" train "$tmp/bad.yaml"
 expect_error "bad value" "key 'max_steps'" "$LATHE" train "$tmp/full.yaml" --max_steps many
-expect_error "8-bit optimizer not yet" "key 'optim': 'adamw_8bit' is not available yet" \
-  "$LATHE" train "$tmp/full.yaml" --optim adamw_8bit --output_dir "$tmp/o8"
+expect_error "unknown optimizer" "key 'optim': 'adamw_9bit' is not one of" \
+  "$LATHE" train "$tmp/full.yaml" --optim adamw_9bit --output_dir "$tmp/o8"
+"$LATHE" train "$tmp/lora.yaml" -t 2 --optim paged_adamw_8bit --optim_resident_mb 0 --max_steps 4 \
+  --eval_strategy no --val_size 0 --report_to none --output_dir "$tmp/paged8" 2> "$tmp/paged8.log"
+check "paged 8-bit AdamW run" test -s "$tmp/paged8/adapter_model.safetensors"
 expect_error "non-empty output_dir" "overwrite_output_dir" "$LATHE" train "$tmp/full.yaml"
 expect_error "lora_target" "key 'lora_target'" "$LATHE" train "$tmp/lora.yaml" --lora_target q_proj,qkv_proj \
   --output_dir "$tmp/o9"
