@@ -2,6 +2,7 @@
 #include "train/dataset.h"
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -48,8 +49,23 @@ Status StrField(const json& rec, const std::string& key, const std::string& wher
 Result<std::vector<json>> ReadRecords(const std::string& path) {
   LATHE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   std::vector<json> out;
-  bool jsonl = path.size() > 6 && path.substr(path.size() - 6) == ".jsonl";
-  if (jsonl) {
+  auto ends_with = [&](const char* ext) {
+    size_t n = std::strlen(ext);
+    return path.size() > n && path.compare(path.size() - n, n, ext) == 0;
+  };
+  if (ends_with(".txt")) {
+    // As the `datasets` "text" builder LLaMA-Factory uses for .txt files: one record {"text": line}
+    // per line (blank lines carry no text and are dropped here).
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.find_first_not_of(" \t") == std::string::npos) continue;
+      out.push_back(json{{"text", line}});
+    }
+    return out;
+  }
+  if (ends_with(".jsonl")) {
     std::istringstream in(text);
     std::string line;
     int n = 0;
@@ -98,7 +114,9 @@ Result<std::vector<Example>> LoadExamples(const std::string& dataset_dir, const 
     return Status::Error(StrFormat("%s: dataset '%s' has no local file_name (hub datasets are not fetched: lathe "
                                    "reads local files only)", info_path.c_str(), name.c_str()));
   }
-  std::string file = dataset_dir + "/" + e["file_name"].get<std::string>();
+  // os.path.join semantics, as LLaMA-Factory: an absolute file_name stands on its own.
+  const std::string file_name = e["file_name"].get<std::string>();
+  std::string file = !file_name.empty() && file_name[0] == '/' ? file_name : dataset_dir + "/" + file_name;
   std::string formatting = e.value("formatting", "alpaca");
   if (formatting != "alpaca" && formatting != "sharegpt") {
     return Status::Error(StrFormat("%s: dataset '%s' has formatting '%s' (expected alpaca or sharegpt)",

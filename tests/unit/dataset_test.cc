@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "model/loader.h"
@@ -62,6 +64,30 @@ TEST(Dataset, LoadsRegistryFormats) {
   EXPECT_NE(bad.status().message().find("did you mean 'alpaca_en_demo'"), std::string::npos) << bad.status().message();
   auto hub = LoadExamples(DataDir(), "alpaca_gpt4_en", "sft", 0);
   EXPECT_NE(hub.status().message().find("local files only"), std::string::npos) << hub.status().message();
+}
+
+TEST(Dataset, TextFilesGiveOneRecordPerLine) {
+  const std::string stories = lathe::testing::SharedPath("data/tinystories/validation_100.txt");
+  LATHE_REQUIRE_FILE(stories);
+  std::string dir = ::testing::TempDir() + "/lathe_txt_registry";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir + "/dataset_info.json") << "{\"stories\": {\"file_name\": \"" << stories << "\"}}";
+    std::ofstream(dir + "/crlf.txt") << "first line\r\n\r\n  \nsecond line\r\n";
+  }
+  auto pt = LoadExamples(dir, "stories", "pt", 0);
+  ASSERT_TRUE(pt.ok()) << pt.status().message();
+  // 548 lines in the file, one of them blank: one record per other line, the text exactly the line.
+  ASSERT_EQ(pt->size(), 547u);
+  EXPECT_EQ((*pt)[1].text, "<|endoftext|>");
+  EXPECT_EQ((*pt)[0].text.rfind("u don't have to be scared", 0), 0u);
+  std::ofstream(dir + "/dataset_info.json") << "{\"crlf\": {\"file_name\": \"crlf.txt\"}}";
+  auto crlf = LoadExamples(dir, "crlf", "pt", 0);
+  ASSERT_TRUE(crlf.ok()) << crlf.status().message();
+  ASSERT_EQ(crlf->size(), 2u);  // blank and whitespace-only lines dropped, \r stripped
+  EXPECT_EQ((*crlf)[0].text, "first line");
+  EXPECT_EQ((*crlf)[1].text, "second line");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Dataset, LabelsCoverExactlyTheAssistantTurns) {
