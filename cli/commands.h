@@ -11,5 +11,6 @@ int RunBench(int argc, char** argv);
 int RunEval(int argc, char** argv);
 int RunConvert(int argc, char** argv);
 int RunEstimate(int argc, char** argv);
+int RunServe(int argc, char** argv);
 
 }  // namespace lathe::cli
