@@ -77,6 +77,7 @@ int RunServe(int argc, char** argv) {
   args.Flag("--max-num-batched-tokens", "tokens per engine step (the batch's token budget)", "512");
   args.Flag("--max-num-seqs", "sequences running at once", "64");
   args.Flag("--max-model-len", "context length per request (prompt + completion); default min(model's, 4096)", "0");
+  args.Bool("--no-prefix-caching", "compute every prompt in full (no reuse of cached prefix blocks)");
   args.Flag("--lora", "LoRA adapter to serve as NAME=DIR (PEFT directory); repeatable");
   args.Flag("--chat-template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
   Status st = args.Parse(argc, argv);
@@ -105,6 +106,7 @@ int RunServe(int argc, char** argv) {
   ec.block_size = *bs;
   ec.max_num_batched_tokens = *mbt;
   ec.max_num_seqs = *mns;
+  ec.prefix_caching = !args.On("no-prefix-caching");
   ec.max_model_len = *mml > 0 ? *mml : std::min<int64_t>(mc.max_seq_len, 4096);
   if (ec.max_model_len < 2) return Fail("serve", Status::Error("--max-model-len must be at least 2"));
   const size_t block_bytes = model::KvBlockStore::BlockBytes(mc, ec.block_size);

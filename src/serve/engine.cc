@@ -176,7 +176,8 @@ Status Engine::RunStep() {
   while (!waiting_.empty() && budget > 0 && (int64_t)running_.size() < config_.max_num_seqs) {
     int64_t id = waiting_.front();
     Request& r = *requests_.at(id);
-    auto computed = kv_.Allocate(id, r.tokens, r.options.adapter_key);
+    auto computed = kv_.Allocate(id, r.tokens,
+                                 config_.prefix_caching ? r.options.adapter_key : (1ull << 63) | (uint64_t)id);
     if (!computed.ok()) break;  // no room now; it waits
     r.has_blocks = true;
     r.computed = *computed;

@@ -33,6 +33,7 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 512;  // tokens per forward (the step's budget)
   int64_t max_num_seqs = 64;             // running sequences at once
   int64_t max_model_len = 2048;          // prompt + generated, per request
+  bool prefix_caching = true;            // off: every request computes its whole prompt (benchmarks)
 };
 
 struct RequestOptions {

@@ -82,8 +82,8 @@ TEST(EngineLora, MixedAdaptersBatchedEqualAlone) {
     EXPECT_EQ(got[id], alone[key]) << "adapter " << key.first << " prompt " << key.second;
   }
   // The adapters change the outputs (otherwise the test would prove nothing).
-  EXPECT_NE(alone[{0, 3}], alone[{1, 3}]);
-  EXPECT_NE(alone[{1, 3}], alone[{2, 3}]);
+  EXPECT_NE(alone[std::make_pair(0, size_t{3})], alone[std::make_pair(1, size_t{3})]);
+  EXPECT_NE(alone[std::make_pair(1, size_t{3})], alone[std::make_pair(2, size_t{3})]);
   EXPECT_EQ(engine.stats().blocks_used, 0);
 
   RequestOptions bad;
