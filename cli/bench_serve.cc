@@ -280,7 +280,7 @@ int RunBenchServe(int argc, char** argv) {
   args.Flag("--seed", "workload seed", "1234");
   args.Flag("--max-num-seqs", "engine: sequences at once", "64");
   args.Flag("--max-num-batched-tokens", "engine: tokens per step", "512");
-  args.Flag("--kv-cache-memory", "engine: KV cache bytes", "268435456");
+  args.Flag("--kv-cache-memory", "engine: KV cache bytes", "1073741824");
   args.Flag("--system-prompt-tokens", "shared-prefix benchmark: prefix length (0 = skip)", "384");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("bench serve", st);

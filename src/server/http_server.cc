@@ -55,6 +55,7 @@ struct ChoiceState {
   std::unique_ptr<serve::StopStringMatcher> stops;
   bool done = false;
   int64_t tokens = 0;
+  std::string echo;  // completions with echo: the prompt text, sent before the first token's text
   Choice choice;
 };
 
@@ -259,6 +260,7 @@ struct HttpServer::Impl {
       (*states)[c].stops = std::make_unique<serve::StopStringMatcher>(stop_strings);
       (*states)[c].choice.index = c;
       (*states)[c].choice.has_logprobs = r.logprobs >= 0;
+      if (r.echo && !chat) (*states)[c].echo = r.prompt_is_ids ? tok.Decode(ids) : r.prompt;
     }
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     const int64_t created = (int64_t)std::time(nullptr);
@@ -296,6 +298,10 @@ struct HttpServer::Impl {
         }
         delta->logprobs.push_back(info);
       }
+      if (!cs.echo.empty()) {
+        text = cs.echo + text;
+        cs.echo.clear();
+      }
       delta->text = text;
       cs.choice.text += text;
       cs.choice.logprobs.insert(cs.choice.logprobs.end(), delta->logprobs.begin(), delta->logprobs.end());
@@ -313,6 +319,9 @@ struct HttpServer::Impl {
         if (!job->Pop(&ev, 600)) break;
         Choice d;
         apply(ev, &d);
+      }
+      for (size_t c = 0; c < states->size(); ++c) {
+        if (!(*states)[c].done) engine.Abort(job->ids[c]);  // timed out: stop spending on it
       }
       std::vector<Choice> choices;
       Usage u{n_prompt, 0};

@@ -112,6 +112,9 @@ def run(base, lathe, model, root):
     check(c.usage.completion_tokens == 24 and c.usage.prompt_tokens > 1, "usage %s" % c.usage)
     check(c.object == "text_completion" and c.model == "stories", "completion object/model")
 
+    e = client.completions.create(model="stories", prompt=prompt, max_tokens=24, echo=True, **greedy)
+    check(e.choices[0].text == prompt + want, "echo: %r" % e.choices[0].text)
+
     # Chat completions.
     ch = client.chat.completions.create(model="stories", messages=[{"role": "system", "content": "Be kind."},
                                                                     {"role": "user", "content": "Tell me a story."}],
