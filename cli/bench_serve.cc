@@ -60,12 +60,9 @@ struct Sample {
 
 Sample StreamCompletion(const Endpoint& ep, const std::vector<int32_t>& prompt, int64_t max_tokens) {
   Sample s;
-  json body = {{"prompt", prompt},
-               {"max_tokens", max_tokens},
-               {"temperature", 0},
-               {"ignore_eos", true},
-               {"stream", true},
-               {"stream_options", {{"include_usage", true}}}};
+  json body = {{"prompt", prompt}, {"max_tokens", max_tokens},
+               {"temperature", 0}, {"ignore_eos", true},
+               {"stream", true},   {"stream_options", {{"include_usage", true}}}};
   httplib::Client cli(ep.host, ep.port);
   cli.set_read_timeout(600, 0);
   cli.set_connection_timeout(10, 0);
@@ -96,8 +93,10 @@ Sample StreamCompletion(const Endpoint& ep, const std::vector<int32_t>& prompt, 
       if (j.contains("usage") && j["usage"].is_object()) s.tokens = j["usage"].value("completion_tokens", 0);
       if (!j.contains("choices") || j["choices"].empty()) continue;
       const double now = Now();
-      if (last == 0) s.ttft = now - t0;
-      else s.itl.push_back(now - last);
+      if (last == 0)
+        s.ttft = now - t0;
+      else
+        s.itl.push_back(now - last);
       last = now;
     }
     return true;
@@ -159,7 +158,8 @@ LevelResult RunLevel(const Endpoint& ep, const std::vector<Request>& reqs, int c
     while (running.load()) {
       std::string m = HttpGet(ep, "/metrics");
       double stored = MetricValue(m, "lathe_kv_tokens_stored"), used = MetricValue(m, "lathe_kv_blocks_used");
-      double total = MetricValue(m, "lathe_kv_blocks_total"), cap = MetricValue(m, "lathe_kv_tokens_capacity");
+      double total = MetricValue(m, "lathe_kv_blocks_total"),
+             cap = MetricValue(m, "lathe_kv_tokens_capacity");
       if (stored > 0 && used > 0 && total > 0 && cap > 0) {
         util.push_back(stored / (used * cap / total));
         frac.push_back(used / total);
@@ -225,14 +225,15 @@ struct LocalServer {
   }
 };
 
-Result<std::unique_ptr<LocalServer>> StartLocal(const model::LoadedModel& lm, ThreadPool& pool, serve::EngineConfig ec) {
+Result<std::unique_ptr<LocalServer>> StartLocal(const model::LoadedModel& lm, ThreadPool& pool,
+                                                serve::EngineConfig ec) {
   auto s = std::make_unique<LocalServer>();
   s->engine = std::make_unique<serve::Engine>(lm.weights, pool, ec);
   s->engine->Start();
   server::ServerOptions so;
   so.port = 0;
-  s->http = std::make_unique<server::HttpServer>(*s->engine, *lm.tokenizer,
-                                                 tokenizer::ChatTemplate::Detect(lm.tokenizer->chat_template()), so);
+  s->http = std::make_unique<server::HttpServer>(
+      *s->engine, *lm.tokenizer, tokenizer::ChatTemplate::Detect(lm.tokenizer->chat_template()), so);
   server::HttpServer* h = s->http.get();
   s->thread = std::thread([h] { (void)h->Run(); });
   for (int i = 0; i < 500 && !h->listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -268,7 +269,8 @@ Result<double> PrefixTtft(const Endpoint& ep, const std::vector<int32_t>& text, 
 }  // namespace
 
 int RunBenchServe(int argc, char** argv) {
-  Args args("bench serve", "lathe bench serve -m MODEL [--concurrency 1,8,32,64] | --url http://127.0.0.1:PORT -m MODEL");
+  Args args("bench serve",
+            "lathe bench serve -m MODEL [--concurrency 1,8,32,64] | --url http://127.0.0.1:PORT -m MODEL");
   AddModelFlags(args);
   args.Flag("--url", "benchmark a running server instead (http://HOST:PORT); -m still gives the tokenizer");
   args.Flag("--api-key", "API key for --url");
@@ -293,13 +295,16 @@ int RunBenchServe(int argc, char** argv) {
   auto plen = ParseIntList(args.Get("prompt-tokens"));
   auto olen = ParseIntList(args.Get("output-tokens"));
   auto nreq = args.Int("requests"), seed = args.Int("seed"), mns = args.Int("max-num-seqs");
-  auto mbt = args.Int("max-num-batched-tokens"), kvb = args.Int("kv-cache-memory"), sys_n = args.Int("system-prompt-tokens");
-  if (levels.empty() || std::any_of(levels.begin(), levels.end(), [](int c) { return c < 1; }) || plen.size() != 2 ||
-      olen.size() != 2 || plen[0] < 1 || plen[1] < plen[0] || olen[0] < 1 || olen[1] < olen[0] || !nreq.ok() ||
-      !seed.ok() || !mns.ok() || !mbt.ok() || !kvb.ok() || !sys_n.ok() || *nreq < 1 || *mns < 1 || *mbt < 1 ||
-      *kvb < 1 || *sys_n < 0) {
-    return Fail("bench serve", Status::Error("bad flags: --concurrency 1,8,..; --prompt-tokens/--output-tokens MIN,MAX; "
-                                             "positive --requests/--max-num-seqs/--max-num-batched-tokens/--kv-cache-memory"));
+  auto mbt = args.Int("max-num-batched-tokens"), kvb = args.Int("kv-cache-memory"),
+       sys_n = args.Int("system-prompt-tokens");
+  if (levels.empty() || std::any_of(levels.begin(), levels.end(), [](int c) { return c < 1; }) ||
+      plen.size() != 2 || olen.size() != 2 || plen[0] < 1 || plen[1] < plen[0] || olen[0] < 1 ||
+      olen[1] < olen[0] || !nreq.ok() || !seed.ok() || !mns.ok() || !mbt.ok() || !kvb.ok() || !sys_n.ok() ||
+      *nreq < 1 || *mns < 1 || *mbt < 1 || *kvb < 1 || *sys_n < 0) {
+    return Fail(
+        "bench serve",
+        Status::Error("bad flags: --concurrency 1,8,..; --prompt-tokens/--output-tokens MIN,MAX; "
+                      "positive --requests/--max-num-seqs/--max-num-batched-tokens/--kv-cache-memory"));
   }
   auto lm = LoadModelFromArgs(args);
   if (!lm.ok()) return Fail("bench serve", lm.status());
@@ -309,7 +314,8 @@ int RunBenchServe(int argc, char** argv) {
   std::stringstream ss;
   ss << f.rdbuf();
   std::vector<int32_t> text = tok.Encode(ss.str(), false, false);
-  if ((int64_t)text.size() < 4 * plen[1] + *sys_n * 2) return Fail("bench serve", Status::Error("--data: too little text"));
+  if ((int64_t)text.size() < 4 * plen[1] + *sys_n * 2)
+    return Fail("bench serve", Status::Error("--data: too little text"));
   // The workload: prompt = BOS + a random window of the text.
   std::mt19937_64 rng((uint64_t)*seed);
   int max_levels = *std::max_element(levels.begin(), levels.end());
@@ -352,10 +358,11 @@ int RunBenchServe(int argc, char** argv) {
     ep.host = "127.0.0.1";
     ep.port = local->http->port();
   }
-  std::printf("lathe bench serve: %s, %s, %d engine thread(s); %lld requests per level, prompt %d-%d tokens, output "
-              "%d-%d tokens (seed %lld), greedy, ignore_eos, streamed over http://%s:%d\n",
-              (*lm)->path.c_str(), local ? "in-process server" : "external server", pool.size(), (long long)per_level,
-              plen[0], plen[1], olen[0], olen[1], (long long)*seed, ep.host.c_str(), ep.port);
+  std::printf(
+      "lathe bench serve: %s, %s, %d engine thread(s); %lld requests per level, prompt %d-%d tokens, output "
+      "%d-%d tokens (seed %lld), greedy, ignore_eos, streamed over http://%s:%d\n",
+      (*lm)->path.c_str(), local ? "in-process server" : "external server", pool.size(), (long long)per_level,
+      plen[0], plen[1], olen[0], olen[1], (long long)*seed, ep.host.c_str(), ep.port);
   if (local) {
     std::printf("engine: %lld KV blocks x 16 tokens, max-num-seqs %lld, max-num-batched-tokens %lld\n",
                 (long long)ec.n_blocks, (long long)ec.max_num_seqs, (long long)ec.max_num_batched_tokens);
@@ -365,35 +372,46 @@ int RunBenchServe(int argc, char** argv) {
   std::vector<LevelResult> results;
   for (int c : levels) {
     // One request at a time runs a quarter of the requests (the slowest level); the others all.
-    std::vector<Request> reqs(all.begin(), all.begin() + (c == 1 ? std::max<int64_t>(4, per_level / 4) : per_level));
+    std::vector<Request> reqs(all.begin(),
+                              all.begin() + (c == 1 ? std::max<int64_t>(4, per_level / 4) : per_level));
     LevelResult r = RunLevel(ep, reqs, c);
     results.push_back(r);
-    std::printf("concurrency %3d: %4d requests in %6.1f s: %7.1f output tok/s | TTFT p50 %6.3f p99 %6.3f s | ITL p50 "
-                "%6.1f p99 %6.1f ms | latency p50 %5.2f s",
-                c, r.n, r.wall, r.tps(), r.ttft_p50, r.ttft_p99, 1e3 * r.itl_p50, 1e3 * r.itl_p99, r.latency_p50);
-    if (r.kv_util >= 0) std::printf(" | KV: %.1f%% of used block capacity holds tokens, %.1f%% of blocks used", 100 * r.kv_util, 100 * r.kv_blocks_frac);
+    std::printf(
+        "concurrency %3d: %4d requests in %6.1f s: %7.1f output tok/s | TTFT p50 %6.3f p99 %6.3f s | ITL p50 "
+        "%6.1f p99 %6.1f ms | latency p50 %5.2f s",
+        c, r.n, r.wall, r.tps(), r.ttft_p50, r.ttft_p99, 1e3 * r.itl_p50, 1e3 * r.itl_p99, r.latency_p50);
+    if (r.kv_util >= 0)
+      std::printf(" | KV: %.1f%% of used block capacity holds tokens, %.1f%% of blocks used", 100 * r.kv_util,
+                  100 * r.kv_blocks_frac);
     if (r.failed) std::printf(" | %d FAILED (%s)", r.failed, r.first_error.c_str());
     std::printf("\n");
     std::fflush(stdout);
   }
   const LevelResult* base = nullptr;
-  for (const auto& r : results) if (r.concurrency == 1) base = &r;
-  std::printf("\n| concurrency | output tok/s | vs one at a time | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | KV tokens / used capacity |\n"
-              "|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& r : results)
+    if (r.concurrency == 1) base = &r;
+  std::printf(
+      "\n| concurrency | output tok/s | vs one at a time | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | KV "
+      "tokens / used capacity |\n"
+      "|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& r : results) {
     std::printf("| %d | %.1f | %s | %.3f / %.3f | %.1f / %.1f | %s |\n", r.concurrency, r.tps(),
                 base ? StrFormat("%.2fx", r.tps() / base->tps()).c_str() : "-", r.ttft_p50, r.ttft_p99,
-                1e3 * r.itl_p50, 1e3 * r.itl_p99, r.kv_util >= 0 ? StrFormat("%.1f%%", 100 * r.kv_util).c_str() : "-");
+                1e3 * r.itl_p50, 1e3 * r.itl_p99,
+                r.kv_util >= 0 ? StrFormat("%.1f%%", 100 * r.kv_util).c_str() : "-");
   }
-  std::printf("\nllama-server (../shared/PEERS.md; SmolLM2-135M Q8_0, --parallel 8 -t 2, max_tokens 64, same machine "
-              "type, another run): one at a time ~110 tok/s; 32 concurrent 206 tok/s (1.85x), median latency 7.2 s.\n");
+  std::printf(
+      "\nllama-server (../shared/PEERS.md; SmolLM2-135M Q8_0, --parallel 8 -t 2, max_tokens 64, same machine "
+      "type, another run): one at a time ~110 tok/s; 32 concurrent 206 tok/s (1.85x), median latency 7.2 "
+      "s.\n");
 
   // Shared system prompt: prefill time saved by the prefix cache.
   if (*sys_n > 0) {
     const int tail = 16, n = 8;
     std::vector<int32_t> sys_text;
     if (tok.bos_id() >= 0 && tok.add_bos()) sys_text.push_back(tok.bos_id());
-    sys_text.insert(sys_text.end(), text.begin(), text.begin() + std::min<size_t>(text.size(), (size_t)*sys_n * 2 + 64 * tail));
+    sys_text.insert(sys_text.end(), text.begin(),
+                    text.begin() + std::min<size_t>(text.size(), (size_t)*sys_n * 2 + 64 * tail));
     double on = 0, off = 0;
     auto t_on = PrefixTtft(ep, sys_text, (int)*sys_n, tail, n);
     if (!t_on.ok()) return Fail("bench serve", t_on.status());
@@ -410,17 +428,23 @@ int RunBenchServe(int argc, char** argv) {
       auto t_off = PrefixTtft(ep, sys_text, (int)*sys_n, tail, n);
       if (!t_off.ok()) return Fail("bench serve", t_off.status());
       off = *t_off;
-      std::printf("\nshared %lld-token system prompt + %d distinct tokens, 1 output token, %d requests one at a time: TTFT "
-                  "%.1f ms with the prefix cache vs %.1f ms without: %.1f ms (%.0f%%) of prefill saved per request "
-                  "(%.1fx)\n",
-                  (long long)*sys_n, tail, n, 1e3 * on, 1e3 * off, 1e3 * (off - on), 100 * (off - on) / off, off / on);
+      std::printf(
+          "\nshared %lld-token system prompt + %d distinct tokens, 1 output token, %d requests one at a "
+          "time: TTFT "
+          "%.1f ms with the prefix cache vs %.1f ms without: %.1f ms (%.0f%%) of prefill saved per request "
+          "(%.1fx)\n",
+          (long long)*sys_n, tail, n, 1e3 * on, 1e3 * off, 1e3 * (off - on), 100 * (off - on) / off,
+          off / on);
     } else {
-      std::printf("\nshared %lld-token system prompt + %d distinct tokens: TTFT %.1f ms (prefix cache as configured on the "
-                  "server)\n",
-                  (long long)*sys_n, tail, 1e3 * on);
+      std::printf(
+          "\nshared %lld-token system prompt + %d distinct tokens: TTFT %.1f ms (prefix cache as configured "
+          "on the "
+          "server)\n",
+          (long long)*sys_n, tail, 1e3 * on);
     }
   }
-  for (const auto& r : results) if (r.failed) return 1;
+  for (const auto& r : results)
+    if (r.failed) return 1;
   return 0;
 }
 

@@ -39,18 +39,23 @@ static Result<int64_t> ParseKvCacheMemory(const std::string& text) {
   double v = std::strtod(text.c_str(), &end);
   std::string suffix = end ? std::string(end) : "";
   if (end == text.c_str() || !(v > 0) || !std::isfinite(v)) {
-    return Status::Error("--kv-cache-memory '" + text + "': expected bytes (1073741824, 512M, 4G) or a fraction of free RAM (0.25)");
+    return Status::Error("--kv-cache-memory '" + text +
+                         "': expected bytes (1073741824, 512M, 4G) or a fraction of free RAM (0.25)");
   }
   double mult = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1024.0;
-  else if (suffix == "M" || suffix == "MiB") mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    mult = 1024.0;
+  else if (suffix == "M" || suffix == "MiB")
+    mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB")
+    mult = 1024.0 * 1024 * 1024;
   else if (!suffix.empty()) {
     return Status::Error("--kv-cache-memory '" + text + "': unknown unit '" + suffix + "' (K, M or G)");
   }
   if (suffix.empty() && v <= 1.0) {
     int64_t avail = AvailableMemory();
-    if (avail <= 0) return Status::Error("--kv-cache-memory as a fraction needs /proc/meminfo; give bytes instead");
+    if (avail <= 0)
+      return Status::Error("--kv-cache-memory as a fraction needs /proc/meminfo; give bytes instead");
     return (int64_t)(v * (double)avail);
   }
   return (int64_t)(v * mult);
@@ -76,10 +81,12 @@ int RunServe(int argc, char** argv) {
   args.Flag("--block-size", "tokens per KV-cache block", "16");
   args.Flag("--max-num-batched-tokens", "tokens per engine step (the batch's token budget)", "512");
   args.Flag("--max-num-seqs", "sequences running at once", "64");
-  args.Flag("--max-model-len", "context length per request (prompt + completion); default min(model's, 4096)", "0");
+  args.Flag("--max-model-len", "context length per request (prompt + completion); default min(model's, 4096)",
+            "0");
   args.Bool("--no-prefix-caching", "compute every prompt in full (no reuse of cached prefix blocks)");
   args.Flag("--lora", "LoRA adapter to serve as NAME=DIR (PEFT directory); repeatable");
-  args.Flag("--chat-template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
+  args.Flag("--chat-template",
+            "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("serve", st);
   if (args.help_requested()) {
@@ -92,13 +99,18 @@ int RunServe(int argc, char** argv) {
   auto mbt = args.Int("max-num-batched-tokens");
   auto mns = args.Int("max-num-seqs");
   auto mml = args.Int("max-model-len");
-  if (!port.ok() || *port < 0 || *port > 65535) return Fail("serve", Status::Error("--port must be in 0..65535"));
-  if (!bs.ok() || *bs < 1 || *bs > 1024) return Fail("serve", Status::Error("--block-size must be in 1..1024"));
-  if (!mbt.ok() || *mbt < 1) return Fail("serve", Status::Error("--max-num-batched-tokens must be a positive integer"));
+  if (!port.ok() || *port < 0 || *port > 65535)
+    return Fail("serve", Status::Error("--port must be in 0..65535"));
+  if (!bs.ok() || *bs < 1 || *bs > 1024)
+    return Fail("serve", Status::Error("--block-size must be in 1..1024"));
+  if (!mbt.ok() || *mbt < 1)
+    return Fail("serve", Status::Error("--max-num-batched-tokens must be a positive integer"));
   if (!mns.ok() || *mns < 1) return Fail("serve", Status::Error("--max-num-seqs must be a positive integer"));
-  if (!mml.ok() || *mml < 0) return Fail("serve", Status::Error("--max-model-len must be a non-negative integer"));
+  if (!mml.ok() || *mml < 0)
+    return Fail("serve", Status::Error("--max-model-len must be a non-negative integer"));
   if (args.Has("adapter")) {
-    return Fail("serve", Status::Error("--adapter is for generate/chat; serve adapters with --lora NAME=DIR"));
+    return Fail("serve",
+                Status::Error("--adapter is for generate/chat; serve adapters with --lora NAME=DIR"));
   }
   auto lm = LoadModelFromArgs(args);
   if (!lm.ok()) return Fail("serve", lm.status());
@@ -116,18 +128,21 @@ int RunServe(int argc, char** argv) {
     if (!b.ok()) return Fail("serve", b.status());
     kv_bytes = *b;
   } else {
-    int64_t full = ec.max_num_seqs * ((ec.max_model_len + ec.block_size - 1) / ec.block_size + 1) * (int64_t)block_bytes;
+    int64_t full =
+        ec.max_num_seqs * ((ec.max_model_len + ec.block_size - 1) / ec.block_size + 1) * (int64_t)block_bytes;
     int64_t avail = AvailableMemory();
     kv_bytes = avail > 0 ? std::min(full, avail / 4) : full;
   }
   ec.n_blocks = kv_bytes / (int64_t)block_bytes;
   const int64_t per_request = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
   if (ec.n_blocks < per_request) {
-    return Fail("serve", Status::Error(StrFormat(
-                             "--kv-cache-memory: %lld bytes hold %lld blocks of %zu bytes, but one full-context "
-                             "request (--max-model-len %lld) needs %lld; give more memory or a smaller --max-model-len",
-                             (long long)kv_bytes, (long long)ec.n_blocks, block_bytes, (long long)ec.max_model_len,
-                             (long long)per_request)));
+    return Fail(
+        "serve",
+        Status::Error(StrFormat(
+            "--kv-cache-memory: %lld bytes hold %lld blocks of %zu bytes, but one full-context "
+            "request (--max-model-len %lld) needs %lld; give more memory or a smaller --max-model-len",
+            (long long)kv_bytes, (long long)ec.n_blocks, block_bytes, (long long)ec.max_model_len,
+            (long long)per_request)));
   }
   // Adapters.
   std::vector<std::unique_ptr<model::LoraAdapter>> adapters;
@@ -139,7 +154,8 @@ int RunServe(int argc, char** argv) {
     }
     std::string name = spec.substr(0, eq);
     for (const auto& a : so.adapters) {
-      if (a.first == name) return Fail("serve", Status::Error("--lora: the name '" + name + "' is given twice"));
+      if (a.first == name)
+        return Fail("serve", Status::Error("--lora: the name '" + name + "' is given twice"));
     }
     auto a = model::LoadPeftAdapter(spec.substr(eq + 1), mc);
     if (!a.ok()) return Fail("serve", Status::Error("--lora " + name + ": " + a.status().message()));
@@ -164,7 +180,8 @@ int RunServe(int argc, char** argv) {
     so.model_name = p.substr(p.find_last_of('/') + 1);
   }
   for (const auto& a : so.adapters) {
-    if (a.first == so.model_name) return Fail("serve", Status::Error("--lora: '" + a.first + "' is the base model's name"));
+    if (a.first == so.model_name)
+      return Fail("serve", Status::Error("--lora: '" + a.first + "' is the base model's name"));
   }
 
   // A client that vanishes mid-write must not kill the server.
@@ -192,11 +209,12 @@ int RunServe(int argc, char** argv) {
   std::thread announcer([&] {
     for (int i = 0; i < 200 && !done.load(); ++i) {
       if (http.listening()) {
-        std::printf("lathe serve: %s (%lld KV blocks x %lld tokens = %.1f MiB, context %lld, %zu adapter(s)) on "
-                    "http://%s:%d/v1\n",
-                    so.model_name.c_str(), (long long)ec.n_blocks, (long long)ec.block_size,
-                    (double)ec.n_blocks * block_bytes / (1 << 20), (long long)ec.max_model_len, so.adapters.size(),
-                    so.host.c_str(), http.port());
+        std::printf(
+            "lathe serve: %s (%lld KV blocks x %lld tokens = %.1f MiB, context %lld, %zu adapter(s)) on "
+            "http://%s:%d/v1\n",
+            so.model_name.c_str(), (long long)ec.n_blocks, (long long)ec.block_size,
+            (double)ec.n_blocks * block_bytes / (1 << 20), (long long)ec.max_model_len, so.adapters.size(),
+            so.host.c_str(), http.port());
         std::fflush(stdout);
         return;
       }

@@ -236,7 +236,8 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
       const LoraAdapter* a = s.adapter ? s.adapter : options_.adapter;
       int64_t n = (int64_t)s.tokens.size();
       if (a) {
-        if (!lora_runs_.empty() && lora_runs_.back().adapter == a && lora_runs_.back().row0 + lora_runs_.back().n_rows == row0) {
+        if (!lora_runs_.empty() && lora_runs_.back().adapter == a &&
+            lora_runs_.back().row0 + lora_runs_.back().n_rows == row0) {
           lora_runs_.back().n_rows += n;
         } else {
           lora_runs_.push_back({row0, n, a});
@@ -357,12 +358,13 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
     const LoraPair& p = run.adapter->at(layer, module);
     if (!p.a.data) continue;
     const int64_t m = run.n_rows;
-    ScopedOp op(options_.profiler, "lora", 2.0 * m * (p.a.numel() + p.b.numel()), 4.0 * (p.a.numel() + p.b.numel()));
+    ScopedOp op(options_.profiler, "lora", 2.0 * m * (p.a.numel() + p.b.numel()),
+                4.0 * (p.a.numel() + p.b.numel()));
     const int64_t r = p.a.shape[0], out = p.b.shape[0];
     lora_mid_.resize(m * r);
     lora_out_.resize(m * out);
     kernels::MatMul(pool_, x + run.row0 * p.a.shape[1], m, p.a, lora_mid_.data());  // (m, r) = x A^T
-    kernels::MatMul(pool_, lora_mid_.data(), m, p.b, lora_out_.data());            // (m, out) = (x A^T) B^T
+    kernels::MatMul(pool_, lora_mid_.data(), m, p.b, lora_out_.data());             // (m, out) = (x A^T) B^T
     kernels::Axpy(y + run.row0 * out, p.scale, lora_out_.data(), m * out);
   }
 }

@@ -19,7 +19,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string model_name = "lathe";
-  std::string api_key;  // when set, requests need "Authorization: Bearer <key>"
+  std::string api_key;     // when set, requests need "Authorization: Bearer <key>"
   int http_threads = 128;  // each streaming response holds one
   // LoRA adapters served beside the base model, chosen per request by "model" (not owned; they
   // must outlive the server). Requests of different adapters batch together in the engine.
@@ -29,7 +29,8 @@ struct ServerOptions {
 class HttpServer {
  public:
   // REQUIRES: engine, tokenizer and template outlive the server; the engine is started.
-  HttpServer(serve::Engine& engine, const tokenizer::Tokenizer& tok, tokenizer::ChatTemplate tmpl, ServerOptions options);
+  HttpServer(serve::Engine& engine, const tokenizer::Tokenizer& tok, tokenizer::ChatTemplate tmpl,
+             ServerOptions options);
   ~HttpServer();
   // Binds and serves until Stop() (blocking). Error if the address cannot be bound.
   Status Run();

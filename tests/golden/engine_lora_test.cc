@@ -60,7 +60,8 @@ TEST(EngineLora, MixedAdaptersBatchedEqualAlone) {
     o.max_tokens = kTokens;
     o.adapter = adapters[a];
     o.adapter_key = a;  // 0 = base
-    auto id = engine.AddRequest(prompts[i], o, [&](const TokenEvent& e) { got[e.request_id].push_back(e.token); });
+    auto id =
+        engine.AddRequest(prompts[i], o, [&](const TokenEvent& e) { got[e.request_id].push_back(e.token); });
     ASSERT_TRUE(id.ok()) << id.status().message();
     which[*id] = {a, i};
   };
@@ -78,7 +79,8 @@ TEST(EngineLora, MixedAdaptersBatchedEqualAlone) {
   EXPECT_GT(engine.stats().prefix_hits, 0);  // the base requests of wave 2 reused wave 1
   std::map<std::pair<int, size_t>, std::vector<int32_t>> alone;
   for (auto& [id, key] : which) {
-    if (!alone.count(key)) alone[key] = GreedyAlone(*w, adapters[key.first], pool, prompts[key.second], kTokens);
+    if (!alone.count(key))
+      alone[key] = GreedyAlone(*w, adapters[key.first], pool, prompts[key.second], kTokens);
     EXPECT_EQ(got[id], alone[key]) << "adapter " << key.first << " prompt " << key.second;
   }
   // The adapters change the outputs (otherwise the test would prove nothing).

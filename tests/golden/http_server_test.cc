@@ -39,7 +39,8 @@ class HttpServerTest : public ::testing::Test {
     ASSERT_TRUE(tmpl.ok());
     http_ = std::make_unique<HttpServer>(*engine_, *lm_->tokenizer, *tmpl, so);
     thread_ = std::thread([this] { EXPECT_TRUE(http_->Run().ok()); });
-    for (int i = 0; i < 500 && !http_->listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 500 && !http_->listening(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ASSERT_TRUE(http_->listening());
     client_ = std::make_unique<httplib::Client>("127.0.0.1", http_->port());
     client_->set_read_timeout(60, 0);
@@ -65,7 +66,8 @@ class HttpServerTest : public ::testing::Test {
 };
 
 TEST_F(HttpServerTest, CompletionJsonAndStreamAgree) {
-  const std::string req = R"({"model": "stories", "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0,
+  const std::string req =
+      R"({"model": "stories", "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0,
                               "ignore_eos": true)";
   auto [st, j] = Post("/v1/completions", req + "}");
   ASSERT_EQ(st, 200) << j.dump();
@@ -74,7 +76,8 @@ TEST_F(HttpServerTest, CompletionJsonAndStreamAgree) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_FALSE(text.empty());
 
-  auto r = client_->Post("/v1/completions", req + R"(, "stream": true, "stream_options": {"include_usage": true}})",
+  auto r = client_->Post("/v1/completions",
+                         req + R"(, "stream": true, "stream_options": {"include_usage": true}})",
                          "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200);
@@ -94,7 +97,8 @@ TEST_F(HttpServerTest, CompletionJsonAndStreamAgree) {
   EXPECT_TRUE(usage);
 
   // Chat through the template; /v1/models; /tokenize.
-  auto [cst, cj] = Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})");
+  auto [cst, cj] =
+      Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})");
   ASSERT_EQ(cst, 200) << cj.dump();
   EXPECT_EQ(cj["choices"][0]["message"]["role"], "assistant");
   auto m = client_->Get("/v1/models");
@@ -112,8 +116,8 @@ TEST_F(HttpServerTest, ErrorsNameTheField) {
       {"/v1/completions", "{oops", 400, nullptr},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": "many"})", 400, "max_tokens"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 5000})", 400, "max_tokens"},
-      {"/v1/completions", R"({"prompt": ")" + std::string(6000, 'a') + " " + std::string(6000, 'b') + R"("})", 400,
-       "prompt"},
+      {"/v1/completions", R"({"prompt": ")" + std::string(6000, 'a') + " " + std::string(6000, 'b') + R"("})",
+       400, "prompt"},
       {"/v1/completions", R"({"prompt": [1, 100000]})", 400, "prompt"},
       {"/v1/completions", R"({"prompt": "x", "model": "gpt-9"})", 404, "model"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": [{"type": 3}]}]})", 400,
