@@ -133,7 +133,7 @@ struct HttpServer::Impl {
 
   void Error(httplib::Response& res, const ApiError& e) {
     res.status = e.http_status;
-    res.set_content(e.ToJson().dump(), "application/json");
+    res.set_content(e.ToJson().dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
     requests_err->Inc();
   }
 

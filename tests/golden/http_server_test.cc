@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "model/loader.h"
@@ -167,6 +168,49 @@ TEST_F(HttpServerTest, DisconnectMidStreamCancels) {
   EXPECT_EQ(s.blocks_used, 0);
   EXPECT_EQ(s.running, 0);
   EXPECT_LT(s.generated_tokens, 1000);  // it was cut short, not run to the end
+}
+
+TEST_F(HttpServerTest, SurvivesMutatedBodies) {
+  // Seeded byte-level mutations of valid requests: every answer is 200 or a 4xx JSON error.
+  const std::string seeds[] = {
+      R"({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.8, "seed": 3, "n": 2, "logprobs": 2,
+          "stop": ["."], "echo": true})",
+      R"({"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": [{"type": "text",
+          "text": "Hi"}]}], "max_tokens": 6, "logprobs": true, "top_logprobs": 3, "top_k": 5, "min_p": 0.1})",
+  };
+  std::mt19937 rng(7);
+  const char kBytes[] = "{}[]\":,0123456789-.eE truefalsnul\\\xff\x80";
+  for (int i = 0; i < 300; ++i) {
+    bool chat = i % 2;
+    std::string b = seeds[chat];
+    int edits = 1 + rng() % 4;
+    for (int k = 0; k < edits && !b.empty(); ++k) {
+      size_t pos = rng() % b.size();
+      switch (rng() % 3) {
+        case 0:
+          b[pos] = kBytes[rng() % (sizeof(kBytes) - 1)];
+          break;
+        case 1:
+          b.erase(pos, 1 + rng() % 8);
+          break;
+        default:
+          b.insert(pos, 1, kBytes[rng() % (sizeof(kBytes) - 1)]);
+      }
+    }
+    auto r = client_->Post(chat ? "/v1/chat/completions" : "/v1/completions", b, "application/json");
+    ASSERT_TRUE(r) << "no answer to: " << b;
+    EXPECT_TRUE(r->status == 200 || (r->status >= 400 && r->status < 500))
+        << r->status << " for " << b << " -> " << r->body;
+    if (r->status != 200) {
+      json j = json::parse(r->body, nullptr, false);
+      EXPECT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    }
+  }
+  serve::EngineStats s;
+  for (int i = 0; i < 200 && (s = engine_->stats()).blocks_used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.blocks_used, 0);
 }
 
 }  // namespace
