@@ -77,7 +77,7 @@ int RunServe(int argc, char** argv) {
   args.Flag("--served-model-name", "the base model's name in the API (default: the model file's name)");
   args.Flag("--kv-cache-memory",
             "KV cache size: bytes (e.g. 2G, 512M) or a fraction of free RAM (0.2); default: enough for "
-            "max-num-seqs full contexts, at most a quarter of free RAM");
+            "max-num-seqs full contexts, at most max(1 GiB, 4 full contexts) and a quarter of free RAM");
   args.Flag("--block-size", "tokens per KV-cache block", "16");
   args.Flag("--max-num-batched-tokens", "tokens per engine step (the batch's token budget)", "512");
   args.Flag("--max-num-seqs", "sequences running at once", "64");
@@ -131,7 +131,11 @@ int RunServe(int argc, char** argv) {
     int64_t full =
         ec.max_num_seqs * ((ec.max_model_len + ec.block_size - 1) / ec.block_size + 1) * (int64_t)block_bytes;
     int64_t avail = AvailableMemory();
-    kv_bytes = avail > 0 ? std::min(full, avail / 4) : full;
+    // At most 1 GiB (or 4 full contexts) by default: the f32 store is zero-filled at start (~1 s per GiB).
+    const int64_t four_requests =
+        4 * ((ec.max_model_len + ec.block_size - 1) / ec.block_size) * (int64_t)block_bytes;
+    kv_bytes = std::min<int64_t>(full, std::max<int64_t>(int64_t{1} << 30, four_requests));
+    if (avail > 0) kv_bytes = std::min(kv_bytes, avail / 4);
   }
   ec.n_blocks = kv_bytes / (int64_t)block_bytes;
   const int64_t per_request = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
