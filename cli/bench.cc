@@ -66,7 +66,9 @@ struct Row {
 }  // namespace
 
 int RunBench(int argc, char** argv) {
-  Args args("bench", "lathe bench -m MODEL [-m MODEL2 ...] [--prompt-tokens 512] [--gen-tokens 128] [--threads-list 1,2]");
+  if (argc >= 2 && std::string(argv[1]) == "serve") return RunBenchServe(argc - 1, argv + 1);
+  Args args("bench", "lathe bench -m MODEL [-m MODEL2 ...] [--prompt-tokens 512] [--gen-tokens 128] [--threads-list 1,2]\n"
+                     "       lathe bench serve -m MODEL ...   (serving throughput; see `lathe bench serve --help`)");
   args.Flag("-m,--model", "model to benchmark (repeatable)");
   args.Flag("--prompt-tokens", "prefill length", "512");
   args.Flag("--gen-tokens", "decode length (batch 1)", "128");

@@ -12,5 +12,7 @@ int RunEval(int argc, char** argv);
 int RunConvert(int argc, char** argv);
 int RunEstimate(int argc, char** argv);
 int RunTrain(int argc, char** argv);
+int RunServe(int argc, char** argv);
+int RunBenchServe(int argc, char** argv);  // `lathe bench serve`
 
 }  // namespace lathe::cli

@@ -21,6 +21,7 @@ const Command kCommands[] = {
     {"eval", lathe::cli::RunEval, "perplexity on a text file"},
     {"convert", lathe::cli::RunConvert, "rewrite a GGUF model in another dtype (f32, f16, bf16, q8_0, q4_0, q4_1)"},
     {"estimate", lathe::cli::RunEstimate, "predicted memory of a training or inference run"},
+    {"serve", lathe::cli::RunServe, "OpenAI-compatible server: continuous batching, paged KV cache, multi-LoRA"},
     {"bench", lathe::cli::RunBench, "inference speed: prefill and decode tok/s, bandwidth"},
     {"train", lathe::cli::RunTrain, "fine-tune (LoRA, full, freeze) from a LLaMA-Factory-style YAML config"},
 };

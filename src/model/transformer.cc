@@ -228,6 +228,24 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
     max_pos = std::max(max_pos, s.start_pos + n);
   }
   EnsureRopeTable(max_pos);
+  // Group consecutive sequences with the same adapter into row runs for the LoRA deltas.
+  lora_runs_.clear();
+  {
+    int64_t row0 = 0;
+    for (const PagedSeqInput& s : batch) {
+      const LoraAdapter* a = s.adapter ? s.adapter : options_.adapter;
+      int64_t n = (int64_t)s.tokens.size();
+      if (a) {
+        if (!lora_runs_.empty() && lora_runs_.back().adapter == a &&
+            lora_runs_.back().row0 + lora_runs_.back().n_rows == row0) {
+          lora_runs_.back().n_rows += n;
+        } else {
+          lora_runs_.push_back({row0, n, a});
+        }
+      }
+      row0 += n;
+    }
+  }
   x_.resize(T * dim);
   xb_.resize(T * dim);
   q_.resize(T * q_dim);
@@ -335,16 +353,20 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
                 options_.profiler ? OpShape(M, w) : std::string());
     kernels::MatMul(pool_, x, M, w, y, options_.exact_activations);
   }
-  if (!options_.adapter || layer < 0) return;
-  const LoraPair& p = options_.adapter->at(layer, module);
-  if (!p.a.data) return;
-  ScopedOp op(options_.profiler, "lora", 2.0 * M * (p.a.numel() + p.b.numel()), 4.0 * (p.a.numel() + p.b.numel()));
-  const int64_t r = p.a.shape[0], out = p.b.shape[0];
-  lora_mid_.resize(M * r);
-  lora_out_.resize(M * out);
-  kernels::MatMul(pool_, x, M, p.a, lora_mid_.data());         // (M, r) = x A^T
-  kernels::MatMul(pool_, lora_mid_.data(), M, p.b, lora_out_.data());  // (M, out) = (x A^T) B^T
-  kernels::Axpy(y, p.scale, lora_out_.data(), M * out);
+  if (layer < 0) return;
+  for (const LoraRun& run : lora_runs_) {
+    const LoraPair& p = run.adapter->at(layer, module);
+    if (!p.a.data) continue;
+    const int64_t m = run.n_rows;
+    ScopedOp op(options_.profiler, "lora", 2.0 * m * (p.a.numel() + p.b.numel()),
+                4.0 * (p.a.numel() + p.b.numel()));
+    const int64_t r = p.a.shape[0], out = p.b.shape[0];
+    lora_mid_.resize(m * r);
+    lora_out_.resize(m * out);
+    kernels::MatMul(pool_, x + run.row0 * p.a.shape[1], m, p.a, lora_mid_.data());  // (m, r) = x A^T
+    kernels::MatMul(pool_, lora_mid_.data(), m, p.b, lora_out_.data());             // (m, out) = (x A^T) B^T
+    kernels::Axpy(y + run.row0 * out, p.scale, lora_out_.data(), m * out);
+  }
 }
 
 std::string Transformer::OpShape(int64_t M, const Tensor& w) {

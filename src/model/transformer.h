@@ -48,6 +48,9 @@ struct PagedSeqInput {
   int64_t start_pos = 0;                 // tokens already in the cache for this sequence
   std::span<const int32_t> block_table;  // must cover start_pos + tokens.size() positions
   bool all_logits = false;               // logits for every new token, else only for the last
+  // LoRA adapter for this sequence's rows (multi-LoRA serving); null = TransformerOptions::adapter
+  // (usually none). Not owned. Rows of different adapters share the base matmuls.
+  const LoraAdapter* adapter = nullptr;
 };
 
 // KvCache: n_slots independent sequences of up to max_len tokens, each with its own run of
@@ -138,6 +141,12 @@ class Transformer {
   // Scratch, grown as needed and reused across calls.
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rows_, lora_mid_, lora_out_;
   std::vector<int64_t> row_pos_;  // position of each stacked row
+  // Runs of stacked rows that share one adapter (set per ForwardPaged; empty = no LoRA at all).
+  struct LoraRun {
+    int64_t row0, n_rows;
+    const LoraAdapter* adapter;
+  };
+  std::vector<LoraRun> lora_runs_;
   std::vector<std::vector<float>> scores_;  // per thread
 };
 

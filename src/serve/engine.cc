@@ -34,6 +34,9 @@ Result<int64_t> Engine::AddRequest(std::vector<int32_t> prompt, const RequestOpt
     return Status::Error(StrFormat("the request needs %lld KV blocks but the cache has %lld", (long long)blocks_needed,
                                    (long long)config_.n_blocks));
   }
+  if ((options.adapter != nullptr) != (options.adapter_key != 0)) {
+    return Status::Error("RequestOptions: adapter and adapter_key must be set together");
+  }
   LATHE_RETURN_IF_ERROR(options.sampling.Validate());
   auto r = std::make_unique<Request>();
   r->tokens = std::move(prompt);
@@ -124,6 +127,7 @@ void Engine::PublishStats() {
   s.prefix_queries = blocks_.queries();
   s.prefix_hits = blocks_.hits();
   s.preemptions = preemptions_;
+  for (int64_t id : running_) s.tokens_stored += requests_.at(id)->computed;
   s.prompt_tokens_computed = prompt_computed_;
   s.generated_tokens = generated_;
   s.steps = steps_;
@@ -172,7 +176,8 @@ Status Engine::RunStep() {
   while (!waiting_.empty() && budget > 0 && (int64_t)running_.size() < config_.max_num_seqs) {
     int64_t id = waiting_.front();
     Request& r = *requests_.at(id);
-    auto computed = kv_.Allocate(id, r.tokens, /*extra_key=*/0);
+    auto computed = kv_.Allocate(id, r.tokens,
+                                 config_.prefix_caching ? r.options.adapter_key : (1ull << 63) | (uint64_t)id);
     if (!computed.ok()) break;  // no room now; it waits
     r.has_blocks = true;
     r.computed = *computed;
@@ -188,7 +193,8 @@ Status Engine::RunStep() {
   batch.reserve(work.size());
   for (const Work& w : work) {
     Request& r = *requests_.at(w.id);
-    batch.push_back({std::span<const int32_t>(r.tokens).subspan(r.computed, w.n), r.computed, kv_.BlockTable(w.id), false});
+    batch.push_back({std::span<const int32_t>(r.tokens).subspan(r.computed, w.n), r.computed, kv_.BlockTable(w.id), false,
+                     r.options.adapter});
   }
   LATHE_RETURN_IF_ERROR(tf_.ForwardPaged(store_, batch, &logits_));
   ++steps_;

@@ -33,6 +33,7 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 512;  // tokens per forward (the step's budget)
   int64_t max_num_seqs = 64;             // running sequences at once
   int64_t max_model_len = 2048;          // prompt + generated, per request
+  bool prefix_caching = true;            // off: every request computes its whole prompt (benchmarks)
 };
 
 struct RequestOptions {
@@ -41,6 +42,11 @@ struct RequestOptions {
   std::vector<int32_t> stop_ids;  // end the request (the stop token is reported)
   int priority = 0;               // lower runs first; FCFS within a priority
   int top_logprobs = -1;          // >= 0: report the sampled token's logprob and this many alternatives
+  // LoRA adapter for this request (multi-LoRA serving): its rows get the adapter's deltas in the
+  // shared batched forward. Not owned; must outlive the request. adapter_key must be nonzero and
+  // distinct per adapter: it keys the prefix cache, so adapters never share K/V blocks.
+  const model::LoraAdapter* adapter = nullptr;
+  uint64_t adapter_key = 0;
 };
 
 struct TokenEvent {
@@ -56,6 +62,7 @@ struct EngineStats {
   int64_t blocks_used = 0, blocks_total = 0;
   int64_t prefix_queries = 0, prefix_hits = 0;
   int64_t preemptions = 0;
+  int64_t tokens_stored = 0;  // tokens whose K/V live in blocks of running sequences
   int64_t prompt_tokens_computed = 0, generated_tokens = 0, steps = 0;
 };
 

@@ -5,6 +5,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/status.h"
 #include "serve/engine.h"
@@ -17,20 +19,26 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string model_name = "lathe";
-  std::string api_key;  // when set, requests need "Authorization: Bearer <key>"
+  std::string api_key;     // when set, requests need "Authorization: Bearer <key>"
   int http_threads = 128;  // each streaming response holds one
+  // LoRA adapters served beside the base model, chosen per request by "model" (not owned; they
+  // must outlive the server). Requests of different adapters batch together in the engine.
+  std::vector<std::pair<std::string, const model::LoraAdapter*>> adapters;
 };
 
 class HttpServer {
  public:
   // REQUIRES: engine, tokenizer and template outlive the server; the engine is started.
-  HttpServer(serve::Engine& engine, const tokenizer::Tokenizer& tok, tokenizer::ChatTemplate tmpl, ServerOptions options);
+  HttpServer(serve::Engine& engine, const tokenizer::Tokenizer& tok, tokenizer::ChatTemplate tmpl,
+             ServerOptions options);
   ~HttpServer();
   // Binds and serves until Stop() (blocking). Error if the address cannot be bound.
   Status Run();
   void Stop();
   // The bound port (useful with port 0) once listening.
   int port() const;
+  // True once Run() has bound and accepts connections (thread-safe).
+  bool listening() const;
 
  private:
   struct Impl;

@@ -42,6 +42,9 @@ std::optional<ApiError> Integer(const json& b, const char* key, int64_t lo, int6
   auto it = b.find(key);
   if (it == b.end() || it->is_null()) return std::nullopt;
   if (!it->is_number_integer()) return Bad(key, std::string("'") + key + "' must be an integer, got " + TypeName(*it));
+  if (it->is_number_unsigned() && it->get<uint64_t>() > (uint64_t)INT64_MAX) {
+    return Bad(key, std::string("'") + key + "' must be at most " + std::to_string(hi) + ", got " + it->dump());
+  }
   int64_t v = it->get<int64_t>();
   if (v < lo || v > hi) {
     return Bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
@@ -68,7 +71,8 @@ std::optional<ApiError> Content(const json& c, const std::string& param, std::st
   if (c.is_array()) {
     out->clear();
     for (const json& part : c) {
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+          !part["text"].is_string()) {
         return Bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
       }
       *out += part["text"].get<std::string>();
@@ -122,7 +126,8 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
     } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
       r->prompt_is_ids = true;
       for (const json& t : p) {
-        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+        if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX) ||
+            t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
           return Bad("prompt", "'prompt' token arrays must hold non-negative integers");
         }
         r->prompt_ids.push_back((int32_t)t.get<int64_t>());

@@ -63,6 +63,11 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({})", false, "prompt"},
       {R"({"prompt": ["a", "b"]})", false, "prompt"},
       {R"({"prompt": "x", "logprobs": 9})", false, "logprobs"},
+      // Found by openai_request_fuzz / review: these threw (type_error) or wrapped around.
+      {R"({"messages": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]})", true, "messages[0].content"},
+      {R"({"prompt": "x", "max_tokens": 18446744073709551615})", false, "max_tokens"},
+      {R"({"prompt": "x", "top_k": 18446744073709551615})", false, "top_k"},
+      {R"({"prompt": [1, 18446744073709551615]})", false, "prompt"},
   };
   for (const Case& c : cases) {
     auto e = Parse(c.body, c.chat, &r);

@@ -1,0 +1,451 @@
+// `lathe bench serve`: serving throughput and latency over loopback HTTP — the engine and the
+// OpenAI server in-process (or an external --url) — with a seeded synthetic workload of real
+// TinyStories text at several concurrency levels, streamed through cpp-httplib client threads.
+// Prints output tok/s, TTFT and ITL p50/p99, the ratio to one request at a time from the same
+// run, llama-server's figures (../shared/PEERS.md), KV utilization under load, and the prefill
+// time a shared system prompt saves with the prefix cache on vs off.
+#include <httplib.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "serve/engine.h"
+#include "server/http_server.h"
+
+namespace lathe::cli {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = (size_t)std::min<double>((double)v.size() - 1, p / 100.0 * (double)(v.size() - 1) + 0.5);
+  return v[i];
+}
+
+struct Endpoint {
+  std::string host;
+  int port = 0;
+  std::string api_key;
+};
+
+// One streamed completion: send time -> first content chunk (TTFT), gaps between content chunks
+// (ITL), and the completion tokens from the final usage chunk.
+struct Sample {
+  bool ok = false;
+  std::string error;
+  double ttft = 0, latency = 0;
+  std::vector<double> itl;
+  int64_t tokens = 0;
+};
+
+Sample StreamCompletion(const Endpoint& ep, const std::vector<int32_t>& prompt, int64_t max_tokens) {
+  Sample s;
+  json body = {{"prompt", prompt}, {"max_tokens", max_tokens},
+               {"temperature", 0}, {"ignore_eos", true},
+               {"stream", true},   {"stream_options", {{"include_usage", true}}}};
+  httplib::Client cli(ep.host, ep.port);
+  cli.set_read_timeout(600, 0);
+  cli.set_connection_timeout(10, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  if (!ep.api_key.empty()) req.set_header("Authorization", "Bearer " + ep.api_key);
+  std::string buf;
+  const double t0 = Now();
+  double last = 0;
+  bool done = false;
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    buf.append(data, len);
+    size_t pos;
+    while ((pos = buf.find("\n\n")) != std::string::npos) {
+      std::string ev = buf.substr(0, pos);
+      buf.erase(0, pos + 2);
+      if (ev.rfind("data: ", 0) != 0) continue;  // keep-alive comments
+      std::string payload = ev.substr(6);
+      if (payload == "[DONE]") {
+        done = true;
+        continue;
+      }
+      json j = json::parse(payload, nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("usage") && j["usage"].is_object()) s.tokens = j["usage"].value("completion_tokens", 0);
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      const double now = Now();
+      if (last == 0)
+        s.ttft = now - t0;
+      else
+        s.itl.push_back(now - last);
+      last = now;
+    }
+    return true;
+  };
+  auto res = cli.send(req);
+  s.latency = Now() - t0;
+  if (!res) {
+    s.error = "HTTP error " + httplib::to_string(res.error());
+  } else if (res->status != 200) {
+    s.error = StrFormat("status %d: %s", res->status, res->body.substr(0, 200).c_str());
+  } else if (!done) {
+    s.error = "stream ended without [DONE]";
+  } else {
+    s.ok = true;
+  }
+  return s;
+}
+
+std::string HttpGet(const Endpoint& ep, const std::string& path) {
+  httplib::Client cli(ep.host, ep.port);
+  auto res = cli.Get(path.c_str());
+  return res && res->status == 200 ? res->body : std::string();
+}
+
+double MetricValue(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::atof(line.c_str() + name.size() + 1);
+  }
+  return -1;
+}
+
+struct Request {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens;
+};
+
+struct LevelResult {
+  int concurrency = 0;
+  int n = 0, failed = 0;
+  double wall = 0, tokens = 0;
+  double ttft_p50 = 0, ttft_p99 = 0, itl_p50 = 0, itl_p99 = 0, latency_p50 = 0;
+  double kv_util = -1, kv_blocks_frac = -1;  // under load: tokens / capacity of used blocks, used / total
+  std::string first_error;
+  double tps() const { return tokens / wall; }
+};
+
+LevelResult RunLevel(const Endpoint& ep, const std::vector<Request>& reqs, int concurrency) {
+  LevelResult r;
+  r.concurrency = concurrency;
+  r.n = (int)reqs.size();
+  std::vector<Sample> samples(reqs.size());
+  std::atomic<size_t> next{0};
+  std::atomic<bool> running{true};
+  // KV utilization, sampled from /metrics while the level runs.
+  std::vector<double> util, frac;
+  std::thread sampler([&] {
+    while (running.load()) {
+      std::string m = HttpGet(ep, "/metrics");
+      double stored = MetricValue(m, "lathe_kv_tokens_stored"), used = MetricValue(m, "lathe_kv_blocks_used");
+      double total = MetricValue(m, "lathe_kv_blocks_total"),
+             cap = MetricValue(m, "lathe_kv_tokens_capacity");
+      if (stored > 0 && used > 0 && total > 0 && cap > 0) {
+        util.push_back(stored / (used * cap / total));
+        frac.push_back(used / total);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  const double t0 = Now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < concurrency; ++c) {
+    threads.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < reqs.size();) {
+        samples[i] = StreamCompletion(ep, reqs[i].prompt, reqs[i].max_tokens);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  r.wall = Now() - t0;
+  running = false;
+  sampler.join();
+  std::vector<double> ttft, itl, lat;
+  for (const Sample& s : samples) {
+    if (!s.ok) {
+      if (r.failed++ == 0) r.first_error = s.error;
+      continue;
+    }
+    r.tokens += (double)s.tokens;
+    ttft.push_back(s.ttft);
+    lat.push_back(s.latency);
+    itl.insert(itl.end(), s.itl.begin(), s.itl.end());
+  }
+  r.ttft_p50 = Percentile(ttft, 50);
+  r.ttft_p99 = Percentile(ttft, 99);
+  r.itl_p50 = Percentile(itl, 50);
+  r.itl_p99 = Percentile(itl, 99);
+  r.latency_p50 = Percentile(lat, 50);
+  if (!util.empty()) {
+    // The busiest half of the samples: the ramp-up and drain at the ends are not "under load".
+    std::vector<size_t> order(frac.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return frac[a] > frac[b]; });
+    double u = 0, f = 0;
+    size_t k = std::max<size_t>(1, order.size() / 2);
+    for (size_t i = 0; i < k; ++i) {
+      u += util[order[i]];
+      f += frac[order[i]];
+    }
+    r.kv_util = u / k;
+    r.kv_blocks_frac = f / k;
+  }
+  return r;
+}
+
+// An in-process engine + HTTP server on a free loopback port.
+struct LocalServer {
+  std::unique_ptr<serve::Engine> engine;
+  std::unique_ptr<server::HttpServer> http;
+  std::thread thread;
+  ~LocalServer() {
+    if (http) http->Stop();
+    if (thread.joinable()) thread.join();
+    if (engine) engine->Stop();
+  }
+};
+
+Result<std::unique_ptr<LocalServer>> StartLocal(const model::LoadedModel& lm, ThreadPool& pool,
+                                                serve::EngineConfig ec) {
+  auto s = std::make_unique<LocalServer>();
+  s->engine = std::make_unique<serve::Engine>(lm.weights, pool, ec);
+  s->engine->Start();
+  server::ServerOptions so;
+  so.port = 0;
+  s->http = std::make_unique<server::HttpServer>(
+      *s->engine, *lm.tokenizer, tokenizer::ChatTemplate::Detect(lm.tokenizer->chat_template()), so);
+  server::HttpServer* h = s->http.get();
+  s->thread = std::thread([h] { (void)h->Run(); });
+  for (int i = 0; i < 500 && !h->listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!h->listening()) return Status::Error("the in-process server did not start");
+  return s;
+}
+
+std::vector<int> ParseIntList(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
+
+// Mean TTFT of `n` one-token requests that share a `shared`-token prefix (+ a distinct tail).
+Result<double> PrefixTtft(const Endpoint& ep, const std::vector<int32_t>& text, int shared, int tail, int n) {
+  std::vector<double> t;
+  for (int i = 0; i <= n; ++i) {
+    std::vector<int32_t> p(text.begin(), text.begin() + shared);
+    size_t off = (size_t)shared + (size_t)(i + 1) * tail;
+    if (off + tail > text.size()) return Status::Error("not enough text for the prefix benchmark");
+    p.insert(p.end(), text.begin() + off, text.begin() + off + tail);
+    Sample s = StreamCompletion(ep, p, 1);
+    if (!s.ok) return Status::Error("prefix benchmark request failed: " + s.error);
+    if (i > 0) t.push_back(s.ttft);  // the first request fills the cache
+  }
+  double sum = 0;
+  for (double v : t) sum += v;
+  return sum / (double)t.size();
+}
+
+}  // namespace
+
+int RunBenchServe(int argc, char** argv) {
+  Args args("bench serve",
+            "lathe bench serve -m MODEL [--concurrency 1,8,32,64] | --url http://127.0.0.1:PORT -m MODEL");
+  AddModelFlags(args);
+  args.Flag("--url", "benchmark a running server instead (http://HOST:PORT); -m still gives the tokenizer");
+  args.Flag("--api-key", "API key for --url");
+  args.Flag("--concurrency", "concurrency levels", "1,8,32,64");
+  args.Flag("--requests", "requests per level: max(this, 2 x concurrency)", "16");
+  args.Flag("--data", "text to draw prompts from", "../shared/data/tinystories/validation_100.txt");
+  args.Flag("--prompt-tokens", "prompt length range MIN,MAX (uniform, seeded)", "32,160");
+  args.Flag("--output-tokens", "output length range MIN,MAX (uniform, seeded)", "32,96");
+  args.Flag("--seed", "workload seed", "1234");
+  args.Flag("--max-num-seqs", "engine: sequences at once", "64");
+  args.Flag("--max-num-batched-tokens", "engine: tokens per step", "512");
+  args.Flag("--kv-cache-memory", "engine: KV cache bytes", "1073741824");
+  args.Flag("--system-prompt-tokens", "shared-prefix benchmark: prefix length (0 = skip)", "384");
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return Fail("bench serve", st);
+  if (args.help_requested()) {
+    std::printf("%s", args.Help().c_str());
+    return 0;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  auto levels = ParseIntList(args.Get("concurrency"));
+  auto plen = ParseIntList(args.Get("prompt-tokens"));
+  auto olen = ParseIntList(args.Get("output-tokens"));
+  auto nreq = args.Int("requests"), seed = args.Int("seed"), mns = args.Int("max-num-seqs");
+  auto mbt = args.Int("max-num-batched-tokens"), kvb = args.Int("kv-cache-memory"),
+       sys_n = args.Int("system-prompt-tokens");
+  if (levels.empty() || std::any_of(levels.begin(), levels.end(), [](int c) { return c < 1; }) ||
+      plen.size() != 2 || olen.size() != 2 || plen[0] < 1 || plen[1] < plen[0] || olen[0] < 1 ||
+      olen[1] < olen[0] || !nreq.ok() || !seed.ok() || !mns.ok() || !mbt.ok() || !kvb.ok() || !sys_n.ok() ||
+      *nreq < 1 || *mns < 1 || *mbt < 1 || *kvb < 1 || *sys_n < 0) {
+    return Fail(
+        "bench serve",
+        Status::Error("bad flags: --concurrency 1,8,..; --prompt-tokens/--output-tokens MIN,MAX; "
+                      "positive --requests/--max-num-seqs/--max-num-batched-tokens/--kv-cache-memory"));
+  }
+  auto lm = LoadModelFromArgs(args);
+  if (!lm.ok()) return Fail("bench serve", lm.status());
+  const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
+  std::ifstream f(args.Get("data"));
+  if (!f) return Fail("bench serve", Status::Error("--data: cannot read " + args.Get("data")));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::vector<int32_t> text = tok.Encode(ss.str(), false, false);
+  if ((int64_t)text.size() < 4 * plen[1] + *sys_n * 2)
+    return Fail("bench serve", Status::Error("--data: too little text"));
+  // The workload: prompt = BOS + a random window of the text.
+  std::mt19937_64 rng((uint64_t)*seed);
+  int max_levels = *std::max_element(levels.begin(), levels.end());
+  int64_t per_level = std::max<int64_t>(*nreq, 2 * max_levels);
+  std::vector<Request> all;
+  for (int64_t i = 0; i < per_level; ++i) {
+    int p = std::uniform_int_distribution<int>(plen[0], plen[1])(rng);
+    int o = std::uniform_int_distribution<int>(olen[0], olen[1])(rng);
+    size_t start = std::uniform_int_distribution<size_t>(0, text.size() - p - 1)(rng);
+    Request r;
+    if (tok.bos_id() >= 0 && tok.add_bos()) r.prompt.push_back(tok.bos_id());
+    r.prompt.insert(r.prompt.end(), text.begin() + start, text.begin() + start + p);
+    r.max_tokens = o;
+    all.push_back(std::move(r));
+  }
+
+  Endpoint ep;
+  ThreadPool pool(ThreadsFromArgs(args));
+  serve::EngineConfig ec;
+  ec.block_size = 16;
+  ec.max_num_seqs = *mns;
+  ec.max_num_batched_tokens = *mbt;
+  ec.max_model_len = std::min<int64_t>((*lm)->weights.config.max_seq_len, 4096);
+  ec.n_blocks = *kvb / (int64_t)model::KvBlockStore::BlockBytes((*lm)->weights.config, ec.block_size);
+  std::unique_ptr<LocalServer> local;
+  if (args.Has("url")) {
+    std::string u = args.Get("url");
+    size_t colon = u.rfind(':');
+    size_t host0 = u.find("://");
+    if (host0 == std::string::npos || colon == std::string::npos || colon < host0 + 3) {
+      return Fail("bench serve", Status::Error("--url: expected http://HOST:PORT"));
+    }
+    ep.host = u.substr(host0 + 3, colon - host0 - 3);
+    ep.port = std::atoi(u.c_str() + colon + 1);
+    ep.api_key = args.Get("api-key");
+  } else {
+    auto s = StartLocal(**lm, pool, ec);
+    if (!s.ok()) return Fail("bench serve", s.status());
+    local = std::move(*s);
+    ep.host = "127.0.0.1";
+    ep.port = local->http->port();
+  }
+  std::printf(
+      "lathe bench serve: %s, %s, %d engine thread(s); %lld requests per level, prompt %d-%d tokens, output "
+      "%d-%d tokens (seed %lld), greedy, ignore_eos, streamed over http://%s:%d\n",
+      (*lm)->path.c_str(), local ? "in-process server" : "external server", pool.size(), (long long)per_level,
+      plen[0], plen[1], olen[0], olen[1], (long long)*seed, ep.host.c_str(), ep.port);
+  if (local) {
+    std::printf("engine: %lld KV blocks x 16 tokens, max-num-seqs %lld, max-num-batched-tokens %lld\n",
+                (long long)ec.n_blocks, (long long)ec.max_num_seqs, (long long)ec.max_num_batched_tokens);
+  }
+  // Warm-up (page faults, thread start-up).
+  (void)StreamCompletion(ep, all[0].prompt, 4);
+  std::vector<LevelResult> results;
+  for (int c : levels) {
+    // One request at a time runs a quarter of the requests (the slowest level); the others all.
+    std::vector<Request> reqs(all.begin(),
+                              all.begin() + (c == 1 ? std::max<int64_t>(4, per_level / 4) : per_level));
+    LevelResult r = RunLevel(ep, reqs, c);
+    results.push_back(r);
+    std::printf(
+        "concurrency %3d: %4d requests in %6.1f s: %7.1f output tok/s | TTFT p50 %6.3f p99 %6.3f s | ITL p50 "
+        "%6.1f p99 %6.1f ms | latency p50 %5.2f s",
+        c, r.n, r.wall, r.tps(), r.ttft_p50, r.ttft_p99, 1e3 * r.itl_p50, 1e3 * r.itl_p99, r.latency_p50);
+    if (r.kv_util >= 0)
+      std::printf(" | KV: %.1f%% of used block capacity holds tokens, %.1f%% of blocks used", 100 * r.kv_util,
+                  100 * r.kv_blocks_frac);
+    if (r.failed) std::printf(" | %d FAILED (%s)", r.failed, r.first_error.c_str());
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  const LevelResult* base = nullptr;
+  for (const auto& r : results)
+    if (r.concurrency == 1) base = &r;
+  std::printf(
+      "\n| concurrency | output tok/s | vs one at a time | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | KV "
+      "tokens / used capacity |\n"
+      "|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& r : results) {
+    std::printf("| %d | %.1f | %s | %.3f / %.3f | %.1f / %.1f | %s |\n", r.concurrency, r.tps(),
+                base ? StrFormat("%.2fx", r.tps() / base->tps()).c_str() : "-", r.ttft_p50, r.ttft_p99,
+                1e3 * r.itl_p50, 1e3 * r.itl_p99,
+                r.kv_util >= 0 ? StrFormat("%.1f%%", 100 * r.kv_util).c_str() : "-");
+  }
+  std::printf(
+      "\nllama-server (../shared/PEERS.md; SmolLM2-135M Q8_0, --parallel 8 -t 2, max_tokens 64, same machine "
+      "type, another run): one at a time ~110 tok/s; 32 concurrent 206 tok/s (1.85x), median latency 7.2 "
+      "s.\n");
+
+  // Shared system prompt: prefill time saved by the prefix cache.
+  if (*sys_n > 0) {
+    const int tail = 16, n = 8;
+    std::vector<int32_t> sys_text;
+    if (tok.bos_id() >= 0 && tok.add_bos()) sys_text.push_back(tok.bos_id());
+    sys_text.insert(sys_text.end(), text.begin(),
+                    text.begin() + std::min<size_t>(text.size(), (size_t)*sys_n * 2 + 64 * tail));
+    double on = 0, off = 0;
+    auto t_on = PrefixTtft(ep, sys_text, (int)*sys_n, tail, n);
+    if (!t_on.ok()) return Fail("bench serve", t_on.status());
+    on = *t_on;
+    if (local) {
+      local.reset();
+      serve::EngineConfig off_cfg = ec;
+      off_cfg.prefix_caching = false;
+      auto s = StartLocal(**lm, pool, off_cfg);
+      if (!s.ok()) return Fail("bench serve", s.status());
+      local = std::move(*s);
+      ep.port = local->http->port();
+      (void)StreamCompletion(ep, all[0].prompt, 4);
+      auto t_off = PrefixTtft(ep, sys_text, (int)*sys_n, tail, n);
+      if (!t_off.ok()) return Fail("bench serve", t_off.status());
+      off = *t_off;
+      std::printf(
+          "\nshared %lld-token system prompt + %d distinct tokens, 1 output token, %d requests one at a "
+          "time: TTFT "
+          "%.1f ms with the prefix cache vs %.1f ms without: %.1f ms (%.0f%%) of prefill saved per request "
+          "(%.1fx)\n",
+          (long long)*sys_n, tail, n, 1e3 * on, 1e3 * off, 1e3 * (off - on), 100 * (off - on) / off,
+          off / on);
+    } else {
+      std::printf(
+          "\nshared %lld-token system prompt + %d distinct tokens: TTFT %.1f ms (prefix cache as configured "
+          "on the "
+          "server)\n",
+          (long long)*sys_n, tail, 1e3 * on);
+    }
+  }
+  for (const auto& r : results)
+    if (r.failed) return 1;
+  return 0;
+}
+
+}  // namespace lathe::cli

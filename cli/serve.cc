@@ -1,0 +1,237 @@
+// `lathe serve`: the OpenAI-compatible server — loads a model (+ LoRA adapters), sizes the paged
+// KV cache, runs the continuous-batching engine and the HTTP server until SIGINT/SIGTERM.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "model/lora.h"
+#include "serve/engine.h"
+#include "server/http_server.h"
+
+namespace lathe::cli {
+
+namespace {
+
+// MemAvailable from /proc/meminfo in bytes (0 if unknown).
+int64_t AvailableMemory() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+static Result<int64_t> ParseKvCacheMemory(const std::string& text) {
+  if (text.empty()) return Status::Error("--kv-cache-memory is empty");
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  std::string suffix = end ? std::string(end) : "";
+  if (end == text.c_str() || !(v > 0) || !std::isfinite(v)) {
+    return Status::Error("--kv-cache-memory '" + text +
+                         "': expected bytes (1073741824, 512M, 4G) or a fraction of free RAM (0.25)");
+  }
+  double mult = 1;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    mult = 1024.0;
+  else if (suffix == "M" || suffix == "MiB")
+    mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) {
+    return Status::Error("--kv-cache-memory '" + text + "': unknown unit '" + suffix + "' (K, M or G)");
+  }
+  if (suffix.empty() && v <= 1.0) {
+    int64_t avail = AvailableMemory();
+    if (avail <= 0)
+      return Status::Error("--kv-cache-memory as a fraction needs /proc/meminfo; give bytes instead");
+    return (int64_t)(v * (double)avail);
+  }
+  return (int64_t)(v * mult);
+}
+
+namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
+void OnSignal(int sig) { g_stop_signal = sig; }
+
+}  // namespace
+
+int RunServe(int argc, char** argv) {
+  Args args("serve", "lathe serve -m MODEL [--host 127.0.0.1] [--port 8000] [--lora name=DIR ...]");
+  AddModelFlags(args);
+  args.Flag("--host", "address to bind (loopback by default; 0.0.0.0 exposes the server)", "127.0.0.1");
+  args.Flag("--port", "TCP port (0 = any free port)", "8000");
+  args.Flag("--api-key", "require \"Authorization: Bearer KEY\" on the API routes");
+  args.Flag("--served-model-name", "the base model's name in the API (default: the model file's name)");
+  args.Flag("--kv-cache-memory",
+            "KV cache size: bytes (e.g. 2G, 512M) or a fraction of free RAM (0.2); default: enough for "
+            "max-num-seqs full contexts, at most max(1 GiB, 4 full contexts) and a quarter of free RAM");
+  args.Flag("--block-size", "tokens per KV-cache block", "16");
+  args.Flag("--max-num-batched-tokens", "tokens per engine step (the batch's token budget)", "512");
+  args.Flag("--max-num-seqs", "sequences running at once", "64");
+  args.Flag("--max-model-len", "context length per request (prompt + completion); default min(model's, 4096)",
+            "0");
+  args.Bool("--no-prefix-caching", "compute every prompt in full (no reuse of cached prefix blocks)");
+  args.Flag("--lora", "LoRA adapter to serve as NAME=DIR (PEFT directory); repeatable");
+  args.Flag("--chat-template",
+            "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return Fail("serve", st);
+  if (args.help_requested()) {
+    std::printf("%s", args.Help().c_str());
+    return 0;
+  }
+  serve::EngineConfig ec;
+  auto port = args.Int("port");
+  auto bs = args.Int("block-size");
+  auto mbt = args.Int("max-num-batched-tokens");
+  auto mns = args.Int("max-num-seqs");
+  auto mml = args.Int("max-model-len");
+  if (!port.ok() || *port < 0 || *port > 65535)
+    return Fail("serve", Status::Error("--port must be in 0..65535"));
+  if (!bs.ok() || *bs < 1 || *bs > 1024)
+    return Fail("serve", Status::Error("--block-size must be in 1..1024"));
+  if (!mbt.ok() || *mbt < 1)
+    return Fail("serve", Status::Error("--max-num-batched-tokens must be a positive integer"));
+  if (!mns.ok() || *mns < 1) return Fail("serve", Status::Error("--max-num-seqs must be a positive integer"));
+  if (!mml.ok() || *mml < 0)
+    return Fail("serve", Status::Error("--max-model-len must be a non-negative integer"));
+  if (args.Has("adapter")) {
+    return Fail("serve",
+                Status::Error("--adapter is for generate/chat; serve adapters with --lora NAME=DIR"));
+  }
+  auto lm = LoadModelFromArgs(args);
+  if (!lm.ok()) return Fail("serve", lm.status());
+  const model::ModelConfig& mc = (*lm)->weights.config;
+  ec.block_size = *bs;
+  ec.max_num_batched_tokens = *mbt;
+  ec.max_num_seqs = *mns;
+  ec.prefix_caching = !args.On("no-prefix-caching");
+  ec.max_model_len = *mml > 0 ? *mml : std::min<int64_t>(mc.max_seq_len, 4096);
+  if (ec.max_model_len < 2) return Fail("serve", Status::Error("--max-model-len must be at least 2"));
+  const size_t block_bytes = model::KvBlockStore::BlockBytes(mc, ec.block_size);
+  int64_t kv_bytes;
+  if (args.Has("kv-cache-memory")) {
+    auto b = ParseKvCacheMemory(args.Get("kv-cache-memory"));
+    if (!b.ok()) return Fail("serve", b.status());
+    kv_bytes = *b;
+  } else {
+    int64_t full =
+        ec.max_num_seqs * ((ec.max_model_len + ec.block_size - 1) / ec.block_size + 1) * (int64_t)block_bytes;
+    int64_t avail = AvailableMemory();
+    // At most 1 GiB (or 4 full contexts) by default: the f32 store is zero-filled at start (~1 s per GiB).
+    const int64_t four_requests =
+        4 * ((ec.max_model_len + ec.block_size - 1) / ec.block_size) * (int64_t)block_bytes;
+    kv_bytes = std::min<int64_t>(full, std::max<int64_t>(int64_t{1} << 30, four_requests));
+    if (avail > 0) kv_bytes = std::min(kv_bytes, avail / 4);
+  }
+  ec.n_blocks = kv_bytes / (int64_t)block_bytes;
+  const int64_t per_request = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
+  if (ec.n_blocks < per_request) {
+    return Fail(
+        "serve",
+        Status::Error(StrFormat(
+            "--kv-cache-memory: %lld bytes hold %lld blocks of %zu bytes, but one full-context "
+            "request (--max-model-len %lld) needs %lld; give more memory or a smaller --max-model-len",
+            (long long)kv_bytes, (long long)ec.n_blocks, block_bytes, (long long)ec.max_model_len,
+            (long long)per_request)));
+  }
+  // Adapters.
+  std::vector<std::unique_ptr<model::LoraAdapter>> adapters;
+  server::ServerOptions so;
+  for (const std::string& spec : args.All("lora")) {
+    size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+      return Fail("serve", Status::Error("--lora '" + spec + "': expected NAME=DIR"));
+    }
+    std::string name = spec.substr(0, eq);
+    for (const auto& a : so.adapters) {
+      if (a.first == name)
+        return Fail("serve", Status::Error("--lora: the name '" + name + "' is given twice"));
+    }
+    auto a = model::LoadPeftAdapter(spec.substr(eq + 1), mc);
+    if (!a.ok()) return Fail("serve", Status::Error("--lora " + name + ": " + a.status().message()));
+    adapters.push_back(std::move(*a));
+    so.adapters.push_back({name, adapters.back().get()});
+  }
+  const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
+  tokenizer::ChatTemplate tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
+  if (args.Has("chat-template")) {
+    auto t = tokenizer::ChatTemplate::ByName(args.Get("chat-template"));
+    if (!t.ok()) return Fail("serve", t.status());
+    tmpl = *t;
+  }
+  so.host = args.Get("host");
+  so.port = (int)*port;
+  so.api_key = args.Get("api-key");
+  if (args.Has("served-model-name")) {
+    so.model_name = args.Get("served-model-name");
+  } else {
+    std::string p = (*lm)->path;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    so.model_name = p.substr(p.find_last_of('/') + 1);
+  }
+  for (const auto& a : so.adapters) {
+    if (a.first == so.model_name)
+      return Fail("serve", Status::Error("--lora: '" + a.first + "' is the base model's name"));
+  }
+
+  // A client that vanishes mid-write must not kill the server.
+  signal(SIGPIPE, SIG_IGN);
+  ThreadPool pool(ThreadsFromArgs(args));
+  serve::Engine engine((*lm)->weights, pool, ec);
+  engine.Start();
+  server::HttpServer http(engine, tok, tmpl, so);
+  // Signals: a watcher thread stops the HTTP server (Run returns), then the engine stops.
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done.load()) {
+      if (g_stop_signal) {
+        std::fprintf(stderr, "lathe serve: signal %d, shutting down\n", (int)g_stop_signal);
+        http.Stop();
+        return;
+      }
+      usleep(50 * 1000);
+    }
+  });
+  std::thread announcer([&] {
+    for (int i = 0; i < 200 && !done.load(); ++i) {
+      if (http.listening()) {
+        std::printf(
+            "lathe serve: %s (%lld KV blocks x %lld tokens = %.1f MiB, context %lld, %zu adapter(s)) on "
+            "http://%s:%d/v1\n",
+            so.model_name.c_str(), (long long)ec.n_blocks, (long long)ec.block_size,
+            (double)ec.n_blocks * block_bytes / (1 << 20), (long long)ec.max_model_len, so.adapters.size(),
+            so.host.c_str(), http.port());
+        std::fflush(stdout);
+        return;
+      }
+      usleep(20 * 1000);
+    }
+  });
+  Status run = http.Run();
+  done = true;
+  announcer.join();
+  watcher.join();
+  engine.Stop();
+  if (!run.ok()) return Fail("serve", run);
+  return 0;
+}
+
+}  // namespace lathe::cli

@@ -1,0 +1,289 @@
+"""Checks a running `lathe serve` with the official openai client (see serve_test.sh).
+
+serve_test.py make-adapters DIR LATHE MODEL   writes two random PEFT adapters (q_proj, o_proj)
+serve_test.py run URL LATHE MODEL DIR         runs every check against the server at URL
+"""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+KEY = "sk-e2e"
+fails = []
+
+
+def check(cond, what):
+    if not cond:
+        fails.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def model_dim(lathe, model):
+    out = subprocess.run([lathe, "info", model], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"dim (\d+)", out)
+    assert m, out
+    return int(m.group(1)), int(re.search(r"(\d+) layers", out).group(1))
+
+
+def write_safetensors(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name, (shape, values) in tensors.items():
+        data = struct.pack("<%df" % len(values), *values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def make_adapters(root, lathe, model):
+    import random
+    dim, layers = model_dim(lathe, model)
+    r = 4
+    for k, name in enumerate(["ad1", "ad2"]):
+        rng = random.Random(100 + k)
+        d = os.path.join(root, name)
+        os.makedirs(d, exist_ok=True)
+        json.dump({"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "o_proj"],
+                   "bias": "none"}, open(os.path.join(d, "adapter_config.json"), "w"))
+        t = {}
+        for l in range(layers):
+            for mod in ["q_proj", "o_proj"]:
+                p = "base_model.model.model.layers.%d.self_attn.%s." % (l, mod)
+                t[p + "lora_A.weight"] = ([r, dim], [rng.gauss(0, 0.15) for _ in range(r * dim)])
+                t[p + "lora_B.weight"] = ([dim, r], [rng.gauss(0, 0.15) for _ in range(r * dim)])
+        write_safetensors(os.path.join(d, "adapter_model.safetensors"), t)
+
+
+def http(url, body=None, key=KEY, method=None):
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"))
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metric(base, name):
+    _, text = http(base + "/metrics", key=None)
+    total = None
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total = (total or 0) + float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def generate_cli(lathe, model, prompt, n, adapter=None):
+    cmd = [lathe, "generate", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "--ignore-eos", "--json", "-t", "1"]
+    if adapter:
+        cmd += ["--adapter", adapter]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["text"]
+
+
+def run(base, lathe, model, root):
+    import openai
+    from openai import OpenAI
+    client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    greedy = dict(temperature=0, extra_body={"ignore_eos": True})
+
+    # Models: the base and both adapters.
+    ids = sorted(m.id for m in client.models.list().data)
+    check(ids == ["ad1", "ad2", "stories"], "models list: %s" % ids)
+    check(http(base + "/health", key=None)[0] == 200, "/health")
+
+    # Completions: greedy equals `lathe generate` (an independent, one-at-a-time code path).
+    prompt = "Once upon a time"
+    c = client.completions.create(model="stories", prompt=prompt, max_tokens=24, **greedy)
+    want = generate_cli(lathe, model, prompt, 24)
+    check(c.choices[0].text == want, "completion %r != generate %r" % (c.choices[0].text, want))
+    check(c.choices[0].finish_reason == "length", "finish_reason %s" % c.choices[0].finish_reason)
+    check(c.usage.completion_tokens == 24 and c.usage.prompt_tokens > 1, "usage %s" % c.usage)
+    check(c.object == "text_completion" and c.model == "stories", "completion object/model")
+
+    e = client.completions.create(model="stories", prompt=prompt, max_tokens=24, echo=True, **greedy)
+    check(e.choices[0].text == prompt + want, "echo: %r" % e.choices[0].text)
+
+    # Chat completions.
+    ch = client.chat.completions.create(model="stories", messages=[{"role": "system", "content": "Be kind."},
+                                                                    {"role": "user", "content": "Tell me a story."}],
+                                        max_tokens=16, temperature=0)
+    check(ch.choices[0].message.role == "assistant" and len(ch.choices[0].message.content) > 0, "chat message")
+    check(ch.usage.completion_tokens >= 1 and ch.object == "chat.completion", "chat usage/object")
+
+    # Streaming with include_usage: the deltas add up to the non-streamed text; a final usage chunk.
+    chunks = list(client.completions.create(model="stories", prompt=prompt, max_tokens=24, stream=True,
+                                            stream_options={"include_usage": True}, **greedy))
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    check(text == want, "stream text %r != %r" % (text, want))
+    check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 24 and not chunks[-1].choices,
+          "stream usage chunk")
+    chat_chunks = list(client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}],
+                                                      max_tokens=12, stream=True, temperature=0,
+                                                      stream_options={"include_usage": True}))
+    check(chat_chunks[0].choices[0].delta.role == "assistant", "chat stream role delta")
+    check(chat_chunks[-1].usage is not None, "chat stream usage")
+    st, raw = http(base + "/v1/completions", {"prompt": prompt, "max_tokens": 4, "stream": True})
+    check(st == 200 and raw.endswith("data: [DONE]\n\n") and raw.startswith("data: {"), "raw SSE ends with [DONE]")
+
+    # n > 1 with a seed: distinct choice indexes; the same seed reproduces, another seed differs.
+    def sampled(seed, n=1, max_tokens=24):
+        r = client.completions.create(model="stories", prompt=prompt, max_tokens=max_tokens, n=n, temperature=1.0,
+                                      seed=seed)
+        return [x.text for x in sorted(r.choices, key=lambda x: x.index)], r
+    a, r = sampled(7, n=3)
+    check(sorted(x.index for x in r.choices) == [0, 1, 2], "n=3 indexes")
+    check(len(set(a)) > 1, "n=3 choices all equal: %s" % a)
+    b, _ = sampled(7, n=3)
+    check(a == b, "seeded n=3 not reproducible")
+    check(sampled(7)[0] == sampled(7)[0], "seed reproducibility")
+    check(sampled(7)[0] != sampled(8)[0], "seeds 7 and 8 gave the same text")
+
+    # Logprobs (completions: top alternatives; chat: content list).
+    lp = client.completions.create(model="stories", prompt=prompt, max_tokens=8, logprobs=3, **greedy).choices[0].logprobs
+    check(len(lp.tokens) == 8 and len(lp.token_logprobs) == 8, "logprobs length")
+    check(all(len(t) <= 3 and len(t) >= 1 for t in lp.top_logprobs), "top_logprobs sizes")
+    check(all(v <= 1e-6 for v in lp.token_logprobs), "logprobs <= 0")
+    check(all(abs(max(t.values()) - v) < 1e-4 for t, v in zip(lp.top_logprobs, lp.token_logprobs)),
+          "greedy token is the top logprob")
+    clp = client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+                                         temperature=0, logprobs=True, top_logprobs=2).choices[0].logprobs
+    check(clp is not None and len(clp.content) >= 1 and all(len(t.top_logprobs) <= 2 for t in clp.content),
+          "chat logprobs")
+
+    # Adapters by model name, requested concurrently (they batch in the engine): each equals
+    # `lathe generate --adapter` alone.
+    expect = {"stories": want, "ad1": generate_cli(lathe, model, prompt, 24, root + "/ad1"),
+              "ad2": generate_cli(lathe, model, prompt, 24, root + "/ad2")}
+    check(len(set(expect.values())) == 3, "adapters do not change the output: %s" % expect)
+    got = {}
+
+    def adapter_req(name):
+        got[name] = client.completions.create(model=name, prompt=prompt, max_tokens=24, **greedy).choices[0].text
+    threads = [threading.Thread(target=adapter_req, args=(m,)) for m in ["ad1", "ad2", "stories"] * 1]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    check(got == expect, "adapter outputs %s != %s" % (got, expect))
+    print("adapters: %s" % json.dumps(got)[:300], flush=True)
+
+    # 64 concurrent streaming clients (8 prompts x base/ad1 x 4): each equals its request run alone.
+    prompts = ["Lily and Ben went to the park", "The dog was happy", "One day a little girl",
+               "Tom had a red ball", "The sun was shining and", "Once there was a big cat",
+               "Mom said to Tim", "The bird sang a song"]
+    def job(i):
+        return ("stories" if (i // 8) % 2 == 0 else "ad1"), prompts[i % 8]
+    alone = {}
+    for i in range(16):
+        m, p = job(i)
+        alone[(m, p)] = client.completions.create(model=m, prompt=p, max_tokens=32, **greedy).choices[0].text
+    results = [None] * 64
+
+    def streamer(i):
+        try:
+            m, p = job(i)
+            s = client.completions.create(model=m, prompt=p, max_tokens=32, stream=True, **greedy)
+            results[i] = "".join(ch.choices[0].text for ch in s if ch.choices)
+        except Exception as e:  # noqa: BLE001 - reported as a failure below
+            results[i] = "ERROR %r" % e
+    t0 = time.time()
+    threads = [threading.Thread(target=streamer, args=(i,)) for i in range(64)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    bad = [i for i in range(64) if results[i] != alone[job(i)]]
+    check(not bad, "concurrent streams differ from alone: %s" % [(i, results[i]) for i in bad[:3]])
+    print("64 concurrent streams (base + ad1): %.2f s" % (time.time() - t0), flush=True)
+
+    # A client that disconnects mid-stream: its request is cancelled, its blocks freed.
+    gen0 = metric(base, "lathe_generation_tokens_total")
+    cancelled0 = metric(base, "lathe_requests_cancelled_total")
+    s = client.completions.create(model="stories", prompt=prompt, max_tokens=3800, stream=True, **greedy)
+    for i, _ in enumerate(s):
+        if i == 3:
+            break
+    s.close()
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        if metric(base, "lathe_kv_blocks_used") == 0 and metric(base, "lathe_num_requests_running") == 0:
+            break
+        time.sleep(0.05)
+    check(metric(base, "lathe_kv_blocks_used") == 0, "KV blocks still used after a disconnect")
+    check(metric(base, "lathe_requests_cancelled_total") == cancelled0 + 1, "disconnect not counted as cancelled")
+    gen = metric(base, "lathe_generation_tokens_total") - gen0
+    check(gen < 3800, "the disconnected request ran to the end (%d tokens)" % gen)
+    print("disconnect after 4 chunks: the engine generated %d of 3800 tokens" % gen, flush=True)
+
+    # Metrics families.
+    _, text = http(base + "/metrics", key=None)
+    for name in ["lathe_requests_total", "lathe_prompt_tokens_total", "lathe_generation_tokens_total",
+                 "lathe_time_to_first_token_seconds_bucket", "lathe_inter_token_latency_seconds_bucket",
+                 "lathe_num_requests_running", "lathe_num_requests_waiting", "lathe_kv_blocks_used",
+                 "lathe_kv_blocks_total", "lathe_prefix_cache_hit_rate", "lathe_preemptions_total"]:
+        check(name in text, "metric %s missing" % name)
+    check(metric(base, "lathe_prefix_cache_hit_rate") > 0, "no prefix-cache hits after repeated prompts")
+
+    # 4xx errors name the field; the server survives all of them.
+    def err(body, status, param=None, path="/v1/completions"):
+        st, txt = http(base + path, body)
+        try:
+            e = json.loads(txt)["error"]
+        except Exception:  # noqa: BLE001
+            e = None
+        check(st == status and e is not None and (param is None or e.get("param") == param),
+              "%s %s -> %s %s" % (path, str(body)[:60], st, txt[:200]))
+    err(b"{not json", 400)
+    err(b"[1, 2]", 400)
+    err({"prompt": prompt, "max_tokens": "ten"}, 400, "max_tokens")
+    err({"prompt": prompt, "temperature": 9}, 400, "temperature")
+    err({"prompt": prompt, "n": 0}, 400, "n")
+    err({"prompt": 5}, 400, "prompt")
+    err({"prompt": "hello " * 5000}, 400, "prompt")
+    err({"prompt": prompt, "max_tokens": 100000}, 400, "max_tokens")
+    err({"prompt": [1, 99999]}, 400, "prompt")
+    err({"prompt": prompt, "model": "nope"}, 404, "model")
+    err({"messages": "hi"}, 400, "messages", "/v1/chat/completions")
+    err({"messages": [{"role": "user", "content": [{"type": 1}]}]}, 400, "messages[0].content", "/v1/chat/completions")
+    err({"prompt": prompt}, 404, None, "/v1/nothing")
+    try:
+        client.completions.create(model="stories", prompt=prompt, max_tokens=100000)
+        check(False, "openai client: max_tokens too large accepted")
+    except openai.BadRequestError as e:
+        check(e.body is not None and e.body.get("param") == "max_tokens", "BadRequestError param: %s" % e.body)
+
+    # API key.
+    bad = OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0)
+    try:
+        bad.models.list()
+        check(False, "wrong API key accepted")
+    except openai.AuthenticationError:
+        pass
+    check(http(base + "/v1/completions", {"prompt": "x"}, key=None)[0] == 401, "no API key accepted")
+
+    # Tokenize / detokenize round trip.
+    st, tk = http(base + "/tokenize", {"prompt": prompt})
+    toks = json.loads(tk)["tokens"]
+    st2, dt = http(base + "/detokenize", {"tokens": toks})
+    check(st == 200 and st2 == 200 and prompt in json.loads(dt)["prompt"], "tokenize round trip")
+
+    # Still serving after everything above.
+    again = client.completions.create(model="stories", prompt=prompt, max_tokens=24, **greedy).choices[0].text
+    check(again == want, "server state changed the output")
+    check(metric(base, "lathe_kv_blocks_used") == 0, "blocks leaked at the end")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make-adapters":
+        make_adapters(sys.argv[2], sys.argv[3], sys.argv[4])
+        sys.exit(0)
+    sys.exit(run(*sys.argv[2:6]))

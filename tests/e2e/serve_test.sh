@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# End-to-end test of `lathe serve` with the official `openai` Python client (pinned, installed
+# from PyPI into a cached venv): completions, chat, streaming, n > 1, logprobs, seeds, LoRA
+# adapters, 64 concurrent streams, disconnects, 4xx errors, API key, graceful shutdown.
+# Exits 77 (ctest SKIP) only when PyPI cannot be reached to install the client.
+set -uo pipefail
+LATHE="${LATHE_BIN:?}"
+SHARED="${LATHE_SHARED:?}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+MODEL="$SHARED/models/stories260K/stories260K.gguf"
+OPENAI_VERSION=3.51.0
+VENV="${XDG_CACHE_HOME:-$HOME/.cache}/lathe/e2e-venv"
+
+if [ ! -f "$MODEL" ]; then echo "FAIL: $MODEL not found"; exit 1; fi
+if ! "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+  python3 -m venv "$VENV" || { echo "FAIL: python3 -m venv $VENV"; exit 1; }
+  if ! timeout 300 "$VENV/bin/pip" install -q --disable-pip-version-check "openai==$OPENAI_VERSION"; then
+    if ! python3 -c "import urllib.request; urllib.request.urlopen('https://pypi.org/simple/openai/', timeout=10)" 2>/dev/null; then
+      echo "SKIP: PyPI is not reachable, cannot install openai==$OPENAI_VERSION into $VENV"
+      exit 77
+    fi
+    echo "FAIL: pip install openai==$OPENAI_VERSION failed although PyPI is reachable"
+    exit 1
+  fi
+fi
+
+tmp=$(mktemp -d)
+server_pid=
+cleanup() {
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# Two random PEFT adapters for stories260K (written by the test script, no torch needed).
+"$VENV/bin/python" "$HERE/serve_test.py" make-adapters "$tmp" "$LATHE" "$MODEL" || { echo "FAIL: make adapters"; exit 1; }
+
+"$LATHE" serve -m "$MODEL" --host 127.0.0.1 --port 0 --api-key sk-e2e --served-model-name stories \
+  --lora ad1="$tmp/ad1" --lora ad2="$tmp/ad2" --max-model-len 4096 --kv-cache-memory 64M \
+  --chat-template chatml -t 2 > "$tmp/server.out" 2> "$tmp/server.err" &
+server_pid=$!
+url=
+for _ in $(seq 1 200); do
+  url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$tmp/server.out" | head -1)
+  [ -n "$url" ] && break
+  if ! kill -0 "$server_pid" 2>/dev/null; then echo "FAIL: server exited"; cat "$tmp/server.err"; exit 1; fi
+  sleep 0.05
+done
+if [ -z "$url" ]; then echo "FAIL: server did not print its address"; cat "$tmp/server.out" "$tmp/server.err"; exit 1; fi
+echo "server: $url"
+
+"$VENV/bin/python" "$HERE/serve_test.py" run "$url" "$LATHE" "$MODEL" "$tmp"
+rc=$?
+
+# Graceful shutdown on SIGTERM: exit status 0, promptly.
+kill -TERM "$server_pid"
+for _ in $(seq 1 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.05; done
+if kill -0 "$server_pid" 2>/dev/null; then echo "FAIL: server still running 5 s after SIGTERM"; rc=1; fi
+wait "$server_pid"
+st=$?
+server_pid=
+if [ "$st" -ne 0 ]; then echo "FAIL: server exit status $st after SIGTERM"; cat "$tmp/server.err"; rc=1; fi
+
+# Bad flags are errors naming the flag, not crashes.
+out=$("$LATHE" serve -m "$MODEL" --kv-cache-memory 12X 2>&1); [ $? -ne 0 ] && echo "$out" | grep -q "kv-cache-memory" \
+  || { echo "FAIL: bad --kv-cache-memory: $out"; rc=1; }
+out=$("$LATHE" serve -m "$MODEL" --lora nodir 2>&1); [ $? -ne 0 ] && echo "$out" | grep -q "NAME=DIR" \
+  || { echo "FAIL: bad --lora: $out"; rc=1; }
+
+[ "$rc" -eq 0 ] && echo "PASS: serve e2e"
+exit "$rc"

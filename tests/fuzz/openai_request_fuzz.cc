@@ -1,0 +1,30 @@
+// libFuzzer target for the OpenAI request parser (request bodies come from the network): any
+// bytes must give a parsed request or an ApiError naming the field — no exception, crash or UB.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "server/openai_api.h"
+#include "tokenizer/chat_template.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string text((const char*)data, size);
+  nlohmann::json body = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return 0;  // the server answers 400 before the parser runs
+  static const auto tmpl = lathe::tokenizer::ChatTemplate::ByName("chatml");
+  for (bool chat : {false, true}) {
+    lathe::server::CompletionRequest r;
+    auto err = lathe::server::ParseCompletionRequest(body, chat, &r);
+    if (err) {
+      (void)err->ToJson().dump();
+      continue;
+    }
+    if (chat && tmpl.ok()) (void)tmpl->Apply(r.messages, true);
+    (void)r.sampling.Validate();
+    lathe::server::Choice c;
+    c.text = r.prompt;
+    c.has_logprobs = r.logprobs >= 0;
+    (void)lathe::server::SseEvent(lathe::server::CompletionChunk("id", 0, r.model, c, chat, true));
+  }
+  return 0;
+}
