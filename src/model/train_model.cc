@@ -395,6 +395,10 @@ void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float
 
 void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train) {
   const int64_t N = N_;
+  ScopedOp op(opt_.profiler, "linear_fwd", 2.0 * N * L.in * L.out, (double)L.eff.nbytes() + 4.0 * N * (L.in + L.out),
+              opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld] %s", (long long)N, (long long)L.in,
+                                        (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
+                            : std::string());
   kernels::MatMul(pool_, Round(x, N * L.in, rx_), N, L.eff, y, /*exact_activations=*/true);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
@@ -416,6 +420,11 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
 void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
                                  bool need_dx, int64_t layer, int mod) {
   const int64_t N = N_;
+  ScopedOp op(opt_.profiler, "linear_bwd", (need_dx ? 2.0 : 0.0) * N * L.in * L.out + (L.grad ? 2.0 * N * L.in * L.out : 0),
+              (double)L.eff.nbytes() + 4.0 * N * (L.in + 2 * L.out),
+              opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld]", (long long)N, (long long)L.out,
+                                        (long long)L.out, (long long)L.in)
+                            : std::string());
   const float* dyr = Round(dy, N * L.out, rdy_);
   if (need_dx) kernels::MatMulBackwardInput(pool_, dx, dyr, N, L.eff, accumulate);
   if (L.grad) kernels::MatMulBackwardWeight(pool_, L.grad, dyr, Round(x, N * L.in, rx_), N, L.out, L.in);
@@ -481,9 +490,12 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
     kernels::RopeForward(k + b * kvd, k + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
   });
   const float scale = 1.0f / std::sqrt((float)hd);
-  for (int64_t r = 0; r < B_; ++r) {
-    kernels::FlashAttentionForward(pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd],
-                                   &a.v[r * T * kvd], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale);
+  {
+    ScopedOp att_op(opt_.profiler, "attention_fwd", 2.0 * B_ * T * T * H * hd, 4.0 * N * (qd + 2 * kvd));
+    for (int64_t r = 0; r < B_; ++r) {
+      kernels::FlashAttentionForward(pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd],
+                                     &a.v[r * T * kvd], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale);
+    }
   }
   scratch_out_.resize(N * dim);
   LinForward(Ly.lin[(int)M::kO], a.att.data(), scratch_out_.data(), a.mid[(int)M::kO].data(), l, (int)M::kO, train);
@@ -596,8 +608,13 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
   const int64_t N = N_, dim = c_.dim;
   dxf_.resize(N * dim);
   const float* xfr = Round(xf_.data(), N * dim, rx_);
-  float loss = kernels::CrossEntropyBackward(pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
-                                             (float)normalizer, 1.0f, opt_.loss_chunk_tokens);
+  float loss = 0;
+  {
+    ScopedOp ce_op(opt_.profiler, "cross_entropy_fwd_bwd", 6.0 * N * dim * c_.vocab_size,
+                   (double)head_eff_.nbytes() * 2 + 8.0 * N * dim);
+    loss = kernels::CrossEntropyBackward(pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
+                                               (float)normalizer, 1.0f, opt_.loss_chunk_tokens);
+  }
   dres_.resize(N * dim);
   RmsBwd(dres_.data(), final_norm_.g, dxf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w, rstdf_.data());
   for (int64_t l = c_.n_layers - 1; l >= lowest_trainable_layer_; --l) {
@@ -660,5 +677,35 @@ Result<std::unique_ptr<TrainModel>> TrainModel::Create(const ModelWeights& base,
   LATHE_RETURN_IF_ERROR(m->Init());
   return std::unique_ptr<TrainModel>(std::move(m));
 }
+
+namespace internal {
+
+TrainMemory TrainModelImpl::AllocatedBytes() const {
+  auto cap = [](const auto& v) { return (int64_t)(v.capacity() * sizeof(v[0])); };
+  TrainMemory m;
+  int64_t storage = 0, shadows = 0;
+  for (const std::vector<float>& v : storage_) storage += cap(v);
+  for (const TrainableTensor& t : params_) m.gradients += t.n * (int64_t)sizeof(float);
+  for (const Layer& Ly : layers_)
+    for (const Lin& L : Ly.lin) shadows += cap(L.w16) + cap(L.lora.a16) + cap(L.lora.b16);
+  shadows += cap(head16_);
+  // storage_ holds the f32 masters and their gradients (NewBuffer / MasterCopy).
+  (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage - m.gradients + shadows;
+  m.activations = cap(res_) + cap(xf_) + cap(rstdf_);
+  for (const Acts& a : acts_) {
+    for (const auto* v : {&a.xn1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.xn2, &a.rstd2, &a.gate,
+                          &a.up, &a.h})
+      m.activations += cap(*v);
+    for (const auto& v : a.mid) m.activations += cap(v);
+  }
+  for (const auto* v : {&dxf_, &dres_, &dtmp_, &scratch_out_, &ckpt_out_, &d_att_, &dq_, &dk_, &dv_, &dgate_,
+                        &dup_, &dh_, &dxn_, &rx_, &rx2_, &rdy_, &xd_, &lscr_, &lmid_, &ltmp_, &dmid_, &rmid_,
+                        &normdw_, &inv_freq_, &pos_cos_, &pos_sin_, &cos_, &sin_})
+    m.temporary += cap(*v);
+  m.temporary += cap(targets_);
+  return m;
+}
+
+}  // namespace internal
 
 }  // namespace lathe::model

@@ -65,6 +65,7 @@ class TrainModelImpl final : public TrainModel {
   void ZeroGrad() override;
   Result<double> ForwardBackward(const TrainBatch& batch, double normalizer) override;
   Result<double> Loss(const TrainBatch& batch, int64_t* n_targets) override;
+  TrainMemory AllocatedBytes() const override;
   Result<std::unique_ptr<LoraAdapter>> ExportAdapter() const override;
   Status SavePeftAdapter(const std::string& dir, const std::string& base_model_name) const override;
   Status SaveHfModel(const std::string& dir, bool bf16) const override;

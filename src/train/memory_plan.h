@@ -31,6 +31,16 @@ struct TrainSetup {
   int64_t loss_chunk_tokens = 1024;   // tokens per cross-entropy chunk (logits never all at once)
   int64_t param_count = 0;            // > 0 overrides the config's count (`--params 7B`), scaling
                                       // linear and other parameters in proportion
+  // lathe's own TrainModel (`lathe train`) instead of a PyTorch-style run: every saved activation
+  // and gradient in f32 whatever the precision, bf16 shadows of trainable weights under bf16, the
+  // frozen base read as stored, and its exact scratch buffers (see docs/memory.md).
+  bool lathe = false;
+  double base_weight_bytes = 0;       // lathe: > 0 = bytes of the loaded base weights as stored
+                                      // (GGUF quant types, bf16 safetensors, ...)
+  double optimizer_bytes_per_param = -1;  // lathe: >= 0 = the optimizer's own figure
+  double baseline_bytes = 0;          // measured process baseline (binary, libraries, tokenizer,
+                                      // datasets); a "baseline" line when > 0
+  int threads = 1;                    // lathe: pool threads (per-thread norm gradient rows)
   Status Validate() const;
 };
 
