@@ -130,6 +130,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   if (s.baseline_bytes > 0) {
     add("baseline", s.baseline_bytes,
         "measured: process RSS before the model (binary, libraries) + tokenizer and tokenized datasets");
+    add("baseline", kRuntimeOverheadBytes,
+        "runtime overhead, a measured constant (thread arenas, code pages of the loop, per-step buffers)");
   }
   if (s.base_weight_bytes > 0) {
     add("weights", s.base_weight_bytes, "base weights as loaded (stored dtypes, read in place)");
@@ -187,6 +189,21 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                 "+ RoPE tables + per-thread norm rows", N, scratch + 2 * half + 1));
   add("temporary", 4 * chunk * (V + 2.0 * dim + 1),
       StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim) x 4 B", chunk, (long long)V));
+  // kernels/cpu/train_matmul.cc packs 256 x 256 B chunks (+ a dequantization tile) and 256 x 192
+  // A tiles per thread; train_attention.cc keeps 96 x 128 score tiles (two in the backward).
+  const double per_thread = 4.0 * (2 * 256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
+  add("temporary", s.threads * per_thread,
+      StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles)", s.threads,
+                per_thread / 1024));
+  // Saving keeps a whole copy of what is written: the model in the saved dtype (full / freeze,
+  // plus one f32 tensor being rounded under bf16), the adapter in f32 (LoRA).
+  if (lora) {
+    add("temporary", trainable * 4.0, "while saving: the adapter's tensors in f32");
+  } else {
+    add("temporary", P * (bf16 ? 2.0 : 4.0) + (bf16 ? 4.0 * V * dim : 0),
+        StrFormat("while saving: %lld params x %d B%s", (long long)P, bf16 ? 2 : 4,
+                  bf16 ? " + the embedding in f32 while it is rounded" : ""));
+  }
   return p;
 }
 

@@ -76,6 +76,12 @@ double QuantBytesPerParam(const std::string& base_quant, int64_t in_features);
 // Saved activations of the training forward for one micro-batch (bytes).
 double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s);
 
+// lathe mode, with a measured baseline: what a training process holds beyond the baseline and the
+// planned buffers — malloc arenas of the pool threads, code and library pages first touched by the
+// training loop, per-step batches, JSON and file buffers. Measured as (peak RSS - plan) of
+// stories260K runs (tests/e2e/memory_rss.py, 4 settings): 1.5 to 4.0 MiB; see docs/memory.md.
+constexpr double kRuntimeOverheadBytes = 3.0 * 1024 * 1024;
+
 Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& s);
 MemoryPlan PlanInference(const model::ModelConfig& c, const InferSetup& s);
 
