@@ -131,8 +131,11 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   ts.lathe = true;
   ts.method = c.finetuning_type;
   ts.precision = c.bf16 ? "bf16" : "fp32";
-  ts.optimizer = c.optim.find("8bit") != std::string::npos ? "adamw_8bit" : c.optim == "sgd" ? "sgd" : "adamw";
-  if (c.optim.rfind("paged_", 0) == 0) ts.optimizer = "paged_" + ts.optimizer;
+  const bool paged = c.optim.rfind("paged_", 0) == 0, eight_bit = c.optim.find("8bit") != std::string::npos;
+  ts.optimizer = c.optim == "sgd" ? "sgd"
+                 : paged          ? (eight_bit ? "paged_adamw_8bit" : "paged_adamw_32bit")
+                 : eight_bit      ? "adamw_8bit"
+                                  : "adamw";
   ts.batch_size = c.per_device_train_batch_size;
   ts.seq_len = std::max<int64_t>(longest_train, 1);
   const int64_t eval_tokens = c.per_device_eval_batch_size * longest_eval;
@@ -153,7 +156,10 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   ts.threads = o.threads;
   const double rss_data = (double)monitor::ProcessRssBytes();
   ts.baseline_bytes = rss_start + std::max(0.0, rss_loaded - rss_start - base_bytes) + std::max(0.0, rss_data - rss_loaded);
-  LATHE_ASSIGN_OR_RETURN(MemoryPlan memory_plan, PlanTraining(lm.weights.config, ts));
+  Result<MemoryPlan> memory_plan = PlanTraining(lm.weights.config, ts);
+  if (!memory_plan.ok() && o.log) {
+    std::fprintf(o.log, "note: no memory plan for this run: %s\n", memory_plan.status().message().c_str());
+  }
 
   ThreadPool pool(o.threads);
   if (profiler) pool.SetProfiler(profiler.get());
@@ -173,7 +179,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   env.flops_params = std::max<int64_t>(mc.ParamCount() - mc.vocab_size * mc.dim, 0);
   env.log = o.log;
   env.interactive = o.interactive;
-  env.memory_plan = &memory_plan;
+  env.memory_plan = memory_plan.ok() ? &*memory_plan : nullptr;
   env.base_weight_bytes = base_bytes;
   env.monitor = o.monitor;
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, *tm, std::move(data), env));
