@@ -85,7 +85,8 @@ int RunTrain(int argc, char** argv) {
       tokenizer = value;
     } else if (key == "--monitor") {
       if (value != "true" && value != "false")
-        return Fail("train", Status::Error("--monitor: expected no value (or true/false), got '" + value + "'"));
+        return Fail("train",
+                    Status::Error("--monitor: expected no value (or true/false), got '" + value + "'"));
       monitor_memory = value == "true";
     } else if (key == "--profile") {
       if (value.empty() || value == "true")

@@ -395,7 +395,8 @@ void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float
 
 void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train) {
   const int64_t N = N_;
-  ScopedOp op(opt_.profiler, "linear_fwd", 2.0 * N * L.in * L.out, (double)L.eff.nbytes() + 4.0 * N * (L.in + L.out),
+  ScopedOp op(opt_.profiler, "linear_fwd", 2.0 * N * L.in * L.out,
+              (double)L.eff.nbytes() + 4.0 * N * (L.in + L.out),
               opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld] %s", (long long)N, (long long)L.in,
                                         (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
                             : std::string());
@@ -420,7 +421,8 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
 void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
                                  bool need_dx, int64_t layer, int mod) {
   const int64_t N = N_;
-  ScopedOp op(opt_.profiler, "linear_bwd", (need_dx ? 2.0 : 0.0) * N * L.in * L.out + (L.grad ? 2.0 * N * L.in * L.out : 0),
+  ScopedOp op(opt_.profiler, "linear_bwd",
+              ((need_dx ? 2.0 : 0.0) + (L.grad ? 2.0 : 0.0)) * N * L.in * L.out,
               (double)L.eff.nbytes() + 4.0 * N * (L.in + 2 * L.out),
               opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld]", (long long)N, (long long)L.out,
                                         (long long)L.out, (long long)L.in)

@@ -31,8 +31,8 @@ double WeightBytes(const model::ModelWeights& w) {
   double b = (double)w.tok_embd.nbytes() + (double)w.output_norm.nbytes();
   if (w.output.data && w.output.data != w.tok_embd.data) b += (double)w.output.nbytes();
   for (const model::LayerWeights& l : w.layers) {
-    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate,
-                            &l.w_up, &l.w_down})
+    for (const Tensor* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
       if (t->data) b += (double)t->nbytes();
   }
   return b;
@@ -125,8 +125,10 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   // the baseline is measured: RSS before the model, plus what loading grew beyond the base
   // weights (tokenizer, loader buffers), plus the tokenized datasets.
   int64_t longest_train = 0, longest_eval = 0;
-  for (const TokenizedSample& s : data.train) longest_train = std::max<int64_t>(longest_train, (int64_t)s.input_ids.size());
-  for (const TokenizedSample& s : data.eval) longest_eval = std::max<int64_t>(longest_eval, (int64_t)s.input_ids.size());
+  for (const TokenizedSample& s : data.train)
+    longest_train = std::max<int64_t>(longest_train, (int64_t)s.input_ids.size());
+  for (const TokenizedSample& s : data.eval)
+    longest_eval = std::max<int64_t>(longest_eval, (int64_t)s.input_ids.size());
   TrainSetup ts;
   ts.lathe = true;
   ts.method = c.finetuning_type;
@@ -155,7 +157,8 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   ts.base_weight_bytes = base_bytes;
   ts.threads = o.threads;
   const double rss_data = (double)monitor::ProcessRssBytes();
-  ts.baseline_bytes = rss_start + std::max(0.0, rss_loaded - rss_start - base_bytes) + std::max(0.0, rss_data - rss_loaded);
+  ts.baseline_bytes =
+      rss_start + std::max(0.0, rss_loaded - rss_start - base_bytes) + std::max(0.0, rss_data - rss_loaded);
   Result<MemoryPlan> memory_plan = PlanTraining(lm.weights.config, ts);
   if (!memory_plan.ok() && o.log) {
     std::fprintf(o.log, "note: no memory plan for this run: %s\n", memory_plan.status().message().c_str());
@@ -187,7 +190,8 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   pool.SetProfiler(nullptr);
   if (profiler) {
     LATHE_RETURN_IF_ERROR(profiler->WriteChromeTrace(o.profile_path).WithContext("--profile"));
-    if (o.log) std::fprintf(o.log, "profile: wrote %s\n%s", o.profile_path.c_str(), profiler->Summary().c_str());
+    if (o.log)
+      std::fprintf(o.log, "profile: wrote %s\n%s", o.profile_path.c_str(), profiler->Summary().c_str());
   }
   if (o.log && env.tokenizer_files.empty() && c.finetuning_type != "lora") {
     std::string hint =

@@ -1,5 +1,6 @@
-// MemoryTracker: per-category current / peak bytes, the peak of the sum, Set vs Add/Release, and
-// the process RSS readers (a touched 64 MiB buffer shows up in both).
+// MemoryTracker: per-category current / peak bytes, the peak of the sum, Set vs
+// Add/Release, and the process RSS readers (a touched 64 MiB buffer shows up in
+// both).
 #include "monitor/memory.h"
 
 #include <gtest/gtest.h>
@@ -21,7 +22,7 @@ TEST(MemoryTracker, CurrentAndPeakPerCategoryAndTotal) {
   EXPECT_EQ(t.peak(MemCategory::kTemporary), 50);
   EXPECT_EQ(t.current(MemCategory::kTemporary), 0);
   EXPECT_EQ(t.current_total(), 120);
-  EXPECT_EQ(t.peak_total(), 150);  // the sum peaked with both categories live
+  EXPECT_EQ(t.peak_total(), 150); // the sum peaked with both categories live
   t.Set(MemCategory::kWeights, 1000);
   t.Set(MemCategory::kWeights, 400);
   EXPECT_EQ(t.current(MemCategory::kWeights), 400);
@@ -35,7 +36,9 @@ TEST(MemoryTracker, CurrentAndPeakPerCategoryAndTotal) {
   EXPECT_EQ(j["activations"]["peak"], 120);
   EXPECT_EQ(j["total"]["current"], 520);
   EXPECT_GT(j["rss"]["current"].get<int64_t>(), 0);
-  EXPECT_NE(t.Format().find("activations 120 B (peak 120 B)"), std::string::npos) << t.Format();
+  EXPECT_NE(t.Format().find("activations 120 B (peak 120 B)"),
+            std::string::npos)
+      << t.Format();
   EXPECT_STREQ(MemCategoryName(MemCategory::kOptimizer), "optimizer");
 }
 
@@ -53,11 +56,12 @@ TEST(ProcessRss, TouchedBufferShowsInCurrentAndPeak) {
   std::memset(buf.data(), 1, n);
   const int64_t after = ProcessRssBytes();
   EXPECT_GT(after - before, (int64_t)(n * 9 / 10));
-  // ru_maxrss is updated from per-CPU counters, so it can trail statm by a few hundred KiB.
+  // ru_maxrss is updated from per-CPU counters, so it can trail statm by a few
+  // hundred KiB.
   EXPECT_GE(ProcessPeakRssBytes(), before + (int64_t)(n * 9 / 10));
   EXPECT_EQ(FormatBytes(64.0 * 1024 * 1024), "64.0 MiB");
   EXPECT_EQ(buf[n - 1], 1);
 }
 
-}  // namespace
-}  // namespace lathe::monitor
+} // namespace
+} // namespace lathe::monitor
