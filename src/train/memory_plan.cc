@@ -135,6 +135,15 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   }
   if (s.base_weight_bytes > 0) {
     add("weights", s.base_weight_bytes, "base weights as loaded (stored dtypes, read in place)");
+  } else if (s.base_quant != "none" && lora) {
+    // lathe's packed layouts (core/dtype.h PackedQuantLayout: header, codes, constants, alignment).
+    const DType t = s.base_quant == "int8" ? DType::kI8Row : s.base_quant == "nf4" ? DType::kNF4 : DType::kNF4DQ;
+    const int64_t lin = L * LinearParamsPerLayer(c);
+    double packed = 0;
+    for (const auto& l : Linears(c)) packed += (double)PackedQuantBytes(t, l.out, l.in) * L;
+    add("weights", packed + (P - lin) * (bf16 ? 2.0 : 4.0),
+        StrFormat("%lld linear params packed as %s (%.4f B each, constants included) + %lld others x %d B",
+                  (long long)lin, DTypeName(t), packed / (double)lin, (long long)(P - lin), bf16 ? 2 : 4));
   } else {
     add("weights", P * (bf16 ? 2.0 : 4.0), StrFormat("%lld base params x %d B", (long long)P, bf16 ? 2 : 4));
   }

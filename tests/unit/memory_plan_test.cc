@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include "core/thread_pool.h"
@@ -250,6 +251,29 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     std::printf("%-6s bf16=%d ckpt=%d: plan temporary %.0f vs model %lld\n", st.method, st.bf16, st.ckpt, own,
                 (long long)got.temporary);
   }
+}
+
+}  // namespace
+}  // namespace lathe::train
+
+namespace lathe::train {
+namespace {
+
+TEST(MemoryPlanLathe, PackedBaseWeightsUseLathesLayouts) {
+  model::ModelConfig c = NamedArchitecture("smollm2-135m").value();
+  TrainSetup s;
+  s.lathe = true;
+  const double lin = 30.0 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536), other = c.ParamCount() - lin;
+  std::map<std::string, double> w;
+  for (const char* q : {"none", "int8", "nf4", "nf4_dq"}) {
+    s.base_quant = q;
+    w[q] = PlanTraining(c, s)->Bytes("weights");
+  }
+  EXPECT_DOUBLE_EQ(w["none"], c.ParamCount() * 2.0);  // bf16 base
+  // int8 rows: 1 B + an f32 scale per row; NF4: 0.5 B + an f32 absmax per 64; DQ: a u8 per 64.
+  EXPECT_NEAR(w["int8"] - other * 2, lin * 1.0, lin * 0.01);
+  EXPECT_NEAR(w["nf4"] - other * 2, lin * (0.5 + 4.0 / 64), lin * 0.002);
+  EXPECT_NEAR(w["nf4_dq"] - other * 2, lin * (0.5 + 1.0 / 64), lin * 0.002);
 }
 
 }  // namespace
