@@ -348,9 +348,7 @@ const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>
   if (!opt_.bf16) return x;
   s.resize(n);
   float* o = s.data();
-  Par(n, 8192, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) o[i] = BF16ToF32(F32ToBF16(x[i]));
-  });
+  Par(n, 16384, [&](int64_t b, int64_t e, int) { kernels::RoundToBf16(o + b, x + b, e - b); });
   return o;
 }
 
@@ -395,7 +393,8 @@ void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float
 
 void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train) {
   const int64_t N = N_;
-  kernels::MatMul(pool_, Round(x, N * L.in, rx_), N, L.eff, y, /*exact_activations=*/true);
+  const float* xr = Round(x, N * L.in, rx_);
+  kernels::MatMul(pool_, xr, N, L.eff, y, /*exact_activations=*/true);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
@@ -404,7 +403,8 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
   if (!L.lora.on) return;
   LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
-  kernels::MatMul(pool_, Round(xd, N * p.in, rx2_), N, p.a_eff, mid, true);  // (N, r)
+  // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
+  kernels::MatMul(pool_, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff, mid, true);  // (N, r)
   ltmp_.resize(N * p.out);
   kernels::MatMul(pool_, Round(mid, N * p.r, rmid_), N, p.b_eff, ltmp_.data(), true);  // (N, out)
   const float* t = ltmp_.data();
