@@ -321,7 +321,7 @@ int RunBenchTrain(int argc, char** argv) {
       o.gflops = o.tps * per_tok / 1e9;
       o.mfu = peak[ti] > 0 ? o.gflops / peak[ti] : 0;
       outs.push_back(o);
-      std::printf("%-9s threads %d: %7.1f tokens/s, step %6.2f s, peak RSS %7.0f MB, %6.1f GFLOP/s = %4.1f%% of "
+      std::printf("%-9s threads %d: %7.1f tokens/s, step %7.4f s, peak RSS %7.0f MB, %6.1f GFLOP/s = %4.1f%% of "
                   "%.1f (loss %.4f)\n",
                   rn.c_str(), o.threads, o.tps, o.step, o.rss_mb, o.gflops, 100 * o.mfu, peak[ti], o.loss);
       std::fflush(stdout);
