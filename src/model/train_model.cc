@@ -323,7 +323,6 @@ void TrainModelImpl::Prepare(const TrainBatch& b) {
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.ffn_dim;
   res_.resize((c.n_layers + 1) * N * dim);
   for (Acts& a : acts_) {
-    a.xn1.resize(N * dim);
     a.rstd1.resize(N);
     a.q.resize(N * qd);
     a.k.resize(N * kvd);
@@ -331,16 +330,16 @@ void TrainModelImpl::Prepare(const TrainBatch& b) {
     a.att.resize(N * qd);
     a.lse.resize(N * c.n_heads);
     a.xmid.resize(N * dim);
-    a.xn2.resize(N * dim);
     a.rstd2.resize(N);
     a.gate.resize(N * ffn);
     a.up.resize(N * ffn);
-    a.h.resize(N * ffn);
     if (opt_.method == FinetuneMethod::kLora)
       for (auto& mid : a.mid) mid.resize(N * opt_.lora_rank);
   }
   xf_.resize(N * dim);
   rstdf_.resize(N);
+  xn_.resize(N * dim);
+  h_.resize(N * ffn);
   RefreshBf16();
 }
 
@@ -462,6 +461,13 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
   });
 }
 
+void TrainModelImpl::SwiGluH(const Acts& a) {
+  float* h = h_.data();
+  Par(N_ * c_.ffn_dim, 4096, [&](int64_t b, int64_t e, int) {
+    kernels::SwiGluForward(h + b, a.gate.data() + b, a.up.data() + b, e - b);
+  });
+}
+
 void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train) {
   const ModelConfig& c = c_;
   Layer& Ly = layers_[l];
@@ -470,11 +476,12 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   const auto layout = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeLayout::kInterleaved
                                                               : kernels::RopeLayout::kHalfSplit;
   const int64_t half = hd / 2;
-  RmsFwd(a.xn1.data(), a.rstd1.data(), x_in, Ly.n1.w);
+  float* xn = xn_.data();
+  RmsFwd(xn, a.rstd1.data(), x_in, Ly.n1.w);
   using M = LoraModule;
-  LinForward(Ly.lin[(int)M::kQ], a.xn1.data(), a.q.data(), a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
-  LinForward(Ly.lin[(int)M::kK], a.xn1.data(), a.k.data(), a.mid[(int)M::kK].data(), l, (int)M::kK, train);
-  LinForward(Ly.lin[(int)M::kV], a.xn1.data(), a.v.data(), a.mid[(int)M::kV].data(), l, (int)M::kV, train);
+  LinForward(Ly.lin[(int)M::kQ], xn, a.q.data(), a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
+  LinForward(Ly.lin[(int)M::kK], xn, a.k.data(), a.mid[(int)M::kK].data(), l, (int)M::kK, train);
+  LinForward(Ly.lin[(int)M::kV], xn, a.v.data(), a.mid[(int)M::kV].data(), l, (int)M::kV, train);
   float *q = a.q.data(), *k = a.k.data();
   Par(N, 16, [&](int64_t b, int64_t e, int) {
     kernels::RopeForward(q + b * qd, q + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
@@ -492,14 +499,11 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) xm[i] = x_in[i] + so[i];
   });
-  RmsFwd(a.xn2.data(), a.rstd2.data(), xm, Ly.n2.w);
-  LinForward(Ly.lin[(int)M::kGate], a.xn2.data(), a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
-  LinForward(Ly.lin[(int)M::kUp], a.xn2.data(), a.up.data(), a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
-  const int64_t nf = N * c.ffn_dim;
-  Par(nf, 4096, [&](int64_t b, int64_t e, int) {
-    kernels::SwiGluForward(a.h.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
-  });
-  LinForward(Ly.lin[(int)M::kDown], a.h.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
+  RmsFwd(xn, a.rstd2.data(), xm, Ly.n2.w);
+  LinForward(Ly.lin[(int)M::kGate], xn, a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
+  LinForward(Ly.lin[(int)M::kUp], xn, a.up.data(), a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
+  SwiGluH(a);
+  LinForward(Ly.lin[(int)M::kDown], h_.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
              train);
   Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) x_out[i] = xm[i] + so[i];
@@ -538,15 +542,19 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   dup_.resize(nf);
   dxn_.resize(N * dim);
   dtmp_.resize(N * dim);
-  // MLP: x_out = xmid + down(swiglu(gate(xn2), up(xn2))).
-  LinBackward(Ly.lin[(int)M::kDown], dres, a.h.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
+  // MLP: x_out = xmid + down(swiglu(gate(xn2), up(xn2))). h and xn2 are recomputed (same kernels,
+  // same inputs and partition: bit-identical to the forward's).
+  SwiGluH(a);
+  LinBackward(Ly.lin[(int)M::kDown], dres, h_.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
               (int)M::kDown);
   Par(nf, 4096, [&](int64_t b, int64_t e, int) {
     kernels::SwiGluBackward(dgate_.data() + b, dup_.data() + b, dh_.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
   });
-  LinBackward(Ly.lin[(int)M::kUp], dup_.data(), a.xn2.data(), a.mid[(int)M::kUp].data(), dxn_.data(), false, true, l,
+  float* xn = xn_.data();
+  RmsFwd(xn, a.rstd2.data(), a.xmid.data(), Ly.n2.w);
+  LinBackward(Ly.lin[(int)M::kUp], dup_.data(), xn, a.mid[(int)M::kUp].data(), dxn_.data(), false, true, l,
               (int)M::kUp);
-  LinBackward(Ly.lin[(int)M::kGate], dgate_.data(), a.xn2.data(), a.mid[(int)M::kGate].data(), dxn_.data(), true, true,
+  LinBackward(Ly.lin[(int)M::kGate], dgate_.data(), xn, a.mid[(int)M::kGate].data(), dxn_.data(), true, true,
               l, (int)M::kGate);
   RmsBwd(dtmp_.data(), Ly.n2.g, dxn_.data(), a.xmid.data(), Ly.n2.w, a.rstd2.data());
   float* dr = dres;
@@ -574,11 +582,12 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   });
   // Below the lowest trainable layer nothing needs d(block input): skip the q/k/v input gradients.
   const bool dxn = need_dx || Ly.n1.g;
-  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), a.xn1.data(), a.mid[(int)M::kQ].data(), dxn_.data(), false, dxn, l,
+  RmsFwd(xn, a.rstd1.data(), &res_[l * N * dim], Ly.n1.w);
+  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), xn, a.mid[(int)M::kQ].data(), dxn_.data(), false, dxn, l,
               (int)M::kQ);
-  LinBackward(Ly.lin[(int)M::kK], dk_.data(), a.xn1.data(), a.mid[(int)M::kK].data(), dxn_.data(), true, dxn, l,
+  LinBackward(Ly.lin[(int)M::kK], dk_.data(), xn, a.mid[(int)M::kK].data(), dxn_.data(), true, dxn, l,
               (int)M::kK);
-  LinBackward(Ly.lin[(int)M::kV], dv_.data(), a.xn1.data(), a.mid[(int)M::kV].data(), dxn_.data(), true, dxn, l,
+  LinBackward(Ly.lin[(int)M::kV], dv_.data(), xn, a.mid[(int)M::kV].data(), dxn_.data(), true, dxn, l,
               (int)M::kV);
   if (!dxn) return;
   RmsBwd(dtmp_.data(), Ly.n1.g, dxn_.data(), &res_[l * N * dim], Ly.n1.w, a.rstd1.data());
