@@ -66,6 +66,7 @@ struct Row {
 }  // namespace
 
 int RunBench(int argc, char** argv) {
+  if (argc >= 2 && !std::strcmp(argv[1], "train")) return RunBenchTrain(argc - 1, argv + 1);
   Args args("bench", "lathe bench -m MODEL [-m MODEL2 ...] [--prompt-tokens 512] [--gen-tokens 128] [--threads-list 1,2]");
   args.Flag("-m,--model", "model to benchmark (repeatable)");
   args.Flag("--prompt-tokens", "prefill length", "512");

@@ -323,7 +323,6 @@ void TrainModelImpl::Prepare(const TrainBatch& b) {
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.ffn_dim;
   res_.resize((c.n_layers + 1) * N * dim);
   for (Acts& a : acts_) {
-    a.xn1.resize(N * dim);
     a.rstd1.resize(N);
     a.q.resize(N * qd);
     a.k.resize(N * kvd);
@@ -331,16 +330,16 @@ void TrainModelImpl::Prepare(const TrainBatch& b) {
     a.att.resize(N * qd);
     a.lse.resize(N * c.n_heads);
     a.xmid.resize(N * dim);
-    a.xn2.resize(N * dim);
     a.rstd2.resize(N);
     a.gate.resize(N * ffn);
     a.up.resize(N * ffn);
-    a.h.resize(N * ffn);
     if (opt_.method == FinetuneMethod::kLora)
       for (auto& mid : a.mid) mid.resize(N * opt_.lora_rank);
   }
   xf_.resize(N * dim);
   rstdf_.resize(N);
+  xn_.resize(N * dim);
+  h_.resize(N * ffn);
   RefreshBf16();
 }
 
@@ -348,9 +347,7 @@ const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>
   if (!opt_.bf16) return x;
   s.resize(n);
   float* o = s.data();
-  Par(n, 8192, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) o[i] = BF16ToF32(F32ToBF16(x[i]));
-  });
+  Par(n, 16384, [&](int64_t b, int64_t e, int) { kernels::RoundToBf16(o + b, x + b, e - b); });
   return o;
 }
 
@@ -400,7 +397,8 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
               opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld] %s", (long long)N, (long long)L.in,
                                         (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
                             : std::string());
-  kernels::MatMul(pool_, Round(x, N * L.in, rx_), N, L.eff, y, /*exact_activations=*/true);
+  const float* xr = Round(x, N * L.in, rx_);
+  kernels::MatMul(pool_, xr, N, L.eff, y, /*exact_activations=*/true);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
@@ -409,7 +407,8 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
   if (!L.lora.on) return;
   LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
-  kernels::MatMul(pool_, Round(xd, N * p.in, rx2_), N, p.a_eff, mid, true);  // (N, r)
+  // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
+  kernels::MatMul(pool_, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff, mid, true);  // (N, r)
   ltmp_.resize(N * p.out);
   kernels::MatMul(pool_, Round(mid, N * p.r, rmid_), N, p.b_eff, ltmp_.data(), true);  // (N, out)
   const float* t = ltmp_.data();
@@ -473,6 +472,13 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
   });
 }
 
+void TrainModelImpl::SwiGluH(const Acts& a) {
+  float* h = h_.data();
+  Par(N_ * c_.ffn_dim, 4096, [&](int64_t b, int64_t e, int) {
+    kernels::SwiGluForward(h + b, a.gate.data() + b, a.up.data() + b, e - b);
+  });
+}
+
 void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train) {
   const ModelConfig& c = c_;
   Layer& Ly = layers_[l];
@@ -481,11 +487,12 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   const auto layout = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeLayout::kInterleaved
                                                               : kernels::RopeLayout::kHalfSplit;
   const int64_t half = hd / 2;
-  RmsFwd(a.xn1.data(), a.rstd1.data(), x_in, Ly.n1.w);
+  float* xn = xn_.data();
+  RmsFwd(xn, a.rstd1.data(), x_in, Ly.n1.w);
   using M = LoraModule;
-  LinForward(Ly.lin[(int)M::kQ], a.xn1.data(), a.q.data(), a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
-  LinForward(Ly.lin[(int)M::kK], a.xn1.data(), a.k.data(), a.mid[(int)M::kK].data(), l, (int)M::kK, train);
-  LinForward(Ly.lin[(int)M::kV], a.xn1.data(), a.v.data(), a.mid[(int)M::kV].data(), l, (int)M::kV, train);
+  LinForward(Ly.lin[(int)M::kQ], xn, a.q.data(), a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
+  LinForward(Ly.lin[(int)M::kK], xn, a.k.data(), a.mid[(int)M::kK].data(), l, (int)M::kK, train);
+  LinForward(Ly.lin[(int)M::kV], xn, a.v.data(), a.mid[(int)M::kV].data(), l, (int)M::kV, train);
   float *q = a.q.data(), *k = a.k.data();
   Par(N, 16, [&](int64_t b, int64_t e, int) {
     kernels::RopeForward(q + b * qd, q + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
@@ -506,14 +513,11 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) xm[i] = x_in[i] + so[i];
   });
-  RmsFwd(a.xn2.data(), a.rstd2.data(), xm, Ly.n2.w);
-  LinForward(Ly.lin[(int)M::kGate], a.xn2.data(), a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
-  LinForward(Ly.lin[(int)M::kUp], a.xn2.data(), a.up.data(), a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
-  const int64_t nf = N * c.ffn_dim;
-  Par(nf, 4096, [&](int64_t b, int64_t e, int) {
-    kernels::SwiGluForward(a.h.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
-  });
-  LinForward(Ly.lin[(int)M::kDown], a.h.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
+  RmsFwd(xn, a.rstd2.data(), xm, Ly.n2.w);
+  LinForward(Ly.lin[(int)M::kGate], xn, a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
+  LinForward(Ly.lin[(int)M::kUp], xn, a.up.data(), a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
+  SwiGluH(a);
+  LinForward(Ly.lin[(int)M::kDown], h_.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
              train);
   Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) x_out[i] = xm[i] + so[i];
@@ -552,15 +556,19 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   dup_.resize(nf);
   dxn_.resize(N * dim);
   dtmp_.resize(N * dim);
-  // MLP: x_out = xmid + down(swiglu(gate(xn2), up(xn2))).
-  LinBackward(Ly.lin[(int)M::kDown], dres, a.h.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
+  // MLP: x_out = xmid + down(swiglu(gate(xn2), up(xn2))). h and xn2 are recomputed (same kernels,
+  // same inputs and partition: bit-identical to the forward's).
+  SwiGluH(a);
+  LinBackward(Ly.lin[(int)M::kDown], dres, h_.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
               (int)M::kDown);
   Par(nf, 4096, [&](int64_t b, int64_t e, int) {
     kernels::SwiGluBackward(dgate_.data() + b, dup_.data() + b, dh_.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
   });
-  LinBackward(Ly.lin[(int)M::kUp], dup_.data(), a.xn2.data(), a.mid[(int)M::kUp].data(), dxn_.data(), false, true, l,
+  float* xn = xn_.data();
+  RmsFwd(xn, a.rstd2.data(), a.xmid.data(), Ly.n2.w);
+  LinBackward(Ly.lin[(int)M::kUp], dup_.data(), xn, a.mid[(int)M::kUp].data(), dxn_.data(), false, true, l,
               (int)M::kUp);
-  LinBackward(Ly.lin[(int)M::kGate], dgate_.data(), a.xn2.data(), a.mid[(int)M::kGate].data(), dxn_.data(), true, true,
+  LinBackward(Ly.lin[(int)M::kGate], dgate_.data(), xn, a.mid[(int)M::kGate].data(), dxn_.data(), true, true,
               l, (int)M::kGate);
   RmsBwd(dtmp_.data(), Ly.n2.g, dxn_.data(), a.xmid.data(), Ly.n2.w, a.rstd2.data());
   float* dr = dres;
@@ -588,11 +596,12 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   });
   // Below the lowest trainable layer nothing needs d(block input): skip the q/k/v input gradients.
   const bool dxn = need_dx || Ly.n1.g;
-  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), a.xn1.data(), a.mid[(int)M::kQ].data(), dxn_.data(), false, dxn, l,
+  RmsFwd(xn, a.rstd1.data(), &res_[l * N * dim], Ly.n1.w);
+  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), xn, a.mid[(int)M::kQ].data(), dxn_.data(), false, dxn, l,
               (int)M::kQ);
-  LinBackward(Ly.lin[(int)M::kK], dk_.data(), a.xn1.data(), a.mid[(int)M::kK].data(), dxn_.data(), true, dxn, l,
+  LinBackward(Ly.lin[(int)M::kK], dk_.data(), xn, a.mid[(int)M::kK].data(), dxn_.data(), true, dxn, l,
               (int)M::kK);
-  LinBackward(Ly.lin[(int)M::kV], dv_.data(), a.xn1.data(), a.mid[(int)M::kV].data(), dxn_.data(), true, dxn, l,
+  LinBackward(Ly.lin[(int)M::kV], dv_.data(), xn, a.mid[(int)M::kV].data(), dxn_.data(), true, dxn, l,
               (int)M::kV);
   if (!dxn) return;
   RmsBwd(dtmp_.data(), Ly.n1.g, dxn_.data(), &res_[l * N * dim], Ly.n1.w, a.rstd1.data());
@@ -695,14 +704,13 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage - m.gradients + shadows;
   m.activations = cap(res_) + cap(xf_) + cap(rstdf_);
   for (const Acts& a : acts_) {
-    for (const auto* v : {&a.xn1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.xn2, &a.rstd2, &a.gate,
-                          &a.up, &a.h})
+    for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})
       m.activations += cap(*v);
     for (const auto& v : a.mid) m.activations += cap(v);
   }
   for (const auto* v : {&dxf_, &dres_, &dtmp_, &scratch_out_, &ckpt_out_, &d_att_, &dq_, &dk_, &dv_, &dgate_,
                         &dup_, &dh_, &dxn_, &rx_, &rx2_, &rdy_, &xd_, &lscr_, &lmid_, &ltmp_, &dmid_, &rmid_,
-                        &normdw_, &inv_freq_, &pos_cos_, &pos_sin_, &cos_, &sin_})
+                        &normdw_, &inv_freq_, &pos_cos_, &pos_sin_, &cos_, &sin_, &xn_, &h_})
     m.temporary += cap(*v);
   m.temporary += cap(targets_);
   return m;

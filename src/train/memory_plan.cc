@@ -174,11 +174,14 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                      StrFormat("%lld trainable params x %.4f B (%s state)", (long long)trainable, ob,
                                s.optimizer.c_str())});
   const int64_t r = lora ? s.lora_rank : 0;
-  const double per_set = 3.0 * dim + 2.0 * qd + 2.0 * kvd + 3.0 * ffn + 2 + c.n_heads + 7.0 * r;
+  // Saved per block: rstd of both norms, q, k, v (after RoPE), attention output, its logsumexp,
+  // the mid-block residual, SwiGLU's gate and up, LoRA's x A^T for every module kind. The normed
+  // inputs and the SwiGLU product are recomputed in the backward (one shared buffer each).
+  const double per_set = 1.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn + 2 + c.n_heads + 7.0 * r;
   const double sets = s.grad_checkpointing ? 1 : (double)L;
   add("activations", 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
-      StrFormat("%.0f tokens x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (3 dim + 2 q_dim + "
-                "2 kv_dim + 3 ffn + heads + 2%s) + final norm)",
+      StrFormat("%.0f tokens x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
+                "2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
                 N, (long long)L, sets, r ? " + 7 r" : ""));
   // Backward scratch of one block and the matmul input roundings (bf16) / LoRA buffers.
   int64_t max_in = 0, max_out = 0;
@@ -188,9 +191,13 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       max_out = std::max(max_out, l.out);
     }
   }
-  double scratch = (5.0 + (s.grad_checkpointing ? 1 : 0)) * dim + 2.0 * qd + 2.0 * kvd + 3.0 * ffn;
+  double scratch = (6.0 + (s.grad_checkpointing ? 1 : 0)) * dim + 2.0 * qd + 2.0 * kvd + 4.0 * ffn;
   if (bf16) scratch += 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
-  if (lora) scratch += max_out + 2.0 * r + std::max(max_in, max_out) + (bf16 ? max_in + r : 0);
+  const bool dropout = s.lora_dropout > 0;
+  if (lora) {
+    scratch += max_out + 2.0 * r + std::max(max_in, max_out) + (dropout ? max_in : 0);
+    if (bf16) scratch += r + (dropout ? max_in : 0);  // rounded x A^T; the dropped input rounded
+  }
   const double chunk = std::min<double>(s.loss_chunk_tokens, N);
   const double half = c.head_dim / 2;
   add("temporary", 4 * N * (scratch + 2 * half + 1) + 4.0 * (2 * c.max_seq_len * half + s.threads * dim),

@@ -23,6 +23,7 @@ struct TrainSetup {
   int64_t grad_accum = 1;             // does not change peak memory (grads are accumulated in place)
   bool grad_checkpointing = false;
   int64_t lora_rank = 8;
+  double lora_dropout = 0;            // lathe: dropout keeps a dropped copy of each LoRA input
   std::vector<std::string> lora_targets = {"q", "k", "v", "o", "gate", "up", "down"};
   int64_t freeze_trainable_layers = 2;  // freeze: the last N layers train
   int zero_stage = 0;                 // 0-3: shard optimizer states (1), + grads (2), + params (3)

@@ -147,6 +147,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   }
   ts.grad_checkpointing = c.gradient_checkpointing;
   ts.lora_rank = c.lora_rank;
+  ts.lora_dropout = c.finetuning_type == "lora" ? c.lora_dropout : 0;
   ts.lora_targets.clear();
   for (model::LoraModule m : mo.lora_targets) {
     std::string n = model::LoraModuleName(m);

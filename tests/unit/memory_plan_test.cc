@@ -164,6 +164,7 @@ struct Setting {
   const char* method;
   bool bf16, ckpt;
   std::vector<std::string> targets;
+  double dropout = 0;
 };
 
 TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
@@ -187,13 +188,16 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
   const std::vector<Setting> settings = {
       {"lora", false, false, {"q", "k", "v", "o", "gate", "up", "down"}},
       {"lora", true, false, {"q", "v"}},
+      {"lora", true, false, {"q", "k", "v", "o", "gate", "up", "down"}, 0.1},
+      {"lora", false, false, {"o", "down"}, 0.1},
       {"lora", false, true, {"q", "k", "v", "o", "gate", "up", "down"}},
       {"full", false, false, {}},
       {"full", true, true, {}},
       {"freeze", true, false, {}},
   };
   for (const Setting& st : settings) {
-    SCOPED_TRACE(StrFormat("%s bf16=%d ckpt=%d targets=%zu", st.method, st.bf16, st.ckpt, st.targets.size()));
+    SCOPED_TRACE(StrFormat("%s bf16=%d ckpt=%d targets=%zu dropout=%g", st.method, st.bf16, st.ckpt,
+                           st.targets.size(), st.dropout));
     model::TrainModelOptions o;
     o.method = std::string(st.method) == "lora"   ? model::FinetuneMethod::kLora
                : std::string(st.method) == "full" ? model::FinetuneMethod::kFull
@@ -201,6 +205,7 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     o.bf16 = st.bf16;
     o.gradient_checkpointing = st.ckpt;
     o.lora_rank = 4;
+    o.lora_dropout = st.dropout;
     o.freeze_trainable_layers = 1;
     o.lora_targets.clear();
     for (const std::string& t : st.targets)
@@ -221,6 +226,7 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     s.seq_len = T;
     s.grad_checkpointing = st.ckpt;
     s.lora_rank = 4;
+    s.lora_dropout = st.dropout;
     s.lora_targets = st.targets;
     s.freeze_trainable_layers = 1;
     s.loss_chunk_tokens = o.loss_chunk_tokens;
