@@ -8,6 +8,7 @@ int RunGenerate(int argc, char** argv);
 int RunChat(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
 int RunBench(int argc, char** argv);
+int RunBenchTrain(int argc, char** argv);  // `lathe bench train` (cli/bench_train.cc)
 int RunEval(int argc, char** argv);
 int RunConvert(int argc, char** argv);
 int RunEstimate(int argc, char** argv);

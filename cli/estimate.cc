@@ -10,6 +10,7 @@
 #include "formats/gguf.h"
 #include "model/load_gguf.h"
 #include "model/load_hf.h"
+#include "model/train_model.h"
 #include "train/memory_plan.h"
 
 namespace lathe::cli {
@@ -78,6 +79,10 @@ int RunEstimate(int argc, char** argv) {
   args.Flag("--kv-dtype", "inference KV cache dtype", "f32");
   args.Flag("--kv-tokens", "inference: tokens per sequence in the KV cache", "4096");
   args.Flag("--kv-seqs", "inference: sequences in the KV cache", "1");
+  args.Bool("--lathe", "plan `lathe train` itself (f32 activations and gradients, bf16 shadows, kernel scratch, "
+                      "save copy, process baseline) instead of a PyTorch-style run");
+  args.Flag("--baseline-mb", "--lathe: process baseline in MiB (binary, libraries, tokenizer, data; `lathe train` "
+                             "measures it)", "9");
   args.Bool("--explain", "show each line's formula");
   args.Bool("--json", "machine-readable output");
   Status st = args.Parse(argc, argv);
@@ -134,6 +139,18 @@ int RunEstimate(int argc, char** argv) {
     }
     s.zero_stage = (int)zero;
     s.world_size = (int)world;
+    if (args.On("lathe")) {
+      s.lathe = true;
+      s.loss_chunk_tokens = model::TrainModelOptions().loss_chunk_tokens;
+      s.threads = DefaultThreadCount();
+      char* end = nullptr;
+      const std::string mb = args.Get("baseline-mb");
+      double v = std::strtod(mb.c_str(), &end);
+      if (mb.empty() || *end || !(v >= 0))
+        return Fail("estimate", Status::Error("--baseline-mb: expected a number of MiB >= 0, got '" + mb + "'"));
+      s.baseline_bytes = v * 1024 * 1024;
+      if (params > 0) return Fail("estimate", Status::Error("--params: not available with --lathe (give --arch or MODEL)"));
+    }
     auto p = train::PlanTraining(*cfg, s);
     if (!p.ok()) return Fail("estimate", p.status());
     plan = *p;

@@ -27,6 +27,8 @@ void PrintTrainHelp() {
       "options:\n"
       "  -t, --threads N     threads (default %d)\n"
       "  --tokenizer PATH    tokenizer file overriding the model's\n"
+      "  --monitor           print per-category memory (current / peak) and RSS at every logging step\n"
+      "  --profile FILE      write a Chrome trace of the training ops to FILE, top ops at exit\n"
       "  -h, --help          this help\n\n"
       "config keys:\n",
       DefaultThreadCount());
@@ -45,7 +47,8 @@ void PrintTrainHelp() {
 }  // namespace
 
 int RunTrain(int argc, char** argv) {
-  std::string config_path, tokenizer;
+  std::string config_path, tokenizer, profile;
+  bool monitor_memory = false;
   int threads = DefaultThreadCount();
   std::vector<std::pair<std::string, std::string>> overrides;
   for (int i = 1; i < argc; ++i) {
@@ -80,6 +83,15 @@ int RunTrain(int argc, char** argv) {
       threads = (int)n;
     } else if (key == "--tokenizer") {
       tokenizer = value;
+    } else if (key == "--monitor") {
+      if (value != "true" && value != "false")
+        return Fail("train",
+                    Status::Error("--monitor: expected no value (or true/false), got '" + value + "'"));
+      monitor_memory = value == "true";
+    } else if (key == "--profile") {
+      if (value.empty() || value == "true")
+        return Fail("train", Status::Error("--profile: expected an output FILE (Chrome trace JSON)"));
+      profile = value;
     } else {
       overrides.push_back({key, value});
     }
@@ -99,6 +111,8 @@ int RunTrain(int argc, char** argv) {
   opts.tokenizer_path = tokenizer;
   opts.log = stderr;
   opts.interactive = monitor::ProgressBar::IsTerminal(stderr);
+  opts.monitor = monitor_memory;
+  opts.profile_path = profile;
   auto summary = train::RunTraining(*config, opts);
   if (!summary.ok()) return Fail("train", summary.status());
   return 0;

@@ -40,6 +40,10 @@ void SwiGluBackward(float* dgate,       // (n) overwritten; may alias dout
                     const float* up,    // (n)
                     int64_t n);
 
+// ---- bf16 rounding (mixed precision matmul inputs) ----
+// out[i] = BF16ToF32(F32ToBF16(x[i])): round to nearest even, NaN stays NaN. out may alias x.
+void RoundToBf16(float* out, const float* x, int64_t n);
+
 // ---- RoPE ----
 // kInterleaved rotates pairs (x[2i], x[2i+1]) (Meta llama, llama2.c); kHalfSplit rotates
 // (x[i], x[i + D/2]) (Hugging Face rotate_half). Pair i of token t uses angle cos[t, i], sin[t, i]:

@@ -323,7 +323,6 @@ void TrainModelImpl::Prepare(const TrainBatch& b) {
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.ffn_dim;
   res_.resize((c.n_layers + 1) * N * dim);
   for (Acts& a : acts_) {
-    a.xn1.resize(N * dim);
     a.rstd1.resize(N);
     a.q.resize(N * qd);
     a.k.resize(N * kvd);
@@ -331,16 +330,16 @@ void TrainModelImpl::Prepare(const TrainBatch& b) {
     a.att.resize(N * qd);
     a.lse.resize(N * c.n_heads);
     a.xmid.resize(N * dim);
-    a.xn2.resize(N * dim);
     a.rstd2.resize(N);
     a.gate.resize(N * ffn);
     a.up.resize(N * ffn);
-    a.h.resize(N * ffn);
     if (opt_.method == FinetuneMethod::kLora)
       for (auto& mid : a.mid) mid.resize(N * opt_.lora_rank);
   }
   xf_.resize(N * dim);
   rstdf_.resize(N);
+  xn_.resize(N * dim);
+  h_.resize(N * ffn);
   RefreshBf16();
 }
 
@@ -348,9 +347,7 @@ const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>
   if (!opt_.bf16) return x;
   s.resize(n);
   float* o = s.data();
-  Par(n, 8192, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) o[i] = BF16ToF32(F32ToBF16(x[i]));
-  });
+  Par(n, 16384, [&](int64_t b, int64_t e, int) { kernels::RoundToBf16(o + b, x + b, e - b); });
   return o;
 }
 
@@ -395,7 +392,13 @@ void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float
 
 void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train) {
   const int64_t N = N_;
-  kernels::MatMul(pool_, Round(x, N * L.in, rx_), N, L.eff, y, /*exact_activations=*/true);
+  ScopedOp op(opt_.profiler, "linear_fwd", 2.0 * N * L.in * L.out,
+              (double)L.eff.nbytes() + 4.0 * N * (L.in + L.out),
+              opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld] %s", (long long)N, (long long)L.in,
+                                        (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
+                            : std::string());
+  const float* xr = Round(x, N * L.in, rx_);
+  kernels::MatMul(pool_, xr, N, L.eff, y, /*exact_activations=*/true);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
@@ -404,7 +407,8 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
   if (!L.lora.on) return;
   LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
-  kernels::MatMul(pool_, Round(xd, N * p.in, rx2_), N, p.a_eff, mid, true);  // (N, r)
+  // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
+  kernels::MatMul(pool_, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff, mid, true);  // (N, r)
   ltmp_.resize(N * p.out);
   kernels::MatMul(pool_, Round(mid, N * p.r, rmid_), N, p.b_eff, ltmp_.data(), true);  // (N, out)
   const float* t = ltmp_.data();
@@ -416,6 +420,12 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
 void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
                                  bool need_dx, int64_t layer, int mod) {
   const int64_t N = N_;
+  ScopedOp op(opt_.profiler, "linear_bwd",
+              ((need_dx ? 2.0 : 0.0) + (L.grad ? 2.0 : 0.0)) * N * L.in * L.out,
+              (double)L.eff.nbytes() + 4.0 * N * (L.in + 2 * L.out),
+              opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld]", (long long)N, (long long)L.out,
+                                        (long long)L.out, (long long)L.in)
+                            : std::string());
   const float* dyr = Round(dy, N * L.out, rdy_);
   if (need_dx) kernels::MatMulBackwardInput(pool_, dx, dyr, N, L.eff, accumulate);
   if (L.grad) kernels::MatMulBackwardWeight(pool_, L.grad, dyr, Round(x, N * L.in, rx_), N, L.out, L.in);
@@ -462,6 +472,13 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
   });
 }
 
+void TrainModelImpl::SwiGluH(const Acts& a) {
+  float* h = h_.data();
+  Par(N_ * c_.ffn_dim, 4096, [&](int64_t b, int64_t e, int) {
+    kernels::SwiGluForward(h + b, a.gate.data() + b, a.up.data() + b, e - b);
+  });
+}
+
 void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train) {
   const ModelConfig& c = c_;
   Layer& Ly = layers_[l];
@@ -470,20 +487,24 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   const auto layout = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeLayout::kInterleaved
                                                               : kernels::RopeLayout::kHalfSplit;
   const int64_t half = hd / 2;
-  RmsFwd(a.xn1.data(), a.rstd1.data(), x_in, Ly.n1.w);
+  float* xn = xn_.data();
+  RmsFwd(xn, a.rstd1.data(), x_in, Ly.n1.w);
   using M = LoraModule;
-  LinForward(Ly.lin[(int)M::kQ], a.xn1.data(), a.q.data(), a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
-  LinForward(Ly.lin[(int)M::kK], a.xn1.data(), a.k.data(), a.mid[(int)M::kK].data(), l, (int)M::kK, train);
-  LinForward(Ly.lin[(int)M::kV], a.xn1.data(), a.v.data(), a.mid[(int)M::kV].data(), l, (int)M::kV, train);
+  LinForward(Ly.lin[(int)M::kQ], xn, a.q.data(), a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
+  LinForward(Ly.lin[(int)M::kK], xn, a.k.data(), a.mid[(int)M::kK].data(), l, (int)M::kK, train);
+  LinForward(Ly.lin[(int)M::kV], xn, a.v.data(), a.mid[(int)M::kV].data(), l, (int)M::kV, train);
   float *q = a.q.data(), *k = a.k.data();
   Par(N, 16, [&](int64_t b, int64_t e, int) {
     kernels::RopeForward(q + b * qd, q + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
     kernels::RopeForward(k + b * kvd, k + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
   });
   const float scale = 1.0f / std::sqrt((float)hd);
-  for (int64_t r = 0; r < B_; ++r) {
-    kernels::FlashAttentionForward(pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd],
-                                   &a.v[r * T * kvd], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale);
+  {
+    ScopedOp att_op(opt_.profiler, "attention_fwd", 2.0 * B_ * T * T * H * hd, 4.0 * N * (qd + 2 * kvd));
+    for (int64_t r = 0; r < B_; ++r) {
+      kernels::FlashAttentionForward(pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd],
+                                     &a.v[r * T * kvd], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale);
+    }
   }
   scratch_out_.resize(N * dim);
   LinForward(Ly.lin[(int)M::kO], a.att.data(), scratch_out_.data(), a.mid[(int)M::kO].data(), l, (int)M::kO, train);
@@ -492,14 +513,11 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) xm[i] = x_in[i] + so[i];
   });
-  RmsFwd(a.xn2.data(), a.rstd2.data(), xm, Ly.n2.w);
-  LinForward(Ly.lin[(int)M::kGate], a.xn2.data(), a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
-  LinForward(Ly.lin[(int)M::kUp], a.xn2.data(), a.up.data(), a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
-  const int64_t nf = N * c.ffn_dim;
-  Par(nf, 4096, [&](int64_t b, int64_t e, int) {
-    kernels::SwiGluForward(a.h.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
-  });
-  LinForward(Ly.lin[(int)M::kDown], a.h.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
+  RmsFwd(xn, a.rstd2.data(), xm, Ly.n2.w);
+  LinForward(Ly.lin[(int)M::kGate], xn, a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
+  LinForward(Ly.lin[(int)M::kUp], xn, a.up.data(), a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
+  SwiGluH(a);
+  LinForward(Ly.lin[(int)M::kDown], h_.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
              train);
   Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) x_out[i] = xm[i] + so[i];
@@ -538,15 +556,19 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   dup_.resize(nf);
   dxn_.resize(N * dim);
   dtmp_.resize(N * dim);
-  // MLP: x_out = xmid + down(swiglu(gate(xn2), up(xn2))).
-  LinBackward(Ly.lin[(int)M::kDown], dres, a.h.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
+  // MLP: x_out = xmid + down(swiglu(gate(xn2), up(xn2))). h and xn2 are recomputed (same kernels,
+  // same inputs and partition: bit-identical to the forward's).
+  SwiGluH(a);
+  LinBackward(Ly.lin[(int)M::kDown], dres, h_.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
               (int)M::kDown);
   Par(nf, 4096, [&](int64_t b, int64_t e, int) {
     kernels::SwiGluBackward(dgate_.data() + b, dup_.data() + b, dh_.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
   });
-  LinBackward(Ly.lin[(int)M::kUp], dup_.data(), a.xn2.data(), a.mid[(int)M::kUp].data(), dxn_.data(), false, true, l,
+  float* xn = xn_.data();
+  RmsFwd(xn, a.rstd2.data(), a.xmid.data(), Ly.n2.w);
+  LinBackward(Ly.lin[(int)M::kUp], dup_.data(), xn, a.mid[(int)M::kUp].data(), dxn_.data(), false, true, l,
               (int)M::kUp);
-  LinBackward(Ly.lin[(int)M::kGate], dgate_.data(), a.xn2.data(), a.mid[(int)M::kGate].data(), dxn_.data(), true, true,
+  LinBackward(Ly.lin[(int)M::kGate], dgate_.data(), xn, a.mid[(int)M::kGate].data(), dxn_.data(), true, true,
               l, (int)M::kGate);
   RmsBwd(dtmp_.data(), Ly.n2.g, dxn_.data(), a.xmid.data(), Ly.n2.w, a.rstd2.data());
   float* dr = dres;
@@ -574,11 +596,12 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   });
   // Below the lowest trainable layer nothing needs d(block input): skip the q/k/v input gradients.
   const bool dxn = need_dx || Ly.n1.g;
-  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), a.xn1.data(), a.mid[(int)M::kQ].data(), dxn_.data(), false, dxn, l,
+  RmsFwd(xn, a.rstd1.data(), &res_[l * N * dim], Ly.n1.w);
+  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), xn, a.mid[(int)M::kQ].data(), dxn_.data(), false, dxn, l,
               (int)M::kQ);
-  LinBackward(Ly.lin[(int)M::kK], dk_.data(), a.xn1.data(), a.mid[(int)M::kK].data(), dxn_.data(), true, dxn, l,
+  LinBackward(Ly.lin[(int)M::kK], dk_.data(), xn, a.mid[(int)M::kK].data(), dxn_.data(), true, dxn, l,
               (int)M::kK);
-  LinBackward(Ly.lin[(int)M::kV], dv_.data(), a.xn1.data(), a.mid[(int)M::kV].data(), dxn_.data(), true, dxn, l,
+  LinBackward(Ly.lin[(int)M::kV], dv_.data(), xn, a.mid[(int)M::kV].data(), dxn_.data(), true, dxn, l,
               (int)M::kV);
   if (!dxn) return;
   RmsBwd(dtmp_.data(), Ly.n1.g, dxn_.data(), &res_[l * N * dim], Ly.n1.w, a.rstd1.data());
@@ -596,8 +619,13 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
   const int64_t N = N_, dim = c_.dim;
   dxf_.resize(N * dim);
   const float* xfr = Round(xf_.data(), N * dim, rx_);
-  float loss = kernels::CrossEntropyBackward(pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
-                                             (float)normalizer, 1.0f, opt_.loss_chunk_tokens);
+  float loss = 0;
+  {
+    ScopedOp ce_op(opt_.profiler, "cross_entropy_fwd_bwd", 6.0 * N * dim * c_.vocab_size,
+                   (double)head_eff_.nbytes() * 2 + 8.0 * N * dim);
+    loss = kernels::CrossEntropyBackward(pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
+                                               (float)normalizer, 1.0f, opt_.loss_chunk_tokens);
+  }
   dres_.resize(N * dim);
   RmsBwd(dres_.data(), final_norm_.g, dxf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w, rstdf_.data());
   for (int64_t l = c_.n_layers - 1; l >= lowest_trainable_layer_; --l) {
@@ -660,5 +688,34 @@ Result<std::unique_ptr<TrainModel>> TrainModel::Create(const ModelWeights& base,
   LATHE_RETURN_IF_ERROR(m->Init());
   return std::unique_ptr<TrainModel>(std::move(m));
 }
+
+namespace internal {
+
+TrainMemory TrainModelImpl::AllocatedBytes() const {
+  auto cap = [](const auto& v) { return (int64_t)(v.capacity() * sizeof(v[0])); };
+  TrainMemory m;
+  int64_t storage = 0, shadows = 0;
+  for (const std::vector<float>& v : storage_) storage += cap(v);
+  for (const TrainableTensor& t : params_) m.gradients += t.n * (int64_t)sizeof(float);
+  for (const Layer& Ly : layers_)
+    for (const Lin& L : Ly.lin) shadows += cap(L.w16) + cap(L.lora.a16) + cap(L.lora.b16);
+  shadows += cap(head16_);
+  // storage_ holds the f32 masters and their gradients (NewBuffer / MasterCopy).
+  (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage - m.gradients + shadows;
+  m.activations = cap(res_) + cap(xf_) + cap(rstdf_);
+  for (const Acts& a : acts_) {
+    for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})
+      m.activations += cap(*v);
+    for (const auto& v : a.mid) m.activations += cap(v);
+  }
+  for (const auto* v : {&dxf_, &dres_, &dtmp_, &scratch_out_, &ckpt_out_, &d_att_, &dq_, &dk_, &dv_, &dgate_,
+                        &dup_, &dh_, &dxn_, &rx_, &rx2_, &rdy_, &xd_, &lscr_, &lmid_, &ltmp_, &dmid_, &rmid_,
+                        &normdw_, &inv_freq_, &pos_cos_, &pos_sin_, &cos_, &sin_, &xn_, &h_})
+    m.temporary += cap(*v);
+  m.temporary += cap(targets_);
+  return m;
+}
+
+}  // namespace internal
 
 }  // namespace lathe::model

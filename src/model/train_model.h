@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "core/profiler.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "model/lora.h"
@@ -56,6 +57,15 @@ struct TrainModelOptions {
   bool gradient_checkpointing = false;
   uint64_t seed = 42;  // LoRA init (std::mt19937_64, platform independent) and dropout masks
   int64_t loss_chunk_tokens = 128;  // rows of logits materialized at a time
+  Profiler* profiler = nullptr;     // when set, the big ops of each call are recorded
+};
+
+// Bytes the model holds now, by memory-plan category (vector capacities; base weights excluded:
+// they belong to the ModelWeights). weights: f32 masters + bf16 shadows of full/freeze params;
+// lora: A/B masters + shadows; activations: the residual stream and saved per-layer tensors;
+// temporary: backward scratch, RoPE tables, targets.
+struct TrainMemory {
+  int64_t weights = 0, lora = 0, gradients = 0, activations = 0, temporary = 0;
 };
 
 // One micro-batch: B rows of T tokens (row-major), padded rows use label -100 beyond their end.
@@ -97,6 +107,7 @@ class TrainModel {
   virtual Result<double> ForwardBackward(const TrainBatch& batch, double normalizer) = 0;
   // Forward only (no dropout): returns the sum of token losses; *n_targets gets the token count.
   virtual Result<double> Loss(const TrainBatch& batch, int64_t* n_targets) = 0;
+  virtual TrainMemory AllocatedBytes() const { return {}; }
 
   // LoRA: the current adapter as an inference LoraAdapter (copies), usable by Transformer.
   virtual Result<std::unique_ptr<LoraAdapter>> ExportAdapter() const = 0;

@@ -48,9 +48,11 @@ struct Layer {
   bool trainable = false;  // any parameter (full/freeze weights or LoRA) in this layer
 };
 
-// What one decoder block's backward needs (per layer, or one set under checkpointing).
+// What one decoder block's backward needs (per layer, or one set under checkpointing). The normed
+// inputs xn1 = rmsnorm(x_in), xn2 = rmsnorm(xmid) and h = swiglu(gate, up) are not kept: the
+// backward recomputes them (bit-identical, a few elementwise passes) into shared buffers.
 struct Acts {
-  std::vector<float> xn1, rstd1, q, k, v, att, lse, xmid, xn2, rstd2, gate, up, h;
+  std::vector<float> rstd1, q, k, v, att, lse, xmid, rstd2, gate, up;
   std::array<std::vector<float>, kMods> mid;  // LoRA x A^T, (N, r)
 };
 
@@ -65,6 +67,7 @@ class TrainModelImpl final : public TrainModel {
   void ZeroGrad() override;
   Result<double> ForwardBackward(const TrainBatch& batch, double normalizer) override;
   Result<double> Loss(const TrainBatch& batch, int64_t* n_targets) override;
+  TrainMemory AllocatedBytes() const override;
   Result<std::unique_ptr<LoraAdapter>> ExportAdapter() const override;
   Status SavePeftAdapter(const std::string& dir, const std::string& base_model_name) const override;
   Status SaveHfModel(const std::string& dir, bool bf16) const override;
@@ -80,6 +83,7 @@ class TrainModelImpl final : public TrainModel {
   void Forward(const TrainBatch& b, bool train);
   void BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train);
   void BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx);
+  void SwiGluH(const Acts& a);  // h_ = swiglu(a.gate, a.up)
   void LinForward(Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
   void LinBackward(Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
                    bool need_dx, int64_t layer, int mod);
@@ -121,6 +125,7 @@ class TrainModelImpl final : public TrainModel {
   std::vector<float> xf_, rstdf_, dxf_, dres_, dtmp_, scratch_out_, ckpt_out_;
   std::vector<float> d_att_, dq_, dk_, dv_, dgate_, dup_, dh_, dxn_;
   std::vector<float> rx_, rx2_, rdy_, xd_, lscr_, lmid_, ltmp_, dmid_, rmid_, normdw_;
+  std::vector<float> xn_, h_;  // the current block's normed input and SwiGLU output (N, dim), (N, ffn)
 };
 
 }  // namespace lathe::model::internal

@@ -112,10 +112,124 @@ double MemoryPlan::Bytes(const std::string& category) const {
   return t;
 }
 
+namespace {
+
+// What model::TrainModel allocates (model/train_model.cc Init / Prepare / LinForward / LinBackward /
+// BlockBackward, kernels' cross-entropy chunk), for one micro-batch of batch_size x seq_len.
+MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
+  MemoryPlan p;
+  const int64_t P = c.ParamCount(), L = c.n_layers, dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(),
+                ffn = c.ffn_dim, V = c.vocab_size;
+  const bool bf16 = s.precision != "fp32";
+  const bool lora = s.method == "lora" || s.method == "qlora";
+  const double N = (double)s.batch_size * s.seq_len;
+  p.total_params = P;
+  auto add = [&](std::string cat, double bytes, std::string formula) {
+    p.lines.push_back({std::move(cat), "device", bytes, std::move(formula)});
+  };
+  if (s.baseline_bytes > 0) {
+    add("baseline", s.baseline_bytes,
+        "measured: process RSS before the model (binary, libraries) + tokenizer and tokenized datasets");
+    add("baseline", kRuntimeOverheadBytes,
+        "runtime overhead, a measured constant (thread arenas, code pages of the loop, per-step buffers)");
+  }
+  if (s.base_weight_bytes > 0) {
+    add("weights", s.base_weight_bytes, "base weights as loaded (stored dtypes, read in place)");
+  } else if (s.base_quant != "none" && lora) {
+    // lathe's packed layouts (core/dtype.h PackedQuantLayout: header, codes, constants, alignment).
+    const DType t = s.base_quant == "int8" ? DType::kI8Row : s.base_quant == "nf4" ? DType::kNF4 : DType::kNF4DQ;
+    const int64_t lin = L * LinearParamsPerLayer(c);
+    double packed = 0;
+    for (const auto& l : Linears(c)) packed += (double)PackedQuantBytes(t, l.out, l.in) * L;
+    add("weights", packed + (P - lin) * (bf16 ? 2.0 : 4.0),
+        StrFormat("%lld linear params packed as %s (%.4f B each, constants included) + %lld others x %d B",
+                  (long long)lin, DTypeName(t), packed / (double)lin, (long long)(P - lin), bf16 ? 2 : 4));
+  } else {
+    add("weights", P * (bf16 ? 2.0 : 4.0), StrFormat("%lld base params x %d B", (long long)P, bf16 ? 2 : 4));
+  }
+  int64_t trainable = 0, shadowed = 0;
+  const int64_t bias = c.qkv_bias ? qd + 2 * kvd : 0;
+  if (s.method == "full") {
+    trainable = P;
+    shadowed = L * LinearParamsPerLayer(c) + V * dim;  // every linear + the head (tied: its own shadow)
+  } else if (s.method == "freeze") {
+    const int64_t n = std::min(s.freeze_trainable_layers, L);
+    trainable = n * (LinearParamsPerLayer(c) + 2 * dim + bias);
+    shadowed = n * LinearParamsPerLayer(c);
+  } else {
+    trainable = LoraParams(c, s.lora_targets, s.lora_rank);
+    shadowed = trainable;
+  }
+  p.trainable_params = trainable;
+  const double shadow = bf16 ? shadowed * 2.0 : 0;
+  add(lora ? "lora" : "weights", trainable * 4.0 + shadow,
+      StrFormat("%lld trainable params x 4 B (f32 masters)%s", (long long)trainable,
+                bf16 ? StrFormat(" + %lld x 2 B bf16 shadows", (long long)shadowed).c_str() : ""));
+  add("gradients", trainable * 4.0, StrFormat("%lld trainable params x 4 B (f32)", (long long)trainable));
+  double ob = s.optimizer_bytes_per_param;
+  if (ob < 0) {
+    ob = s.optimizer == "sgd" ? 0 : s.optimizer.find("8bit") != std::string::npos ? 2 + 8.0 / 256 : 8;
+  }
+  p.lines.push_back({"optimizer", s.optimizer.rfind("paged_", 0) == 0 ? "host" : "device", trainable * ob,
+                     StrFormat("%lld trainable params x %.4f B (%s state)", (long long)trainable, ob,
+                               s.optimizer.c_str())});
+  const int64_t r = lora ? s.lora_rank : 0;
+  // Saved per block: rstd of both norms, q, k, v (after RoPE), attention output, its logsumexp,
+  // the mid-block residual, SwiGLU's gate and up, LoRA's x A^T for every module kind. The normed
+  // inputs and the SwiGLU product are recomputed in the backward (one shared buffer each).
+  const double per_set = 1.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn + 2 + c.n_heads + 7.0 * r;
+  const double sets = s.grad_checkpointing ? 1 : (double)L;
+  add("activations", 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
+      StrFormat("%.0f tokens x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
+                "2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
+                N, (long long)L, sets, r ? " + 7 r" : ""));
+  // Backward scratch of one block and the matmul input roundings (bf16) / LoRA buffers.
+  int64_t max_in = 0, max_out = 0;
+  for (const auto& l : Linears(c)) {
+    if (!lora || std::find(s.lora_targets.begin(), s.lora_targets.end(), l.name) != s.lora_targets.end()) {
+      max_in = std::max(max_in, l.in);
+      max_out = std::max(max_out, l.out);
+    }
+  }
+  double scratch = (6.0 + (s.grad_checkpointing ? 1 : 0)) * dim + 2.0 * qd + 2.0 * kvd + 4.0 * ffn;
+  if (bf16) scratch += 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
+  const bool dropout = s.lora_dropout > 0;
+  if (lora) {
+    scratch += max_out + 2.0 * r + std::max(max_in, max_out) + (dropout ? max_in : 0);
+    if (bf16) scratch += r + (dropout ? max_in : 0);  // rounded x A^T; the dropped input rounded
+  }
+  const double chunk = std::min<double>(s.loss_chunk_tokens, N);
+  const double half = c.head_dim / 2;
+  add("temporary", 4 * N * (scratch + 2 * half + 1) + 4.0 * (2 * c.max_seq_len * half + s.threads * dim),
+      StrFormat("%.0f tokens x 4 B x %.0f (block backward scratch, bf16 roundings, LoRA buffers, RoPE, targets) "
+                "+ RoPE tables + per-thread norm rows", N, scratch + 2 * half + 1));
+  add("temporary", 4 * chunk * (V + 2.0 * dim + 1),
+      StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim) x 4 B", chunk, (long long)V));
+  // kernels/cpu/train_matmul.cc packs 256 x 256 B chunks (+ a dequantization tile) and 256 x 192
+  // A tiles per thread; train_attention.cc keeps 96 x 128 score tiles (two in the backward).
+  const double per_thread = 4.0 * (2 * 256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
+  add("temporary", s.threads * per_thread,
+      StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles)", s.threads,
+                per_thread / 1024));
+  // Saving keeps a whole copy of what is written: the model in the saved dtype (full / freeze,
+  // plus one f32 tensor being rounded under bf16), the adapter in f32 (LoRA).
+  if (lora) {
+    add("temporary", trainable * 4.0, "while saving: the adapter's tensors in f32");
+  } else {
+    add("temporary", P * (bf16 ? 2.0 : 4.0) + (bf16 ? 4.0 * V * dim : 0),
+        StrFormat("while saving: %lld params x %d B%s", (long long)P, bf16 ? 2 : 4,
+                  bf16 ? " + the embedding in f32 while it is rounded" : ""));
+  }
+  return p;
+}
+
+}  // namespace
+
 Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& setup) {
   TrainSetup s = setup;
   if (s.method == "qlora" && s.base_quant == "none") s.base_quant = "nf4_dq";
   LATHE_RETURN_IF_ERROR(s.Validate());
+  if (s.lathe) return PlanLathe(c, s);
   MemoryPlan p;
   int64_t P = c.ParamCount(), lin = c.n_layers * LinearParamsPerLayer(c), other = OtherParams(c);
   if (s.param_count > 0) {
@@ -205,6 +319,9 @@ Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& s
                 (long long)c.vocab_size));
   add("temporary", "device", tokens * (2.0 * c.dim + c.q_dim() + 2.0 * c.kv_dim() + 2.0 * c.ffn_dim) * 4,
       "backward scratch of one block: d(activations) in f32 for every token");
+  if (s.baseline_bytes > 0) {
+    add("baseline", "device", s.baseline_bytes, "measured process baseline (binary, libraries, tokenizer, data)");
+  }
   return p;
 }
 

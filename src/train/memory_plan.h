@@ -23,6 +23,7 @@ struct TrainSetup {
   int64_t grad_accum = 1;             // does not change peak memory (grads are accumulated in place)
   bool grad_checkpointing = false;
   int64_t lora_rank = 8;
+  double lora_dropout = 0;            // lathe: dropout keeps a dropped copy of each LoRA input
   std::vector<std::string> lora_targets = {"q", "k", "v", "o", "gate", "up", "down"};
   int64_t freeze_trainable_layers = 2;  // freeze: the last N layers train
   int zero_stage = 0;                 // 0-3: shard optimizer states (1), + grads (2), + params (3)
@@ -31,6 +32,16 @@ struct TrainSetup {
   int64_t loss_chunk_tokens = 1024;   // tokens per cross-entropy chunk (logits never all at once)
   int64_t param_count = 0;            // > 0 overrides the config's count (`--params 7B`), scaling
                                       // linear and other parameters in proportion
+  // lathe's own TrainModel (`lathe train`) instead of a PyTorch-style run: every saved activation
+  // and gradient in f32 whatever the precision, bf16 shadows of trainable weights under bf16, the
+  // frozen base read as stored, and its exact scratch buffers (see docs/memory.md).
+  bool lathe = false;
+  double base_weight_bytes = 0;       // lathe: > 0 = bytes of the loaded base weights as stored
+                                      // (GGUF quant types, bf16 safetensors, ...)
+  double optimizer_bytes_per_param = -1;  // lathe: >= 0 = the optimizer's own figure
+  double baseline_bytes = 0;          // measured process baseline (binary, libraries, tokenizer,
+                                      // datasets); a "baseline" line when > 0
+  int threads = 1;                    // lathe: pool threads (per-thread norm gradient rows)
   Status Validate() const;
 };
 
@@ -65,6 +76,12 @@ int64_t LoraParams(const model::ModelConfig& c, const std::vector<std::string>& 
 double QuantBytesPerParam(const std::string& base_quant, int64_t in_features);
 // Saved activations of the training forward for one micro-batch (bytes).
 double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s);
+
+// lathe mode, with a measured baseline: what a training process holds beyond the baseline and the
+// planned buffers — malloc arenas of the pool threads, code and library pages first touched by the
+// training loop, per-step batches, JSON and file buffers. Measured as (peak RSS - plan) of
+// stories260K runs (tests/e2e/memory_rss.py, 4 settings): 1.5 to 4.0 MiB; see docs/memory.md.
+constexpr double kRuntimeOverheadBytes = 3.0 * 1024 * 1024;
 
 Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& s);
 MemoryPlan PlanInference(const model::ModelConfig& c, const InferSetup& s);

@@ -4,10 +4,13 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/profiler.h"
 #include "core/strings.h"
 #include "core/thread_pool.h"
 #include "model/loader.h"
 #include "model/train_model.h"
+#include "monitor/memory.h"
+#include "train/memory_plan.h"
 #include "tokenizer/chat_template.h"
 
 namespace lathe::train {
@@ -21,6 +24,18 @@ std::string ExpandHome(const std::string& path) {
   const char* home = std::getenv("HOME");
   if (path.rfind("~/", 0) == 0 && home && *home) return std::string(home) + path.substr(1);
   return path;
+}
+
+// Bytes of the base weights as loaded (stored dtypes; a tied head counted once).
+double WeightBytes(const model::ModelWeights& w) {
+  double b = (double)w.tok_embd.nbytes() + (double)w.output_norm.nbytes();
+  if (w.output.data && w.output.data != w.tok_embd.data) b += (double)w.output.nbytes();
+  for (const model::LayerWeights& l : w.layers) {
+    for (const Tensor* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+      if (t->data) b += (double)t->nbytes();
+  }
+  return b;
 }
 
 }  // namespace
@@ -46,12 +61,15 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
     tmpl = *t;
   }
   LATHE_RETURN_IF_ERROR(PrepareOutputDir(c.output_dir, c.overwrite_output_dir));
+  const double rss_start = (double)monitor::ProcessRssBytes();  // binary + libraries
 
   model::LoadOptions lo;
   lo.tokenizer_path = o.tokenizer_path;
   auto loaded = model::LoadModel(c.model_name_or_path, lo);
   if (!loaded.ok()) return loaded.status().WithContext("key 'model_name_or_path'");
   model::LoadedModel& lm = **loaded;
+  const double base_bytes = WeightBytes(lm.weights);
+  const double rss_loaded = (double)monitor::ProcessRssBytes();
   const tokenizer::Tokenizer& tok = *lm.tokenizer;
   if (c.template_name.empty()) tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
   if (o.log) {
@@ -97,8 +115,58 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   mo.bf16 = c.bf16;
   mo.gradient_checkpointing = c.gradient_checkpointing;
   mo.seed = (uint64_t)c.seed;
+  std::unique_ptr<Profiler> profiler;
+  if (!o.profile_path.empty()) {
+    profiler = std::make_unique<Profiler>();
+    mo.profiler = profiler.get();
+  }
+
+  // The memory plan of this run: the largest micro-batch (train or eval) sizes the activations;
+  // the baseline is measured: RSS before the model, plus what loading grew beyond the base
+  // weights (tokenizer, loader buffers), plus the tokenized datasets.
+  int64_t longest_train = 0, longest_eval = 0;
+  for (const TokenizedSample& s : data.train)
+    longest_train = std::max<int64_t>(longest_train, (int64_t)s.input_ids.size());
+  for (const TokenizedSample& s : data.eval)
+    longest_eval = std::max<int64_t>(longest_eval, (int64_t)s.input_ids.size());
+  TrainSetup ts;
+  ts.lathe = true;
+  ts.method = c.finetuning_type;
+  ts.precision = c.bf16 ? "bf16" : "fp32";
+  const bool paged = c.optim.rfind("paged_", 0) == 0, eight_bit = c.optim.find("8bit") != std::string::npos;
+  ts.optimizer = c.optim == "sgd" ? "sgd"
+                 : paged          ? (eight_bit ? "paged_adamw_8bit" : "paged_adamw_32bit")
+                 : eight_bit      ? "adamw_8bit"
+                                  : "adamw";
+  ts.batch_size = c.per_device_train_batch_size;
+  ts.seq_len = std::max<int64_t>(longest_train, 1);
+  const int64_t eval_tokens = c.per_device_eval_batch_size * longest_eval;
+  if (eval_tokens > ts.batch_size * ts.seq_len) {
+    ts.batch_size = c.per_device_eval_batch_size;
+    ts.seq_len = longest_eval;
+  }
+  ts.grad_checkpointing = c.gradient_checkpointing;
+  ts.lora_rank = c.lora_rank;
+  ts.lora_dropout = c.finetuning_type == "lora" ? c.lora_dropout : 0;
+  ts.lora_targets.clear();
+  for (model::LoraModule m : mo.lora_targets) {
+    std::string n = model::LoraModuleName(m);
+    ts.lora_targets.push_back(n.substr(0, n.find("_proj")));
+  }
+  ts.freeze_trainable_layers = c.freeze_trainable_layers;
+  ts.loss_chunk_tokens = mo.loss_chunk_tokens;
+  ts.base_weight_bytes = base_bytes;
+  ts.threads = o.threads;
+  const double rss_data = (double)monitor::ProcessRssBytes();
+  ts.baseline_bytes =
+      rss_start + std::max(0.0, rss_loaded - rss_start - base_bytes) + std::max(0.0, rss_data - rss_loaded);
+  Result<MemoryPlan> memory_plan = PlanTraining(lm.weights.config, ts);
+  if (!memory_plan.ok() && o.log) {
+    std::fprintf(o.log, "note: no memory plan for this run: %s\n", memory_plan.status().message().c_str());
+  }
 
   ThreadPool pool(o.threads);
+  if (profiler) pool.SetProfiler(profiler.get());
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<model::TrainModel> tm,
                          model::TrainModel::Create(lm.weights, pool, mo));
 
@@ -115,8 +183,17 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   env.flops_params = std::max<int64_t>(mc.ParamCount() - mc.vocab_size * mc.dim, 0);
   env.log = o.log;
   env.interactive = o.interactive;
+  env.memory_plan = memory_plan.ok() ? &*memory_plan : nullptr;
+  env.base_weight_bytes = base_bytes;
+  env.monitor = o.monitor;
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, *tm, std::move(data), env));
   LATHE_ASSIGN_OR_RETURN(TrainSummary s, trainer->Run());
+  pool.SetProfiler(nullptr);
+  if (profiler) {
+    LATHE_RETURN_IF_ERROR(profiler->WriteChromeTrace(o.profile_path).WithContext("--profile"));
+    if (o.log)
+      std::fprintf(o.log, "profile: wrote %s\n%s", o.profile_path.c_str(), profiler->Summary().c_str());
+  }
   if (o.log && env.tokenizer_files.empty() && c.finetuning_type != "lora") {
     std::string hint =
         lm.format == "gguf"

@@ -17,6 +17,8 @@ struct RunOptions {
   std::string tokenizer_path;  // overrides the model's tokenizer (as --tokenizer elsewhere)
   FILE* log = stderr;
   bool interactive = false;  // progress line redrawn with \r
+  bool monitor = false;      // per-category memory (current / peak) at every logging step
+  std::string profile_path;  // non-empty: Chrome trace of the training ops + a top-ops table
 };
 
 Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& options);

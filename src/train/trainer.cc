@@ -128,6 +128,18 @@ void Trainer::Say(const std::string& line) {
   if (bar_ && env_.log) bar_->Print(line);
 }
 
+json Trainer::UpdateMemory(int64_t optimizer_bytes) {
+  using monitor::MemCategory;
+  model::TrainMemory m = model_.AllocatedBytes();
+  memory_.Set(MemCategory::kWeights, (int64_t)env_.base_weight_bytes + m.weights);
+  memory_.Set(MemCategory::kLora, m.lora);
+  memory_.Set(MemCategory::kGradients, m.gradients);
+  memory_.Set(MemCategory::kOptimizer, optimizer_bytes);
+  memory_.Set(MemCategory::kActivations, m.activations);
+  memory_.Set(MemCategory::kTemporary, m.temporary);
+  return memory_.ToJson();
+}
+
 Result<double> Trainer::Evaluate() {
   double loss_sum = 0;
   int64_t targets = 0;
@@ -240,7 +252,18 @@ Result<TrainSummary> Trainer::Run() {
         data_.train.size(), data_.eval.size(), plan_.num_train_epochs, (long long)total,
         (long long)c.per_device_train_batch_size, (long long)c.gradient_accumulation_steps,
         (long long)trainable, c.finetuning_type.c_str()));
+    if (env_.memory_plan) {
+      std::string lines;
+      for (const PlanLine& l : env_.memory_plan->lines) {
+        lines += StrFormat("\n  %-11s %10s  %s", l.category.c_str(), monitor::FormatBytes(l.bytes).c_str(),
+                           l.formula.c_str());
+      }
+      Say(StrFormat("memory plan: %s in all (host-paged optimizer state %s)%s",
+                    monitor::FormatBytes(env_.memory_plan->Total("device")).c_str(),
+                    monitor::FormatBytes(env_.memory_plan->Total("host")).c_str(), lines.c_str()));
+    }
   }
+  UpdateMemory(0);
 
   model_.ZeroGrad();
   const int64_t n_train = (int64_t)data_.train.size();
@@ -279,6 +302,7 @@ Result<TrainSummary> Trainer::Run() {
                       (long long)state_.global_step + 1, step_loss, last_grad_norm));
       }
       opt->Step(params, sched.At(state_.global_step));
+      json mem = UpdateMemory((int64_t)(opt->StateBytesPerParam() * (double)trainable));
       model_.ZeroGrad();
       state_.global_step++;
       // As the HF Trainer: the logged learning rate is the scheduler's value after its step.
@@ -310,17 +334,28 @@ Result<TrainSummary> Trainer::Run() {
         TrainLogLine line{
             state_.global_step,    total,       epoch_f, loss, last_lr, last_grad_norm, now - start_s_, tps,
             summary_.train_tokens, ps.rss_bytes};
-        LATHE_RETURN_IF_ERROR(jsonl_.Append(TrainLogJson(line)));
+        json log_line = TrainLogJson(line);
+        log_line["memory"] = mem;
+        LATHE_RETURN_IF_ERROR(jsonl_.Append(log_line));
         if (tb_) {
           LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/loss", state_.global_step, loss));
           LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/learning_rate", state_.global_step, last_lr));
           LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/grad_norm", state_.global_step, last_grad_norm));
           LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/epoch", state_.global_step, epoch_f));
+          for (int i = 0; i < monitor::kMemCategories; ++i) {
+            auto cat = (monitor::MemCategory)i;
+            LATHE_RETURN_IF_ERROR(tb_->AddScalar(std::string("memory/") + monitor::MemCategoryName(cat),
+                                                 state_.global_step, (double)memory_.current(cat)));
+          }
+          LATHE_RETURN_IF_ERROR(tb_->AddScalar("memory/rss", state_.global_step, (double)ps.rss_bytes));
+          LATHE_RETURN_IF_ERROR(
+              tb_->AddScalar("memory/peak_rss", state_.global_step, (double)monitor::ProcessPeakRssBytes()));
         }
         ps.loss = loss;
         ps.tokens_per_s = tps;
         Say(StrFormat("%s | epoch %.2f | grad_norm %.4f", monitor::FormatProgress(ps).c_str(), epoch_f,
                       last_grad_norm));
+        if (env_.monitor) Say("memory: " + memory_.Format());
         interval_loss = 0;
         interval_steps = 0;
         interval_tokens = 0;
@@ -383,6 +418,12 @@ Result<TrainSummary> Trainer::Run() {
     for (auto& [k, v] : ev.items()) all[k] = v;
   }
   LATHE_RETURN_IF_ERROR(WriteJsonFile((fs::path(out) / "all_results.json").string(), all));
+  if (env_.log && env_.memory_plan) {
+    const double peak = (double)monitor::ProcessPeakRssBytes(), planned = env_.memory_plan->Total("device");
+    Say(StrFormat("memory: peak RSS %s (%.0f B), plan %s (%.0f B), measured/plan %.3f",
+                  monitor::FormatBytes(peak).c_str(), peak, monitor::FormatBytes(planned).c_str(), planned,
+                  planned > 0 ? peak / planned : 0.0));
+  }
   if (env_.log) {
     Say(StrFormat("done: %lld steps in %s, train_loss %.4f%s; wrote %s", (long long)state_.global_step,
                   monitor::FormatDuration(summary_.train_runtime).c_str(), summary_.train_loss,

@@ -12,10 +12,12 @@
 #include "core/status.h"
 #include "model/lora.h"
 #include "model/train_model.h"
+#include "monitor/memory.h"
 #include "monitor/progress.h"
 #include "monitor/tensorboard.h"
 #include "train/batching.h"
 #include "train/dataset.h"
+#include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/optimizer_bnb.h"  // MakeOptimizer
 #include "train/train_config.h"
@@ -40,6 +42,11 @@ struct TrainerEnv {
   int64_t flops_params = 0;  // parameters counted in total_flos (6 * params * tokens)
   FILE* log = stderr;        // progress bar and log lines; nullptr = silent
   bool interactive = false;  // redraw a progress line with \r (stderr is a terminal)
+  // Memory: the run's plan (logged at start, compared with the peak RSS at the end), the bytes of
+  // the base weights (the tracker's "weights" besides the model's masters), and --monitor.
+  const MemoryPlan* memory_plan = nullptr;
+  double base_weight_bytes = 0;
+  bool monitor = false;
 };
 
 struct TrainSummary {
@@ -74,6 +81,8 @@ class Trainer {
   // Evaluates and records eval_loss in the log history, JSONL, TensorBoard and the log.
   Status EvalAndLog(double epoch);
   void Say(const std::string& line);
+  // Feeds the tracker from the model and optimizer; returns its JSON (JSONL "memory").
+  nlohmann::json UpdateMemory(int64_t optimizer_bytes);
 
   TrainConfig config_;
   model::TrainModel& model_;
@@ -87,6 +96,7 @@ class Trainer {
   std::unique_ptr<monitor::TensorBoardWriter> tb_;
   std::unique_ptr<monitor::ProgressBar> bar_;
   TrainSummary summary_;
+  monitor::MemoryTracker memory_;
 };
 
 }  // namespace lathe::train

@@ -118,6 +118,11 @@ assert {"train/loss", "train/learning_rate", "train/grad_norm", "eval/loss"} <= 
 assert [s.step for s in acc.Scalars("train/loss")] == [5, 10, 15, 20, 25, 30]
 ev = acc.Scalars("eval/loss")
 assert [s.step for s in ev] == [10, 20, 30] and ev[-1].value < ev[0].value, ev
+mem = {c: acc.Scalars("memory/" + c) for c in
+       ["weights", "lora", "gradients", "optimizer", "activations", "temporary", "rss", "peak_rss"]}
+assert all([s.step for s in v] == [5, 10, 15, 20, 25, 30] for v in mem.values()), mem
+assert mem["weights"][0].value > 1e6 and mem["optimizer"][-1].value == 2 * mem["lora"][-1].value, mem
+assert all(s.value >= r.value * 0.9 for s, r in zip(mem["peak_rss"], mem["rss"])), mem
 PY
 else
   echo "SKIP: tensorboard reader check (could not install tensorboard from PyPI: $(tail -1 "$tmp/pip.log"))"

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/train_dispatch.h"
@@ -118,6 +119,46 @@ INSTANTIATE_TEST_SUITE_P(Tiers, TrainOpsTier, ::testing::Values(IsaTier::kScalar
                          testing::TierParamName);
 
 // RoPE and the embedding have one implementation for all tiers.
+TEST_P(TrainOpsTier, RoundBf16MatchesScalarBitForBit) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  // Random values over many exponents, exact ties (both parities of the kept lsb), values that
+  // round up into the next exponent / to infinity, zeros, denormals, infinities and NaNs.
+  std::vector<float> x;
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x3f808000u, 0x3f818000u,
+                                0x3f807fffu, 0x3f7fffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,
+                                0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x00008000u, 0x00018000u};
+  uint32_t s = 12345;
+  for (int i = 0; i < 1000; ++i) {
+    s = s * 1664525u + 1013904223u;
+    bits.push_back(s);
+    bits.push_back((s & 0xffff0000u) | 0x8000u);  // a tie
+  }
+  for (uint32_t b : bits) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    x.push_back(f);
+  }
+  for (int64_t n : {(int64_t)x.size(), (int64_t)7, (int64_t)9, (int64_t)17}) {
+    std::vector<float> out(n, 1.0f);
+    tk.round_bf16(out.data(), x.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t want = (uint32_t)F32ToBF16(x[i]) << 16;
+      uint32_t got;
+      std::memcpy(&got, &out[i], 4);
+      ASSERT_EQ(got, want) << "input bits 0x" << std::hex << bits[i];
+    }
+  }
+  // In place.
+  std::vector<float> y = x;
+  RoundToBf16(y.data(), y.data(), (int64_t)y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    uint32_t got;
+    std::memcpy(&got, &y[i], 4);
+    ASSERT_EQ(got, (uint32_t)F32ToBF16(x[i]) << 16) << i;
+  }
+}
+
 TEST(TrainOps, RopeMatchesReferenceAndFiniteDifferences) {
   const int64_t T = 3;
   const int n_head = 2;

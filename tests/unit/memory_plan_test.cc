@@ -3,6 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <random>
+
+#include "core/thread_pool.h"
+#include "model/train_model.h"
+
 namespace lathe::train {
 namespace {
 
@@ -112,6 +118,168 @@ TEST(MemoryPlan, BadSetupNamesTheKey) {
   EXPECT_NE(r.status().message().find("did you mean 'adamw_8bit'"), std::string::npos) << r.status().message();
   auto a = NamedArchitecture("llama7b");
   EXPECT_NE(a.status().message().find("did you mean 'llama-7b'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lathe::train
+
+// lathe mode: the plan of a run against what TrainModel reports it allocated, category by category,
+// on a random SmolLM2-like model (GQA, tied head, ffn > dim) after one micro-batch.
+namespace lathe::train {
+namespace {
+
+model::ModelWeights RandomWeights(const model::ModelConfig& c) {
+  model::ModelWeights w;
+  w.config = c;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  auto rnd = [&](std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v((size_t)n);
+    for (float& x : v) x = nd(rng);
+    return w.OwnF32(std::move(v), shape);
+  };
+  auto ones = [&](int64_t n) { return w.OwnF32(std::vector<float>((size_t)n, 1.0f), {n}); };
+  w.tok_embd = rnd({c.vocab_size, c.dim});
+  w.output = w.tok_embd;
+  w.output_norm = ones(c.dim);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    model::LayerWeights L;
+    L.attn_norm = ones(c.dim);
+    L.ffn_norm = ones(c.dim);
+    L.wq = rnd({c.q_dim(), c.dim});
+    L.wk = rnd({c.kv_dim(), c.dim});
+    L.wv = rnd({c.kv_dim(), c.dim});
+    L.wo = rnd({c.dim, c.q_dim()});
+    L.w_gate = rnd({c.ffn_dim, c.dim});
+    L.w_up = rnd({c.ffn_dim, c.dim});
+    L.w_down = rnd({c.dim, c.ffn_dim});
+    w.layers.push_back(L);
+  }
+  return w;
+}
+
+struct Setting {
+  const char* method;
+  bool bf16, ckpt;
+  std::vector<std::string> targets;
+  double dropout = 0;
+};
+
+TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
+  model::ModelConfig c;
+  c.n_layers = 2;
+  c.dim = 64;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.rope_dim = 16;
+  c.ffn_dim = 160;
+  c.vocab_size = 300;
+  c.max_seq_len = 64;
+  c.tied_embeddings = true;
+  model::ModelWeights w = RandomWeights(c);
+  ASSERT_TRUE(w.Validate("random").ok()) << w.Validate("random").message();
+  const int64_t B = 2, T = 24;
+  std::vector<int32_t> ids(B * T), labels(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = labels[i] = (int32_t)((i * 37) % c.vocab_size);
+  ThreadPool pool(2);
+  const std::vector<Setting> settings = {
+      {"lora", false, false, {"q", "k", "v", "o", "gate", "up", "down"}},
+      {"lora", true, false, {"q", "v"}},
+      {"lora", true, false, {"q", "k", "v", "o", "gate", "up", "down"}, 0.1},
+      {"lora", false, false, {"o", "down"}, 0.1},
+      {"lora", false, true, {"q", "k", "v", "o", "gate", "up", "down"}},
+      {"full", false, false, {}},
+      {"full", true, true, {}},
+      {"freeze", true, false, {}},
+  };
+  for (const Setting& st : settings) {
+    SCOPED_TRACE(StrFormat("%s bf16=%d ckpt=%d targets=%zu dropout=%g", st.method, st.bf16, st.ckpt,
+                           st.targets.size(), st.dropout));
+    model::TrainModelOptions o;
+    o.method = std::string(st.method) == "lora"   ? model::FinetuneMethod::kLora
+               : std::string(st.method) == "full" ? model::FinetuneMethod::kFull
+                                                  : model::FinetuneMethod::kFreeze;
+    o.bf16 = st.bf16;
+    o.gradient_checkpointing = st.ckpt;
+    o.lora_rank = 4;
+    o.lora_dropout = st.dropout;
+    o.freeze_trainable_layers = 1;
+    o.lora_targets.clear();
+    for (const std::string& t : st.targets)
+      for (int m = 0; m < (int)model::LoraModule::kCount; ++m)
+        if (std::string(model::LoraModuleName((model::LoraModule)m)) == t + "_proj")
+          o.lora_targets.push_back((model::LoraModule)m);
+    auto tm = model::TrainModel::Create(w, pool, o);
+    ASSERT_TRUE(tm.ok()) << tm.status().message();
+    model::TrainBatch b{ids, labels, {}, B, T};
+    ASSERT_TRUE((*tm)->ForwardBackward(b, 1.0).ok());
+    model::TrainMemory got = (*tm)->AllocatedBytes();
+
+    TrainSetup s;
+    s.lathe = true;
+    s.method = st.method;
+    s.precision = st.bf16 ? "bf16" : "fp32";
+    s.batch_size = B;
+    s.seq_len = T;
+    s.grad_checkpointing = st.ckpt;
+    s.lora_rank = 4;
+    s.lora_dropout = st.dropout;
+    s.lora_targets = st.targets;
+    s.freeze_trainable_layers = 1;
+    s.loss_chunk_tokens = o.loss_chunk_tokens;
+    s.threads = (int)pool.size();
+    s.base_weight_bytes = 1000;  // a marker: the weights line as given
+    MemoryPlan p = PlanTraining(c, s).value();
+    EXPECT_EQ(p.trainable_params, (*tm)->trainable_count());
+    EXPECT_DOUBLE_EQ(p.Bytes("gradients"), (double)got.gradients);
+    EXPECT_DOUBLE_EQ(p.Bytes("lora"), (double)got.lora);
+    EXPECT_DOUBLE_EQ(p.Bytes("weights") - 1000, (double)got.weights);
+    EXPECT_DOUBLE_EQ(p.Bytes("activations"), (double)got.activations);
+    // The model's own scratch; the cross-entropy chunk and the kernels' per-thread tiles live
+    // inside kernel calls, the save copy inside SaveHfModel / SavePeftAdapter.
+    double own = 0;
+    int others = 0;
+    for (const PlanLine& l : p.lines) {
+      if (l.category != "temporary") continue;
+      bool kernel = l.formula.rfind("cross-entropy", 0) == 0 || l.formula.rfind("per-thread", 0) == 0 ||
+                    l.formula.rfind("while saving", 0) == 0;
+      if (kernel) {
+        others++;
+      } else {
+        own += l.bytes;
+      }
+    }
+    EXPECT_EQ(others, 3);
+    EXPECT_NEAR(own, (double)got.temporary, 0.02 * (double)got.temporary);
+    std::printf("%-6s bf16=%d ckpt=%d: plan temporary %.0f vs model %lld\n", st.method, st.bf16, st.ckpt, own,
+                (long long)got.temporary);
+  }
+}
+
+}  // namespace
+}  // namespace lathe::train
+
+namespace lathe::train {
+namespace {
+
+TEST(MemoryPlanLathe, PackedBaseWeightsUseLathesLayouts) {
+  model::ModelConfig c = NamedArchitecture("smollm2-135m").value();
+  TrainSetup s;
+  s.lathe = true;
+  const double lin = 30.0 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536), other = c.ParamCount() - lin;
+  std::map<std::string, double> w;
+  for (const char* q : {"none", "int8", "nf4", "nf4_dq"}) {
+    s.base_quant = q;
+    w[q] = PlanTraining(c, s)->Bytes("weights");
+  }
+  EXPECT_DOUBLE_EQ(w["none"], c.ParamCount() * 2.0);  // bf16 base
+  // int8 rows: 1 B + an f32 scale per row; NF4: 0.5 B + an f32 absmax per 64; DQ: a u8 per 64.
+  EXPECT_NEAR(w["int8"] - other * 2, lin * 1.0, lin * 0.01);
+  EXPECT_NEAR(w["nf4"] - other * 2, lin * (0.5 + 4.0 / 64), lin * 0.002);
+  EXPECT_NEAR(w["nf4_dq"] - other * 2, lin * (0.5 + 1.0 / 64), lin * 0.002);
 }
 
 }  // namespace

@@ -31,6 +31,8 @@ struct TrainKernelTable {
   float (*logsumexp)(const float* x, int64_t n);
   // x[i] = exp(x[i] - shift) * scale.
   void (*exp_shift_scale)(float* x, int64_t n, float shift, float scale);
+  // out[i] = BF16ToF32(F32ToBF16(x[i])) bit for bit (round to nearest even, NaN -> quiet NaN).
+  void (*round_bf16)(float* out, const float* x, int64_t n);
 };
 
 // The table for a tier (AVX-512 machines use the AVX2 table). REQUIRES CPU support.

@@ -51,11 +51,15 @@ void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift) * scale;
 }
 
+void RoundBf16(float* out, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = BF16ToF32(F32ToBF16(x[i]));
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale};
+                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale, RoundBf16};
   return t;
 }
 
@@ -88,6 +92,8 @@ void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) {
 void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
   cpu::TrainBest().swiglu_backward(dgate, dup, dout, gate, up, n);
 }
+
+void RoundToBf16(float* out, const float* x, int64_t n) { cpu::TrainBest().round_bf16(out, x, n); }
 
 namespace {
 

@@ -173,11 +173,28 @@ void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
   for (; i < n; ++i) x[i] = std::exp(x[i] - shift) * scale;
 }
 
+// F32ToBF16 then back, 8 lanes at a time: bits + 0x7fff + lsb(bits >> 16), low half cleared; NaN
+// keeps its upper half with the quiet bit (0x40 << 16) set.
+void RoundBf16(float* out, const float* x, int64_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), quiet = _mm256_set1_epi32(0x400000);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i b = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, abs_mask), inf);
+    __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(b, 16), one)));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(b, quiet), nan);
+    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_and_si256(r, hi)));
+  }
+  for (; i < n; ++i) out[i] = BF16ToF32(F32ToBF16(x[i]));
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kAvx2, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale};
+                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale, RoundBf16};
   return t;
 }
 

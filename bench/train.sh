@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Training speed, lathe vs PyTorch + PEFT in the same run: `lathe bench train` and bench/train_torch.py
+# over the same rows, shapes and thread counts, then ours / theirs per row (tokens/s and peak RSS).
+# Usage: bench/train.sh [--seq 512] [--batch 4] [--steps 2] [--threads-list 1,2] [--rows ...]
+# Env: LATHE (binary, default build/lathe), PY (default the refenv's python), TCMALLOC (preloaded for
+# torch when present: PEERS.md's best setting).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LATHE=${LATHE:-build/lathe}
+PY=${PY:-/root/.cache/lathe/refenv/bin/python}
+TCMALLOC=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+echo "== lathe ($(git rev-parse --short HEAD 2>/dev/null || echo unknown)): $LATHE bench train $*"
+"$LATHE" bench train "$@" | tee "$out/lathe.txt"
+pre=""
+[ -f "$TCMALLOC" ] && pre="$TCMALLOC"
+echo "== torch: LD_PRELOAD=$pre $PY bench/train_torch.py $*"
+LD_PRELOAD="$pre" "$PY" bench/train_torch.py "$@" | tee "$out/torch.txt"
+echo
+echo "| row | threads | lathe tok/s | torch tok/s | tok/s ratio | lathe RSS MB | torch RSS MB | RSS ratio |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+awk '
+  FNR == NR && /^\| (lora|full)-/ { split($0, f, "|"); gsub(/ /, "", f[2]); gsub(/ /, "", f[3]);
+    k = f[2] " " f[3]; ltps[k] = f[4] + 0; lrss[k] = f[6] + 0; order[n++] = k; next }
+  FNR != NR && /^RESULT/ { k = $2 " " $3; ttps[k] = $4 + 0; trss[k] = $6 + 0 }
+  END { for (i = 0; i < n; i++) { k = order[i]; split(k, p, " ");
+      if (k in ttps) printf "| %s | %s | %.1f | %.1f | %.2fx | %.0f | %.0f | %.0f%% |\n", p[1], p[2], ltps[k], ttps[k],
+        ltps[k] / ttps[k], lrss[k], trss[k], 100 * lrss[k] / trss[k] } }' "$out/lathe.txt" "$out/torch.txt"

@@ -1,0 +1,338 @@
+// `lathe bench train`: training speed of TrainModel (LoRA and full fine-tuning with AdamW, f32 and
+// bf16) — tokens/s, step time, peak RSS (one subprocess per row) and model-FLOPs utilization
+// against the f32 FMA peak measured in the same run.
+#include <immintrin.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/cpu.h"
+#include "model/loader.h"
+#include "model/train_model.h"
+#include "train/memory_plan.h"
+#include "train/optimizer.h"
+
+namespace lathe::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// One core's f32 FMA throughput (GFLOP/s): 12 independent ymm FMA chains kept in registers.
+__attribute__((target("avx2,fma"))) double FmaProbeGflops(int64_t iters) {
+  __m256 a0 = _mm256_set1_ps(1), a1 = _mm256_set1_ps(2), a2 = _mm256_set1_ps(3), a3 = _mm256_set1_ps(4);
+  __m256 a4 = _mm256_set1_ps(5), a5 = _mm256_set1_ps(6), a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8);
+  __m256 a8 = _mm256_set1_ps(9), a9 = _mm256_set1_ps(10), a10 = _mm256_set1_ps(11), a11 = _mm256_set1_ps(12);
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  auto t0 = Clock::now();
+  for (int64_t it = 0; it < iters; ++it) {
+    a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c), a2 = _mm256_fmadd_ps(a2, m, c);
+    a3 = _mm256_fmadd_ps(a3, m, c), a4 = _mm256_fmadd_ps(a4, m, c), a5 = _mm256_fmadd_ps(a5, m, c);
+    a6 = _mm256_fmadd_ps(a6, m, c), a7 = _mm256_fmadd_ps(a7, m, c), a8 = _mm256_fmadd_ps(a8, m, c);
+    a9 = _mm256_fmadd_ps(a9, m, c), a10 = _mm256_fmadd_ps(a10, m, c), a11 = _mm256_fmadd_ps(a11, m, c);
+    // Keeps the 12 chains in registers and live.
+    __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5));
+    __asm__ volatile("" : "+x"(a6), "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
+  }
+  double s = Seconds(t0, Clock::now());
+  __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  sum = _mm256_add_ps(sum, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+  volatile float sink = _mm256_cvtss_f32(sum);
+  (void)sink;
+  return (double)iters * 12 * 8 * 2 / s * 1e-9;
+}
+
+// Peak f32 GFLOP/s of `threads` cores running the probe at once (best of 3).
+double MeasurePeak(int threads) {
+  if (!GetCpuFeatures().avx2 || !GetCpuFeatures().fma) return 0;
+  ThreadPool pool(threads);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<double> g(threads * 8, 0);
+    pool.ParallelFor(threads, 1, [&](int64_t b, int64_t e, int t) {
+      for (int64_t i = b; i < e; ++i) g[i * 8] = FmaProbeGflops(30'000'000);
+    });
+    double sum = 0;
+    for (int i = 0; i < threads; ++i) sum += g[i * 8];
+    best = std::max(best, sum);
+  }
+  return best;
+}
+
+// Random weights with the shapes of `c` (uniform, std 0.02; norms 1), f32, tied head if c says so.
+std::unique_ptr<model::ModelWeights> RandomWeights(const model::ModelConfig& c) {
+  auto w = std::make_unique<model::ModelWeights>();
+  w->config = c;
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  auto mat = [&](int64_t rows, int64_t cols) {
+    std::vector<float> v(rows * cols);
+    const float a = 0.02f * 1.7320508f;
+    for (auto& x : v) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      x = a * (2.0f * (float)(s >> 40) / (float)(1ull << 24) - 1.0f);
+    }
+    return w->OwnF32(std::move(v), {rows, cols});
+  };
+  auto ones = [&](int64_t n) { return w->OwnF32(std::vector<float>(n, 1.0f), {n}); };
+  w->tok_embd = mat(c.vocab_size, c.dim);
+  w->output_norm = ones(c.dim);
+  w->output = c.tied_embeddings ? w->tok_embd : mat(c.vocab_size, c.dim);
+  w->layers.resize(c.n_layers);
+  for (auto& l : w->layers) {
+    l.attn_norm = ones(c.dim);
+    l.ffn_norm = ones(c.dim);
+    l.wq = mat(c.q_dim(), c.dim);
+    l.wk = mat(c.kv_dim(), c.dim);
+    l.wv = mat(c.kv_dim(), c.dim);
+    l.wo = mat(c.dim, c.q_dim());
+    l.w_gate = mat(c.ffn_dim, c.dim);
+    l.w_up = mat(c.ffn_dim, c.dim);
+    l.w_down = mat(c.dim, c.ffn_dim);
+  }
+  return w;
+}
+
+struct RowSpec {
+  const char* name;
+  bool lora, bf16;
+};
+const RowSpec kRows[] = {{"lora-f32", true, false}, {"lora-bf16", true, true}, {"full-f32", false, false},
+                         {"full-bf16", false, true}};
+
+// Matmul parameters touched per token: every decoder linear layer plus the output head.
+double MatmulParams(const model::ModelConfig& c) {
+  double per_layer = (double)c.dim * (2.0 * c.q_dim() + 2.0 * c.kv_dim()) + 3.0 * c.dim * c.ffn_dim;
+  return per_layer * c.n_layers + (double)c.vocab_size * c.dim;
+}
+
+// Causal attention FLOPs per token (QK^T and PV over T/2 keys on average): forward 4 * q_dim * T/2
+// per layer, backward twice that (both for LoRA and full: input gradients flow through attention).
+double AttentionFlopsPerToken(const model::ModelConfig& c, int64_t T) {
+  return 3.0 * 4.0 * (double)c.q_dim() * (T / 2.0) * c.n_layers;
+}
+
+// The child: builds the model, runs warmup + steps, prints "RESULT tokens_per_s step_s rss_kb loss".
+int RunChild(const model::ModelWeights& w, const RowSpec& row, int threads, int64_t B, int64_t T, int steps) {
+  ThreadPool pool(threads);
+  model::TrainModelOptions o;
+  o.method = row.lora ? model::FinetuneMethod::kLora : model::FinetuneMethod::kFull;
+  o.lora_rank = 16;
+  o.lora_alpha = 32;
+  o.bf16 = row.bf16;
+  auto m = model::TrainModel::Create(w, pool, o);
+  if (!m.ok()) return Fail("bench train", m.status());
+  std::vector<train::ParamRef> refs;
+  for (const auto& p : (*m)->params()) refs.push_back({p.name, p.data, p.grad, p.n, p.decay});
+  train::AdamW adam(0.9, 0.999, 1e-8, 0.0);
+  std::vector<int32_t> ids(B * T);
+  uint64_t s = 12345;
+  for (auto& t : ids) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t = (int32_t)((s >> 33) % (uint64_t)w.config.vocab_size);
+  }
+  model::TrainBatch batch;
+  batch.input_ids = ids;
+  batch.labels = ids;
+  batch.B = B;
+  batch.T = T;
+  double best = 1e30, loss = 0;
+  for (int i = 0; i < steps + 1; ++i) {  // the first step sizes the buffers (warmup)
+    auto t0 = Clock::now();
+    (*m)->ZeroGrad();
+    auto l = (*m)->ForwardBackward(batch, (double)(B * T));
+    if (!l.ok()) return Fail("bench train", l.status());
+    adam.Step(refs, 1e-5);
+    double t = Seconds(t0, Clock::now());
+    loss = *l / (B * T);
+    if (i > 0) best = std::min(best, t);
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("RESULT %.3f %.4f %ld %.4f\n", B * T / best, best, (long)ru.ru_maxrss, loss);
+  return 0;
+}
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  size_t p = 0;
+  while (p < s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    out.push_back(std::atoi(s.substr(p, q - p).c_str()));
+    p = q + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int RunBenchTrain(int argc, char** argv) {
+  Args args("bench train",
+            "lathe bench train [--arch smollm2-135m | -m MODEL] [--seq 512] [--batch 4] [--steps 2] "
+            "[--threads-list 1,2] [--rows lora-f32,lora-bf16,full-f32,full-bf16]");
+  args.Flag("--arch", "named architecture with random f32 weights (see `lathe estimate`)", "smollm2-135m");
+  args.Flag("-m,--model", "a model file/dir instead of random weights (its dtype is kept for frozen weights)");
+  args.Flag("--seq", "tokens per row", "512");
+  args.Flag("--batch", "rows per step", "4");
+  args.Flag("--steps", "timed steps per row after one warmup step (the fastest is reported)", "2");
+  args.Flag("--threads-list", "thread counts to run", "1,2");
+  args.Flag("--rows", "rows to run: lora-f32, lora-bf16, full-f32, full-bf16", "lora-f32,lora-bf16,full-f32,full-bf16");
+  args.Flag("--child", "internal: run one row in this process and print its RESULT line");
+  args.Flag("--threads", "internal: threads of the --child row", "1");
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return Fail("bench train", st);
+  if (args.help_requested()) {
+    std::printf("%s", args.Help().c_str());
+    return 0;
+  }
+  auto seq = args.Int("seq"), batch = args.Int("batch"), steps = args.Int("steps");
+  if (!seq.ok() || !batch.ok() || !steps.ok() || *seq < 2 || *batch < 1 || *steps < 1) {
+    return Fail("bench train", Status::Error("--seq (>= 2), --batch and --steps must be positive integers"));
+  }
+  std::vector<std::string> row_names;
+  {
+    std::string s = args.Get("rows");
+    size_t p = 0;
+    while (p < s.size()) {
+      size_t q = s.find(',', p);
+      if (q == std::string::npos) q = s.size();
+      row_names.push_back(s.substr(p, q - p));
+      p = q + 1;
+    }
+  }
+  auto find_row = [](const std::string& n) -> const RowSpec* {
+    for (const RowSpec& r : kRows) {
+      if (n == r.name) return &r;
+    }
+    return nullptr;
+  };
+  for (const auto& n : row_names) {
+    if (!find_row(n)) {
+      return Fail("bench train", Status::Error("--rows: unknown row '" + n +
+                                               "' (expected lora-f32, lora-bf16, full-f32, full-bf16)"));
+    }
+  }
+  std::vector<int> threads = ParseList(args.Get("threads-list"));
+  for (int t : threads) {
+    if (t < 1) return Fail("bench train", Status::Error("--threads-list: expected positive integers like 1,2"));
+  }
+
+  // Model (config in the parent; weights only in the children).
+  auto load = [&]() -> Result<std::pair<std::unique_ptr<model::LoadedModel>, std::unique_ptr<model::ModelWeights>>> {
+    if (args.Has("model")) {
+      auto lm = model::LoadModel(args.Get("model"));
+      if (!lm.ok()) return lm.status();
+      return std::make_pair(std::move(*lm), std::unique_ptr<model::ModelWeights>());
+    }
+    auto c = train::NamedArchitecture(args.Get("arch"));
+    if (!c.ok()) return c.status();
+    c->max_seq_len = std::max<int64_t>(c->max_seq_len, *seq);
+    return std::make_pair(std::unique_ptr<model::LoadedModel>(), RandomWeights(*c));
+  };
+
+  if (args.Has("child")) {
+    auto ws = load();
+    if (!ws.ok()) return Fail("bench train", ws.status());
+    const model::ModelWeights& w = ws->first ? ws->first->weights : *ws->second;
+    if (*seq > w.config.max_seq_len) {
+      return Fail("bench train", Status::Error("--seq " + std::to_string(*seq) + " exceeds the model's max_seq_len " +
+                                               std::to_string(w.config.max_seq_len)));
+    }
+    auto t = args.Int("threads");
+    if (!t.ok() || *t < 1) return Fail("bench train", Status::Error("--threads: expected a positive integer"));
+    return RunChild(w, *find_row(args.Get("child")), (int)*t, *batch, *seq, (int)*steps);
+  }
+
+  model::ModelConfig c;
+  std::string source;
+  if (args.Has("model")) {
+    auto lm = model::LoadModel(args.Get("model"));
+    if (!lm.ok()) return Fail("bench train", lm.status());
+    c = (*lm)->weights.config;
+    source = args.Get("model") + " (frozen weights as stored: " + std::string(DTypeName((*lm)->weights.layers[0].wq.dtype)) + ")";
+  } else {
+    auto nc = train::NamedArchitecture(args.Get("arch"));
+    if (!nc.ok()) return Fail("bench train", nc.status());
+    c = *nc;
+    source = args.Get("arch") + " shapes, random f32 weights";
+  }
+  const double n_mm = MatmulParams(c);
+  const double attn = AttentionFlopsPerToken(c, *seq);
+  std::printf("lathe bench train: %s; %lld x %lld tokens per step; CPU features: %s; kernels: %s\n", source.c_str(),
+              (long long)*batch, (long long)*seq, GetCpuFeatures().ToString().c_str(), IsaTierName(BestIsaTier()));
+  std::printf("model FLOPs per token: N = %.1fM matmul parameters (decoder linears + head); full 6N = %.2f GFLOP, "
+              "LoRA 4N = %.2f GFLOP, plus causal attention %.3f GFLOP (fwd 4*q_dim*T/2 per layer, bwd 2x fwd); "
+              "MFU = model FLOPs / measured f32 FMA peak (this CPU has no bf16 arithmetic, so bf16 rows use the "
+              "f32 peak too)\n",
+              n_mm / 1e6, 6 * n_mm / 1e9, 4 * n_mm / 1e9, attn / 1e9);
+  std::vector<double> peak(threads.size());
+  for (size_t i = 0; i < threads.size(); ++i) {
+    peak[i] = MeasurePeak(threads[i]);
+    std::printf("measured f32 FMA peak, %d thread(s): %.1f GFLOP/s\n", threads[i], peak[i]);
+  }
+  std::fflush(stdout);
+
+  std::string self = "/proc/self/exe";
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) exe[n] = 0, self = exe;
+  struct Out {
+    std::string row;
+    int threads;
+    double tps, step, rss_mb, gflops, mfu, loss;
+  };
+  std::vector<Out> outs;
+  for (const std::string& rn : row_names) {
+    const RowSpec& row = *find_row(rn);
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+      std::string cmd = "'" + self + "' bench train --child " + rn + " --threads " + std::to_string(threads[ti]) +
+                        " --seq " + std::to_string(*seq) + " --batch " + std::to_string(*batch) + " --steps " +
+                        std::to_string(*steps);
+      cmd += args.Has("model") ? " -m '" + args.Get("model") + "'" : " --arch '" + args.Get("arch") + "'";
+      FILE* p = popen(cmd.c_str(), "r");
+      if (!p) return Fail("bench train", Status::Error("cannot start the row subprocess: " + cmd));
+      char line[512];
+      Out o{rn, threads[ti], 0, 0, 0, 0, 0, 0};
+      bool got = false;
+      while (std::fgets(line, sizeof(line), p)) {
+        long rss = 0;
+        if (std::sscanf(line, "RESULT %lf %lf %ld %lf", &o.tps, &o.step, &rss, &o.loss) == 4) {
+          o.rss_mb = rss / 1024.0;
+          got = true;
+        }
+      }
+      int rc = pclose(p);
+      if (!got || rc != 0) return Fail("bench train", Status::Error("row " + rn + " failed (command: " + cmd + ")"));
+      double per_tok = (row.lora ? 4 : 6) * n_mm + attn;
+      o.gflops = o.tps * per_tok / 1e9;
+      o.mfu = peak[ti] > 0 ? o.gflops / peak[ti] : 0;
+      outs.push_back(o);
+      std::printf("%-9s threads %d: %7.1f tokens/s, step %7.4f s, peak RSS %7.0f MB, %6.1f GFLOP/s = %4.1f%% of "
+                  "%.1f (loss %.4f)\n",
+                  rn.c_str(), o.threads, o.tps, o.step, o.rss_mb, o.gflops, 100 * o.mfu, peak[ti], o.loss);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n| row | threads | tokens/s | step s | peak RSS MB | GFLOP/s | MFU |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const Out& o : outs) {
+    std::printf("| %s | %d | %.1f | %.2f | %.0f | %.1f | %.1f%% |\n", o.row.c_str(), o.threads, o.tps, o.step,
+                o.rss_mb, o.gflops, 100 * o.mfu);
+  }
+  return 0;
+}
+
+}  // namespace lathe::cli

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# End-to-end test of `lathe bench train` on stories260K (tiny, fast): every row x thread count
+# prints a sane line (positive tokens/s, step time, peak RSS, MFU, a finite loss near ln(vocab)),
+# the markdown table has all rows, and bad flags give clear errors.
+set -uo pipefail
+LATHE="${LATHE_BIN:?}"
+SHARED="${LATHE_SHARED:?}"
+MODEL="$SHARED/models/stories260K/stories260K.gguf"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+pass=0
+check() {  # check NAME COMMAND...
+  local name="$1"; shift
+  if "$@"; then pass=$((pass + 1)); else echo "FAIL: $name"; fails=$((fails + 1)); fi
+}
+
+"$LATHE" bench train -m "$MODEL" --seq 32 --batch 2 --steps 1 --threads-list 1,2 > "$tmp/out" 2>"$tmp/err"
+check "bench train exit" test $? -eq 0
+check "bench train rows" python3 - "$tmp/out" <<'PY'
+import math, re, sys
+text = open(sys.argv[1]).read()
+assert re.search(r"measured f32 FMA peak, 1 thread\(s\): [0-9.]+ GFLOP/s", text), text
+lines = re.findall(r"^(\S+)\s+threads (\d): +([0-9.]+) tokens/s, step +([0-9.]+) s, peak RSS +(\d+) MB, +([0-9.]+) "
+                   r"GFLOP/s = +([0-9.]+)% of [0-9.]+ \(loss ([-0-9.na]+)\)$", text, re.M)
+got = {(r, int(t)) for r, t, *_ in lines}
+want = {(r, t) for r in ["lora-f32", "lora-bf16", "full-f32", "full-bf16"] for t in (1, 2)}
+assert got == want, (got, text)
+for r, t, tps, step, rss, gf, mfu, loss in lines:
+    assert float(tps) > 0 and float(step) > 0 and int(rss) > 0 and float(gf) > 0, (r, t)
+    assert abs(float(tps) * float(step) / 64 - 1) < 0.02, (r, t, tps, step)  # 2 x 32 tokens per step
+    # Random tokens through a trained tiny model: a finite, positive loss (confidently wrong: ~18 nats).
+    assert math.isfinite(float(loss)) and 0 < float(loss) < 100, (r, t, loss)
+table = re.findall(r"^\| (lora|full)-(f32|bf16) \| [12] \|", text, re.M)
+assert len(table) == 8, text
+PY
+
+"$LATHE" bench train --rows nope > /dev/null 2>"$tmp/err"
+check "bad row exit" test $? -ne 0
+check "bad row message" grep -q "unknown row 'nope'" "$tmp/err"
+"$LATHE" bench train --arch nope --threads-list 1 > /dev/null 2>"$tmp/err"
+check "bad arch message" grep -q "unknown architecture 'nope'" "$tmp/err"
+"$LATHE" bench train -m "$tmp/missing.gguf" > /dev/null 2>"$tmp/err"
+check "missing model message" grep -q "missing.gguf" "$tmp/err"
+"$LATHE" bench train -m "$MODEL" --seq 100000 --threads-list 1 --rows lora-f32 > /dev/null 2>"$tmp/err"
+check "too long seq message" grep -q "max_seq_len" "$tmp/err"
+
+echo "$pass passed, $fails failed"
+test "$fails" -eq 0

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# `lathe train --profile FILE --monitor`: the Chrome trace parses back as JSON with the training
+# ops (name, shape, duration, FLOPs, bytes) and one track per pool thread; the top-ops table is
+# printed; --monitor prints per-category memory; every JSONL log line carries the memory
+# categories (current <= peak, the weights > 0); bad flag values are named.
+set -uo pipefail
+LATHE="${LATHE_BIN:?}"
+SHARED="${LATHE_SHARED:?}"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+cat > "$tmp/lora.yaml" <<YAML
+model_name_or_path: $SHARED/models/stories260K/stories260K.gguf
+stage: sft
+finetuning_type: lora
+lora_target: all
+dataset: alpaca_en_demo
+dataset_dir: $SHARED/data/llamafactory
+template: alpaca
+cutoff_len: 64
+max_samples: 16
+output_dir: $tmp/out
+logging_steps: 1
+save_steps: 1000
+per_device_train_batch_size: 4
+max_steps: 2
+report_to: none
+YAML
+if ! "$LATHE" train "$tmp/lora.yaml" -t 3 --monitor --profile "$tmp/trace.json" > "$tmp/stdout" 2> "$tmp/log"; then
+  fail "lathe train --profile exited non-zero"; cat "$tmp/log"; exit 1
+fi
+grep -q "^op .*calls .*share .*GFLOP/s .*GB/s" "$tmp/log" || fail "no top-ops table in the log"
+grep -q "^linear_fwd " "$tmp/log" || fail "top-ops table lacks linear_fwd"
+grep -q "^memory: weights .* (peak .*) | lora .* | rss " "$tmp/log" || fail "--monitor printed no memory line"
+grep -q "^memory plan: " "$tmp/log" || fail "no memory plan logged at start"
+python3 - "$tmp/trace.json" "$tmp/out/trainer_log.jsonl" <<'PY' || fails=$((fails + 1))
+import json, sys
+t = json.load(open(sys.argv[1]))
+ev = [e for e in t["traceEvents"] if e.get("ph") == "X"]
+names = {e["name"] for e in ev}
+need = {"linear_fwd", "linear_bwd", "attention_fwd", "cross_entropy_fwd_bwd", "pool_chunk"}
+assert need <= names, f"trace lacks {need - names}"
+lin = [e for e in ev if e["name"] == "linear_fwd"]
+assert all(e["dur"] >= 0 and e["args"]["flops"] > 0 and e["args"]["bytes"] > 0 for e in lin), "linear_fwd without flops/bytes"
+assert all(e["args"]["shape"].startswith("[") for e in lin), "linear_fwd without a shape"
+# 7 LoRA'd linears x 5 layers x 2 steps forward.
+assert len(lin) == 7 * 5 * 2, f"{len(lin)} linear_fwd events, expected 70"
+tracks = {e["tid"] for e in ev if e["name"] == "pool_chunk"}
+assert tracks == {0, 1, 2}, f"pool_chunk tracks {sorted(tracks)}, expected one per thread of -t 3"
+meta = {e["tid"] for e in t["traceEvents"] if e.get("ph") == "M" and e["name"] == "thread_name"}
+assert tracks <= meta, "a track without a thread_name"
+lines = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
+assert len(lines) == 2, f"{len(lines)} train log lines"
+for l in lines:
+    m = l["memory"]
+    for cat in ["weights", "lora", "gradients", "optimizer", "activations", "temporary", "total", "rss"]:
+        assert 0 <= m[cat]["current"] <= m[cat]["peak"] or cat == "rss", (cat, m[cat])
+    assert m["weights"]["current"] > 1_000_000 and m["lora"]["current"] > 0 and m["activations"]["current"] > 0
+    assert m["optimizer"]["current"] == 8 * m["gradients"]["current"] // 4, m
+print("trace and JSONL ok:", len(ev), "events,", len(tracks), "tracks")
+PY
+"$LATHE" train "$tmp/lora.yaml" --profile > /dev/null 2> "$tmp/err" && fail "--profile without a file accepted"
+grep -q -- "--profile: expected an output FILE" "$tmp/err" || fail "--profile error not named: $(cat "$tmp/err")"
+"$LATHE" train "$tmp/lora.yaml" --monitor=maybe > /dev/null 2> "$tmp/err" && fail "--monitor=maybe accepted"
+grep -q -- "--monitor: expected" "$tmp/err" || fail "--monitor error not named: $(cat "$tmp/err")"
+[ "$fails" -eq 0 ] && echo "profile_test: all passed" || { echo "profile_test: $fails failed"; exit 1; }
