@@ -49,6 +49,11 @@ Status CheckTrainerConfig(const TrainConfig& c) {
   if (!c.resume_from_checkpoint.empty()) {
     return Status::Error("key 'resume_from_checkpoint': resuming a run is not available yet");
   }
+  if (c.quantization_bit != 0 && c.finetuning_type == "full") {
+    return Status::Error(
+        "key 'quantization_bit': a quantized base cannot be fully fine-tuned; use finetuning_type lora "
+        "(QLoRA) or freeze, or remove quantization_bit");
+  }
   if (!c.adapter_name_or_path.empty()) {
     return Status::Error(
         "key 'adapter_name_or_path': continuing from an existing adapter is not available yet");
