@@ -106,6 +106,9 @@ class TrainModel {
   // Full/freeze: writes an HF model dir (config.json, generation_config.json, model.safetensors in
   // f32 or bf16) with every weight, trained or frozen, in HF layout.
   virtual Status SaveHfModel(const std::string& dir, bool bf16) const = 0;
+  // The dropout RNG position (a counter of ForwardBackward calls), for checkpoints and resume.
+  virtual uint64_t dropout_rng_state() const { return 0; }
+  virtual void set_dropout_rng_state(uint64_t) {}
 };
 
 }  // namespace lathe::model

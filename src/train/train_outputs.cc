@@ -10,6 +10,7 @@
 
 #include "formats/atomic_file.h"
 #include "monitor/progress.h"
+#include "train/checkpoint.h"
 
 namespace lathe::train {
 
@@ -86,6 +87,9 @@ Result<std::string> WriteCheckpoint(const std::string& output_dir, int64_t step,
   fs::create_directories(tmp_dir, ec);
   if (ec) return Status::Error("cannot create checkpoint directory '" + tmp_dir + "': " + ec.message());
   Status st = write(tmp_dir);
+  // Every file fsynced and listed with its crc32c in the manifest before the rename, so a
+  // checkpoint-N dir that exists is complete (or detectably damaged).
+  if (st.ok()) st = SealCheckpointDir(tmp_dir, step);
   if (!st.ok()) {
     fs::remove_all(tmp_dir, ec);
     return st.WithContext("writing " + final_dir);
@@ -96,6 +100,7 @@ Result<std::string> WriteCheckpoint(const std::string& output_dir, int64_t step,
     fs::remove_all(tmp_dir, ec);
     return Status::Error("cannot rename the checkpoint into '" + final_dir + "': " + ec.message());
   }
+  LATHE_RETURN_IF_ERROR(FsyncPath(output_dir));
   return final_dir;
 }
 
@@ -119,9 +124,19 @@ Result<std::vector<std::string>> RotateCheckpoints(const std::string& output_dir
   std::vector<std::string> deleted;
   if (limit <= 0) return deleted;
   std::vector<std::string> cps = ListCheckpoints(output_dir);
-  // limit >= 1, so the newest (last) is never among the first size - limit.
+  // limit >= 1, so the newest (last) is never among the first size - limit; nor is the newest
+  // sealed (complete) one, whatever lies above it.
+  std::string newest_sealed;
+  for (const std::string& cp : cps) {
+    if (IsSealedCheckpoint(cp)) newest_sealed = cp;
+  }
   for (size_t i = 0; i + (size_t)limit < cps.size(); ++i) {
+    if (cps[i] == newest_sealed) continue;
     std::error_code ec;
+    // The manifest goes first (and durably), so a deletion cut short leaves an unsealed dir that
+    // resume_from_checkpoint 'last' skips, never a sealed one missing files.
+    fs::remove(fs::path(cps[i]) / kCheckpointManifest, ec);
+    if (!ec) (void)FsyncPath(cps[i]);
     fs::remove_all(cps[i], ec);
     if (ec)
       return Status::Error("save_total_limit: cannot delete old checkpoint '" + cps[i] +
@@ -173,6 +188,28 @@ Status JsonlLog::Open(const std::string& path) {
   path_ = path;
   f_ = std::fopen(path.c_str(), "w");
   if (!f_) return Status::Error("cannot open '" + path + "' for writing");
+  return Status::Ok();
+}
+
+Status JsonlLog::OpenResumed(const std::string& path, int64_t keep_through_step) {
+  std::string kept;
+  if (FILE* in = std::fopen(path.c_str(), "r")) {
+    std::string line;
+    for (int ch; (ch = std::fgetc(in)) != EOF;) {
+      if (ch != '\n') {
+        line.push_back((char)ch);
+        continue;
+      }
+      json j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.value("current_steps", (int64_t)0) <= keep_through_step)
+        kept += line + "\n";
+      line.clear();
+    }
+    std::fclose(in);
+  }
+  LATHE_RETURN_IF_ERROR(Open(path));
+  if (std::fwrite(kept.data(), 1, kept.size(), f_) != kept.size() || std::fflush(f_) != 0)
+    return Status::Error("cannot write to '" + path_ + "'");
   return Status::Ok();
 }
 

@@ -71,6 +71,9 @@ class JsonlLog {
   JsonlLog(const JsonlLog&) = delete;
   JsonlLog& operator=(const JsonlLog&) = delete;
   Status Open(const std::string& path);  // truncates
+  // Resume: keeps the lines of steps <= keep_through_step (a run resumed from that checkpoint
+  // rewrites the later ones) and appends after them.
+  Status OpenResumed(const std::string& path, int64_t keep_through_step);
   Status Append(const nlohmann::json& line);
 
  private:

@@ -46,7 +46,9 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
     if (!t.ok()) return t.status().WithContext("key 'template'");
     tmpl = *t;
   }
-  LATHE_RETURN_IF_ERROR(PrepareOutputDir(c.output_dir, c.overwrite_output_dir));
+  // Resuming writes into the run's own output_dir.
+  LATHE_RETURN_IF_ERROR(
+      PrepareOutputDir(c.output_dir, c.overwrite_output_dir || !c.resume_from_checkpoint.empty()));
 
   model::LoadOptions lo;
   lo.tokenizer_path = o.tokenizer_path;

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/strings.h"
+#include "train/checkpoint.h"
 
 namespace lathe::train {
 
@@ -45,9 +46,6 @@ Status CheckTrainerConfig(const TrainConfig& c) {
   if (c.pure_bf16) {
     return Status::Error(
         "key 'pure_bf16': not available yet; use bf16: true (bf16 matmuls, f32 master weights)");
-  }
-  if (!c.resume_from_checkpoint.empty()) {
-    return Status::Error("key 'resume_from_checkpoint': resuming a run is not available yet");
   }
   if (c.quantization_bit != 0 && c.finetuning_type == "full") {
     return Status::Error(
@@ -193,7 +191,11 @@ Result<TrainSummary> Trainer::Run() {
   start_s_ = NowSeconds();
   summary_ = TrainSummary{};
   bar_ = std::make_unique<monitor::ProgressBar>(env_.log ? env_.log : stderr, env_.log && env_.interactive);
-  if (c.overwrite_output_dir) {
+  std::string resume_dir;
+  if (!c.resume_from_checkpoint.empty()) {
+    LATHE_ASSIGN_OR_RETURN(resume_dir, ResolveResumeCheckpoint(c.resume_from_checkpoint, out));
+  }
+  if (c.overwrite_output_dir && resume_dir.empty()) {
     // Checkpoints of an earlier run would count against save_total_limit (and could outrank this
     // run's newest), so overwriting the output dir removes them.
     for (const std::string& cp : ListCheckpoints(out)) {
@@ -215,7 +217,7 @@ Result<TrainSummary> Trainer::Run() {
       }
     }
   }
-  LATHE_RETURN_IF_ERROR(jsonl_.Open((fs::path(out) / "trainer_log.jsonl").string()));
+  if (resume_dir.empty()) LATHE_RETURN_IF_ERROR(jsonl_.Open((fs::path(out) / "trainer_log.jsonl").string()));
   if (std::find(c.report_to.begin(), c.report_to.end(), "tensorboard") != c.report_to.end()) {
     LATHE_ASSIGN_OR_RETURN(tb_, monitor::TensorBoardWriter::Open(TensorBoardDir(out)));
   }
@@ -253,10 +255,74 @@ Result<TrainSummary> Trainer::Run() {
   double interval_loss = 0, loss_total = 0, last_log_s = start_s_, last_grad_norm = 0, last_lr = 0;
   int64_t interval_steps = 0, interval_tokens = 0, last_eval_step = -1;
   double epoch_f = 0;
-  for (int64_t epoch = 0; state_.global_step < total; ++epoch) {
+  // Data position: the next optimizer step starts at micro-batch start_g of epoch start_epoch.
+  int64_t start_epoch = 0, start_g = 0;
+  // Everything besides the weights files a resumed run needs to continue bit-identically.
+  auto save_state = [&](const std::string& dir, int64_t epoch, int64_t next_g) -> Status {
+    if (next_g >= mb_per_epoch) {
+      epoch++;
+      next_g = 0;
+    }
+    json j = {{"global_step", state_.global_step},
+              {"epoch_index", epoch},
+              {"next_micro_batch", next_g},
+              {"seed", c.seed},
+              {"epoch", epoch_f},
+              {"dropout_rng", model_.dropout_rng_state()},
+              {"interval_loss", interval_loss},
+              {"interval_steps", interval_steps},
+              {"interval_tokens", interval_tokens},
+              {"loss_total", loss_total},
+              {"last_eval_step", last_eval_step},
+              {"train_tokens", summary_.train_tokens},
+              {"total_flos", state_.total_flos},
+              {"step_losses", summary_.step_losses},
+              {"eval_losses", summary_.eval_losses},
+              {"log_history", state_.log_history}};
+    return SaveTrainingState(dir, params, *opt, j);
+  };
+  if (!resume_dir.empty()) {
+    LATHE_ASSIGN_OR_RETURN(json j, LoadTrainingState(resume_dir, params, *opt));
+    const std::string where = "resume_from_checkpoint '" + resume_dir + "': ";
+    try {
+      if (j.at("seed").get<int64_t>() != c.seed) {
+        return Status::Error("key 'seed': " + std::to_string(c.seed) + " differs from the checkpointed run's " +
+                             j.at("seed").dump() + " (the data order would change)");
+      }
+      state_.global_step = j.at("global_step").get<int64_t>();
+      start_epoch = j.at("epoch_index").get<int64_t>();
+      start_g = j.at("next_micro_batch").get<int64_t>();
+      epoch_f = j.at("epoch").get<double>();
+      state_.epoch = epoch_f;
+      model_.set_dropout_rng_state(j.at("dropout_rng").get<uint64_t>());
+      interval_loss = j.at("interval_loss").get<double>();
+      interval_steps = j.at("interval_steps").get<int64_t>();
+      interval_tokens = j.at("interval_tokens").get<int64_t>();
+      loss_total = j.at("loss_total").get<double>();
+      last_eval_step = j.at("last_eval_step").get<int64_t>();
+      summary_.train_tokens = j.at("train_tokens").get<int64_t>();
+      state_.total_flos = j.at("total_flos").get<double>();
+      summary_.step_losses = j.at("step_losses").get<std::vector<double>>();
+      summary_.eval_losses = j.at("eval_losses").get<std::vector<double>>();
+      state_.log_history = j.at("log_history").get<std::vector<json>>();
+    } catch (const json::exception& e) {
+      return Status::Error(where + kTrainingStateJson + ": " + e.what());
+    }
+    if (start_g % c.gradient_accumulation_steps != 0 || start_g >= mb_per_epoch) {
+      return Status::Error(where + "its data position (micro-batch " + std::to_string(start_g) +
+                           ") does not fit this run's batching (per_device_train_batch_size, "
+                           "gradient_accumulation_steps and the data must match the checkpointed run)");
+    }
+    LATHE_RETURN_IF_ERROR(
+        jsonl_.OpenResumed((fs::path(out) / "trainer_log.jsonl").string(), state_.global_step));
+    Say(StrFormat("resumed from %s at step %lld (epoch %lld, micro-batch %lld)", resume_dir.c_str(),
+                  (long long)state_.global_step, (long long)start_epoch, (long long)start_g));
+  }
+  for (int64_t epoch = start_epoch; state_.global_step < total; ++epoch) {
     std::vector<std::vector<int64_t>> mbs =
         EpochMicroBatches(n_train, c.per_device_train_batch_size, (uint64_t)c.seed, epoch);
-    for (int64_t g = 0; g < mb_per_epoch && state_.global_step < total; g += c.gradient_accumulation_steps) {
+    for (int64_t g = epoch == start_epoch ? start_g : 0; g < mb_per_epoch && state_.global_step < total;
+         g += c.gradient_accumulation_steps) {
       int64_t g_end = std::min(mb_per_epoch, g + c.gradient_accumulation_steps);
       std::vector<Batch> batches;
       int64_t targets = 0;
@@ -339,7 +405,10 @@ Result<TrainSummary> Trainer::Run() {
         state_.should_training_stop = state_.global_step == total;
         LATHE_ASSIGN_OR_RETURN(std::string cp,
                                WriteCheckpoint(out, state_.global_step,
-                                               [&](const std::string& dir) { return SaveModelFiles(dir); }));
+                                               [&](const std::string& dir) -> Status {
+                                                 LATHE_RETURN_IF_ERROR(SaveModelFiles(dir));
+                                                 return save_state(dir, epoch, g_end);
+                                               }));
         LATHE_ASSIGN_OR_RETURN(std::vector<std::string> deleted, RotateCheckpoints(out, c.save_total_limit));
         Say("saved " + cp + (deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " old)"));
       }
