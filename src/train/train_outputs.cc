@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/strings.h"
 #include "formats/atomic_file.h"
 #include "monitor/progress.h"
 #include "train/checkpoint.h"
@@ -187,29 +188,29 @@ Status JsonlLog::Open(const std::string& path) {
   if (f_) std::fclose(f_);
   path_ = path;
   f_ = std::fopen(path.c_str(), "w");
+  lines_ = 0;
   if (!f_) return Status::Error("cannot open '" + path + "' for writing");
   return Status::Ok();
 }
 
-Status JsonlLog::OpenResumed(const std::string& path, int64_t keep_through_step) {
+Status JsonlLog::OpenResumed(const std::string& path, int64_t keep_lines) {
   std::string kept;
+  int64_t n = 0;
   if (FILE* in = std::fopen(path.c_str(), "r")) {
-    std::string line;
-    for (int ch; (ch = std::fgetc(in)) != EOF;) {
-      if (ch != '\n') {
-        line.push_back((char)ch);
-        continue;
-      }
-      json j = json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.is_object() && j.value("current_steps", (int64_t)0) <= keep_through_step)
-        kept += line + "\n";
-      line.clear();
+    for (int ch; n < keep_lines && (ch = std::fgetc(in)) != EOF;) {
+      kept.push_back((char)ch);
+      if (ch == '\n') ++n;
     }
     std::fclose(in);
+  }
+  if (n < keep_lines) {
+    return Status::Error(StrFormat("'%s' has %lld lines, the checkpoint was saved after %lld", path.c_str(),
+                                   (long long)n, (long long)keep_lines));
   }
   LATHE_RETURN_IF_ERROR(Open(path));
   if (std::fwrite(kept.data(), 1, kept.size(), f_) != kept.size() || std::fflush(f_) != 0)
     return Status::Error("cannot write to '" + path_ + "'");
+  lines_ = n;
   return Status::Ok();
 }
 
@@ -219,6 +220,7 @@ Status JsonlLog::Append(const json& line) {
   if (std::fwrite(text.data(), 1, text.size(), f_) != text.size() || std::fflush(f_) != 0) {
     return Status::Error("cannot write to '" + path_ + "'");
   }
+  lines_++;
   return Status::Ok();
 }
 

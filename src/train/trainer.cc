@@ -278,12 +278,14 @@ Result<TrainSummary> Trainer::Run() {
               {"total_flos", state_.total_flos},
               {"step_losses", summary_.step_losses},
               {"eval_losses", summary_.eval_losses},
-              {"log_history", state_.log_history}};
+              {"log_history", state_.log_history},
+              {"jsonl_lines", jsonl_.lines()}};
     return SaveTrainingState(dir, params, *opt, j);
   };
   if (!resume_dir.empty()) {
     LATHE_ASSIGN_OR_RETURN(json j, LoadTrainingState(resume_dir, params, *opt));
     const std::string where = "resume_from_checkpoint '" + resume_dir + "': ";
+    int64_t jsonl_lines = 0;
     try {
       if (j.at("seed").get<int64_t>() != c.seed) {
         return Status::Error("key 'seed': " + std::to_string(c.seed) + " differs from the checkpointed run's " +
@@ -305,6 +307,7 @@ Result<TrainSummary> Trainer::Run() {
       summary_.step_losses = j.at("step_losses").get<std::vector<double>>();
       summary_.eval_losses = j.at("eval_losses").get<std::vector<double>>();
       state_.log_history = j.at("log_history").get<std::vector<json>>();
+      jsonl_lines = j.at("jsonl_lines").get<int64_t>();
     } catch (const json::exception& e) {
       return Status::Error(where + kTrainingStateJson + ": " + e.what());
     }
@@ -314,7 +317,7 @@ Result<TrainSummary> Trainer::Run() {
                            "gradient_accumulation_steps and the data must match the checkpointed run)");
     }
     LATHE_RETURN_IF_ERROR(
-        jsonl_.OpenResumed((fs::path(out) / "trainer_log.jsonl").string(), state_.global_step));
+        jsonl_.OpenResumed((fs::path(out) / "trainer_log.jsonl").string(), jsonl_lines));
     Say(StrFormat("resumed from %s at step %lld (epoch %lld, micro-batch %lld)", resume_dir.c_str(),
                   (long long)state_.global_step, (long long)start_epoch, (long long)start_g));
   }
