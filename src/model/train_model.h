@@ -52,6 +52,9 @@ struct TrainModelOptions {
   // to bf16, f32 accumulation; f32 master weights and gradients. Frozen base weights are read as
   // stored (never copied; a bf16 checkpoint already is bf16).
   bool bf16 = false;
+  // fp16 mixed precision: the same with fp16 rounding (overflow to inf, which the trainer's loss
+  // scaler detects and skips).
+  bool fp16 = false;
   // Keep only each decoder block's input in the forward; recompute the block in the backward.
   bool gradient_checkpointing = false;
   uint64_t seed = 42;  // LoRA init (std::mt19937_64, platform independent) and dropout masks

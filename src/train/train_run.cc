@@ -117,6 +117,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   }
   mo.freeze_trainable_layers = c.freeze_trainable_layers;
   mo.bf16 = c.bf16;
+  mo.fp16 = c.fp16;
   mo.gradient_checkpointing = c.gradient_checkpointing;
   mo.seed = (uint64_t)c.seed;
 

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 
 #include "core/strings.h"
 #include "train/checkpoint.h"
@@ -41,8 +43,7 @@ std::string TensorBoardDir(const std::string& output_dir) {
 }  // namespace
 
 Status CheckTrainerConfig(const TrainConfig& c) {
-  if (c.fp16)
-    return Status::Error("key 'fp16': fp16 mixed precision is not supported on CPU; use bf16: true");
+  if (c.fp16 && c.bf16) return Status::Error("key 'fp16': fp16 and bf16 are exclusive; set one of them");
   if (c.pure_bf16) {
     return Status::Error(
         "key 'pure_bf16': not available yet; use bf16: true (bf16 matmuls, f32 master weights)");
@@ -255,6 +256,22 @@ Result<TrainSummary> Trainer::Run() {
   double interval_loss = 0, loss_total = 0, last_log_s = start_s_, last_grad_norm = 0, last_lr = 0;
   int64_t interval_steps = 0, interval_tokens = 0, last_eval_step = -1;
   double epoch_f = 0;
+  // fp16: dynamic loss scaling as torch.cuda.amp.GradScaler (init 2^16, x2 after 2000 clean steps,
+  // x0.5 and the step skipped on inf/nan gradients; the LR schedule does not advance on a skipped
+  // step, as the HF Trainer's optimizer_step_was_skipped).
+  double loss_scale = c.fp16 ? 65536.0 : 1.0;
+  int64_t growth_tracker = 0, skipped_steps = 0;
+  // LATHE_TEST_FP16_OVERFLOW_STEPS=3,7 (tests only): a gradient overflows at those steps.
+  std::vector<int64_t> injected_overflows;
+  if (const char* e = std::getenv("LATHE_TEST_FP16_OVERFLOW_STEPS")) {
+    for (const char* q = e; *q;) {
+      char* end = nullptr;
+      long long v = std::strtoll(q, &end, 10);
+      if (end == q) break;
+      injected_overflows.push_back(v);
+      q = *end == ',' ? end + 1 : end;
+    }
+  }
   // Data position: the next optimizer step starts at micro-batch start_g of epoch start_epoch.
   int64_t start_epoch = 0, start_g = 0;
   // Everything besides the weights files a resumed run needs to continue bit-identically.
@@ -279,7 +296,10 @@ Result<TrainSummary> Trainer::Run() {
               {"step_losses", summary_.step_losses},
               {"eval_losses", summary_.eval_losses},
               {"log_history", state_.log_history},
-              {"jsonl_lines", jsonl_.lines()}};
+              {"jsonl_lines", jsonl_.lines()},
+              {"loss_scale", loss_scale},
+              {"growth_tracker", growth_tracker},
+              {"skipped_steps", skipped_steps}};
     return SaveTrainingState(dir, params, *opt, j);
   };
   if (!resume_dir.empty()) {
@@ -308,6 +328,9 @@ Result<TrainSummary> Trainer::Run() {
       summary_.eval_losses = j.at("eval_losses").get<std::vector<double>>();
       state_.log_history = j.at("log_history").get<std::vector<json>>();
       jsonl_lines = j.at("jsonl_lines").get<int64_t>();
+      loss_scale = j.at("loss_scale").get<double>();
+      growth_tracker = j.at("growth_tracker").get<int64_t>();
+      skipped_steps = j.at("skipped_steps").get<int64_t>();
     } catch (const json::exception& e) {
       return Status::Error(where + kTrainingStateJson + ": " + e.what());
     }
@@ -338,25 +361,53 @@ Result<TrainSummary> Trainer::Run() {
       double loss_sum = 0;
       for (const Batch& b : batches) {
         model::TrainBatch tb{b.input_ids, b.labels, b.segment_ids, b.B, b.T};
-        LATHE_ASSIGN_OR_RETURN(double l, model_.ForwardBackward(tb, normalizer));
+        LATHE_ASSIGN_OR_RETURN(double l, model_.ForwardBackward(tb, normalizer / loss_scale));
         loss_sum += l;
         interval_tokens += b.real_tokens;
         summary_.train_tokens += b.real_tokens;
         state_.total_flos += 6.0 * (double)env_.flops_params * (double)(b.B * b.T);
       }
       double step_loss = loss_sum / normalizer;
-      last_grad_norm = ClipGradNorm(params, c.max_grad_norm);
-      if (!std::isfinite(last_grad_norm) || !std::isfinite(step_loss)) {
+      bool skipped = false;
+      if (c.fp16) {
+        if (std::find(injected_overflows.begin(), injected_overflows.end(), state_.global_step + 1) !=
+            injected_overflows.end())
+          params[0].grad[0] = std::numeric_limits<float>::infinity();
+        // Unscale (torch: grad * f32(1 / scale)), then look for inf/nan as GradScaler does.
+        const float inv = (float)(1.0 / loss_scale);
+        bool finite = std::isfinite(step_loss);
+        for (const ParamRef& p : params) {
+          for (int64_t i = 0; i < p.n; ++i) {
+            p.grad[i] *= inv;
+            finite = finite && std::isfinite(p.grad[i]);
+          }
+        }
+        if (!finite) {
+          skipped = true;
+          loss_scale *= 0.5;
+          growth_tracker = 0;
+          skipped_steps++;
+        } else if (++growth_tracker == 2000) {
+          loss_scale *= 2.0;
+          growth_tracker = 0;
+        }
+      }
+      last_grad_norm = skipped ? std::numeric_limits<double>::quiet_NaN() : ClipGradNorm(params, c.max_grad_norm);
+      if (!skipped && (!std::isfinite(last_grad_norm) || !std::isfinite(step_loss))) {
         return Status::Error(
             StrFormat("step %lld: the loss or gradient is not finite (loss %g, grad_norm %g); lower "
                       "learning_rate or set max_grad_norm",
                       (long long)state_.global_step + 1, step_loss, last_grad_norm));
       }
-      opt->Step(params, sched.At(state_.global_step));
+      if (!skipped) opt->Step(params, sched.At(state_.global_step - skipped_steps));
       model_.ZeroGrad();
       state_.global_step++;
       // As the HF Trainer: the logged learning rate is the scheduler's value after its step.
-      last_lr = sched.At(state_.global_step);
+      last_lr = sched.At(state_.global_step - skipped_steps);
+      if (skipped) {
+        Say(StrFormat("step %lld: inf/nan gradients at fp16 loss scale %g; step skipped, scale -> %g",
+                      (long long)state_.global_step, loss_scale * 2, loss_scale));
+      }
       epoch_f = (double)epoch + (double)g_end / (double)mb_per_epoch;
       state_.epoch = epoch_f;
       summary_.step_losses.push_back(step_loss);
@@ -384,7 +435,14 @@ Result<TrainSummary> Trainer::Run() {
         TrainLogLine line{
             state_.global_step,    total,       epoch_f, loss, last_lr, last_grad_norm, now - start_s_, tps,
             summary_.train_tokens, ps.rss_bytes};
-        LATHE_RETURN_IF_ERROR(jsonl_.Append(TrainLogJson(line)));
+        json lj = TrainLogJson(line);
+        if (c.fp16) {
+          lj["loss_scale"] = loss_scale;
+          lj["skipped_steps"] = skipped_steps;
+          state_.log_history.back()["loss_scale"] = loss_scale;
+          state_.log_history.back()["skipped_steps"] = skipped_steps;
+        }
+        LATHE_RETURN_IF_ERROR(jsonl_.Append(lj));
         if (tb_) {
           LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/loss", state_.global_step, loss));
           LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/learning_rate", state_.global_step, last_lr));

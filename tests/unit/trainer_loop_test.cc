@@ -306,6 +306,8 @@ TEST(TrainerConfigErrors, NameTheKey) {
   }
   TrainConfig x = c;
   x.fp16 = true;
+  EXPECT_TRUE(CheckTrainerConfig(x).ok());  // fp16 with dynamic loss scaling (e2e.fp16_test)
+  x.bf16 = true;
   expect_key(x, "fp16");
   x = c;
   x.resume_from_checkpoint = "last";  // resolved when the run starts (checkpoint_test.cc)
