@@ -283,10 +283,7 @@ void TrainModelImpl::RefreshBf16() {
   auto round = [&](const float* src, uint16_t* dst, int64_t n) {
     Par(n, 4096, [&](int64_t b, int64_t e, int) {
       if (opt_.fp16) {
-        for (int64_t i = b; i < e; ++i) {
-          const _Float16 h = (_Float16)src[i];
-          std::memcpy(&dst[i], &h, 2);
-        }
+        for (int64_t i = b; i < e; ++i) dst[i] = F32ToF16(src[i]);
         return;
       }
       for (int64_t i = b; i < e; ++i) dst[i] = F32ToBF16(src[i]);
@@ -357,7 +354,7 @@ const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>
   float* o = s.data();
   Par(n, 8192, [&](int64_t b, int64_t e, int) {
     if (opt_.fp16) {  // round to nearest even, |x| > 65504 -> inf
-      for (int64_t i = b; i < e; ++i) o[i] = (float)(_Float16)x[i];
+      for (int64_t i = b; i < e; ++i) o[i] = F16ToF32(F32ToF16(x[i]));
       return;
     }
     for (int64_t i = b; i < e; ++i) o[i] = BF16ToF32(F32ToBF16(x[i]));
