@@ -14,6 +14,7 @@
 
 #include "core/strings.h"
 #include "train/checkpoint.h"
+#include "train/loss_scaler.h"
 
 namespace lathe::train {
 
@@ -259,8 +260,8 @@ Result<TrainSummary> Trainer::Run() {
   // fp16: dynamic loss scaling as torch.cuda.amp.GradScaler (init 2^16, x2 after 2000 clean steps,
   // x0.5 and the step skipped on inf/nan gradients; the LR schedule does not advance on a skipped
   // step, as the HF Trainer's optimizer_step_was_skipped).
-  double loss_scale = c.fp16 ? 65536.0 : 1.0;
-  int64_t growth_tracker = 0, skipped_steps = 0;
+  LossScaler scaler;
+  if (!c.fp16) scaler.scale = 1.0;
   // LATHE_TEST_FP16_OVERFLOW_STEPS=3,7 (tests only): a gradient overflows at those steps.
   std::vector<int64_t> injected_overflows;
   if (const char* e = std::getenv("LATHE_TEST_FP16_OVERFLOW_STEPS")) {
@@ -297,9 +298,9 @@ Result<TrainSummary> Trainer::Run() {
               {"eval_losses", summary_.eval_losses},
               {"log_history", state_.log_history},
               {"jsonl_lines", jsonl_.lines()},
-              {"loss_scale", loss_scale},
-              {"growth_tracker", growth_tracker},
-              {"skipped_steps", skipped_steps}};
+              {"loss_scale", scaler.scale},
+              {"growth_tracker", scaler.growth_tracker},
+              {"skipped_steps", scaler.skipped_steps}};
     return SaveTrainingState(dir, params, *opt, j);
   };
   if (!resume_dir.empty()) {
@@ -328,9 +329,9 @@ Result<TrainSummary> Trainer::Run() {
       summary_.eval_losses = j.at("eval_losses").get<std::vector<double>>();
       state_.log_history = j.at("log_history").get<std::vector<json>>();
       jsonl_lines = j.at("jsonl_lines").get<int64_t>();
-      loss_scale = j.at("loss_scale").get<double>();
-      growth_tracker = j.at("growth_tracker").get<int64_t>();
-      skipped_steps = j.at("skipped_steps").get<int64_t>();
+      scaler.scale = j.at("loss_scale").get<double>();
+      scaler.growth_tracker = j.at("growth_tracker").get<int64_t>();
+      scaler.skipped_steps = j.at("skipped_steps").get<int64_t>();
     } catch (const json::exception& e) {
       return Status::Error(where + kTrainingStateJson + ": " + e.what());
     }
@@ -361,7 +362,7 @@ Result<TrainSummary> Trainer::Run() {
       double loss_sum = 0;
       for (const Batch& b : batches) {
         model::TrainBatch tb{b.input_ids, b.labels, b.segment_ids, b.B, b.T};
-        LATHE_ASSIGN_OR_RETURN(double l, model_.ForwardBackward(tb, normalizer / loss_scale));
+        LATHE_ASSIGN_OR_RETURN(double l, model_.ForwardBackward(tb, normalizer / scaler.scale));
         loss_sum += l;
         interval_tokens += b.real_tokens;
         summary_.train_tokens += b.real_tokens;
@@ -373,24 +374,8 @@ Result<TrainSummary> Trainer::Run() {
         if (std::find(injected_overflows.begin(), injected_overflows.end(), state_.global_step + 1) !=
             injected_overflows.end())
           params[0].grad[0] = std::numeric_limits<float>::infinity();
-        // Unscale (torch: grad * f32(1 / scale)), then look for inf/nan as GradScaler does.
-        const float inv = (float)(1.0 / loss_scale);
-        bool finite = std::isfinite(step_loss);
-        for (const ParamRef& p : params) {
-          for (int64_t i = 0; i < p.n; ++i) {
-            p.grad[i] *= inv;
-            finite = finite && std::isfinite(p.grad[i]);
-          }
-        }
-        if (!finite) {
-          skipped = true;
-          loss_scale *= 0.5;
-          growth_tracker = 0;
-          skipped_steps++;
-        } else if (++growth_tracker == 2000) {
-          loss_scale *= 2.0;
-          growth_tracker = 0;
-        }
+        skipped = !scaler.Unscale(params, step_loss);
+        scaler.Update(!skipped);
       }
       last_grad_norm = skipped ? std::numeric_limits<double>::quiet_NaN() : ClipGradNorm(params, c.max_grad_norm);
       if (!skipped && (!std::isfinite(last_grad_norm) || !std::isfinite(step_loss))) {
@@ -399,14 +384,14 @@ Result<TrainSummary> Trainer::Run() {
                       "learning_rate or set max_grad_norm",
                       (long long)state_.global_step + 1, step_loss, last_grad_norm));
       }
-      if (!skipped) opt->Step(params, sched.At(state_.global_step - skipped_steps));
+      if (!skipped) opt->Step(params, sched.At(state_.global_step - scaler.skipped_steps));
       model_.ZeroGrad();
       state_.global_step++;
       // As the HF Trainer: the logged learning rate is the scheduler's value after its step.
-      last_lr = sched.At(state_.global_step - skipped_steps);
+      last_lr = sched.At(state_.global_step - scaler.skipped_steps);
       if (skipped) {
         Say(StrFormat("step %lld: inf/nan gradients at fp16 loss scale %g; step skipped, scale -> %g",
-                      (long long)state_.global_step, loss_scale * 2, loss_scale));
+                      (long long)state_.global_step, scaler.scale * 2, scaler.scale));
       }
       epoch_f = (double)epoch + (double)g_end / (double)mb_per_epoch;
       state_.epoch = epoch_f;
@@ -437,10 +422,10 @@ Result<TrainSummary> Trainer::Run() {
             summary_.train_tokens, ps.rss_bytes};
         json lj = TrainLogJson(line);
         if (c.fp16) {
-          lj["loss_scale"] = loss_scale;
-          lj["skipped_steps"] = skipped_steps;
-          state_.log_history.back()["loss_scale"] = loss_scale;
-          state_.log_history.back()["skipped_steps"] = skipped_steps;
+          lj["loss_scale"] = scaler.scale;
+          lj["skipped_steps"] = scaler.skipped_steps;
+          state_.log_history.back()["loss_scale"] = scaler.scale;
+          state_.log_history.back()["skipped_steps"] = scaler.skipped_steps;
         }
         LATHE_RETURN_IF_ERROR(jsonl_.Append(lj));
         if (tb_) {

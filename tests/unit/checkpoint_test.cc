@@ -1,6 +1,7 @@
 // Checkpoint integrity and training state: crc32c against the standard check value, sealed dirs
 // verify and name a flipped or truncated file, 'last' skips unsealed dirs, rotation keeps the newest
-// sealed checkpoint, and AdamW / 8-bit AdamW state saved and restored continues bit-identically.
+// sealed checkpoint, AdamW / 8-bit AdamW state saved and restored continues bit-identically, and
+// the fp16 loss scaler follows GradScaler (growth after 2000 clean steps, backoff, unscale).
 #include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -9,8 +10,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
+#include "train/loss_scaler.h"
 #include "train/optimizer_bnb.h"
 #include "train/train_outputs.h"
 
@@ -161,6 +164,37 @@ TEST(Checkpoint, OptimizerKindMismatchNamesOptim) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("'optim'"), std::string::npos) << r.status().message();
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace lathe::train
+
+namespace lathe::train {
+namespace {
+
+TEST(LossScaler, GradScalerRules) {
+  LossScaler s;
+  EXPECT_EQ(s.scale, 65536.0);
+  for (int i = 0; i < LossScaler::kGrowthInterval - 1; ++i) s.Update(true);
+  EXPECT_EQ(s.scale, 65536.0);
+  s.Update(true);  // the 2000th clean step doubles
+  EXPECT_EQ(s.scale, 131072.0);
+  EXPECT_EQ(s.growth_tracker, 0);
+  for (int i = 0; i < 10; ++i) s.Update(true);
+  s.Update(false);  // backoff resets the tracker
+  EXPECT_EQ(s.scale, 65536.0);
+  EXPECT_EQ(s.growth_tracker, 0);
+  EXPECT_EQ(s.skipped_steps, 1);
+  std::vector<float> g = {65536.0f, -131072.0f};
+  std::vector<float> w(2);
+  std::vector<ParamRef> p = {{"w", w.data(), g.data(), 2, true}};
+  EXPECT_TRUE(s.Unscale(p, 1.0));
+  EXPECT_EQ(g[0], 1.0f);
+  EXPECT_EQ(g[1], -2.0f);
+  g[1] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(s.Unscale(p, 1.0));
+  g[1] = 0;
+  EXPECT_FALSE(s.Unscale(p, std::nan("")));
 }
 
 }  // namespace
