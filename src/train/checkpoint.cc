@@ -124,8 +124,8 @@ Status VerifyCheckpoint(const std::string& dir) {
     }
     std::string crc = StrFormat("%08x", Crc32c(bytes->data(), bytes->size()));
     if (crc != e["crc32c"].get<std::string>()) {
-      return Status::Error("checkpoint file '" + path + "' is damaged: crc32c " + crc + ", the manifest says " +
-                           e["crc32c"].get<std::string>());
+      return Status::Error("checkpoint file '" + path + "' is damaged: crc32c " + crc +
+                           ", the manifest says " + e["crc32c"].get<std::string>());
     }
   }
   return Status::Ok();
@@ -211,7 +211,8 @@ Result<json> LoadTrainingState(const std::string& dir, std::span<const ParamRef>
     if (blob.size() - pos < 4) return Status::Error("checkpoint file '" + path + "' is truncated");
     std::memcpy(&len, blob.data() + pos, 4);
     pos += 4;
-    if (blob.size() - pos < (size_t)len + 8) return Status::Error("checkpoint file '" + path + "' is truncated");
+    if (blob.size() - pos < (size_t)len + 8)
+      return Status::Error("checkpoint file '" + path + "' is truncated");
     std::string name = blob.substr(pos, len);
     pos += len;
     std::memcpy(&bytes, blob.data() + pos, 8);
@@ -223,11 +224,12 @@ Result<json> LoadTrainingState(const std::string& dir, std::span<const ParamRef>
   auto take = [&](const std::string& name, void* dst, uint64_t bytes) -> Status {
     auto it = entries.find(name);
     if (it == entries.end())
-      return Status::Error("checkpoint file '" + path + "' has no tensor '" + name + "' (another model or method?)");
+      return Status::Error("checkpoint file '" + path + "' has no tensor '" + name +
+                           "' (another model or method?)");
     if (it->second.second != bytes) {
-      return Status::Error(StrFormat("checkpoint file '%s': tensor '%s' has %llu bytes, this run expects %llu",
-                                     path.c_str(), name.c_str(), (unsigned long long)it->second.second,
-                                     (unsigned long long)bytes));
+      return Status::Error(
+          StrFormat("checkpoint file '%s': tensor '%s' has %llu bytes, this run expects %llu", path.c_str(),
+                    name.c_str(), (unsigned long long)it->second.second, (unsigned long long)bytes));
     }
     std::memcpy(dst, blob.data() + it->second.first, bytes);
     return Status::Ok();
@@ -240,14 +242,17 @@ Result<json> LoadTrainingState(const std::string& dir, std::span<const ParamRef>
       for (size_t i = 0; i < params.size(); ++i) {
         m.emplace_back(params[i].n);
         v.emplace_back(params[i].n);
-        LATHE_RETURN_IF_ERROR(take(StrFormat("optim/%zu.m", i), m.back().data(), params[i].n * sizeof(float)));
-        LATHE_RETURN_IF_ERROR(take(StrFormat("optim/%zu.v", i), v.back().data(), params[i].n * sizeof(float)));
+        LATHE_RETURN_IF_ERROR(
+            take(StrFormat("optim/%zu.m", i), m.back().data(), params[i].n * sizeof(float)));
+        LATHE_RETURN_IF_ERROR(
+            take(StrFormat("optim/%zu.v", i), v.back().data(), params[i].n * sizeof(float)));
       }
     }
     a->Restore(steps, std::move(m), std::move(v));
   } else if (auto* b = dynamic_cast<BnbAdamW*>(&opt)) {
     LATHE_RETURN_IF_ERROR(b->Prepare(params));
-    for (const BnbAdamW::RawBuffer& r : b->RawState()) LATHE_RETURN_IF_ERROR(take("optim/" + r.name, r.data, r.bytes));
+    for (const BnbAdamW::RawBuffer& r : b->RawState())
+      LATHE_RETURN_IF_ERROR(take("optim/" + r.name, r.data, r.bytes));
     b->set_steps(steps);
   } else if (auto* s = dynamic_cast<Sgd*>(&opt)) {
     s->set_steps(steps);

@@ -29,8 +29,8 @@ Result<QuantizeBaseReport> QuantizeBaseWeights(model::ModelWeights* w, DType dty
       if (t.ndim() != 2) return Status::Error(name + ": expected a 2-D weight");
       const int64_t rows = t.shape[0], cols = t.shape[1];
       if (IsPacked4Bit(dtype) && cols % 64 != 0) {
-        r.kept.push_back(StrFormat("%s (%lld x %lld, %s): in_features %% 64 != 0", name.c_str(), (long long)rows,
-                                   (long long)cols, DTypeName(t.dtype)));
+        r.kept.push_back(StrFormat("%s (%lld x %lld, %s): in_features %% 64 != 0", name.c_str(),
+                                   (long long)rows, (long long)cols, DTypeName(t.dtype)));
         continue;
       }
       std::vector<float> f32;  // a GGUF quant type: dequantize this one weight, then pack it

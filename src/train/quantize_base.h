@@ -13,9 +13,9 @@
 namespace lathe::train {
 
 struct QuantizeBaseReport {
-  int64_t quantized = 0;                 // weights now in the packed dtype
-  std::vector<std::string> kept;         // "blk.L.name (rows x cols): why", left as they were
-  int64_t base_bytes = 0, base_params = 0;  // every base tensor after quantization
+  int64_t quantized = 0;                        // weights now in the packed dtype
+  std::vector<std::string> kept;                // "blk.L.name (rows x cols): why", left as they were
+  int64_t base_bytes = 0, base_params = 0;      // every base tensor after quantization
   int64_t linear_bytes = 0, linear_params = 0;  // the 7 linear weights of each layer
 };
 

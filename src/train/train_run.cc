@@ -89,9 +89,8 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   if (QuantizedBaseDType(c, &qtype)) {
     // Frozen layers: every layer for LoRA, all but the last freeze_trainable_layers for freeze.
     const int64_t n_layers = (int64_t)lm.weights.layers.size();
-    const int64_t frozen = c.finetuning_type == "lora"
-                               ? n_layers
-                               : std::max<int64_t>(n_layers - c.freeze_trainable_layers, 0);
+    const int64_t frozen =
+        c.finetuning_type == "lora" ? n_layers : std::max<int64_t>(n_layers - c.freeze_trainable_layers, 0);
     LATHE_ASSIGN_OR_RETURN(QuantizeBaseReport qr, QuantizeBaseWeights(&lm.weights, qtype, frozen));
     if (o.log) {
       std::fprintf(o.log,
@@ -99,7 +98,8 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
                    "base resident %.2f MB, %.3f bytes/param\n",
                    (long long)qr.quantized, DTypeName(qtype),
                    8.0 * (double)qr.linear_bytes / (double)std::max<int64_t>(qr.linear_params, 1),
-                   (double)qr.base_bytes / 1e6, (double)qr.base_bytes / (double)std::max<int64_t>(qr.base_params, 1));
+                   (double)qr.base_bytes / 1e6,
+                   (double)qr.base_bytes / (double)std::max<int64_t>(qr.base_params, 1));
       for (const std::string& k : qr.kept) std::fprintf(o.log, "quantized base: kept %s\n", k.c_str());
     }
   }

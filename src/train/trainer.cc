@@ -309,8 +309,9 @@ Result<TrainSummary> Trainer::Run() {
     int64_t jsonl_lines = 0;
     try {
       if (j.at("seed").get<int64_t>() != c.seed) {
-        return Status::Error("key 'seed': " + std::to_string(c.seed) + " differs from the checkpointed run's " +
-                             j.at("seed").dump() + " (the data order would change)");
+        return Status::Error("key 'seed': " + std::to_string(c.seed) +
+                             " differs from the checkpointed run's " + j.at("seed").dump() +
+                             " (the data order would change)");
       }
       state_.global_step = j.at("global_step").get<int64_t>();
       start_epoch = j.at("epoch_index").get<int64_t>();
@@ -340,8 +341,7 @@ Result<TrainSummary> Trainer::Run() {
                            ") does not fit this run's batching (per_device_train_batch_size, "
                            "gradient_accumulation_steps and the data must match the checkpointed run)");
     }
-    LATHE_RETURN_IF_ERROR(
-        jsonl_.OpenResumed((fs::path(out) / "trainer_log.jsonl").string(), jsonl_lines));
+    LATHE_RETURN_IF_ERROR(jsonl_.OpenResumed((fs::path(out) / "trainer_log.jsonl").string(), jsonl_lines));
     Say(StrFormat("resumed from %s at step %lld (epoch %lld, micro-batch %lld)", resume_dir.c_str(),
                   (long long)state_.global_step, (long long)start_epoch, (long long)start_g));
   }
@@ -377,7 +377,8 @@ Result<TrainSummary> Trainer::Run() {
         skipped = !scaler.Unscale(params, step_loss);
         scaler.Update(!skipped);
       }
-      last_grad_norm = skipped ? std::numeric_limits<double>::quiet_NaN() : ClipGradNorm(params, c.max_grad_norm);
+      last_grad_norm =
+          skipped ? std::numeric_limits<double>::quiet_NaN() : ClipGradNorm(params, c.max_grad_norm);
       if (!skipped && (!std::isfinite(last_grad_norm) || !std::isfinite(step_loss))) {
         return Status::Error(
             StrFormat("step %lld: the loss or gradient is not finite (loss %g, grad_norm %g); lower "
@@ -449,12 +450,11 @@ Result<TrainSummary> Trainer::Run() {
       }
       if (state_.global_step % c.save_steps == 0) {
         state_.should_training_stop = state_.global_step == total;
-        LATHE_ASSIGN_OR_RETURN(std::string cp,
-                               WriteCheckpoint(out, state_.global_step,
-                                               [&](const std::string& dir) -> Status {
-                                                 LATHE_RETURN_IF_ERROR(SaveModelFiles(dir));
-                                                 return save_state(dir, epoch, g_end);
-                                               }));
+        LATHE_ASSIGN_OR_RETURN(
+            std::string cp, WriteCheckpoint(out, state_.global_step, [&](const std::string& dir) -> Status {
+              LATHE_RETURN_IF_ERROR(SaveModelFiles(dir));
+              return save_state(dir, epoch, g_end);
+            }));
         LATHE_ASSIGN_OR_RETURN(std::vector<std::string> deleted, RotateCheckpoints(out, c.save_total_limit));
         Say("saved " + cp + (deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " old)"));
       }

@@ -23,13 +23,16 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string TempDir(const std::string& name) {
-  std::string d = (fs::temp_directory_path() / ("lathe_ckpt_" + name + "_" + std::to_string(getpid()))).string();
+  std::string d =
+      (fs::temp_directory_path() / ("lathe_ckpt_" + name + "_" + std::to_string(getpid()))).string();
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
 }
 
-void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 TEST(Checkpoint, Crc32cCheckValue) {
   EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
