@@ -89,5 +89,12 @@ check "error names quantization_bit" grep -q "key 'quantization_bit'" "$tmp/full
 check "freeze + int8 exit" test $? -eq 0
 check "freeze packs only frozen layers" grep -q "quantized base: 21 linear weights -> i8_row" "$tmp/freeze.log"
 
+# A GGUF quant type (q8_0) is dequantized weight by weight, then packed.
+"$LATHE" convert "$STORIES/stories260K.gguf" --dtype q8_0 -o "$tmp/q8.gguf" 2> /dev/null
+"$LATHE" train "$tmp/q.yaml" --model_name_or_path "$tmp/q8.gguf" --output_dir "$tmp/from_q8" \
+  --quantization_bit 4 --max_steps 3 -t 2 2> "$tmp/from_q8.log"
+check "q8_0 gguf -> nf4 exit" test $? -eq 0
+check "q8_0 gguf -> nf4 packs 30" grep -q "quantized base: 30 linear weights -> nf4_dq" "$tmp/from_q8.log"
+
 echo "qlora e2e: $pass passed, $fails failed"
 test $fails -eq 0
