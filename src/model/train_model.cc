@@ -72,10 +72,10 @@ static Tensor F32View(const float* p, std::vector<int64_t> shape) {
   return t;
 }
 
-static Tensor Bf16View(const std::vector<uint16_t>& v, std::vector<int64_t> shape) {
+static Tensor Bf16View(const std::vector<uint16_t>& v, std::vector<int64_t> shape, bool f16 = false) {
   Tensor t;
   t.data = v.data();
-  t.dtype = DType::kBF16;
+  t.dtype = f16 ? DType::kF16 : DType::kBF16;
   t.shape = std::move(shape);
   return t;
 }
@@ -85,9 +85,9 @@ static Tensor Bf16View(const std::vector<uint16_t>& v, std::vector<int64_t> shap
 void TrainModelImpl::SetEff(Lin& L) {
   if (L.master) {
     L.eff = F32View(L.master, {L.out, L.in});
-    if (opt_.bf16) {
+    if (opt_.bf16 || opt_.fp16) {
       L.w16.resize(L.out * L.in);
-      L.eff = Bf16View(L.w16, {L.out, L.in});
+      L.eff = Bf16View(L.w16, {L.out, L.in}, opt_.fp16);
     }
   } else {
     L.eff = L.base;
@@ -96,11 +96,11 @@ void TrainModelImpl::SetEff(Lin& L) {
     LoraParam& p = L.lora;
     p.a_eff = F32View(p.a, {p.r, p.in});
     p.b_eff = F32View(p.b, {p.out, p.r});
-    if (opt_.bf16) {
+    if (opt_.bf16 || opt_.fp16) {
       p.a16.resize(p.r * p.in);
       p.b16.resize(p.out * p.r);
-      p.a_eff = Bf16View(p.a16, {p.r, p.in});
-      p.b_eff = Bf16View(p.b16, {p.out, p.r});
+      p.a_eff = Bf16View(p.a16, {p.r, p.in}, opt_.fp16);
+      p.b_eff = Bf16View(p.b16, {p.out, p.r}, opt_.fp16);
     }
   }
 }
@@ -225,9 +225,9 @@ Status TrainModelImpl::Init() {
       AddParam("lm_head.weight", {c.vocab_size, c.dim}, head_master_, g_head_, true);
     }
     head_eff_ = F32View(head_master_, {c.vocab_size, c.dim});
-    if (opt_.bf16) {
+    if (opt_.bf16 || opt_.fp16) {
       head16_.resize(c.vocab_size * c.dim);
-      head_eff_ = Bf16View(head16_, {c.vocab_size, c.dim});
+      head_eff_ = Bf16View(head16_, {c.vocab_size, c.dim}, opt_.fp16);
     }
   } else {
     final_norm_ = {base_.output_norm.as<float>(), nullptr};
@@ -279,9 +279,13 @@ Status TrainModelImpl::CheckBatch(const TrainBatch& b) const {
 }
 
 void TrainModelImpl::RefreshBf16() {
-  if (!opt_.bf16) return;
+  if (!opt_.bf16 && !opt_.fp16) return;
   auto round = [&](const float* src, uint16_t* dst, int64_t n) {
     Par(n, 4096, [&](int64_t b, int64_t e, int) {
+      if (opt_.fp16) {
+        for (int64_t i = b; i < e; ++i) dst[i] = F32ToF16(src[i]);
+        return;
+      }
       for (int64_t i = b; i < e; ++i) dst[i] = F32ToBF16(src[i]);
     });
   };
@@ -344,10 +348,16 @@ void TrainModelImpl::Prepare(const TrainBatch& b) {
 }
 
 const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>& s) {
-  if (!opt_.bf16) return x;
+  if (!opt_.bf16 && !opt_.fp16) return x;
   s.resize(n);
   float* o = s.data();
-  Par(n, 16384, [&](int64_t b, int64_t e, int) { kernels::RoundToBf16(o + b, x + b, e - b); });
+  Par(n, 16384, [&](int64_t b, int64_t e, int) {
+    if (opt_.fp16) {  // round to nearest even, |x| > 65504 -> inf
+      for (int64_t i = b; i < e; ++i) o[i] = F16ToF32(F32ToF16(x[i]));
+      return;
+    }
+    kernels::RoundToBf16(o + b, x + b, e - b);
+  });
   return o;
 }
 

@@ -53,6 +53,9 @@ struct TrainModelOptions {
   // to bf16, f32 accumulation; f32 master weights and gradients. Frozen base weights are read as
   // stored (never copied; a bf16 checkpoint already is bf16).
   bool bf16 = false;
+  // fp16 mixed precision: the same with fp16 rounding (overflow to inf, which the trainer's loss
+  // scaler detects and skips).
+  bool fp16 = false;
   // Keep only each decoder block's input in the forward; recompute the block in the backward.
   bool gradient_checkpointing = false;
   uint64_t seed = 42;  // LoRA init (std::mt19937_64, platform independent) and dropout masks
@@ -117,6 +120,9 @@ class TrainModel {
   // Full/freeze: writes an HF model dir (config.json, generation_config.json, model.safetensors in
   // f32 or bf16) with every weight, trained or frozen, in HF layout.
   virtual Status SaveHfModel(const std::string& dir, bool bf16) const = 0;
+  // The dropout RNG position (a counter of ForwardBackward calls), for checkpoints and resume.
+  virtual uint64_t dropout_rng_state() const { return 0; }
+  virtual void set_dropout_rng_state(uint64_t) {}
 };
 
 }  // namespace lathe::model

@@ -43,6 +43,13 @@ class AdamW final : public Optimizer {
   // First and second moments of parameter i (for checkpoints and tests).
   const std::vector<float>& m(size_t i) const { return m_[i]; }
   const std::vector<float>& v(size_t i) const { return v_[i]; }
+  size_t state_count() const { return m_.size(); }
+  // Checkpoint restore: the step count and moments of every parameter (in Step's list order).
+  void Restore(int64_t steps, std::vector<std::vector<float>> m, std::vector<std::vector<float>> v) {
+    step_ = steps;
+    m_ = std::move(m);
+    v_ = std::move(v);
+  }
 
  private:
   double b1_, b2_, eps_, wd_;
@@ -56,6 +63,7 @@ class Sgd final : public Optimizer {
   void Step(std::span<const ParamRef> params, double lr) override;
   int64_t steps() const override { return step_; }
   double StateBytesPerParam() const override { return 0; }
+  void set_steps(int64_t steps) { step_ = steps; }  // checkpoint restore (SGD has no other state)
 
  private:
   double wd_;

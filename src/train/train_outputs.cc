@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/strings.h"
 #include "formats/atomic_file.h"
 #include "monitor/progress.h"
+#include "train/checkpoint.h"
 
 namespace lathe::train {
 
@@ -86,6 +88,9 @@ Result<std::string> WriteCheckpoint(const std::string& output_dir, int64_t step,
   fs::create_directories(tmp_dir, ec);
   if (ec) return Status::Error("cannot create checkpoint directory '" + tmp_dir + "': " + ec.message());
   Status st = write(tmp_dir);
+  // Every file fsynced and listed with its crc32c in the manifest before the rename, so a
+  // checkpoint-N dir that exists is complete (or detectably damaged).
+  if (st.ok()) st = SealCheckpointDir(tmp_dir, step);
   if (!st.ok()) {
     fs::remove_all(tmp_dir, ec);
     return st.WithContext("writing " + final_dir);
@@ -96,6 +101,7 @@ Result<std::string> WriteCheckpoint(const std::string& output_dir, int64_t step,
     fs::remove_all(tmp_dir, ec);
     return Status::Error("cannot rename the checkpoint into '" + final_dir + "': " + ec.message());
   }
+  LATHE_RETURN_IF_ERROR(FsyncPath(output_dir));
   return final_dir;
 }
 
@@ -119,9 +125,19 @@ Result<std::vector<std::string>> RotateCheckpoints(const std::string& output_dir
   std::vector<std::string> deleted;
   if (limit <= 0) return deleted;
   std::vector<std::string> cps = ListCheckpoints(output_dir);
-  // limit >= 1, so the newest (last) is never among the first size - limit.
+  // limit >= 1, so the newest (last) is never among the first size - limit; nor is the newest
+  // sealed (complete) one, whatever lies above it.
+  std::string newest_sealed;
+  for (const std::string& cp : cps) {
+    if (IsSealedCheckpoint(cp)) newest_sealed = cp;
+  }
   for (size_t i = 0; i + (size_t)limit < cps.size(); ++i) {
+    if (cps[i] == newest_sealed) continue;
     std::error_code ec;
+    // The manifest goes first (and durably), so a deletion cut short leaves an unsealed dir that
+    // resume_from_checkpoint 'last' skips, never a sealed one missing files.
+    fs::remove(fs::path(cps[i]) / kCheckpointManifest, ec);
+    if (!ec) (void)FsyncPath(cps[i]);
     fs::remove_all(cps[i], ec);
     if (ec)
       return Status::Error("save_total_limit: cannot delete old checkpoint '" + cps[i] +
@@ -172,7 +188,29 @@ Status JsonlLog::Open(const std::string& path) {
   if (f_) std::fclose(f_);
   path_ = path;
   f_ = std::fopen(path.c_str(), "w");
+  lines_ = 0;
   if (!f_) return Status::Error("cannot open '" + path + "' for writing");
+  return Status::Ok();
+}
+
+Status JsonlLog::OpenResumed(const std::string& path, int64_t keep_lines) {
+  std::string kept;
+  int64_t n = 0;
+  if (FILE* in = std::fopen(path.c_str(), "r")) {
+    for (int ch; n < keep_lines && (ch = std::fgetc(in)) != EOF;) {
+      kept.push_back((char)ch);
+      if (ch == '\n') ++n;
+    }
+    std::fclose(in);
+  }
+  if (n < keep_lines) {
+    return Status::Error(StrFormat("'%s' has %lld lines, the checkpoint was saved after %lld", path.c_str(),
+                                   (long long)n, (long long)keep_lines));
+  }
+  LATHE_RETURN_IF_ERROR(Open(path));
+  if (std::fwrite(kept.data(), 1, kept.size(), f_) != kept.size() || std::fflush(f_) != 0)
+    return Status::Error("cannot write to '" + path_ + "'");
+  lines_ = n;
   return Status::Ok();
 }
 
@@ -182,6 +220,7 @@ Status JsonlLog::Append(const json& line) {
   if (std::fwrite(text.data(), 1, text.size(), f_) != text.size() || std::fflush(f_) != 0) {
     return Status::Error("cannot write to '" + path_ + "'");
   }
+  lines_++;
   return Status::Ok();
 }
 

@@ -71,11 +71,16 @@ class JsonlLog {
   JsonlLog(const JsonlLog&) = delete;
   JsonlLog& operator=(const JsonlLog&) = delete;
   Status Open(const std::string& path);  // truncates
+  // Resume: keeps the first keep_lines lines (those written when the checkpoint was saved; a run
+  // resumed from it rewrites the later ones) and appends after them.
+  Status OpenResumed(const std::string& path, int64_t keep_lines);
+  int64_t lines() const { return lines_; }  // lines in the file (kept + appended)
   Status Append(const nlohmann::json& line);
 
  private:
   FILE* f_ = nullptr;
   std::string path_;
+  int64_t lines_ = 0;
 };
 
 // One training log line as LLaMA-Factory's trainer_log.jsonl writes it (current_steps,

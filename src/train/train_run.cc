@@ -12,6 +12,7 @@
 #include "monitor/memory.h"
 #include "train/memory_plan.h"
 #include "tokenizer/chat_template.h"
+#include "train/quantize_base.h"
 
 namespace lathe::train {
 
@@ -60,7 +61,9 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
     if (!t.ok()) return t.status().WithContext("key 'template'");
     tmpl = *t;
   }
-  LATHE_RETURN_IF_ERROR(PrepareOutputDir(c.output_dir, c.overwrite_output_dir));
+  // Resuming writes into the run's own output_dir.
+  LATHE_RETURN_IF_ERROR(
+      PrepareOutputDir(c.output_dir, c.overwrite_output_dir || !c.resume_from_checkpoint.empty()));
   const double rss_start = (double)monitor::ProcessRssBytes();  // binary + libraries
 
   model::LoadOptions lo;
@@ -68,7 +71,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   auto loaded = model::LoadModel(c.model_name_or_path, lo);
   if (!loaded.ok()) return loaded.status().WithContext("key 'model_name_or_path'");
   model::LoadedModel& lm = **loaded;
-  const double base_bytes = WeightBytes(lm.weights);
+  double base_bytes = WeightBytes(lm.weights);
   const double rss_loaded = (double)monitor::ProcessRssBytes();
   const tokenizer::Tokenizer& tok = *lm.tokenizer;
   if (c.template_name.empty()) tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
@@ -100,6 +103,31 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
         (long long)c.cutoff_len, (long long)data.dropped);
   }
 
+  DType qtype;
+  if (QuantizedBaseDType(c, &qtype)) {
+    // Frozen layers: every layer for LoRA, all but the last freeze_trainable_layers for freeze.
+    const int64_t n_layers = (int64_t)lm.weights.layers.size();
+    const int64_t frozen =
+        c.finetuning_type == "lora" ? n_layers : std::max<int64_t>(n_layers - c.freeze_trainable_layers, 0);
+    LATHE_ASSIGN_OR_RETURN(QuantizeBaseReport qr, QuantizeBaseWeights(&lm.weights, qtype, frozen));
+    // The source weights stay mapped/owned beside the packed copies (quantize_base.h), so the plan
+    // counts both: the packed bytes come on top of the loaded ones.
+    for (const model::LayerWeights& l : lm.weights.layers) {
+      for (const Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+        if (t->dtype == qtype) base_bytes += (double)PackedQuantBytes(qtype, t->shape[0], t->shape[1]);
+    }
+    if (o.log) {
+      std::fprintf(o.log,
+                   "quantized base: %lld linear weights -> %s (%.2f bits/param over linear weights); "
+                   "base resident %.2f MB, %.3f bytes/param\n",
+                   (long long)qr.quantized, DTypeName(qtype),
+                   8.0 * (double)qr.linear_bytes / (double)std::max<int64_t>(qr.linear_params, 1),
+                   (double)qr.base_bytes / 1e6,
+                   (double)qr.base_bytes / (double)std::max<int64_t>(qr.base_params, 1));
+      for (const std::string& k : qr.kept) std::fprintf(o.log, "quantized base: kept %s\n", k.c_str());
+    }
+  }
+
   model::TrainModelOptions mo;
   mo.method = c.finetuning_type == "lora"   ? model::FinetuneMethod::kLora
               : c.finetuning_type == "full" ? model::FinetuneMethod::kFull
@@ -113,6 +141,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   }
   mo.freeze_trainable_layers = c.freeze_trainable_layers;
   mo.bf16 = c.bf16;
+  mo.fp16 = c.fp16;
   mo.gradient_checkpointing = c.gradient_checkpointing;
   mo.seed = (uint64_t)c.seed;
   std::unique_ptr<Profiler> profiler;
@@ -132,7 +161,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   TrainSetup ts;
   ts.lathe = true;
   ts.method = c.finetuning_type;
-  ts.precision = c.bf16 ? "bf16" : "fp32";
+  ts.precision = c.bf16 || c.fp16 ? "bf16" : "fp32";  // TrainModel keeps the same buffers for fp16 as for bf16
   const bool paged = c.optim.rfind("paged_", 0) == 0, eight_bit = c.optim.find("8bit") != std::string::npos;
   ts.optimizer = c.optim == "sgd" ? "sgd"
                  : paged          ? (eight_bit ? "paged_adamw_8bit" : "paged_adamw_32bit")

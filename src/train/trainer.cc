@@ -7,10 +7,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 
 #include "core/strings.h"
+#include "train/checkpoint.h"
+#include "train/loss_scaler.h"
 
 namespace lathe::train {
 
@@ -40,14 +44,15 @@ std::string TensorBoardDir(const std::string& output_dir) {
 }  // namespace
 
 Status CheckTrainerConfig(const TrainConfig& c) {
-  if (c.fp16)
-    return Status::Error("key 'fp16': fp16 mixed precision is not supported on CPU; use bf16: true");
+  if (c.fp16 && c.bf16) return Status::Error("key 'fp16': fp16 and bf16 are exclusive; set one of them");
   if (c.pure_bf16) {
     return Status::Error(
         "key 'pure_bf16': not available yet; use bf16: true (bf16 matmuls, f32 master weights)");
   }
-  if (!c.resume_from_checkpoint.empty()) {
-    return Status::Error("key 'resume_from_checkpoint': resuming a run is not available yet");
+  if (c.quantization_bit != 0 && c.finetuning_type == "full") {
+    return Status::Error(
+        "key 'quantization_bit': a quantized base cannot be fully fine-tuned; use finetuning_type lora "
+        "(QLoRA) or freeze, or remove quantization_bit");
   }
   if (!c.adapter_name_or_path.empty()) {
     return Status::Error(
@@ -200,7 +205,11 @@ Result<TrainSummary> Trainer::Run() {
   start_s_ = NowSeconds();
   summary_ = TrainSummary{};
   bar_ = std::make_unique<monitor::ProgressBar>(env_.log ? env_.log : stderr, env_.log && env_.interactive);
-  if (c.overwrite_output_dir) {
+  std::string resume_dir;
+  if (!c.resume_from_checkpoint.empty()) {
+    LATHE_ASSIGN_OR_RETURN(resume_dir, ResolveResumeCheckpoint(c.resume_from_checkpoint, out));
+  }
+  if (c.overwrite_output_dir && resume_dir.empty()) {
     // Checkpoints of an earlier run would count against save_total_limit (and could outrank this
     // run's newest), so overwriting the output dir removes them.
     for (const std::string& cp : ListCheckpoints(out)) {
@@ -222,7 +231,7 @@ Result<TrainSummary> Trainer::Run() {
       }
     }
   }
-  LATHE_RETURN_IF_ERROR(jsonl_.Open((fs::path(out) / "trainer_log.jsonl").string()));
+  if (resume_dir.empty()) LATHE_RETURN_IF_ERROR(jsonl_.Open((fs::path(out) / "trainer_log.jsonl").string()));
   if (std::find(c.report_to.begin(), c.report_to.end(), "tensorboard") != c.report_to.end()) {
     LATHE_ASSIGN_OR_RETURN(tb_, monitor::TensorBoardWriter::Open(TensorBoardDir(out)));
   }
@@ -271,10 +280,99 @@ Result<TrainSummary> Trainer::Run() {
   double interval_loss = 0, loss_total = 0, last_log_s = start_s_, last_grad_norm = 0, last_lr = 0;
   int64_t interval_steps = 0, interval_tokens = 0, last_eval_step = -1;
   double epoch_f = 0;
-  for (int64_t epoch = 0; state_.global_step < total; ++epoch) {
+  // fp16: dynamic loss scaling as torch.cuda.amp.GradScaler (init 2^16, x2 after 2000 clean steps,
+  // x0.5 and the step skipped on inf/nan gradients; the LR schedule does not advance on a skipped
+  // step, as the HF Trainer's optimizer_step_was_skipped).
+  LossScaler scaler;
+  if (!c.fp16) scaler.scale = 1.0;
+  // LATHE_TEST_FP16_OVERFLOW_STEPS=3,7 (tests only): a gradient overflows at those steps.
+  std::vector<int64_t> injected_overflows;
+  if (const char* e = std::getenv("LATHE_TEST_FP16_OVERFLOW_STEPS")) {
+    for (const char* q = e; *q;) {
+      char* end = nullptr;
+      long long v = std::strtoll(q, &end, 10);
+      if (end == q) break;
+      injected_overflows.push_back(v);
+      q = *end == ',' ? end + 1 : end;
+    }
+  }
+  // Data position: the next optimizer step starts at micro-batch start_g of epoch start_epoch.
+  int64_t start_epoch = 0, start_g = 0;
+  // Everything besides the weights files a resumed run needs to continue bit-identically.
+  auto save_state = [&](const std::string& dir, int64_t epoch, int64_t next_g) -> Status {
+    if (next_g >= mb_per_epoch) {
+      epoch++;
+      next_g = 0;
+    }
+    json j = {{"global_step", state_.global_step},
+              {"epoch_index", epoch},
+              {"next_micro_batch", next_g},
+              {"seed", c.seed},
+              {"epoch", epoch_f},
+              {"dropout_rng", model_.dropout_rng_state()},
+              {"interval_loss", interval_loss},
+              {"interval_steps", interval_steps},
+              {"interval_tokens", interval_tokens},
+              {"loss_total", loss_total},
+              {"last_eval_step", last_eval_step},
+              {"train_tokens", summary_.train_tokens},
+              {"total_flos", state_.total_flos},
+              {"step_losses", summary_.step_losses},
+              {"eval_losses", summary_.eval_losses},
+              {"log_history", state_.log_history},
+              {"jsonl_lines", jsonl_.lines()},
+              {"loss_scale", scaler.scale},
+              {"growth_tracker", scaler.growth_tracker},
+              {"skipped_steps", scaler.skipped_steps}};
+    return SaveTrainingState(dir, params, *opt, j);
+  };
+  if (!resume_dir.empty()) {
+    LATHE_ASSIGN_OR_RETURN(json j, LoadTrainingState(resume_dir, params, *opt));
+    const std::string where = "resume_from_checkpoint '" + resume_dir + "': ";
+    int64_t jsonl_lines = 0;
+    try {
+      if (j.at("seed").get<int64_t>() != c.seed) {
+        return Status::Error("key 'seed': " + std::to_string(c.seed) +
+                             " differs from the checkpointed run's " + j.at("seed").dump() +
+                             " (the data order would change)");
+      }
+      state_.global_step = j.at("global_step").get<int64_t>();
+      start_epoch = j.at("epoch_index").get<int64_t>();
+      start_g = j.at("next_micro_batch").get<int64_t>();
+      epoch_f = j.at("epoch").get<double>();
+      state_.epoch = epoch_f;
+      model_.set_dropout_rng_state(j.at("dropout_rng").get<uint64_t>());
+      interval_loss = j.at("interval_loss").get<double>();
+      interval_steps = j.at("interval_steps").get<int64_t>();
+      interval_tokens = j.at("interval_tokens").get<int64_t>();
+      loss_total = j.at("loss_total").get<double>();
+      last_eval_step = j.at("last_eval_step").get<int64_t>();
+      summary_.train_tokens = j.at("train_tokens").get<int64_t>();
+      state_.total_flos = j.at("total_flos").get<double>();
+      summary_.step_losses = j.at("step_losses").get<std::vector<double>>();
+      summary_.eval_losses = j.at("eval_losses").get<std::vector<double>>();
+      state_.log_history = j.at("log_history").get<std::vector<json>>();
+      jsonl_lines = j.at("jsonl_lines").get<int64_t>();
+      scaler.scale = j.at("loss_scale").get<double>();
+      scaler.growth_tracker = j.at("growth_tracker").get<int64_t>();
+      scaler.skipped_steps = j.at("skipped_steps").get<int64_t>();
+    } catch (const json::exception& e) {
+      return Status::Error(where + kTrainingStateJson + ": " + e.what());
+    }
+    if (start_g % c.gradient_accumulation_steps != 0 || start_g >= mb_per_epoch) {
+      return Status::Error(where + "its data position (micro-batch " + std::to_string(start_g) +
+                           ") does not fit this run's batching (per_device_train_batch_size, "
+                           "gradient_accumulation_steps and the data must match the checkpointed run)");
+    }
+    LATHE_RETURN_IF_ERROR(jsonl_.OpenResumed((fs::path(out) / "trainer_log.jsonl").string(), jsonl_lines));
+    Say(StrFormat("resumed from %s at step %lld (epoch %lld, micro-batch %lld)", resume_dir.c_str(),
+                  (long long)state_.global_step, (long long)start_epoch, (long long)start_g));
+  }
+  for (int64_t epoch = start_epoch; state_.global_step < total; ++epoch) {
     std::vector<std::vector<int64_t>> mbs =
         EpochMicroBatches(n_train, c.per_device_train_batch_size, (uint64_t)c.seed, epoch);
-    for (int64_t g = 0; g < mb_per_epoch && state_.global_step < total; g += c.gradient_accumulation_steps) {
+    for (int64_t g = epoch == start_epoch ? start_g : 0; g < mb_per_epoch && state_.global_step < total;
+         g += c.gradient_accumulation_steps) {
       int64_t g_end = std::min(mb_per_epoch, g + c.gradient_accumulation_steps);
       std::vector<Batch> batches;
       int64_t targets = 0;
@@ -287,26 +385,39 @@ Result<TrainSummary> Trainer::Run() {
       double loss_sum = 0;
       for (const Batch& b : batches) {
         model::TrainBatch tb{b.input_ids, b.labels, b.segment_ids, b.B, b.T};
-        LATHE_ASSIGN_OR_RETURN(double l, model_.ForwardBackward(tb, normalizer));
+        LATHE_ASSIGN_OR_RETURN(double l, model_.ForwardBackward(tb, normalizer / scaler.scale));
         loss_sum += l;
         interval_tokens += b.real_tokens;
         summary_.train_tokens += b.real_tokens;
         state_.total_flos += 6.0 * (double)env_.flops_params * (double)(b.B * b.T);
       }
       double step_loss = loss_sum / normalizer;
-      last_grad_norm = ClipGradNorm(params, c.max_grad_norm);
-      if (!std::isfinite(last_grad_norm) || !std::isfinite(step_loss)) {
+      bool skipped = false;
+      if (c.fp16) {
+        if (std::find(injected_overflows.begin(), injected_overflows.end(), state_.global_step + 1) !=
+            injected_overflows.end())
+          params[0].grad[0] = std::numeric_limits<float>::infinity();
+        skipped = !scaler.Unscale(params, step_loss);
+        scaler.Update(!skipped);
+      }
+      last_grad_norm =
+          skipped ? std::numeric_limits<double>::quiet_NaN() : ClipGradNorm(params, c.max_grad_norm);
+      if (!skipped && (!std::isfinite(last_grad_norm) || !std::isfinite(step_loss))) {
         return Status::Error(
             StrFormat("step %lld: the loss or gradient is not finite (loss %g, grad_norm %g); lower "
                       "learning_rate or set max_grad_norm",
                       (long long)state_.global_step + 1, step_loss, last_grad_norm));
       }
-      opt->Step(params, sched.At(state_.global_step));
+      if (!skipped) opt->Step(params, sched.At(state_.global_step - scaler.skipped_steps));
       json mem = UpdateMemory((int64_t)(opt->StateBytesPerParam() * (double)trainable));
       model_.ZeroGrad();
       state_.global_step++;
       // As the HF Trainer: the logged learning rate is the scheduler's value after its step.
-      last_lr = sched.At(state_.global_step);
+      last_lr = sched.At(state_.global_step - scaler.skipped_steps);
+      if (skipped) {
+        Say(StrFormat("step %lld: inf/nan gradients at fp16 loss scale %g; step skipped, scale -> %g",
+                      (long long)state_.global_step, scaler.scale * 2, scaler.scale));
+      }
       epoch_f = (double)epoch + (double)g_end / (double)mb_per_epoch;
       state_.epoch = epoch_f;
       summary_.step_losses.push_back(step_loss);
@@ -334,9 +445,15 @@ Result<TrainSummary> Trainer::Run() {
         TrainLogLine line{
             state_.global_step,    total,       epoch_f, loss, last_lr, last_grad_norm, now - start_s_, tps,
             summary_.train_tokens, ps.rss_bytes};
-        json log_line = TrainLogJson(line);
-        log_line["memory"] = mem;
-        LATHE_RETURN_IF_ERROR(jsonl_.Append(log_line));
+        json lj = TrainLogJson(line);
+        lj["memory"] = mem;
+        if (c.fp16) {
+          lj["loss_scale"] = scaler.scale;
+          lj["skipped_steps"] = scaler.skipped_steps;
+          state_.log_history.back()["loss_scale"] = scaler.scale;
+          state_.log_history.back()["skipped_steps"] = scaler.skipped_steps;
+        }
+        LATHE_RETURN_IF_ERROR(jsonl_.Append(lj));
         if (tb_) {
           LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/loss", state_.global_step, loss));
           LATHE_RETURN_IF_ERROR(tb_->AddScalar("train/learning_rate", state_.global_step, last_lr));
@@ -367,9 +484,11 @@ Result<TrainSummary> Trainer::Run() {
       }
       if (state_.global_step % c.save_steps == 0) {
         state_.should_training_stop = state_.global_step == total;
-        LATHE_ASSIGN_OR_RETURN(std::string cp,
-                               WriteCheckpoint(out, state_.global_step,
-                                               [&](const std::string& dir) { return SaveModelFiles(dir); }));
+        LATHE_ASSIGN_OR_RETURN(
+            std::string cp, WriteCheckpoint(out, state_.global_step, [&](const std::string& dir) -> Status {
+              LATHE_RETURN_IF_ERROR(SaveModelFiles(dir));
+              return save_state(dir, epoch, g_end);
+            }));
         LATHE_ASSIGN_OR_RETURN(std::vector<std::string> deleted, RotateCheckpoints(out, c.save_total_limit));
         Say("saved " + cp + (deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " old)"));
       }

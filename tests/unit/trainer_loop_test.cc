@@ -306,10 +306,16 @@ TEST(TrainerConfigErrors, NameTheKey) {
   }
   TrainConfig x = c;
   x.fp16 = true;
+  EXPECT_TRUE(CheckTrainerConfig(x).ok());  // fp16 with dynamic loss scaling (e2e.fp16_test)
+  x.bf16 = true;
   expect_key(x, "fp16");
   x = c;
-  x.resume_from_checkpoint = "last";
-  expect_key(x, "resume_from_checkpoint");
+  x.resume_from_checkpoint = "last";  // resolved when the run starts (checkpoint_test.cc)
+  EXPECT_TRUE(CheckTrainerConfig(x).ok());
+  x = c;
+  x.finetuning_type = "full";
+  x.quantization_bit = 4;
+  expect_key(x, "quantization_bit");
   x = c;
   x.lora_target = {"q_proj", "qkv"};
   expect_key(x, "lora_target");

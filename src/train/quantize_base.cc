@@ -1,0 +1,70 @@
+// QuantizeBaseWeights: per-weight packing of the frozen base for QLoRA / int8-base training.
+#include "train/quantize_base.h"
+
+#include <memory>
+#include <vector>
+
+#include "core/strings.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+namespace lathe::train {
+
+namespace {
+
+bool IsPlainFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+}  // namespace
+
+Result<QuantizeBaseReport> QuantizeBaseWeights(model::ModelWeights* w, DType dtype, int64_t frozen_layers) {
+  QuantizeBaseReport r;
+  static const char* kNames[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  for (int64_t l = 0; l < (int64_t)w->layers.size(); ++l) {
+    model::LayerWeights& lw = w->layers[l];
+    Tensor* ts[] = {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down};
+    for (int i = 0; i < 7; ++i) {
+      Tensor& t = *ts[i];
+      std::string name = StrFormat("model.layers.%lld.%s.weight", (long long)l, kNames[i]);
+      if (l >= frozen_layers || t.data == nullptr || t.dtype == dtype) continue;
+      if (t.ndim() != 2) return Status::Error(name + ": expected a 2-D weight");
+      const int64_t rows = t.shape[0], cols = t.shape[1];
+      if (IsPacked4Bit(dtype) && cols % 64 != 0) {
+        r.kept.push_back(StrFormat("%s (%lld x %lld, %s): in_features %% 64 != 0", name.c_str(),
+                                   (long long)rows, (long long)cols, DTypeName(t.dtype)));
+        continue;
+      }
+      std::vector<float> f32;  // a GGUF quant type: dequantize this one weight, then pack it
+      Tensor src = t;
+      if (!IsPlainFloat(t.dtype)) {
+        f32.resize((size_t)(rows * cols));
+        kernels::DequantizeRows(t, 0, rows, f32.data());
+        src = Tensor{f32.data(), DType::kF32, {rows, cols}};
+      }
+      Result<kernels::PackedWeight> pw = kernels::QuantizeWeight(src, dtype, name.c_str());
+      if (!pw.ok()) return pw.status().WithContext("key 'quantization_bit'");
+      auto owned = std::make_shared<kernels::PackedWeight>(std::move(*pw));
+      t = owned->view();
+      w->owners.push_back(owned);
+      r.quantized++;
+    }
+  }
+  auto add = [&](const Tensor& t, bool linear) {
+    if (t.data == nullptr) return;
+    r.base_bytes += (int64_t)t.nbytes();
+    r.base_params += t.numel();
+    if (linear) {
+      r.linear_bytes += (int64_t)t.nbytes();
+      r.linear_params += t.numel();
+    }
+  };
+  add(w->tok_embd, false);
+  if (w->output.data != w->tok_embd.data) add(w->output, false);
+  add(w->output_norm, false);
+  for (const model::LayerWeights& lw : w->layers) {
+    for (const Tensor* t : {&lw.attn_norm, &lw.ffn_norm, &lw.bq, &lw.bk, &lw.bv}) add(*t, false);
+    for (const Tensor* t : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) add(*t, true);
+  }
+  return r;
+}
+
+}  // namespace lathe::train
