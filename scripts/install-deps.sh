@@ -8,6 +8,7 @@ pkgs=(
   libprotobuf-dev protobuf-compiler libcpp-httplib-dev
   clang-14 libclang-rt-14-dev
   python3 python3-pip python3-venv unzip
+  libtcmalloc-minimal4
 )
 missing=()
 for p in "${pkgs[@]}"; do
