@@ -68,10 +68,8 @@ struct Row {
 int RunBench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "serve") return RunBenchServe(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "train") return RunBenchTrain(argc - 1, argv + 1);
-  Args args("bench", "lathe bench -m MODEL [-m MODEL2 ...] [--prompt-tokens 512] [--gen-tokens 128] [--threads-list 1,2]
-"
-                     "       lathe bench serve -m MODEL ...   (serving throughput; see `lathe bench serve --help`)
-"
+  Args args("bench", "lathe bench -m MODEL [-m MODEL2 ...] [--prompt-tokens 512] [--gen-tokens 128] [--threads-list 1,2]\n"
+                     "       lathe bench serve -m MODEL ...   (serving throughput; see `lathe bench serve --help`)\n"
                      "       lathe bench train ...            (training tokens/s vs PyTorch; see `lathe bench train --help`)");
   args.Flag("-m,--model", "model to benchmark (repeatable)");
   args.Flag("--prompt-tokens", "prefill length", "512");

@@ -13,16 +13,14 @@
 namespace lathe::monitor {
 
 const char *MemCategoryName(MemCategory c) {
-  static const char *kNames[] = {"weights",   "lora",        "gradients",
-                                 "optimizer", "activations", "temporary"};
+  static const char *kNames[] = {"weights", "lora", "gradients", "optimizer", "activations", "temporary"};
   int i = (int)c;
   return i >= 0 && i < kMemCategories ? kNames[i] : "?";
 }
 
 void MemoryTracker::UpdateTotalLocked() {
   total_ = 0;
-  for (int64_t v : cur_)
-    total_ += v;
+  for (int64_t v : cur_) total_ += v;
   peak_total_ = std::max(peak_total_, total_);
 }
 
@@ -84,20 +82,17 @@ std::string MemoryTracker::Format() const {
   std::string s;
   for (int i = 0; i < kMemCategories; ++i) {
     MemCategory c = (MemCategory)i;
-    s += lathe::StrFormat("%s %s (peak %s) | ", MemCategoryName(c),
-                          FormatBytes((double)current(c)).c_str(),
+    s += lathe::StrFormat("%s %s (peak %s) | ", MemCategoryName(c), FormatBytes((double)current(c)).c_str(),
                           FormatBytes((double)peak(c)).c_str());
   }
-  s += lathe::StrFormat("rss %s (peak %s)",
-                        FormatBytes((double)ProcessRssBytes()).c_str(),
+  s += lathe::StrFormat("rss %s (peak %s)", FormatBytes((double)ProcessRssBytes()).c_str(),
                         FormatBytes((double)ProcessPeakRssBytes()).c_str());
   return s;
 }
 
 int64_t ProcessRssBytes() {
   FILE *f = std::fopen("/proc/self/statm", "r");
-  if (!f)
-    return 0;
+  if (!f) return 0;
   long long size = 0, resident = 0;
   int n = std::fscanf(f, "%lld %lld", &size, &resident);
   std::fclose(f);
@@ -106,19 +101,17 @@ int64_t ProcessRssBytes() {
 
 int64_t ProcessPeakRssBytes() {
   struct rusage ru {};
-  if (getrusage(RUSAGE_SELF, &ru) != 0)
-    return 0;
-  return (int64_t)ru.ru_maxrss * 1024; // Linux reports KiB
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  // Linux reports KiB, and updates its high-water mark lazily (at mm events), so it can trail the
+  // current RSS read from statm: the peak is never less than what is resident now.
+  return std::max<int64_t>((int64_t)ru.ru_maxrss * 1024, ProcessRssBytes());
 }
 
 std::string FormatBytes(double b) {
-  if (b >= 1024.0 * 1024 * 1024)
-    return lathe::StrFormat("%.2f GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024)
-    return lathe::StrFormat("%.1f MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0)
-    return lathe::StrFormat("%.1f KiB", b / 1024.0);
+  if (b >= 1024.0 * 1024 * 1024) return lathe::StrFormat("%.2f GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return lathe::StrFormat("%.1f MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return lathe::StrFormat("%.1f KiB", b / 1024.0);
   return lathe::StrFormat("%.0f B", b);
 }
 
-} // namespace lathe::monitor
+}  // namespace lathe::monitor

@@ -7,32 +7,23 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace lathe::monitor {
 
-enum class MemCategory {
-  kWeights,
-  kLora,
-  kGradients,
-  kOptimizer,
-  kActivations,
-  kTemporary,
-  kCount
-};
+enum class MemCategory { kWeights, kLora, kGradients, kOptimizer, kActivations, kTemporary, kCount };
 constexpr int kMemCategories = (int)MemCategory::kCount;
-const char *MemCategoryName(MemCategory c); // "weights", "lora", ...
+const char *MemCategoryName(MemCategory c);  // "weights", "lora", ...
 
 // Thread-safe counters. Add/Release move the current bytes of one category; Set
 // replaces them (for owners that report their whole footprint at once). Peaks
 // (per category and of the sum) only grow until ResetPeaks.
 class MemoryTracker {
-public:
+ public:
   void Add(MemCategory c, int64_t bytes);
   void Release(MemCategory c,
-               int64_t bytes); // LATHE_CHECKs that current stays >= 0
+               int64_t bytes);  // LATHE_CHECKs that current stays >= 0
   void Set(MemCategory c, int64_t bytes);
   int64_t current(MemCategory c) const;
   int64_t peak(MemCategory c) const;
@@ -45,7 +36,7 @@ public:
   // "weights 1.2 MiB (peak 1.2 MiB) | lora ... | rss 40.1 MiB (peak 41.0 MiB)"
   std::string Format() const;
 
-private:
+ private:
   void UpdateTotalLocked();
   mutable std::mutex mu_;
   std::array<int64_t, kMemCategories> cur_{}, peak_{};
@@ -56,6 +47,6 @@ private:
 // (getrusage ru_maxrss).
 int64_t ProcessRssBytes();
 int64_t ProcessPeakRssBytes();
-std::string FormatBytes(double bytes); // "12.3 MiB"
+std::string FormatBytes(double bytes);  // "12.3 MiB"
 
-} // namespace lathe::monitor
+}  // namespace lathe::monitor
