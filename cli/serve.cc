@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/profiler.h"
 #include "model/lora.h"
 #include "serve/engine.h"
 #include "server/http_server.h"
@@ -85,6 +86,9 @@ int RunServe(int argc, char** argv) {
             "0");
   args.Bool("--no-prefix-caching", "compute every prompt in full (no reuse of cached prefix blocks)");
   args.Flag("--lora", "LoRA adapter to serve as NAME=DIR (PEFT directory); repeatable");
+  args.Flag("--profile",
+            "write a Chrome trace of every forward op to this file at shutdown and print the top ops "
+            "(events accumulate while serving: for a bounded session)");
   args.Flag("--chat-template",
             "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
   Status st = args.Parse(argc, argv);
@@ -191,7 +195,15 @@ int RunServe(int argc, char** argv) {
   // A client that vanishes mid-write must not kill the server.
   signal(SIGPIPE, SIG_IGN);
   ThreadPool pool(ThreadsFromArgs(args));
-  serve::Engine engine((*lm)->weights, pool, ec);
+  Profiler profiler;
+  model::TransformerOptions topts;
+  const bool profile = args.Has("profile");
+  if (profile) {
+    if (args.Get("profile").empty()) return Fail("serve", Status::Error("--profile: expected an output FILE"));
+    topts.profiler = &profiler;
+    pool.SetProfiler(&profiler);
+  }
+  serve::Engine engine((*lm)->weights, pool, ec, topts);
   engine.Start();
   server::HttpServer http(engine, tok, tmpl, so);
   // Signals: a watcher thread stops the HTTP server (Run returns), then the engine stops.
@@ -230,6 +242,13 @@ int RunServe(int argc, char** argv) {
   announcer.join();
   watcher.join();
   engine.Stop();
+  if (profile) {
+    pool.SetProfiler(nullptr);
+    Status ps = profiler.WriteChromeTrace(args.Get("profile"));
+    if (!ps.ok()) return Fail("serve", ps);
+    std::fprintf(stderr, "profile: %s (open in Perfetto or chrome://tracing)\n%s", args.Get("profile").c_str(),
+                 profiler.Summary().c_str());
+  }
   if (!run.ok()) return Fail("serve", run);
   return 0;
 }

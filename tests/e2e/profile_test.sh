@@ -2,7 +2,8 @@
 # `lathe train --profile FILE --monitor`: the Chrome trace parses back as JSON with the training
 # ops (name, shape, duration, FLOPs, bytes) and one track per pool thread; the top-ops table is
 # printed; --monitor prints per-category memory; every JSONL log line carries the memory
-# categories (current <= peak, the weights > 0); bad flag values are named.
+# categories (current <= peak, the weights > 0); bad flag values are named. `lathe serve --profile`
+# writes the forward ops of the requests it served, with the same table, at shutdown.
 set -uo pipefail
 LATHE="${LATHE_BIN:?}"
 SHARED="${LATHE_SHARED:?}"
@@ -48,7 +49,9 @@ assert all(e["args"]["shape"].startswith("[") for e in lin), "linear_fwd without
 # 7 LoRA'd linears x 5 layers x 2 steps forward.
 assert len(lin) == 7 * 5 * 2, f"{len(lin)} linear_fwd events, expected 70"
 tracks = {e["tid"] for e in ev if e["name"] == "pool_chunk"}
-assert tracks == {0, 1, 2}, f"pool_chunk tracks {sorted(tracks)}, expected one per thread of -t 3"
+# A track per thread that ran chunks: the pool lets a worker that lost its core (2 cores, -t 3, a
+# loaded machine) run none, so only "several tracks, all of them pool threads" is guaranteed.
+assert len(tracks) >= 2 and tracks <= {0, 1, 2}, f"pool_chunk tracks {sorted(tracks)}, expected 2-3 of -t 3's"
 meta = {e["tid"] for e in t["traceEvents"] if e.get("ph") == "M" and e["name"] == "thread_name"}
 assert tracks <= meta, "a track without a thread_name"
 lines = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
@@ -65,4 +68,37 @@ PY
 grep -q -- "--profile: expected an output FILE" "$tmp/err" || fail "--profile error not named: $(cat "$tmp/err")"
 "$LATHE" train "$tmp/lora.yaml" --monitor=maybe > /dev/null 2> "$tmp/err" && fail "--monitor=maybe accepted"
 grep -q -- "--monitor: expected" "$tmp/err" || fail "--monitor error not named: $(cat "$tmp/err")"
+# `lathe serve --profile FILE`: a request's forward ops land in the trace written at shutdown.
+"$LATHE" serve -m "$SHARED/models/stories260K/stories260K.gguf" --port 0 -t 2 --kv-cache-memory 16M \
+  --profile "$tmp/serve_trace.json" > "$tmp/serve_out" 2> "$tmp/serve_err" &
+spid=$!
+port=""
+for _ in $(seq 100); do
+  port=$(sed -n 's|.*http://127.0.0.1:\([0-9]*\)/v1.*|\1|p' "$tmp/serve_out")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+if [ -z "$port" ]; then
+  fail "lathe serve --profile did not start: $(cat "$tmp/serve_err")"
+else
+  python3 - "$port" <<'PY' || fail "completion request to the profiled server"
+import json, sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions",
+                             data=json.dumps({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}).encode(),
+                             headers={"Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=30))
+assert r["usage"]["completion_tokens"] == 8, r
+PY
+fi
+kill -INT "$spid" 2> /dev/null
+wait "$spid" || fail "lathe serve --profile exited non-zero after SIGINT: $(cat "$tmp/serve_err")"
+grep -q "^op .*calls .*share .*GFLOP/s .*GB/s" "$tmp/serve_err" || fail "serve printed no top-ops table"
+python3 - "$tmp/serve_trace.json" <<'PY' || fails=$((fails + 1))
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+names = {e["name"] for e in ev}
+assert "pool_chunk" in names and len(names) >= 4, f"serve trace ops: {sorted(names)}"
+assert any(e["args"].get("flops", 0) > 0 for e in ev), "no op with FLOPs in the serve trace"
+print("serve trace ok:", len(ev), "events:", ", ".join(sorted(names)[:8]))
+PY
 [ "$fails" -eq 0 ] && echo "profile_test: all passed" || { echo "profile_test: $fails failed"; exit 1; }
