@@ -2,6 +2,7 @@
 #include "formats/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,6 +10,20 @@
 #include <cstring>
 
 namespace lathe::formats {
+
+Status MakeDirs(const std::string& dir) {
+  std::string cur;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+        return Status::Error(StrFormat("%s: cannot create directory: %s", cur.c_str(), std::strerror(errno)));
+      }
+    }
+    if (i < dir.size()) cur += dir[i];
+  }
+  return Status::Ok();
+}
+
 
 namespace {
 constexpr size_t kBufBytes = 1 << 20;

@@ -10,6 +10,10 @@
 
 namespace lathe::formats {
 
+// mkdir -p: creates `dir` and its missing parents (mode 0755); an existing folder is fine. Errors
+// name the component that could not be created.
+Status MakeDirs(const std::string& dir);
+
 // Not thread-safe. If Commit() is not reached (error, early return) the temp file is removed.
 class AtomicFileWriter {
  public:

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "formats/atomic_file.h"
 #include "formats/safetensors.h"
 #include "kernels/kernels.h"
 #include "model/train_model_impl.h"
@@ -16,19 +17,6 @@
 namespace lathe::model::internal {
 
 namespace {
-
-Status MakeDirs(const std::string& dir) {
-  std::string cur;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-        return Status::Error(StrFormat("%s: cannot create directory: %s", cur.c_str(), std::strerror(errno)));
-      }
-    }
-    if (i < dir.size()) cur += dir[i];
-  }
-  return Status::Ok();
-}
 
 Status WriteText(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp";
@@ -65,7 +53,7 @@ std::vector<float> TrainModelImpl::ToHfRows(const float* src, int64_t heads, int
 
 Status TrainModelImpl::SavePeftAdapter(const std::string& dir, const std::string& base_model_name) const {
   if (opt_.method != FinetuneMethod::kLora) return Status::Error("SavePeftAdapter: the model is not trained with LoRA");
-  LATHE_RETURN_IF_ERROR(MakeDirs(dir));
+  LATHE_RETURN_IF_ERROR(formats::MakeDirs(dir));
   nlohmann::json j;
   // The keys peft 0.21 writes for a plain LoRA config (see the committed lora fixture adapters).
   j["alora_invocation_tokens"] = nullptr;
@@ -144,7 +132,7 @@ Status TrainModelImpl::SavePeftAdapter(const std::string& dir, const std::string
 
 Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
   const ModelConfig& c = c_;
-  LATHE_RETURN_IF_ERROR(MakeDirs(dir));
+  LATHE_RETURN_IF_ERROR(formats::MakeDirs(dir));
   const bool qwen = c.arch == "qwen2", mistral = c.arch == "mistral";
   nlohmann::json j;
   j["architectures"] = {qwen ? "Qwen2ForCausalLM" : mistral ? "MistralForCausalLM" : "LlamaForCausalLM"};

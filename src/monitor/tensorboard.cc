@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 
+#include "formats/atomic_file.h"
 #include "monitor/tensorboard_event.pb.h"
 
 namespace lathe::monitor {
@@ -30,19 +31,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-Status MakeDirs(const std::string& dir) {
-  std::string cur;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-        return Status::Error(StrFormat("%s: cannot create directory: %s", cur.c_str(), std::strerror(errno)));
-      }
-    }
-    if (i < dir.size()) cur += dir[i];
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 uint32_t Crc32c(const void* data, size_t n) {
@@ -59,7 +47,7 @@ uint32_t MaskedCrc32c(const void* data, size_t n) {
 }
 
 Result<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(const std::string& logdir) {
-  LATHE_RETURN_IF_ERROR(MakeDirs(logdir));
+  LATHE_RETURN_IF_ERROR(formats::MakeDirs(logdir));
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
   std::unique_ptr<TensorBoardWriter> w(new TensorBoardWriter());
