@@ -94,8 +94,12 @@ TEST_P(EngineEquivalence, GreedyEqualsOneAtATime) {
   }
   EngineStats s = engine.stats();
   EXPECT_EQ(s.blocks_used, 0);  // everything freed
-  if (std::string(GetParam().name) == "tight_blocks") EXPECT_GT(s.preemptions, 0);
-  if (std::string(GetParam().name) == "roomy") EXPECT_GT(s.prefix_hits, 0);
+  if (std::string(GetParam().name) == "tight_blocks") {
+    EXPECT_GT(s.preemptions, 0);
+  }
+  if (std::string(GetParam().name) == "roomy") {
+    EXPECT_GT(s.prefix_hits, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
