@@ -38,6 +38,9 @@ struct MatMulKernels {
                 int64_t K, float* y, int64_t ldy);
   int panel_rows;  // weight rows per panel call (the kernel's register tile width)
   int tile_m;      // x rows per register tile (M blocks are rounded to a multiple of this)
+  // Largest m for which gemv on block types gives every x row bit-for-bit its m = 1 result (the
+  // batched GEMV groups x rows by this); 0 or 1 = one row per call.
+  int gemv_exact_m = 1;
 };
 
 struct KernelTable {
@@ -55,14 +58,20 @@ const KernelTable& KernelsFor(IsaTier tier);
 // The table for BestIsaTier().
 const KernelTable& Best();
 
-// y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. M < kGemvMaxM uses the GEMV kernels
+// y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. M < kGemvMaxM (float weights) or
+// M <= kGemvQuantMaxM (block-quantized weights, without exact_activations) uses the GEMV kernels
 // (int8 dot for block types), larger M — or any M with exact_activations and a block-quantized
-// weight — the dequantize-panel + FMA path. The crossover is measured (bench batch/*, 1536x576 on
-// Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32 M=4 101 vs 157 us, q4_0 179 vs
+// weight — the dequantize-panel + FMA path. Float-weight crossover, measured (bench batch/*,
+// 1536x576 on Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32 M=4 101 vs 157 us, q4_0 179 vs
 // 234 us); at M = 2 GEMV is 1.5-2x faster.
 void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
                 float* y, bool exact_activations = false);
 constexpr int64_t kGemvMaxM = 4;
+// Block-quantized weights (q8_0, q4_0, q4_1) use the int8 GEMV up to this M (batched decode):
+// weight blocks stay hot in L2 while all x rows run over them with the per-row arithmetic of M = 1
+// (MatMulKernels::gemv_exact_m rows per call), so a row's result does not depend on M. Measured (bench batch/q8_0, 1536x576, 1 thread, AVX2, Zen 3 loaded): vs the
+// panel path M=4 114 vs 182 us, M=8 206 vs 265-294, M=16 426 vs 431 (tie), M=32 972 vs 825-1000.
+constexpr int64_t kGemvQuantMaxM = 16;
 
 // kernels::Attention with one tier's Dot/Softmax/Axpy (attention.cc).
 void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int64_t q_stride, const float* k,

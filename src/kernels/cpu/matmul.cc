@@ -24,6 +24,8 @@ T* Scratch(std::vector<T>& buf, size_t n) {
 constexpr int64_t kXBlockBytes = 384 * 1024;
 // Weight rows per prefill task (several panels, so a task amortizes its x block).
 constexpr int64_t kPrefillRowsPerTask = 48;
+// Weight bytes per task of the batched GEMV (M > 1, block types): fits L2 with the x rows.
+constexpr int64_t kGemvBlockBytes = 64 * 1024;
 
 void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
   const int64_t N = w.shape[0], K = w.shape[1];
@@ -40,11 +42,33 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
     xa = xq;
     x_row_elems = (size_t)nb;
   }
+  const bool quant = IsQuantized(w.dtype);
+  if (quant && M > 1) {
+    // Batched decode: weight rows in blocks of ~kGemvBlockBytes, all x rows (gemv_exact_m per call,
+    // each with the M = 1 arithmetic) run against a block while it is hot in L2, so W streams from
+    // memory once per call. Blocks start at multiples of 4 rows (like every GEMV chunk), so each
+    // row of y is bit-identical to the same row computed alone.
+    const int64_t rows = std::max<int64_t>(4, kGemvBlockBytes / (int64_t)rb / 4 * 4);
+    const int64_t g = std::clamp<int64_t>(k.gemv_exact_m, 1, 4);  // x rows per kernel call
+    const int64_t n_blocks = (N + rows - 1) / rows;
+    pool.ParallelFor(n_blocks, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t blk = b; blk < e; ++blk) {
+        const int64_t n0 = blk * rows, nr = std::min(rows, N - n0);
+        for (int64_t m = 0; m < M; m += g) {
+          const int64_t mm = std::min(g, M - m);
+          k.gemv(w.dtype, wd + n0 * rb, rb, nr, (const BlockQ8X*)xa + m * x_row_elems, mm, K,
+                 y + m * N + n0, N);
+        }
+      }
+    });
+    return;
+  }
   // Chunks of a few rows each so 2-3 threads balance even when one is slowed by another process.
+  // A multiple of 4 rows, so the 4-row kernels see the same row groups whatever the thread count.
   const int64_t threads = pool.size();
   int64_t grain = threads == 1 ? N : (N + threads * 4 - 1) / (threads * 4);
   grain = std::max<int64_t>(grain, 16);
-  const bool quant = IsQuantized(w.dtype);
+  if (grain < N) grain = (grain + 3) / 4 * 4;
   pool.ParallelFor(N, grain, [&](int64_t b, int64_t e, int) {
     for (int64_t m0 = 0; m0 < M; m0 += 4) {
       const int64_t mm = std::min<int64_t>(4, M - m0);
@@ -105,7 +129,8 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
     return;
   }
   // The GEMV kernels quantize x to int8 for block-quantized weights; the panel path keeps f32.
-  if (M < kGemvMaxM && !(exact_activations && IsQuantized(w.dtype))) {
+  const bool quant = IsQuantized(w.dtype);
+  if (quant ? (M <= kGemvQuantMaxM && !exact_activations) : M < kGemvMaxM) {
     Gemv(k, pool, x, M, w, y);
   } else {
     Prefill(k, pool, x, M, w, y);
