@@ -1,42 +1,20 @@
 // Progress line formatting and terminal redraw.
 #include "monitor/progress.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 
 #include "core/status.h"
+#include "monitor/memory.h"  // FormatBytes
 
 namespace lathe::monitor {
-
-int64_t CurrentRssBytes() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (!f) return 0;
-  long long size = 0, resident = 0;
-  int n = std::fscanf(f, "%lld %lld", &size, &resident);
-  std::fclose(f);
-  return n == 2 ? (int64_t)resident * (int64_t)sysconf(_SC_PAGESIZE) : 0;
-}
-
-int64_t PeakRssBytes() {
-  struct rusage ru {};
-  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-  return (int64_t)ru.ru_maxrss * 1024;
-}
 
 std::string FormatDuration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   long long s = (long long)std::llround(seconds);
   return StrFormat("%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
-}
-
-std::string FormatBytes(int64_t bytes) {
-  double b = (double)bytes;
-  if (b < 1024.0 * 1024) return StrFormat("%.0f KiB", b / 1024);
-  if (b < 1024.0 * 1024 * 1024) return StrFormat("%.1f MiB", b / (1024.0 * 1024));
-  return StrFormat("%.2f GiB", b / (1024.0 * 1024 * 1024));
 }
 
 std::string FormatProgress(const ProgressState& s) {
@@ -46,7 +24,7 @@ std::string FormatProgress(const ProgressState& s) {
   line += StrFormat(" | lr %.2e | %.0f tok/s", s.lr, s.tokens_per_s);
   double eta = s.step > 0 ? s.elapsed_s / (double)s.step * (double)(s.total - s.step) : -1;
   line += " | ETA " + FormatDuration(eta);
-  line += " | RSS " + FormatBytes(s.rss_bytes);
+  line += " | RSS " + FormatBytes((double)s.rss_bytes);
   return line;
 }
 

@@ -8,15 +8,8 @@
 
 namespace lathe::monitor {
 
-// Resident set size of this process in bytes (from /proc/self/statm), 0 if unavailable.
-int64_t CurrentRssBytes();
-// Peak resident set size (getrusage ru_maxrss) in bytes.
-int64_t PeakRssBytes();
-
 // "1:02:03" for seconds >= 0 (hours unbounded), "?" for negative or non-finite.
 std::string FormatDuration(double seconds);
-// "812 KiB", "1.5 MiB", "2.00 GiB" (binary units).
-std::string FormatBytes(int64_t bytes);
 
 struct ProgressState {
   int64_t step = 0, total = 0;

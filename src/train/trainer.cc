@@ -431,7 +431,7 @@ Result<TrainSummary> Trainer::Run() {
                                 last_lr,
                                 (double)summary_.train_tokens / std::max(now - start_s_, 1e-9),
                                 now - start_s_,
-                                monitor::CurrentRssBytes()};
+                                monitor::ProcessRssBytes()};
       bar_->Update(ps, state_.global_step == total);
 
       if (state_.global_step % c.logging_steps == 0) {
