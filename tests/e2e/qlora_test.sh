@@ -4,18 +4,7 @@
 # (and what stayed, with its shape), and the adapter applies to the unquantized base in generate;
 # a quantized base with full fine-tuning is refused naming the key.
 set -uo pipefail
-LATHE="${LATHE_BIN:?}"
-SHARED="${LATHE_SHARED:?}"
-STORIES="$SHARED/models/stories260K"
-DATA="$SHARED/data/llamafactory"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-pass=0
-check() {  # check NAME COMMAND...
-  local name="$1"; shift
-  if "$@"; then pass=$((pass + 1)); else echo "FAIL: $name"; fails=$((fails + 1)); fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/train_e2e_lib.sh"
 
 cat > "$tmp/q.yaml" <<YAML
 model_name_or_path: $STORIES/stories260K.gguf

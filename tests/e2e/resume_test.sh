@@ -6,18 +6,7 @@
 # newest complete checkpoint damaged, and `resume_from_checkpoint: last` always carries on to the
 # same losses.
 set -uo pipefail
-LATHE="${LATHE_BIN:?}"
-SHARED="${LATHE_SHARED:?}"
-STORIES="$SHARED/models/stories260K"
-DATA="$SHARED/data/llamafactory"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-pass=0
-check() {  # check NAME COMMAND...
-  local name="$1"; shift
-  if "$@"; then pass=$((pass + 1)); else echo "FAIL: $name"; fails=$((fails + 1)); fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/train_e2e_lib.sh"
 
 cat > "$tmp/r.yaml" <<YAML
 model_name_or_path: $STORIES/stories260K.gguf

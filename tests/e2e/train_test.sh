@@ -4,26 +4,7 @@
 # checkpoint rotation, the JSONL log and TensorBoard events; a full fine-tune writes an HF model
 # dir `lathe generate -m DIR` loads (tokenizer copied in); bad keys and values are named.
 set -uo pipefail
-LATHE="${LATHE_BIN:?}"
-SHARED="${LATHE_SHARED:?}"
-STORIES="$SHARED/models/stories260K"
-DATA="$SHARED/data/llamafactory"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-pass=0
-check() {  # check NAME COMMAND...
-  local name="$1"; shift
-  if "$@"; then pass=$((pass + 1)); else echo "FAIL: $name"; fails=$((fails + 1)); fi
-}
-expect_error() {  # expect_error NAME PATTERN COMMAND...: fails with PATTERN in stderr
-  local name="$1" pattern="$2"; shift 2
-  if "$@" > "$tmp/out" 2> "$tmp/err"; then
-    echo "FAIL: $name (exit 0)"; fails=$((fails + 1)); return
-  fi
-  if grep -q -- "$pattern" "$tmp/err"; then pass=$((pass + 1)); else
-    echo "FAIL: $name: stderr lacks '$pattern':"; cat "$tmp/err"; fails=$((fails + 1)); fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/train_e2e_lib.sh"
 
 cat > "$tmp/lora.yaml" <<YAML
 model_name_or_path: $STORIES/stories260K.gguf
