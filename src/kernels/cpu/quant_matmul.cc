@@ -6,21 +6,17 @@
 
 #include "core/check.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/quant.h"
 
 namespace lathe::kernels::quant {
 
 namespace {
 
-template <typename T>
-T* Scratch(std::vector<T>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
-
-// Same blocking as the dense prefill path (matmul.cc): x block hot in L2, 48 rows per task.
-constexpr int64_t kXBlockBytes = 384 * 1024;
-constexpr int64_t kPrefillRowsPerTask = 48;
+// Same blocking as the dense prefill path (matmul.cc), from scratch.h.
+using cpu::kPrefillRowsPerTask;
+using cpu::kXBlockBytes;
+using cpu::Scratch;
 
 void Gemv4(const QuantKernels& qk, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
   const int64_t N = w.shape[0], K = w.shape[1], nb = K / kQuant4Block;

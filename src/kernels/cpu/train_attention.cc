@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "kernels/cpu/train_dispatch.h"
+#include "kernels/cpu/scratch.h"
 
 namespace lathe::kernels::cpu {
 
@@ -17,12 +18,6 @@ namespace {
 constexpr int64_t kQTile = 16 * kGemmTileR;  // 96 query rows per tile
 constexpr int64_t kKTile = 128;              // key rows per tile (96 x 128 scores, 48 KiB: L2)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-template <typename T>
-T* Scratch(std::vector<T>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
 
 struct Dims {
   int64_t T;

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/train_dispatch.h"
 
 namespace lathe::kernels::cpu {
@@ -19,12 +20,6 @@ namespace {
 constexpr int64_t kRowBlock = 32 * kGemmTileR;  // 192
 constexpr int64_t kColBlock = 256;              // multiple of 32 (quant blocks) and of kGemmTileC
 constexpr int64_t kInner = 256;
-
-template <typename T>
-T* Scratch(std::vector<T>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
 
 // C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
 // fill_b(l0, nl, k0, nk, tmp, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
