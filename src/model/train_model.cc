@@ -388,15 +388,18 @@ void TrainModelImpl::RmsFwd(float* out, float* rstd, const float* x, const float
 void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w,
                             const float* rstd) {
   const int64_t C = c_.dim;
-  // Per-thread dw rows (also a throwaway target when the norm is frozen).
+  // One dw row per chunk (also a throwaway target when the norm is frozen), summed in chunk order:
+  // the pool hands chunks to whichever thread claims them, so rows keyed by thread index would
+  // make dw depend on the schedule. pool-size contiguous chunks keep 1 thread's summation order.
+  const int64_t parts = pool_.size(), grain = (N_ + parts - 1) / parts;
   std::fill(normdw_.begin(), normdw_.end(), 0.0f);
-  Par(N_, 16, [&](int64_t b, int64_t e, int th) {
-    float* tdw = &normdw_[th * C];
+  Par(N_, grain, [&](int64_t b, int64_t e, int) {
+    float* tdw = &normdw_[b / grain * C];
     kernels::RmsNormBackward(dx + b * C, tdw, dout + b * C, x + b * C, w, rstd + b, e - b, C);
   });
   if (dw) {
-    for (int th = 0; th < pool_.size(); ++th)
-      for (int64_t i = 0; i < C; ++i) dw[i] += normdw_[th * C + i];
+    for (int64_t p = 0; p < parts; ++p)
+      for (int64_t i = 0; i < C; ++i) dw[i] += normdw_[p * C + i];
   }
 }
 

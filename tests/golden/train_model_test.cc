@@ -268,6 +268,55 @@ TEST(TrainModelFreeze, LastLayerTrainsWithTheFullFineTuningGradients) {
   ASSERT_TRUE(l.ok()) << l.status().message();
 }
 
+// Full fine-tuning on 2 threads must be bit-reproducible run to run: the pool hands chunks to
+// whichever thread claims them first, so any reduction keyed by the thread index (rather than by
+// the chunk) changes its summation order between runs. 3 steps of forward/backward, grad norm and
+// AdamW, 4 independent runs, every loss / grad norm / final weight compared bit for bit.
+TEST(TrainModelDeterminism, FullFineTuningOnTwoThreadsIsBitReproducible) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  // 8 x 128 random tokens: 64 chunks of 16 rows per row-parallel op, so both threads take part.
+  Batch big;
+  big.B = 8;
+  big.T = 128;
+  std::mt19937 rng(7);
+  for (int64_t i = 0; i < big.B * big.T; ++i) big.ids.push_back((int32_t)(rng() % w->config.vocab_size));
+  big.labels = big.ids;
+  ThreadPool pool(2);
+  struct Run {
+    std::vector<double> losses, norms;
+    std::vector<float> weights;
+  };
+  auto run = [&]() {
+    Run r;
+    auto m = Make(*w, pool, Full());
+    std::vector<train::ParamRef> refs;
+    for (const TrainableTensor& t : m->params()) refs.push_back({t.name, t.data, t.grad, t.n, t.decay});
+    train::AdamW adam(0.9, 0.999, 1e-8, 0.01);
+    for (int step = 0; step < 3; ++step) {
+      m->ZeroGrad();
+      auto l = m->ForwardBackward(big.View(), (double)Targets(big));
+      EXPECT_TRUE(l.ok());
+      r.losses.push_back(l.ok() ? *l : NAN);
+      r.norms.push_back(train::ClipGradNorm(refs, 1.0));
+      adam.Step(refs, 1e-3);
+    }
+    for (const TrainableTensor& t : m->params()) r.weights.insert(r.weights.end(), t.data, t.data + t.n);
+    return r;
+  };
+  const Run first = run();
+  for (int rep = 1; rep < 4; ++rep) {
+    SCOPED_TRACE(rep);
+    Run again = run();
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_EQ(again.losses[s], first.losses[s]) << "step " << s;
+      EXPECT_EQ(again.norms[s], first.norms[s]) << "step " << s;
+    }
+    ASSERT_EQ(again.weights.size(), first.weights.size());
+    EXPECT_EQ(std::memcmp(again.weights.data(), first.weights.data(), first.weights.size() * sizeof(float)), 0);
+  }
+}
+
 TEST(TrainModelErrors, BadBatchesAndOptionsAreErrorsNotCrashes) {
   auto w = LoadBase("llama_gqa_tied");
   ASSERT_TRUE(w.ok());
