@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/check.h"
+#include "core/mapped_file.h"
 #include "kernels/kernels.h"
 #include "kernels/train_ops.h"
 #include "model/train_model_impl.h"
@@ -30,8 +31,9 @@ bool IsAttn(int m) { return m <= (int)LoraModule::kO; }
 
 }  // namespace
 
-TrainModelImpl::TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options)
-    : base_(base), pool_(pool), opt_(options), c_(base.config) {}
+TrainModelImpl::TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options,
+                               bool in_place)
+    : base_(base), pool_(pool), opt_(options), in_place_(in_place), c_(base.config) {}
 
 float* TrainModelImpl::NewBuffer(int64_t n) {
   storage_.emplace_back((size_t)n, 0.0f);
@@ -61,6 +63,17 @@ float* TrainModelImpl::MasterCopy(const Tensor& t) {
     LATHE_CHECK(t.dtype == DType::kF32);
     std::memcpy(m, t.data, t.numel() * sizeof(float));
   }
+  return m;
+}
+
+float* TrainModelImpl::MasterOf(const Tensor& t) {
+  if (in_place_ && t.dtype == DType::kF32 && !InReadOnlyFileMapping(t.data, t.nbytes())) {
+    base_released_ += t.nbytes();
+    in_place_bytes_ += t.nbytes();
+    return const_cast<float*>(t.as<float>());  // CreateInPlace: the caller handed the weights over
+  }
+  float* m = MasterCopy(t);
+  base_released_ += (int64_t)DropFilePages(t.data, t.nbytes());
   return m;
 }
 
@@ -137,7 +150,7 @@ Status TrainModelImpl::Init() {
   // Embedding (first in HF's parameter order).
   embed_trainable_ = full;
   if (full) {
-    embed_master_ = MasterCopy(base_.tok_embd);
+    embed_master_ = MasterOf(base_.tok_embd);
     g_embed_ = NewBuffer(base_.tok_embd.numel());
     AddParam("model.embed_tokens.weight", {c.vocab_size, c.dim}, embed_master_, g_embed_, true);
     embed_eff_ = F32View(embed_master_, {c.vocab_size, c.dim});
@@ -161,13 +174,13 @@ Status TrainModelImpl::Init() {
       L.in = L.base.shape[1];
       std::string key = pre + (IsAttn(m) ? "self_attn." : "mlp.") + kModNames[m];
       if (train_all) {
-        L.master = MasterCopy(L.base);
+        L.master = MasterOf(L.base);
         L.grad = NewBuffer(L.out * L.in);
         AddParam(key + ".weight", {L.out, L.in}, L.master, L.grad, true);
       }
       if (bs[m] && bs[m]->data) {
         if (train_all) {
-          float* bm = MasterCopy(*bs[m]);
+          float* bm = MasterOf(*bs[m]);
           L.bias = bm;
           L.gbias = NewBuffer(L.out);
           AddParam(key + ".bias", {L.out}, bm, L.gbias, false);
@@ -200,8 +213,8 @@ Status TrainModelImpl::Init() {
       if (L.master || L.lora.on) Ly.trainable = true;
     }
     if (train_all) {
-      float* n1 = MasterCopy(W.attn_norm);
-      float* n2 = MasterCopy(W.ffn_norm);
+      float* n1 = MasterOf(W.attn_norm);
+      float* n2 = MasterOf(W.ffn_norm);
       Ly.n1 = {n1, NewBuffer(c.dim)};
       Ly.n2 = {n2, NewBuffer(c.dim)};
       AddParam(pre + "input_layernorm.weight", {c.dim}, n1, Ly.n1.g, false);
@@ -213,14 +226,14 @@ Status TrainModelImpl::Init() {
     if (Ly.trainable) lowest_trainable_layer_ = std::min(lowest_trainable_layer_, l);
   }
   if (full) {
-    float* fn = MasterCopy(base_.output_norm);
+    float* fn = MasterOf(base_.output_norm);
     final_norm_ = {fn, NewBuffer(c.dim)};
     AddParam("model.norm.weight", {c.dim}, fn, final_norm_.g, false);
     if (c.tied_embeddings) {
       head_master_ = embed_master_;
       g_head_ = g_embed_;
     } else {
-      head_master_ = MasterCopy(base_.output);
+      head_master_ = MasterOf(base_.output);
       g_head_ = NewBuffer(base_.output.numel());
       AddParam("lm_head.weight", {c.vocab_size, c.dim}, head_master_, g_head_, true);
     }
@@ -702,6 +715,13 @@ Result<std::unique_ptr<TrainModel>> TrainModel::Create(const ModelWeights& base,
   return std::unique_ptr<TrainModel>(std::move(m));
 }
 
+Result<std::unique_ptr<TrainModel>> TrainModel::CreateInPlace(ModelWeights& base, ThreadPool& pool,
+                                                              const TrainModelOptions& options) {
+  auto m = std::make_unique<internal::TrainModelImpl>(base, pool, options, /*in_place=*/true);
+  LATHE_RETURN_IF_ERROR(m->Init());
+  return std::unique_ptr<TrainModel>(std::move(m));
+}
+
 namespace internal {
 
 TrainMemory TrainModelImpl::AllocatedBytes() const {
@@ -714,7 +734,7 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
     for (const Lin& L : Ly.lin) shadows += cap(L.w16) + cap(L.lora.a16) + cap(L.lora.b16);
   shadows += cap(head16_);
   // storage_ holds the f32 masters and their gradients (NewBuffer / MasterCopy).
-  (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage - m.gradients + shadows;
+  (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage - m.gradients + shadows + in_place_bytes_;
   m.activations = cap(res_) + cap(xf_) + cap(rstdf_);
   for (const Acts& a : acts_) {
     for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})
@@ -726,6 +746,7 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
                         &normdw_, &inv_freq_, &pos_cos_, &pos_sin_, &cos_, &sin_, &xn_, &h_})
     m.temporary += cap(*v);
   m.temporary += cap(targets_);
+  m.base_released = base_released_;
   return m;
 }
 

@@ -58,7 +58,8 @@ struct Acts {
 
 class TrainModelImpl final : public TrainModel {
  public:
-  TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options);
+  TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options,
+                 bool in_place = false);
   Status Init();
 
   const ModelConfig& config() const override { return c_; }
@@ -78,6 +79,9 @@ class TrainModelImpl final : public TrainModel {
   float* NewBuffer(int64_t n);  // zeroed, stable address
   void AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad, bool decay);
   float* MasterCopy(const Tensor& t);  // f32 copy of any dtype
+  // The f32 master of a trainable base tensor: the tensor itself (in place) or a MasterCopy, after
+  // which the tensor's file pages are dropped. Counts base_released_.
+  float* MasterOf(const Tensor& t);
   Status CheckBatch(const TrainBatch& b) const;
   void Prepare(const TrainBatch& b);  // rope tables, targets, buffers, bf16 shadows
   void RefreshBf16();
@@ -100,6 +104,8 @@ class TrainModelImpl final : public TrainModel {
   const ModelWeights& base_;
   ThreadPool& pool_;
   TrainModelOptions opt_;
+  bool in_place_ = false;
+  int64_t base_released_ = 0, in_place_bytes_ = 0;
   ModelConfig c_;
   std::deque<std::vector<float>> storage_;
   std::vector<TrainableTensor> params_;

@@ -133,8 +133,28 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     add("baseline", kRuntimeOverheadBytes,
         "runtime overhead, a measured constant (thread arenas, code pages of the loop, per-step buffers)");
   }
+  // Full / freeze: a trainable tensor's f32 master is the only copy the model reads; the base
+  // tensor's pages are dropped once it is copied (file-backed base) or it is trained in place.
+  const int64_t bias_params = c.qkv_bias ? qd + 2 * kvd : 0;
+  const int64_t base_trainable = s.method == "full"     ? P
+                                 : s.method == "freeze" ? std::min(s.freeze_trainable_layers, L) *
+                                                              (LinearParamsPerLayer(c) + 2 * dim + bias_params)
+                                                        : 0;
   if (s.base_weight_bytes > 0) {
-    add("weights", s.base_weight_bytes, "base weights as loaded (stored dtypes, read in place)");
+    const double released = s.base_released_bytes >= 0 ? s.base_released_bytes
+                                                       : s.base_weight_bytes * base_trainable / (double)P;
+    if (released > 0) {
+      add("weights", s.base_weight_bytes - released,
+          StrFormat("base weights as loaded (stored dtypes, read in place) minus %.0f B of trainable tensors "
+                    "(pages dropped after their f32 copy, or trained in place)",
+                    released));
+    } else {
+      add("weights", s.base_weight_bytes, "base weights as loaded (stored dtypes, read in place)");
+    }
+  } else if (base_trainable > 0) {
+    add("weights", (P - base_trainable) * (bf16 ? 2.0 : 4.0),
+        StrFormat("%lld frozen base params x %d B (the %lld trainable ones live only as f32 masters)",
+                  (long long)(P - base_trainable), bf16 ? 2 : 4, (long long)base_trainable));
   } else if (s.base_quant != "none" && lora) {
     // lathe's packed layouts (core/dtype.h PackedQuantLayout: header, codes, constants, alignment).
     const DType t = s.base_quant == "int8" ? DType::kI8Row : s.base_quant == "nf4" ? DType::kNF4 : DType::kNF4DQ;
