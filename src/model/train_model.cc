@@ -2,6 +2,8 @@
 // hand-written backward over the kernels of kernels/train_ops.h. Saving is in train_model_save.cc.
 #include "model/train_model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,6 +40,28 @@ TrainModelImpl::TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const
 float* TrainModelImpl::NewBuffer(int64_t n) {
   storage_.emplace_back((size_t)n, 0.0f);
   return storage_.back().data();
+}
+
+GradBuffer::GradBuffer(int64_t n) : bytes_((size_t)n * sizeof(float)) {
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  LATHE_CHECK(p != MAP_FAILED);
+  p_ = (float*)p;
+}
+
+GradBuffer::~GradBuffer() { munmap(p_, bytes_); }
+
+void GradBuffer::Zero() { LATHE_CHECK(madvise(p_, bytes_, MADV_DONTNEED) == 0); }
+
+float* TrainModelImpl::NewGrad(int64_t n) {
+  grads_.emplace_back(n);
+  return grads_.back().data();
+}
+
+// Hands a buffer's whole pages back to the OS (anonymous memory: they read as zero next time);
+// for saved activations whose backward is done, rewritten by the next forward.
+static void DropPages(float* p, int64_t n) {
+  const uintptr_t page = 4096, b = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)(p + n)) & ~(page - 1);
+  if (e > b) madvise((void*)b, e - b, MADV_DONTNEED);
 }
 
 void TrainModelImpl::AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad,
@@ -151,7 +175,7 @@ Status TrainModelImpl::Init() {
   embed_trainable_ = full;
   if (full) {
     embed_master_ = MasterOf(base_.tok_embd);
-    g_embed_ = NewBuffer(base_.tok_embd.numel());
+    g_embed_ = NewGrad(base_.tok_embd.numel());
     AddParam("model.embed_tokens.weight", {c.vocab_size, c.dim}, embed_master_, g_embed_, true);
     embed_eff_ = F32View(embed_master_, {c.vocab_size, c.dim});
   } else {
@@ -175,14 +199,14 @@ Status TrainModelImpl::Init() {
       std::string key = pre + (IsAttn(m) ? "self_attn." : "mlp.") + kModNames[m];
       if (train_all) {
         L.master = MasterOf(L.base);
-        L.grad = NewBuffer(L.out * L.in);
+        L.grad = NewGrad(L.out * L.in);
         AddParam(key + ".weight", {L.out, L.in}, L.master, L.grad, true);
       }
       if (bs[m] && bs[m]->data) {
         if (train_all) {
           float* bm = MasterOf(*bs[m]);
           L.bias = bm;
-          L.gbias = NewBuffer(L.out);
+          L.gbias = NewGrad(L.out);
           AddParam(key + ".bias", {L.out}, bm, L.gbias, false);
         } else {
           L.bias = bs[m]->as<float>();
@@ -197,8 +221,8 @@ Status TrainModelImpl::Init() {
         p.scale = lora_scale;
         p.a = NewBuffer(p.r * p.in);
         p.b = NewBuffer(p.out * p.r);
-        p.ga = NewBuffer(p.r * p.in);
-        p.gb = NewBuffer(p.out * p.r);
+        p.ga = NewGrad(p.r * p.in);
+        p.gb = NewGrad(p.out * p.r);
         // PEFT: kaiming_uniform_(a=sqrt(5)) on A (r, in) = U(-1/sqrt(in), 1/sqrt(in)); B = 0.
         const double bound = 1.0 / std::sqrt((double)p.in);
         for (int64_t i = 0; i < p.r * p.in; ++i) {
@@ -215,8 +239,8 @@ Status TrainModelImpl::Init() {
     if (train_all) {
       float* n1 = MasterOf(W.attn_norm);
       float* n2 = MasterOf(W.ffn_norm);
-      Ly.n1 = {n1, NewBuffer(c.dim)};
-      Ly.n2 = {n2, NewBuffer(c.dim)};
+      Ly.n1 = {n1, NewGrad(c.dim)};
+      Ly.n2 = {n2, NewGrad(c.dim)};
       AddParam(pre + "input_layernorm.weight", {c.dim}, n1, Ly.n1.g, false);
       AddParam(pre + "post_attention_layernorm.weight", {c.dim}, n2, Ly.n2.g, false);
     } else {
@@ -227,14 +251,14 @@ Status TrainModelImpl::Init() {
   }
   if (full) {
     float* fn = MasterOf(base_.output_norm);
-    final_norm_ = {fn, NewBuffer(c.dim)};
+    final_norm_ = {fn, NewGrad(c.dim)};
     AddParam("model.norm.weight", {c.dim}, fn, final_norm_.g, false);
     if (c.tied_embeddings) {
       head_master_ = embed_master_;
       g_head_ = g_embed_;
     } else {
       head_master_ = MasterOf(base_.output);
-      g_head_ = NewBuffer(base_.output.numel());
+      g_head_ = NewGrad(base_.output.numel());
       AddParam("lm_head.weight", {c.vocab_size, c.dim}, head_master_, g_head_, true);
     }
     head_eff_ = F32View(head_master_, {c.vocab_size, c.dim});
@@ -265,7 +289,7 @@ Status TrainModelImpl::Init() {
 }
 
 void TrainModelImpl::ZeroGrad() {
-  for (const TrainableTensor& t : params_) std::memset(t.grad, 0, t.n * sizeof(float));
+  for (GradBuffer& g : grads_) g.Zero();
 }
 
 Status TrainModelImpl::CheckBatch(const TrainBatch& b) const {
@@ -662,6 +686,12 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
       BlockForward(l, &res_[l * N * dim], ckpt_out_.data(), *a, true);
     }
     BlockBackward(l, *a, dres_.data(), l > lowest_trainable_layer_ || embed_trainable_);
+    if (opt_.method != FinetuneMethod::kLora && !opt_.gradient_checkpointing) {
+      // Full / freeze: this layer's saved tensors and its output are dead; giving their pages back
+      // makes room for the gradients the remaining layers write (the forward faults them in again).
+      for (auto* v : {&a->q, &a->k, &a->v, &a->att, &a->xmid, &a->gate, &a->up}) DropPages(v->data(), (int64_t)v->size());
+      DropPages(&res_[(l + 1) * N * dim], N * dim);
+    }
   }
   if (g_embed_) {
     kernels::EmbeddingBackward(g_embed_, dres_.data(), ids_, N, dim);
@@ -733,8 +763,8 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   for (const Layer& Ly : layers_)
     for (const Lin& L : Ly.lin) shadows += cap(L.w16) + cap(L.lora.a16) + cap(L.lora.b16);
   shadows += cap(head16_);
-  // storage_ holds the f32 masters and their gradients (NewBuffer / MasterCopy).
-  (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage - m.gradients + shadows + in_place_bytes_;
+  // storage_ holds the f32 masters (MasterCopy, LoRA A/B), grads_ the gradients.
+  (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage + shadows + in_place_bytes_;
   m.activations = cap(res_) + cap(xf_) + cap(rstdf_);
   for (const Acts& a : acts_) {
     for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})
