@@ -203,6 +203,20 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       StrFormat("%.0f tokens x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
                 "2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
                 N, (long long)L, sets, r ? " + 7 r" : ""));
+  if (!lora && !s.grad_checkpointing) {
+    // Full / freeze: gradients are paged in as the backward writes them (ZeroGrad hands their pages
+    // back) and each trained layer's saved tensors (q, k, v, att, xmid, gate, up and its output in
+    // the residual stream) are dropped once its backward is done. Going down the layers one set
+    // shrinks as the other grows, so the peak is at one end: all those activations or all those
+    // gradients, never both.
+    const int64_t layers = s.method == "full" ? L : std::min(s.freeze_trainable_layers, L);
+    const double dropped = 4 * N * layers * (2.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn);
+    const double layer_grads = 4.0 * layers * (LinearParamsPerLayer(c) + 2 * dim + bias);
+    add("overlap", -std::min(dropped, layer_grads),
+        StrFormat("-min(dropped activations %.0f B, layer gradients %.0f B): saved tensors of %lld trained layers "
+                  "are handed back as the backward writes those layers' gradients",
+                  dropped, layer_grads, (long long)layers));
+  }
   // Backward scratch of one block and the matmul input roundings (bf16) / LoRA buffers.
   int64_t max_in = 0, max_out = 0;
   for (const auto& l : Linears(c)) {

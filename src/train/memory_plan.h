@@ -58,7 +58,8 @@ struct InferSetup {
 };
 
 struct PlanLine {
-  std::string category;  // weights | lora | gradients | optimizer | activations | temporary | kv_cache
+  std::string category;  // weights | lora | gradients | optimizer | activations | overlap (<= 0: bytes of
+                         // two lines never resident together) | temporary | kv_cache | baseline
   std::string where;     // device | host
   double bytes = 0;
   std::string formula;   // how the number was computed, in words and symbols
