@@ -247,13 +247,17 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                 per_thread / 1024));
   // Saving keeps a whole copy of what is written: the model in the saved dtype (full / freeze,
   // plus one f32 tensor being rounded under bf16), the adapter in f32 (LoRA).
+  const double save = lora ? trainable * 4.0 : P * (bf16 ? 2.0 : 4.0) + (bf16 ? 4.0 * V * dim : 0);
   if (lora) {
-    add("temporary", trainable * 4.0, "while saving: the adapter's tensors in f32");
+    add("temporary", save, "while saving: the adapter's tensors in f32");
   } else {
-    add("temporary", P * (bf16 ? 2.0 : 4.0) + (bf16 ? 4.0 * V * dim : 0),
+    add("temporary", save,
         StrFormat("while saving: %lld params x %d B%s", (long long)P, bf16 ? 2 : 4,
                   bf16 ? " + the embedding in f32 while it is rounded" : ""));
   }
+  // The trainer saves after ZeroGrad, which handed the gradients' pages back.
+  add("overlap", -std::min(save, trainable * 4.0),
+      "-min(save copy, gradients): saving happens after ZeroGrad has handed the gradient pages back");
   return p;
 }
 
