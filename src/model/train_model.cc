@@ -283,7 +283,9 @@ Status TrainModelImpl::Init() {
       pos_cos_[p * half + i] = (float)std::cos((double)angle);
       pos_sin_[p * half + i] = (float)std::sin((double)angle);
     }
-  acts_.resize(opt_.gradient_checkpointing ? 1 : c.n_layers);
+  // Layers below the lowest trainable one have no backward: their forward borrows set 0, which
+  // that layer's own forward then overwrites.
+  acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c.n_layers - lowest_trainable_layer_, 1));
   normdw_.resize((size_t)pool_.size() * c.dim);
   return Status::Ok();
 }
@@ -586,7 +588,7 @@ void TrainModelImpl::Forward(const TrainBatch& b, bool train) {
   }
   (void)b;
   for (int64_t l = 0; l < c_.n_layers; ++l) {
-    Acts& a = acts_[opt_.gradient_checkpointing ? 0 : l];
+    Acts& a = acts_[opt_.gradient_checkpointing ? 0 : std::max<int64_t>(l - lowest_trainable_layer_, 0)];
     BlockForward(l, &res_[l * N * dim], &res_[(l + 1) * N * dim], a, train);
   }
   RmsFwd(xf_.data(), rstdf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w);
@@ -679,7 +681,7 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
   dres_.resize(N * dim);
   RmsBwd(dres_.data(), final_norm_.g, dxf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w, rstdf_.data());
   for (int64_t l = c_.n_layers - 1; l >= lowest_trainable_layer_; --l) {
-    Acts* a = &acts_[opt_.gradient_checkpointing ? 0 : l];
+    Acts* a = &acts_[opt_.gradient_checkpointing ? 0 : l - lowest_trainable_layer_];
     if (opt_.gradient_checkpointing) {
       // Recompute the block from its saved input; its output (already in res_) goes to scratch.
       ckpt_out_.resize(N * dim);

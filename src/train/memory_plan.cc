@@ -198,7 +198,10 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // the mid-block residual, SwiGLU's gate and up, LoRA's x A^T for every module kind. The normed
   // inputs and the SwiGLU product are recomputed in the backward (one shared buffer each).
   const double per_set = 1.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn + 2 + c.n_heads + 7.0 * r;
-  const double sets = s.grad_checkpointing ? 1 : (double)L;
+  // Freeze: layers below the trained ones have no backward and save nothing.
+  const double sets = s.grad_checkpointing     ? 1
+                      : s.method == "freeze" ? (double)std::min(s.freeze_trainable_layers, L)
+                                             : (double)L;
   add("activations", 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
       StrFormat("%.0f tokens x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
                 "2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
