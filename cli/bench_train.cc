@@ -126,14 +126,17 @@ double AttentionFlopsPerToken(const model::ModelConfig& c, int64_t T) {
 }
 
 // The child: builds the model, runs warmup + steps, prints "RESULT tokens_per_s step_s rss_kb loss".
-int RunChild(const model::ModelWeights& w, const RowSpec& row, int threads, int64_t B, int64_t T, int steps) {
+// The child owns its weights and hands them over: full fine-tuning trains the f32 tensors in place
+// (as PyTorch does with its parameters); a file-mapped model's trained tensors are copied to f32
+// masters and their file pages dropped, as `lathe train` does.
+int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B, int64_t T, int steps) {
   ThreadPool pool(threads);
   model::TrainModelOptions o;
   o.method = row.lora ? model::FinetuneMethod::kLora : model::FinetuneMethod::kFull;
   o.lora_rank = 16;
   o.lora_alpha = 32;
   o.bf16 = row.bf16;
-  auto m = model::TrainModel::Create(w, pool, o);
+  auto m = model::TrainModel::CreateInPlace(w, pool, o);
   if (!m.ok()) return Fail("bench train", m.status());
   std::vector<train::ParamRef> refs;
   for (const auto& p : (*m)->params()) refs.push_back({p.name, p.data, p.grad, p.n, p.decay});
@@ -247,7 +250,7 @@ int RunBenchTrain(int argc, char** argv) {
   if (args.Has("child")) {
     auto ws = load();
     if (!ws.ok()) return Fail("bench train", ws.status());
-    const model::ModelWeights& w = ws->first ? ws->first->weights : *ws->second;
+    model::ModelWeights& w = ws->first ? ws->first->weights : *ws->second;
     if (*seq > w.config.max_seq_len) {
       return Fail("bench train", Status::Error("--seq " + std::to_string(*seq) + " exceeds the model's max_seq_len " +
                                                std::to_string(w.config.max_seq_len)));

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -44,6 +45,30 @@ Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
 
 MappedFile::~MappedFile() {
   if (data_) munmap((void*)data_, size_);
+}
+
+bool InReadOnlyFileMapping(const void* p, size_t n) {
+  if (!p || n == 0) return false;
+  std::ifstream maps("/proc/self/maps");
+  const uintptr_t b = (uintptr_t)p, e = b + n;
+  std::string line;
+  while (std::getline(maps, line)) {
+    // "start-end perms offset dev inode   path": anonymous mappings have inode 0 and no path.
+    unsigned long lo = 0, hi = 0, inode = 0;
+    char perms[8] = {}, dev[32] = {};
+    unsigned long long offset = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %llx %31s %lu", &lo, &hi, perms, &offset, dev, &inode) != 6) continue;
+    if (b < lo || b >= hi) continue;
+    return e <= hi && perms[1] != 'w' && inode != 0;
+  }
+  return false;
+}
+
+size_t DropFilePages(const void* p, size_t n) {
+  if (!InReadOnlyFileMapping(p, n)) return 0;
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t b = (uintptr_t)p & ~(page - 1), e = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+  return madvise((void*)b, e - b, MADV_DONTNEED) == 0 ? n : 0;
 }
 
 Result<std::string> ReadFileToString(const std::string& path) {

@@ -28,6 +28,15 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// True when [p, p + n) lies inside one read-only file mapping of this process (a MappedFile):
+// its pages hold nothing but the file's bytes, so dropping them loses nothing. Reads
+// /proc/self/maps (Linux); false elsewhere or for anonymous / writable memory.
+bool InReadOnlyFileMapping(const void* p, size_t n);
+// Drops the pages of [p, p + n) (rounded out to whole pages) from this process's resident memory
+// when the range is InReadOnlyFileMapping: the next read faults them back in from the file, with
+// the same bytes. Returns n when dropped, 0 when the range is not such a mapping (left alone).
+size_t DropFilePages(const void* p, size_t n);
+
 // Reads a whole file into a string (for small text files: JSON, YAML, templates).
 Result<std::string> ReadFileToString(const std::string& path);
 

@@ -2,12 +2,15 @@
 // hand-written backward over the kernels of kernels/train_ops.h. Saving is in train_model_save.cc.
 #include "model/train_model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "core/check.h"
+#include "core/mapped_file.h"
 #include "kernels/kernels.h"
 #include "kernels/train_ops.h"
 #include "model/train_model_impl.h"
@@ -30,12 +33,35 @@ bool IsAttn(int m) { return m <= (int)LoraModule::kO; }
 
 }  // namespace
 
-TrainModelImpl::TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options)
-    : base_(base), pool_(pool), opt_(options), c_(base.config) {}
+TrainModelImpl::TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options,
+                               bool in_place)
+    : base_(base), pool_(pool), opt_(options), in_place_(in_place), c_(base.config) {}
 
 float* TrainModelImpl::NewBuffer(int64_t n) {
   storage_.emplace_back((size_t)n, 0.0f);
   return storage_.back().data();
+}
+
+GradBuffer::GradBuffer(int64_t n) : bytes_((size_t)n * sizeof(float)) {
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  LATHE_CHECK(p != MAP_FAILED);
+  p_ = (float*)p;
+}
+
+GradBuffer::~GradBuffer() { munmap(p_, bytes_); }
+
+void GradBuffer::Zero() { LATHE_CHECK(madvise(p_, bytes_, MADV_DONTNEED) == 0); }
+
+float* TrainModelImpl::NewGrad(int64_t n) {
+  grads_.emplace_back(n);
+  return grads_.back().data();
+}
+
+// Hands a buffer's whole pages back to the OS (anonymous memory: they read as zero next time);
+// for saved activations whose backward is done, rewritten by the next forward.
+static void DropPages(float* p, int64_t n) {
+  const uintptr_t page = 4096, b = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)(p + n)) & ~(page - 1);
+  if (e > b) madvise((void*)b, e - b, MADV_DONTNEED);
 }
 
 void TrainModelImpl::AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad,
@@ -61,6 +87,17 @@ float* TrainModelImpl::MasterCopy(const Tensor& t) {
     LATHE_CHECK(t.dtype == DType::kF32);
     std::memcpy(m, t.data, t.numel() * sizeof(float));
   }
+  return m;
+}
+
+float* TrainModelImpl::MasterOf(const Tensor& t) {
+  if (in_place_ && t.dtype == DType::kF32 && !InReadOnlyFileMapping(t.data, t.nbytes())) {
+    base_released_ += t.nbytes();
+    in_place_bytes_ += t.nbytes();
+    return const_cast<float*>(t.as<float>());  // CreateInPlace: the caller handed the weights over
+  }
+  float* m = MasterCopy(t);
+  base_released_ += (int64_t)DropFilePages(t.data, t.nbytes());
   return m;
 }
 
@@ -137,8 +174,8 @@ Status TrainModelImpl::Init() {
   // Embedding (first in HF's parameter order).
   embed_trainable_ = full;
   if (full) {
-    embed_master_ = MasterCopy(base_.tok_embd);
-    g_embed_ = NewBuffer(base_.tok_embd.numel());
+    embed_master_ = MasterOf(base_.tok_embd);
+    g_embed_ = NewGrad(base_.tok_embd.numel());
     AddParam("model.embed_tokens.weight", {c.vocab_size, c.dim}, embed_master_, g_embed_, true);
     embed_eff_ = F32View(embed_master_, {c.vocab_size, c.dim});
   } else {
@@ -161,15 +198,15 @@ Status TrainModelImpl::Init() {
       L.in = L.base.shape[1];
       std::string key = pre + (IsAttn(m) ? "self_attn." : "mlp.") + kModNames[m];
       if (train_all) {
-        L.master = MasterCopy(L.base);
-        L.grad = NewBuffer(L.out * L.in);
+        L.master = MasterOf(L.base);
+        L.grad = NewGrad(L.out * L.in);
         AddParam(key + ".weight", {L.out, L.in}, L.master, L.grad, true);
       }
       if (bs[m] && bs[m]->data) {
         if (train_all) {
-          float* bm = MasterCopy(*bs[m]);
+          float* bm = MasterOf(*bs[m]);
           L.bias = bm;
-          L.gbias = NewBuffer(L.out);
+          L.gbias = NewGrad(L.out);
           AddParam(key + ".bias", {L.out}, bm, L.gbias, false);
         } else {
           L.bias = bs[m]->as<float>();
@@ -184,8 +221,8 @@ Status TrainModelImpl::Init() {
         p.scale = lora_scale;
         p.a = NewBuffer(p.r * p.in);
         p.b = NewBuffer(p.out * p.r);
-        p.ga = NewBuffer(p.r * p.in);
-        p.gb = NewBuffer(p.out * p.r);
+        p.ga = NewGrad(p.r * p.in);
+        p.gb = NewGrad(p.out * p.r);
         // PEFT: kaiming_uniform_(a=sqrt(5)) on A (r, in) = U(-1/sqrt(in), 1/sqrt(in)); B = 0.
         const double bound = 1.0 / std::sqrt((double)p.in);
         for (int64_t i = 0; i < p.r * p.in; ++i) {
@@ -200,10 +237,10 @@ Status TrainModelImpl::Init() {
       if (L.master || L.lora.on) Ly.trainable = true;
     }
     if (train_all) {
-      float* n1 = MasterCopy(W.attn_norm);
-      float* n2 = MasterCopy(W.ffn_norm);
-      Ly.n1 = {n1, NewBuffer(c.dim)};
-      Ly.n2 = {n2, NewBuffer(c.dim)};
+      float* n1 = MasterOf(W.attn_norm);
+      float* n2 = MasterOf(W.ffn_norm);
+      Ly.n1 = {n1, NewGrad(c.dim)};
+      Ly.n2 = {n2, NewGrad(c.dim)};
       AddParam(pre + "input_layernorm.weight", {c.dim}, n1, Ly.n1.g, false);
       AddParam(pre + "post_attention_layernorm.weight", {c.dim}, n2, Ly.n2.g, false);
     } else {
@@ -213,15 +250,15 @@ Status TrainModelImpl::Init() {
     if (Ly.trainable) lowest_trainable_layer_ = std::min(lowest_trainable_layer_, l);
   }
   if (full) {
-    float* fn = MasterCopy(base_.output_norm);
-    final_norm_ = {fn, NewBuffer(c.dim)};
+    float* fn = MasterOf(base_.output_norm);
+    final_norm_ = {fn, NewGrad(c.dim)};
     AddParam("model.norm.weight", {c.dim}, fn, final_norm_.g, false);
     if (c.tied_embeddings) {
       head_master_ = embed_master_;
       g_head_ = g_embed_;
     } else {
-      head_master_ = MasterCopy(base_.output);
-      g_head_ = NewBuffer(base_.output.numel());
+      head_master_ = MasterOf(base_.output);
+      g_head_ = NewGrad(base_.output.numel());
       AddParam("lm_head.weight", {c.vocab_size, c.dim}, head_master_, g_head_, true);
     }
     head_eff_ = F32View(head_master_, {c.vocab_size, c.dim});
@@ -246,13 +283,15 @@ Status TrainModelImpl::Init() {
       pos_cos_[p * half + i] = (float)std::cos((double)angle);
       pos_sin_[p * half + i] = (float)std::sin((double)angle);
     }
-  acts_.resize(opt_.gradient_checkpointing ? 1 : c.n_layers);
+  // Layers below the lowest trainable one have no backward: their forward borrows set 0, which
+  // that layer's own forward then overwrites.
+  acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c.n_layers - lowest_trainable_layer_, 1));
   normdw_.resize((size_t)pool_.size() * c.dim);
   return Status::Ok();
 }
 
 void TrainModelImpl::ZeroGrad() {
-  for (const TrainableTensor& t : params_) std::memset(t.grad, 0, t.n * sizeof(float));
+  for (GradBuffer& g : grads_) g.Zero();
 }
 
 Status TrainModelImpl::CheckBatch(const TrainBatch& b) const {
@@ -388,15 +427,18 @@ void TrainModelImpl::RmsFwd(float* out, float* rstd, const float* x, const float
 void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w,
                             const float* rstd) {
   const int64_t C = c_.dim;
-  // Per-thread dw rows (also a throwaway target when the norm is frozen).
+  // One dw row per chunk (also a throwaway target when the norm is frozen), summed in chunk order:
+  // the pool hands chunks to whichever thread claims them, so rows keyed by thread index would
+  // make dw depend on the schedule. pool-size contiguous chunks keep 1 thread's summation order.
+  const int64_t parts = pool_.size(), grain = (N_ + parts - 1) / parts;
   std::fill(normdw_.begin(), normdw_.end(), 0.0f);
-  Par(N_, 16, [&](int64_t b, int64_t e, int th) {
-    float* tdw = &normdw_[th * C];
+  Par(N_, grain, [&](int64_t b, int64_t e, int) {
+    float* tdw = &normdw_[b / grain * C];
     kernels::RmsNormBackward(dx + b * C, tdw, dout + b * C, x + b * C, w, rstd + b, e - b, C);
   });
   if (dw) {
-    for (int th = 0; th < pool_.size(); ++th)
-      for (int64_t i = 0; i < C; ++i) dw[i] += normdw_[th * C + i];
+    for (int64_t p = 0; p < parts; ++p)
+      for (int64_t i = 0; i < C; ++i) dw[i] += normdw_[p * C + i];
   }
 }
 
@@ -546,7 +588,7 @@ void TrainModelImpl::Forward(const TrainBatch& b, bool train) {
   }
   (void)b;
   for (int64_t l = 0; l < c_.n_layers; ++l) {
-    Acts& a = acts_[opt_.gradient_checkpointing ? 0 : l];
+    Acts& a = acts_[opt_.gradient_checkpointing ? 0 : std::max<int64_t>(l - lowest_trainable_layer_, 0)];
     BlockForward(l, &res_[l * N * dim], &res_[(l + 1) * N * dim], a, train);
   }
   RmsFwd(xf_.data(), rstdf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w);
@@ -639,13 +681,19 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
   dres_.resize(N * dim);
   RmsBwd(dres_.data(), final_norm_.g, dxf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w, rstdf_.data());
   for (int64_t l = c_.n_layers - 1; l >= lowest_trainable_layer_; --l) {
-    Acts* a = &acts_[opt_.gradient_checkpointing ? 0 : l];
+    Acts* a = &acts_[opt_.gradient_checkpointing ? 0 : l - lowest_trainable_layer_];
     if (opt_.gradient_checkpointing) {
       // Recompute the block from its saved input; its output (already in res_) goes to scratch.
       ckpt_out_.resize(N * dim);
       BlockForward(l, &res_[l * N * dim], ckpt_out_.data(), *a, true);
     }
     BlockBackward(l, *a, dres_.data(), l > lowest_trainable_layer_ || embed_trainable_);
+    if (opt_.method != FinetuneMethod::kLora && !opt_.gradient_checkpointing) {
+      // Full / freeze: this layer's saved tensors and its output are dead; giving their pages back
+      // makes room for the gradients the remaining layers write (the forward faults them in again).
+      for (auto* v : {&a->q, &a->k, &a->v, &a->att, &a->xmid, &a->gate, &a->up}) DropPages(v->data(), (int64_t)v->size());
+      DropPages(&res_[(l + 1) * N * dim], N * dim);
+    }
   }
   if (g_embed_) {
     kernels::EmbeddingBackward(g_embed_, dres_.data(), ids_, N, dim);
@@ -699,6 +747,13 @@ Result<std::unique_ptr<TrainModel>> TrainModel::Create(const ModelWeights& base,
   return std::unique_ptr<TrainModel>(std::move(m));
 }
 
+Result<std::unique_ptr<TrainModel>> TrainModel::CreateInPlace(ModelWeights& base, ThreadPool& pool,
+                                                              const TrainModelOptions& options) {
+  auto m = std::make_unique<internal::TrainModelImpl>(base, pool, options, /*in_place=*/true);
+  LATHE_RETURN_IF_ERROR(m->Init());
+  return std::unique_ptr<TrainModel>(std::move(m));
+}
+
 namespace internal {
 
 TrainMemory TrainModelImpl::AllocatedBytes() const {
@@ -710,8 +765,8 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   for (const Layer& Ly : layers_)
     for (const Lin& L : Ly.lin) shadows += cap(L.w16) + cap(L.lora.a16) + cap(L.lora.b16);
   shadows += cap(head16_);
-  // storage_ holds the f32 masters and their gradients (NewBuffer / MasterCopy).
-  (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage - m.gradients + shadows;
+  // storage_ holds the f32 masters (MasterCopy, LoRA A/B), grads_ the gradients.
+  (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage + shadows + in_place_bytes_;
   m.activations = cap(res_) + cap(xf_) + cap(rstdf_);
   for (const Acts& a : acts_) {
     for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})
@@ -723,6 +778,7 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
                         &normdw_, &inv_freq_, &pos_cos_, &pos_sin_, &cos_, &sin_, &xn_, &h_})
     m.temporary += cap(*v);
   m.temporary += cap(targets_);
+  m.base_released = base_released_;
   return m;
 }
 

@@ -4,9 +4,11 @@
 // block input under gradient checkpointing) and the backward is written out by hand.
 //
 // Contract shared by the model (model/train_model.cc) and the trainer (train/trainer.cc):
-// - Base weights stay in the dtype they were loaded in and are never written; trainable tensors
-//   (LoRA A/B, or the dequantized f32 copies of full/freeze parameters) are f32 master copies owned
-//   here, each with an f32 gradient of the same size.
+// - Frozen base weights stay in the dtype they were loaded in and are never written; trainable
+//   tensors (LoRA A/B, or the f32 masters of full/freeze parameters) each have an f32 gradient of
+//   the same size. A full/freeze master is the only f32 copy the model reads: Create makes it and
+//   drops the base tensor's pages when they are a read-only file mapping (they stay valid, re-read
+//   from the file on access); CreateInPlace trains writable f32 base tensors themselves.
 // - Labels are aligned with input_ids as in Hugging Face (not shifted): token t's hidden state
 //   predicts labels[t + 1]; labels equal to kernels::kIgnoreLabel (-100) take no loss. The last
 //   token of a row, and with segment_ids the last token of each segment, predicts nothing (as HF's
@@ -64,11 +66,16 @@ struct TrainModelOptions {
 };
 
 // Bytes the model holds now, by memory-plan category (vector capacities; base weights excluded:
-// they belong to the ModelWeights). weights: f32 masters + bf16 shadows of full/freeze params;
+// they belong to the ModelWeights). weights: f32 masters (in place ones too) + bf16 shadows of
+// full/freeze params;
 // lora: A/B masters + shadows; activations: the residual stream and saved per-layer tensors;
 // temporary: backward scratch, RoPE tables, targets.
+// base_released: bytes of the base weights (as stored) to take off the base's count: trainable
+// tensors whose file pages were dropped after their f32 copy, and those trained in place (counted
+// in weights instead, as the masters they are).
 struct TrainMemory {
   int64_t weights = 0, lora = 0, gradients = 0, activations = 0, temporary = 0;
+  int64_t base_released = 0;
 };
 
 // One micro-batch: B rows of T tokens (row-major), padded rows use label -100 beyond their end.
@@ -97,6 +104,11 @@ class TrainModel {
   // REQUIRES: base outlives the model. Errors name the option (e.g. a LoRA target the model lacks).
   static Result<std::unique_ptr<TrainModel>> Create(const ModelWeights& base, ThreadPool& pool,
                                                     const TrainModelOptions& options);
+  // As Create, but full/freeze train every f32 base tensor that is not in a read-only file mapping
+  // in place (params() data points into `base`, no copy): base's trainable tensors then hold the
+  // trained values. For callers that hand the weights over (the training bench).
+  static Result<std::unique_ptr<TrainModel>> CreateInPlace(ModelWeights& base, ThreadPool& pool,
+                                                           const TrainModelOptions& options);
   virtual ~TrainModel() = default;
 
   virtual const ModelConfig& config() const = 0;

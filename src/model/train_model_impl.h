@@ -56,9 +56,28 @@ struct Acts {
   std::array<std::vector<float>, kMods> mid;  // LoRA x A^T, (N, r)
 };
 
+// Gradient storage: anonymous mmapped pages. Zero() hands them back to the OS (they read as zero
+// until written again), so between steps and during the forward no full/freeze gradient is
+// resident; the backward brings each tensor's pages in as it writes them (as PyTorch's
+// zero_grad(set_to_none=True) frees its .grad tensors).
+class GradBuffer {
+ public:
+  explicit GradBuffer(int64_t n);
+  ~GradBuffer();
+  GradBuffer(const GradBuffer&) = delete;
+  GradBuffer& operator=(const GradBuffer&) = delete;
+  float* data() const { return p_; }
+  void Zero();
+
+ private:
+  float* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 class TrainModelImpl final : public TrainModel {
  public:
-  TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options);
+  TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options,
+                 bool in_place = false);
   Status Init();
 
   const ModelConfig& config() const override { return c_; }
@@ -76,8 +95,12 @@ class TrainModelImpl final : public TrainModel {
 
  private:
   float* NewBuffer(int64_t n);  // zeroed, stable address
+  float* NewGrad(int64_t n);    // a GradBuffer
   void AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad, bool decay);
   float* MasterCopy(const Tensor& t);  // f32 copy of any dtype
+  // The f32 master of a trainable base tensor: the tensor itself (in place) or a MasterCopy, after
+  // which the tensor's file pages are dropped. Counts base_released_.
+  float* MasterOf(const Tensor& t);
   Status CheckBatch(const TrainBatch& b) const;
   void Prepare(const TrainBatch& b);  // rope tables, targets, buffers, bf16 shadows
   void RefreshBf16();
@@ -100,8 +123,11 @@ class TrainModelImpl final : public TrainModel {
   const ModelWeights& base_;
   ThreadPool& pool_;
   TrainModelOptions opt_;
+  bool in_place_ = false;
+  int64_t base_released_ = 0, in_place_bytes_ = 0;
   ModelConfig c_;
-  std::deque<std::vector<float>> storage_;
+  std::deque<std::vector<float>> storage_;  // f32 masters (not in place)
+  std::deque<GradBuffer> grads_;
   std::vector<TrainableTensor> params_;
   int64_t trainable_count_ = 0;
 

@@ -108,6 +108,7 @@ int64_t ProcessPeakRssBytes() {
 }
 
 std::string FormatBytes(double b) {
+  if (b < 0) return "-" + FormatBytes(-b);  // a plan's overlap line
   if (b >= 1024.0 * 1024 * 1024) return lathe::StrFormat("%.2f GiB", b / (1024.0 * 1024 * 1024));
   if (b >= 1024.0 * 1024) return lathe::StrFormat("%.1f MiB", b / (1024.0 * 1024));
   if (b >= 1024.0) return lathe::StrFormat("%.1f KiB", b / 1024.0);

@@ -133,8 +133,28 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     add("baseline", kRuntimeOverheadBytes,
         "runtime overhead, a measured constant (thread arenas, code pages of the loop, per-step buffers)");
   }
+  // Full / freeze: a trainable tensor's f32 master is the only copy the model reads; the base
+  // tensor's pages are dropped once it is copied (file-backed base) or it is trained in place.
+  const int64_t bias_params = c.qkv_bias ? qd + 2 * kvd : 0;
+  const int64_t base_trainable = s.method == "full"     ? P
+                                 : s.method == "freeze" ? std::min(s.freeze_trainable_layers, L) *
+                                                              (LinearParamsPerLayer(c) + 2 * dim + bias_params)
+                                                        : 0;
   if (s.base_weight_bytes > 0) {
-    add("weights", s.base_weight_bytes, "base weights as loaded (stored dtypes, read in place)");
+    const double released = s.base_released_bytes >= 0 ? s.base_released_bytes
+                                                       : s.base_weight_bytes * base_trainable / (double)P;
+    if (released > 0) {
+      add("weights", s.base_weight_bytes - released,
+          StrFormat("base weights as loaded (stored dtypes, read in place) minus %.0f B of trainable tensors "
+                    "(pages dropped after their f32 copy, or trained in place)",
+                    released));
+    } else {
+      add("weights", s.base_weight_bytes, "base weights as loaded (stored dtypes, read in place)");
+    }
+  } else if (base_trainable > 0) {
+    add("weights", (P - base_trainable) * (bf16 ? 2.0 : 4.0),
+        StrFormat("%lld frozen base params x %d B (the %lld trainable ones live only as f32 masters)",
+                  (long long)(P - base_trainable), bf16 ? 2 : 4, (long long)base_trainable));
   } else if (s.base_quant != "none" && lora) {
     // lathe's packed layouts (core/dtype.h PackedQuantLayout: header, codes, constants, alignment).
     const DType t = s.base_quant == "int8" ? DType::kI8Row : s.base_quant == "nf4" ? DType::kNF4 : DType::kNF4DQ;
@@ -178,11 +198,28 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // the mid-block residual, SwiGLU's gate and up, LoRA's x A^T for every module kind. The normed
   // inputs and the SwiGLU product are recomputed in the backward (one shared buffer each).
   const double per_set = 1.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn + 2 + c.n_heads + 7.0 * r;
-  const double sets = s.grad_checkpointing ? 1 : (double)L;
+  // Freeze: layers below the trained ones have no backward and save nothing.
+  const double sets = s.grad_checkpointing     ? 1
+                      : s.method == "freeze" ? (double)std::min(s.freeze_trainable_layers, L)
+                                             : (double)L;
   add("activations", 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
       StrFormat("%.0f tokens x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
                 "2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
                 N, (long long)L, sets, r ? " + 7 r" : ""));
+  if (!lora && !s.grad_checkpointing) {
+    // Full / freeze: gradients are paged in as the backward writes them (ZeroGrad hands their pages
+    // back) and each trained layer's saved tensors (q, k, v, att, xmid, gate, up and its output in
+    // the residual stream) are dropped once its backward is done. Going down the layers one set
+    // shrinks as the other grows, so the peak is at one end: all those activations or all those
+    // gradients, never both.
+    const int64_t layers = s.method == "full" ? L : std::min(s.freeze_trainable_layers, L);
+    const double dropped = 4 * N * layers * (2.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn);
+    const double layer_grads = 4.0 * layers * (LinearParamsPerLayer(c) + 2 * dim + bias);
+    add("overlap", -std::min(dropped, layer_grads),
+        StrFormat("-min(dropped activations %.0f B, layer gradients %.0f B): saved tensors of %lld trained layers "
+                  "are handed back as the backward writes those layers' gradients",
+                  dropped, layer_grads, (long long)layers));
+  }
   // Backward scratch of one block and the matmul input roundings (bf16) / LoRA buffers.
   int64_t max_in = 0, max_out = 0;
   for (const auto& l : Linears(c)) {
@@ -213,13 +250,17 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                 per_thread / 1024));
   // Saving keeps a whole copy of what is written: the model in the saved dtype (full / freeze,
   // plus one f32 tensor being rounded under bf16), the adapter in f32 (LoRA).
+  const double save = lora ? trainable * 4.0 : P * (bf16 ? 2.0 : 4.0) + (bf16 ? 4.0 * V * dim : 0);
   if (lora) {
-    add("temporary", trainable * 4.0, "while saving: the adapter's tensors in f32");
+    add("temporary", save, "while saving: the adapter's tensors in f32");
   } else {
-    add("temporary", P * (bf16 ? 2.0 : 4.0) + (bf16 ? 4.0 * V * dim : 0),
+    add("temporary", save,
         StrFormat("while saving: %lld params x %d B%s", (long long)P, bf16 ? 2 : 4,
                   bf16 ? " + the embedding in f32 while it is rounded" : ""));
   }
+  // The trainer saves after ZeroGrad, which handed the gradients' pages back.
+  add("overlap", -std::min(save, trainable * 4.0),
+      "-min(save copy, gradients): saving happens after ZeroGrad has handed the gradient pages back");
   return p;
 }
 

@@ -38,6 +38,9 @@ struct TrainSetup {
   bool lathe = false;
   double base_weight_bytes = 0;       // lathe: > 0 = bytes of the loaded base weights as stored
                                       // (GGUF quant types, bf16 safetensors, ...)
+  double base_released_bytes = -1;    // lathe: >= 0 = of those, the bytes TrainModel made non-
+                                      // resident (TrainMemory::base_released); < 0 = assume a
+                                      // file-backed base: every trainable tensor's pages dropped
   double optimizer_bytes_per_param = -1;  // lathe: >= 0 = the optimizer's own figure
   double baseline_bytes = 0;          // measured process baseline (binary, libraries, tokenizer,
                                       // datasets); a "baseline" line when > 0
@@ -55,7 +58,8 @@ struct InferSetup {
 };
 
 struct PlanLine {
-  std::string category;  // weights | lora | gradients | optimizer | activations | temporary | kv_cache
+  std::string category;  // weights | lora | gradients | optimizer | activations | overlap (<= 0: bytes of
+                         // two lines never resident together) | temporary | kv_cache | baseline
   std::string where;     // device | host
   double bytes = 0;
   std::string formula;   // how the number was computed, in words and symbols

@@ -189,15 +189,17 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   const double rss_data = (double)monitor::ProcessRssBytes();
   ts.baseline_bytes =
       rss_start + std::max(0.0, rss_loaded - rss_start - base_bytes) + std::max(0.0, rss_data - rss_loaded);
-  Result<MemoryPlan> memory_plan = PlanTraining(lm.weights.config, ts);
-  if (!memory_plan.ok() && o.log) {
-    std::fprintf(o.log, "note: no memory plan for this run: %s\n", memory_plan.status().message().c_str());
-  }
 
   ThreadPool pool(o.threads);
   if (profiler) pool.SetProfiler(profiler.get());
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<model::TrainModel> tm,
                          model::TrainModel::Create(lm.weights, pool, mo));
+  // Full / freeze: the model dropped the file pages of the base tensors it copied to f32 masters.
+  ts.base_released_bytes = (double)tm->AllocatedBytes().base_released;
+  Result<MemoryPlan> memory_plan = PlanTraining(lm.weights.config, ts);
+  if (!memory_plan.ok() && o.log) {
+    std::fprintf(o.log, "note: no memory plan for this run: %s\n", memory_plan.status().message().c_str());
+  }
 
   TrainerEnv env;
   env.base_model_name = c.model_name_or_path;

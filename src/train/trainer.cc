@@ -136,7 +136,7 @@ void Trainer::Say(const std::string& line) {
 json Trainer::UpdateMemory(int64_t optimizer_bytes) {
   using monitor::MemCategory;
   model::TrainMemory m = model_.AllocatedBytes();
-  memory_.Set(MemCategory::kWeights, (int64_t)env_.base_weight_bytes + m.weights);
+  memory_.Set(MemCategory::kWeights, (int64_t)env_.base_weight_bytes - m.base_released + m.weights);
   memory_.Set(MemCategory::kLora, m.lora);
   memory_.Set(MemCategory::kGradients, m.gradients);
   memory_.Set(MemCategory::kOptimizer, optimizer_bytes);

@@ -8,6 +8,7 @@
 #include <deque>
 #include <random>
 
+#include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
 #include "model/loader.h"
@@ -266,6 +267,131 @@ TEST(TrainModelFreeze, LastLayerTrainsWithTheFullFineTuningGradients) {
   auto mq = Make(q, pool, o);
   auto l = mq->ForwardBackward(b.View(), 32);
   ASSERT_TRUE(l.ok()) << l.status().message();
+}
+
+// Full fine-tuning on 2 threads must be bit-reproducible run to run: the pool hands chunks to
+// whichever thread claims them first, so any reduction keyed by the thread index (rather than by
+// the chunk) changes its summation order between runs. 3 steps of forward/backward, grad norm and
+// AdamW, 4 independent runs, every loss / grad norm / final weight compared bit for bit.
+TEST(TrainModelDeterminism, FullFineTuningOnTwoThreadsIsBitReproducible) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  // 8 x 128 random tokens: 64 chunks of 16 rows per row-parallel op, so both threads take part.
+  Batch big;
+  big.B = 8;
+  big.T = 128;
+  std::mt19937 rng(7);
+  for (int64_t i = 0; i < big.B * big.T; ++i) big.ids.push_back((int32_t)(rng() % w->config.vocab_size));
+  big.labels = big.ids;
+  ThreadPool pool(2);
+  struct Run {
+    std::vector<double> losses, norms;
+    std::vector<float> weights;
+  };
+  auto run = [&]() {
+    Run r;
+    auto m = Make(*w, pool, Full());
+    std::vector<train::ParamRef> refs;
+    for (const TrainableTensor& t : m->params()) refs.push_back({t.name, t.data, t.grad, t.n, t.decay});
+    train::AdamW adam(0.9, 0.999, 1e-8, 0.01);
+    for (int step = 0; step < 3; ++step) {
+      m->ZeroGrad();
+      auto l = m->ForwardBackward(big.View(), (double)Targets(big));
+      EXPECT_TRUE(l.ok());
+      r.losses.push_back(l.ok() ? *l : NAN);
+      r.norms.push_back(train::ClipGradNorm(refs, 1.0));
+      adam.Step(refs, 1e-3);
+    }
+    for (const TrainableTensor& t : m->params()) r.weights.insert(r.weights.end(), t.data, t.data + t.n);
+    return r;
+  };
+  const Run first = run();
+  for (int rep = 1; rep < 4; ++rep) {
+    SCOPED_TRACE(rep);
+    Run again = run();
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_EQ(again.losses[s], first.losses[s]) << "step " << s;
+      EXPECT_EQ(again.norms[s], first.norms[s]) << "step " << s;
+    }
+    ASSERT_EQ(again.weights.size(), first.weights.size());
+    EXPECT_EQ(std::memcmp(again.weights.data(), first.weights.data(), first.weights.size() * sizeof(float)), 0);
+  }
+}
+
+// A deep copy of an all-f32 model into anonymous (writable) buffers.
+ModelWeights AnonymousCopy(const ModelWeights& w) {
+  ModelWeights o;
+  o.config = w.config;
+  auto copy = [&](const Tensor& t) {
+    if (!t.data) return t;
+    return o.OwnF32(std::vector<float>(t.as<float>(), t.as<float>() + t.numel()), t.shape);
+  };
+  o.tok_embd = copy(w.tok_embd);
+  o.output_norm = copy(w.output_norm);
+  o.output = w.config.tied_embeddings ? o.tok_embd : copy(w.output);
+  for (const LayerWeights& L : w.layers) {
+    LayerWeights n;
+    for (auto [dst, src] : {std::pair{&n.attn_norm, &L.attn_norm}, {&n.ffn_norm, &L.ffn_norm}, {&n.wq, &L.wq},
+                            {&n.wk, &L.wk}, {&n.wv, &L.wv}, {&n.wo, &L.wo}, {&n.w_gate, &L.w_gate},
+                            {&n.w_up, &L.w_up}, {&n.w_down, &L.w_down}, {&n.bq, &L.bq}, {&n.bk, &L.bk},
+                            {&n.bv, &L.bv}})
+      *dst = copy(*src);
+    o.layers.push_back(n);
+  }
+  return o;
+}
+
+// Full fine-tuning keeps one f32 copy of each trainable tensor: from a file-mapped base the model
+// copies it and drops the file pages (which still read back the same bytes), and CreateInPlace
+// trains writable f32 base tensors themselves, with bit-identical steps.
+TEST(TrainModelMasters, TrainableTensorsHaveOneF32Copy) {
+  auto w = LoadBase("llama_gqa_tied");  // f32 safetensors, mmapped
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(InReadOnlyFileMapping(w->tok_embd.data, w->tok_embd.nbytes()));
+  Fixture f("train_llama_gqa_tied");
+  Batch b = FixtureBatch(f);
+  ThreadPool pool(2);
+  auto copied = Make(*w, pool, Full());
+  TrainMemory cm = copied->AllocatedBytes();
+  // Every linear weight and the embedding were file pages (norms are converted copies, kept).
+  const ModelConfig& c = w->config;
+  const int64_t norms = (2 * c.n_layers + 1) * c.dim;
+  EXPECT_EQ(cm.base_released, (copied->trainable_count() - norms) * 4);
+  EXPECT_EQ(cm.weights, copied->trainable_count() * 4);
+  // The dropped pages read back as the file's bytes: the masters equal the base they came from.
+  const TrainableTensor& embed = copied->params()[0];
+  ASSERT_EQ(embed.name, "model.embed_tokens.weight");
+  EXPECT_EQ(std::memcmp(embed.data, w->tok_embd.data, w->tok_embd.nbytes()), 0);
+
+  ModelWeights anon = AnonymousCopy(*w);
+  ASSERT_FALSE(InReadOnlyFileMapping(anon.tok_embd.data, anon.tok_embd.nbytes()));
+  auto in_place = TrainModel::CreateInPlace(anon, pool, Full());
+  ASSERT_TRUE(in_place.ok()) << in_place.status().message();
+  TrainModel& m = **in_place;
+  TrainMemory im = m.AllocatedBytes();
+  // No f32 copy: the masters are the base tensors (counted as the model's weights, not the base's).
+  EXPECT_EQ(im.weights, m.trainable_count() * 4);
+  EXPECT_EQ(im.base_released, m.trainable_count() * 4);
+  EXPECT_EQ(m.params()[0].data, anon.tok_embd.as<float>());
+  EXPECT_EQ(m.params()[1].data, anon.layers[0].wq.as<float>()) << m.params()[1].name;
+  auto run = [&](TrainModel& tm) {
+    std::vector<train::ParamRef> refs;
+    for (const TrainableTensor& t : tm.params()) refs.push_back({t.name, t.data, t.grad, t.n, t.decay});
+    train::AdamW adam(0.9, 0.999, 1e-8, 0.01);
+    std::vector<double> losses;
+    for (int step = 0; step < 2; ++step) {
+      tm.ZeroGrad();
+      losses.push_back(tm.ForwardBackward(b.View(), 32).value());
+      adam.Step(refs, 1e-3);
+    }
+    return losses;
+  };
+  EXPECT_EQ(run(m), run(*copied));
+  for (size_t i = 0; i < m.params().size(); ++i)
+    EXPECT_EQ(std::memcmp(m.params()[i].data, copied->params()[i].data, m.params()[i].n * 4), 0)
+        << m.params()[i].name;
+  // The trained values are in anon now (trained in place).
+  EXPECT_NE(std::memcmp(anon.tok_embd.data, w->tok_embd.data, w->tok_embd.nbytes()), 0);
 }
 
 TEST(TrainModelErrors, BadBatchesAndOptionsAreErrorsNotCrashes) {

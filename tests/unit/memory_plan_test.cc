@@ -232,6 +232,8 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     s.loss_chunk_tokens = o.loss_chunk_tokens;
     s.threads = (int)pool.size();
     s.base_weight_bytes = 1000;  // a marker: the weights line as given
+    s.base_released_bytes = 0;   // anonymous buffers: Create copies and cannot drop them
+    EXPECT_EQ(got.base_released, 0);
     MemoryPlan p = PlanTraining(c, s).value();
     EXPECT_EQ(p.trainable_params, (*tm)->trainable_count());
     EXPECT_DOUBLE_EQ(p.Bytes("gradients"), (double)got.gradients);
@@ -256,6 +258,19 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     EXPECT_NEAR(own, (double)got.temporary, 0.02 * (double)got.temporary);
     std::printf("%-6s bf16=%d ckpt=%d: plan temporary %.0f vs model %lld\n", st.method, st.bf16, st.ckpt, own,
                 (long long)got.temporary);
+    if (std::string(st.method) == "lora") continue;
+    // Trained in place (the bench's CreateInPlace, all-f32 base): the plan's default assumption
+    // that every trainable base tensor leaves memory holds exactly, and no f32 copy is made.
+    model::ModelWeights own_w = RandomWeights(c);
+    auto ip = model::TrainModel::CreateInPlace(own_w, pool, o);
+    ASSERT_TRUE(ip.ok()) << ip.status().message();
+    ASSERT_TRUE((*ip)->ForwardBackward(b, 1.0).ok());
+    model::TrainMemory in_place = (*ip)->AllocatedBytes();
+    EXPECT_EQ(in_place.base_released, (*ip)->trainable_count() * 4);
+    s.base_weight_bytes = 4.0 * c.ParamCount();
+    s.base_released_bytes = -1;
+    MemoryPlan pi = PlanTraining(c, s).value();
+    EXPECT_DOUBLE_EQ(pi.Bytes("weights"), s.base_weight_bytes - (double)in_place.base_released + (double)in_place.weights);
   }
 }
 
