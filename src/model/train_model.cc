@@ -408,7 +408,7 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
                                         (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
                             : std::string());
   const float* xr = Round(x, N * L.in, rx_);
-  kernels::MatMul(pool_, xr, N, L.eff, y, /*exact_activations=*/true);
+  kernels::LinearForward(pool_, y, xr, N, L.eff);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
@@ -418,9 +418,9 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
   LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
   // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
-  kernels::MatMul(pool_, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff, mid, true);  // (N, r)
+  kernels::LinearForward(pool_, mid, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff);  // (N, r)
   ltmp_.resize(N * p.out);
-  kernels::MatMul(pool_, Round(mid, N * p.r, rmid_), N, p.b_eff, ltmp_.data(), true);  // (N, out)
+  kernels::LinearForward(pool_, ltmp_.data(), Round(mid, N * p.r, rmid_), N, p.b_eff);  // (N, out)
   const float* t = ltmp_.data();
   Par(N, 16, [&](int64_t b, int64_t e, int) {
     kernels::Axpy(y + b * p.out, p.scale, t + b * p.out, (e - b) * p.out);

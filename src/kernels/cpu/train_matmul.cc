@@ -15,38 +15,57 @@ namespace {
 
 // Task = (kRowBlock rows of C) x (kColBlock columns of C); the inner dimension goes in kInner
 // chunks. A packed B chunk (kInner x kColBlock floats, 256 KiB) stays in L2 while every row tile
-// of the task streams 16-column strips of it (16 KiB, L1) through the micro-kernel; a dequantized
-// W block is therefore reused by kRowBlock rows, which keeps dequantization under ~1 % of the FMAs.
+// of the task streams 16-column strips of it (16 KiB, L1) through the micro-kernel.
 constexpr int64_t kRowBlock = 32 * kGemmTileR;  // 192
 constexpr int64_t kColBlock = 256;              // multiple of 32 (quant blocks) and of kGemmTileC
 constexpr int64_t kInner = 256;
+// B is packed once per call for all rows (and shared by the threads) in column groups of at most
+// this many floats: 4 MiB holds every SmolLM2-135M linear whole; a 7B FFN goes in a few groups.
+constexpr int64_t kSharedBFloats = (int64_t)1 << 20;
 
 // C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
 // fill_b(l0, nl, k0, nk, tmp, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
-// either into the source or into tmp (nl x nk floats) after dequantizing.
+// either into the source or into tmp (nl x nk floats) after converting.
+// Per call: B is packed once (in parallel, into a buffer the threads share) into 16-column strips
+// per (kColBlock, kInner) panel; then each task runs its row tiles over the panels. A with
+// contiguous rows (a_is == 1: the forward and the input gradient) is read in place by the rows
+// micro-kernel; otherwise (the weight gradient, A = dY^T) a 6 x kInner tile is packed per use.
+// Each C element sums its kInner chunks in order, so the result does not depend on the threads.
 template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
           const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b) {
-  const int64_t n_rb = (R + kRowBlock - 1) / kRowBlock, n_kb = (Kd + kColBlock - 1) / kColBlock;
-  pool.ParallelFor(n_rb * n_kb, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> bpack_buf, apack_buf, tmp_buf;
-    float* bpack = Scratch(bpack_buf, (size_t)(kInner * kColBlock));
-    float* apack = Scratch(apack_buf, (size_t)(kInner * kRowBlock));
-    float* tmp = Scratch(tmp_buf, (size_t)(kInner * kColBlock));
-    for (int64_t task = tb; task < te; ++task) {
-      const int64_t r0 = task / n_kb * kRowBlock, r1 = std::min(R, r0 + kRowBlock);
-      const int64_t k0 = task % n_kb * kColBlock, nk = std::min(Kd - k0, kColBlock);
-      const int64_t n_strips = (nk + kGemmTileC - 1) / kGemmTileC;
-      const int64_t n_tiles = (r1 - r0 + kGemmTileR - 1) / kGemmTileR;
-      if (!accumulate)
-        for (int64_t r = r0; r < r1; ++r) std::memset(c + r * ldc + k0, 0, sizeof(float) * nk);
-      for (int64_t l0 = 0; l0 < L; l0 += kInner) {
-        const int64_t nl = std::min(kInner, L - l0);
+  if (R <= 0 || Kd <= 0) return;
+  if (L <= 0) {
+    if (!accumulate)
+      for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
+    return;
+  }
+  const int64_t n_lc = (L + kInner - 1) / kInner;
+  const int64_t l_pad = n_lc * kInner;
+  // Columns per group: whole kColBlocks, at least one.
+  const int64_t group = std::max<int64_t>(1, kSharedBFloats / (l_pad * kColBlock)) * kColBlock;
+  static thread_local std::vector<float> shared_buf;  // the caller's; the workers only read it
+  const bool rows_kernel = a_is == 1;
+  if (!rows_kernel && !accumulate)
+    for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
+  for (int64_t g0 = 0; g0 < Kd; g0 += group) {
+    const int64_t gk = std::min(group, Kd - g0);
+    const int64_t n_cb = (gk + kColBlock - 1) / kColBlock;
+    // Panel (cb, lc) at bpack + (cb * n_lc + lc) * kInner * kColBlock; strip s of it s * nl * 16 on.
+    float* bpack = Scratch(shared_buf, (size_t)(n_cb * n_lc * kInner * kColBlock));
+    pool.ParallelFor(n_cb * n_lc, 1, [&](int64_t tb, int64_t te, int) {
+      static thread_local std::vector<float> tmp_buf;
+      float* tmp = Scratch(tmp_buf, (size_t)(kInner * kColBlock));
+      for (int64_t u = tb; u < te; ++u) {
+        const int64_t cb = u / n_lc, lc = u % n_lc;
+        const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
+        const int64_t l0 = lc * kInner, nl = std::min(kInner, L - l0);
         int64_t ld = 0;
         const float* p = fill_b(l0, nl, k0, nk, tmp, &ld);
-        for (int64_t s = 0; s < n_strips; ++s) {
-          const int64_t j0 = s * kGemmTileC, nj = std::min<int64_t>(kGemmTileC, nk - j0);
-          float* bs = bpack + s * nl * kGemmTileC;
+        float* panel = bpack + u * kInner * kColBlock;
+        for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
+          const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
+          float* bs = panel + j0 * nl;
           if (nj == kGemmTileC) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
             for (int64_t l = 0; l < nl; ++l)
               std::memcpy(bs + l * kGemmTileC, p + l * ld + j0, sizeof(float) * kGemmTileC);
@@ -55,40 +74,47 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
               for (int64_t j = 0; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = j < nj ? p[l * ld + j0 + j] : 0.0f;
           }
         }
-        // All row tiles of A once per chunk, walking A in its contiguous direction (dY rows for
-        // the input gradient; runs of 6 within a dY row for the weight gradient).
-        // Tile rt holds a(r0 + rt * kGemmTileR + i, l0 + l) at apack[(rt * nl + l) * kGemmTileR + i].
-        for (int64_t rt = 0; rt < n_tiles; ++rt) {
-          float* at = apack + rt * nl * kGemmTileR;
-          const int64_t ri = r0 + rt * kGemmTileR;
-          const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
-          if (a_is == 1) {
-            for (int i = 0; i < kGemmTileR; ++i) {
-              const float* ar = a + (ri + std::min(i, mr - 1)) * a_rs + l0;
-              for (int64_t l = 0; l < nl; ++l) at[l * kGemmTileR + i] = i < mr ? ar[l] : 0.0f;
+      }
+    });
+    const int64_t n_rb = (R + kRowBlock - 1) / kRowBlock;
+    pool.ParallelFor(n_rb * n_cb, 1, [&](int64_t tb, int64_t te, int) {
+      static thread_local std::vector<float> apack_buf;
+      float* apack = rows_kernel ? nullptr : Scratch(apack_buf, (size_t)(kInner * kGemmTileR));
+      for (int64_t task = tb; task < te; ++task) {
+        const int64_t r0 = task / n_cb * kRowBlock, r1 = std::min(R, r0 + kRowBlock);
+        const int64_t cb = task % n_cb;
+        const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
+        for (int64_t lc = 0; lc < n_lc; ++lc) {
+          const int64_t l0 = lc * kInner, nl = std::min(kInner, L - l0);
+          const float* panel = bpack + (cb * n_lc + lc) * kInner * kColBlock;
+          const bool overwrite = lc == 0 && !accumulate;
+          for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
+            const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
+            float* crow = c + ri * ldc + k0;
+            if (rows_kernel) {
+              const float* ar = a + ri * a_rs + l0;
+              for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
+                tk.gemm_tile_rows(ar, a_rs, panel + j0 * nl, nl, crow + j0, ldc, mr,
+                                  (int)std::min<int64_t>(kGemmTileC, nk - j0), overwrite);
+              continue;
             }
-          } else if (a_rs == 1 && mr == kGemmTileR) {
-            for (int64_t l = 0; l < nl; ++l)
-              std::memcpy(at + l * kGemmTileR, a + ri + (l0 + l) * a_is, sizeof(float) * kGemmTileR);
-          } else {
-            for (int64_t l = 0; l < nl; ++l) {
-              const float* al = a + ri * a_rs + (l0 + l) * a_is;
-              for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? al[i * a_rs] : 0.0f;
+            // apack(l, i) = a(ri + i, l0 + l), rows past mr zero.
+            if (a_rs == 1 && mr == kGemmTileR) {
+              for (int64_t l = 0; l < nl; ++l)
+                std::memcpy(apack + l * kGemmTileR, a + ri + (l0 + l) * a_is, sizeof(float) * kGemmTileR);
+            } else {
+              for (int64_t l = 0; l < nl; ++l) {
+                const float* al = a + ri * a_rs + (l0 + l) * a_is;
+                for (int i = 0; i < kGemmTileR; ++i) apack[l * kGemmTileR + i] = i < mr ? al[i * a_rs] : 0.0f;
+              }
             }
-          }
-        }
-        for (int64_t rt = 0; rt < n_tiles; ++rt) {
-          const int64_t ri = r0 + rt * kGemmTileR;
-          const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
-          for (int64_t s = 0; s < n_strips; ++s) {
-            const int64_t j0 = s * kGemmTileC;
-            tk.gemm_tile(apack + rt * nl * kGemmTileR, bpack + s * nl * kGemmTileC, nl, c + ri * ldc + k0 + j0, ldc,
-                         mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
+            for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
+              tk.gemm_tile(apack, panel + j0 * nl, nl, crow + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
           }
         }
       }
-    }
-  });
+    });
+  }
 }
 
 }  // namespace
@@ -122,6 +148,33 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
     return tmp;
   };
   Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill);
+}
+
+void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
+                       const float* x, int64_t M, const Tensor& w) {
+  LATHE_CHECK(w.ndim() == 2);
+  const int64_t N = w.shape[0], K = w.shape[1];
+  const DType t = w.dtype;
+  LATHE_CHECK(t == DType::kF32 || t == DType::kF16 || t == DType::kBF16);
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  // B(l, k) = W(k, l): W rows k0.. (converted to f32 first unless f32) transposed into tmp.
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, int64_t* ld) -> const float* {
+    static thread_local std::vector<float> rows_buf;
+    const float* src = (const float*)w.data + k0 * K + l0;
+    int64_t src_ld = K;
+    if (t != DType::kF32) {
+      float* rows = Scratch(rows_buf, (size_t)(nk * nl));
+      kt.mm.dequant_rows(t, wd + k0 * rb + DTypeBytes(t, l0), rb, nk, nl, rows, nl);
+      src = rows;
+      src_ld = nl;
+    }
+    for (int64_t k = 0; k < nk; ++k)
+      for (int64_t l = 0; l < nl; ++l) tmp[l * nk + k] = src[k * src_ld + l];
+    *ld = nk;
+    return tmp;
+  };
+  Gemm(tk, pool, y, N, M, N, K, x, K, 1, /*accumulate=*/false, fill);
 }
 
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
