@@ -447,16 +447,20 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
   }
   if (!L.lora.on) return;
   LoraParam& p = L.lora;
-  // out = scale * mid B^T, mid = drop(x) A^T.
-  lscr_.resize(N * p.out);
-  float* dys = lscr_.data();
-  Par(N, 16, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b * p.out; i < e * p.out; ++i) dys[i] = p.scale * dy[i];
+  // out = scale * mid B^T, mid = drop(x) A^T: gB += dy^T (scale mid), dmid = scale (dy B); the scale
+  // goes on the rank-r side (N x r floats) instead of a pass over dy (N x out).
+  lscr_.resize(N * p.r);
+  float* smid = lscr_.data();
+  Par(N, 64, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b * p.r; i < e * p.r; ++i) smid[i] = p.scale * mid[i];
   });
-  const float* dysr = Round(dys, N * p.out, rdy_);
-  kernels::MatMulBackwardWeight(pool_, p.gb, dysr, Round(mid, N * p.r, rmid_), N, p.out, p.r);
+  kernels::MatMulBackwardWeight(pool_, p.gb, dyr, Round(smid, N * p.r, rmid_), N, p.out, p.r);
   dmid_.resize(N * p.r);
-  kernels::MatMulBackwardInput(pool_, dmid_.data(), dysr, N, p.b_eff);  // (N, r)
+  kernels::MatMulBackwardInput(pool_, dmid_.data(), dyr, N, p.b_eff);  // (N, r)
+  float* dm = dmid_.data();
+  Par(N, 64, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b * p.r; i < e * p.r; ++i) dm[i] *= p.scale;
+  });
   const float* dmr = Round(dmid_.data(), N * p.r, rmid_);
   const bool drop = opt_.lora_dropout > 0;
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;

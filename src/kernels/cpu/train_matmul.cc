@@ -24,8 +24,9 @@ constexpr int64_t kInner = 256;
 constexpr int64_t kSharedBFloats = (int64_t)1 << 20;
 
 // C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
-// fill_b(l0, nl, k0, nk, tmp, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
-// either into the source or into tmp (nl x nk floats) after converting.
+// fill_b(l0, nl, k0, nk, tmp, panel, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
+// either into the source or into tmp (nl x nk floats) after converting; or nullptr after writing the
+// packed panel itself (strip s at panel + s * nl * kGemmTileC, zero past nk).
 // Per call: B is packed once (in parallel, into a buffer the threads share) into 16-column strips
 // per (kColBlock, kInner) panel; then each task runs its row tiles over the panels. A with
 // contiguous rows (a_is == 1: the forward and the input gradient) is read in place by the rows
@@ -61,8 +62,9 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
         const int64_t l0 = lc * kInner, nl = std::min(kInner, L - l0);
         int64_t ld = 0;
-        const float* p = fill_b(l0, nl, k0, nk, tmp, &ld);
         float* panel = bpack + u * kInner * kColBlock;
+        const float* p = fill_b(l0, nl, k0, nk, tmp, panel, &ld);
+        if (!p) continue;
         for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
           const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
           float* bs = panel + j0 * nl;
@@ -126,7 +128,7 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
   if (IsPackedQuant(w.dtype)) {  // NF4/FP4/int8: B chunks dequantized straight from the packed buffer
     if (IsPacked4Bit(w.dtype)) LATHE_CHECK(K % kQuant4Block == 0);
     const quant::QuantKernels& qk = quant::QuantKernelsFor(tk.tier);
-    auto fill_packed = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, int64_t* ld) -> const float* {
+    auto fill_packed = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
       quant::DequantPackedBlock(qk, w, l0, nl, k0, nk, tmp, nk);
       *ld = nk;
       return tmp;
@@ -138,7 +140,7 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
   const uint8_t* wd = (const uint8_t*)w.data;
   const DType t = w.dtype;
   if (IsQuantized(t)) LATHE_CHECK(K % 32 == 0);
-  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, int64_t* ld) -> const float* {
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
     if (t == DType::kF32) {
       *ld = K;
       return (const float*)w.data + l0 * K + k0;
@@ -158,8 +160,9 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   LATHE_CHECK(t == DType::kF32 || t == DType::kF16 || t == DType::kBF16);
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
-  // B(l, k) = W(k, l): W rows k0.. (converted to f32 first unless f32) transposed into tmp.
-  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, int64_t* ld) -> const float* {
+  // B(l, k) = W(k, l): W rows k0.. (converted to f32 first unless f32) written transposed straight
+  // into the panel's 16-column strips (each W row's run of nl floats becomes one strip column).
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, float* panel, int64_t*) -> const float* {
     static thread_local std::vector<float> rows_buf;
     const float* src = (const float*)w.data + k0 * K + l0;
     int64_t src_ld = K;
@@ -169,17 +172,24 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
       src = rows;
       src_ld = nl;
     }
-    for (int64_t k = 0; k < nk; ++k)
-      for (int64_t l = 0; l < nl; ++l) tmp[l * nk + k] = src[k * src_ld + l];
-    *ld = nk;
-    return tmp;
+    for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
+      float* bs = panel + j0 * nl;
+      const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
+      for (int64_t j = 0; j < nj; ++j) {
+        const float* wr = src + (j0 + j) * src_ld;
+        for (int64_t l = 0; l < nl; ++l) bs[l * kGemmTileC + j] = wr[l];
+      }
+      for (int64_t j = nj; j < kGemmTileC; ++j)
+        for (int64_t l = 0; l < nl; ++l) bs[l * kGemmTileC + j] = 0.0f;
+    }
+    return nullptr;
   };
   Gemm(tk, pool, y, N, M, N, K, x, K, 1, /*accumulate=*/false, fill);
 }
 
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K) {
-  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, int64_t* ld) -> const float* {
+  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, float*, int64_t* ld) -> const float* {
     *ld = K;
     return x + l0 * K + k0;
   };
