@@ -43,9 +43,11 @@ struct Shape {
 };
 // Cross kRowBlock (192), kColBlock (256), kInner (256) and the 6 x 16 tile edges.
 const Shape kQuantShapes[] = {{1, 1, 32}, {7, 13, 64}, {13, 300, 96}, {200, 37, 288}, {6, 16, 256}};
-// Plus LoRA-like skinny shapes (rank 1 and 16 on either side), K = 1 and inner > 2 * kInner.
+// Plus LoRA-like skinny shapes (rank 1 and 16 on either side), K = 1, inner > 2 * kInner and inner
+// > 16 * kInner (the GEMM packs B in several rounds then).
 const Shape kF32Shapes[] = {{1, 1, 1},   {5, 7, 19},    {197, 261, 263}, {2, 259, 17}, {37, 16, 1},
-                            {9, 1, 40},  {193, 600, 16}, {193, 16, 600}, {61, 3, 520}, {20, 530, 2}};
+                            {9, 1, 40},  {193, 600, 16}, {193, 16, 600}, {61, 3, 520}, {20, 530, 2},
+                            {3, 4200, 40}, {4200, 3, 20}};
 
 class TrainMatMul : public ::testing::TestWithParam<std::tuple<IsaTier, int>> {};
 

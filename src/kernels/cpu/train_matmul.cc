@@ -41,17 +41,20 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
       for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
     return;
   }
-  const int64_t n_lc = (L + kInner - 1) / kInner;
-  const int64_t l_pad = n_lc * kInner;
-  // Columns per group: whole kColBlocks, at least one.
-  const int64_t group = std::max<int64_t>(1, kSharedBFloats / (l_pad * kColBlock)) * kColBlock;
+  const int64_t n_lc_all = (L + kInner - 1) / kInner;
+  // Inner chunks per round (all of them unless L > 4096, e.g. the head's input gradient) and
+  // columns per round (whole kColBlocks, at least one): a round's panels fit kSharedBFloats.
+  const int64_t chunks = std::min(n_lc_all, std::max<int64_t>(1, kSharedBFloats / (kInner * kColBlock)));
+  const int64_t group = std::max<int64_t>(1, kSharedBFloats / (chunks * kInner * kColBlock)) * kColBlock;
   static thread_local std::vector<float> shared_buf;  // the caller's; the workers only read it
   const bool rows_kernel = a_is == 1;
   if (!rows_kernel && !accumulate)
     for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
-  for (int64_t g0 = 0; g0 < Kd; g0 += group) {
+  for (int64_t g0 = 0; g0 < Kd; g0 += group)
+  for (int64_t c0 = 0; c0 < n_lc_all; c0 += chunks) {
     const int64_t gk = std::min(group, Kd - g0);
     const int64_t n_cb = (gk + kColBlock - 1) / kColBlock;
+    const int64_t n_lc = std::min(chunks, n_lc_all - c0);  // chunks c0 .. c0 + n_lc - 1 this round
     // Panel (cb, lc) at bpack + (cb * n_lc + lc) * kInner * kColBlock; strip s of it s * nl * 16 on.
     float* bpack = Scratch(shared_buf, (size_t)(n_cb * n_lc * kInner * kColBlock));
     pool.ParallelFor(n_cb * n_lc, 1, [&](int64_t tb, int64_t te, int) {
@@ -60,7 +63,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
       for (int64_t u = tb; u < te; ++u) {
         const int64_t cb = u / n_lc, lc = u % n_lc;
         const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
-        const int64_t l0 = lc * kInner, nl = std::min(kInner, L - l0);
+        const int64_t l0 = (c0 + lc) * kInner, nl = std::min(kInner, L - l0);
         int64_t ld = 0;
         float* panel = bpack + u * kInner * kColBlock;
         const float* p = fill_b(l0, nl, k0, nk, tmp, panel, &ld);
@@ -87,9 +90,9 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         const int64_t cb = task % n_cb;
         const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
         for (int64_t lc = 0; lc < n_lc; ++lc) {
-          const int64_t l0 = lc * kInner, nl = std::min(kInner, L - l0);
+          const int64_t l0 = (c0 + lc) * kInner, nl = std::min(kInner, L - l0);
           const float* panel = bpack + (cb * n_lc + lc) * kInner * kColBlock;
-          const bool overwrite = lc == 0 && !accumulate;
+          const bool overwrite = c0 + lc == 0 && !accumulate;
           for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
             const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
             float* crow = c + ri * ldc + k0;
