@@ -1,5 +1,5 @@
-// Blocked GEMM driver behind MatMulBackwardInput (dX = dY . W, W in any stored dtype) and
-// MatMulBackwardWeight (dW += dY^T . X): packs panels and runs a tier's register-tile kernel.
+// Blocked GEMM driver behind LinearForward (Y = X . W^T), MatMulBackwardInput (dX = dY . W, W in
+// any stored dtype) and MatMulBackwardWeight (dW += dY^T . X): packs panels, runs a tier's micro-kernels.
 #include <algorithm>
 #include <cstring>
 #include <vector>

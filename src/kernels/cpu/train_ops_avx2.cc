@@ -1,5 +1,5 @@
 // AVX2 + FMA paths of the training ops: RMSNorm and SwiGLU forward/backward and the 6x16 GEMM
-// micro-kernel behind MatMulBackwardInput/Weight (train_matmul.cc does the blocking).
+// micro-kernels (packed A, and A rows in place) behind the training GEMM (train_matmul.cc blocks).
 #include <immintrin.h>
 
 #include <algorithm>
