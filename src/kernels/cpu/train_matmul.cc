@@ -23,6 +23,21 @@ constexpr int64_t kInner = 256;
 // this many floats: 4 MiB holds every SmolLM2-135M linear whole; a 7B FFN goes in a few groups.
 constexpr int64_t kSharedBFloats = (int64_t)1 << 20;
 
+// The caller's shared panel buffer and each thread's B conversion / A tile buffers, one set for
+// every instantiation of Gemm (a static inside the template would be one per fill type).
+float* SharedPanels(size_t n) {
+  static thread_local std::vector<float> buf;  // the caller's; the workers only read it
+  return Scratch(buf, n);
+}
+float* ThreadTmp(size_t n) {
+  static thread_local std::vector<float> buf;
+  return Scratch(buf, n);
+}
+float* ThreadATile(size_t n) {
+  static thread_local std::vector<float> buf;
+  return Scratch(buf, n);
+}
+
 // C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
 // fill_b(l0, nl, k0, nk, tmp, panel, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
 // either into the source or into tmp (nl x nk floats) after converting; or nullptr after writing the
@@ -46,7 +61,6 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
   // columns per round (whole kColBlocks, at least one): a round's panels fit kSharedBFloats.
   const int64_t chunks = std::min(n_lc_all, std::max<int64_t>(1, kSharedBFloats / (kInner * kColBlock)));
   const int64_t group = std::max<int64_t>(1, kSharedBFloats / (chunks * kInner * kColBlock)) * kColBlock;
-  static thread_local std::vector<float> shared_buf;  // the caller's; the workers only read it
   const bool rows_kernel = a_is == 1;
   if (!rows_kernel && !accumulate)
     for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
@@ -56,10 +70,9 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     const int64_t n_cb = (gk + kColBlock - 1) / kColBlock;
     const int64_t n_lc = std::min(chunks, n_lc_all - c0);  // chunks c0 .. c0 + n_lc - 1 this round
     // Panel (cb, lc) at bpack + (cb * n_lc + lc) * kInner * kColBlock; strip s of it s * nl * 16 on.
-    float* bpack = Scratch(shared_buf, (size_t)(n_cb * n_lc * kInner * kColBlock));
+    float* bpack = SharedPanels((size_t)(n_cb * n_lc * kInner * kColBlock));
     pool.ParallelFor(n_cb * n_lc, 1, [&](int64_t tb, int64_t te, int) {
-      static thread_local std::vector<float> tmp_buf;
-      float* tmp = Scratch(tmp_buf, (size_t)(kInner * kColBlock));
+      float* tmp = ThreadTmp((size_t)(kInner * kColBlock));
       for (int64_t u = tb; u < te; ++u) {
         const int64_t cb = u / n_lc, lc = u % n_lc;
         const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
@@ -83,8 +96,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     });
     const int64_t n_rb = (R + kRowBlock - 1) / kRowBlock;
     pool.ParallelFor(n_rb * n_cb, 1, [&](int64_t tb, int64_t te, int) {
-      static thread_local std::vector<float> apack_buf;
-      float* apack = rows_kernel ? nullptr : Scratch(apack_buf, (size_t)(kInner * kGemmTileR));
+      float* apack = rows_kernel ? nullptr : ThreadATile((size_t)(kInner * kGemmTileR));
       for (int64_t task = tb; task < te; ++task) {
         const int64_t r0 = task / n_cb * kRowBlock, r1 = std::min(R, r0 + kRowBlock);
         const int64_t cb = task % n_cb;
