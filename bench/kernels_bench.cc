@@ -18,6 +18,7 @@
 #include "core/thread_pool.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/kernels.h"
+#include "kernels/train_ops.h"
 
 namespace lathe::bench {
 namespace {
@@ -217,6 +218,34 @@ void BM_Elementwise(benchmark::State& state, int op, bool reference) {
       benchmark::Counter((double)n * state.iterations() * 1e-6, benchmark::Counter::kIsRate);
 }
 
+// Training GEMMs at SmolLM2-135M shapes over M = 2048 tokens (bench train's 4 x 512), one thread,
+// CPU time (the box is shared): forward y = x W^T (the trainer's MatMul), input gradient
+// dx = dy W, weight gradient dW += dy^T x, and the LoRA r16 matrices (out x 16, 16 x in).
+constexpr int64_t kTrainM = 2048;
+void BM_TrainGemm(benchmark::State& state, int kind, Shape s) {
+  ThreadPool pool(1);
+  const std::vector<float> wf = RandomFloats(s.N * s.K, 1);
+  Tensor w;
+  w.data = (void*)wf.data();
+  w.dtype = DType::kF32;
+  w.shape = {s.N, s.K};
+  const std::vector<float> a = RandomFloats(kTrainM * std::max(s.N, s.K), 2);
+  std::vector<float> o(std::max(kTrainM * std::max(s.N, s.K), s.N * s.K));
+  for (auto _ : state) {
+    if (kind == 0)
+      kernels::MatMul(pool, a.data(), kTrainM, w, o.data(), /*exact_activations=*/true);
+    else if (kind == 3)
+      kernels::LinearForward(pool, o.data(), a.data(), kTrainM, w);
+    else if (kind == 1)
+      kernels::MatMulBackwardInput(pool, o.data(), a.data(), kTrainM, w);
+    else
+      kernels::MatMulBackwardWeight(pool, o.data(), a.data(), a.data(), kTrainM, s.N, s.K);
+    benchmark::DoNotOptimize(o.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * kTrainM * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
 std::string Name(const char* kind, const std::string& what, Shape s, int threads) {
   std::string n = std::string(kind) + "/" + what + "/" + std::to_string(s.N) + "x" + std::to_string(s.K);
   if (threads > 0) n += "/threads:" + std::to_string(threads);
@@ -258,6 +287,12 @@ void RegisterAll() {
           ("batch/" + std::string(DTypeName(dt)) + "/M:" + std::to_string(M) + "/1536x576").c_str(), BM_Batch,
           dt, Shape{1536, 576}, M)
           ->UseRealTime();
+  const char* train_kinds[] = {"fwd_matmul", "bwd_input", "bwd_weight", "fwd_linear"};
+  const Shape train_shapes[] = {{576, 576}, {1536, 576}, {576, 1536}, {16, 576}, {576, 16}, {16, 1536}, {1536, 16}};
+  for (int kind : {0, 3, 1, 2})
+    for (Shape s : train_shapes)
+      benchmark::RegisterBenchmark(Name("train", train_kinds[kind], s, 1).c_str(), BM_TrainGemm, kind, s)
+          ->Unit(benchmark::kMillisecond);
   const char* ops[] = {"rmsnorm", "silu_mul", "softmax"};
   for (int op = 0; op < 3; ++op)
     for (bool reference : {true, false})

@@ -18,12 +18,16 @@ pre=""
 echo "== torch: LD_PRELOAD=$pre $PY bench/train_torch.py $*"
 LD_PRELOAD="$pre" "$PY" bench/train_torch.py "$@" | tee "$out/torch.txt"
 echo
-echo "| row | threads | lathe tok/s | torch tok/s | tok/s ratio | lathe RSS MB | torch RSS MB | RSS ratio |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+# tok/CPU-s: tokens per CPU-second (user + sys of the process over its fastest step): with 1 thread
+# this is the throughput on an idle core, much less noisy than wall time on a shared machine.
+echo "| row | threads | lathe tok/s | torch tok/s | tok/s ratio | lathe tok/CPU-s | torch tok/CPU-s | CPU ratio | lathe RSS MB | torch RSS MB | RSS ratio |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 awk '
   FNR == NR && /^\| (lora|full)-/ { split($0, f, "|"); gsub(/ /, "", f[2]); gsub(/ /, "", f[3]);
-    k = f[2] " " f[3]; ltps[k] = f[4] + 0; lrss[k] = f[6] + 0; order[n++] = k; next }
-  FNR != NR && /^RESULT/ { k = $2 " " $3; ttps[k] = $4 + 0; trss[k] = $6 + 0 }
+    k = f[2] " " f[3]; ltps[k] = f[4] + 0; lrss[k] = f[6] + 0; lcpu[k] = f[9] + 0; order[n++] = k; next }
+  FNR != NR && /^RESULT/ { k = $2 " " $3; ttps[k] = $4 + 0; trss[k] = $6 + 0
+    for (i = 7; i <= NF; i++) if ($i ~ /^cpu_tps=/) { sub(/^cpu_tps=/, "", $i); tcpu[k] = $i + 0 } }
   END { for (i = 0; i < n; i++) { k = order[i]; split(k, p, " ");
-      if (k in ttps) printf "| %s | %s | %.1f | %.1f | %.2fx | %.0f | %.0f | %.0f%% |\n", p[1], p[2], ltps[k], ttps[k],
-        ltps[k] / ttps[k], lrss[k], trss[k], 100 * lrss[k] / trss[k] } }' "$out/lathe.txt" "$out/torch.txt"
+      if (k in ttps) printf "| %s | %s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx | %.0f | %.0f | %.0f%% |\n", p[1], p[2],
+        ltps[k], ttps[k], ltps[k] / ttps[k], lcpu[k], tcpu[k], tcpu[k] > 0 ? lcpu[k] / tcpu[k] : 0, lrss[k], trss[k],
+        100 * lrss[k] / trss[k] } }' "$out/lathe.txt" "$out/torch.txt"

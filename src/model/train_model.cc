@@ -450,7 +450,7 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
                                         (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
                             : std::string());
   const float* xr = Round(x, N * L.in, rx_);
-  kernels::MatMul(pool_, xr, N, L.eff, y, /*exact_activations=*/true);
+  kernels::LinearForward(pool_, y, xr, N, L.eff);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
@@ -460,9 +460,9 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
   LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
   // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
-  kernels::MatMul(pool_, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff, mid, true);  // (N, r)
+  kernels::LinearForward(pool_, mid, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff);  // (N, r)
   ltmp_.resize(N * p.out);
-  kernels::MatMul(pool_, Round(mid, N * p.r, rmid_), N, p.b_eff, ltmp_.data(), true);  // (N, out)
+  kernels::LinearForward(pool_, ltmp_.data(), Round(mid, N * p.r, rmid_), N, p.b_eff);  // (N, out)
   const float* t = ltmp_.data();
   Par(N, 16, [&](int64_t b, int64_t e, int) {
     kernels::Axpy(y + b * p.out, p.scale, t + b * p.out, (e - b) * p.out);
@@ -489,16 +489,20 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
   }
   if (!L.lora.on) return;
   LoraParam& p = L.lora;
-  // out = scale * mid B^T, mid = drop(x) A^T.
-  lscr_.resize(N * p.out);
-  float* dys = lscr_.data();
-  Par(N, 16, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b * p.out; i < e * p.out; ++i) dys[i] = p.scale * dy[i];
+  // out = scale * mid B^T, mid = drop(x) A^T: gB += dy^T (scale mid), dmid = scale (dy B); the scale
+  // goes on the rank-r side (N x r floats) instead of a pass over dy (N x out).
+  lscr_.resize(N * p.r);
+  float* smid = lscr_.data();
+  Par(N, 64, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b * p.r; i < e * p.r; ++i) smid[i] = p.scale * mid[i];
   });
-  const float* dysr = Round(dys, N * p.out, rdy_);
-  kernels::MatMulBackwardWeight(pool_, p.gb, dysr, Round(mid, N * p.r, rmid_), N, p.out, p.r);
+  kernels::MatMulBackwardWeight(pool_, p.gb, dyr, Round(smid, N * p.r, rmid_), N, p.out, p.r);
   dmid_.resize(N * p.r);
-  kernels::MatMulBackwardInput(pool_, dmid_.data(), dysr, N, p.b_eff);  // (N, r)
+  kernels::MatMulBackwardInput(pool_, dmid_.data(), dyr, N, p.b_eff);  // (N, r)
+  float* dm = dmid_.data();
+  Par(N, 64, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b * p.r; i < e * p.r; ++i) dm[i] *= p.scale;
+  });
   const float* dmr = Round(dmid_.data(), N * p.r, rmid_);
   const bool drop = opt_.lora_dropout > 0;
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;

@@ -232,7 +232,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   if (bf16) scratch += 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
   const bool dropout = s.lora_dropout > 0;
   if (lora) {
-    scratch += max_out + 2.0 * r + std::max(max_in, max_out) + (dropout ? max_in : 0);
+    // scale * mid, dmid and rounded mid (r each), the B product / dropped-input gradient (max of in, out).
+    scratch += 3.0 * r + std::max(max_in, max_out) + (dropout ? max_in : 0);
     if (bf16) scratch += r + (dropout ? max_in : 0);  // rounded x A^T; the dropped input rounded
   }
   const double chunk = std::min<double>(s.loss_chunk_tokens, N);

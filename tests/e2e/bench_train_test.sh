@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end test of `lathe bench train` on stories260K (tiny, fast): every row x thread count
-# prints a sane line (positive tokens/s, step time, peak RSS, MFU, a finite loss near ln(vocab)),
+# prints a sane line (positive tokens/s, step time, peak RSS, MFU, a finite loss, tokens per CPU-second),
 # the markdown table has all rows, and bad flags give clear errors.
 set -uo pipefail
 LATHE="${LATHE_BIN:?}"
@@ -22,12 +22,14 @@ import math, re, sys
 text = open(sys.argv[1]).read()
 assert re.search(r"measured f32 FMA peak, 1 thread\(s\): [0-9.]+ GFLOP/s", text), text
 lines = re.findall(r"^(\S+)\s+threads (\d): +([0-9.]+) tokens/s, step +([0-9.]+) s, peak RSS +(\d+) MB, +([0-9.]+) "
-                   r"GFLOP/s = +([0-9.]+)% of [0-9.]+ \(loss ([-0-9.na]+)\)$", text, re.M)
+                   r"GFLOP/s = +([0-9.]+)% of [0-9.]+ \(loss ([-0-9.na]+)\); +([0-9.]+) tokens per CPU-second$",
+                   text, re.M)
 got = {(r, int(t)) for r, t, *_ in lines}
 want = {(r, t) for r in ["lora-f32", "lora-bf16", "full-f32", "full-bf16"] for t in (1, 2)}
 assert got == want, (got, text)
-for r, t, tps, step, rss, gf, mfu, loss in lines:
+for r, t, tps, step, rss, gf, mfu, loss, cpu_tps in lines:
     assert float(tps) > 0 and float(step) > 0 and int(rss) > 0 and float(gf) > 0, (r, t)
+    assert float(cpu_tps) > 0, (r, t, cpu_tps)  # tokens per CPU-second of the fastest step
     assert abs(float(tps) * float(step) / 64 - 1) < 0.02, (r, t, tps, step)  # 2 x 32 tokens per step
     # Random tokens through a trained tiny model: a finite, positive loss (confidently wrong: ~18 nats).
     assert math.isfinite(float(loss)) and 0 < float(loss) < 100, (r, t, loss)

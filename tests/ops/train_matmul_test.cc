@@ -43,7 +43,11 @@ struct Shape {
 };
 // Cross kRowBlock (192), kColBlock (256), kInner (256) and the 6 x 16 tile edges.
 const Shape kQuantShapes[] = {{1, 1, 32}, {7, 13, 64}, {13, 300, 96}, {200, 37, 288}, {6, 16, 256}};
-const Shape kF32Shapes[] = {{1, 1, 1}, {5, 7, 19}, {197, 261, 263}, {2, 259, 17}};
+// Plus LoRA-like skinny shapes (rank 1 and 16 on either side), K = 1, inner > 2 * kInner and inner
+// > 16 * kInner (the GEMM packs B in several rounds then).
+const Shape kF32Shapes[] = {{1, 1, 1},   {5, 7, 19},    {197, 261, 263}, {2, 259, 17}, {37, 16, 1},
+                            {9, 1, 40},  {193, 600, 16}, {193, 16, 600}, {61, 3, 520}, {20, 530, 2},
+                            {3, 4200, 40}, {4200, 3, 20}};
 
 class TrainMatMul : public ::testing::TestWithParam<std::tuple<IsaTier, int>> {};
 
@@ -75,6 +79,50 @@ TEST_P(TrainMatMul, BackwardInputMatchesReference) {
       cpu::MatMulBackwardInputWith(tk, kt, pool, acc.data(), dy.data(), s.M, w.t, true);
       EXPECT_LE(RelErr(acc, ref_acc), kRefLimit) << DTypeName(dt) << " accumulate";
     }
+  }
+}
+
+// LinearForward's GEMM (y = x . W^T) for the dtypes it takes, y overwritten.
+TEST_P(TrainMatMul, ForwardMatchesReference) {
+  const auto [tier, threads] = GetParam();
+  LATHE_REQUIRE_TIER(tier);
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
+  const cpu::KernelTable& kt = cpu::KernelsFor(tier);
+  ThreadPool pool(threads);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    std::vector<Shape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
+    shapes.insert(shapes.end(), std::begin(kF32Shapes), std::end(kF32Shapes));
+    for (const Shape& s : shapes) {
+      const testing::TestWeight w = MakeWeight(dt, s.N, s.K, 41);
+      const std::vector<double> wd = Dequantized(w.t);
+      const std::vector<float> x = RandomVec(s.M * s.K, 42);
+      const std::vector<double> xd = ToDouble(x);
+      std::vector<double> ref(s.M * s.N);
+      train_ref::MatMul<double>(ref.data(), xd.data(), wd.data(), s.M, s.N, s.K);
+      std::vector<float> y(s.M * s.N, 123.0f);
+      cpu::MatMulForwardWith(tk, kt, pool, y.data(), x.data(), s.M, w.t);
+      EXPECT_LE(RelErr(y, ref), kRefLimit) << DTypeName(dt) << " " << s.M << "x" << s.N << "x" << s.K;
+    }
+  }
+}
+
+// The in-place-A micro-kernel against the scalar tier's for every row/column edge and both modes.
+TEST(TrainGemmTile, RowsKernelMatchesScalar) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx2);
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(IsaTier::kAvx2);
+  const cpu::TrainKernelTable& ts = cpu::TrainKernelsFor(IsaTier::kScalar);
+  const int64_t lda = 67, ldc = 21;  // lda >= every L
+  for (int64_t L : {1, 2, 17, 64}) {
+    const std::vector<float> a = RandomVec(6 * lda, 50), b = RandomVec(L * cpu::kGemmTileC, 51);
+    for (int mr = 1; mr <= cpu::kGemmTileR; ++mr)
+      for (int nc = 1; nc <= cpu::kGemmTileC; ++nc)
+        for (bool overwrite : {false, true}) {
+          std::vector<float> c = RandomVec(6 * ldc, 52), cs = c;
+          tk.gemm_tile_rows(a.data(), lda, b.data(), L, c.data(), ldc, mr, nc, overwrite);
+          ts.gemm_tile_rows(a.data(), lda, b.data(), L, cs.data(), ldc, mr, nc, overwrite);
+          for (size_t i = 0; i < c.size(); ++i)
+            ASSERT_NEAR(c[i], cs[i], 1e-5f) << "L " << L << " mr " << mr << " nc " << nc << " i " << i;
+        }
   }
 }
 

@@ -107,6 +107,20 @@ void SmallGemm(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ld
   RunPacked(tk, ap, bp, c, ldc, R, N, L);
 }
 
+// The same with A(R, L) read in place from row-major rows lda floats apart (no A packing).
+template <typename FB>
+void SmallGemmRowsA(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N,
+                    int64_t L, const float* a, int64_t lda, const FB& b) {
+  const int64_t n_strips = (N + kGemmTileC - 1) / kGemmTileC;
+  const float* bp = PackB<false>(Scratch(gs.b, (size_t)(n_strips * L * kGemmTileC)), L, N, b);
+  for (int64_t r0 = 0; r0 < R; r0 += kGemmTileR) {
+    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
+    for (int64_t j0 = 0; j0 < N; j0 += kGemmTileC)
+      tk.gemm_tile_rows(a + r0 * lda, lda, bp + j0 * L, L, c + r0 * ldc + j0, ldc, mr,
+                        (int)std::min<int64_t>(kGemmTileC, N - j0), /*overwrite=*/false);
+  }
+}
+
 // Packed operands of one (query tile, key tile) pair, each reused across the other loop:
 // qa = scale * Q tile and da = dO tile as row panels (nq x D); kb = K^T and vb = V^T tiles as
 // column strips (D x nk).
@@ -209,8 +223,8 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
           }
           l[i] += sum;
         }
-        SmallGemm(tk, gs, o, D, nq, D, nk, [&](int64_t i, int64_t j) { return S[i * nk + j]; },
-                  [&](int64_t j, int64_t c) { return v[d.KRow(k0 + j, g) + c]; });
+        SmallGemmRowsA(tk, gs, o, D, nq, D, nk, S, nk,
+                       [&](int64_t j, int64_t c) { return v[d.KRow(k0 + j, g) + c]; });
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
@@ -294,8 +308,8 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
         if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
         PackKeyPanels(d, k, v, g, k0, nk, panels);
         ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), seg, scale, P, dS);
-        SmallGemm(tk, gs, dqt, D, nq, D, nk, [&](int64_t i, int64_t j) { return dS[i * nk + j]; },
-                  [&](int64_t j, int64_t c) { return k[d.KRow(k0 + j, g) + c]; });
+        SmallGemmRowsA(tk, gs, dqt, D, nq, D, nk, dS, nk,
+                       [&](int64_t j, int64_t c) { return k[d.KRow(k0 + j, g) + c]; });
       }
       for (int64_t t = q0; t < q1; ++t) std::memcpy(dq + d.QRow(t, h), dqt + (t - q0) * D, sizeof(float) * D);
     }

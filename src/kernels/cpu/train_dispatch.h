@@ -27,6 +27,10 @@ struct TrainKernelTable {
   // c[i * ldc + j] += sum_l a[l * kGemmTileR + i] * b[l * kGemmTileC + j] for i < mr, j < nc.
   // a: (L, kGemmTileR) and b: (L, kGemmTileC) packed panels (padding lanes may hold anything).
   void (*gemm_tile)(const float* a, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc);
+  // The same with A read in place from rows lda floats apart: c[i * ldc + j] (+)= sum_l a[i * lda + l]
+  // * b[l * kGemmTileC + j] for i < mr, j < nc (rows >= mr are not read); overwrite stores instead of adding.
+  void (*gemm_tile_rows)(const float* a, int64_t lda, const float* b, int64_t L, float* c, int64_t ldc, int mr,
+                         int nc, bool overwrite);
   // log(sum_i exp(x[i])), max-subtracted. n >= 1.
   float (*logsumexp)(const float* x, int64_t n);
   // x[i] = exp(x[i] - shift) * scale.
@@ -42,6 +46,9 @@ const TrainKernelTable& TrainBest();
 // MatMulBackwardInput / MatMulBackwardWeight with one tier's tables (train_matmul.cc).
 void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
                              const float* dy, int64_t M, const Tensor& w, bool accumulate);
+// y = x . W^T (M x N) for f32/f16/bf16 W (N, K) through the same GEMM (train_matmul.cc).
+void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
+                       const float* x, int64_t M, const Tensor& w);
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K);
 

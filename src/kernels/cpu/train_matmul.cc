@@ -1,5 +1,5 @@
-// Blocked GEMM driver behind MatMulBackwardInput (dX = dY . W, W in any stored dtype) and
-// MatMulBackwardWeight (dW += dY^T . X): packs panels and runs a tier's register-tile kernel.
+// Blocked GEMM driver behind LinearForward (Y = X . W^T), MatMulBackwardInput (dX = dY . W, W in
+// any stored dtype) and MatMulBackwardWeight (dW += dY^T . X): packs panels, runs a tier's micro-kernels.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -15,38 +15,75 @@ namespace {
 
 // Task = (kRowBlock rows of C) x (kColBlock columns of C); the inner dimension goes in kInner
 // chunks. A packed B chunk (kInner x kColBlock floats, 256 KiB) stays in L2 while every row tile
-// of the task streams 16-column strips of it (16 KiB, L1) through the micro-kernel; a dequantized
-// W block is therefore reused by kRowBlock rows, which keeps dequantization under ~1 % of the FMAs.
+// of the task streams 16-column strips of it (16 KiB, L1) through the micro-kernel.
 constexpr int64_t kRowBlock = 32 * kGemmTileR;  // 192
 constexpr int64_t kColBlock = 256;              // multiple of 32 (quant blocks) and of kGemmTileC
 constexpr int64_t kInner = 256;
+// B is packed once per call for all rows (and shared by the threads) in column groups of at most
+// this many floats: 4 MiB holds every SmolLM2-135M linear whole; a 7B FFN goes in a few groups.
+constexpr int64_t kSharedBFloats = (int64_t)1 << 20;
+
+// The caller's shared panel buffer and each thread's B conversion / A tile buffers, one set for
+// every instantiation of Gemm (a static inside the template would be one per fill type).
+float* SharedPanels(size_t n) {
+  static thread_local std::vector<float> buf;  // the caller's; the workers only read it
+  return Scratch(buf, n);
+}
+float* ThreadTmp(size_t n) {
+  static thread_local std::vector<float> buf;
+  return Scratch(buf, n);
+}
+float* ThreadATile(size_t n) {
+  static thread_local std::vector<float> buf;
+  return Scratch(buf, n);
+}
 
 // C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
-// fill_b(l0, nl, k0, nk, tmp, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
-// either into the source or into tmp (nl x nk floats) after dequantizing.
+// fill_b(l0, nl, k0, nk, tmp, panel, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
+// either into the source or into tmp (nl x nk floats) after converting; or nullptr after writing the
+// packed panel itself (strip s at panel + s * nl * kGemmTileC, zero past nk).
+// Per call: B is packed once (in parallel, into a buffer the threads share) into 16-column strips
+// per (kColBlock, kInner) panel; then each task runs its row tiles over the panels. A with
+// contiguous rows (a_is == 1: the forward and the input gradient) is read in place by the rows
+// micro-kernel; otherwise (the weight gradient, A = dY^T) a 6 x kInner tile is packed per use.
+// Each C element sums its kInner chunks in order, so the result does not depend on the threads.
 template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
           const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b) {
-  const int64_t n_rb = (R + kRowBlock - 1) / kRowBlock, n_kb = (Kd + kColBlock - 1) / kColBlock;
-  pool.ParallelFor(n_rb * n_kb, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> bpack_buf, apack_buf, tmp_buf;
-    float* bpack = Scratch(bpack_buf, (size_t)(kInner * kColBlock));
-    float* apack = Scratch(apack_buf, (size_t)(kInner * kRowBlock));
-    float* tmp = Scratch(tmp_buf, (size_t)(kInner * kColBlock));
-    for (int64_t task = tb; task < te; ++task) {
-      const int64_t r0 = task / n_kb * kRowBlock, r1 = std::min(R, r0 + kRowBlock);
-      const int64_t k0 = task % n_kb * kColBlock, nk = std::min(Kd - k0, kColBlock);
-      const int64_t n_strips = (nk + kGemmTileC - 1) / kGemmTileC;
-      const int64_t n_tiles = (r1 - r0 + kGemmTileR - 1) / kGemmTileR;
-      if (!accumulate)
-        for (int64_t r = r0; r < r1; ++r) std::memset(c + r * ldc + k0, 0, sizeof(float) * nk);
-      for (int64_t l0 = 0; l0 < L; l0 += kInner) {
-        const int64_t nl = std::min(kInner, L - l0);
+  if (R <= 0 || Kd <= 0) return;
+  if (L <= 0) {
+    if (!accumulate)
+      for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
+    return;
+  }
+  const int64_t n_lc_all = (L + kInner - 1) / kInner;
+  // Inner chunks per round (all of them unless L > 4096, e.g. the head's input gradient) and
+  // columns per round (whole kColBlocks, at least one): a round's panels fit kSharedBFloats.
+  const int64_t chunks = std::min(n_lc_all, std::max<int64_t>(1, kSharedBFloats / (kInner * kColBlock)));
+  const int64_t group = std::max<int64_t>(1, kSharedBFloats / (chunks * kInner * kColBlock)) * kColBlock;
+  const bool rows_kernel = a_is == 1;
+  if (!rows_kernel && !accumulate)
+    for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
+  for (int64_t g0 = 0; g0 < Kd; g0 += group)
+  for (int64_t c0 = 0; c0 < n_lc_all; c0 += chunks) {
+    const int64_t gk = std::min(group, Kd - g0);
+    const int64_t n_cb = (gk + kColBlock - 1) / kColBlock;
+    const int64_t n_lc = std::min(chunks, n_lc_all - c0);  // chunks c0 .. c0 + n_lc - 1 this round
+    // Panel (cb, lc) at bpack + (cb * n_lc + lc) * kInner * kColBlock; strip s of it s * nl * 16 on.
+    float* bpack = SharedPanels((size_t)(n_cb * n_lc * kInner * kColBlock));
+    pool.ParallelFor(n_cb * n_lc, 1, [&](int64_t tb, int64_t te, int) {
+      float* tmp = ThreadTmp((size_t)(kInner * kColBlock));
+      for (int64_t u = tb; u < te; ++u) {
+        const int64_t cb = u / n_lc, lc = u % n_lc;
+        const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
+        const int64_t l0 = (c0 + lc) * kInner, nl = std::min(kInner, L - l0);
         int64_t ld = 0;
-        const float* p = fill_b(l0, nl, k0, nk, tmp, &ld);
-        for (int64_t s = 0; s < n_strips; ++s) {
-          const int64_t j0 = s * kGemmTileC, nj = std::min<int64_t>(kGemmTileC, nk - j0);
-          float* bs = bpack + s * nl * kGemmTileC;
+        float* panel = bpack + u * kInner * kColBlock;
+        const float* p = fill_b(l0, nl, k0, nk, tmp, panel, &ld);
+        if (!p) continue;
+        for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
+          const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
+          float* bs = panel + j0 * nl;
           if (nj == kGemmTileC) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
             for (int64_t l = 0; l < nl; ++l)
               std::memcpy(bs + l * kGemmTileC, p + l * ld + j0, sizeof(float) * kGemmTileC);
@@ -55,40 +92,46 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
               for (int64_t j = 0; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = j < nj ? p[l * ld + j0 + j] : 0.0f;
           }
         }
-        // All row tiles of A once per chunk, walking A in its contiguous direction (dY rows for
-        // the input gradient; runs of 6 within a dY row for the weight gradient).
-        // Tile rt holds a(r0 + rt * kGemmTileR + i, l0 + l) at apack[(rt * nl + l) * kGemmTileR + i].
-        for (int64_t rt = 0; rt < n_tiles; ++rt) {
-          float* at = apack + rt * nl * kGemmTileR;
-          const int64_t ri = r0 + rt * kGemmTileR;
-          const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
-          if (a_is == 1) {
-            for (int i = 0; i < kGemmTileR; ++i) {
-              const float* ar = a + (ri + std::min(i, mr - 1)) * a_rs + l0;
-              for (int64_t l = 0; l < nl; ++l) at[l * kGemmTileR + i] = i < mr ? ar[l] : 0.0f;
+      }
+    });
+    const int64_t n_rb = (R + kRowBlock - 1) / kRowBlock;
+    pool.ParallelFor(n_rb * n_cb, 1, [&](int64_t tb, int64_t te, int) {
+      float* apack = rows_kernel ? nullptr : ThreadATile((size_t)(kInner * kGemmTileR));
+      for (int64_t task = tb; task < te; ++task) {
+        const int64_t r0 = task / n_cb * kRowBlock, r1 = std::min(R, r0 + kRowBlock);
+        const int64_t cb = task % n_cb;
+        const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
+        for (int64_t lc = 0; lc < n_lc; ++lc) {
+          const int64_t l0 = (c0 + lc) * kInner, nl = std::min(kInner, L - l0);
+          const float* panel = bpack + (cb * n_lc + lc) * kInner * kColBlock;
+          const bool overwrite = c0 + lc == 0 && !accumulate;
+          for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
+            const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
+            float* crow = c + ri * ldc + k0;
+            if (rows_kernel) {
+              const float* ar = a + ri * a_rs + l0;
+              for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
+                tk.gemm_tile_rows(ar, a_rs, panel + j0 * nl, nl, crow + j0, ldc, mr,
+                                  (int)std::min<int64_t>(kGemmTileC, nk - j0), overwrite);
+              continue;
             }
-          } else if (a_rs == 1 && mr == kGemmTileR) {
-            for (int64_t l = 0; l < nl; ++l)
-              std::memcpy(at + l * kGemmTileR, a + ri + (l0 + l) * a_is, sizeof(float) * kGemmTileR);
-          } else {
-            for (int64_t l = 0; l < nl; ++l) {
-              const float* al = a + ri * a_rs + (l0 + l) * a_is;
-              for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? al[i * a_rs] : 0.0f;
+            // apack(l, i) = a(ri + i, l0 + l), rows past mr zero.
+            if (a_rs == 1 && mr == kGemmTileR) {
+              for (int64_t l = 0; l < nl; ++l)
+                std::memcpy(apack + l * kGemmTileR, a + ri + (l0 + l) * a_is, sizeof(float) * kGemmTileR);
+            } else {
+              for (int64_t l = 0; l < nl; ++l) {
+                const float* al = a + ri * a_rs + (l0 + l) * a_is;
+                for (int i = 0; i < kGemmTileR; ++i) apack[l * kGemmTileR + i] = i < mr ? al[i * a_rs] : 0.0f;
+              }
             }
-          }
-        }
-        for (int64_t rt = 0; rt < n_tiles; ++rt) {
-          const int64_t ri = r0 + rt * kGemmTileR;
-          const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
-          for (int64_t s = 0; s < n_strips; ++s) {
-            const int64_t j0 = s * kGemmTileC;
-            tk.gemm_tile(apack + rt * nl * kGemmTileR, bpack + s * nl * kGemmTileC, nl, c + ri * ldc + k0 + j0, ldc,
-                         mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
+            for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
+              tk.gemm_tile(apack, panel + j0 * nl, nl, crow + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
           }
         }
       }
-    }
-  });
+    });
+  }
 }
 
 }  // namespace
@@ -100,7 +143,7 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
   if (IsPackedQuant(w.dtype)) {  // NF4/FP4/int8: B chunks dequantized straight from the packed buffer
     if (IsPacked4Bit(w.dtype)) LATHE_CHECK(K % kQuant4Block == 0);
     const quant::QuantKernels& qk = quant::QuantKernelsFor(tk.tier);
-    auto fill_packed = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, int64_t* ld) -> const float* {
+    auto fill_packed = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
       quant::DequantPackedBlock(qk, w, l0, nl, k0, nk, tmp, nk);
       *ld = nk;
       return tmp;
@@ -112,7 +155,7 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
   const uint8_t* wd = (const uint8_t*)w.data;
   const DType t = w.dtype;
   if (IsQuantized(t)) LATHE_CHECK(K % 32 == 0);
-  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, int64_t* ld) -> const float* {
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
     if (t == DType::kF32) {
       *ld = K;
       return (const float*)w.data + l0 * K + k0;
@@ -124,9 +167,44 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
   Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill);
 }
 
+void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
+                       const float* x, int64_t M, const Tensor& w) {
+  LATHE_CHECK(w.ndim() == 2);
+  const int64_t N = w.shape[0], K = w.shape[1];
+  const DType t = w.dtype;
+  LATHE_CHECK(t == DType::kF32 || t == DType::kF16 || t == DType::kBF16);
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  // B(l, k) = W(k, l): W rows k0.. (converted to f32 first unless f32) written transposed straight
+  // into the panel's 16-column strips (each W row's run of nl floats becomes one strip column).
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, float* panel, int64_t*) -> const float* {
+    static thread_local std::vector<float> rows_buf;
+    const float* src = (const float*)w.data + k0 * K + l0;
+    int64_t src_ld = K;
+    if (t != DType::kF32) {
+      float* rows = Scratch(rows_buf, (size_t)(nk * nl));
+      kt.mm.dequant_rows(t, wd + k0 * rb + DTypeBytes(t, l0), rb, nk, nl, rows, nl);
+      src = rows;
+      src_ld = nl;
+    }
+    for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
+      float* bs = panel + j0 * nl;
+      const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
+      for (int64_t j = 0; j < nj; ++j) {
+        const float* wr = src + (j0 + j) * src_ld;
+        for (int64_t l = 0; l < nl; ++l) bs[l * kGemmTileC + j] = wr[l];
+      }
+      for (int64_t j = nj; j < kGemmTileC; ++j)
+        for (int64_t l = 0; l < nl; ++l) bs[l * kGemmTileC + j] = 0.0f;
+    }
+    return nullptr;
+  };
+  Gemm(tk, pool, y, N, M, N, K, x, K, 1, /*accumulate=*/false, fill);
+}
+
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K) {
-  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, int64_t* ld) -> const float* {
+  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, float*, int64_t* ld) -> const float* {
     *ld = K;
     return x + l0 * K + k0;
   };

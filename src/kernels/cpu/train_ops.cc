@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "kernels/cpu/train_dispatch.h"
 #include "kernels/cpu/train_reference.h"
+#include "kernels/kernels.h"
 #include "kernels/train_ops.h"
 
 namespace lathe::kernels {
@@ -39,6 +40,16 @@ void GemmTile(const float* a, const float* b, int64_t L, float* c, int64_t ldc, 
     for (int j = 0; j < nc; ++j) c[i * ldc + j] += acc[i][j];
 }
 
+void GemmTileRows(const float* a, int64_t lda, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc,
+                  bool overwrite) {
+  float acc[kGemmTileR][kGemmTileC] = {};
+  for (int64_t l = 0; l < L; ++l)
+    for (int i = 0; i < mr; ++i)
+      for (int j = 0; j < kGemmTileC; ++j) acc[i][j] += a[i * lda + l] * b[l * kGemmTileC + j];
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nc; ++j) c[i * ldc + j] = (overwrite ? 0.0f : c[i * ldc + j]) + acc[i][j];
+}
+
 float LogSumExp(const float* x, int64_t n) {
   float m = x[0];
   for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
@@ -59,7 +70,7 @@ void RoundBf16(float* out, const float* x, int64_t n) {
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale, RoundBf16};
+                                     SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RoundBf16};
   return t;
 }
 
@@ -149,6 +160,14 @@ void EmbeddingBackward(float* dwte_accum, const float* dout, const int32_t* toke
     const float* d = dout + t * C;
     for (int64_t c = 0; c < C; ++c) row[c] += d[c];
   }
+}
+
+void LinearForward(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w) {
+  if (w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16) {
+    cpu::MatMulForwardWith(cpu::TrainBest(), cpu::Best(), pool, y, x, M, w);
+    return;
+  }
+  MatMul(pool, x, M, w, y, /*exact_activations=*/true);
 }
 
 void MatMulBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, bool accumulate) {

@@ -1,5 +1,5 @@
 // AVX2 + FMA paths of the training ops: RMSNorm and SwiGLU forward/backward and the 6x16 GEMM
-// micro-kernel behind MatMulBackwardInput/Weight (train_matmul.cc does the blocking).
+// micro-kernels (packed A, and A rows in place) behind the training GEMM (train_matmul.cc blocks).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -147,6 +147,62 @@ void GemmTile(const float* a, const float* b, int64_t L, float* c, int64_t ldc, 
   }
 }
 
+// A read in place: row i at a + i * lda (rows past mr alias row mr - 1 and are not stored).
+void GemmTileRows(const float* a, int64_t lda, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc,
+                  bool overwrite) {
+  const float* a0 = a;
+  const float* a1 = a + std::min(1, mr - 1) * lda;
+  const float* a2 = a + std::min(2, mr - 1) * lda;
+  const float* a3 = a + std::min(3, mr - 1) * lda;
+  const float* a4 = a + std::min(4, mr - 1) * lda;
+  const float* a5 = a + std::min(5, mr - 1) * lda;
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(),
+         c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
+         c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps(),
+         c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int64_t l = 0; l < L; ++l) {
+    const __m256 b0 = _mm256_loadu_ps(b + l * 16), b1 = _mm256_loadu_ps(b + l * 16 + 8);
+    __m256 av = _mm256_broadcast_ss(a0 + l);
+    c00 = _mm256_fmadd_ps(av, b0, c00);
+    c01 = _mm256_fmadd_ps(av, b1, c01);
+    av = _mm256_broadcast_ss(a1 + l);
+    c10 = _mm256_fmadd_ps(av, b0, c10);
+    c11 = _mm256_fmadd_ps(av, b1, c11);
+    av = _mm256_broadcast_ss(a2 + l);
+    c20 = _mm256_fmadd_ps(av, b0, c20);
+    c21 = _mm256_fmadd_ps(av, b1, c21);
+    av = _mm256_broadcast_ss(a3 + l);
+    c30 = _mm256_fmadd_ps(av, b0, c30);
+    c31 = _mm256_fmadd_ps(av, b1, c31);
+    av = _mm256_broadcast_ss(a4 + l);
+    c40 = _mm256_fmadd_ps(av, b0, c40);
+    c41 = _mm256_fmadd_ps(av, b1, c41);
+    av = _mm256_broadcast_ss(a5 + l);
+    c50 = _mm256_fmadd_ps(av, b0, c50);
+    c51 = _mm256_fmadd_ps(av, b1, c51);
+  }
+  const __m256 acc[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  if (nc == 16) {
+    for (int i = 0; i < mr; ++i) {
+      float* ci = c + i * ldc;
+      if (overwrite) {
+        _mm256_storeu_ps(ci, acc[i][0]);
+        _mm256_storeu_ps(ci + 8, acc[i][1]);
+      } else {
+        _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), acc[i][0]));
+        _mm256_storeu_ps(ci + 8, _mm256_add_ps(_mm256_loadu_ps(ci + 8), acc[i][1]));
+      }
+    }
+  } else {
+    alignas(32) float tmp[16];
+    for (int i = 0; i < mr; ++i) {
+      _mm256_store_ps(tmp, acc[i][0]);
+      _mm256_store_ps(tmp + 8, acc[i][1]);
+      for (int j = 0; j < nc; ++j) c[i * ldc + j] = (overwrite ? 0.0f : c[i * ldc + j]) + tmp[j];
+    }
+  }
+}
+
 float LogSumExp(const float* x, int64_t n) {
   __m256 mv = _mm256_set1_ps(x[0]);
   int64_t i = 0;
@@ -194,7 +250,7 @@ void RoundBf16(float* out, const float* x, int64_t n) {
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kAvx2, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile, LogSumExp, ExpShiftScale, RoundBf16};
+                                     SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RoundBf16};
   return t;
 }
 
