@@ -16,6 +16,7 @@
 #include "baseline_gemv.h"
 #include "core/cpu.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/kernels.h"
 
@@ -185,6 +186,24 @@ void BM_Batch(benchmark::State& state, DType dt, Shape s, int64_t M) {
       benchmark::Counter(2.0 * M * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// Block-quantized weights at batch sizes of batched decode and prefill: the int8 GEMM (MatMul's path
+// for M > kGemvQuantMaxM on tiers that have one) against the previous path with qgemm switched off
+// (int8 GEMV up to kGemvQuantMaxM, dequantized panels + f32 FMA above), same weights and x.
+void BM_QGemm(benchmark::State& state, DType dt, Shape s, int64_t M, bool old_path, int threads) {
+  ThreadPool pool(threads);
+  Weights w = MakeWeights(dt, s, 1);
+  const std::vector<float> x = RandomFloats(M * s.K, 2);
+  std::vector<float> y(M * s.N);
+  kernels::cpu::MatMulKernels mm = kernels::cpu::Best().mm;
+  if (old_path) mm.qgemm = nullptr;
+  for (auto _ : state) {
+    kernels::cpu::MatMulWith(mm, pool, x.data(), M, w.t[0], y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * M * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
 void BM_Elementwise(benchmark::State& state, int op, bool reference) {
   const int64_t n = 1536 * 64;
   std::vector<float> a = RandomFloats(n, 3), b = RandomFloats(n, 4), o(n);
@@ -258,6 +277,20 @@ void RegisterAll() {
           ("batch/" + std::string(DTypeName(dt)) + "/M:" + std::to_string(M) + "/1536x576").c_str(), BM_Batch,
           dt, Shape{1536, 576}, M)
           ->UseRealTime();
+  if (kernels::cpu::Best().mm.qgemm)
+    for (DType dt : {DType::kQ8_0, DType::kQ4_0})
+      for (Shape s : {Shape{1536, 576}, Shape{576, 1536}, kHead})
+        for (int64_t M : {16, 32, 64, 128, 512}) {
+          if (s.N == kHead.N && M > 128) continue;
+          for (bool old_path : {true, false})
+            benchmark::RegisterBenchmark(("qgemm/" + std::string(DTypeName(dt)) + "/" +
+                                          (old_path ? "old" : "int8gemm") + "/M:" + std::to_string(M) + "/" +
+                                          std::to_string(s.N) + "x" + std::to_string(s.K))
+                                             .c_str(),
+                                         BM_QGemm, dt, s, M, old_path, 1)
+                ->Unit(benchmark::kMicrosecond)
+                ->UseRealTime();
+        }
   const char* ops[] = {"rmsnorm", "silu_mul", "softmax"};
   for (int op = 0; op < 3; ++op)
     for (bool reference : {true, false})

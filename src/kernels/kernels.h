@@ -53,4 +53,12 @@ void Attention(ThreadPool& pool, const float* q, int64_t q_stride, const float* 
                int64_t kv_stride, int64_t T, int64_t pos0, int n_head, int n_kv_head, int head_dim,
                float scale, float* out, int64_t out_stride);
 
+// One token's attention over a paged KV cache: `group` query heads sharing one KV head,
+//   out[h] = sum_p softmax_p(scale * q[h] . k_p) v_p,  p < n_pos,  k_p = k + off[p], v_p = v + off[p]
+// (off from the block table; K and V share the layout). q, out: group * head_dim floats; scores:
+// n_pos floats of scratch. Single-threaded (callers parallelize over sequences and heads); the
+// result depends only on these arguments, not on any batch.
+void GroupAttention(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n_pos,
+                    int head_dim, float scale, float* out, float* scores);
+
 }  // namespace lathe::kernels
