@@ -210,7 +210,8 @@ void BM_QGemm(benchmark::State& state, DType dt, Shape s, int64_t M, bool old_pa
 void BM_PagedAttention(benchmark::State& state, int64_t n_pos, bool old_path) {
   const int group = 3, hd = 64, kv_heads = 3, bs = 16;
   const int64_t kv_dim = kv_heads * hd, n_blocks = (n_pos + bs - 1) / bs, pool_blocks = 2 * n_blocks + 1;
-  const std::vector<float> k = RandomFloats(pool_blocks * bs * kv_dim, 5), v = RandomFloats(pool_blocks * bs * kv_dim, 6);
+  const std::vector<float> k = RandomFloats(pool_blocks * bs * kv_dim, 5),
+                           v = RandomFloats(pool_blocks * bs * kv_dim, 6);
   const std::vector<float> q = RandomFloats(group * kv_heads * hd, 7);
   std::vector<int64_t> off(n_pos);
   for (int64_t p = 0; p < n_pos; ++p) off[p] = ((2 * (p / bs) + 1) * bs + p % bs) * kv_dim;
@@ -219,12 +220,13 @@ void BM_PagedAttention(benchmark::State& state, int64_t n_pos, bool old_path) {
   if (old_path) kt.group_attend = nullptr;
   for (auto _ : state) {
     for (int g = 0; g < kv_heads; ++g)
-      kernels::cpu::GroupAttentionWith(kt, q.data() + g * group * hd, group, k.data() + g * hd, v.data() + g * hd,
-                                       off.data(), n_pos, hd, 0.125f, out.data() + g * group * hd, sc.data());
+      kernels::cpu::GroupAttentionWith(kt, q.data() + g * group * hd, group, k.data() + g * hd,
+                                       v.data() + g * hd, off.data(), n_pos, hd, 0.125f,
+                                       out.data() + g * group * hd, sc.data());
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["positions/s"] = benchmark::Counter((double)n_pos * group * kv_heads * state.iterations(),
-                                                     benchmark::Counter::kIsRate);
+  state.counters["positions/s"] =
+      benchmark::Counter((double)n_pos * group * kv_heads * state.iterations(), benchmark::Counter::kIsRate);
 }
 
 void BM_Elementwise(benchmark::State& state, int op, bool reference) {
@@ -306,11 +308,11 @@ void RegisterAll() {
         for (int64_t M : {16, 32, 64, 128, 512}) {
           if (s.N == kHead.N && M > 128) continue;
           for (bool old_path : {true, false})
-            benchmark::RegisterBenchmark(("qgemm/" + std::string(DTypeName(dt)) + "/" +
-                                          (old_path ? "old" : "int8gemm") + "/M:" + std::to_string(M) + "/" +
-                                          std::to_string(s.N) + "x" + std::to_string(s.K))
-                                             .c_str(),
-                                         BM_QGemm, dt, s, M, old_path, 1)
+            benchmark::RegisterBenchmark(
+                ("qgemm/" + std::string(DTypeName(dt)) + "/" + (old_path ? "old" : "int8gemm") +
+                 "/M:" + std::to_string(M) + "/" + std::to_string(s.N) + "x" + std::to_string(s.K))
+                    .c_str(),
+                BM_QGemm, dt, s, M, old_path, 1)
                 ->Unit(benchmark::kMicrosecond)
                 ->UseRealTime();
         }

@@ -161,8 +161,8 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
       for (int64_t t = item.t0; t < item.t1; ++t) {
         const int64_t pos = seq.start_pos + t, r = item.row0 + t;
         const int64_t h0 = item.kv_head * group;
-        kernels::GroupAttention(&q_[r * q_dim + h0 * hd], (int)group, k_layer + kvo, v_layer + kvo, off.data(),
-                                pos + 1, (int)hd, scale, &att_[r * q_dim + h0 * hd], sc.data());
+        kernels::GroupAttention(&q_[r * q_dim + h0 * hd], (int)group, k_layer + kvo, v_layer + kvo,
+                                off.data(), pos + 1, (int)hd, scale, &att_[r * q_dim + h0 * hd], sc.data());
       }
     }
   });

@@ -337,19 +337,24 @@ struct HttpServer::Impl {
     if (!r.stream) {
       // cpp-httplib 0.11.4 (Debian 12) has no Request::is_connection_closed (added in later
       // versions), so a plain handler cannot see a client leave. The JSON body is sent through a
-      // chunked provider instead: while the engine works, a space every 0.5 s (leading whitespace is
-      // valid JSON) probes the connection, and a failed write cancels the request (the releaser).
+      // chunked provider instead: while the engine works, a space every kProbeInterval (leading
+      // whitespace is valid JSON) probes the connection; a failed write cancels the request (the
+      // releaser). A write to a just-closed socket may still succeed once; the next one fails.
+      constexpr double kProbeInterval = 0.2;
       auto deadline = std::make_shared<double>(Now() + 600);
+      auto next_probe = std::make_shared<double>(Now() + kProbeInterval);
       res.set_chunked_content_provider(
           "application/json",
-          [this, job, states, apply, all_done, id, created, model, chat, n_prompt, deadline](
+          [this, job, states, apply, all_done, id, created, model, chat, n_prompt, deadline, next_probe](
               size_t, httplib::DataSink& sink) -> bool {
             while (!all_done() && Now() < *deadline) {
-              Job::Ev ev;
-              if (!job->Pop(&ev, 0.5)) {
+              if (Now() >= *next_probe) {  // also while tokens keep coming
+                *next_probe = Now() + kProbeInterval;
                 static const char kProbe = ' ';
                 return sink.write(&kProbe, 1);
               }
+              Job::Ev ev;
+              if (!job->Pop(&ev, kProbeInterval)) continue;
               Choice d;
               apply(ev, &d);
               *deadline = Now() + 600;

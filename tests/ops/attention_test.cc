@@ -91,7 +91,7 @@ TEST_P(AttentionTier, GroupAttentionPagedMatchesDefinition) {
     int64_t n_pos, block_size;
     int group, n_kv_head, head_dim;
   };
-  const PCase cases[] = {{1, 16, 3, 3, 64},  {15, 16, 3, 3, 64}, {16, 16, 1, 2, 64}, {17, 16, 3, 3, 64},
+  const PCase cases[] = {{1, 16, 3, 3, 64},   {15, 16, 3, 3, 64}, {16, 16, 1, 2, 64}, {17, 16, 3, 3, 64},
                          {161, 16, 3, 3, 64}, {70, 8, 4, 2, 32},  {33, 4, 2, 1, 128}, {9, 16, 2, 2, 8},
                          {40, 16, 1, 3, 20},  {600, 16, 3, 3, 64}};
   for (const PCase& pc : cases) {

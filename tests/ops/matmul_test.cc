@@ -68,7 +68,8 @@ TEST_P(MatMulTier, AllDtypesOddShapes) {
     const bool block = IsQuantized(dt);
     for (const Shape& s : block ? std::vector<Shape>(std::begin(kBlockShapes), std::end(kBlockShapes))
                                 : std::vector<Shape>(std::begin(kFloatShapes), std::end(kFloatShapes))) {
-      for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 18, 31, 64}) CheckMatMul(GetParam(), dt, M, s.N, s.K, seed++);
+      for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 18, 31, 64})
+        CheckMatMul(GetParam(), dt, M, s.N, s.K, seed++);
     }
   }
 }
@@ -231,7 +232,8 @@ TEST(MatMulPublic, BestTierAndDequantizeRows) {
       std::vector<float> ref(M * N), y(M * N);
       ref::MatMul(x.data(), M, w.t, ref.data());
       MatMul(pool, x.data(), M, w.t, y.data());
-      EXPECT_LE(NormalizedError(y, ref), ErrorLimit(dt, M, 1000, cpu::Best().mm.qgemm != nullptr)) << DTypeName(dt) << " M=" << M;
+      EXPECT_LE(NormalizedError(y, ref), ErrorLimit(dt, M, 1000, cpu::Best().mm.qgemm != nullptr))
+          << DTypeName(dt) << " M=" << M;
     }
     const int64_t N = 6, K = 64;
     testing::TestWeight w = MakeWeight(dt, N, K, 11);

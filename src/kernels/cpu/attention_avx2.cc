@@ -26,8 +26,10 @@ void Scores(const float* q, const float* k, const int64_t* off, int64_t n, float
     // Two accumulators per position (even / odd 8-float chunks): 8 independent FMA chains.
     __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k0)), a1 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k1));
     __m256 a2 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k2)), a3 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k3));
-    __m256 b0 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k0 + 8)), b1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k1 + 8));
-    __m256 b2 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k2 + 8)), b3 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k3 + 8));
+    __m256 b0 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k0 + 8)),
+           b1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k1 + 8));
+    __m256 b2 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k2 + 8)),
+           b3 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k3 + 8));
 #pragma GCC unroll 8
     for (int c = 2; c < C; c += 2) {
       a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a0);

@@ -71,8 +71,8 @@ void UnpackPanel(const uint8_t* w, size_t rb, int64_t n_rows, int64_t nb, GroupB
 // then y = HsumPs(acc) + offset term: the ops and their order per (i, r) are those of
 // matmul_avx2.cc's Gemv1Rows4 (ds = dw * dx, acc = fma(dot, ds, acc), corr = fma(cw, s, corr)).
 template <DType T, int MR>
-void Tile(const GroupBlock* gb, const float* dw, const float* cw, const BlockQ8X* x, int64_t nb, const float* xd,
-          const float* xs, float* ds, float* y, int64_t ldy) {
+void Tile(const GroupBlock* gb, const float* dw, const float* cw, const BlockQ8X* x, int64_t nb,
+          const float* xd, const float* xs, float* ds, float* y, int64_t ldy) {
   constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
   // Scale products of the tile, one vector multiply per block (lanes past MR rows unused).
   __m256 corr = _mm256_setzero_ps();
