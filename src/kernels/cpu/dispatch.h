@@ -69,8 +69,9 @@ const KernelTable& Best();
 
 // y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. M < kGemvMaxM (float weights) or
 // M <= kGemvQuantMaxM (block-quantized weights, without exact_activations) uses the GEMV kernels
-// (int8 dot for block types), larger M — or any M with exact_activations and a block-quantized
-// weight — the dequantize-panel + FMA path. Float-weight crossover, measured (bench batch/*,
+// (int8 dot for block types), larger M the int8 GEMM (k.qgemm, block types, where the tier has
+// one) or else — and for any M with exact_activations and a block-quantized weight — the
+// dequantize-panel + FMA path. Float-weight crossover, measured (bench batch/*,
 // 1536x576 on Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32 M=4 101 vs 157 us, q4_0 179 vs
 // 234 us); at M = 2 GEMV is 1.5-2x faster.
 void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
