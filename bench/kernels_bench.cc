@@ -16,6 +16,7 @@
 #include "baseline_gemv.h"
 #include "core/cpu.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/kernels.h"
 #include "kernels/train_ops.h"
@@ -186,6 +187,49 @@ void BM_Batch(benchmark::State& state, DType dt, Shape s, int64_t M) {
       benchmark::Counter(2.0 * M * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// Block-quantized weights at batch sizes of batched decode and prefill: the int8 GEMM (MatMul's path
+// for M > kGemvQuantMaxM on tiers that have one) against the previous path with qgemm switched off
+// (int8 GEMV up to kGemvQuantMaxM, dequantized panels + f32 FMA above), same weights and x.
+void BM_QGemm(benchmark::State& state, DType dt, Shape s, int64_t M, bool old_path, int threads) {
+  ThreadPool pool(threads);
+  Weights w = MakeWeights(dt, s, 1);
+  const std::vector<float> x = RandomFloats(M * s.K, 2);
+  std::vector<float> y(M * s.N);
+  kernels::cpu::MatMulKernels mm = kernels::cpu::Best().mm;
+  if (old_path) mm.qgemm = nullptr;
+  for (auto _ : state) {
+    kernels::cpu::MatMulWith(mm, pool, x.data(), M, w.t[0], y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * M * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
+// One decode token's paged attention (3 query heads per KV head, head_dim 64, as SmolLM2-135M;
+// blocks of 16 in a shuffled table): the AVX2 group kernel against the per-position Dot / Softmax /
+// Axpy form (group_attend switched off), same data.
+void BM_PagedAttention(benchmark::State& state, int64_t n_pos, bool old_path) {
+  const int group = 3, hd = 64, kv_heads = 3, bs = 16;
+  const int64_t kv_dim = kv_heads * hd, n_blocks = (n_pos + bs - 1) / bs, pool_blocks = 2 * n_blocks + 1;
+  const std::vector<float> k = RandomFloats(pool_blocks * bs * kv_dim, 5),
+                           v = RandomFloats(pool_blocks * bs * kv_dim, 6);
+  const std::vector<float> q = RandomFloats(group * kv_heads * hd, 7);
+  std::vector<int64_t> off(n_pos);
+  for (int64_t p = 0; p < n_pos; ++p) off[p] = ((2 * (p / bs) + 1) * bs + p % bs) * kv_dim;
+  std::vector<float> out(group * kv_heads * hd), sc(n_pos);
+  kernels::cpu::KernelTable kt = kernels::cpu::Best();
+  if (old_path) kt.group_attend = nullptr;
+  for (auto _ : state) {
+    for (int g = 0; g < kv_heads; ++g)
+      kernels::cpu::GroupAttentionWith(kt, q.data() + g * group * hd, group, k.data() + g * hd,
+                                       v.data() + g * hd, off.data(), n_pos, hd, 0.125f,
+                                       out.data() + g * group * hd, sc.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["positions/s"] =
+      benchmark::Counter((double)n_pos * group * kv_heads * state.iterations(), benchmark::Counter::kIsRate);
+}
+
 void BM_Elementwise(benchmark::State& state, int op, bool reference) {
   const int64_t n = 1536 * 64;
   std::vector<float> a = RandomFloats(n, 3), b = RandomFloats(n, 4), o(n);
@@ -293,6 +337,27 @@ void RegisterAll() {
     for (Shape s : train_shapes)
       benchmark::RegisterBenchmark(Name("train", train_kinds[kind], s, 1).c_str(), BM_TrainGemm, kind, s)
           ->Unit(benchmark::kMillisecond);
+  if (kernels::cpu::Best().mm.qgemm)
+    for (DType dt : {DType::kQ8_0, DType::kQ4_0})
+      for (Shape s : {Shape{1536, 576}, Shape{576, 1536}, kHead})
+        for (int64_t M : {16, 32, 64, 128, 512}) {
+          if (s.N == kHead.N && M > 128) continue;
+          for (bool old_path : {true, false})
+            benchmark::RegisterBenchmark(
+                ("qgemm/" + std::string(DTypeName(dt)) + "/" + (old_path ? "old" : "int8gemm") +
+                 "/M:" + std::to_string(M) + "/" + std::to_string(s.N) + "x" + std::to_string(s.K))
+                    .c_str(),
+                BM_QGemm, dt, s, M, old_path, 1)
+                ->Unit(benchmark::kMicrosecond)
+                ->UseRealTime();
+        }
+  for (int64_t n_pos : {32, 160, 1024})
+    for (bool old_path : {true, false})
+      benchmark::RegisterBenchmark(("paged_attention/" + std::string(old_path ? "dot_axpy" : "group_kernel") +
+                                    "/positions:" + std::to_string(n_pos))
+                                       .c_str(),
+                                   BM_PagedAttention, n_pos, old_path)
+          ->UseRealTime();
   const char* ops[] = {"rmsnorm", "silu_mul", "softmax"};
   for (int op = 0; op < 3; ++op)
     for (bool reference : {true, false})

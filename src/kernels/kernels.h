@@ -15,10 +15,11 @@ namespace lathe::kernels {
 // q4_1); K = w.shape[1], N = w.shape[0]. Runs on `pool` (must not be called from inside a
 // ParallelFor of the same pool). Never materializes a dequantized W (the prefill path dequantizes
 // a few rows at a time into a per-thread buffer).
-// Accuracy: for M < 4 and a block-quantized W, x is quantized to int8 blocks of 32 (as llama.cpp
-// does), ~0.6 % relative error vs the f32 reference, unless exact_activations; otherwise f32
-// arithmetic (only the summation order differs). So decode and prefill logits for the same token
-// differ at that level.
+// Accuracy: for a block-quantized W, x is quantized to int8 blocks of 32 (as llama.cpp does), ~0.6 %
+// relative error vs the f32 reference, unless exact_activations (then, and for float W, f32
+// arithmetic; only the summation order differs). With int8 x on AVX2, every row of y is identical to that
+// row computed alone (M = 1), for any M: batch composition does not change a row. (Tiers without
+// the int8 GEMM, scalar and AVX-512, keep int8 x only for M <= 16 and f32 above.)
 // Reuses per-thread scratch buffers: no heap allocation after the first call at a given size.
 void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
             bool exact_activations = false);
@@ -52,5 +53,13 @@ void Softmax(float* x, int64_t n);
 void Attention(ThreadPool& pool, const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_stride, int64_t T, int64_t pos0, int n_head, int n_kv_head, int head_dim,
                float scale, float* out, int64_t out_stride);
+
+// One token's attention over a paged KV cache: `group` query heads sharing one KV head,
+//   out[h] = sum_p softmax_p(scale * q[h] . k_p) v_p,  p < n_pos,  k_p = k + off[p], v_p = v + off[p]
+// (off from the block table; K and V share the layout). q, out: group * head_dim floats; scores:
+// n_pos floats of scratch. Single-threaded (callers parallelize over sequences and heads); the
+// result depends only on these arguments, not on any batch.
+void GroupAttention(const float* q, int group, const float* k, const float* v, const int64_t* off,
+                    int64_t n_pos, int head_dim, float scale, float* out, float* scores);
 
 }  // namespace lathe::kernels

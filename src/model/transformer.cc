@@ -124,45 +124,45 @@ void Transformer::ApplyRope(float* x, int64_t n_heads, int64_t pos) const {
 
 void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const PagedSeqInput> batch) {
   const ModelConfig& c = w_.config;
-  const int64_t hd = c.head_dim, n_heads = c.n_heads, group = c.n_heads / c.n_kv_heads;
-  const int64_t q_dim = c.q_dim(), bs = store.block_size();
+  const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+  const int64_t q_dim = c.q_dim(), bs = store.block_size(), kv_dim = store.kv_dim();
   const float scale = 1.0f / std::sqrt((float)hd);
-  // Work items: (sequence, head, chunk of that sequence's new tokens).
+  // Work items: (sequence, KV head, chunk of that sequence's new tokens); the `group` query heads of
+  // a KV head share each K/V row read (kernels::GroupAttention).
   struct Item {
     int seq;
     int64_t row0;    // first stacked row of the sequence
     int64_t t0, t1;  // token range within the sequence's new tokens
-    int64_t head;
+    int64_t kv_head;
   };
   std::vector<Item> items;
   int64_t row = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     int64_t n = (int64_t)batch[s].tokens.size();
     int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, 64));
-    for (int64_t h = 0; h < n_heads; ++h)
-      for (int64_t t = 0; t < n; t += chunk) items.push_back({(int)s, row, t, std::min(n, t + chunk), h});
+    for (int64_t g = 0; g < c.n_kv_heads; ++g)
+      for (int64_t t = 0; t < n; t += chunk) items.push_back({(int)s, row, t, std::min(n, t + chunk), g});
     row += n;
   }
+  const float* k_layer = store.K(layer, 0, 0);
+  const float* v_layer = store.V(layer, 0, 0);
   pool_.ParallelFor((int64_t)items.size(), 1, [&](int64_t b, int64_t e, int thread) {
     std::vector<float>& sc = scores_[thread];
+    static thread_local std::vector<int64_t> off;
     for (int64_t it = b; it < e; ++it) {
       const Item& item = items[it];
       const PagedSeqInput& seq = batch[item.seq];
-      const int64_t kvo = (item.head / group) * hd;
+      const int64_t kvo = item.kv_head * hd;
+      // Offsets of every position's K/V row in the layer (same layout for K and V).
+      const int64_t n_pos = seq.start_pos + item.t1;
+      if ((int64_t)off.size() < n_pos) off.resize(n_pos);
+      if ((int64_t)sc.size() < n_pos) sc.resize(n_pos);
+      for (int64_t p = 0; p < n_pos; ++p) off[p] = ((int64_t)seq.block_table[p / bs] * bs + p % bs) * kv_dim;
       for (int64_t t = item.t0; t < item.t1; ++t) {
-        int64_t pos = seq.start_pos + t;
-        int64_t r = item.row0 + t;
-        const float* q = &q_[r * q_dim + item.head * hd];
-        if ((int64_t)sc.size() < pos + 1) sc.resize(pos + 1);
-        for (int64_t p = 0; p <= pos; ++p) {
-          sc[p] = kernels::Dot(q, store.K(layer, seq.block_table[p / bs], p % bs) + kvo, hd) * scale;
-        }
-        kernels::Softmax(sc.data(), pos + 1);
-        float* out = &att_[r * q_dim + item.head * hd];
-        std::memset(out, 0, hd * sizeof(float));
-        for (int64_t p = 0; p <= pos; ++p) {
-          kernels::Axpy(out, sc[p], store.V(layer, seq.block_table[p / bs], p % bs) + kvo, hd);
-        }
+        const int64_t pos = seq.start_pos + t, r = item.row0 + t;
+        const int64_t h0 = item.kv_head * group;
+        kernels::GroupAttention(&q_[r * q_dim + h0 * hd], (int)group, k_layer + kvo, v_layer + kvo,
+                                off.data(), pos + 1, (int)hd, scale, &att_[r * q_dim + h0 * hd], sc.data());
       }
     }
   });

@@ -335,26 +335,57 @@ struct HttpServer::Impl {
     const std::string model = r.model.empty() ? opt.model_name : r.model;
     const int64_t n_prompt = (int64_t)ids.size();
     if (!r.stream) {
-      while (!all_done()) {
-        Job::Ev ev;
-        if (!job->Pop(&ev, 600)) break;
-        Choice d;
-        apply(ev, &d);
-      }
-      for (size_t c = 0; c < states->size(); ++c) {
-        if (!(*states)[c].done) engine.Abort(job->ids[c]);  // timed out: stop spending on it
-      }
-      std::vector<Choice> choices;
-      Usage u{n_prompt, 0};
-      for (auto& s : *states) {
-        choices.push_back(s.choice);
-        u.completion_tokens += s.tokens;
-      }
-      res.set_content(CompletionResponse(id, created, model, choices, u, chat)
-                          .dump(-1, ' ', false, json::error_handler_t::replace),
-                      "application/json");
-      requests_ok->Inc();
-      in_flight->Add(-1);
+      // cpp-httplib 0.11.4 (Debian 12) has no Request::is_connection_closed (added in later
+      // versions), so a plain handler cannot see a client leave. The JSON body is sent through a
+      // chunked provider instead: while the engine works, a space every kProbeInterval (leading
+      // whitespace is valid JSON) probes the connection; a failed write cancels the request (the
+      // releaser). A write to a just-closed socket may still succeed once; the next one fails.
+      constexpr double kProbeInterval = 0.2;
+      auto deadline = std::make_shared<double>(Now() + 600);
+      auto next_probe = std::make_shared<double>(Now() + kProbeInterval);
+      res.set_chunked_content_provider(
+          "application/json",
+          [this, job, states, apply, all_done, id, created, model, chat, n_prompt, deadline, next_probe](
+              size_t, httplib::DataSink& sink) -> bool {
+            while (!all_done() && Now() < *deadline) {
+              if (Now() >= *next_probe) {  // also while tokens keep coming
+                *next_probe = Now() + kProbeInterval;
+                static const char kProbe = ' ';
+                return sink.write(&kProbe, 1);
+              }
+              Job::Ev ev;
+              if (!job->Pop(&ev, kProbeInterval)) continue;
+              Choice d;
+              apply(ev, &d);
+              *deadline = Now() + 600;
+            }
+            for (size_t c = 0; c < states->size(); ++c) {
+              if (!(*states)[c].done) engine.Abort(job->ids[c]);  // timed out: stop spending on it
+            }
+            std::vector<Choice> choices;
+            Usage u{n_prompt, 0};
+            for (auto& st : *states) {
+              choices.push_back(st.choice);
+              u.completion_tokens += st.tokens;
+            }
+            const std::string body = CompletionResponse(id, created, model, choices, u, chat)
+                                         .dump(-1, ' ', false, json::error_handler_t::replace);
+            if (!sink.write(body.data(), body.size())) return false;
+            sink.done();
+            return true;
+          },
+          [this, job, states](bool success) {
+            bool cut = false;
+            for (size_t c = 0; c < states->size(); ++c) {
+              if (!(*states)[c].done) {
+                engine.Abort(job->ids[c]);
+                cut = true;
+              }
+            }
+            (success ? requests_ok : requests_err)->Inc();
+            if (cut) cancelled->Inc();
+            in_flight->Add(-1);
+          });
       return;
     }
     auto first = std::make_shared<std::vector<bool>>(r.n, true);

@@ -6,6 +6,7 @@ serve_test.py run URL LATHE MODEL DIR         runs every check against the serve
 import json
 import os
 import re
+import socket
 import struct
 import subprocess
 import sys
@@ -222,6 +223,33 @@ def run(base, lathe, model, root):
     gen = metric(base, "lathe_generation_tokens_total") - gen0
     check(gen < 3800, "the disconnected request ran to the end (%d tokens)" % gen)
     print("disconnect after 4 chunks: the engine generated %d of 3800 tokens" % gen, flush=True)
+
+    # A non-streamed request whose client disconnects: cancelled too (the server probes the
+    # connection with JSON whitespace while it waits), its blocks freed.
+    gen0 = metric(base, "lathe_generation_tokens_total")
+    cancelled0 = metric(base, "lathe_requests_cancelled_total")
+    host, port = base.split("//")[1].split(":")
+    body = json.dumps({"model": "stories", "prompt": prompt, "max_tokens": 3800, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                  "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (KEY, len(body))).encode()
+                 + body)
+    deadline = time.time() + 15
+    while time.time() < deadline and metric(base, "lathe_num_requests_running") == 0:
+        time.sleep(0.05)
+    sock.close()
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        if metric(base, "lathe_kv_blocks_used") == 0 and metric(base, "lathe_num_requests_running") == 0:
+            break
+        time.sleep(0.05)
+    check(metric(base, "lathe_kv_blocks_used") == 0, "KV blocks still used after a non-streamed disconnect")
+    check(metric(base, "lathe_requests_cancelled_total") == cancelled0 + 1,
+          "non-streamed disconnect not counted as cancelled")
+    gen = metric(base, "lathe_generation_tokens_total") - gen0
+    check(gen < 3800, "the disconnected non-streamed request ran to the end (%d tokens)" % gen)
+    print("non-streamed disconnect: the engine generated %d of 3800 tokens" % gen, flush=True)
 
     # Metrics families.
     _, text = http(base + "/metrics", key=None)

@@ -88,9 +88,24 @@ TEST_P(SmolLM2, MatchesTransformers) {
       for (int64_t v = 0; v < V; ++v) m = std::max(m, (double)std::fabs(lg[(ids.size() - 1) * V + v] - last[v]));
       EXPECT_LE(m, atol);
     }
-    // int8 activations in the layers may legitimately flip the story's 0.0135-margin steps (see
-    // MANIFEST); the refined head keeps the capital answer exact.
-    if (!exact && p != "capital") continue;
+    if (!exact) {
+      // MANIFEST int8_activations: top-5 overlap >= 3 of 5 at every prompt position, no greedy
+      // requirement. int8 inputs to every matmul on the block-quantized weights (prefill included)
+      // flip `capital`'s first answer token (a documented 0.08 near tie) and `story` after 22 of 32
+      // greedy tokens (its smallest margin is 0.0135).
+      for (size_t t = 0; t < ids.size(); ++t) {
+        const float* row = &lg[t * V];
+        std::vector<int32_t> order(V);
+        for (int64_t v = 0; v < V; ++v) order[v] = (int32_t)v;
+        std::partial_sort(order.begin(), order.begin() + 5, order.end(),
+                          [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+        int overlap = 0;
+        for (int i = 0; i < 5; ++i)
+          for (int j = 0; j < 5; ++j) overlap += order[i] == top_ids[t * 20 + j];
+        EXPECT_GE(overlap, 3) << p << " position " << t;
+      }
+      continue;
+    }
     // Greedy continuation, token by token through the cache.
     std::vector<int64_t> want = Ints(*fx.st, p + ".greedy_ids");
     std::vector<int32_t> got;

@@ -80,6 +80,56 @@ TEST_P(AttentionTier, MatchesDefinition) {
   }
 }
 
+// One token over a paged cache (GroupAttention): K/V rows scattered over blocks of a pool in a
+// shuffled block table, several lengths (block tails, 1 position, several blocks), GQA groups of
+// 1-4 heads and the head sizes the AVX2 tier specializes (32, 64, 128) plus ones it does not (8, 20).
+TEST_P(AttentionTier, GroupAttentionPagedMatchesDefinition) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  uint32_t seed = 300;
+  struct PCase {
+    int64_t n_pos, block_size;
+    int group, n_kv_head, head_dim;
+  };
+  const PCase cases[] = {{1, 16, 3, 3, 64},   {15, 16, 3, 3, 64}, {16, 16, 1, 2, 64}, {17, 16, 3, 3, 64},
+                         {161, 16, 3, 3, 64}, {70, 8, 4, 2, 32},  {33, 4, 2, 1, 128}, {9, 16, 2, 2, 8},
+                         {40, 16, 1, 3, 20},  {600, 16, 3, 3, 64}};
+  for (const PCase& pc : cases) {
+    const int64_t n_blocks_used = (pc.n_pos + pc.block_size - 1) / pc.block_size;
+    const int64_t pool_blocks = n_blocks_used * 2 + 3, kv_dim = pc.n_kv_head * pc.head_dim;
+    // A block table that skips and reverses pool blocks.
+    std::vector<int32_t> table(n_blocks_used);
+    for (int64_t b = 0; b < n_blocks_used; ++b) table[b] = (int32_t)(pool_blocks - 1 - 2 * b);
+    const std::vector<float> k = RandomVec(pool_blocks * pc.block_size * kv_dim, seed++, 1.0f),
+                             v = RandomVec(pool_blocks * pc.block_size * kv_dim, seed++, 1.0f);
+    const int64_t n_head = (int64_t)pc.group * pc.n_kv_head;
+    const std::vector<float> q = RandomVec(n_head * pc.head_dim, seed++, 2.0f);
+    const float scale = 1.0f / std::sqrt((float)pc.head_dim);
+    std::vector<int64_t> off(pc.n_pos);
+    for (int64_t p = 0; p < pc.n_pos; ++p)
+      off[p] = ((int64_t)table[p / pc.block_size] * pc.block_size + p % pc.block_size) * kv_dim;
+    // The definition on the same rows gathered into a contiguous cache.
+    std::vector<float> kc(pc.n_pos * kv_dim), vc(pc.n_pos * kv_dim);
+    for (int64_t p = 0; p < pc.n_pos; ++p)
+      for (int64_t i = 0; i < kv_dim; ++i) {
+        kc[p * kv_dim + i] = k[off[p] + i];
+        vc[p * kv_dim + i] = v[off[p] + i];
+      }
+    const Case c{1, pc.n_pos - 1, (int)n_head, pc.n_kv_head, pc.head_dim};
+    std::vector<float> ref(n_head * pc.head_dim), out(n_head * pc.head_dim, -7.0f), sc(pc.n_pos);
+    RefAttention(q.data(), n_head * pc.head_dim, kc.data(), vc.data(), kv_dim, c, scale, ref.data(),
+                 n_head * pc.head_dim);
+    for (int g = 0; g < pc.n_kv_head; ++g) {
+      const int64_t h0 = (int64_t)g * pc.group;
+      cpu::GroupAttentionWith(kt, q.data() + h0 * pc.head_dim, pc.group, k.data() + g * pc.head_dim,
+                              v.data() + g * pc.head_dim, off.data(), pc.n_pos, pc.head_dim, scale,
+                              out.data() + h0 * pc.head_dim, sc.data());
+    }
+    EXPECT_LE(NormalizedError(out, ref), 2e-6)
+        << IsaTierName(GetParam()) << " n_pos=" << pc.n_pos << " group=" << pc.group << " hd=" << pc.head_dim;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiers, AttentionTier, ::testing::ValuesIn(AllTiers()), testing::TierParamName);
 
 TEST(AttentionPublic, FirstTokenCopiesValue) {

@@ -24,9 +24,11 @@ const DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
 // The GEMV path for block types quantizes x to int8 blocks of 32 (as llama.cpp does), which costs
 // about 0.6% relative error on Gaussian data (measured 0.55-0.7% over these shapes); a handful of
 // outputs does not average, so the limit is looser there. The prefill path dequantizes W and runs
-// in f32.
-double ErrorLimit(DType t, int64_t M, int64_t N = 1000) {
-  if (IsQuantized(t) && M <= cpu::kGemvQuantMaxM) return M * N >= 8 ? 1.2e-2 : 4e-2;
+// in f32, except where the tier has the int8 GEMM (qgemm, M > kGemvQuantMaxM), which quantizes x
+// as the GEMV does.
+double ErrorLimit(DType t, int64_t M, int64_t N = 1000, bool qgemm = false) {
+  const bool int8_x = M <= cpu::kGemvQuantMaxM || (qgemm && M <= cpu::kQuantGemmMaxM);
+  if (IsQuantized(t) && int8_x) return M * N >= 8 ? 1.2e-2 : 4e-2;
   return 2e-6;
 }
 
@@ -48,7 +50,7 @@ void CheckMatMul(IsaTier tier, DType dt, int64_t M, int64_t N, int64_t K, uint32
   ThreadPool pool1(1);
   cpu::MatMulWith(kt.mm, pool1, x.data(), M, w.t, y1.data());
   const double err = NormalizedError(y1, ref);
-  EXPECT_LE(err, ErrorLimit(dt, M, N))
+  EXPECT_LE(err, ErrorLimit(dt, M, N, kt.mm.qgemm != nullptr))
       << IsaTierName(tier) << " " << DTypeName(dt) << " M=" << M << " N=" << N << " K=" << K;
   // Multi-threaded runs compute every element with the same code: bitwise equal.
   for (int threads : {2, 3}) {
@@ -66,7 +68,8 @@ TEST_P(MatMulTier, AllDtypesOddShapes) {
     const bool block = IsQuantized(dt);
     for (const Shape& s : block ? std::vector<Shape>(std::begin(kBlockShapes), std::end(kBlockShapes))
                                 : std::vector<Shape>(std::begin(kFloatShapes), std::end(kFloatShapes))) {
-      for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 64}) CheckMatMul(GetParam(), dt, M, s.N, s.K, seed++);
+      for (int64_t M : {1, 2, 3, 4, 5, 8, 16, 17, 18, 31, 64})
+        CheckMatMul(GetParam(), dt, M, s.N, s.K, seed++);
     }
   }
 }
@@ -82,6 +85,7 @@ TEST_P(MatMulTier, ModelShapes) {
     CheckMatMul(GetParam(), dt, 1, 576, 1536, seed++);
     CheckMatMul(GetParam(), dt, 33, 192, 576, seed++);
     CheckMatMul(GetParam(), dt, 100, 577, 1536, seed++);
+    CheckMatMul(GetParam(), dt, 517, 70, 576, seed++);  // several x blocks of the int8 GEMM
   }
 }
 
@@ -148,6 +152,40 @@ TEST_P(MatMulTier, DequantizeRowsMatchesReference) {
   }
 }
 
+// The int8 GEMM kernel called directly (tiers that have one): every m (tile remainders 1-3), a row
+// stride of y wider than N; each element bit-identical to the GEMV kernel on that x row alone
+// (the M = 1 path) and within the int8 limit of the reference.
+TEST_P(MatMulTier, QuantGemmKernelEqualsGemvPerRow) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  if (!kt.mm.qgemm) GTEST_SKIP() << IsaTierName(GetParam()) << " has no int8 GEMM";
+  uint32_t seed = 900;
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    for (Shape s : {Shape{4, 32}, Shape{24, 96}, Shape{40, 576}, Shape{8, 1536}}) {
+      for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 9, 13}) {
+        const int64_t K = s.K, N = s.N, nb = K / 32, ldy = N + 3;
+        testing::TestWeight w = MakeWeight(dt, N, K, seed++);
+        const std::vector<float> x = RandomVec(m * K, seed++);
+        std::vector<cpu::BlockQ8X> xq(m * nb);
+        for (int64_t i = 0; i < m; ++i) kt.mm.quantize_x(x.data() + i * K, K, xq.data() + i * nb);
+        std::vector<float> yk(m * ldy, -5.0f), y1(N), ref(m * N), y(m * N);
+        kt.mm.qgemm(dt, w.bytes.data(), w.t.row_bytes(), N, xq.data(), m, K, yk.data(), ldy);
+        ref::MatMul(x.data(), m, w.t, ref.data());
+        for (int64_t i = 0; i < m; ++i) {
+          kt.mm.gemv(dt, w.bytes.data(), w.t.row_bytes(), N, xq.data() + i * nb, 1, K, y1.data(), N);
+          for (int64_t n = 0; n < N; ++n) {
+            ASSERT_EQ(yk[i * ldy + n], y1[n]) << DTypeName(dt) << " m=" << m << " row " << i << " n=" << n;
+            y[i * N + n] = yk[i * ldy + n];
+          }
+          for (int64_t n = N; n < ldy && i + 1 < m; ++n) ASSERT_EQ(yk[i * ldy + n], -5.0f);  // untouched
+        }
+        EXPECT_LE(NormalizedError(y, ref), m * N >= 8 ? 1.2e-2 : 4e-2)
+            << DTypeName(dt) << " m=" << m << " N=" << N << " K=" << K;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiers, MatMulTier, ::testing::ValuesIn(AllTiers()), testing::TierParamName);
 
 // Batched decode: for block-quantized weights every row of a batched MatMul (M up to
@@ -159,7 +197,11 @@ TEST_P(MatMulTier, BatchedRowsBitIdenticalToSingleRow) {
   uint32_t seed = 500;
   for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
     for (Shape s : {Shape{37, 96}, Shape{577, 576}, Shape{130, 1536}, Shape{2051, 64}}) {
-      for (int64_t M : {int64_t{2}, int64_t{3}, int64_t{5}, int64_t{7}, cpu::kGemvQuantMaxM}) {
+      for (int64_t M : {int64_t{2}, int64_t{3}, int64_t{5}, int64_t{7}, cpu::kGemvQuantMaxM, int64_t{17},
+                        int64_t{34}, int64_t{67}}) {
+        // Above kGemvQuantMaxM only tiers with the int8 GEMM keep the per-row arithmetic (the others
+        // take the f32 panel path, whose activations are not rounded to int8).
+        if (M > cpu::kGemvQuantMaxM && !kt.mm.qgemm) continue;
         testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
         const std::vector<float> x = RandomVec(M * s.K, seed++);
         for (int threads : {1, 2}) {
@@ -190,7 +232,8 @@ TEST(MatMulPublic, BestTierAndDequantizeRows) {
       std::vector<float> ref(M * N), y(M * N);
       ref::MatMul(x.data(), M, w.t, ref.data());
       MatMul(pool, x.data(), M, w.t, y.data());
-      EXPECT_LE(NormalizedError(y, ref), ErrorLimit(dt, M)) << DTypeName(dt) << " M=" << M;
+      EXPECT_LE(NormalizedError(y, ref), ErrorLimit(dt, M, 1000, cpu::Best().mm.qgemm != nullptr))
+          << DTypeName(dt) << " M=" << M;
     }
     const int64_t N = 6, K = 64;
     testing::TestWeight w = MakeWeight(dt, N, K, 11);

@@ -1,5 +1,5 @@
 // Causal grouped-query attention over a contiguous KV cache, built from one tier's Dot, Softmax and
-// Axpy; parallel over (token, head) pairs. The scores of one pair live in a per-thread buffer.
+// Axpy, parallel over (token, head) pairs; and one token's attention over a paged cache (GroupAttention).
 #include <algorithm>
 #include <vector>
 
@@ -32,6 +32,21 @@ void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int6
       for (int64_t s = 0; s < n_keys; ++s) kt.axpy(o, sc[s], vg + s * kv_stride, hd);
     }
   });
+}
+
+void GroupAttentionWith(const KernelTable& kt, const float* q, int group, const float* k, const float* v,
+                        const int64_t* off, int64_t n_pos, int head_dim, float scale, float* out,
+                        float* scores) {
+  LATHE_CHECK(group > 0 && n_pos > 0 && head_dim > 0);
+  if (kt.group_attend && kt.group_attend(q, group, k, v, off, n_pos, head_dim, scale, out, scores)) return;
+  for (int h = 0; h < group; ++h) {
+    const float* qh = q + (int64_t)h * head_dim;
+    for (int64_t p = 0; p < n_pos; ++p) scores[p] = kt.dot(qh, k + off[p], head_dim) * scale;
+    kt.softmax(scores, n_pos);
+    float* o = out + (int64_t)h * head_dim;
+    std::fill(o, o + head_dim, 0.0f);
+    for (int64_t p = 0; p < n_pos; ++p) kt.axpy(o, scores[p], v + off[p], head_dim);
+  }
 }
 
 }  // namespace lathe::kernels::cpu

@@ -11,6 +11,12 @@
 namespace lathe::kernels::cpu::avx2 {
 
 MatMulKernels GetMatMulKernels();  // matmul_avx2.cc
+// MatMulKernels::qgemm (qgemm_avx2.cc).
+void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
+           float* y, int64_t ldy);
+// KernelTable::group_attend (attention_avx2.cc).
+bool GroupAttend(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n_pos,
+                 int head_dim, float scale, float* out, float* scores);
 
 inline float HsumPs(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -64,4 +64,9 @@ void Attention(ThreadPool& pool, const float* q, int64_t q_stride, const float* 
                      scale, out, out_stride);
 }
 
+void GroupAttention(const float* q, int group, const float* k, const float* v, const int64_t* off,
+                    int64_t n_pos, int head_dim, float scale, float* out, float* scores) {
+  cpu::GroupAttentionWith(cpu::Best(), q, group, k, v, off, n_pos, head_dim, scale, out, scores);
+}
+
 }  // namespace lathe::kernels

@@ -41,6 +41,11 @@ struct MatMulKernels {
   // Largest m for which gemv on block types gives every x row bit-for-bit its m = 1 result (the
   // batched GEMV groups x rows by this); 0 or 1 = one row per call.
   int gemv_exact_m = 1;
+  // Register-blocked int8 GEMM for block types (null where a tier has none): y[i * ldy + r] for
+  // i < m (any m), r < n_rows (n_rows % 4 == 0), each with exactly the arithmetic gemv gives that
+  // x row alone, so results do not depend on m or on the other rows.
+  void (*qgemm)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
+                float* y, int64_t ldy) = nullptr;
 };
 
 struct KernelTable {
@@ -51,6 +56,10 @@ struct KernelTable {
   float (*dot)(const float* a, const float* b, int64_t n);
   void (*axpy)(float* y, float a, const float* x, int64_t n);
   void (*softmax)(float* x, int64_t n);
+  // GroupAttention (kernels.h) for the head sizes a tier specializes; false = not handled (the
+  // generic form in attention.cc runs instead). Null on tiers without one.
+  bool (*group_attend)(const float* q, int group, const float* k, const float* v, const int64_t* off,
+                       int64_t n_pos, int head_dim, float scale, float* out, float* scores) = nullptr;
 };
 
 // The table for a tier. REQUIRES the CPU to support it (GetCpuFeatures()).
@@ -60,8 +69,9 @@ const KernelTable& Best();
 
 // y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. M < kGemvMaxM (float weights) or
 // M <= kGemvQuantMaxM (block-quantized weights, without exact_activations) uses the GEMV kernels
-// (int8 dot for block types), larger M — or any M with exact_activations and a block-quantized
-// weight — the dequantize-panel + FMA path. Float-weight crossover, measured (bench batch/*,
+// (int8 dot for block types), larger M the int8 GEMM (k.qgemm, block types, where the tier has
+// one) or else — and for any M with exact_activations and a block-quantized weight — the
+// dequantize-panel + FMA path. Float-weight crossover, measured (bench batch/*,
 // 1536x576 on Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32 M=4 101 vs 157 us, q4_0 179 vs
 // 234 us); at M = 2 GEMV is 1.5-2x faster.
 void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
@@ -72,11 +82,21 @@ constexpr int64_t kGemvMaxM = 4;
 // (MatMulKernels::gemv_exact_m rows per call), so a row's result does not depend on M. Measured (bench batch/q8_0, 1536x576, 1 thread, AVX2, Zen 3 loaded): vs the
 // panel path M=4 114 vs 182 us, M=8 206 vs 265-294, M=16 426 vs 431 (tie), M=32 972 vs 825-1000.
 constexpr int64_t kGemvQuantMaxM = 16;
+// Above kGemvQuantMaxM and up to this M, block-quantized weights (without exact_activations) go
+// through MatMulKernels::qgemm where the tier has one (AVX2): int8 x rows, each row bit-identical
+// to its M = 1 result.
+constexpr int64_t kQuantGemmMaxM = 1 << 30;
 
 // kernels::Attention with one tier's Dot/Softmax/Axpy (attention.cc).
 void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int64_t q_stride, const float* k,
                    const float* v, int64_t kv_stride, int64_t T, int64_t pos0, int n_head, int n_kv_head,
                    int head_dim, float scale, float* out, int64_t out_stride);
+
+// kernels::GroupAttention with one tier's kernels: kt.group_attend where it handles head_dim, else
+// Dot / Softmax / Axpy per position.
+void GroupAttentionWith(const KernelTable& kt, const float* q, int group, const float* k, const float* v,
+                        const int64_t* off, int64_t n_pos, int head_dim, float scale, float* out,
+                        float* scores);
 
 namespace scalar {
 const KernelTable& Table();

@@ -67,6 +67,45 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
   });
 }
 
+// Batched int8 GEMM for block types (k.qgemm): x quantized once, tasks = weight row blocks of
+// ~kGemvBlockBytes (at least 4 per thread) x x-row blocks of ~kXBlockBytes of int8 rows; the N % 4
+// tail rows through gemv with gemv_exact_m x rows per call (their M = 1 kernel, as Gemv).
+void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
+               float* y) {
+  const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
+  LATHE_CHECK(K % 32 == 0);
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  static thread_local std::vector<BlockQ8X> xq_buf;
+  BlockQ8X* xq = Scratch(xq_buf, (size_t)(M * nb));
+  pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t m = b; m < e; ++m) k.quantize_x(x + m * K, K, xq + m * nb);
+  });
+  const int64_t n4 = N / 4 * 4;
+  int64_t rows = std::max<int64_t>(4, kGemvBlockBytes / (int64_t)rb / 4 * 4);
+  const int64_t spread = ((n4 + 4 * pool.size() - 1) / (4 * pool.size()) + 3) / 4 * 4;
+  rows = std::max<int64_t>(4, std::min(rows, spread));
+  const int64_t n_wblocks = (n4 + rows - 1) / rows;
+  int64_t mb = std::max<int64_t>(4, kXBlockBytes / (nb * (int64_t)sizeof(BlockQ8X)) / 4 * 4);
+  const int64_t n_mblocks = (M + mb - 1) / mb;
+  mb = ((M + n_mblocks - 1) / n_mblocks + 3) / 4 * 4;
+  const int64_t tail_tasks = n4 < N ? n_mblocks : 0;
+  pool.ParallelFor(n_mblocks * n_wblocks + tail_tasks, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      if (t >= n_mblocks * n_wblocks) {  // the last N % 4 rows
+        const int64_t m0 = (t - n_mblocks * n_wblocks) * mb, m1 = std::min(M, m0 + mb);
+        const int64_t g = std::clamp<int64_t>(k.gemv_exact_m, 1, 4);
+        for (int64_t m = m0; m < m1; m += g)
+          k.gemv(w.dtype, wd + n4 * rb, rb, N - n4, xq + m * nb, std::min(g, m1 - m), K, y + m * N + n4, N);
+        continue;
+      }
+      const int64_t m0 = (t / n_wblocks) * mb, m1 = std::min(M, m0 + mb);
+      const int64_t n0 = (t % n_wblocks) * rows, nr = std::min(rows, n4 - n0);
+      if (m0 < m1) k.qgemm(w.dtype, wd + n0 * rb, rb, nr, xq + m0 * nb, m1 - m0, K, y + m0 * N + n0, N);
+    }
+  });
+}
+
 void Prefill(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
   const int64_t N = w.shape[0], K = w.shape[1];
   const size_t rb = w.row_bytes();
@@ -118,7 +157,9 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   }
   // The GEMV kernels quantize x to int8 for block-quantized weights; the panel path keeps f32.
   const bool quant = IsQuantized(w.dtype);
-  if (quant ? (M <= kGemvQuantMaxM && !exact_activations) : M < kGemvMaxM) {
+  if (quant && !exact_activations && k.qgemm && M > kGemvQuantMaxM && M <= kQuantGemmMaxM) {
+    QuantGemm(k, pool, x, M, w, y);
+  } else if (quant ? (M <= kGemvQuantMaxM && !exact_activations) : M < kGemvMaxM) {
     Gemv(k, pool, x, M, w, y);
   } else {
     Prefill(k, pool, x, M, w, y);

@@ -108,7 +108,12 @@ void Softmax(float* x, int64_t n) {
 }  // namespace
 
 const KernelTable& Table() {
-  static const KernelTable t = {IsaTier::kAvx2, GetMatMulKernels(), RmsNorm, SiluMul, Dot, Axpy, Softmax};
+  static const KernelTable t = [] {
+    KernelTable k = {IsaTier::kAvx2, GetMatMulKernels(), RmsNorm, SiluMul, Dot, Axpy, Softmax};
+    k.mm.qgemm = QGemm;
+    k.group_attend = GroupAttend;
+    return k;
+  }();
   return t;
 }
 

@@ -1,0 +1,106 @@
+// AVX2 attention of one token's query heads over a paged KV cache (rows found through per-position
+// offsets): four positions per q . k pass, the tier's Softmax, V accumulated in registers.
+#include <immintrin.h>
+
+#include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/dispatch.h"
+
+namespace lathe::kernels::cpu::avx2 {
+
+namespace {
+
+// Scores of one head (head_dim = 8 * C, C even) against positions [0, n): 4 positions per step,
+// their 4 sums reduced together by two rounds of hadd.
+template <int C>
+void Scores(const float* q, const float* k, const int64_t* off, int64_t n, float scale, float* sc) {
+  __m256 qv[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) qv[c] = _mm256_loadu_ps(q + 8 * c);
+  const __m128 sv = _mm_set1_ps(scale);
+  int64_t p = 0;
+  for (; p + 4 <= n; p += 4) {
+    const float* k0 = k + off[p];
+    const float* k1 = k + off[p + 1];
+    const float* k2 = k + off[p + 2];
+    const float* k3 = k + off[p + 3];
+    // Two accumulators per position (even / odd 8-float chunks): 8 independent FMA chains.
+    __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k0)), a1 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k1));
+    __m256 a2 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k2)), a3 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k3));
+    __m256 b0 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k0 + 8)),
+           b1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k1 + 8));
+    __m256 b2 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k2 + 8)),
+           b3 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k3 + 8));
+#pragma GCC unroll 8
+    for (int c = 2; c < C; c += 2) {
+      a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a0);
+      a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k1 + 8 * c), a1);
+      a2 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k2 + 8 * c), a2);
+      a3 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k3 + 8 * c), a3);
+      b0 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k0 + 8 * c + 8), b0);
+      b1 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k1 + 8 * c + 8), b1);
+      b2 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k2 + 8 * c + 8), b2);
+      b3 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k3 + 8 * c + 8), b3);
+    }
+    a0 = _mm256_add_ps(a0, b0);
+    a1 = _mm256_add_ps(a1, b1);
+    a2 = _mm256_add_ps(a2, b2);
+    a3 = _mm256_add_ps(a3, b3);
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(sc + p, _mm_mul_ps(s, sv));
+  }
+  for (; p < n; ++p) {
+    const float* kr = k + off[p];
+    __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr));
+#pragma GCC unroll 16
+    for (int c = 1; c < C; ++c) a = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kr + 8 * c), a);
+    sc[p] = HsumPs(a) * scale;
+  }
+}
+
+// out = sum_p sc[p] * v[off[p]] (head_dim = 8 * C), accumulators in registers.
+template <int C>
+void Mix(const float* v, const int64_t* off, int64_t n, const float* sc, float* out) {
+  __m256 acc[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < n; ++p) {
+    const float* vr = v + off[p];
+    const __m256 w = _mm256_broadcast_ss(sc + p);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+
+template <int C>
+void GroupAttendC(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n,
+                  float scale, float* out, float* sc) {
+  for (int h = 0; h < group; ++h) {
+    Scores<C>(q + h * 8 * C, k, off, n, scale, sc);
+    Table().softmax(sc, n);
+    Mix<C>(v, off, n, sc, out + h * 8 * C);
+  }
+}
+
+}  // namespace
+
+bool GroupAttend(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n_pos,
+                 int head_dim, float scale, float* out, float* scores) {
+  switch (head_dim) {
+    case 32:
+      GroupAttendC<4>(q, group, k, v, off, n_pos, scale, out, scores);
+      return true;
+    case 64:
+      GroupAttendC<8>(q, group, k, v, off, n_pos, scale, out, scores);
+      return true;
+    case 128:
+      GroupAttendC<16>(q, group, k, v, off, n_pos, scale, out, scores);
+      return true;
+    default:
+      return false;  // other head sizes: the generic Dot/Softmax/Axpy form
+  }
+}
+
+}  // namespace lathe::kernels::cpu::avx2
