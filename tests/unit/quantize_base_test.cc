@@ -22,6 +22,20 @@
 namespace lathe {
 namespace {
 
+// Under AddressSanitizer the RSS also holds shadow memory and the freed-memory quarantine: the
+// packing and the release are still checked there, the bytes/param bounds only without it.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#else
+constexpr bool kAsan = false;
+#endif
+
 // Packs one small weight first so the code and tables the packing uses are resident before the
 // measurement starts (they are the binary's pages, not the base's).
 void WarmUp(DType t) {
@@ -117,7 +131,7 @@ TEST(QuantizeBase, MmappedSourcePagesLeaveRss) {
     volatile float sink = 0;  // fault every page in, as a loader or a first pass would
     for (int64_t i = 0; i < n; i += 1024) sink = sink + base[i];
     const int64_t touched = RssBytes();
-    EXPECT_GT((double)(touched - before) / n, 3.5);  // the f32 source is resident now
+    if (!kAsan) EXPECT_GT((double)(touched - before) / n, 3.5);  // the f32 source is resident now
     auto r = train::QuantizeBaseWeights(&w, t, c.n_layers);
     ASSERT_TRUE(r.ok()) << r.status().message();
     malloc_trim(0);
@@ -128,7 +142,7 @@ TEST(QuantizeBase, MmappedSourcePagesLeaveRss) {
                 r->source_bytes / 1e6);
     EXPECT_EQ(r->quantized, 7 * kLayers);
     EXPECT_GT(r->released_bytes, r->source_bytes - 7 * kLayers * 2 * 4096);
-    EXPECT_LE(bpp, t == DType::kI8Row ? 1.05 : 0.53);
+    if (!kAsan) EXPECT_LE(bpp, t == DType::kI8Row ? 1.05 : 0.53);
     ExpectPackedNear(w, t);
   }
   std::remove(path.c_str());
@@ -152,7 +166,7 @@ TEST(QuantizeBase, OwnedSourceBuffersLeaveRss) {
   const double bpp = (double)(RssBytes() - before) / n;
   std::printf("nf4_dq from owned f32 buffers: %.3f bytes/param resident after packing (packed buffers %.3f)\n", bpp,
               (double)PackedBytes(w) / n);
-  EXPECT_LE(bpp, 0.53);
+  if (!kAsan) EXPECT_LE(bpp, 0.53);
   ExpectPackedNear(w, DType::kNF4DQ);
 }
 
