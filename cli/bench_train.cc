@@ -22,11 +22,11 @@
 #include "core/cpu.h"
 #include "model/loader.h"
 #include "model/train_model.h"
-#include "train/train_config.h"
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/optimizer_bnb.h"
 #include "train/quantize_base.h"
+#include "train/train_config.h"
 
 namespace lathe::cli {
 
@@ -127,7 +127,7 @@ std::unique_ptr<model::ModelWeights> RandomWeights(const model::ModelConfig& c, 
 struct RowSpec {
   const char* name;
   bool lora, bf16;
-  DType base = DType::kF32;          // storage of the random base (RandomWeights)
+  DType base = DType::kF32;           // storage of the random base (RandomWeights)
   const char* optim = "adamw_torch";  // TrainConfig::optim
 };
 // The memory-saving rows store the base as a bf16 checkpoint would (lora-bf16w is their baseline,
@@ -150,12 +150,14 @@ constexpr const char* kDefaultRows =
 double BaseBytes(const model::ModelWeights& w) {
   auto bytes = [](const Tensor& t) {
     if (t.data == nullptr) return 0.0;
-    return IsPackedQuant(t.dtype) ? (double)PackedQuantBytes(t.dtype, t.shape[0], t.shape[1]) : (double)t.nbytes();
+    return IsPackedQuant(t.dtype) ? (double)PackedQuantBytes(t.dtype, t.shape[0], t.shape[1])
+                                  : (double)t.nbytes();
   };
-  double b = bytes(w.tok_embd) + bytes(w.output_norm) + (w.output.data != w.tok_embd.data ? bytes(w.output) : 0);
+  double b =
+      bytes(w.tok_embd) + bytes(w.output_norm) + (w.output.data != w.tok_embd.data ? bytes(w.output) : 0);
   for (const model::LayerWeights& l : w.layers) {
-    for (const Tensor* t :
-         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm,
+                            &l.w_gate, &l.w_up, &l.w_down})
       b += bytes(*t);
   }
   return b;
@@ -224,8 +226,9 @@ int RunChild(const model::ModelWeights& w, const RowSpec& row, int threads, int6
   const auto* bnb = dynamic_cast<const train::BnbAdamW*>(opt->get());
   const double opt_bytes = bnb ? (double)bnb->StateBytes() : (*opt)->StateBytesPerParam() * (double)trainable;
   const model::TrainMemory mem = (*m)->AllocatedBytes();
-  std::printf("MEMORY %.0f %lld %lld %.0f %lld %lld\n", BaseBytes(w) + (double)mem.weights, (long long)mem.lora,
-              (long long)mem.gradients, opt_bytes, (long long)mem.activations, (long long)mem.temporary);
+  std::printf("MEMORY %.0f %lld %lld %.0f %lld %lld\n", BaseBytes(w) + (double)mem.weights,
+              (long long)mem.lora, (long long)mem.gradients, opt_bytes, (long long)mem.activations,
+              (long long)mem.temporary);
   return 0;
 }
 
@@ -253,11 +256,12 @@ int RunBenchTrain(int argc, char** argv) {
   args.Flag("--batch", "rows per step", "4");
   args.Flag("--steps", "timed steps per row after one warmup step (the fastest is reported)", "2");
   args.Flag("--threads-list", "thread counts to run", "1,2");
-  args.Flag("--rows",
-            "rows to run: lora-f32, lora-bf16, full-f32, full-bf16 (f32 base); lora-bf16w (bf16 base), qlora-nf4 "
-            "(NF4+DQ base), lora-int8 (LLM.int8 base), lora-adamw8bit, lora-paged8bit (bf16 base, 8-bit / paged "
-            "8-bit AdamW), qlora-nf4-paged8bit; all but the first four in bf16 mode",
-            kDefaultRows);
+  args.Flag(
+      "--rows",
+      "rows to run: lora-f32, lora-bf16, full-f32, full-bf16 (f32 base); lora-bf16w (bf16 base), qlora-nf4 "
+      "(NF4+DQ base), lora-int8 (LLM.int8 base), lora-adamw8bit, lora-paged8bit (bf16 base, 8-bit / paged "
+      "8-bit AdamW), qlora-nf4-paged8bit; all but the first four in bf16 mode",
+      kDefaultRows);
   args.Flag("--optim-resident-mb", "resident cap of the paged rows' optimizer state (0 = no cap)", "0");
   args.Flag("--child", "internal: run one row in this process and print its RESULT line");
   args.Flag("--threads", "internal: threads of the --child row", "1");
@@ -392,8 +396,8 @@ int RunBenchTrain(int argc, char** argv) {
           o.rss_mb = rss / 1024.0;
           got = true;
         }
-        std::sscanf(line, "MEMORY %lf %lf %lf %lf %lf %lf", &o.mem[0], &o.mem[1], &o.mem[2], &o.mem[3], &o.mem[4],
-                    &o.mem[5]);
+        std::sscanf(line, "MEMORY %lf %lf %lf %lf %lf %lf", &o.mem[0], &o.mem[1], &o.mem[2], &o.mem[3],
+                    &o.mem[4], &o.mem[5]);
       }
       int rc = pclose(p);
       if (!got || rc != 0) return Fail("bench train", Status::Error("row " + rn + " failed (command: " + cmd + ")"));
@@ -414,16 +418,18 @@ int RunBenchTrain(int argc, char** argv) {
   }
   // Where the peak goes: the bytes each category holds after the last step (MB); "other" is the
   // peak RSS not in any category (binary, libraries, allocator slack, the peak's transient buffers).
-  std::printf("\nmemory by category after the last step (MiB like the RSS; weights = frozen base as stored + trainable masters):\n"
-              "| row | threads | peak RSS | weights | LoRA params | grads | optimizer | activations | temporary | "
-              "other |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "\nmemory by category after the last step (MiB like the RSS; weights = frozen base as stored + "
+      "trainable masters):\n"
+      "| row | threads | peak RSS | weights | LoRA params | grads | optimizer | activations | temporary | "
+      "other |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   constexpr double kMiB = 1048576.0;
   for (const Out& o : outs) {
     double sum = 0;
     for (double b : o.mem) sum += b;
-    std::printf("| %s | %d | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f |\n", o.row.c_str(), o.threads,
-                o.rss_mb, o.mem[0] / kMiB, o.mem[1] / kMiB, o.mem[2] / kMiB, o.mem[3] / kMiB, o.mem[4] / kMiB,
-                o.mem[5] / kMiB, o.rss_mb - sum / kMiB);
+    std::printf("| %s | %d | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f |\n", o.row.c_str(),
+                o.threads, o.rss_mb, o.mem[0] / kMiB, o.mem[1] / kMiB, o.mem[2] / kMiB, o.mem[3] / kMiB,
+                o.mem[4] / kMiB, o.mem[5] / kMiB, o.rss_mb - sum / kMiB);
   }
   return 0;
 }

@@ -1,6 +1,8 @@
 // QuantizeBaseWeights (train/quantize_base.h): packing a loaded base leaves only the packed bytes
 // resident — measured with the process RSS over SmolLM2-135M layer shapes from an mmapped f32 file
 // and from owned buffers (goal: <= 0.53 bytes/param NF4+DQ, <= 1.05 int8) — and still packs right.
+#include "train/quantize_base.h"
+
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -17,7 +19,6 @@
 #include "kernels/quant.h"
 #include "model/weights.h"
 #include "train/memory_plan.h"
-#include "train/quantize_base.h"
 
 namespace lathe {
 namespace {
@@ -136,10 +137,11 @@ TEST(QuantizeBase, MmappedSourcePagesLeaveRss) {
     ASSERT_TRUE(r.ok()) << r.status().message();
     malloc_trim(0);
     const double bpp = (double)(RssBytes() - before) / n;
-    std::printf("%s from an mmapped f32 file: %.3f bytes/param resident after packing (packed buffers %.3f; "
-                "%.3f with the source; released %.1f of %.1f MB)\n",
-                DTypeName(t), bpp, (double)PackedBytes(w) / n, (double)(touched - before) / n, r->released_bytes / 1e6,
-                r->source_bytes / 1e6);
+    std::printf(
+        "%s from an mmapped f32 file: %.3f bytes/param resident after packing (packed buffers %.3f; "
+        "%.3f with the source; released %.1f of %.1f MB)\n",
+        DTypeName(t), bpp, (double)PackedBytes(w) / n, (double)(touched - before) / n,
+        r->released_bytes / 1e6, r->source_bytes / 1e6);
     EXPECT_EQ(r->quantized, 7 * kLayers);
     EXPECT_GT(r->released_bytes, r->source_bytes - 7 * kLayers * 2 * 4096);
     if (!kAsan) EXPECT_LE(bpp, t == DType::kI8Row ? 1.05 : 0.53);
@@ -164,8 +166,9 @@ TEST(QuantizeBase, OwnedSourceBuffersLeaveRss) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   malloc_trim(0);
   const double bpp = (double)(RssBytes() - before) / n;
-  std::printf("nf4_dq from owned f32 buffers: %.3f bytes/param resident after packing (packed buffers %.3f)\n", bpp,
-              (double)PackedBytes(w) / n);
+  std::printf(
+      "nf4_dq from owned f32 buffers: %.3f bytes/param resident after packing (packed buffers %.3f)\n", bpp,
+      (double)PackedBytes(w) / n);
   if (!kAsan) EXPECT_LE(bpp, 0.53);
   ExpectPackedNear(w, DType::kNF4DQ);
 }
