@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training speed, lathe vs PyTorch + PEFT in the same run: `lathe bench train` and bench/train_torch.py
-# over the same rows, shapes and thread counts, then ours / theirs per row (tokens/s and peak RSS).
+# over the same rows, shapes and thread counts, then ours / theirs per row (tokens/s and peak RSS; a
+# torch cell that bitsandbytes cannot run on this CPU shows n/a with its reason below the table).
 # Usage: bench/train.sh [--seq 512] [--batch 4] [--steps 2] [--threads-list 1,2] [--rows ...]
 # Env: LATHE (binary, default build/lathe), PY (default the refenv's python), TCMALLOC (preloaded for
 # torch when present: PEERS.md's best setting).
@@ -23,11 +24,17 @@ echo
 echo "| row | threads | lathe tok/s | torch tok/s | tok/s ratio | lathe tok/CPU-s | torch tok/CPU-s | CPU ratio | lathe RSS MB | torch RSS MB | RSS ratio |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 awk '
-  FNR == NR && /^\| (lora|full)-/ { split($0, f, "|"); gsub(/ /, "", f[2]); gsub(/ /, "", f[3]);
+  FNR == NR && /^memory by category/ { lmem = 1 }
+  FNR == NR && !lmem && /^\| (q?lora|full)-/ { split($0, f, "|"); gsub(/ /, "", f[2]); gsub(/ /, "", f[3]);
     k = f[2] " " f[3]; ltps[k] = f[4] + 0; lrss[k] = f[6] + 0; lcpu[k] = f[9] + 0; order[n++] = k; next }
   FNR != NR && /^RESULT/ { k = $2 " " $3; ttps[k] = $4 + 0; trss[k] = $6 + 0
     for (i = 7; i <= NF; i++) if ($i ~ /^cpu_tps=/) { sub(/^cpu_tps=/, "", $i); tcpu[k] = $i + 0 } }
+  FNR != NR && /^NA/ { k = $2 " " $3; na[k] = 1 }
   END { for (i = 0; i < n; i++) { k = order[i]; split(k, p, " ");
       if (k in ttps) printf "| %s | %s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx | %.0f | %.0f | %.0f%% |\n", p[1], p[2],
         ltps[k], ttps[k], ltps[k] / ttps[k], lcpu[k], tcpu[k], tcpu[k] > 0 ? lcpu[k] / tcpu[k] : 0, lrss[k], trss[k],
-        100 * lrss[k] / trss[k] } }' "$out/lathe.txt" "$out/torch.txt"
+        100 * lrss[k] / trss[k]
+      else if (k in na) printf "| %s | %s | %.1f | n/a | | %.1f | n/a | | %.0f | n/a | |\n", p[1], p[2], ltps[k],
+        lcpu[k], lrss[k] } }' \
+  "$out/lathe.txt" "$out/torch.txt"
+grep -h "^NA" "$out/torch.txt" || true

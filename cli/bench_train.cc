@@ -1,6 +1,7 @@
 // `lathe bench train`: training speed of TrainModel (LoRA and full fine-tuning with AdamW, f32 and
-// bf16) — tokens/s, step time, peak RSS (one subprocess per row) and model-FLOPs utilization
-// against the f32 FMA peak measured in the same run.
+// bf16; memory-saving rows: QLoRA NF4+DQ / int8 base, 8-bit and paged AdamW) — tokens/s, step time,
+// peak RSS (one subprocess per row) with its breakdown by memory category, and model-FLOPs
+// utilization against the f32 FMA peak measured in the same run.
 #include <immintrin.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -17,11 +18,15 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/check.h"
 #include "core/cpu.h"
 #include "model/loader.h"
 #include "model/train_model.h"
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
+#include "train/optimizer_bnb.h"
+#include "train/quantize_base.h"
+#include "train/train_config.h"
 
 namespace lathe::cli {
 
@@ -73,8 +78,12 @@ double MeasurePeak(int threads) {
   return best;
 }
 
-// Random weights with the shapes of `c` (uniform, std 0.02; norms 1), f32, tied head if c says so.
-std::unique_ptr<model::ModelWeights> RandomWeights(const model::ModelConfig& c) {
+// Random weights with the shapes of `c` (uniform, std 0.02; norms 1), tied head if c says so.
+// `storage`: f32 for everything; bf16 stores the matrices in bf16 (as a bf16 checkpoint loads);
+// a packed type (nf4_dq, i8_row) stores the embeddings in bf16 and packs each layer's linear
+// weights as soon as the layer is made (QuantizeBaseWeights, as `lathe train` does on load), so
+// the process never holds more than one layer's bf16 source.
+std::unique_ptr<model::ModelWeights> RandomWeights(const model::ModelConfig& c, DType storage = DType::kF32) {
   auto w = std::make_unique<model::ModelWeights>();
   w->config = c;
   uint64_t s = 0x9E3779B97F4A7C15ull;
@@ -85,14 +94,19 @@ std::unique_ptr<model::ModelWeights> RandomWeights(const model::ModelConfig& c) 
       s ^= s << 13, s ^= s >> 7, s ^= s << 17;
       x = a * (2.0f * (float)(s >> 40) / (float)(1ull << 24) - 1.0f);
     }
-    return w->OwnF32(std::move(v), {rows, cols});
+    if (storage == DType::kF32) return w->OwnF32(std::move(v), {rows, cols});
+    auto h = std::make_shared<std::vector<uint16_t>>(v.size());
+    for (size_t i = 0; i < v.size(); ++i) (*h)[i] = F32ToBF16(v[i]);
+    w->owners.push_back(h);
+    return Tensor{h->data(), DType::kBF16, {rows, cols}};
   };
   auto ones = [&](int64_t n) { return w->OwnF32(std::vector<float>(n, 1.0f), {n}); };
   w->tok_embd = mat(c.vocab_size, c.dim);
   w->output_norm = ones(c.dim);
   w->output = c.tied_embeddings ? w->tok_embd : mat(c.vocab_size, c.dim);
   w->layers.resize(c.n_layers);
-  for (auto& l : w->layers) {
+  for (int64_t li = 0; li < c.n_layers; ++li) {
+    model::LayerWeights& l = w->layers[li];
     l.attn_norm = ones(c.dim);
     l.ffn_norm = ones(c.dim);
     l.wq = mat(c.q_dim(), c.dim);
@@ -102,6 +116,10 @@ std::unique_ptr<model::ModelWeights> RandomWeights(const model::ModelConfig& c) 
     l.w_gate = mat(c.ffn_dim, c.dim);
     l.w_up = mat(c.ffn_dim, c.dim);
     l.w_down = mat(c.dim, c.ffn_dim);
+    if (IsPackedQuant(storage)) {
+      auto r = train::QuantizeBaseWeights(w.get(), storage, li + 1);  // packs layer li, frees its source
+      LATHE_CHECK(r.ok() && r->kept.empty());
+    }
   }
   return w;
 }
@@ -109,9 +127,41 @@ std::unique_ptr<model::ModelWeights> RandomWeights(const model::ModelConfig& c) 
 struct RowSpec {
   const char* name;
   bool lora, bf16;
+  DType base = DType::kF32;           // storage of the random base (RandomWeights)
+  const char* optim = "adamw_torch";  // TrainConfig::optim
 };
-const RowSpec kRows[] = {{"lora-f32", true, false}, {"lora-bf16", true, true}, {"full-f32", false, false},
-                         {"full-bf16", false, true}};
+// The memory-saving rows store the base as a bf16 checkpoint would (lora-bf16w is their baseline,
+// the "bf16 LoRA" of the issue) or pack it, and compute in bf16 mode.
+const RowSpec kRows[] = {{"lora-f32", true, false},
+                         {"lora-bf16", true, true},
+                         {"full-f32", false, false},
+                         {"full-bf16", false, true},
+                         {"lora-bf16w", true, true, DType::kBF16},
+                         {"qlora-nf4", true, true, DType::kNF4DQ},
+                         {"lora-int8", true, true, DType::kI8Row},
+                         {"lora-adamw8bit", true, true, DType::kBF16, "adamw_8bit"},
+                         {"lora-paged8bit", true, true, DType::kBF16, "paged_adamw_8bit"},
+                         {"qlora-nf4-paged8bit", true, true, DType::kNF4DQ, "paged_adamw_8bit"}};
+constexpr const char* kDefaultRows =
+    "lora-f32,lora-bf16,full-f32,full-bf16,lora-bf16w,qlora-nf4,lora-int8,lora-adamw8bit,lora-paged8bit,"
+    "qlora-nf4-paged8bit";
+
+// Bytes of the frozen base as held (packed weights at their exact layout size).
+double BaseBytes(const model::ModelWeights& w) {
+  auto bytes = [](const Tensor& t) {
+    if (t.data == nullptr) return 0.0;
+    return IsPackedQuant(t.dtype) ? (double)PackedQuantBytes(t.dtype, t.shape[0], t.shape[1])
+                                  : (double)t.nbytes();
+  };
+  double b =
+      bytes(w.tok_embd) + bytes(w.output_norm) + (w.output.data != w.tok_embd.data ? bytes(w.output) : 0);
+  for (const model::LayerWeights& l : w.layers) {
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm,
+                            &l.w_gate, &l.w_up, &l.w_down})
+      b += bytes(*t);
+  }
+  return b;
+}
 
 // Matmul parameters touched per token: every decoder linear layer plus the output head.
 double MatmulParams(const model::ModelConfig& c) {
@@ -132,11 +182,14 @@ double CpuSeconds() {  // user + sys of this process: robust to other load on a 
 }
 
 // The child: builds the model, runs warmup + steps, prints
-// "RESULT tokens_per_s step_s rss_kb loss tokens_per_cpu_s" (the fastest step by each clock).
+// "RESULT tokens_per_s step_s rss_kb loss tokens_per_cpu_s" (the fastest step by each clock) and
+// "MEMORY weights lora grads optimizer activations temporary" (bytes held after the last step:
+// the base as stored plus the model's own buffers by category, optimizer state as allocated).
 // The child owns its weights and hands them over: full fine-tuning trains the f32 tensors in place
 // (as PyTorch does with its parameters); a file-mapped model's trained tensors are copied to f32
 // masters and their file pages dropped, as `lathe train` does.
-int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B, int64_t T, int steps) {
+int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B, int64_t T, int steps,
+             int64_t optim_resident_mb) {
   ThreadPool pool(threads);
   model::TrainModelOptions o;
   o.method = row.lora ? model::FinetuneMethod::kLora : model::FinetuneMethod::kFull;
@@ -147,7 +200,12 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
   if (!m.ok()) return Fail("bench train", m.status());
   std::vector<train::ParamRef> refs;
   for (const auto& p : (*m)->params()) refs.push_back({p.name, p.data, p.grad, p.n, p.decay});
-  train::AdamW adam(0.9, 0.999, 1e-8, 0.0);
+  train::TrainConfig tc;
+  tc.optim = row.optim;
+  tc.weight_decay = 0;
+  tc.optim_resident_mb = optim_resident_mb;
+  auto opt = train::MakeOptimizer(tc);
+  if (!opt.ok()) return Fail("bench train", opt.status());
   std::vector<int32_t> ids(B * T);
   uint64_t s = 12345;
   for (auto& t : ids) {
@@ -166,7 +224,7 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
     (*m)->ZeroGrad();
     auto l = (*m)->ForwardBackward(batch, (double)(B * T));
     if (!l.ok()) return Fail("bench train", l.status());
-    adam.Step(refs, 1e-5);
+    (*opt)->Step(refs, 1e-5);
     double t = Seconds(t0, Clock::now());
     loss = *l / (B * T);
     const double ct = CpuSeconds() - c0;
@@ -175,6 +233,14 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   std::printf("RESULT %.3f %.4f %ld %.4f %.3f\n", B * T / best, best, (long)ru.ru_maxrss, loss, B * T / best_cpu);
+  int64_t trainable = 0;
+  for (const auto& r : refs) trainable += r.n;
+  const auto* bnb = dynamic_cast<const train::BnbAdamW*>(opt->get());
+  const double opt_bytes = bnb ? (double)bnb->StateBytes() : (*opt)->StateBytesPerParam() * (double)trainable;
+  const model::TrainMemory mem = (*m)->AllocatedBytes();
+  std::printf("MEMORY %.0f %lld %lld %.0f %lld %lld\n", BaseBytes(w) - (double)mem.base_released + (double)mem.weights,
+              (long long)mem.lora, (long long)mem.gradients, opt_bytes, (long long)mem.activations,
+              (long long)mem.temporary);
   return 0;
 }
 
@@ -195,14 +261,20 @@ std::vector<int> ParseList(const std::string& s) {
 int RunBenchTrain(int argc, char** argv) {
   Args args("bench train",
             "lathe bench train [--arch smollm2-135m | -m MODEL] [--seq 512] [--batch 4] [--steps 2] "
-            "[--threads-list 1,2] [--rows lora-f32,lora-bf16,full-f32,full-bf16]");
+            "[--threads-list 1,2] [--rows lora-f32,...] [--optim-resident-mb 0]");
   args.Flag("--arch", "named architecture with random f32 weights (see `lathe estimate`)", "smollm2-135m");
   args.Flag("-m,--model", "a model file/dir instead of random weights (its dtype is kept for frozen weights)");
   args.Flag("--seq", "tokens per row", "512");
   args.Flag("--batch", "rows per step", "4");
   args.Flag("--steps", "timed steps per row after one warmup step (the fastest is reported)", "2");
   args.Flag("--threads-list", "thread counts to run", "1,2");
-  args.Flag("--rows", "rows to run: lora-f32, lora-bf16, full-f32, full-bf16", "lora-f32,lora-bf16,full-f32,full-bf16");
+  args.Flag(
+      "--rows",
+      "rows to run: lora-f32, lora-bf16, full-f32, full-bf16 (f32 base); lora-bf16w (bf16 base), qlora-nf4 "
+      "(NF4+DQ base), lora-int8 (LLM.int8 base), lora-adamw8bit, lora-paged8bit (bf16 base, 8-bit / paged "
+      "8-bit AdamW), qlora-nf4-paged8bit; all but the first four in bf16 mode",
+      kDefaultRows);
+  args.Flag("--optim-resident-mb", "resident cap of the paged rows' optimizer state (0 = no cap)", "0");
   args.Flag("--child", "internal: run one row in this process and print its RESULT line");
   args.Flag("--threads", "internal: threads of the --child row", "1");
   Status st = args.Parse(argc, argv);
@@ -234,8 +306,8 @@ int RunBenchTrain(int argc, char** argv) {
   };
   for (const auto& n : row_names) {
     if (!find_row(n)) {
-      return Fail("bench train", Status::Error("--rows: unknown row '" + n +
-                                               "' (expected lora-f32, lora-bf16, full-f32, full-bf16)"));
+      return Fail("bench train", Status::Error("--rows: unknown row '" + n + "' (expected one of " +
+                                               std::string(kDefaultRows) + ")"));
     }
   }
   std::vector<int> threads = ParseList(args.Get("threads-list"));
@@ -243,8 +315,12 @@ int RunBenchTrain(int argc, char** argv) {
     if (t < 1) return Fail("bench train", Status::Error("--threads-list: expected positive integers like 1,2"));
   }
 
+  auto resident_mb = args.Int("optim-resident-mb");
+  if (!resident_mb.ok() || *resident_mb < 0) {
+    return Fail("bench train", Status::Error("--optim-resident-mb: expected an integer >= 0"));
+  }
   // Model (config in the parent; weights only in the children).
-  auto load = [&]() -> Result<std::pair<std::unique_ptr<model::LoadedModel>, std::unique_ptr<model::ModelWeights>>> {
+  auto load = [&](DType storage) -> Result<std::pair<std::unique_ptr<model::LoadedModel>, std::unique_ptr<model::ModelWeights>>> {
     if (args.Has("model")) {
       auto lm = model::LoadModel(args.Get("model"));
       if (!lm.ok()) return lm.status();
@@ -253,12 +329,17 @@ int RunBenchTrain(int argc, char** argv) {
     auto c = train::NamedArchitecture(args.Get("arch"));
     if (!c.ok()) return c.status();
     c->max_seq_len = std::max<int64_t>(c->max_seq_len, *seq);
-    return std::make_pair(std::unique_ptr<model::LoadedModel>(), RandomWeights(*c));
+    return std::make_pair(std::unique_ptr<model::LoadedModel>(), RandomWeights(*c, storage));
   };
 
   if (args.Has("child")) {
-    auto ws = load();
+    const RowSpec& row = *find_row(args.Get("child"));
+    auto ws = load(row.base);
     if (!ws.ok()) return Fail("bench train", ws.status());
+    if (ws->first && IsPackedQuant(row.base)) {  // a model file: pack its linears as `lathe train` does
+      auto r = train::QuantizeBaseWeights(&ws->first->weights, row.base, ws->first->weights.config.n_layers);
+      if (!r.ok()) return Fail("bench train", r.status());
+    }
     model::ModelWeights& w = ws->first ? ws->first->weights : *ws->second;
     if (*seq > w.config.max_seq_len) {
       return Fail("bench train", Status::Error("--seq " + std::to_string(*seq) + " exceeds the model's max_seq_len " +
@@ -266,7 +347,7 @@ int RunBenchTrain(int argc, char** argv) {
     }
     auto t = args.Int("threads");
     if (!t.ok() || *t < 1) return Fail("bench train", Status::Error("--threads: expected a positive integer"));
-    return RunChild(w, *find_row(args.Get("child")), (int)*t, *batch, *seq, (int)*steps);
+    return RunChild(w, row, (int)*t, *batch, *seq, (int)*steps, *resident_mb);
   }
 
   model::ModelConfig c;
@@ -306,6 +387,7 @@ int RunBenchTrain(int argc, char** argv) {
     std::string row;
     int threads;
     double tps, step, rss_mb, gflops, mfu, loss, cpu_tps;
+    double mem[6];  // weights, lora, grads, optimizer, activations, temporary (bytes)
   };
   std::vector<Out> outs;
   for (const std::string& rn : row_names) {
@@ -313,12 +395,12 @@ int RunBenchTrain(int argc, char** argv) {
     for (size_t ti = 0; ti < threads.size(); ++ti) {
       std::string cmd = "'" + self + "' bench train --child " + rn + " --threads " + std::to_string(threads[ti]) +
                         " --seq " + std::to_string(*seq) + " --batch " + std::to_string(*batch) + " --steps " +
-                        std::to_string(*steps);
+                        std::to_string(*steps) + " --optim-resident-mb " + std::to_string(*resident_mb);
       cmd += args.Has("model") ? " -m '" + args.Get("model") + "'" : " --arch '" + args.Get("arch") + "'";
       FILE* p = popen(cmd.c_str(), "r");
       if (!p) return Fail("bench train", Status::Error("cannot start the row subprocess: " + cmd));
       char line[512];
-      Out o{rn, threads[ti], 0, 0, 0, 0, 0, 0, 0};
+      Out o{rn, threads[ti], 0, 0, 0, 0, 0, 0, 0, {0, 0, 0, 0, 0, 0}};
       bool got = false;
       while (std::fgets(line, sizeof(line), p)) {
         long rss = 0;
@@ -326,6 +408,8 @@ int RunBenchTrain(int argc, char** argv) {
           o.rss_mb = rss / 1024.0;
           got = true;
         }
+        std::sscanf(line, "MEMORY %lf %lf %lf %lf %lf %lf", &o.mem[0], &o.mem[1], &o.mem[2], &o.mem[3],
+                    &o.mem[4], &o.mem[5]);
       }
       int rc = pclose(p);
       if (!got || rc != 0) return Fail("bench train", Status::Error("row " + rn + " failed (command: " + cmd + ")"));
@@ -344,6 +428,21 @@ int RunBenchTrain(int argc, char** argv) {
   for (const Out& o : outs) {
     std::printf("| %s | %d | %.1f | %.2f | %.0f | %.1f | %.1f%% | %.1f |\n", o.row.c_str(), o.threads, o.tps, o.step,
                 o.rss_mb, o.gflops, 100 * o.mfu, o.cpu_tps);
+  }
+  // Where the peak goes: the bytes each category holds after the last step (MB); "other" is the
+  // peak RSS not in any category (binary, libraries, allocator slack, the peak's transient buffers).
+  std::printf(
+      "\nmemory by category after the last step (MiB like the RSS; weights = frozen base as stored + "
+      "trainable masters):\n"
+      "| row | threads | peak RSS | weights | LoRA params | grads | optimizer | activations | temporary | "
+      "other |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  constexpr double kMiB = 1048576.0;
+  for (const Out& o : outs) {
+    double sum = 0;
+    for (double b : o.mem) sum += b;
+    std::printf("| %s | %d | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f |\n", o.row.c_str(),
+                o.threads, o.rss_mb, o.mem[0] / kMiB, o.mem[1] / kMiB, o.mem[2] / kMiB, o.mem[3] / kMiB,
+                o.mem[4] / kMiB, o.mem[5] / kMiB, o.rss_mb - sum / kMiB);
   }
   return 0;
 }

@@ -1,6 +1,9 @@
 // QuantizeBaseWeights: per-weight packing of the frozen base for QLoRA / int8-base training.
 #include "train/quantize_base.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <memory>
 #include <vector>
 
@@ -13,6 +16,16 @@ namespace lathe::train {
 namespace {
 
 bool IsPlainFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// Hands the whole pages inside [p, p + n) back to the kernel: a file mapping's pages leave the
+// resident set (they would be read from the file again if touched), anonymous memory reads back as
+// zeros. Partial pages at the ends are kept: they may hold a neighbouring tensor. Returns the bytes.
+int64_t ReleasePages(const void* p, size_t n) {
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t b = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + n) & ~(page - 1);
+  if (e <= b || madvise((void*)b, e - b, MADV_DONTNEED) != 0) return 0;
+  return (int64_t)(e - b);
+}
 
 }  // namespace
 
@@ -43,6 +56,8 @@ Result<QuantizeBaseReport> QuantizeBaseWeights(model::ModelWeights* w, DType dty
       Result<kernels::PackedWeight> pw = kernels::QuantizeWeight(src, dtype, name.c_str());
       if (!pw.ok()) return pw.status().WithContext("key 'quantization_bit'");
       auto owned = std::make_shared<kernels::PackedWeight>(std::move(*pw));
+      r.released_bytes += ReleasePages(t.data, t.nbytes());
+      r.source_bytes += (int64_t)t.nbytes();
       t = owned->view();
       w->owners.push_back(owned);
       r.quantized++;

@@ -17,6 +17,8 @@ struct QuantizeBaseReport {
   std::vector<std::string> kept;                // "blk.L.name (rows x cols): why", left as they were
   int64_t base_bytes = 0, base_params = 0;      // every base tensor after quantization
   int64_t linear_bytes = 0, linear_params = 0;  // the 7 linear weights of each layer
+  int64_t source_bytes = 0;                     // bytes of the packed weights' sources
+  int64_t released_bytes = 0;                   // of which handed back (whole pages)
 };
 
 // Replaces wq, wk, wv, wo, w_gate, w_up, w_down of layers [0, frozen_layers) with packed `dtype`
@@ -24,6 +26,9 @@ struct QuantizeBaseReport {
 // dequantized first, one weight at a time. Weights whose shape the format cannot take (4-bit types
 // need in_features % 64 == 0) stay as they are and are listed in the report. Embeddings, norms and
 // the output head are not touched (as bitsandbytes / PEFT leave them).
+// The source bytes of every packed weight are released (madvise MADV_DONTNEED over their whole
+// pages): an mmapped file's pages leave the resident set, owned buffers read back as zeros, so no
+// other view may still read a packed weight's source (loaders never share linear weights).
 Result<QuantizeBaseReport> QuantizeBaseWeights(model::ModelWeights* w, DType dtype, int64_t frozen_layers);
 
 }  // namespace lathe::train

@@ -110,8 +110,9 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
     const int64_t frozen =
         c.finetuning_type == "lora" ? n_layers : std::max<int64_t>(n_layers - c.freeze_trainable_layers, 0);
     LATHE_ASSIGN_OR_RETURN(QuantizeBaseReport qr, QuantizeBaseWeights(&lm.weights, qtype, frozen));
-    // The source weights stay mapped/owned beside the packed copies (quantize_base.h), so the plan
-    // counts both: the packed bytes come on top of the loaded ones.
+    // The packed bytes replace the sources' (their pages were handed back, quantize_base.h; the
+    // few partial pages at tensor edges stay).
+    base_bytes -= (double)qr.released_bytes;
     for (const model::LayerWeights& l : lm.weights.layers) {
       for (const Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
         if (t->dtype == qtype) base_bytes += (double)PackedQuantBytes(qtype, t->shape[0], t->shape[1]);
@@ -119,11 +120,12 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
     if (o.log) {
       std::fprintf(o.log,
                    "quantized base: %lld linear weights -> %s (%.2f bits/param over linear weights); "
-                   "base resident %.2f MB, %.3f bytes/param\n",
+                   "base resident %.2f MB, %.3f bytes/param; sources released %.2f MB\n",
                    (long long)qr.quantized, DTypeName(qtype),
                    8.0 * (double)qr.linear_bytes / (double)std::max<int64_t>(qr.linear_params, 1),
                    (double)qr.base_bytes / 1e6,
-                   (double)qr.base_bytes / (double)std::max<int64_t>(qr.base_params, 1));
+                   (double)qr.base_bytes / (double)std::max<int64_t>(qr.base_params, 1),
+                   (double)qr.released_bytes / 1e6);
       for (const std::string& k : qr.kept) std::fprintf(o.log, "quantized base: kept %s\n", k.c_str());
     }
   }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end test of `lathe bench train` on stories260K (tiny, fast): every row x thread count
-# prints a sane line (positive tokens/s, step time, peak RSS, MFU, a finite loss, tokens per CPU-second),
-# the markdown table has all rows, and bad flags give clear errors.
+# (incl. the QLoRA / int8-base / 8-bit and paged AdamW rows) prints a sane line (positive tokens/s,
+# step time, peak RSS, MFU, a finite loss near ln(vocab), tokens per CPU-second), the markdown tables
+# have all rows with a memory breakdown that fits in the peak RSS, and bad flags give clear errors.
 set -uo pipefail
 LATHE="${LATHE_BIN:?}"
 SHARED="${LATHE_SHARED:?}"
@@ -25,7 +26,9 @@ lines = re.findall(r"^(\S+)\s+threads (\d): +([0-9.]+) tokens/s, step +([0-9.]+)
                    r"GFLOP/s = +([0-9.]+)% of [0-9.]+ \(loss ([-0-9.na]+)\); +([0-9.]+) tokens per CPU-second$",
                    text, re.M)
 got = {(r, int(t)) for r, t, *_ in lines}
-want = {(r, t) for r in ["lora-f32", "lora-bf16", "full-f32", "full-bf16"] for t in (1, 2)}
+rows = ["lora-f32", "lora-bf16", "full-f32", "full-bf16", "lora-bf16w", "qlora-nf4", "lora-int8", "lora-adamw8bit",
+        "lora-paged8bit", "qlora-nf4-paged8bit"]
+want = {(r, t) for r in rows for t in (1, 2)}
 assert got == want, (got, text)
 for r, t, tps, step, rss, gf, mfu, loss, cpu_tps in lines:
     assert float(tps) > 0 and float(step) > 0 and int(rss) > 0 and float(gf) > 0, (r, t)
@@ -33,8 +36,23 @@ for r, t, tps, step, rss, gf, mfu, loss, cpu_tps in lines:
     assert abs(float(tps) * float(step) / 64 - 1) < 0.02, (r, t, tps, step)  # 2 x 32 tokens per step
     # Random tokens through a trained tiny model: a finite, positive loss (confidently wrong: ~18 nats).
     assert math.isfinite(float(loss)) and 0 < float(loss) < 100, (r, t, loss)
-table = re.findall(r"^\| (lora|full)-(f32|bf16) \| [12] \|", text, re.M)
-assert len(table) == 8, text
+table = re.findall(r"^\| ([a-z0-9-]+) \| [12] \| [0-9.]+ \| [0-9.]+ \| \d+ \|", text, re.M)
+assert sorted(table) == sorted(r for r, _ in want), text
+# The breakdown: every row, categories that add up to no more than the peak RSS; the quantized
+# rows hold less base than lora-bf16w (a model file keeps its stored f32; stories260K: 30 of 35
+# linears pack to NF4, 35 to int8),
+# the 8-bit optimizer rows no more state than AdamW's (its tensors are under bitsandbytes'
+# min_8bit_size, so they keep 32-bit state: equal here).
+mem = {(r, int(t)): [float(x) for x in v.split(" | ")] for r, t, v in
+       re.findall(r"^\| ([a-z0-9-]+) \| ([12]) \| ((?:-?[0-9.]+ \| ){7}-?[0-9.]+) \|$", text, re.M)}
+assert set(mem) == want, (sorted(mem), text)
+for (r, t), (rss, w, lora, g, opt, act, tmp, other) in mem.items():
+    assert w > 0 and g > 0 and opt > 0 and act > 0, (r, t)
+    assert w + lora + g + opt + act + tmp <= rss, (r, t, rss)
+    assert (lora > 0) == (r != "full-f32" and r != "full-bf16"), (r, lora)
+for t in (1, 2):
+    assert max(mem["qlora-nf4", t][1], mem["lora-int8", t][1]) < mem["lora-bf16w", t][1], t
+    assert mem["lora-adamw8bit", t][4] <= mem["lora-bf16w", t][4], t
 PY
 
 "$LATHE" bench train --rows nope > /dev/null 2>"$tmp/err"

@@ -22,7 +22,7 @@ logging_steps: 5
 save_steps: 1000
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 2
-learning_rate: 1.0e-2
+learning_rate: 3.0e-3
 max_steps: 15
 lr_scheduler_type: cosine
 warmup_steps: 3
@@ -47,12 +47,18 @@ check "nf4 log: bytes/param" grep -q "bytes/param" "$tmp/nf4.log"
 check "int8 log: packed count" grep -q "quantized base: 35 linear weights -> i8_row" "$tmp/int8.log"
 b=$(eval_loss "$tmp/bf16"); n=$(eval_loss "$tmp/nf4"); i=$(eval_loss "$tmp/int8")
 echo "eval_loss after 15 steps: bf16 LoRA $b, QLoRA nf4+dq $n, int8 base $i"
-# Measured (15 steps): bf16 3.1971, nf4+dq 3.2783 (+2.5%), int8 3.1968. The untrained NF4 base
-# itself is +2.7% (eval loss 4.0251 vs 3.9198: 4-bit codes on a 64-wide model), so NF4 gets 3%;
-# int8 0.5%. The NF4 run must also differ from bf16 (the base really is quantized) and have learned.
-check "qlora nf4 within 3% of bf16 lora" python3 -c "
+# Measured eval loss (bf16 LoRA / QLoRA nf4+dq, gap), rank 8; compute in f32 instead of bf16 moves
+# the gap by < 0.1 point, so the gap is the base's 4-bit error (untrained NF4 base: 4.0251 vs
+# 3.9198, +2.7%, on this 64-wide model), not the matmul precision:
+#   lr 1e-2: 15 steps 3.1971 / 3.2783 +2.54%, 30: +2.69%, 60: 3.0305 / 3.1103 +2.64%, 120: +2.86%
+#   lr 3e-3: 15 steps 3.2551 / 3.3015 +1.42%, 60: 3.0165 / 3.0728 +1.87% (rank 32: +1.25%)
+# At lr 1e-2 (too high for 4-bit: the LoRA chases the quantization noise) the gap stays ~2.6%;
+# at 3e-3, which also gives the better bf16 loss after 60 steps, it is within the issue's 2%.
+# int8 at 3e-3: 3.2566 (+0.05%). The NF4 run must also differ from bf16 (the base really is
+# quantized) and have learned (untrained: 4.03).
+check "qlora nf4 within 2% of bf16 lora" python3 -c "
 b, n = $b, $n
-assert abs(n - b) / b < 0.03 and abs(n - b) / b > 1e-3, (b, n)
+assert abs(n - b) / b < 0.02 and abs(n - b) / b > 1e-3, (b, n)
 assert n < 3.6, n  # untrained: 4.03"
 check "int8 base within 0.5% of bf16 lora" python3 -c "
 b, i = $b, $i
