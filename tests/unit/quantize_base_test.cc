@@ -1,6 +1,7 @@
 // QuantizeBaseWeights (train/quantize_base.h): packing a loaded base leaves only the packed bytes
 // resident — measured with the process RSS over SmolLM2-135M layer shapes from an mmapped f32 file
-// and from owned buffers (goal: <= 0.53 bytes/param NF4+DQ, <= 1.05 int8) — and still packs right.
+// and from owned buffers (goal: <= 0.53 bytes/param NF4+DQ, <= 1.05 int8; the resident growth is the
+// packed bytes plus a fixed slack that does not scale with the model) — and still packs right.
 #include "train/quantize_base.h"
 
 #include <gtest/gtest.h>
@@ -94,6 +95,17 @@ int64_t PackedBytes(const model::ModelWeights& w) {
   return b;
 }
 
+// The resident growth since `before` is the packed buffers plus at most a fixed slack, and the
+// packed buffers meet the bytes/param goal. The slack covers what does not scale with the model:
+// the partial first/last page of each source range (madvise releases whole pages only) and 1 MiB
+// of allocator and thread bookkeeping; a source left resident (+4 bytes/param) fails by far.
+void ExpectResidentIsPacked(int64_t before, const model::ModelWeights& w, int64_t n, double goal) {
+  const int64_t growth = RssBytes() - before, packed = PackedBytes(w);
+  const int64_t slack = 7 * kLayers * 2 * 4096 + (1 << 20);
+  EXPECT_LE((double)packed / n, goal);
+  if (!kAsan) EXPECT_LE(growth, packed + slack) << "resident " << (double)growth / n << " bytes/param";
+}
+
 // Checks the first packed weight against its source: dequantized rows within the format's error.
 void ExpectPackedNear(const model::ModelWeights& w, DType t) {
   const Tensor& q = w.layers[0].wq;
@@ -144,7 +156,7 @@ TEST(QuantizeBase, MmappedSourcePagesLeaveRss) {
         r->released_bytes / 1e6, r->source_bytes / 1e6);
     EXPECT_EQ(r->quantized, 7 * kLayers);
     EXPECT_GT(r->released_bytes, r->source_bytes - 7 * kLayers * 2 * 4096);
-    if (!kAsan) EXPECT_LE(bpp, t == DType::kI8Row ? 1.05 : 0.53);
+    ExpectResidentIsPacked(before, w, n, t == DType::kI8Row ? 1.05 : 0.53);
     ExpectPackedNear(w, t);
   }
   std::remove(path.c_str());
@@ -169,7 +181,7 @@ TEST(QuantizeBase, OwnedSourceBuffersLeaveRss) {
   std::printf(
       "nf4_dq from owned f32 buffers: %.3f bytes/param resident after packing (packed buffers %.3f)\n", bpp,
       (double)PackedBytes(w) / n);
-  if (!kAsan) EXPECT_LE(bpp, 0.53);
+  ExpectResidentIsPacked(before, w, n, 0.53);
   ExpectPackedNear(w, DType::kNF4DQ);
 }
 
