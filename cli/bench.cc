@@ -127,7 +127,7 @@ int RunBench(int argc, char** argv) {
       Row row{path, thread_list[ti], 0, 0, 0, bw[ti]};
       for (int r = 0; r < *reps; ++r) {
         cache.Clear(0);
-        model::SeqInput in{0, std::span<const int32_t>(prompt), false};
+        model::SeqInput in{0, std::span<const int32_t>(prompt), false, (int64_t)prompt.size()};
         auto t0 = Clock::now();
         Status fs = tf.Forward(cache, std::span<const model::SeqInput>(&in, 1), &logits);
         if (!fs.ok()) return Fail("bench", fs);

@@ -197,7 +197,7 @@ Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std
                                      (long long)(cache.length(s.slot) + (int64_t)s.tokens.size()),
                                      (long long)cache.max_len()));
     }
-    paged[i] = {s.tokens, cache.length(s.slot), cache.BlockTable(s.slot), s.all_logits};
+    paged[i] = {s.tokens, cache.length(s.slot), cache.BlockTable(s.slot), s.all_logits, nullptr, s.exact_rows};
   }
   LATHE_RETURN_IF_ERROR(ForwardPaged(cache.store(), paged, logits));
   for (const SeqInput& s : batch) cache.SetLength(s.slot, cache.length(s.slot) + (int64_t)s.tokens.size());
@@ -228,6 +228,19 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
     max_pos = std::max(max_pos, s.start_pos + n);
   }
   EnsureRopeTable(max_pos);
+  token_runs_.clear();
+  out_runs_.clear();
+  for (const PagedSeqInput& s : batch) {
+    const int64_t n = (int64_t)s.tokens.size(), n_exact = std::clamp<int64_t>(s.exact_rows, 0, n);
+    AddRun(&token_runs_, n_exact, true);
+    AddRun(&token_runs_, n - n_exact, false);
+    if (s.all_logits) {
+      AddRun(&out_runs_, n_exact, true);
+      AddRun(&out_runs_, n - n_exact, false);
+    } else {
+      AddRun(&out_runs_, 1, n_exact == n);
+    }
+  }
   // Group consecutive sequences with the same adapter into row runs for the LoRA deltas.
   lora_runs_.clear();
   {
@@ -346,12 +359,33 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   return Status::Ok();
 }
 
+void Transformer::AddRun(std::vector<PrecisionRun>* runs, int64_t n, bool exact) {
+  if (n == 0) return;
+  if (!runs->empty() && runs->back().exact == exact) {
+    runs->back().n_rows += n;
+  } else {
+    runs->push_back({n, exact});
+  }
+}
+
 void Transformer::Linear(const char* name, const float* x, int64_t M, const Tensor& w, float* y, int64_t layer,
                          LoraModule module) {
   {
     ScopedOp op(options_.profiler, name, 2.0 * M * w.numel(), (double)w.nbytes() + 4.0 * M * (w.shape[0] + w.shape[1]),
                 options_.profiler ? OpShape(M, w) : std::string());
-    kernels::MatMul(pool_, x, M, w, y, options_.exact_activations);
+    // Layer matmuls take the T token rows, the head (layer < 0) the output rows.
+    const std::vector<PrecisionRun>& runs = layer >= 0 ? token_runs_ : out_runs_;
+    if (options_.exact_activations || !IsQuantized(w.dtype) || runs.size() < 2) {
+      const bool exact = options_.exact_activations || (runs.size() == 1 && runs.front().exact);
+      kernels::MatMul(pool_, x, M, w, y, exact);
+    } else {
+      int64_t r = 0;
+      for (const PrecisionRun& run : runs) {
+        kernels::MatMul(pool_, x + r * w.shape[1], run.n_rows, w, y + r * w.shape[0], run.exact);
+        r += run.n_rows;
+      }
+      LATHE_CHECK(r == M);
+    }
   }
   if (layer < 0) return;
   for (const LoraRun& run : lora_runs_) {

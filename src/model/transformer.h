@@ -51,6 +51,10 @@ struct PagedSeqInput {
   // LoRA adapter for this sequence's rows (multi-LoRA serving); null = TransformerOptions::adapter
   // (usually none). Not owned. Rows of different adapters share the base matmuls.
   const LoraAdapter* adapter = nullptr;
+  // The first exact_rows tokens (the prompt's) go through block-quantized weights with f32
+  // activations, the rest (sampled tokens) with int8 ones: by role, so a row never depends on its
+  // batch-mates, and prompts keep f32 accuracy (int8 prefill flips SmolLM2's near-tie answer).
+  int64_t exact_rows = 0;
 };
 
 // KvCache: n_slots independent sequences of up to max_len tokens, each with its own run of
@@ -84,10 +88,12 @@ struct SeqInput {
   int slot = 0;
   std::span<const int32_t> tokens;  // appended at positions cache.length(slot) ...
   bool all_logits = false;          // logits for every token, else only for the last
+  int64_t exact_rows = 0;           // leading (prompt) tokens with f32 activations: PagedSeqInput
 };
 
 struct TransformerOptions {
-  // Keep activations in f32 for block-quantized weights in decode too (see kernels::MatMul):
+  // Prompt rows use f32 activations for block-quantized weights (PagedSeqInput::exact_rows); this
+  // keeps activations in f32 for the sampled tokens' rows too (see kernels::MatMul):
   // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations.
   // Either way, every output logit within kExactLogitMargin of a row's maximum is recomputed
   // exactly (f32 activations): the logits feed sampling directly, and int8 noise (~1 logit)
@@ -139,6 +145,15 @@ class Transformer {
   std::vector<float> rope_cos_, rope_sin_;  // (n_pos, rope_dim / 2)
   int64_t rope_pos_ = 0;
   // Scratch, grown as needed and reused across calls.
+  // Runs of consecutive rows with the same activation precision (see PagedSeqInput::exact_rows):
+  // for the T token rows and for the output rows of the head. Linear splits a block-quantized
+  // matmul along them.
+  struct PrecisionRun {
+    int64_t n_rows;
+    bool exact;
+  };
+  static void AddRun(std::vector<PrecisionRun>* runs, int64_t n, bool exact);
+  std::vector<PrecisionRun> token_runs_, out_runs_;
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rows_, lora_mid_, lora_out_;
   std::vector<int64_t> row_pos_;  // position of each stacked row
   // Runs of stacked rows that share one adapter (set per ForwardPaged; empty = no LoRA at all).

@@ -193,8 +193,10 @@ Status Engine::RunStep() {
   batch.reserve(work.size());
   for (const Work& w : work) {
     Request& r = *requests_.at(w.id);
+    // Prompt tokens (also when recomputed after a preemption) with f32 activations, sampled ones int8.
+    const int64_t exact = std::clamp<int64_t>(r.prompt_len - r.computed, 0, w.n);
     batch.push_back({std::span<const int32_t>(r.tokens).subspan(r.computed, w.n), r.computed, kv_.BlockTable(w.id), false,
-                     r.options.adapter});
+                     r.options.adapter, exact});
   }
   LATHE_RETURN_IF_ERROR(tf_.ForwardPaged(store_, batch, &logits_));
   ++steps_;

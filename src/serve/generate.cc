@@ -66,7 +66,7 @@ Result<GenerateResult> Generate(model::Transformer& tf, model::KvCache& cache, i
   StopStringMatcher stops(options.stop);
   std::vector<float> logits;
   auto t0 = Clock::now();
-  model::SeqInput in{slot, prompt.subspan(cached), false};
+  model::SeqInput in{slot, prompt.subspan(cached), false, (int64_t)(prompt.size() - cached)};  // prompt: f32
   LATHE_RETURN_IF_ERROR(tf.Forward(cache, std::span<const model::SeqInput>(&in, 1), &logits));
   auto t1 = Clock::now();
   res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();

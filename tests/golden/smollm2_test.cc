@@ -69,7 +69,7 @@ TEST_P(SmolLM2, MatchesTransformers) {
     std::vector<float> top = Floats(*fx.st, p + ".top20_logits");
     KvCache cache(w->config, 1, (int64_t)ids.size() + 40);
     std::vector<float> lg;
-    SeqInput in{0, ids, true};
+    SeqInput in{0, ids, true, (int64_t)ids.size()};  // the prompt with f32 activations, as generate does
     ASSERT_TRUE(tf.Forward(cache, {&in, 1}, &lg).ok());
     double worst = 0;
     int top1_ok = 0;
@@ -88,24 +88,10 @@ TEST_P(SmolLM2, MatchesTransformers) {
       for (int64_t v = 0; v < V; ++v) m = std::max(m, (double)std::fabs(lg[(ids.size() - 1) * V + v] - last[v]));
       EXPECT_LE(m, atol);
     }
-    if (!exact) {
-      // MANIFEST int8_activations: top-5 overlap >= 3 of 5 at every prompt position, no greedy
-      // requirement. int8 inputs to every matmul on the block-quantized weights (prefill included)
-      // flip `capital`'s first answer token (a documented 0.08 near tie) and `story` after 22 of 32
-      // greedy tokens (its smallest margin is 0.0135).
-      for (size_t t = 0; t < ids.size(); ++t) {
-        const float* row = &lg[t * V];
-        std::vector<int32_t> order(V);
-        for (int64_t v = 0; v < V; ++v) order[v] = (int32_t)v;
-        std::partial_sort(order.begin(), order.begin() + 5, order.end(),
-                          [&](int32_t a, int32_t b) { return row[a] > row[b]; });
-        int overlap = 0;
-        for (int i = 0; i < 5; ++i)
-          for (int j = 0; j < 5; ++j) overlap += order[i] == top_ids[t * 20 + j];
-        EXPECT_GE(overlap, 3) << p << " position " << t;
-      }
-      continue;
-    }
+    // int8 activations for the sampled tokens may legitimately flip the story's 0.0135-margin steps
+    // (see MANIFEST); with the prompt in f32 (as generate and the engine do) and the refined head
+    // the capital answer stays exact.
+    if (!exact && p != "capital") continue;
     // Greedy continuation, token by token through the cache.
     std::vector<int64_t> want = Ints(*fx.st, p + ".greedy_ids");
     std::vector<int32_t> got;
@@ -120,6 +106,70 @@ TEST_P(SmolLM2, MatchesTransformers) {
     }
     EXPECT_EQ(std::vector<int64_t>(got.begin(), got.end()), want) << p;
   }
+}
+
+// Activation precision follows the row's role, never its batch: prompt rows (exact_rows) go through
+// the Q4_1 weights with f32 activations, sampled-token rows with int8 ones. A prompt alone equals
+// the exact_activations model (1e-4), and equals itself (within f32 GEMM reordering) beside
+// another sequence's decode row, whose int8 logits in turn equal that row alone bit for bit.
+// (Alone vs the exact model: the same f32 layer matmuls; tf also refines its head's top logits.)
+TEST(SmolLM2Rows, PromptRowsF32AndDecodeRowsInt8WhateverTheBatch) {
+  std::string path = lathe::testing::SmolLM2Path();
+  LATHE_REQUIRE_FILE(path);
+  auto g = formats::GgufFile::Open(path);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ThreadPool pool(2);
+  Transformer tf(*w, pool);
+  TransformerOptions exact_opts;
+  exact_opts.exact_activations = true;
+  Transformer tf_exact(*w, pool, exact_opts);
+  const int64_t V = w->config.vocab_size;
+  const std::vector<int32_t> prompt = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11, 1, 4093, 198, 1780, 314,
+                                       260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198};
+  const std::vector<int32_t> other = {1, 4093, 198, 28120, 253, 1345, 30};
+  const int32_t next = 378;
+  const int64_t n = (int64_t)prompt.size();
+
+  std::vector<float> alone, alone_exact, alone_int8, decode_alone, mixed;
+  {
+    KvCache c(w->config, 1, 64);
+    SeqInput in{0, prompt, true, n};
+    ASSERT_TRUE(tf.Forward(c, {&in, 1}, &alone).ok());
+    KvCache ce(w->config, 1, 64);
+    SeqInput ine{0, prompt, true};
+    ASSERT_TRUE(tf_exact.Forward(ce, {&ine, 1}, &alone_exact).ok());
+    KvCache ci(w->config, 1, 64);
+    SeqInput in8{0, prompt, true, 0};
+    ASSERT_TRUE(tf.Forward(ci, {&in8, 1}, &alone_int8).ok());
+  }
+  // The same f32 layer matmuls; only the head's near-top logits are refined (recomputed) in tf.
+  double de = 0;
+  for (size_t i = 0; i < alone.size(); ++i) de = std::max(de, (double)std::fabs(alone[i] - alone_exact[i]));
+  EXPECT_LT(de, 1e-4);
+  double d8 = 0;
+  for (size_t i = 0; i < alone.size(); ++i) d8 = std::max(d8, (double)std::fabs(alone[i] - alone_int8[i]));
+  EXPECT_GT(d8, 1e-3) << "int8 prompt rows should differ from f32 ones: is exact_rows ignored?";
+  {
+    KvCache c(w->config, 1, 64);
+    SeqInput in{0, other, false, (int64_t)other.size()};
+    std::vector<float> lg;
+    ASSERT_TRUE(tf.Forward(c, {&in, 1}, &lg).ok());
+    SeqInput step{0, {&next, 1}, false};
+    ASSERT_TRUE(tf.Forward(c, {&step, 1}, &decode_alone).ok());
+  }
+  KvCache c(w->config, 2, 64);
+  std::vector<float> lg;
+  SeqInput first{1, other, false, (int64_t)other.size()};
+  ASSERT_TRUE(tf.Forward(c, {&first, 1}, &lg).ok());
+  std::vector<SeqInput> both = {{1, {&next, 1}, false}, {0, prompt, true, n}};
+  ASSERT_TRUE(tf.Forward(c, both, &mixed).ok());
+  ASSERT_EQ((int64_t)mixed.size(), (1 + n) * V);
+  EXPECT_EQ(std::vector<float>(mixed.begin(), mixed.begin() + V), decode_alone);
+  double dp = 0;
+  for (int64_t i = 0; i < n * V; ++i) dp = std::max(dp, (double)std::fabs(mixed[V + i] - alone[i]));
+  EXPECT_LT(dp, 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, SmolLM2, ::testing::Values(true, false),
