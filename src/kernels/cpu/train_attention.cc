@@ -42,6 +42,13 @@ bool TileHasWork(int64_t q0, int64_t q1, int64_t k0, int64_t k1, const int32_t* 
 // Whether every (t, s) pair of the tile is allowed (no mask work needed).
 inline bool TileFull(int64_t q0, int64_t k1, const int32_t* seg) { return !seg && k1 - 1 <= q0; }
 
+// Keys [0, nv) of the tile may be allowed for query t; those from nv on never are (causality).
+// With segment ids the prefix may still hold disallowed keys (the caller masks them).
+inline int64_t ValidPrefix(bool full, int64_t t, int64_t k0, int64_t nk) {
+  if (full) return nk;
+  return std::clamp<int64_t>(t - k0 + 1, 0, nk);
+}
+
 // Per-thread packing buffers for SmallGemm.
 struct GemmScratch {
   std::vector<float> a, b;
@@ -151,14 +158,16 @@ void ProbsAndScoreGrads(const TrainKernelTable& tk, const Dims& d, const Panels&
   const bool full = TileFull(q0, k0 + nk, seg);
   for (int64_t i = 0; i < nq; ++i) {
     float* row = P + i * nk;
-    const int64_t t = q0 + i;
-    tk.exp_shift_scale(row, nk, lse[t * d.n_head + h], 1.0f);
-    if (!full)
-      for (int64_t j = 0; j < nk; ++j)
-        if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;
-    const float dl = delta[t * d.n_head + h];
     float* ds = dS + i * nk;
-    for (int64_t j = 0; j < nk; ++j) ds[j] = row[j] * (ds[j] - dl) * scale;
+    const int64_t t = q0 + i;
+    const int64_t nv = ValidPrefix(full, t, k0, nk);
+    if (nv > 0) tk.exp_shift_scale(row, nv, lse[t * d.n_head + h], 1.0f);
+    if (seg && !full)
+      for (int64_t j = 0; j < nv; ++j)
+        if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;
+    tk.softmax_grad(ds, row, nv, delta[t * d.n_head + h], scale);
+    std::fill(row + nv, row + nk, 0.0f);
+    std::fill(ds + nv, ds + nk, 0.0f);
   }
 }
 
@@ -199,11 +208,12 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
         for (int64_t i = 0; i < nq; ++i) {
           float* row = S + i * nk;
           const int64_t t = q0 + i;
-          float tmax = kNegInf;
-          for (int64_t j = 0; j < nk; ++j) {
-            if (!full && !Allowed(k0 + j, t, seg)) row[j] = kNegInf;
-            tmax = std::max(tmax, row[j]);
-          }
+          const int64_t nv = ValidPrefix(full, t, k0, nk);
+          const bool masked = seg && !full;  // scattered disallowed keys inside [0, nv)
+          if (masked)
+            for (int64_t j = 0; j < nv; ++j)
+              if (!Allowed(k0 + j, t, seg)) row[j] = kNegInf;
+          const float tmax = nv > 0 ? tk.row_max(row, nv) : kNegInf;
           if (tmax == kNegInf) {  // no key of this tile for this row
             std::fill(row, row + nk, 0.0f);
             continue;
@@ -215,12 +225,15 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
             l[i] *= corr;
           }
           m[i] = m_new;
-          tk.exp_shift_scale(row, nk, m_new, 1.0f);
-          float sum = 0.0f;
-          for (int64_t j = 0; j < nk; ++j) {
-            if (!full && !Allowed(k0 + j, t, seg)) row[j] = 0.0f;  // the polynomial exp gives ~1e-38, not 0
-            sum += row[j];
+          float sum = tk.exp_shift_sum(row, nv, m_new);
+          if (masked) {  // the polynomial exp gives ~1e-38 for -inf, not 0
+            sum = 0.0f;
+            for (int64_t j = 0; j < nv; ++j) {
+              if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;
+              sum += row[j];
+            }
           }
+          std::fill(row + nv, row + nk, 0.0f);
           l[i] += sum;
         }
         SmallGemmRowsA(tk, gs, o, D, nq, D, nk, S, nk,
