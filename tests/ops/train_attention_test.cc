@@ -116,8 +116,10 @@ TEST_P(TrainAttention, MatchesReference) {
   const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
   const cpu::KernelTable& kt = cpu::KernelsFor(tier);
   ThreadPool pool(threads);
-  // T crosses the 96-row query and 128-row key tiles; odd head_dim exercises vector tails.
-  for (const Cfg& c : {Cfg{1, 1, 1, 8}, Cfg{100, 4, 2, 20}, Cfg{150, 3, 1, 64}, Cfg{70, 2, 2, 7}}) {
+  // T crosses the 96-row query and 128-row key tiles; odd head_dim exercises vector tails; T = 301
+  // gives several query and key tiles (offsets into the whole-sequence packs) and a partial last strip.
+  for (const Cfg& c : {Cfg{1, 1, 1, 8}, Cfg{100, 4, 2, 20}, Cfg{150, 3, 1, 64}, Cfg{70, 2, 2, 7},
+                       Cfg{301, 4, 2, 17}}) {
     for (bool packed : {false, true}) {
       std::vector<int32_t> seg(c.T);
       for (int64_t t = 0; t < c.T; ++t) seg[t] = (int32_t)(t < 23 ? 0 : t < 90 ? 1 : 2);  // packed samples

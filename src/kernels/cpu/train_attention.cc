@@ -49,7 +49,7 @@ inline int64_t ValidPrefix(bool full, int64_t t, int64_t k0, int64_t nk) {
   return std::clamp<int64_t>(t - k0 + 1, 0, nk);
 }
 
-// Per-thread packing buffers for SmallGemm.
+// Per-thread packing buffers for SmallGemmPackedB.
 struct GemmScratch {
   std::vector<float> a, b;
 };
@@ -91,60 +91,84 @@ float* PackB(float* out, int64_t L, int64_t N, const FB& b) {
   return out;
 }
 
-// c(R, N) (row stride ldc) += A . B from PackA / PackB panels with inner dimension L.
+// c(R, N) (row stride ldc) += A . B from PackA / PackB panels with inner dimension L. B's 16-column
+// strips lie b_stride floats apart (L * 16 for a PackB of this product; more for a window of rows
+// of a whole-sequence PackB, see SeqPack).
 void RunPacked(const TrainKernelTable& tk, const float* ap, const float* bp, float* c, int64_t ldc, int64_t R,
-               int64_t N, int64_t L) {
+               int64_t N, int64_t L, int64_t b_stride = 0) {
+  if (b_stride == 0) b_stride = L * kGemmTileC;
   for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
     const int64_t r0 = rt * kGemmTileR;
     const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
     for (int64_t j0 = 0; j0 < N; j0 += kGemmTileC)
-      tk.gemm_tile(ap + rt * L * kGemmTileR, bp + j0 * L, L, c + r0 * ldc + j0, ldc, mr,
+      tk.gemm_tile(ap + rt * L * kGemmTileR, bp + j0 / kGemmTileC * b_stride, L, c + r0 * ldc + j0, ldc, mr,
                    (int)std::min<int64_t>(kGemmTileC, N - j0));
   }
 }
 
-// c(R, N) (row stride ldc) += A(R, L) . B(L, N) with A(i, l) = a(i, l), B(l, j) = b(l, j): packs
-// both into the micro-kernel's panels (a few thousand copies per ~100k FMAs at these tile sizes).
-template <bool kBRowsContiguous = false, typename FA, typename FB>
-void SmallGemm(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
-               const FA& a, const FB& b) {
-  const int64_t n_strips = (N + kGemmTileC - 1) / kGemmTileC;
-  const float* bp = PackB<kBRowsContiguous>(Scratch(gs.b, (size_t)(n_strips * L * kGemmTileC)), L, N, b);
+// c(R, N) += A(R, L) . B with A packed here from a(i, l) and B already packed (strips b_stride apart).
+template <typename FA>
+void SmallGemmPackedB(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N,
+                      int64_t L, const FA& a, const float* bp, int64_t b_stride) {
   const float* ap = PackA(Scratch(gs.a, (size_t)(RowTiles(R) * L * kGemmTileR)), R, L, a);
-  RunPacked(tk, ap, bp, c, ldc, R, N, L);
+  RunPacked(tk, ap, bp, c, ldc, R, N, L, b_stride);
 }
 
-// The same with A(R, L) read in place from row-major rows lda floats apart (no A packing).
-template <typename FB>
-void SmallGemmRowsA(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N,
-                    int64_t L, const float* a, int64_t lda, const FB& b) {
-  const int64_t n_strips = (N + kGemmTileC - 1) / kGemmTileC;
-  const float* bp = PackB<false>(Scratch(gs.b, (size_t)(n_strips * L * kGemmTileC)), L, N, b);
+// c(R, N) += A(R, L) . B with A read in place from rows lda floats apart and B already packed.
+void RowsAPackedB(const TrainKernelTable& tk, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
+                  const float* a, int64_t lda, const float* bp, int64_t b_stride) {
   for (int64_t r0 = 0; r0 < R; r0 += kGemmTileR) {
     const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
     for (int64_t j0 = 0; j0 < N; j0 += kGemmTileC)
-      tk.gemm_tile_rows(a + r0 * lda, lda, bp + j0 * L, L, c + r0 * ldc + j0, ldc, mr,
+      tk.gemm_tile_rows(a + r0 * lda, lda, bp + j0 / kGemmTileC * b_stride, L, c + r0 * ldc + j0, ldc, mr,
                         (int)std::min<int64_t>(kGemmTileC, N - j0), /*overwrite=*/false);
   }
 }
 
-// Packed operands of one (query tile, key tile) pair, each reused across the other loop:
-// qa = scale * Q tile and da = dO tile as row panels (nq x D); kb = K^T and vb = V^T tiles as
-// column strips (D x nk).
-struct Panels {
-  float *qa, *da, *kb, *vb;
+// One call's operands packed once for the whole sequence (T rows) and every head, so no tile
+// re-packs them. Per head h (n_head of them) or kv head g, each T x D:
+//   rows(x, h):  x as the micro-kernel's A row panels (PackA, L = D): a query tile starting at row
+//                q0 (a multiple of 6) is the panel run at + q0 * D;
+//   cols(x, g):  x^T as B strips (PackB<true>, L = D): a key tile at k0 (a multiple of 16) is at + k0 * D
+//                with the usual stride D * 16;
+//   strips(x, h): x as B (PackB<false>, L = T): strip c of rows [k0, k0 + n) at + c * T * 16 + k0 * 16,
+//                stride T * 16 (StripStride()).
+struct SeqPack {
+  int64_t T, D;
+  int64_t RowsSize() const { return RowTiles(T) * kGemmTileR * D; }
+  int64_t ColsSize() const { return ((T + kGemmTileC - 1) / kGemmTileC) * kGemmTileC * D; }
+  int64_t StripsSize() const { return ((D + kGemmTileC - 1) / kGemmTileC) * T * kGemmTileC; }
+  int64_t StripStride() const { return T * kGemmTileC; }
 };
 
-void PackQueryPanels(const Dims& d, const float* q, const float* dout, int h, int64_t q0, int64_t nq, float scale,
-                     Panels& p) {
-  PackA(p.qa, nq, d.D, [&](int64_t i, int64_t c) { return scale * q[d.QRow(q0 + i, h) + c]; });
-  PackA(p.da, nq, d.D, [&](int64_t i, int64_t c) { return dout[d.QRow(q0 + i, h) + c]; });
+// Packs, for each of n units (heads), x(t, c) = src[(t * n + u) * D + c] * mul into one of the layouts.
+enum class Layout { kRows, kCols, kStrips };
+float* PackSeq(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, Layout layout, const float* src,
+               int n, float mul) {
+  const int64_t T = sp.T, D = sp.D;
+  const int64_t per = layout == Layout::kRows ? sp.RowsSize() : layout == Layout::kCols ? sp.ColsSize() : sp.StripsSize();
+  float* out = Scratch(buf, (size_t)(per * n));
+  pool.ParallelFor(n, 1, [&](int64_t ub, int64_t ue, int) {
+    for (int64_t u = ub; u < ue; ++u) {
+      const float* x = src + u * D;
+      const int64_t ld = n * D;
+      float* o = out + u * per;
+      if (layout == Layout::kRows)
+        PackA(o, T, D, [&](int64_t t, int64_t c) { return mul * x[t * ld + c]; });
+      else if (layout == Layout::kCols)
+        PackB<true>(o, D, T, [&](int64_t c, int64_t t) { return mul * x[t * ld + c]; });
+      else
+        PackB<false>(o, T, D, [&](int64_t t, int64_t c) { return mul * x[t * ld + c]; });
+    }
+  });
+  return out;
 }
 
-void PackKeyPanels(const Dims& d, const float* k, const float* v, int g, int64_t k0, int64_t nk, Panels& p) {
-  PackB<true>(p.kb, d.D, nk, [&](int64_t c, int64_t j) { return k[d.KRow(k0 + j, g) + c]; });
-  PackB<true>(p.vb, d.D, nk, [&](int64_t c, int64_t j) { return v[d.KRow(k0 + j, g) + c]; });
-}
+// Pointers of one (query head, query tile) / (kv head, key tile) into the packed operands:
+// qa = scale * Q and da = dO as row panels, kb = K^T and vb = V^T as column strips (stride D * 16).
+struct Panels {
+  const float *qa, *da, *kb, *vb;
+};
 
 // P(nq, nk) = exp(scale * Q K^T - lse) on allowed pairs (0 elsewhere) and
 // dS = P * (dO V^T - delta) * scale, from packed panels.
@@ -181,9 +205,13 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
   const Dims d{T, n_head, n_kv_head, head_dim};
   const int D = head_dim;
   const int64_t n_qt = (T + kQTile - 1) / kQTile;
+  // K^T and V packed once per kv head for every query tile.
+  const SeqPack sp{T, D};
+  static thread_local std::vector<float> kc_buf, vs_buf;
+  const float* kc = PackSeq(pool, kc_buf, sp, Layout::kCols, k, n_kv_head, 1.0f);
+  const float* vs = PackSeq(pool, vs_buf, sp, Layout::kStrips, v, n_kv_head, 1.0f);
   pool.ParallelFor(n_head * n_qt, 1, [&](int64_t tb, int64_t te, int) {
     static thread_local std::vector<float> o_buf, s_buf, m_buf, l_buf, qa_buf;
-    static thread_local GemmScratch gs;
     float* o = Scratch(o_buf, (size_t)(kQTile * D));
     float* qa = Scratch(qa_buf, (size_t)(kQTile * D));
     float* S = Scratch(s_buf, (size_t)(kQTile * kKTile));
@@ -201,9 +229,7 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
         if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
         std::fill(S, S + nq * nk, 0.0f);
-        const float* kb = PackB<true>(Scratch(gs.b, (size_t)(nk + kGemmTileC) * D), D, nk,
-                                      [&](int64_t c, int64_t j) { return k[d.KRow(k0 + j, g) + c]; });
-        RunPacked(tk, qa, kb, S, nk, nq, nk, D);
+        RunPacked(tk, qa, kc + g * sp.ColsSize() + k0 * D, S, nk, nq, nk, D);
         const bool full = TileFull(q0, k1, seg);
         for (int64_t i = 0; i < nq; ++i) {
           float* row = S + i * nk;
@@ -236,8 +262,7 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
           std::fill(row + nv, row + nk, 0.0f);
           l[i] += sum;
         }
-        SmallGemmRowsA(tk, gs, o, D, nq, D, nk, S, nk,
-                       [&](int64_t j, int64_t c) { return v[d.KRow(k0 + j, g) + c]; });
+        RowsAPackedB(tk, o, D, nq, D, nk, S, nk, vs + g * sp.StripsSize() + k0 * kGemmTileC, sp.StripStride());
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
@@ -262,15 +287,34 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
   pool.ParallelFor(T * n_head, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) delta[r] = kt.dot(dout + r * D, out + r * D, D);
   });
+  // Every operand packed once for the whole sequence (SeqPack): Q (scaled) and dO as row panels,
+  // K^T and V^T as column strips, and K, Q, dO as B strips for dQ += dS K, dK += dS^T Q and
+  // dV += P^T dO.
+  const SeqPack sp{T, D};
+  static thread_local std::vector<float> qa_buf, da_buf, kc_buf, vc_buf, ks_buf, qs_buf, dos_buf;
+  const float* qa = PackSeq(pool, qa_buf, sp, Layout::kRows, q, n_head, scale);
+  const float* da = PackSeq(pool, da_buf, sp, Layout::kRows, dout, n_head, 1.0f);
+  const float* kc = PackSeq(pool, kc_buf, sp, Layout::kCols, k, n_kv_head, 1.0f);
+  const float* vc = PackSeq(pool, vc_buf, sp, Layout::kCols, v, n_kv_head, 1.0f);
+  const float* ks = PackSeq(pool, ks_buf, sp, Layout::kStrips, k, n_kv_head, 1.0f);
+  const float* qs = PackSeq(pool, qs_buf, sp, Layout::kStrips, q, n_head, 1.0f);
+  const float* dos = PackSeq(pool, dos_buf, sp, Layout::kStrips, dout, n_head, 1.0f);
+  const int64_t strip_stride = sp.StripStride();
+  auto query_panels = [&](Panels& p, int h, int64_t q0) {
+    p.qa = qa + h * sp.RowsSize() + q0 * D;
+    p.da = da + h * sp.RowsSize() + q0 * D;
+  };
+  auto key_panels = [&](Panels& p, int g, int64_t k0) {
+    p.kb = kc + g * sp.ColsSize() + k0 * D;
+    p.vb = vc + g * sp.ColsSize() + k0 * D;
+  };
   // Pass 1: dK, dV per (kv head, key tile), over every query head of the group and every query
   // tile at or after the key tile; each task owns its dK / dV rows.
   const int64_t n_kt = (T + kKTile - 1) / kKTile;
   pool.ParallelFor(n_kv_head * n_kt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf, pan_buf;
+    static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf;
     static thread_local GemmScratch gs;
-    const size_t pan = (size_t)(std::max(kQTile, kKTile) + kGemmTileC) * D;
-    float* pb = Scratch(pan_buf, 4 * pan);
-    Panels panels{pb, pb + pan, pb + 2 * pan, pb + 3 * pan};
+    Panels panels{};
     float* dkt = Scratch(dk_buf, (size_t)(kKTile * D));
     float* dvt = Scratch(dv_buf, (size_t)(kKTile * D));
     float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
@@ -280,18 +324,18 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
       const int64_t k0 = task % n_kt * kKTile, k1 = std::min(T, k0 + kKTile), nk = k1 - k0;
       std::fill(dkt, dkt + nk * D, 0.0f);
       std::fill(dvt, dvt + nk * D, 0.0f);
-      PackKeyPanels(d, k, v, g, k0, nk, panels);
+      key_panels(panels, g, k0);
       for (int h = g * d.rep(); h < (g + 1) * d.rep(); ++h) {
         for (int64_t q0 = k0 / kQTile * kQTile; q0 < T; q0 += kQTile) {
           const int64_t q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
           if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
-          PackQueryPanels(d, q, dout, h, q0, nq, scale, panels);
+          query_panels(panels, h, q0);
           ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), seg, scale, P, dS);
           // dV += P^T dO, dK += dS^T Q.
-          SmallGemm(tk, gs, dvt, D, nk, D, nq, [&](int64_t j, int64_t i) { return P[i * nk + j]; },
-                    [&](int64_t i, int64_t c) { return dout[d.QRow(q0 + i, h) + c]; });
-          SmallGemm(tk, gs, dkt, D, nk, D, nq, [&](int64_t j, int64_t i) { return dS[i * nk + j]; },
-                    [&](int64_t i, int64_t c) { return q[d.QRow(q0 + i, h) + c]; });
+          SmallGemmPackedB(tk, gs, dvt, D, nk, D, nq, [&](int64_t j, int64_t i) { return P[i * nk + j]; },
+                           dos + h * sp.StripsSize() + q0 * kGemmTileC, strip_stride);
+          SmallGemmPackedB(tk, gs, dkt, D, nk, D, nq, [&](int64_t j, int64_t i) { return dS[i * nk + j]; },
+                           qs + h * sp.StripsSize() + q0 * kGemmTileC, strip_stride);
         }
       }
       for (int64_t s = k0; s < k1; ++s) {
@@ -303,11 +347,8 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
   // Pass 2: dQ per (head, query tile) over the key tiles it sees: dQ += dS K.
   const int64_t n_qt = (T + kQTile - 1) / kQTile;
   pool.ParallelFor(n_head * n_qt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> dq_buf, p_buf, ds_buf, pan_buf;
-    static thread_local GemmScratch gs;
-    const size_t pan = (size_t)(std::max(kQTile, kKTile) + kGemmTileC) * D;
-    float* pb = Scratch(pan_buf, 4 * pan);
-    Panels panels{pb, pb + pan, pb + 2 * pan, pb + 3 * pan};
+    static thread_local std::vector<float> dq_buf, p_buf, ds_buf;
+    Panels panels{};
     float* dqt = Scratch(dq_buf, (size_t)(kQTile * D));
     float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
     float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
@@ -315,14 +356,13 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
       const int h = (int)(task / n_qt), g = h / d.rep();
       const int64_t q0 = task % n_qt * kQTile, q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
       std::fill(dqt, dqt + nq * D, 0.0f);
-      PackQueryPanels(d, q, dout, h, q0, nq, scale, panels);
+      query_panels(panels, h, q0);
       for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
         if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
-        PackKeyPanels(d, k, v, g, k0, nk, panels);
+        key_panels(panels, g, k0);
         ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), seg, scale, P, dS);
-        SmallGemmRowsA(tk, gs, dqt, D, nq, D, nk, dS, nk,
-                       [&](int64_t j, int64_t c) { return k[d.KRow(k0 + j, g) + c]; });
+        RowsAPackedB(tk, dqt, D, nq, D, nk, dS, nk, ks + g * sp.StripsSize() + k0 * kGemmTileC, strip_stride);
       }
       for (int64_t t = q0; t < q1; ++t) std::memcpy(dq + d.QRow(t, h), dqt + (t - q0) * D, sizeof(float) * D);
     }
