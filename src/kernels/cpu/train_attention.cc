@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 #include <vector>
 
 #include "core/check.h"
@@ -27,27 +28,59 @@ struct Dims {
   int64_t KRow(int64_t s, int g) const { return (s * n_kv_head + g) * D; }
 };
 
-inline bool Allowed(int64_t s, int64_t t, const int32_t* seg) { return s <= t && (!seg || seg[s] == seg[t]); }
+// Which keys s each query t may see: s <= t and, with segment ids, seg[s] == seg[t]. When every
+// id forms one contiguous run (packed samples, the usual case) the allowed keys of t are the range
+// [start of t's run, t]: tiles then test in O(rows) and rows mask by two fills. Ids that come back
+// after another id ("scattered") fall back to testing each pair.
+class Mask {
+ public:
+  Mask(const int32_t* seg, int64_t T) : seg_(seg) {
+    if (!seg) return;
+    run_start_.resize(T);
+    std::unordered_set<int32_t> seen;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool cont = t > 0 && seg[t] == seg[t - 1];
+      run_start_[t] = cont ? run_start_[t - 1] : t;
+      if (!cont && !seen.insert(seg[t]).second) scattered_ = true;
+    }
+  }
+  bool Scattered() const { return scattered_; }
+  bool Allowed(int64_t s, int64_t t) const { return s <= t && (!seg_ || seg_[s] == seg_[t]); }
+  // Whether any query t in [q0, q1) may attend to any key s in [k0, k1).
+  bool TileHasWork(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const {
+    if (k0 >= q1) return false;
+    if (!seg_) return true;
+    for (int64_t t = q0; t < q1; ++t) {
+      if (scattered_) {
+        for (int64_t s = k0; s < std::min(k1, t + 1); ++s)
+          if (seg_[s] == seg_[t]) return true;
+      } else if (std::max(run_start_[t], k0) <= std::min(t, k1 - 1)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // Whether every (t, s) pair of the tile is allowed (no mask work needed); run starts only grow with t.
+  bool TileFull(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const {
+    if (k1 - 1 > q0) return false;
+    return !seg_ || (!scattered_ && run_start_[q1 - 1] <= k0);
+  }
+  // Keys [lo, hi) of the tile (keys k0 .. k0 + nk - 1) may be allowed for query t, none outside it;
+  // when Scattered() some inside may still be disallowed (the caller tests them).
+  void Range(bool full, int64_t t, int64_t k0, int64_t nk, int64_t* lo, int64_t* hi) const {
+    if (full) {
+      *lo = 0, *hi = nk;
+      return;
+    }
+    *hi = std::clamp<int64_t>(t - k0 + 1, 0, nk);
+    *lo = seg_ && !scattered_ ? std::clamp<int64_t>(run_start_[t] - k0, 0, *hi) : 0;
+  }
 
-// Whether any query t in [q0, q1) may attend to any key s in [k0, k1).
-bool TileHasWork(int64_t q0, int64_t q1, int64_t k0, int64_t k1, const int32_t* seg) {
-  if (k0 >= q1) return false;
-  if (!seg) return true;
-  for (int64_t t = q0; t < q1; ++t)
-    for (int64_t s = k0; s < std::min(k1, t + 1); ++s)
-      if (seg[s] == seg[t]) return true;
-  return false;
-}
-
-// Whether every (t, s) pair of the tile is allowed (no mask work needed).
-inline bool TileFull(int64_t q0, int64_t k1, const int32_t* seg) { return !seg && k1 - 1 <= q0; }
-
-// Keys [0, nv) of the tile may be allowed for query t; those from nv on never are (causality).
-// With segment ids the prefix may still hold disallowed keys (the caller masks them).
-inline int64_t ValidPrefix(bool full, int64_t t, int64_t k0, int64_t nk) {
-  if (full) return nk;
-  return std::clamp<int64_t>(t - k0 + 1, 0, nk);
-}
+ private:
+  const int32_t* seg_;
+  std::vector<int64_t> run_start_;
+  bool scattered_ = false;
+};
 
 // Per-thread packing buffers for SmallGemmPackedB.
 struct GemmScratch {
@@ -173,25 +206,29 @@ struct Panels {
 // P(nq, nk) = exp(scale * Q K^T - lse) on allowed pairs (0 elsewhere) and
 // dS = P * (dO V^T - delta) * scale, from packed panels.
 void ProbsAndScoreGrads(const TrainKernelTable& tk, const Dims& d, const Panels& p, int h, int64_t q0, int64_t nq,
-                        int64_t k0, int64_t nk, const float* lse, const float* delta, const int32_t* seg, float scale,
+                        int64_t k0, int64_t nk, const float* lse, const float* delta, const Mask& mask, float scale,
                         float* P, float* dS) {
   std::fill(P, P + nq * nk, 0.0f);
   std::fill(dS, dS + nq * nk, 0.0f);
   RunPacked(tk, p.qa, p.kb, P, nk, nq, nk, d.D);
   RunPacked(tk, p.da, p.vb, dS, nk, nq, nk, d.D);
-  const bool full = TileFull(q0, k0 + nk, seg);
+  const bool full = mask.TileFull(q0, q0 + nq, k0, k0 + nk);
+  const bool scattered = mask.Scattered() && !full;
   for (int64_t i = 0; i < nq; ++i) {
     float* row = P + i * nk;
     float* ds = dS + i * nk;
     const int64_t t = q0 + i;
-    const int64_t nv = ValidPrefix(full, t, k0, nk);
-    if (nv > 0) tk.exp_shift_scale(row, nv, lse[t * d.n_head + h], 1.0f);
-    if (seg && !full)
-      for (int64_t j = 0; j < nv; ++j)
-        if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;
-    tk.softmax_grad(ds, row, nv, delta[t * d.n_head + h], scale);
-    std::fill(row + nv, row + nk, 0.0f);
-    std::fill(ds + nv, ds + nk, 0.0f);
+    int64_t lo, hi;
+    mask.Range(full, t, k0, nk, &lo, &hi);
+    if (hi > lo) tk.exp_shift_scale(row + lo, hi - lo, lse[t * d.n_head + h], 1.0f);
+    if (scattered)
+      for (int64_t j = lo; j < hi; ++j)
+        if (!mask.Allowed(k0 + j, t)) row[j] = 0.0f;
+    if (hi > lo) tk.softmax_grad(ds + lo, row + lo, hi - lo, delta[t * d.n_head + h], scale);
+    std::fill(row, row + lo, 0.0f);
+    std::fill(ds, ds + lo, 0.0f);
+    std::fill(row + std::max(lo, hi), row + nk, 0.0f);
+    std::fill(ds + std::max(lo, hi), ds + nk, 0.0f);
   }
 }
 
@@ -205,6 +242,7 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
   const Dims d{T, n_head, n_kv_head, head_dim};
   const int D = head_dim;
   const int64_t n_qt = (T + kQTile - 1) / kQTile;
+  const Mask mask(seg, T);
   // K^T and V packed once per kv head for every query tile.
   const SeqPack sp{T, D};
   static thread_local std::vector<float> kc_buf, vs_buf;
@@ -227,19 +265,20 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
       PackA(qa, nq, D, [&](int64_t i, int64_t c) { return scale * q[d.QRow(q0 + i, h) + c]; });
       for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
-        if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
+        if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
         std::fill(S, S + nq * nk, 0.0f);
         RunPacked(tk, qa, kc + g * sp.ColsSize() + k0 * D, S, nk, nq, nk, D);
-        const bool full = TileFull(q0, k1, seg);
+        const bool full = mask.TileFull(q0, q1, k0, k1);
+        const bool scattered = mask.Scattered() && !full;
         for (int64_t i = 0; i < nq; ++i) {
           float* row = S + i * nk;
           const int64_t t = q0 + i;
-          const int64_t nv = ValidPrefix(full, t, k0, nk);
-          const bool masked = seg && !full;  // scattered disallowed keys inside [0, nv)
-          if (masked)
-            for (int64_t j = 0; j < nv; ++j)
-              if (!Allowed(k0 + j, t, seg)) row[j] = kNegInf;
-          const float tmax = nv > 0 ? tk.row_max(row, nv) : kNegInf;
+          int64_t lo, hi;
+          mask.Range(full, t, k0, nk, &lo, &hi);
+          if (scattered)
+            for (int64_t j = lo; j < hi; ++j)
+              if (!mask.Allowed(k0 + j, t)) row[j] = kNegInf;
+          const float tmax = hi > lo ? tk.row_max(row + lo, hi - lo) : kNegInf;
           if (tmax == kNegInf) {  // no key of this tile for this row
             std::fill(row, row + nk, 0.0f);
             continue;
@@ -251,15 +290,16 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
             l[i] *= corr;
           }
           m[i] = m_new;
-          float sum = tk.exp_shift_sum(row, nv, m_new);
-          if (masked) {  // the polynomial exp gives ~1e-38 for -inf, not 0
+          float sum = tk.exp_shift_sum(row + lo, hi - lo, m_new);
+          if (scattered) {  // the polynomial exp gives ~1e-38 for -inf, not 0
             sum = 0.0f;
-            for (int64_t j = 0; j < nv; ++j) {
-              if (!Allowed(k0 + j, t, seg)) row[j] = 0.0f;
+            for (int64_t j = lo; j < hi; ++j) {
+              if (!mask.Allowed(k0 + j, t)) row[j] = 0.0f;
               sum += row[j];
             }
           }
-          std::fill(row + nv, row + nk, 0.0f);
+          std::fill(row, row + lo, 0.0f);
+          std::fill(row + hi, row + nk, 0.0f);
           l[i] += sum;
         }
         RowsAPackedB(tk, o, D, nq, D, nk, S, nk, vs + g * sp.StripsSize() + k0 * kGemmTileC, sp.StripStride());
@@ -290,6 +330,7 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
   // Every operand packed once for the whole sequence (SeqPack): Q (scaled) and dO as row panels,
   // K^T and V^T as column strips, and K, Q, dO as B strips for dQ += dS K, dK += dS^T Q and
   // dV += P^T dO.
+  const Mask mask(seg, T);
   const SeqPack sp{T, D};
   static thread_local std::vector<float> qa_buf, da_buf, kc_buf, vc_buf, ks_buf, qs_buf, dos_buf;
   const float* qa = PackSeq(pool, qa_buf, sp, Layout::kRows, q, n_head, scale);
@@ -328,9 +369,9 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
       for (int h = g * d.rep(); h < (g + 1) * d.rep(); ++h) {
         for (int64_t q0 = k0 / kQTile * kQTile; q0 < T; q0 += kQTile) {
           const int64_t q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
-          if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
+          if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
           query_panels(panels, h, q0);
-          ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), seg, scale, P, dS);
+          ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), mask, scale, P, dS);
           // dV += P^T dO, dK += dS^T Q.
           SmallGemmPackedB(tk, gs, dvt, D, nk, D, nq, [&](int64_t j, int64_t i) { return P[i * nk + j]; },
                            dos + h * sp.StripsSize() + q0 * kGemmTileC, strip_stride);
@@ -359,9 +400,9 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
       query_panels(panels, h, q0);
       for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
-        if (!TileHasWork(q0, q1, k0, k1, seg)) continue;
+        if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
         key_panels(panels, g, k0);
-        ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), seg, scale, P, dS);
+        ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), mask, scale, P, dS);
         RowsAPackedB(tk, dqt, D, nq, D, nk, dS, nk, ks + g * sp.StripsSize() + k0 * kGemmTileC, strip_stride);
       }
       for (int64_t t = q0; t < q1; ++t) std::memcpy(dq + d.QRow(t, h), dqt + (t - q0) * D, sizeof(float) * D);
