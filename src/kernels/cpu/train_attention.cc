@@ -82,9 +82,9 @@ class Mask {
   bool scattered_ = false;
 };
 
-// Per-thread packing buffers for SmallGemmPackedB.
+// Per-thread A packing buffer for SmallGemmTransposedA.
 struct GemmScratch {
-  std::vector<float> a, b;
+  std::vector<float> a;
 };
 
 inline int64_t RowTiles(int64_t R) { return (R + kGemmTileR - 1) / kGemmTileR; }
@@ -139,11 +139,23 @@ void RunPacked(const TrainKernelTable& tk, const float* ap, const float* bp, flo
   }
 }
 
-// c(R, N) += A(R, L) . B with A packed here from a(i, l) and B already packed (strips b_stride apart).
-template <typename FA>
-void SmallGemmPackedB(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N,
-                      int64_t L, const FA& a, const float* bp, int64_t b_stride) {
-  const float* ap = PackA(Scratch(gs.a, (size_t)(RowTiles(R) * L * kGemmTileR)), R, L, a);
+// c(R, N) += A(R, L) . B with A(i, l) = at[l * ld + i] (a row-major L x R matrix read transposed:
+// P^T, dS^T) packed here, 6-float runs of each source row per panel row, and B already packed
+// (strips b_stride apart).
+void SmallGemmTransposedA(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N,
+                          int64_t L, const float* at, int64_t ld, const float* bp, int64_t b_stride) {
+  float* ap = Scratch(gs.a, (size_t)(RowTiles(R) * L * kGemmTileR));
+  for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
+    float* dst = ap + rt * L * kGemmTileR;
+    const int64_t r0 = rt * kGemmTileR;
+    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
+    if (mr == kGemmTileR) {
+      for (int64_t l = 0; l < L; ++l) std::memcpy(dst + l * kGemmTileR, at + l * ld + r0, sizeof(float) * kGemmTileR);
+    } else {
+      for (int64_t l = 0; l < L; ++l)
+        for (int i = 0; i < kGemmTileR; ++i) dst[l * kGemmTileR + i] = i < mr ? at[l * ld + r0 + i] : 0.0f;
+    }
+  }
   RunPacked(tk, ap, bp, c, ldc, R, N, L, b_stride);
 }
 
@@ -373,10 +385,10 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
           query_panels(panels, h, q0);
           ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), mask, scale, P, dS);
           // dV += P^T dO, dK += dS^T Q.
-          SmallGemmPackedB(tk, gs, dvt, D, nk, D, nq, [&](int64_t j, int64_t i) { return P[i * nk + j]; },
-                           dos + h * sp.StripsSize() + q0 * kGemmTileC, strip_stride);
-          SmallGemmPackedB(tk, gs, dkt, D, nk, D, nq, [&](int64_t j, int64_t i) { return dS[i * nk + j]; },
-                           qs + h * sp.StripsSize() + q0 * kGemmTileC, strip_stride);
+          SmallGemmTransposedA(tk, gs, dvt, D, nk, D, nq, P, nk, dos + h * sp.StripsSize() + q0 * kGemmTileC,
+                               strip_stride);
+          SmallGemmTransposedA(tk, gs, dkt, D, nk, D, nq, dS, nk, qs + h * sp.StripsSize() + q0 * kGemmTileC,
+                               strip_stride);
         }
       }
       for (int64_t s = k0; s < k1; ++s) {
