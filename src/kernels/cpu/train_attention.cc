@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/check.h"
-#include "kernels/cpu/train_dispatch.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/cpu/train_dispatch.h"
 
 namespace lathe::kernels::cpu {
 
@@ -142,15 +142,17 @@ void RunPacked(const TrainKernelTable& tk, const float* ap, const float* bp, flo
 // c(R, N) += A(R, L) . B with A(i, l) = at[l * ld + i] (a row-major L x R matrix read transposed:
 // P^T, dS^T) packed here, 6-float runs of each source row per panel row, and B already packed
 // (strips b_stride apart).
-void SmallGemmTransposedA(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R, int64_t N,
-                          int64_t L, const float* at, int64_t ld, const float* bp, int64_t b_stride) {
+void SmallGemmTransposedA(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R,
+                          int64_t N, int64_t L, const float* at, int64_t ld, const float* bp,
+                          int64_t b_stride) {
   float* ap = Scratch(gs.a, (size_t)(RowTiles(R) * L * kGemmTileR));
   for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
     float* dst = ap + rt * L * kGemmTileR;
     const int64_t r0 = rt * kGemmTileR;
     const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
     if (mr == kGemmTileR) {
-      for (int64_t l = 0; l < L; ++l) std::memcpy(dst + l * kGemmTileR, at + l * ld + r0, sizeof(float) * kGemmTileR);
+      for (int64_t l = 0; l < L; ++l)
+        std::memcpy(dst + l * kGemmTileR, at + l * ld + r0, sizeof(float) * kGemmTileR);
     } else {
       for (int64_t l = 0; l < L; ++l)
         for (int i = 0; i < kGemmTileR; ++i) dst[l * kGemmTileR + i] = i < mr ? at[l * ld + r0 + i] : 0.0f;
@@ -191,7 +193,9 @@ enum class Layout { kRows, kCols, kStrips };
 float* PackSeq(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, Layout layout, const float* src,
                int n, float mul) {
   const int64_t T = sp.T, D = sp.D;
-  const int64_t per = layout == Layout::kRows ? sp.RowsSize() : layout == Layout::kCols ? sp.ColsSize() : sp.StripsSize();
+  const int64_t per = layout == Layout::kRows   ? sp.RowsSize()
+                      : layout == Layout::kCols ? sp.ColsSize()
+                                                : sp.StripsSize();
   float* out = Scratch(buf, (size_t)(per * n));
   pool.ParallelFor(n, 1, [&](int64_t ub, int64_t ue, int) {
     for (int64_t u = ub; u < ue; ++u) {
@@ -217,9 +221,9 @@ struct Panels {
 
 // P(nq, nk) = exp(scale * Q K^T - lse) on allowed pairs (0 elsewhere) and
 // dS = P * (dO V^T - delta) * scale, from packed panels.
-void ProbsAndScoreGrads(const TrainKernelTable& tk, const Dims& d, const Panels& p, int h, int64_t q0, int64_t nq,
-                        int64_t k0, int64_t nk, const float* lse, const float* delta, const Mask& mask, float scale,
-                        float* P, float* dS) {
+void ProbsAndScoreGrads(const TrainKernelTable& tk, const Dims& d, const Panels& p, int h, int64_t q0,
+                        int64_t nq, int64_t k0, int64_t nk, const float* lse, const float* delta,
+                        const Mask& mask, float scale, float* P, float* dS) {
   std::fill(P, P + nq * nk, 0.0f);
   std::fill(dS, dS + nq * nk, 0.0f);
   RunPacked(tk, p.qa, p.kb, P, nk, nq, nk, d.D);
@@ -314,7 +318,8 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
           std::fill(row + hi, row + nk, 0.0f);
           l[i] += sum;
         }
-        RowsAPackedB(tk, o, D, nq, D, nk, S, nk, vs + g * sp.StripsSize() + k0 * kGemmTileC, sp.StripStride());
+        RowsAPackedB(tk, o, D, nq, D, nk, S, nk, vs + g * sp.StripsSize() + k0 * kGemmTileC,
+                     sp.StripStride());
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
