@@ -116,11 +116,17 @@ TEST_P(TrainAttention, MatchesReference) {
   const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
   const cpu::KernelTable& kt = cpu::KernelsFor(tier);
   ThreadPool pool(threads);
-  // T crosses the 96-row query and 128-row key tiles; odd head_dim exercises vector tails.
-  for (const Cfg& c : {Cfg{1, 1, 1, 8}, Cfg{100, 4, 2, 20}, Cfg{150, 3, 1, 64}, Cfg{70, 2, 2, 7}}) {
-    for (bool packed : {false, true}) {
+  // T crosses the 96-row query and 128-row key tiles; odd head_dim exercises vector tails; T = 301
+  // gives several query and key tiles (offsets into the whole-sequence packs) and a partial last strip.
+  for (const Cfg& c :
+       {Cfg{1, 1, 1, 8}, Cfg{100, 4, 2, 20}, Cfg{150, 3, 1, 64}, Cfg{70, 2, 2, 7}, Cfg{301, 4, 2, 17}}) {
+    // 0: no segment ids; 1: packed samples (contiguous runs: the range mask); 2: ids that come back
+    // after others (each pair tested).
+    for (int seg_mode : {0, 1, 2}) {
+      const bool packed = seg_mode != 0;
       std::vector<int32_t> seg(c.T);
-      for (int64_t t = 0; t < c.T; ++t) seg[t] = (int32_t)(t < 23 ? 0 : t < 90 ? 1 : 2);  // packed samples
+      for (int64_t t = 0; t < c.T; ++t)
+        seg[t] = seg_mode == 2 ? (int32_t)(t / 7 % 3) : (int32_t)(t < 23 ? 0 : t < 90 ? 1 : 2);
       const int32_t* segp = packed ? seg.data() : nullptr;
       const int64_t nq = c.T * c.n_head * c.D, nk = c.T * c.n_kv_head * c.D;
       const std::vector<float> q = RandomVec(nq, 50, 1.5f), k = RandomVec(nk, 51, 1.5f), v = RandomVec(nk, 52),
@@ -130,7 +136,9 @@ TEST_P(TrainAttention, MatchesReference) {
       const std::vector<double> qd = ToDouble(q), kd = ToDouble(k), vd = ToDouble(v), gd = ToDouble(g);
       const std::string where = "T=" + std::to_string(c.T) + " H=" + std::to_string(c.n_head) + "/" +
                                 std::to_string(c.n_kv_head) + " D=" + std::to_string(c.D) +
-                                (packed ? " packed" : "");
+                                (seg_mode == 1   ? " packed"
+                                 : seg_mode == 2 ? " scattered"
+                                                 : "");
       std::vector<float> out(nq), lse(c.T * c.n_head);
       cpu::FlashAttentionForwardWith(tk, kt, pool, out.data(), lse.data(), q.data(), k.data(), v.data(), segp, c.T,
                                      c.n_head, c.n_kv_head, c.D, scale);

@@ -118,6 +118,39 @@ TEST_P(TrainOpsTier, SwiGluBackwardMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Tiers, TrainOpsTier, ::testing::Values(IsaTier::kScalar, IsaTier::kAvx2),
                          testing::TierParamName);
 
+// The flash-attention row helpers against double: odd lengths cover the 16- and 8-lane loops and
+// the scalar tails; a -inf score must give exactly 0 after exp only through the callers' masking,
+// so here inputs stay finite. exp is the ~2e-7 polynomial on AVX2.
+TEST_P(TrainOpsTier, AttentionRowHelpersMatchDouble) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  for (int64_t n : {1, 5, 8, 15, 16, 23, 33, 128}) {
+    const std::vector<float> x = RandomVec(n, 70 + (uint64_t)n, 4.0f), p = RandomVec(n, 90 + (uint64_t)n);
+    double want_max = x[0];
+    for (float v : x) want_max = std::max(want_max, (double)v);
+    EXPECT_EQ(tk.row_max(x.data(), n), (float)want_max) << "n=" << n;
+    const float shift = 1.25f;
+    std::vector<float> e = x;
+    const float sum = tk.exp_shift_sum(e.data(), n, shift);
+    double want_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double w = std::exp((double)x[i] - shift);
+      want_sum += w;
+      EXPECT_NEAR(e[i], w, 1e-6 * w) << "n=" << n << " i=" << i;
+    }
+    EXPECT_NEAR(sum, want_sum, 1e-6 * want_sum) << "n=" << n;
+    std::vector<float> ds = x;
+    tk.softmax_grad(ds.data(), p.data(), n, 0.3f, 0.125f);
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_NEAR(ds[i], (double)p[i] * ((double)x[i] - 0.3) * 0.125, 1e-6) << "n=" << n << " i=" << i;
+  }
+  // n = 0 is a no-op for the sum and the gradient (a row with no allowed key in the tile).
+  float z = 3.0f;
+  EXPECT_EQ(tk.exp_shift_sum(&z, 0, 0.0f), 0.0f);
+  tk.softmax_grad(&z, &z, 0, 1.0f, 1.0f);
+  EXPECT_EQ(z, 3.0f);
+}
+
 // RoPE and the embedding have one implementation for all tiers.
 TEST_P(TrainOpsTier, RoundBf16MatchesScalarBitForBit) {
   LATHE_REQUIRE_TIER(GetParam());

@@ -35,6 +35,11 @@ struct TrainKernelTable {
   float (*logsumexp)(const float* x, int64_t n);
   // x[i] = exp(x[i] - shift) * scale.
   void (*exp_shift_scale)(float* x, int64_t n, float shift, float scale);
+  // Attention row helpers. row_max: max of x[0..n), n >= 1. exp_shift_sum: x[i] = exp(x[i] - shift),
+  // returns their sum. softmax_grad: ds[i] = p[i] * (ds[i] - delta) * scale.
+  float (*row_max)(const float* x, int64_t n);
+  float (*exp_shift_sum)(float* x, int64_t n, float shift);
+  void (*softmax_grad)(float* ds, const float* p, int64_t n, float delta, float scale);
   // out[i] = BF16ToF32(F32ToBF16(x[i])) bit for bit (round to nearest even, NaN -> quiet NaN).
   void (*round_bf16)(float* out, const float* x, int64_t n);
 };

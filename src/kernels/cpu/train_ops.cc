@@ -62,6 +62,22 @@ void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift) * scale;
 }
 
+float RowMax(const float* x, int64_t n) {
+  float m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+float ExpShiftSum(float* x, int64_t n, float shift) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += (x[i] = std::exp(x[i] - shift));
+  return s;
+}
+
+void SoftmaxGrad(float* ds, const float* p, int64_t n, float delta, float scale) {
+  for (int64_t i = 0; i < n; ++i) ds[i] = p[i] * (ds[i] - delta) * scale;
+}
+
 void RoundBf16(float* out, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = BF16ToF32(F32ToBF16(x[i]));
 }
@@ -70,7 +86,8 @@ void RoundBf16(float* out, const float* x, int64_t n) {
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RoundBf16};
+                                     SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
+                                     ExpShiftSum, SoftmaxGrad, RoundBf16};
   return t;
 }
 

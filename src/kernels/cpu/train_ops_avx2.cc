@@ -229,6 +229,48 @@ void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
   for (; i < n; ++i) x[i] = std::exp(x[i] - shift) * scale;
 }
 
+float RowMax(const float* x, int64_t n) {
+  __m256 mv = _mm256_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  float m = HmaxPs(mv);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// Two accumulators over 16 lanes, then the tail in order: a fixed order, so run-to-run identical.
+float ExpShiftSum(float* x, int64_t n, float shift) {
+  const __m256 sh = _mm256_set1_ps(shift);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 e0 = ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
+    const __m256 e1 = ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), sh));
+    _mm256_storeu_ps(x + i, e0);
+    _mm256_storeu_ps(x + i + 8, e1);
+    s0 = _mm256_add_ps(s0, e0);
+    s1 = _mm256_add_ps(s1, e1);
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e0 = ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
+    _mm256_storeu_ps(x + i, e0);
+    s0 = _mm256_add_ps(s0, e0);
+  }
+  float s = HsumPs(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += (x[i] = std::exp(x[i] - shift));
+  return s;
+}
+
+void SoftmaxGrad(float* ds, const float* p, int64_t n, float delta, float scale) {
+  const __m256 dl = _mm256_set1_ps(delta), sc = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(p + i), _mm256_sub_ps(_mm256_loadu_ps(ds + i), dl));
+    _mm256_storeu_ps(ds + i, _mm256_mul_ps(v, sc));
+  }
+  for (; i < n; ++i) ds[i] = p[i] * (ds[i] - delta) * scale;
+}
+
 // F32ToBF16 then back, 8 lanes at a time: bits + 0x7fff + lsb(bits >> 16), low half cleared; NaN
 // keeps its upper half with the quiet bit (0x40 << 16) set.
 void RoundBf16(float* out, const float* x, int64_t n) {
@@ -250,7 +292,8 @@ void RoundBf16(float* out, const float* x, int64_t n) {
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kAvx2, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RoundBf16};
+                                     SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
+                                     ExpShiftSum, SoftmaxGrad, RoundBf16};
   return t;
 }
 
