@@ -31,10 +31,12 @@ awk '
     for (i = 7; i <= NF; i++) if ($i ~ /^cpu_tps=/) { sub(/^cpu_tps=/, "", $i); tcpu[k] = $i + 0 } }
   FNR != NR && /^NA/ { k = $2 " " $3; na[k] = 1 }
   END { for (i = 0; i < n; i++) { k = order[i]; split(k, p, " ");
-      if (k in ttps) printf "| %s | %s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx | %.0f | %.0f | %.0f%% |\n", p[1], p[2],
-        ltps[k], ttps[k], ltps[k] / ttps[k], lcpu[k], tcpu[k], tcpu[k] > 0 ? lcpu[k] / tcpu[k] : 0, lrss[k], trss[k],
-        100 * lrss[k] / trss[k]
-      else if (k in na) printf "| %s | %s | %.1f | n/a | | %.1f | n/a | | %.0f | n/a | |\n", p[1], p[2], ltps[k],
-        lcpu[k], lrss[k] } }' \
+      if (k in ttps) {
+        cpu_ratio = tcpu[k] > 0 ? lcpu[k] / tcpu[k] : 0  # not inside printf: there ">" redirects
+        printf "| %s | %s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx | %.0f | %.0f | %.0f%% |\n", p[1], p[2],
+          ltps[k], ttps[k], ltps[k] / ttps[k], lcpu[k], tcpu[k], cpu_ratio, lrss[k], trss[k], 100 * lrss[k] / trss[k]
+      } else if (k in na) {
+        printf "| %s | %s | %.1f | n/a | | %.1f | n/a | | %.0f | n/a | |\n", p[1], p[2], ltps[k], lcpu[k], lrss[k]
+      } } }' \
   "$out/lathe.txt" "$out/torch.txt"
 grep -h "^NA" "$out/torch.txt" || true
