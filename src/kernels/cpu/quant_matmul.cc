@@ -105,7 +105,7 @@ void Int8DecomposedMatMul(const QuantKernels& qk, ThreadPool& pool, const float*
     int8_t* q = xq + m * Kp;
     for (int64_t k = 0; k < K; ++k)
       q[k] = std::fabs(xr[k]) >= threshold ? 0 : (int8_t)std::nearbyint(xr[k] * s);
-    for (int64_t k = 0; k < cols_buf.size(); ++k) q[cols_buf[k]] = 0;
+    for (int64_t c : cols_buf) q[c] = 0;
     for (int64_t k = K; k < Kp; ++k) q[k] = 0;
   }
   const std::vector<int64_t>& cols = cols_buf;
