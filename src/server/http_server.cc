@@ -334,6 +334,19 @@ struct HttpServer::Impl {
     };
     const std::string model = r.model.empty() ? opt.model_name : r.model;
     const int64_t n_prompt = (int64_t)ids.size();
+    // Response sent, or client gone (a failed write): cancel whatever still runs so its blocks are freed.
+    auto release = [this, job, states](bool success) {
+      bool cut = false;
+      for (size_t c = 0; c < states->size(); ++c) {
+        if (!(*states)[c].done) {
+          engine.Abort(job->ids[c]);
+          cut = true;
+        }
+      }
+      (success ? requests_ok : requests_err)->Inc();
+      if (cut) cancelled->Inc();
+      in_flight->Add(-1);
+    };
     if (!r.stream) {
       // cpp-httplib 0.11.4 (Debian 12) has no Request::is_connection_closed (added in later
       // versions), so a plain handler cannot see a client leave. The JSON body is sent through a
@@ -374,18 +387,7 @@ struct HttpServer::Impl {
             sink.done();
             return true;
           },
-          [this, job, states](bool success) {
-            bool cut = false;
-            for (size_t c = 0; c < states->size(); ++c) {
-              if (!(*states)[c].done) {
-                engine.Abort(job->ids[c]);
-                cut = true;
-              }
-            }
-            (success ? requests_ok : requests_err)->Inc();
-            if (cut) cancelled->Inc();
-            in_flight->Add(-1);
-          });
+          release);
       return;
     }
     auto first = std::make_shared<std::vector<bool>>(r.n, true);
@@ -422,19 +424,7 @@ struct HttpServer::Impl {
           (*first)[d.index] = false;
           return sink.write(out.data(), out.size());
         },
-        [this, job, states](bool success) {
-          // Client gone or stream finished: cancel whatever still runs so its blocks are freed.
-          bool cut = false;
-          for (size_t c = 0; c < states->size(); ++c) {
-            if (!(*states)[c].done) {
-              engine.Abort(job->ids[c]);
-              cut = true;
-            }
-          }
-          (success ? requests_ok : requests_err)->Inc();
-          if (cut) cancelled->Inc();
-          in_flight->Add(-1);
-        });
+        release);
   }
 
   void Routes() {
