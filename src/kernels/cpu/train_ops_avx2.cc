@@ -203,15 +203,20 @@ void GemmTileRows(const float* a, int64_t lda, const float* b, int64_t L, float*
   }
 }
 
-float LogSumExp(const float* x, int64_t n) {
+float RowMax(const float* x, int64_t n) {
   __m256 mv = _mm256_set1_ps(x[0]);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
   float m = HmaxPs(mv);
   for (; i < n; ++i) m = std::max(m, x[i]);
-  mv = _mm256_set1_ps(m);
+  return m;
+}
+
+float LogSumExp(const float* x, int64_t n) {
+  const float m = RowMax(x, n);
+  const __m256 mv = _mm256_set1_ps(m);
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  i = 0;
+  int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     s0 = _mm256_add_ps(s0, ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
     s1 = _mm256_add_ps(s1, ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv)));
@@ -227,15 +232,6 @@ void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(x + i, _mm256_mul_ps(ExpPs(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh)), sc));
   for (; i < n; ++i) x[i] = std::exp(x[i] - shift) * scale;
-}
-
-float RowMax(const float* x, int64_t n) {
-  __m256 mv = _mm256_set1_ps(x[0]);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
-  float m = HmaxPs(mv);
-  for (; i < n; ++i) m = std::max(m, x[i]);
-  return m;
 }
 
 // Two accumulators over 16 lanes, then the tail in order: a fixed order, so run-to-run identical.
