@@ -283,6 +283,7 @@ int RunBenchServe(int argc, char** argv) {
   args.Flag("--max-num-seqs", "engine: sequences at once", "64");
   args.Flag("--max-num-batched-tokens", "engine: tokens per step", "512");
   args.Flag("--kv-cache-memory", "engine: KV cache bytes", "1073741824");
+  args.Flag("--block-size", "engine: tokens per KV-cache block", "16");
   args.Flag("--system-prompt-tokens", "shared-prefix benchmark: prefix length (0 = skip)", "384");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("bench serve", st);
@@ -296,15 +297,16 @@ int RunBenchServe(int argc, char** argv) {
   auto olen = ParseIntList(args.Get("output-tokens"));
   auto nreq = args.Int("requests"), seed = args.Int("seed"), mns = args.Int("max-num-seqs");
   auto mbt = args.Int("max-num-batched-tokens"), kvb = args.Int("kv-cache-memory"),
-       sys_n = args.Int("system-prompt-tokens");
+       sys_n = args.Int("system-prompt-tokens"), bs = args.Int("block-size");
   if (levels.empty() || std::any_of(levels.begin(), levels.end(), [](int c) { return c < 1; }) ||
       plen.size() != 2 || olen.size() != 2 || plen[0] < 1 || plen[1] < plen[0] || olen[0] < 1 ||
       olen[1] < olen[0] || !nreq.ok() || !seed.ok() || !mns.ok() || !mbt.ok() || !kvb.ok() || !sys_n.ok() ||
-      *nreq < 1 || *mns < 1 || *mbt < 1 || *kvb < 1 || *sys_n < 0) {
+      !bs.ok() || *nreq < 1 || *mns < 1 || *mbt < 1 || *kvb < 1 || *sys_n < 0 || *bs < 1 || *bs > 1024) {
     return Fail(
         "bench serve",
         Status::Error("bad flags: --concurrency 1,8,..; --prompt-tokens/--output-tokens MIN,MAX; "
-                      "positive --requests/--max-num-seqs/--max-num-batched-tokens/--kv-cache-memory"));
+                      "positive --requests/--max-num-seqs/--max-num-batched-tokens/--kv-cache-memory; "
+                      "--block-size 1..1024"));
   }
   auto lm = LoadModelFromArgs(args);
   if (!lm.ok()) return Fail("bench serve", lm.status());
@@ -335,7 +337,7 @@ int RunBenchServe(int argc, char** argv) {
   Endpoint ep;
   ThreadPool pool(ThreadsFromArgs(args));
   serve::EngineConfig ec;
-  ec.block_size = 16;
+  ec.block_size = *bs;
   ec.max_num_seqs = *mns;
   ec.max_num_batched_tokens = *mbt;
   ec.max_model_len = std::min<int64_t>((*lm)->weights.config.max_seq_len, 4096);
@@ -364,8 +366,9 @@ int RunBenchServe(int argc, char** argv) {
       (*lm)->path.c_str(), local ? "in-process server" : "external server", pool.size(), (long long)per_level,
       plen[0], plen[1], olen[0], olen[1], (long long)*seed, ep.host.c_str(), ep.port);
   if (local) {
-    std::printf("engine: %lld KV blocks x 16 tokens, max-num-seqs %lld, max-num-batched-tokens %lld\n",
-                (long long)ec.n_blocks, (long long)ec.max_num_seqs, (long long)ec.max_num_batched_tokens);
+    std::printf("engine: %lld KV blocks x %lld tokens, max-num-seqs %lld, max-num-batched-tokens %lld\n",
+                (long long)ec.n_blocks, (long long)ec.block_size, (long long)ec.max_num_seqs,
+                (long long)ec.max_num_batched_tokens);
   }
   // Warm-up (page faults, thread start-up).
   (void)StreamCompletion(ep, all[0].prompt, 4);
