@@ -27,7 +27,7 @@ const DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
 // in f32, except where the tier has the int8 GEMM (qgemm, M > kGemvQuantMaxM), which quantizes x
 // as the GEMV does.
 double ErrorLimit(DType t, int64_t M, int64_t N = 1000, bool qgemm = false) {
-  const bool int8_x = M <= cpu::kGemvQuantMaxM || (qgemm && M <= cpu::kQuantGemmMaxM);
+  const bool int8_x = M <= cpu::kGemvQuantMaxM || qgemm;
   if (IsQuantized(t) && int8_x) return M * N >= 8 ? 1.2e-2 : 4e-2;
   return 2e-6;
 }

@@ -82,10 +82,9 @@ constexpr int64_t kGemvMaxM = 4;
 // (MatMulKernels::gemv_exact_m rows per call), so a row's result does not depend on M. Measured (bench batch/q8_0, 1536x576, 1 thread, AVX2, Zen 3 loaded): vs the
 // panel path M=4 114 vs 182 us, M=8 206 vs 265-294, M=16 426 vs 431 (tie), M=32 972 vs 825-1000.
 constexpr int64_t kGemvQuantMaxM = 16;
-// Above kGemvQuantMaxM and up to this M, block-quantized weights (without exact_activations) go
-// through MatMulKernels::qgemm where the tier has one (AVX2): int8 x rows, each row bit-identical
-// to its M = 1 result.
-constexpr int64_t kQuantGemmMaxM = 1 << 30;
+// Above kGemvQuantMaxM, block-quantized weights (without exact_activations) go through
+// MatMulKernels::qgemm where the tier has one (AVX2): int8 x rows, each row bit-identical to its
+// M = 1 result; tiers without it use the f32 panel path.
 
 // kernels::Attention with one tier's Dot/Softmax/Axpy (attention.cc).
 void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int64_t q_stride, const float* k,

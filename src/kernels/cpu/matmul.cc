@@ -157,7 +157,7 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   }
   // The GEMV kernels quantize x to int8 for block-quantized weights; the panel path keeps f32.
   const bool quant = IsQuantized(w.dtype);
-  if (quant && !exact_activations && k.qgemm && M > kGemvQuantMaxM && M <= kQuantGemmMaxM) {
+  if (quant && !exact_activations && k.qgemm && M > kGemvQuantMaxM) {
     QuantGemm(k, pool, x, M, w, y);
   } else if (quant ? (M <= kGemvQuantMaxM && !exact_activations) : M < kGemvMaxM) {
     Gemv(k, pool, x, M, w, y);
