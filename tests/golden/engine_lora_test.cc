@@ -9,6 +9,7 @@
 #include "model/load_hf.h"
 #include "model/lora.h"
 #include "serve/engine.h"
+#include "engine_test_util.h"
 #include "test_util.h"
 
 namespace lathe::serve {
@@ -16,23 +17,7 @@ namespace {
 
 std::string Fixtures() { return lathe::testing::SourceDir() + "/tests/golden/fixtures/"; }
 
-std::vector<int32_t> GreedyAlone(const model::ModelWeights& w, const model::LoraAdapter* a, ThreadPool& pool,
-                                 std::vector<int32_t> ids, int n) {
-  model::TransformerOptions o;
-  o.adapter = a;
-  model::Transformer tf(w, pool, o);
-  model::KvCache cache(w.config, 1, (int64_t)ids.size() + n + 1);
-  std::vector<float> lg;
-  std::vector<int32_t> out;
-  model::SeqInput in{0, ids, false};
-  EXPECT_TRUE(tf.Forward(cache, {&in, 1}, &lg).ok());
-  for (int i = 0; i < n; ++i) {
-    out.push_back((int32_t)(std::max_element(lg.begin(), lg.end()) - lg.begin()));
-    model::SeqInput s{0, {&out.back(), 1}, false};
-    EXPECT_TRUE(tf.Forward(cache, {&s, 1}, &lg).ok());
-  }
-  return out;
-}
+using engine_test::GreedyAlone;
 
 TEST(EngineLora, MixedAdaptersBatchedEqualAlone) {
   auto w = model::LoadHfModelDir(Fixtures() + "llama_gqa_tied/model");
@@ -80,7 +65,7 @@ TEST(EngineLora, MixedAdaptersBatchedEqualAlone) {
   std::map<std::pair<int, size_t>, std::vector<int32_t>> alone;
   for (auto& [id, key] : which) {
     if (!alone.count(key))
-      alone[key] = GreedyAlone(*w, adapters[key.first], pool, prompts[key.second], kTokens);
+      alone[key] = GreedyAlone(*w, pool, prompts[key.second], kTokens, adapters[key.first]);
     EXPECT_EQ(got[id], alone[key]) << "adapter " << key.first << " prompt " << key.second;
   }
   // The adapters change the outputs (otherwise the test would prove nothing).

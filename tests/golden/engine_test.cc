@@ -10,6 +10,7 @@
 
 #include "formats/gguf.h"
 #include "model/load_gguf.h"
+#include "engine_test_util.h"
 #include "test_util.h"
 
 namespace lathe::serve {
@@ -23,20 +24,7 @@ std::unique_ptr<model::ModelWeights> Stories() {
   return std::make_unique<model::ModelWeights>(std::move(*w));
 }
 
-std::vector<int32_t> GreedyAlone(const model::ModelWeights& w, ThreadPool& pool, std::vector<int32_t> ids, int n) {
-  model::Transformer tf(w, pool);
-  model::KvCache cache(w.config, 1, (int64_t)ids.size() + n + 1);
-  std::vector<float> lg;
-  std::vector<int32_t> out;
-  model::SeqInput in{0, ids, false};
-  EXPECT_TRUE(tf.Forward(cache, {&in, 1}, &lg).ok());
-  for (int i = 0; i < n; ++i) {
-    out.push_back((int32_t)(std::max_element(lg.begin(), lg.end()) - lg.begin()));
-    model::SeqInput s{0, {&out.back(), 1}, false};
-    EXPECT_TRUE(tf.Forward(cache, {&s, 1}, &lg).ok());
-  }
-  return out;
-}
+using engine_test::GreedyAlone;
 
 std::vector<std::vector<int32_t>> Prompts() {
   std::vector<std::vector<int32_t>> p;

@@ -1,0 +1,36 @@
+// Shared by the engine equivalence tests: greedy generation of one request alone through the
+// plain (non-paged) Transformer, the reference the batched paged engine must equal token for token.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/lora.h"
+#include "model/transformer.h"
+
+namespace lathe::serve::engine_test {
+
+// n greedy tokens after `ids`, with `adapter` applied when non-null.
+inline std::vector<int32_t> GreedyAlone(const model::ModelWeights& w, ThreadPool& pool, std::vector<int32_t> ids,
+                                        int n, const model::LoraAdapter* adapter = nullptr) {
+  model::TransformerOptions o;
+  o.adapter = adapter;
+  model::Transformer tf(w, pool, o);
+  model::KvCache cache(w.config, 1, (int64_t)ids.size() + n + 1);
+  std::vector<float> lg;
+  std::vector<int32_t> out;
+  model::SeqInput in{0, ids, false};
+  EXPECT_TRUE(tf.Forward(cache, {&in, 1}, &lg).ok());
+  for (int i = 0; i < n; ++i) {
+    out.push_back((int32_t)(std::max_element(lg.begin(), lg.end()) - lg.begin()));
+    model::SeqInput s{0, {&out.back(), 1}, false};
+    EXPECT_TRUE(tf.Forward(cache, {&s, 1}, &lg).ok());
+  }
+  return out;
+}
+
+}  // namespace lathe::serve::engine_test
