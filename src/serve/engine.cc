@@ -21,6 +21,9 @@ Engine::~Engine() { Stop(); }
 
 Result<int64_t> Engine::AddRequest(std::vector<int32_t> prompt, const RequestOptions& options, Callback callback) {
   if (prompt.empty()) return Status::Error("empty prompt");
+  if (options.max_tokens < 0) {
+    return Status::Error(StrFormat("max_tokens must be >= 0, got %lld", (long long)options.max_tokens));
+  }
   const int64_t vocab = tf_.config().vocab_size;
   for (int32_t t : prompt) {
     if (t < 0 || t >= vocab) return Status::Error(StrFormat("token id %d out of range (vocab %lld)", t, (long long)vocab));
@@ -90,6 +93,7 @@ void Engine::Finish(Request& r, const std::string& reason, int32_t token, std::v
   ev.request_id = r.id;
   ev.token = token;
   ev.logprobs = std::move(logprobs);
+  ev.prompt_logprobs = std::move(r.prompt_lps);
   ev.finished = true;
   ev.finish_reason = reason;
   Callback cb = std::move(r.callback);
@@ -176,9 +180,13 @@ Status Engine::RunStep() {
   while (!waiting_.empty() && budget > 0 && (int64_t)running_.size() < config_.max_num_seqs) {
     int64_t id = waiting_.front();
     Request& r = *requests_.at(id);
-    auto computed = kv_.Allocate(id, r.tokens,
-                                 config_.prefix_caching ? r.options.adapter_key : (1ull << 63) | (uint64_t)id);
+    // A private cache key (no hits from other requests) when prefix caching is off or the
+    // request still needs logits of prompt rows that a cache hit would skip.
+    const bool shared_key = config_.prefix_caching && !r.WantsPromptLogprobs();
+    auto computed = kv_.Allocate(id, r.tokens, shared_key ? r.options.adapter_key : (1ull << 63) | (uint64_t)id);
     if (!computed.ok()) break;  // no room now; it waits
+    // Hits of its own private blocks only cover rows whose prompt logprobs were already taken.
+    LATHE_CHECK(!r.WantsPromptLogprobs() || *computed < r.prompt_lp_next);
     r.has_blocks = true;
     r.computed = *computed;
     waiting_.pop_front();
@@ -190,13 +198,19 @@ Status Engine::RunStep() {
   if (work.empty()) return Status::Ok();
 
   std::vector<model::PagedSeqInput> batch;
+  std::vector<int64_t> out_row(work.size());  // each work item's first logits row
   batch.reserve(work.size());
-  for (const Work& w : work) {
+  int64_t n_out = 0;
+  for (size_t i = 0; i < work.size(); ++i) {
+    const Work& w = work[i];
     Request& r = *requests_.at(w.id);
     // Prompt tokens (also when recomputed after a preemption) with f32 activations, sampled ones int8.
     const int64_t exact = std::clamp<int64_t>(r.prompt_len - r.computed, 0, w.n);
-    batch.push_back({std::span<const int32_t>(r.tokens).subspan(r.computed, w.n), r.computed, kv_.BlockTable(w.id), false,
-                     r.options.adapter, exact});
+    const bool all_logits = r.WantsPromptLogprobs();
+    out_row[i] = n_out;
+    n_out += all_logits ? w.n : 1;
+    batch.push_back({std::span<const int32_t>(r.tokens).subspan(r.computed, w.n), r.computed, kv_.BlockTable(w.id),
+                     all_logits, r.options.adapter, exact});
   }
   LATHE_RETURN_IF_ERROR(tf_.ForwardPaged(store_, batch, &logits_));
   ++steps_;
@@ -204,12 +218,27 @@ Status Engine::RunStep() {
   for (size_t i = 0; i < work.size(); ++i) {
     const Work& w = work[i];
     Request& r = *requests_.at(w.id);
+    if (batch[i].all_logits) {
+      // Row j (position computed + j) predicts the token at the next position.
+      for (int64_t j = 0; j < w.n; ++j) {
+        const int64_t target = r.computed + j + 1;
+        if (target < r.prompt_lp_next || target >= r.prompt_len) continue;
+        r.prompt_lps.emplace_back();
+        ComputeLogprobs(&logits_[(out_row[i] + j) * V], V, r.tokens[target], r.options.prompt_logprobs,
+                        &r.prompt_lps.back());
+        r.prompt_lp_next = target + 1;
+      }
+    }
     r.computed += w.n;
     if (r.computed <= r.prompt_len) prompt_computed_ += w.n;
     kv_.MarkComputed(w.id, r.tokens, r.computed);
     if (r.computed < (int64_t)r.tokens.size()) continue;  // still prefilling
+    if (r.options.max_tokens == 0) {
+      Finish(r, "length", -1, {});  // the prompt only
+      continue;
+    }
     std::vector<TokenLogprob> lp;
-    float* row = &logits_[i * V];
+    float* row = &logits_[(out_row[i] + (batch[i].all_logits ? w.n - 1 : 0)) * V];
     int32_t tok = r.sampler->Sample(row, V, std::max(0, r.options.top_logprobs),
                                     r.options.top_logprobs >= 0 ? &lp : nullptr);
     r.tokens.push_back(tok);
@@ -225,6 +254,8 @@ Status Engine::RunStep() {
       ev.request_id = r.id;
       ev.token = tok;
       ev.logprobs = std::move(lp);
+      ev.prompt_logprobs = std::move(r.prompt_lps);
+      r.prompt_lps.clear();
       r.callback(ev);
     }
   }

@@ -42,6 +42,11 @@ struct RequestOptions {
   std::vector<int32_t> stop_ids;  // end the request (the stop token is reported)
   int priority = 0;               // lower runs first; FCFS within a priority
   int top_logprobs = -1;          // >= 0: report the sampled token's logprob and this many alternatives
+  // >= 0: also report the logprob of every prompt token after the first (the model's raw
+  // distribution at the position before it) and this many alternatives — OpenAI completions'
+  // echo + logprobs, what lm-eval's loglikelihood requests read. Such a request computes its whole
+  // prompt itself (no prefix-cache hits: cached blocks have no logits).
+  int prompt_logprobs = -1;
   // LoRA adapter for this request (multi-LoRA serving): its rows get the adapter's deltas in the
   // shared batched forward. Not owned; must outlive the request. adapter_key must be nonzero and
   // distinct per adapter: it keys the prefix cache, so adapters never share K/V blocks.
@@ -51,8 +56,11 @@ struct RequestOptions {
 
 struct TokenEvent {
   int64_t request_id = 0;
-  int32_t token = -1;                  // -1 for an abort with no token
+  int32_t token = -1;                  // -1 for an abort, or max_tokens = 0: no token
   std::vector<TokenLogprob> logprobs;  // when requested: [sampled, top...]
+  // With RequestOptions::prompt_logprobs, the request's first event carries prompt positions
+  // 1 .. prompt_len - 1, each [that prompt token, top...]. Empty otherwise.
+  std::vector<std::vector<TokenLogprob>> prompt_logprobs;
   bool finished = false;
   std::string finish_reason;           // "stop" | "length" | "abort"
 };
@@ -74,6 +82,7 @@ class Engine {
   ~Engine();
 
   // Queues a request; returns its id, or an error for an empty/too long prompt or bad options.
+  // max_tokens = 0 computes the prompt only (for prompt_logprobs) and finishes with "length".
   Result<int64_t> AddRequest(std::vector<int32_t> prompt, const RequestOptions& options, Callback callback);
   // Cancels a request: its blocks are freed at the next step boundary and its callback gets a
   // final "abort" event. Unknown or finished ids are ignored.
@@ -97,6 +106,9 @@ class Engine {
     std::unique_ptr<Sampler> sampler;
     Callback callback;
     bool has_blocks = false;
+    int64_t prompt_lp_next = 1;  // next prompt position whose logprob is due (prompt_logprobs)
+    std::vector<std::vector<TokenLogprob>> prompt_lps;  // computed, not yet delivered
+    bool WantsPromptLogprobs() const { return options.prompt_logprobs >= 0 && prompt_lp_next < prompt_len; }
   };
   void DrainInbox();
   void Finish(Request& r, const std::string& reason, int32_t token, std::vector<TokenLogprob> logprobs);

@@ -250,7 +250,9 @@ struct HttpServer::Impl {
       for (const auto& s : tmpl.StopStrings()) stop_strings.push_back(s);
     serve::RequestOptions ro;
     ro.sampling = r.sampling;
-    ro.max_tokens = std::max<int64_t>(max_tokens, 1);
+    // max_tokens 0 with echo: the prompt (and its logprobs) only, as OpenAI's legacy completions.
+    ro.max_tokens = r.echo && !chat && r.max_tokens == 0 ? 0 : std::max<int64_t>(max_tokens, 1);
+    if (r.echo && !chat && r.logprobs >= 0) ro.prompt_logprobs = r.logprobs;
     ro.priority = r.priority;
     ro.top_logprobs = r.logprobs;
     ro.adapter = adapter;
@@ -282,7 +284,8 @@ struct HttpServer::Impl {
     const int64_t created = (int64_t)std::time(nullptr);
     auto last_token_time = std::make_shared<double>(0);
     // Applies one engine event to its choice; returns the text delta (and logprobs) it produced.
-    auto apply = [this, job, states, r, t0, last_token_time](const Job::Ev& ev, Choice* delta) {
+    auto prompt_ids = std::make_shared<const std::vector<int32_t>>(ids);
+    auto apply = [this, job, states, r, t0, last_token_time, prompt_ids](const Job::Ev& ev, Choice* delta) {
       ChoiceState& cs = (*states)[ev.choice];
       delta->index = ev.choice;
       delta->has_logprobs = cs.choice.has_logprobs;
@@ -308,6 +311,21 @@ struct HttpServer::Impl {
                                : ev.e.finish_reason == "abort" ? "abort"
                                                                : "length";
         if (stopped && !ev.e.finished) engine.Abort(job->ids[ev.choice]);
+      }
+      if (cs.choice.has_logprobs && !ev.e.prompt_logprobs.empty()) {
+        // echo: the prompt's tokens first; the first has no logprob (nothing predicts it).
+        TokenLogprobInfo first;
+        first.token = tok.TokenBytes((*prompt_ids)[0]);
+        first.first_prompt_token = true;
+        delta->logprobs.push_back(first);
+        for (size_t p = 0; p < ev.e.prompt_logprobs.size(); ++p) {
+          const auto& lps = ev.e.prompt_logprobs[p];
+          TokenLogprobInfo info;
+          info.token = tok.TokenBytes(lps[0].id);
+          info.logprob = lps[0].logprob;
+          for (size_t k = 1; k < lps.size(); ++k) info.top.push_back({tok.TokenBytes(lps[k].id), lps[k].logprob});
+          delta->logprobs.push_back(info);
+        }
       }
       if (cs.choice.has_logprobs && ev.e.token >= 0 && !ev.e.logprobs.empty()) {
         TokenLogprobInfo info;

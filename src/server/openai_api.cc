@@ -217,10 +217,15 @@ json LogprobsJson(const Choice& c, bool chat) {
   int64_t off = 0;
   for (const TokenLogprobInfo& t : c.logprobs) {
     tokens.push_back(t.token);
-    lps.push_back(t.logprob);
-    json top = json::object();
-    for (const auto& [tok, lp] : t.top) top[tok] = lp;
-    tops.push_back(top);
+    if (t.first_prompt_token) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    } else {
+      lps.push_back(t.logprob);
+      json top = json::object();
+      for (const auto& [tok, lp] : t.top) top[tok] = lp;
+      tops.push_back(top);
+    }
     offsets.push_back(off);
     off += (int64_t)t.token.size();
   }

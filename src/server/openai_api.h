@@ -52,6 +52,7 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
 struct TokenLogprobInfo {
   std::string token;                                          // the token's text
   float logprob = 0;
+  bool first_prompt_token = false;  // echo: the prompt's first token has no logprob (JSON null)
   std::vector<std::pair<std::string, float>> top;             // alternatives, best first
 };
 
@@ -59,7 +60,7 @@ struct Choice {
   int index = 0;
   std::string text;
   std::string finish_reason;  // "stop" | "length" | "" (still running, in chunks)
-  std::vector<TokenLogprobInfo> logprobs;  // one per generated token when requested
+  std::vector<TokenLogprobInfo> logprobs;  // one per generated token when requested (echo: prompt tokens first)
   bool has_logprobs = false;
 };
 

@@ -116,6 +116,31 @@ def run(base, lathe, model, root):
     e = client.completions.create(model="stories", prompt=prompt, max_tokens=24, echo=True, **greedy)
     check(e.choices[0].text == prompt + want, "echo: %r" % e.choices[0].text)
 
+    # Loglikelihood the way lm-eval's local-completions asks for it: a token-id prompt (context +
+    # continuation), echo, logprobs 1, max_tokens 1, then token_logprobs[len(context):-1].
+    g = json.loads(subprocess.run([lathe, "generate", "-m", model, "-p", prompt, "-n", "8", "--temp", "0",
+                                   "--ignore-eos", "--json", "-t", "1"], capture_output=True, text=True,
+                                  check=True).stdout)
+    ctx, cont = g["prompt_ids"], g["ids"]
+    ll = client.completions.create(model="stories", prompt=ctx + cont, max_tokens=1, echo=True, logprobs=1,
+                                   temperature=0).choices[0].logprobs
+    check(ll.token_logprobs[0] is None and ll.top_logprobs[0] is None, "echo logprobs: the first token has none")
+    check(len(ll.token_logprobs) == len(ctx) + len(cont) + 1 and len(ll.tokens) == len(ll.token_logprobs),
+          "echo logprobs: one per prompt token + 1, got %d" % len(ll.token_logprobs))
+    cont_lps = ll.token_logprobs[len(ctx):-1]
+    greedy_ok = all(len(t) == 1 and list(t)[0] == tok
+                    for t, tok in zip(ll.top_logprobs[len(ctx):-1], ll.tokens[len(ctx):-1]))
+    check(greedy_ok, "echo logprobs: a greedy continuation is the top token at every position (lm-eval is_greedy)")
+    gen = client.completions.create(model="stories", prompt=ctx, max_tokens=8, logprobs=0,
+                                    **greedy).choices[0].logprobs.token_logprobs
+    check(len(gen) == 8 and max(abs(a - b) for a, b in zip(cont_lps, gen)) < 1e-3,
+          "echo logprobs %s != the generation's own %s" % (cont_lps, gen))
+    z = client.completions.create(model="stories", prompt=ctx + cont, max_tokens=0, echo=True, logprobs=0)
+    zl = z.choices[0].logprobs.token_logprobs
+    check(z.usage.completion_tokens == 0 and len(zl) == len(ctx) + len(cont) and
+          max(abs(a - b) for a, b in zip(zl[len(ctx):], cont_lps)) < 1e-5,
+          "max_tokens 0 + echo: the prompt's logprobs only (%s, %d logprobs)" % (z.usage, len(zl)))
+
     # Chat completions.
     ch = client.chat.completions.create(model="stories", messages=[{"role": "system", "content": "Be kind."},
                                                                     {"role": "user", "content": "Tell me a story."}],

@@ -98,6 +98,80 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"few_seqs", {256, 16, 512, 2, 512}}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
+// echo + logprobs (lm-eval's loglikelihood requests): the logprob of every prompt token after the
+// first equals the log-softmax of the plain Transformer's logits at the position before it, under
+// chunked prefill, preemption and a warm prefix cache (which such requests must not take hits
+// from); max_tokens = 0 computes the prompt only.
+TEST_P(EngineEquivalence, PromptLogprobsEqualOneAtATime) {
+  std::string path = lathe::testing::SharedPath("models/stories260K/stories260K.gguf");
+  LATHE_REQUIRE_FILE(path);
+  auto w = Stories();
+  ThreadPool pool(2);
+  const int64_t V = w->config.vocab_size;
+  const int kTop = 2;
+  auto prompts = Prompts();
+  Engine engine(*w, pool, GetParam().cfg);
+  // Wave 1 fills the prefix cache; wave 2 asks for prompt logprobs of the same prompts.
+  for (const auto& p : prompts) {
+    RequestOptions o;
+    o.sampling.temperature = 0;
+    o.max_tokens = 2;
+    ASSERT_TRUE(engine.AddRequest(p, o, nullptr).ok());
+  }
+  int steps = 0;
+  while (engine.Step()) ASSERT_LT(++steps, 5000);
+  std::map<int64_t, size_t> which;
+  std::map<int64_t, std::vector<std::vector<TokenLogprob>>> got;
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  std::map<int64_t, std::string> reason;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestOptions o;
+    o.sampling.temperature = 0;
+    o.max_tokens = i % 2 ? 0 : 3;
+    o.prompt_logprobs = kTop;
+    auto id = engine.AddRequest(prompts[i], o, [&](const TokenEvent& e) {
+      auto& g = got[e.request_id];
+      EXPECT_TRUE(e.prompt_logprobs.empty() || g.empty()) << "prompt logprobs delivered twice";
+      g.insert(g.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+      if (e.token >= 0) tokens[e.request_id].push_back(e.token);
+      if (e.finished) reason[e.request_id] = e.finish_reason;
+    });
+    ASSERT_TRUE(id.ok()) << id.status().message();
+    which[*id] = i;
+  }
+  steps = 0;
+  while (engine.Step()) ASSERT_LT(++steps, 5000);
+  for (auto& [id, i] : which) {
+    const auto& p = prompts[i];
+    model::Transformer tf(*w, pool);
+    model::KvCache cache(w->config, 1, (int64_t)p.size() + 1);
+    std::vector<float> lg;
+    model::SeqInput in{0, p, true, (int64_t)p.size()};
+    ASSERT_TRUE(tf.Forward(cache, {&in, 1}, &lg).ok());
+    ASSERT_EQ(got[id].size(), p.size() - 1) << GetParam().name << " prompt " << i;
+    for (size_t t = 1; t < p.size(); ++t) {
+      std::vector<TokenLogprob> want;
+      ComputeLogprobs(&lg[(t - 1) * V], V, p[t], kTop, &want);
+      const auto& g = got[id][t - 1];
+      ASSERT_EQ(g.size(), want.size());
+      for (size_t k = 0; k < want.size(); ++k) {
+        EXPECT_EQ(g[k].id, want[k].id) << GetParam().name << " prompt " << i << " position " << t << " entry " << k;
+        EXPECT_NEAR(g[k].logprob, want[k].logprob, 1e-4) << GetParam().name << " prompt " << i << " position " << t;
+      }
+    }
+    EXPECT_EQ(reason[id], "length");
+    if (i % 2) {
+      EXPECT_TRUE(tokens[id].empty());  // max_tokens 0: the prompt only
+    } else {
+      EXPECT_EQ(tokens[id], GreedyAlone(*w, pool, p, 3)) << GetParam().name << " prompt " << i;
+    }
+  }
+  EXPECT_EQ(engine.stats().blocks_used, 0);
+  RequestOptions bad;
+  bad.max_tokens = -1;
+  EXPECT_FALSE(engine.AddRequest(prompts[0], bad, nullptr).ok());
+}
+
 TEST(Engine, SeededSamplingIndependentOfBatchAndAbortFrees) {
   std::string path = lathe::testing::SharedPath("models/stories260K/stories260K.gguf");
   LATHE_REQUIRE_FILE(path);
