@@ -200,68 +200,75 @@ struct HttpServer::Impl {
       e.message = "model '" + r.model + "' does not exist; this server has " + ModelNames();
       return Error(res, e);
     }
-    std::vector<int32_t> ids;
+    // Each prompt's token ids (chat: one, from the template; completions: one or a batch).
+    std::vector<std::vector<int32_t>> prompt_ids;
     if (chat) {
-      ids = tok.Encode(tmpl.Apply(r.messages, true), tok.add_bos() && !tmpl.text_has_bos(), true);
-    } else if (r.prompt_is_ids) {
-      ids = r.prompt_ids;
+      prompt_ids.push_back(tok.Encode(tmpl.Apply(r.messages, true), tok.add_bos() && !tmpl.text_has_bos(), true));
     } else {
-      ids = tok.Encode(r.prompt, tok.add_bos(), true);
+      for (const auto& p : r.prompts) prompt_ids.push_back(p.is_ids ? p.ids : tok.Encode(p.text, tok.add_bos(), true));
     }
     const int64_t ctx = engine.config().max_model_len;
-    if (ids.empty() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
-    if (ids.empty() || (int64_t)ids.size() >= ctx) {
-      ApiError e;
-      e.param = chat ? "messages" : "prompt";
-      e.code = "context_length_exceeded";
-      e.message = ids.empty()
-                      ? std::string("the prompt is empty")
-                      : StrFormat(
-                            "the prompt has %zu tokens; this model's context is %lld tokens (prompt + "
-                            "completion), so at most %lld prompt tokens fit",
-                            ids.size(), (long long)ctx, (long long)ctx - 1);
-      return Error(res, e);
-    }
-    int64_t max_tokens = r.max_tokens >= 0 ? r.max_tokens : ctx - (int64_t)ids.size();
-    if ((int64_t)ids.size() + std::max<int64_t>(1, max_tokens) > ctx) {
-      ApiError e;
-      e.param = chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-      e.code = "context_length_exceeded";
-      e.message = StrFormat(
-          "'%s' is %lld but the prompt has %zu tokens and the context is %lld tokens: at most %lld "
-          "tokens can be generated",
-          e.param.c_str(), (long long)max_tokens, ids.size(), (long long)ctx,
-          (long long)(ctx - (int64_t)ids.size()));
-      return Error(res, e);
-    }
-    if (r.prompt_is_ids) {
+    std::vector<int64_t> max_tokens(prompt_ids.size());
+    int64_t n_prompt = 0;  // usage.prompt_tokens: the batch's prompts together
+    for (size_t pi = 0; pi < prompt_ids.size(); ++pi) {
+      std::vector<int32_t>& ids = prompt_ids[pi];
+      const std::string param =
+          chat ? "messages" : prompt_ids.size() > 1 ? "prompt[" + std::to_string(pi) + "]" : std::string("prompt");
+      if (ids.empty() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+      if (ids.empty() || (int64_t)ids.size() >= ctx) {
+        ApiError e;
+        e.param = param;
+        e.code = "context_length_exceeded";
+        e.message = ids.empty()
+                        ? std::string("the prompt is empty")
+                        : StrFormat(
+                              "the prompt has %zu tokens; this model's context is %lld tokens (prompt + "
+                              "completion), so at most %lld prompt tokens fit",
+                              ids.size(), (long long)ctx, (long long)ctx - 1);
+        return Error(res, e);
+      }
+      max_tokens[pi] = r.max_tokens >= 0 ? r.max_tokens : ctx - (int64_t)ids.size();
+      if ((int64_t)ids.size() + std::max<int64_t>(1, max_tokens[pi]) > ctx) {
+        ApiError e;
+        e.param = chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+        e.code = "context_length_exceeded";
+        e.message = StrFormat(
+            "'%s' is %lld but %s has %zu tokens and the context is %lld tokens: at most %lld "
+            "tokens can be generated",
+            e.param.c_str(), (long long)max_tokens[pi], param.c_str(), ids.size(), (long long)ctx,
+            (long long)(ctx - (int64_t)ids.size()));
+        return Error(res, e);
+      }
       for (int32_t t : ids) {
         if (t >= tok.vocab_size()) {
           ApiError e;
-          e.param = "prompt";
+          e.param = param;
           e.message = StrFormat("token id %d is out of range (vocabulary of %d)", t, (int)tok.vocab_size());
           return Error(res, e);
         }
       }
+      n_prompt += (int64_t)ids.size();
     }
+    const int n_choices = (int)prompt_ids.size() * r.n;  // choice c: prompt c / n, sample c % n
     auto job = std::make_shared<Job>();
     std::vector<std::string> stop_strings = r.stop;
     if (chat)
       for (const auto& s : tmpl.StopStrings()) stop_strings.push_back(s);
     serve::RequestOptions ro;
     ro.sampling = r.sampling;
-    // max_tokens 0 with echo: the prompt (and its logprobs) only, as OpenAI's legacy completions.
-    ro.max_tokens = r.echo && !chat && r.max_tokens == 0 ? 0 : std::max<int64_t>(max_tokens, 1);
     if (r.echo && !chat && r.logprobs >= 0) ro.prompt_logprobs = r.logprobs;
     ro.priority = r.priority;
     ro.top_logprobs = r.logprobs;
     ro.adapter = adapter;
     ro.adapter_key = adapter_key;
     if (!r.ignore_eos) ro.stop_ids = tok.stop_ids();
-    for (int c = 0; c < r.n; ++c) {
+    for (int c = 0; c < n_choices; ++c) {
+      const size_t pi = (size_t)(c / r.n);
       serve::RequestOptions rc = ro;
-      if (rc.sampling.has_seed) rc.sampling.seed += (uint64_t)c;  // distinct, reproducible samples
-      auto id = engine.AddRequest(ids, rc, [job, c](const serve::TokenEvent& e) { job->Push(c, e); });
+      // max_tokens 0 with echo: the prompt (and its logprobs) only, as OpenAI's legacy completions.
+      rc.max_tokens = r.echo && !chat && r.max_tokens == 0 ? 0 : std::max<int64_t>(max_tokens[pi], 1);
+      if (rc.sampling.has_seed) rc.sampling.seed += (uint64_t)(c % r.n);  // distinct, reproducible samples
+      auto id = engine.AddRequest(prompt_ids[pi], rc, [job, c](const serve::TokenEvent& e) { job->Push(c, e); });
       if (!id.ok()) {
         for (int64_t prev : job->ids) engine.Abort(prev);
         ApiError e;
@@ -270,22 +277,26 @@ struct HttpServer::Impl {
       }
       job->ids.push_back(*id);
     }
-    prompt_tokens->Inc((double)ids.size());
+    prompt_tokens->Inc((double)n_prompt);
     in_flight->Add(1);
-    auto states = std::make_shared<std::vector<ChoiceState>>(r.n);
-    for (int c = 0; c < r.n; ++c) {
+    auto states = std::make_shared<std::vector<ChoiceState>>(n_choices);
+    for (int c = 0; c < n_choices; ++c) {
       (*states)[c].dec = std::make_unique<tokenizer::StreamDecoder>(tok);
       (*states)[c].stops = std::make_unique<serve::StopStringMatcher>(stop_strings);
       (*states)[c].choice.index = c;
       (*states)[c].choice.has_logprobs = r.logprobs >= 0;
-      if (r.echo && !chat) (*states)[c].echo = r.prompt_is_ids ? tok.Decode(ids) : r.prompt;
+      if (r.echo && !chat) {
+        const auto& p = r.prompts[(size_t)(c / r.n)];
+        (*states)[c].echo = p.is_ids ? tok.Decode(p.ids) : p.text;
+      }
     }
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     const int64_t created = (int64_t)std::time(nullptr);
     auto last_token_time = std::make_shared<double>(0);
     // Applies one engine event to its choice; returns the text delta (and logprobs) it produced.
-    auto prompt_ids = std::make_shared<const std::vector<int32_t>>(ids);
-    auto apply = [this, job, states, r, t0, last_token_time, prompt_ids](const Job::Ev& ev, Choice* delta) {
+    auto first_prompt_token = std::make_shared<std::vector<int32_t>>();
+    for (const auto& ids : prompt_ids) first_prompt_token->push_back(ids[0]);
+    auto apply = [this, job, states, r, t0, last_token_time, first_prompt_token](const Job::Ev& ev, Choice* delta) {
       ChoiceState& cs = (*states)[ev.choice];
       delta->index = ev.choice;
       delta->has_logprobs = cs.choice.has_logprobs;
@@ -315,7 +326,7 @@ struct HttpServer::Impl {
       if (cs.choice.has_logprobs && !ev.e.prompt_logprobs.empty()) {
         // echo: the prompt's tokens first; the first has no logprob (nothing predicts it).
         TokenLogprobInfo first;
-        first.token = tok.TokenBytes((*prompt_ids)[0]);
+        first.token = tok.TokenBytes((*first_prompt_token)[(size_t)(ev.choice / r.n)]);
         first.first_prompt_token = true;
         delta->logprobs.push_back(first);
         for (size_t p = 0; p < ev.e.prompt_logprobs.size(); ++p) {
@@ -351,7 +362,6 @@ struct HttpServer::Impl {
       return true;
     };
     const std::string model = r.model.empty() ? opt.model_name : r.model;
-    const int64_t n_prompt = (int64_t)ids.size();
     // Response sent, or client gone (a failed write): cancel whatever still runs so its blocks are freed.
     auto release = [this, job, states](bool success) {
       bool cut = false;
@@ -408,7 +418,7 @@ struct HttpServer::Impl {
           release);
       return;
     }
-    auto first = std::make_shared<std::vector<bool>>(r.n, true);
+    auto first = std::make_shared<std::vector<bool>>(n_choices, true);
     const bool include_usage = r.include_usage;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(

@@ -119,23 +119,45 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
     auto it = b.find("prompt");
     if (it == b.end()) return Bad("prompt", "'prompt' is required");
     const json& p = *it;
-    if (p.is_string()) {
-      r->prompt = p.get<std::string>();
-    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-      r->prompt = p[0].get<std::string>();
-    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-      r->prompt_is_ids = true;
-      for (const json& t : p) {
+    // One prompt as text or token ids, or a batch: a list of texts or of token-id lists.
+    auto ids_of = [](const json& a, std::vector<int32_t>* out) {
+      for (const json& t : a) {
         if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX) ||
             t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
-          return Bad("prompt", "'prompt' token arrays must hold non-negative integers");
+          return false;
         }
-        r->prompt_ids.push_back((int32_t)t.get<int64_t>());
+        out->push_back((int32_t)t.get<int64_t>());
       }
-    } else if (p.is_array() && p.size() > 1) {
-      return Bad("prompt", "batched prompts (a list of several prompts) are not supported; send one request each");
+      return !out->empty();
+    };
+    constexpr size_t kMaxPrompts = 256;
+    const char* kShape = "'prompt' must be a string, a list of token ids, or a list (a batch) of strings or of token-id lists";
+    if (p.is_string()) {
+      r->prompts.push_back({p.get<std::string>(), {}, false});
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      CompletionRequest::Prompt q;
+      q.is_ids = true;
+      if (!ids_of(p, &q.ids)) return Bad("prompt", "'prompt' token arrays must hold non-negative integers");
+      r->prompts.push_back(std::move(q));
+    } else if (p.is_array() && !p.empty()) {
+      if (p.size() > kMaxPrompts) {
+        return Bad("prompt", StrFormat("a batch of %zu prompts; at most %zu per request", p.size(), kMaxPrompts));
+      }
+      for (size_t i = 0; i < p.size(); ++i) {
+        const std::string where = "prompt[" + std::to_string(i) + "]";
+        CompletionRequest::Prompt q;
+        if (p[i].is_string()) {
+          q.text = p[i].get<std::string>();
+        } else if (p[i].is_array()) {
+          q.is_ids = true;
+          if (!ids_of(p[i], &q.ids)) return Bad(where, where + " must be a non-empty list of non-negative integer token ids");
+        } else {
+          return Bad(where, kShape);
+        }
+        r->prompts.push_back(std::move(q));
+      }
     } else {
-      return Bad("prompt", "'prompt' must be a string, a one-element list of strings, or a list of token ids");
+      return Bad("prompt", kShape);
     }
   }
   int64_t v;
@@ -146,6 +168,10 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
   v = 1;
   if (auto e = Integer(b, "n", 1, 128, &v)) return e;
   r->n = (int)v;
+  if (r->prompts.size() * (size_t)r->n > 1024) {
+    return Bad("n", StrFormat("%zu prompts x n = %d is %zu choices; at most 1024 per request", r->prompts.size(), r->n,
+                              r->prompts.size() * (size_t)r->n));
+  }
   if (auto e = Bool(b, "stream", &r->stream)) return e;
   if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");

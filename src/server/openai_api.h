@@ -27,10 +27,14 @@ struct ApiError {
 struct CompletionRequest {
   bool chat = false;
   std::string model;
-  // completions: text prompt, or token ids; chat: messages.
-  std::string prompt;
-  std::vector<int32_t> prompt_ids;
-  bool prompt_is_ids = false;
+  // completions: one or more prompts (a list is a batch: prompt i's n choices get indices
+  // i*n .. i*n + n-1, as OpenAI's API), each text or token ids; chat: messages.
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> ids;
+    bool is_ids = false;
+  };
+  std::vector<Prompt> prompts;
   std::vector<tokenizer::ChatMessage> messages;
   int64_t max_tokens = -1;  // -1: until the context is full (chat) / 16 (completions)
   int n = 1;
@@ -52,8 +56,8 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
 struct TokenLogprobInfo {
   std::string token;                                          // the token's text
   float logprob = 0;
-  bool first_prompt_token = false;  // echo: the prompt's first token has no logprob (JSON null)
   std::vector<std::pair<std::string, float>> top;             // alternatives, best first
+  bool first_prompt_token = false;  // echo: the prompt's first token has no logprob (JSON null)
 };
 
 struct Choice {

@@ -141,6 +141,25 @@ def run(base, lathe, model, root):
           max(abs(a - b) for a, b in zip(zl[len(ctx):], cont_lps)) < 1e-5,
           "max_tokens 0 + echo: the prompt's logprobs only (%s, %d logprobs)" % (z.usage, len(zl)))
 
+    # A batch of prompts in one request (texts, or token-id lists as lm-eval sends them): prompt
+    # i's n choices get indices i*n .., each equal to that prompt's own greedy completion.
+    other = "The little dog"
+    want_other = generate_cli(lathe, model, other, 6)
+    b = client.completions.create(model="stories", prompt=[prompt, other], max_tokens=6, n=2, **greedy)
+    texts = {ch.index: ch.text for ch in b.choices}
+    check(sorted(texts) == [0, 1, 2, 3], "batch choice indices %s" % sorted(texts))
+    check(texts.get(0) == texts.get(1) == want[:len(texts.get(0) or "")] and texts.get(2) == texts.get(3) == want_other,
+          "batch texts %s (want %r / %r)" % (texts, want, want_other))
+    check(b.usage.prompt_tokens == c.usage.prompt_tokens + len(json.loads(subprocess.run(
+        [lathe, "tokenize", "-m", model, "--json", other], capture_output=True, text=True, check=True).stdout)["ids"]),
+        "batch usage.prompt_tokens %d" % b.usage.prompt_tokens)
+    bl = client.completions.create(model="stories", prompt=[ctx + cont, ctx], max_tokens=1, echo=True, logprobs=1,
+                                   temperature=0)
+    by = {ch.index: ch.logprobs.token_logprobs for ch in bl.choices}
+    check(len(by.get(0, [])) == len(ctx) + len(cont) + 1 and len(by.get(1, [])) == len(ctx) + 1 and
+          max(abs(a - b) for a, b in zip(by[0][len(ctx):-1], cont_lps)) < 1e-5,
+          "batched token-id prompts with echo + logprobs")
+
     # Chat completions.
     ch = client.chat.completions.create(model="stories", messages=[{"role": "system", "content": "Be kind."},
                                                                     {"role": "user", "content": "Tell me a story."}],

@@ -35,12 +35,28 @@ TEST(OpenAiApi, ParsesChatRequest) {
 TEST(OpenAiApi, ParsesCompletionPromptForms) {
   CompletionRequest r;
   ASSERT_FALSE(Parse(R"({"prompt": "Once upon"})", false, &r));
-  EXPECT_EQ(r.prompt, "Once upon");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "Once upon");
+  EXPECT_FALSE(r.prompts[0].is_ids);
   EXPECT_EQ(r.max_tokens, 16);  // OpenAI's default for completions
-  ASSERT_FALSE(Parse(R"({"prompt": [1, 2, 3], "logprobs": 2, "echo": true})", false, &r));
-  EXPECT_TRUE(r.prompt_is_ids);
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_EQ(r.logprobs, 2);
+  CompletionRequest ids;
+  ASSERT_FALSE(Parse(R"({"prompt": [1, 2, 3], "logprobs": 2, "echo": true})", false, &ids));
+  ASSERT_EQ(ids.prompts.size(), 1u);
+  EXPECT_TRUE(ids.prompts[0].is_ids);
+  EXPECT_EQ(ids.prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(ids.logprobs, 2);
+  EXPECT_TRUE(ids.echo);
+  // Batches: a list of texts, or of token-id lists (what lm-eval's local-completions sends).
+  CompletionRequest texts;
+  ASSERT_FALSE(Parse(R"({"prompt": ["a", "b c"], "n": 2})", false, &texts));
+  ASSERT_EQ(texts.prompts.size(), 2u);
+  EXPECT_EQ(texts.prompts[1].text, "b c");
+  CompletionRequest lists;
+  ASSERT_FALSE(Parse(R"({"prompt": [[5, 6], [7]]})", false, &lists));
+  ASSERT_EQ(lists.prompts.size(), 2u);
+  EXPECT_EQ(lists.prompts[0].ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(lists.prompts[1].ids, (std::vector<int32_t>{7}));
+  EXPECT_TRUE(lists.prompts[1].is_ids);
 }
 
 TEST(OpenAiApi, ErrorsNameTheField) {
@@ -61,7 +77,11 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": [1]})", true, "stop"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream": "yes"})", true, "stream"},
       {R"({})", false, "prompt"},
-      {R"({"prompt": ["a", "b"]})", false, "prompt"},
+      {R"({"prompt": []})", false, "prompt"},
+      {R"({"prompt": ["a", 5]})", false, "prompt[1]"},
+      {R"({"prompt": [[1], []]})", false, "prompt[1]"},
+      {R"({"prompt": [[1], [-2]]})", false, "prompt[1]"},
+      {R"({"prompt": ["a", "b"], "n": 600})", false, "n"},
       {R"({"prompt": "x", "logprobs": 9})", false, "logprobs"},
       // Found by openai_request_fuzz / review: these threw (type_error) or wrapped around.
       {R"({"messages": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]})", true, "messages[0].content"},
@@ -94,6 +114,15 @@ TEST(OpenAiApi, ResponseShapes) {
   json comp = CompletionResponse("cmpl-1", 1, "m", {c}, {10, 1}, false);
   EXPECT_EQ(comp["choices"][0]["text"], "Paris");
   EXPECT_EQ(comp["choices"][0]["logprobs"]["tokens"][0], "Paris");
+  // echo: the prompt's first token has null logprob and top_logprobs; offsets run over the text.
+  Choice e = c;
+  e.logprobs.insert(e.logprobs.begin(), TokenLogprobInfo{"The capital is ", 0, {}, true});
+  json echo = CompletionResponse("cmpl-2", 1, "m", {e}, {10, 1}, false)["choices"][0]["logprobs"];
+  EXPECT_TRUE(echo["token_logprobs"][0].is_null());
+  EXPECT_TRUE(echo["top_logprobs"][0].is_null());
+  EXPECT_FLOAT_EQ(echo["token_logprobs"][1].get<float>(), -0.1f);
+  EXPECT_EQ(echo["top_logprobs"][1]["Lyon"], -3.0f);
+  EXPECT_EQ(echo["text_offset"][1], 15);
   json chunk = CompletionChunk("chatcmpl-1", 1, "m", c, true, true);
   EXPECT_EQ(chunk["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(SseEvent(json{{"a", 1}}), "data: {\"a\":1}\n\n");
