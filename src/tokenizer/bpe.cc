@@ -12,8 +12,6 @@
 namespace lathe::tokenizer {
 namespace {
 
-constexpr size_t kMaxCacheEntries = 1 << 18;
-constexpr size_t kMaxCachedWordBytes = 256;
 
 class BpeTokenizer final : public TokenizerBase {
  public:
@@ -150,23 +148,7 @@ class BpeTokenizer final : public TokenizerBase {
         return;
       }
     }
-    const bool cacheable = word.size() <= kMaxCachedWordBytes;
-    if (cacheable) {
-      std::lock_guard<std::mutex> lock(cache_mu_);
-      auto it = cache_.find(word);
-      if (it != cache_.end()) {
-        out->insert(out->end(), it->second.begin(), it->second.end());
-        return;
-      }
-    }
-    std::vector<int32_t> ids;
-    Merge_(word, &ids);
-    out->insert(out->end(), ids.begin(), ids.end());
-    if (cacheable) {
-      std::lock_guard<std::mutex> lock(cache_mu_);
-      if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-      cache_.emplace(std::string(word), std::move(ids));
-    }
+    cache_.Append(word, out, [this](std::string_view w, std::vector<int32_t>* ids) { Merge_(w, ids); });
   }
 
   // Initial symbols (token ids, or -1 with the bytes they cover) then merges.
@@ -248,8 +230,7 @@ class BpeTokenizer final : public TokenizerBase {
   int byte_ids_[256];
   PieceMap raw_to_id_;
   std::unordered_map<uint64_t, Merge> merges_;
-  mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  ChunkCache cache_;
 };
 
 }  // namespace

@@ -135,23 +135,7 @@ class SpmTokenizer final : public TokenizerBase {
 
   void EncodeChunk(std::string_view chunk, std::vector<int32_t>* out) const {
     if (chunk.empty()) return;
-    const bool cacheable = chunk.size() <= 256;
-    if (cacheable) {
-      std::lock_guard<std::mutex> lock(cache_mu_);
-      auto it = cache_.find(chunk);
-      if (it != cache_.end()) {
-        out->insert(out->end(), it->second.begin(), it->second.end());
-        return;
-      }
-    }
-    std::vector<int32_t> ids;
-    Tokenize(chunk, &ids);
-    out->insert(out->end(), ids.begin(), ids.end());
-    if (cacheable) {
-      std::lock_guard<std::mutex> lock(cache_mu_);
-      if (cache_.size() >= (1u << 18)) cache_.clear();
-      cache_.emplace(std::string(chunk), std::move(ids));
-    }
+    cache_.Append(chunk, out, [this](std::string_view c, std::vector<int32_t>* ids) { Tokenize(c, ids); });
   }
 
   int32_t MergeId(std::string_view s) const {
@@ -229,8 +213,7 @@ class SpmTokenizer final : public TokenizerBase {
   bool remove_extra_ws_;
   bool has_unused_ = false;
   bool chunkable_ = false;
-  mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  ChunkCache cache_;
   int byte_ids_[256];
   PieceMap merge_pieces_;
 };

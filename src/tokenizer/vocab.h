@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -24,6 +25,38 @@ struct StringHash {
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 using PieceMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
+// Thread-safe memo of the ids of pre-tokenized chunks (words): chunks up to 256 bytes are cached,
+// and the whole cache is dropped when it reaches 2^18 entries (text repeats words a lot).
+class ChunkCache {
+ public:
+  // Appends the ids of `chunk` to out, calling encode(chunk, &ids) on a miss.
+  template <class Encode>
+  void Append(std::string_view chunk, std::vector<int32_t>* out, Encode&& encode) const {
+    const bool cacheable = chunk.size() <= kMaxChunkBytes;
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(chunk);
+      if (it != map_.end()) {
+        out->insert(out->end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    std::vector<int32_t> ids;
+    encode(chunk, &ids);
+    out->insert(out->end(), ids.begin(), ids.end());
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (map_.size() >= kMaxEntries) map_.clear();
+      map_.emplace(std::string(chunk), std::move(ids));
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxChunkBytes = 256, kMaxEntries = size_t{1} << 18;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map_;
+};
 
 // Special and added tokens, matched in the text before the model sees it (leftmost, longest).
 class SpecialMatcher {
