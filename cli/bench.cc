@@ -127,7 +127,7 @@ int RunBench(int argc, char** argv) {
       Row row{path, thread_list[ti], 0, 0, 0, bw[ti]};
       for (int r = 0; r < *reps; ++r) {
         cache.Clear(0);
-        model::SeqInput in{0, std::span<const int32_t>(prompt), false, (int64_t)prompt.size()};
+        model::SeqInput in{0, std::span<const int32_t>(prompt), false};
         auto t0 = Clock::now();
         Status fs = tf.Forward(cache, std::span<const model::SeqInput>(&in, 1), &logits);
         if (!fs.ok()) return Fail("bench", fs);
@@ -137,7 +137,7 @@ int RunBench(int argc, char** argv) {
         int32_t tok = prompt[0];
         t0 = Clock::now();
         for (int64_t i = 0; i < *tg; ++i) {
-          model::SeqInput step{0, std::span<const int32_t>(&tok, 1), false};
+          model::SeqInput step{0, std::span<const int32_t>(&tok, 1), false, 1};
           fs = tf.Forward(cache, std::span<const model::SeqInput>(&step, 1), &logits);
           if (!fs.ok()) return Fail("bench", fs);
           tok = (int32_t)(std::max_element(logits.begin(), logits.end()) - logits.begin());

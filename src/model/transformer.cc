@@ -197,7 +197,7 @@ Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std
                                      (long long)(cache.length(s.slot) + (int64_t)s.tokens.size()),
                                      (long long)cache.max_len()));
     }
-    paged[i] = {s.tokens, cache.length(s.slot), cache.BlockTable(s.slot), s.all_logits, nullptr, s.exact_rows};
+    paged[i] = {s.tokens, cache.length(s.slot), cache.BlockTable(s.slot), s.all_logits, nullptr, s.sampled_rows};
   }
   LATHE_RETURN_IF_ERROR(ForwardPaged(cache.store(), paged, logits));
   for (const SeqInput& s : batch) cache.SetLength(s.slot, cache.length(s.slot) + (int64_t)s.tokens.size());
@@ -231,7 +231,7 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   token_runs_.clear();
   out_runs_.clear();
   for (const PagedSeqInput& s : batch) {
-    const int64_t n = (int64_t)s.tokens.size(), n_exact = std::clamp<int64_t>(s.exact_rows, 0, n);
+    const int64_t n = (int64_t)s.tokens.size(), n_exact = n - std::clamp<int64_t>(s.sampled_rows, 0, n);
     AddRun(&token_runs_, n_exact, true);
     AddRun(&token_runs_, n - n_exact, false);
     if (s.all_logits) {

@@ -51,10 +51,12 @@ struct PagedSeqInput {
   // LoRA adapter for this sequence's rows (multi-LoRA serving); null = TransformerOptions::adapter
   // (usually none). Not owned. Rows of different adapters share the base matmuls.
   const LoraAdapter* adapter = nullptr;
-  // The first exact_rows tokens (the prompt's) go through block-quantized weights with f32
-  // activations, the rest (sampled tokens) with int8 ones: by role, so a row never depends on its
-  // batch-mates, and prompts keep f32 accuracy (int8 prefill flips SmolLM2's near-tie answer).
-  int64_t exact_rows = 0;
+  // The last sampled_rows tokens (tokens the model itself sampled: decode steps) go through
+  // block-quantized weights with int8 activations, as llama.cpp does; every other row (prompt
+  // tokens) with f32 ones. By role, so a row never depends on its batch-mates, and prompts keep
+  // f32 accuracy (int8 prefill flips SmolLM2's near-tie answer). The default, 0, is the exact one:
+  // a caller that does not say gets f32 rows, slower but never less accurate.
+  int64_t sampled_rows = 0;
 };
 
 // KvCache: n_slots independent sequences of up to max_len tokens, each with its own run of
@@ -88,11 +90,11 @@ struct SeqInput {
   int slot = 0;
   std::span<const int32_t> tokens;  // appended at positions cache.length(slot) ...
   bool all_logits = false;          // logits for every token, else only for the last
-  int64_t exact_rows = 0;           // leading (prompt) tokens with f32 activations: PagedSeqInput
+  int64_t sampled_rows = 0;         // trailing sampled tokens with int8 activations: PagedSeqInput
 };
 
 struct TransformerOptions {
-  // Prompt rows use f32 activations for block-quantized weights (PagedSeqInput::exact_rows); this
+  // Prompt rows use f32 activations for block-quantized weights (PagedSeqInput::sampled_rows); this
   // keeps activations in f32 for the sampled tokens' rows too (see kernels::MatMul):
   // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations.
   // Either way, every output logit within kExactLogitMargin of a row's maximum is recomputed
@@ -145,7 +147,7 @@ class Transformer {
   std::vector<float> rope_cos_, rope_sin_;  // (n_pos, rope_dim / 2)
   int64_t rope_pos_ = 0;
   // Scratch, grown as needed and reused across calls.
-  // Runs of consecutive rows with the same activation precision (see PagedSeqInput::exact_rows):
+  // Runs of consecutive rows with the same activation precision (see PagedSeqInput::sampled_rows):
   // for the T token rows and for the output rows of the head. Linear splits a block-quantized
   // matmul along them.
   struct PrecisionRun {

@@ -205,12 +205,12 @@ Status Engine::RunStep() {
     const Work& w = work[i];
     Request& r = *requests_.at(w.id);
     // Prompt tokens (also when recomputed after a preemption) with f32 activations, sampled ones int8.
-    const int64_t exact = std::clamp<int64_t>(r.prompt_len - r.computed, 0, w.n);
+    const int64_t sampled = w.n - std::clamp<int64_t>(r.prompt_len - r.computed, 0, w.n);
     const bool all_logits = r.WantsPromptLogprobs();
     out_row[i] = n_out;
     n_out += all_logits ? w.n : 1;
     batch.push_back({std::span<const int32_t>(r.tokens).subspan(r.computed, w.n), r.computed, kv_.BlockTable(w.id),
-                     all_logits, r.options.adapter, exact});
+                     all_logits, r.options.adapter, sampled});
   }
   LATHE_RETURN_IF_ERROR(tf_.ForwardPaged(store_, batch, &logits_));
   ++steps_;

@@ -66,7 +66,7 @@ Result<GenerateResult> Generate(model::Transformer& tf, model::KvCache& cache, i
   StopStringMatcher stops(options.stop);
   std::vector<float> logits;
   auto t0 = Clock::now();
-  model::SeqInput in{slot, prompt.subspan(cached), false, (int64_t)(prompt.size() - cached)};  // prompt: f32
+  model::SeqInput in{slot, prompt.subspan(cached), false};  // prompt rows: f32 activations
   LATHE_RETURN_IF_ERROR(tf.Forward(cache, std::span<const model::SeqInput>(&in, 1), &logits));
   auto t1 = Clock::now();
   res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -92,7 +92,7 @@ Result<GenerateResult> Generate(model::Transformer& tf, model::KvCache& cache, i
       break;
     }
     if (i + 1 == options.max_tokens) break;
-    model::SeqInput step{slot, std::span<const int32_t>(&res.ids.back(), 1), false};
+    model::SeqInput step{slot, std::span<const int32_t>(&res.ids.back(), 1), false, 1};  // a sampled token
     LATHE_RETURN_IF_ERROR(tf.Forward(cache, std::span<const model::SeqInput>(&step, 1), &logits));
   }
   if (res.finish_reason != "stop" || !keep_going) {

@@ -54,7 +54,7 @@ Result<NllResult> EvaluateNll(model::Transformer& tf, const tokenizer::Tokenizer
     while (j < seqs.size() && (j == i || tokens + (int64_t)seqs[j].size() <= batch_tokens)) tokens += (int64_t)seqs[j++].size();
     model::KvCache cache(tf.config(), (int)(j - i), max_len);
     std::vector<model::SeqInput> batch;
-    for (size_t k = i; k < j; ++k) batch.push_back({(int)(k - i), seqs[k], true, (int64_t)seqs[k].size()});
+    for (size_t k = i; k < j; ++k) batch.push_back({(int)(k - i), seqs[k], true});
     LATHE_RETURN_IF_ERROR(tf.Forward(cache, batch, &logits));
     int64_t row = 0;
     for (size_t k = i; k < j; ++k) {

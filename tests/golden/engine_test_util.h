@@ -27,7 +27,7 @@ inline std::vector<int32_t> GreedyAlone(const model::ModelWeights& w, ThreadPool
   EXPECT_TRUE(tf.Forward(cache, {&in, 1}, &lg).ok());
   for (int i = 0; i < n; ++i) {
     out.push_back((int32_t)(std::max_element(lg.begin(), lg.end()) - lg.begin()));
-    model::SeqInput s{0, {&out.back(), 1}, false};
+    model::SeqInput s{0, {&out.back(), 1}, false, 1};  // sampled: int8 rows, as the engine's
     EXPECT_TRUE(tf.Forward(cache, {&s, 1}, &lg).ok());
   }
   return out;

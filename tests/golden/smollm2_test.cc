@@ -69,7 +69,7 @@ TEST_P(SmolLM2, MatchesTransformers) {
     std::vector<float> top = Floats(*fx.st, p + ".top20_logits");
     KvCache cache(w->config, 1, (int64_t)ids.size() + 40);
     std::vector<float> lg;
-    SeqInput in{0, ids, true, (int64_t)ids.size()};  // the prompt with f32 activations, as generate does
+    SeqInput in{0, ids, true};  // the prompt with f32 activations, as generate does
     ASSERT_TRUE(tf.Forward(cache, {&in, 1}, &lg).ok());
     double worst = 0;
     int top1_ok = 0;
@@ -100,7 +100,7 @@ TEST_P(SmolLM2, MatchesTransformers) {
     while (got.size() < want.size()) {
       got.push_back(next);
       if (got.size() == want.size()) break;
-      SeqInput s{0, {&got.back(), 1}, false};
+      SeqInput s{0, {&got.back(), 1}, false, 1};
       ASSERT_TRUE(tf.Forward(cache, {&s, 1}, &lg).ok());
       next = (int32_t)(std::max_element(lg.begin(), lg.end()) - lg.begin());
     }
@@ -108,7 +108,7 @@ TEST_P(SmolLM2, MatchesTransformers) {
   }
 }
 
-// Activation precision follows the row's role, never its batch: prompt rows (exact_rows) go through
+// Activation precision follows the row's role, never its batch: prompt rows (not sampled_rows) go through
 // the Q4_1 weights with f32 activations, sampled-token rows with int8 ones. A prompt alone equals
 // the exact_activations model (1e-4), and equals itself (within f32 GEMM reordering) beside
 // another sequence's decode row, whose int8 logits in turn equal that row alone bit for bit.
@@ -135,13 +135,13 @@ TEST(SmolLM2Rows, PromptRowsF32AndDecodeRowsInt8WhateverTheBatch) {
   std::vector<float> alone, alone_exact, alone_int8, decode_alone, mixed;
   {
     KvCache c(w->config, 1, 64);
-    SeqInput in{0, prompt, true, n};
+    SeqInput in{0, prompt, true};
     ASSERT_TRUE(tf.Forward(c, {&in, 1}, &alone).ok());
     KvCache ce(w->config, 1, 64);
     SeqInput ine{0, prompt, true};
     ASSERT_TRUE(tf_exact.Forward(ce, {&ine, 1}, &alone_exact).ok());
     KvCache ci(w->config, 1, 64);
-    SeqInput in8{0, prompt, true, 0};
+    SeqInput in8{0, prompt, true, n};
     ASSERT_TRUE(tf.Forward(ci, {&in8, 1}, &alone_int8).ok());
   }
   // The same f32 layer matmuls; only the head's near-top logits are refined (recomputed) in tf.
@@ -150,20 +150,20 @@ TEST(SmolLM2Rows, PromptRowsF32AndDecodeRowsInt8WhateverTheBatch) {
   EXPECT_LT(de, 1e-4);
   double d8 = 0;
   for (size_t i = 0; i < alone.size(); ++i) d8 = std::max(d8, (double)std::fabs(alone[i] - alone_int8[i]));
-  EXPECT_GT(d8, 1e-3) << "int8 prompt rows should differ from f32 ones: is exact_rows ignored?";
+  EXPECT_GT(d8, 1e-3) << "int8 prompt rows should differ from f32 ones: is sampled_rows ignored?";
   {
     KvCache c(w->config, 1, 64);
-    SeqInput in{0, other, false, (int64_t)other.size()};
+    SeqInput in{0, other, false};
     std::vector<float> lg;
     ASSERT_TRUE(tf.Forward(c, {&in, 1}, &lg).ok());
-    SeqInput step{0, {&next, 1}, false};
+    SeqInput step{0, {&next, 1}, false, 1};
     ASSERT_TRUE(tf.Forward(c, {&step, 1}, &decode_alone).ok());
   }
   KvCache c(w->config, 2, 64);
   std::vector<float> lg;
-  SeqInput first{1, other, false, (int64_t)other.size()};
+  SeqInput first{1, other, false};
   ASSERT_TRUE(tf.Forward(c, {&first, 1}, &lg).ok());
-  std::vector<SeqInput> both = {{1, {&next, 1}, false}, {0, prompt, true, n}};
+  std::vector<SeqInput> both = {{1, {&next, 1}, false, 1}, {0, prompt, true}};
   ASSERT_TRUE(tf.Forward(c, both, &mixed).ok());
   ASSERT_EQ((int64_t)mixed.size(), (1 + n) * V);
   EXPECT_EQ(std::vector<float>(mixed.begin(), mixed.begin() + V), decode_alone);
