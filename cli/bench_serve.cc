@@ -141,6 +141,7 @@ struct LevelResult {
   double wall = 0, tokens = 0;
   double ttft_p50 = 0, ttft_p99 = 0, itl_p50 = 0, itl_p99 = 0, latency_p50 = 0;
   double kv_util = -1, kv_blocks_frac = -1;  // under load: tokens / capacity of used blocks, used / total
+  double cache_hits = -1;                    // lathe_prefix_cache_hits_total after the level (-1: none)
   std::string first_error;
   double tps() const { return tokens / wall; }
 };
@@ -180,6 +181,7 @@ LevelResult RunLevel(const Endpoint& ep, const std::vector<Request>& reqs, int c
   r.wall = Now() - t0;
   running = false;
   sampler.join();
+  r.cache_hits = MetricValue(HttpGet(ep, "/metrics"), "lathe_prefix_cache_hits_total");
   std::vector<double> ttft, itl, lat;
   for (const Sample& s : samples) {
     if (!s.ok) {
@@ -400,6 +402,8 @@ int RunBenchServe(int argc, char** argv) {
     if (r.kv_util >= 0)
       std::printf(" | KV: %.1f%% of used block capacity holds tokens, %.1f%% of blocks used", 100 * r.kv_util,
                   100 * r.kv_blocks_frac);
+    // A fresh engine per level: any hit is a prompt shared within the level, not one from an earlier level.
+    if (local && r.cache_hits >= 0) std::printf(" | prefix cache hits %.0f", r.cache_hits);
     if (r.failed) std::printf(" | %d FAILED (%s)", r.failed, r.first_error.c_str());
     std::printf("\n");
     std::fflush(stdout);
