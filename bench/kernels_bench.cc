@@ -205,6 +205,36 @@ void BM_QGemm(benchmark::State& state, DType dt, Shape s, int64_t M, bool old_pa
       benchmark::Counter(2.0 * M * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// The matmuls of one SmolLM2-135M forward step over M rows (30 layers of q, k, v, o, gate, up, down,
+// then the head), each layer with its own weights (~143 MB in Q8_0), so they stream from DRAM as in
+// the serving engine (a bench on one matrix keeps it in cache). exact = the prompt rows' path (f32
+// activations; at M = 1 the dequantized-panel path, not a GEMV), else the sampled rows' (int8). Compare
+// CPU times on a busy box.
+void BM_Step(benchmark::State& state, DType dt, int64_t M, bool exact, int threads) {
+  ThreadPool pool(threads);
+  const Shape layer[] = {{576, 576},  {192, 576},  {192, 576}, {576, 576},
+                         {1536, 576}, {1536, 576}, {576, 1536}};
+  std::vector<Weights> ws;
+  double flops = 0;
+  for (int l = 0; l < 30; ++l)
+    for (Shape s : layer) {
+      ws.push_back(MakeWeights(dt, s, 1));
+      flops += 2.0 * M * s.N * s.K;
+    }
+  ws.push_back(MakeWeights(dt, kHead, 1));
+  flops += 2.0 * M * kHead.N * kHead.K;
+  const std::vector<float> x = RandomFloats(M * 1536, 2);
+  std::vector<float> y(M * kHead.N);
+  for (auto _ : state) {
+    for (const Weights& w : ws) {
+      kernels::MatMul(pool, x.data(), M, w.t[0], y.data(), exact);
+      benchmark::DoNotOptimize(y.data());
+    }
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
 // One decode token's paged attention (3 query heads per KV head, head_dim 64, as SmolLM2-135M;
 // blocks of 16 in a shuffled table): the AVX2 group kernel against the per-position Dot / Softmax /
 // Axpy form (group_attend switched off), same data.
@@ -350,6 +380,18 @@ void RegisterAll() {
                 BM_QGemm, dt, s, M, old_path, 1)
                 ->Unit(benchmark::kMicrosecond)
                 ->UseRealTime();
+        }
+  for (DType dt : {DType::kQ8_0, DType::kQ4_1})
+    for (int64_t M : {1, 8, 32, 64})
+      for (bool exact : {false, true})
+        for (int threads : {1, 2}) {
+          if (exact && M == 8) continue;
+          benchmark::RegisterBenchmark(("step/" + std::string(DTypeName(dt)) + (exact ? "/f32x" : "/int8x") +
+                                        "/M:" + std::to_string(M) + "/threads:" + std::to_string(threads))
+                                           .c_str(),
+                                       BM_Step, dt, M, exact, threads)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime();
         }
   for (int64_t n_pos : {32, 160, 1024})
     for (bool old_path : {true, false})

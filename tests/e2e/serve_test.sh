@@ -82,6 +82,10 @@ for c, tps, ratio, kv in rows:
     assert float(tps) > 0 and float(ratio) > 0, (c, tps, ratio)
     assert kv == "-" or 0 < float(kv[:-1]) <= 100, (c, kv)
 assert float(rows[0][2]) == 1.0, rows  # the first level is the one-at-a-time baseline
+# Every level on a fresh engine: level 2 runs the prompts of level 1 again (the same 4 requests) and
+# must compute them, not find them in the prefix cache (their ratio was inflated that way).
+hits = re.findall(r"^concurrency +\d+:.*\| prefix cache hits (\d+)", text, re.M)
+assert hits == ["0", "0"], hits
 PY
 out=$("$LATHE" bench serve -m "$MODEL" --block-size 0 2>&1); [ $? -ne 0 ] && echo "$out" | grep -q "block-size" \
   || { echo "FAIL: bad bench serve --block-size: $out"; rc=1; }
