@@ -9,6 +9,7 @@
 #   LATHE_BENCH_ROUNDS=N  interleaved rounds per side, the best of each kept (default 1; use 2-3
 #                         on a loaded machine)
 #   LATHE_BENCH_PARTS=inference,serve  which halves to run (default both)
+#   LATHE_LLAMACPP_BIN=DIR  llama-bench / llama-server from DIR instead of bench/fetch-llamacpp.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
@@ -16,7 +17,7 @@ lathe="$build/lathe"
 rounds="${LATHE_BENCH_ROUNDS:-1}"
 parts="${LATHE_BENCH_PARTS:-inference,serve}"
 [ -x "$lathe" ] || { echo "llamacpp.sh: $lathe not found (build the lathe target first)" >&2; exit 1; }
-bin="$(bash bench/fetch-llamacpp.sh)"
+bin="${LATHE_LLAMACPP_BIN:-$(bash bench/fetch-llamacpp.sh)}"  # or a directory with llama-bench/llama-server
 model="$(bash scripts/fetch-models.sh)"
 dir="${LATHE_CACHE:-$HOME/.cache/lathe}/bench"
 mkdir -p "$dir"
@@ -31,7 +32,7 @@ trap cleanup EXIT
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores;" \
   "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx|avx2|fma|f16c|avx512f|avx512bw|avx512vnni|avx_vnni|amx_tile' | xargs)"
 echo "lathe commit $(git rev-parse --short HEAD); llama.cpp: llama-cpp-python 0.3.36's vendored copy" \
-  "(ggml-org/llama.cpp@0c1e57098 per its CHANGELOG), $("$bin/llama-bench" --version 2>&1 | grep -m1 -i version || true)"
+  "(ggml-org/llama.cpp@0c1e57098 per its CHANGELOG; ggml 0.25.3), CPU backend built with GGML_NATIVE=ON"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); rounds per side: $rounds (best kept)"
 
 if [[ ",$parts," == *,inference,* ]]; then
