@@ -1,6 +1,7 @@
 // `lathe bench serve`: serving throughput and latency over loopback HTTP — the engine and the
-// OpenAI server in-process (or an external --url) — with a seeded synthetic workload of real
-// TinyStories text at several concurrency levels, streamed through cpp-httplib client threads.
+// OpenAI server in-process (or an external OpenAI-compatible --url such as llama-server, fed the
+// same token-id prompts) — with a seeded synthetic workload of real TinyStories text at several
+// concurrency levels, streamed through cpp-httplib client threads.
 // Prints output tok/s, TTFT and ITL p50/p99, the ratio to one request at a time from the same
 // run, llama-server's figures (../shared/PEERS.md), KV utilization under load, and the prefill
 // time a shared system prompt saves with the prefix cache on vs off.
@@ -8,6 +9,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -46,10 +48,13 @@ struct Endpoint {
   std::string host;
   int port = 0;
   std::string api_key;
+  std::string model;  // the request's "model" field; empty: left out (the server's default model)
 };
 
 // One streamed completion: send time -> first content chunk (TTFT), gaps between content chunks
-// (ITL), and the completion tokens from the final usage chunk.
+// (ITL), and the completion tokens from the final usage chunk. A content chunk is one carrying
+// text: servers differ in whether they send an empty first chunk or an empty finish chunk
+// (llama-server's last /v1/completions chunk has "text": "" with the usage).
 struct Sample {
   bool ok = false;
   std::string error;
@@ -57,6 +62,21 @@ struct Sample {
   std::vector<double> itl;
   int64_t tokens = 0;
 };
+
+// Whether any choice carries text (completions) or delta content (chat).
+bool HasText(const json& choices) {
+  for (const json& c : choices) {
+    if (!c.is_object()) continue;
+    auto t = c.find("text");
+    if (t != c.end() && t->is_string() && !t->get<std::string>().empty()) return true;
+    auto d = c.find("delta");
+    if (d != c.end() && d->is_object()) {
+      auto content = d->find("content");
+      if (content != d->end() && content->is_string() && !content->get<std::string>().empty()) return true;
+    }
+  }
+  return false;
+}
 
 Sample StreamCompletion(const Endpoint& ep, const std::vector<int32_t>& prompt, int64_t max_tokens) {
   Sample s;
@@ -69,8 +89,9 @@ Sample StreamCompletion(const Endpoint& ep, const std::vector<int32_t>& prompt, 
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
-  req.body = body.dump();
   req.set_header("Content-Type", "application/json");
+  if (!ep.model.empty()) body["model"] = ep.model;
+  req.body = body.dump();
   if (!ep.api_key.empty()) req.set_header("Authorization", "Bearer " + ep.api_key);
   std::string buf;
   const double t0 = Now();
@@ -91,7 +112,7 @@ Sample StreamCompletion(const Endpoint& ep, const std::vector<int32_t>& prompt, 
       json j = json::parse(payload, nullptr, false);
       if (j.is_discarded()) continue;
       if (j.contains("usage") && j["usage"].is_object()) s.tokens = j["usage"].value("completion_tokens", 0);
-      if (!j.contains("choices") || j["choices"].empty()) continue;
+      if (!j.contains("choices") || !j["choices"].is_array() || !HasText(j["choices"])) continue;
       const double now = Now();
       if (last == 0)
         s.ttft = now - t0;
@@ -103,12 +124,18 @@ Sample StreamCompletion(const Endpoint& ep, const std::vector<int32_t>& prompt, 
   };
   auto res = cli.send(req);
   s.latency = Now() - t0;
+  if (last == 0) s.ttft = s.latency;  // no chunk carried text (e.g. one token that decodes to "")
   if (!res) {
     s.error = "HTTP error " + httplib::to_string(res.error());
   } else if (res->status != 200) {
     s.error = StrFormat("status %d: %s", res->status, res->body.substr(0, 200).c_str());
   } else if (!done) {
     s.error = "stream ended without [DONE]";
+  } else if (s.tokens != max_tokens) {
+    // The workload relies on ignore_eos: a server that stops early (or ignores max_tokens) would
+    // be compared on other work.
+    s.error = StrFormat("usage.completion_tokens %lld != max_tokens %lld (ignore_eos / max_tokens not honored?)",
+                        (long long)s.tokens, (long long)max_tokens);
   } else {
     s.ok = true;
   }
@@ -243,6 +270,24 @@ Result<std::unique_ptr<LocalServer>> StartLocal(const model::LoadedModel& lm, Th
   return s;
 }
 
+// http://HOST:PORT with an optional trailing "/": the endpoint, or an error naming --url.
+Result<Endpoint> ParseUrl(const std::string& u) {
+  const std::string scheme = "http://";
+  std::string rest = u.rfind(scheme, 0) == 0 ? u.substr(scheme.size()) : std::string();
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  size_t colon = rest.rfind(':');
+  Endpoint ep;
+  if (colon != std::string::npos && colon > 0) {
+    ep.host = rest.substr(0, colon);
+    std::string port = rest.substr(colon + 1);
+    if (!port.empty() && port.size() <= 5 && std::all_of(port.begin(), port.end(), ::isdigit))
+      ep.port = std::atoi(port.c_str());
+  }
+  if (ep.host.empty() || ep.host.find('/') != std::string::npos || ep.port < 1 || ep.port > 65535)
+    return Status::Error("--url " + u + ": expected http://HOST:PORT (plain HTTP, a port in 1..65535)");
+  return ep;
+}
+
 std::vector<int> ParseIntList(const std::string& s) {
   std::vector<int> v;
   std::stringstream in(s);
@@ -274,8 +319,11 @@ int RunBenchServe(int argc, char** argv) {
   Args args("bench serve",
             "lathe bench serve -m MODEL [--concurrency 1,8,32,64] | --url http://127.0.0.1:PORT -m MODEL");
   AddModelFlags(args);
-  args.Flag("--url", "benchmark a running server instead (http://HOST:PORT); -m still gives the tokenizer");
+  args.Flag("--url",
+            "benchmark a running OpenAI-compatible server instead (http://HOST:PORT, e.g. llama-server): the "
+            "same workload as token-id prompts to /v1/completions; -m still gives the tokenizer");
   args.Flag("--api-key", "API key for --url");
+  args.Flag("--served-model", "the request's \"model\" field for --url (default: left out)");
   args.Flag("--concurrency", "concurrency levels", "1,8,32,64");
   args.Flag("--requests", "requests per level: max(this, 2 x concurrency)", "16");
   args.Flag("--data", "text to draw prompts from", "../shared/data/tinystories/validation_100.txt");
@@ -309,6 +357,11 @@ int RunBenchServe(int argc, char** argv) {
         Status::Error("bad flags: --concurrency 1,8,..; --prompt-tokens/--output-tokens MIN,MAX; "
                       "positive --requests/--max-num-seqs/--max-num-batched-tokens/--kv-cache-memory; "
                       "--block-size 1..1024"));
+  }
+  Result<Endpoint> url_ep = Endpoint{};
+  if (args.Has("url")) {
+    url_ep = ParseUrl(args.Get("url"));
+    if (!url_ep.ok()) return Fail("bench serve", url_ep.status());
   }
   auto lm = LoadModelFromArgs(args);
   if (!lm.ok()) return Fail("bench serve", lm.status());
@@ -346,15 +399,9 @@ int RunBenchServe(int argc, char** argv) {
   ec.n_blocks = *kvb / (int64_t)model::KvBlockStore::BlockBytes((*lm)->weights.config, ec.block_size);
   std::unique_ptr<LocalServer> local;
   if (args.Has("url")) {
-    std::string u = args.Get("url");
-    size_t colon = u.rfind(':');
-    size_t host0 = u.find("://");
-    if (host0 == std::string::npos || colon == std::string::npos || colon < host0 + 3) {
-      return Fail("bench serve", Status::Error("--url: expected http://HOST:PORT"));
-    }
-    ep.host = u.substr(host0 + 3, colon - host0 - 3);
-    ep.port = std::atoi(u.c_str() + colon + 1);
+    ep = *url_ep;
     ep.api_key = args.Get("api-key");
+    ep.model = args.Get("served-model");
   } else {
     auto s = StartLocal(**lm, pool, ec);
     if (!s.ok()) return Fail("bench serve", s.status());
@@ -363,10 +410,12 @@ int RunBenchServe(int argc, char** argv) {
     ep.port = local->http->port();
   }
   std::printf(
-      "lathe bench serve: %s, %s, %d engine thread(s); %lld requests per level, prompt %d-%d tokens, output "
+      "lathe bench serve: %s, %s; %lld requests per level, prompt %d-%d tokens, output "
       "%d-%d tokens (seed %lld), greedy, ignore_eos, streamed over http://%s:%d\n",
-      (*lm)->path.c_str(), local ? "in-process server" : "external server", pool.size(), (long long)per_level,
-      plen[0], plen[1], olen[0], olen[1], (long long)*seed, ep.host.c_str(), ep.port);
+      (*lm)->path.c_str(),
+      local ? StrFormat("in-process server, %d engine thread(s)", pool.size()).c_str()
+            : "external server (token-id prompts; -m gives the tokenizer only)",
+      (long long)per_level, plen[0], plen[1], olen[0], olen[1], (long long)*seed, ep.host.c_str(), ep.port);
   if (local) {
     std::printf(
         "engine: %lld KV blocks x %lld tokens, max-num-seqs %lld, max-num-batched-tokens %lld; each level on "
@@ -374,9 +423,17 @@ int RunBenchServe(int argc, char** argv) {
         (long long)ec.n_blocks, (long long)ec.block_size, (long long)ec.max_num_seqs,
         (long long)ec.max_num_batched_tokens);
   }
-  // Warm-up prompt (page faults, thread start-up): 2 tokens, so it fills no KV block to cache.
+  // Warm-up prompt (page faults, thread start-up): 2 tokens, so it fills no KV block to cache. An
+  // external server must answer it, or nothing below could be measured.
   const std::vector<int32_t> warm(all[0].prompt.begin(),
                                   all[0].prompt.begin() + std::min<size_t>(2, all[0].prompt.size()));
+  if (!local) {
+    Sample w = StreamCompletion(ep, warm, 2);
+    if (!w.ok) {
+      return Fail("bench serve", Status::Error(StrFormat("--url %s: the warm-up completion failed: %s",
+                                                         args.Get("url").c_str(), w.error.c_str())));
+    }
+  }
   std::vector<LevelResult> results;
   for (int c : levels) {
     // Every level on a fresh in-process engine: the levels share the workload's first requests, and
@@ -421,7 +478,8 @@ int RunBenchServe(int argc, char** argv) {
                 1e3 * r.itl_p50, 1e3 * r.itl_p99,
                 r.kv_util >= 0 ? StrFormat("%.1f%%", 100 * r.kv_util).c_str() : "-");
   }
-  std::printf(
+  if (local)
+    std::printf(
       "\nllama-server (../shared/PEERS.md; SmolLM2-135M Q8_0, --parallel 8 -t 2, max_tokens 64, same machine "
       "type, another run): one at a time ~110 tok/s; 32 concurrent 206 tok/s (1.85x), median latency 7.2 "
       "s.\n");

@@ -52,6 +52,27 @@ echo "server: $url"
 "$VENV/bin/python" "$HERE/serve_test.py" run "$url" "$LATHE" "$MODEL" "$tmp"
 rc=$?
 
+# `lathe bench serve --url`: the same workload against this running server (as bench/llamacpp.sh
+# drives llama-server), with its API key and served model name; every request completes with
+# exactly max_tokens tokens (bench serve fails a request otherwise).
+"$LATHE" bench serve -m "$MODEL" --url "$url/" --api-key sk-e2e --served-model stories --concurrency 1,2 \
+  --requests 2 --prompt-tokens 8,16 --output-tokens 4,8 --data "$SHARED/data/tinystories/validation_100.txt" \
+  --system-prompt-tokens 16 > "$tmp/bench_url.out" 2> "$tmp/bench_url.err" || { echo "FAIL: bench serve --url"; cat "$tmp/bench_url.out" "$tmp/bench_url.err"; rc=1; }
+python3 - "$tmp/bench_url.out" "$url" <<'PY' || { echo "FAIL: bench serve --url output"; cat "$tmp/bench_url.out"; rc=1; }
+import re, sys
+text, url = open(sys.argv[1]).read(), sys.argv[2]
+assert "external server" in text and "streamed over " + url in text, text
+assert "FAILED" not in text and "engine:" not in text, text
+rows = re.findall(r"^\| (\d+) \| ([0-9.]+) \| ([0-9.]+)x \|", text, re.M)
+assert [int(r[0]) for r in rows] == [1, 2] and all(float(r[1]) > 0 for r in rows), rows
+assert re.search(r"shared 16-token system prompt \+ 16 distinct tokens: TTFT [0-9.]+ ms", text), text
+PY
+# A wrong key is refused by the server: the warm-up fails and the error names --url.
+out=$("$LATHE" bench serve -m "$MODEL" --url "$url" --api-key wrong --concurrency 1 \
+  --data "$SHARED/data/tinystories/validation_100.txt" 2>&1); [ $? -ne 0 ] \
+  && echo "$out" | grep -q -- "--url $url: the warm-up completion failed: status 401" \
+  || { echo "FAIL: bench serve --url with a wrong key: $out"; rc=1; }
+
 # Graceful shutdown on SIGTERM: exit status 0, promptly.
 kill -TERM "$server_pid"
 for _ in $(seq 1 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.05; done
@@ -87,6 +108,14 @@ assert float(rows[0][2]) == 1.0, rows  # the first level is the one-at-a-time ba
 hits = re.findall(r"^concurrency +\d+:.*\| prefix cache hits (\d+)", text, re.M)
 assert hits == ["0", "0"], hits
 PY
+# A --url nothing listens on, or one that is not http://HOST:PORT, is an error naming it.
+out=$("$LATHE" bench serve -m "$MODEL" --url http://127.0.0.1:1 --concurrency 1 \
+  --data "$SHARED/data/tinystories/validation_100.txt" 2>&1); [ $? -ne 0 ] \
+  && echo "$out" | grep -q -- "--url http://127.0.0.1:1: the warm-up completion failed" \
+  || { echo "FAIL: bench serve --url to a closed port: $out"; rc=1; }
+out=$("$LATHE" bench serve -m "$MODEL" --url 127.0.0.1:8080 2>&1); [ $? -ne 0 ] \
+  && echo "$out" | grep -q -- "--url 127.0.0.1:8080: expected http://HOST:PORT" \
+  || { echo "FAIL: bench serve malformed --url: $out"; rc=1; }
 out=$("$LATHE" bench serve -m "$MODEL" --block-size 0 2>&1); [ $? -ne 0 ] && echo "$out" | grep -q "block-size" \
   || { echo "FAIL: bad bench serve --block-size: $out"; rc=1; }
 

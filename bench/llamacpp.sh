@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# llama.cpp measured on this machine in the same run as lathe (issues "Foundation" and "Serving
+# engine"): llama-bench vs `lathe bench` (pp512 / tg128, 1 and 2 threads) on SmolLM2-135M in Q4_1
+# (as shipped), Q8_0, BF16 and F32 (made by `lathe convert`, so llama.cpp also reads lathe's GGUF
+# output) and stories260K; then llama-server vs `lathe serve` under `lathe bench serve` (the same
+# seeded token-id workload) at concurrency 1, 8 and 32 on the Q8_0 file. llama.cpp comes from the
+# PyPI sdist llama-cpp-python==0.3.36 (bench/fetch-llamacpp.sh; built into the cache, never CI).
+# Usage: bench/llamacpp.sh [BUILD_DIR]
+#   LATHE_BENCH_ROUNDS=N  interleaved rounds per side, the best of each kept (default 1; use 2-3
+#                         on a loaded machine)
+#   LATHE_BENCH_PARTS=inference,serve  which halves to run (default both)
+#   LATHE_LLAMACPP_BIN=DIR  llama-bench / llama-server from DIR instead of bench/fetch-llamacpp.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+lathe="$build/lathe"
+rounds="${LATHE_BENCH_ROUNDS:-1}"
+parts="${LATHE_BENCH_PARTS:-inference,serve}"
+[ -x "$lathe" ] || { echo "llamacpp.sh: $lathe not found (build the lathe target first)" >&2; exit 1; }
+bin="${LATHE_LLAMACPP_BIN:-$(bash bench/fetch-llamacpp.sh)}"  # or a directory with llama-bench/llama-server
+model="$(bash scripts/fetch-models.sh)"
+dir="${LATHE_CACHE:-$HOME/.cache/lathe}/bench"
+mkdir -p "$dir"
+tmp=$(mktemp -d)
+server_pid=
+cleanup() {
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores;" \
+  "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx|avx2|fma|f16c|avx512f|avx512bw|avx512vnni|avx_vnni|amx_tile' | xargs)"
+echo "lathe commit $(git rev-parse --short HEAD); llama.cpp: llama-cpp-python 0.3.36's vendored copy" \
+  "(ggml-org/llama.cpp@0c1e57098 per its CHANGELOG; ggml 0.25.3), CPU backend built with GGML_NATIVE=ON"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); rounds per side: $rounds (best kept)"
+
+if [[ ",$parts," == *,inference,* ]]; then
+  names=(Q4_1)
+  files=("$model")
+  for d in q8_0 bf16 f32; do
+    out="$dir/SmolLM2-135M-Instruct.$d.gguf"
+    [ -f "$out" ] || "$lathe" convert "$model" --dtype "$d" -o "$out" >&2
+    names+=("${d^^}")
+    files+=("$out")
+  done
+  # stories260K through lathe's writer (an SPM vocab; the shared file was written by llama.cpp's
+  # converter).
+  st="$dir/stories260K.lathe.f32.gguf"
+  [ -f "$st" ] || "$lathe" convert ../shared/models/stories260K/stories260K.gguf --dtype f32 -o "$st" >&2
+  names+=("stories260K F32")
+  files+=("$st")
+
+  # Results: one "side<TAB>name<TAB>threads<TAB>pp<TAB>tg" line per measurement.
+  res="$tmp/inference.tsv"
+  : > "$res"
+  for ((round = 1; round <= rounds; round++)); do
+    for i in "${!files[@]}"; do
+      f="${files[$i]}"
+      n="${names[$i]}"
+      if "$bin/llama-bench" -m "$f" -p 512 -n 128 -t 1,2 -r 3 -o json > "$tmp/lb.json" 2> "$tmp/lb.err"; then
+        # The best repetition, as `lathe bench` reports (llama-bench's own table shows the mean).
+        python3 - "$tmp/lb.json" "$n" >> "$res" <<'PY'
+import json, sys
+rows = {}
+for r in json.load(open(sys.argv[1])):
+    key = r["n_threads"]
+    best = max(r["samples_ts"])
+    rows.setdefault(key, {})["pp" if r["n_prompt"] > 0 else "tg"] = best
+for t, v in sorted(rows.items()):
+    print(f"llama.cpp\t{sys.argv[2]}\t{t}\t{v.get('pp', 0):.1f}\t{v.get('tg', 0):.1f}")
+PY
+      else
+        echo "llama-bench could not run $f ($n):" >&2
+        tail -5 "$tmp/lb.err" >&2
+        printf 'llama.cpp\t%s\t1\tFAIL\tFAIL\nllama.cpp\t%s\t2\tFAIL\tFAIL\n' "$n" "$n" >> "$res"
+      fi
+      "$lathe" bench -m "$f" --prompt-tokens 512 --gen-tokens 128 --threads-list 1,2 -r 3 > "$tmp/lathe.out"
+      sed -nE 's/.* threads ([0-9]+): prefill +([0-9.]+) tok\/s \| decode +([0-9.]+) tok\/s.*/\1\t\2\t\3/p' \
+        "$tmp/lathe.out" | awk -v n="$n" -F'\t' '{ printf "lathe\t%s\t%s\t%s\t%s\n", n, $1, $2, $3 }' >> "$res"
+      echo "round $round: $n done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+    done
+  done
+  echo
+  echo "### Inference: llama-bench -p 512 -n 128 -t 1,2 -r 3 vs lathe bench --prompt-tokens 512 --gen-tokens 128 --threads-list 1,2 -r 3 (tok/s, best repetition of $rounds round(s))"
+  python3 - "$res" <<'PY'
+import sys
+best = {}
+order = []
+for line in open(sys.argv[1]):
+    side, name, t, pp, tg = line.rstrip("\n").split("\t")
+    if name not in order: order.append(name)
+    k = (side, name, int(t))
+    if pp == "FAIL":
+        best.setdefault(k, None)
+        continue
+    old = best.get(k) or (0.0, 0.0)
+    best[k] = (max(old[0], float(pp)), max(old[1], float(tg)))
+def f(v): return "FAIL" if v is None else f"{v:.1f}"
+print()
+print("| model | threads | llama.cpp pp512 | lathe pp512 | lathe / llama.cpp | llama.cpp tg128 | lathe tg128 | lathe / llama.cpp |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for name in order:
+    for t in (1, 2):
+        l, m = best.get(("llama.cpp", name, t)), best.get(("lathe", name, t))
+        if m is None: continue
+        rp = f"{m[0] / l[0]:.2f}x" if l else "-"
+        rt = f"{m[1] / l[1]:.2f}x" if l else "-"
+        print(f"| {name} | {t} | {f(l and l[0])} | {m[0]:.1f} | {rp} | {f(l and l[1])} | {m[1]:.1f} | {rt} |")
+print()
+print("Goals (issue 2): lathe >= 1.5x llama.cpp's best thread count, prefill and decode; lathe's 2 threads never slower than its 1.")
+print()
+print("| model | prefill: lathe best / llama.cpp best | decode: lathe best / llama.cpp best | lathe 2t / 1t prefill, decode |")
+print("|---|---:|---:|---:|")
+for name in order:
+    ls = [best.get(("llama.cpp", name, t)) for t in (1, 2)]
+    ms = [best.get(("lathe", name, t)) for t in (1, 2)]
+    if None in ms: continue
+    if any(ls):
+        lp = max(x[0] for x in ls if x); lt = max(x[1] for x in ls if x)
+        mp = max(x[0] for x in ms); mt = max(x[1] for x in ms)
+        gp = f"{mp / lp:.2f}x ({'meets' if mp >= 1.5 * lp else 'BELOW'} 1.5x)"
+        gt = f"{mt / lt:.2f}x ({'meets' if mt >= 1.5 * lt else 'BELOW'} 1.5x)"
+    else:
+        gp = gt = "llama.cpp failed"
+    sp, st = ms[1][0] / ms[0][0], ms[1][1] / ms[0][1]
+    mono = "ok" if sp >= 1 and st >= 1 else "2t SLOWER"
+    print(f"| {name} | {gp} | {gt} | {sp:.2f}x, {st:.2f}x ({mono}) |")
+PY
+fi
+
+if [[ ",$parts," == *,serve,* ]]; then
+  q8="$dir/SmolLM2-135M-Instruct.q8_0.gguf"
+  [ -f "$q8" ] || "$lathe" convert "$model" --dtype q8_0 -o "$q8" >&2
+  levels=1,8,32
+  # 32 slots x (prompt <= 161 + output <= 96, or the 384+16-token shared-prefix requests) fit in
+  # 512 tokens each.
+  ctx=$((32 * 512))
+  serve_args=(-m "$q8" -t 2 --concurrency "$levels")
+  for ((round = 1; round <= rounds; round++)); do
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$bin/llama-server" -m "$q8" -t 2 -tb 2 --parallel 32 -c "$ctx" --cont-batching --host 127.0.0.1 \
+      --port "$port" > "$tmp/llama-server.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 1 600); do
+      curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break
+      kill -0 "$server_pid" 2>/dev/null || { echo "llama-server exited:" >&2; tail -20 "$tmp/llama-server.log" >&2; exit 1; }
+      sleep 0.2
+    done
+    "$lathe" bench serve "${serve_args[@]}" --url "http://127.0.0.1:$port" > "$tmp/serve.llama.$round.out"
+    kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
+    server_pid=
+    "$lathe" bench serve "${serve_args[@]}" > "$tmp/serve.lathe.$round.out"
+    echo "serve round $round done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+  done
+  echo
+  echo "### Serving: SmolLM2-135M Q8_0, 2 threads, the same seeded token-id workload (lathe bench serve) at concurrency $levels"
+  echo "llama-server: -t 2 -tb 2 --parallel 32 -c $ctx --cont-batching; lathe: lathe bench serve -m Q8_0 -t 2 (in-process lathe serve, default engine settings)"
+  for side in llama lathe; do
+    echo
+    echo "#### ${side/llama/llama-server} (round 1 of $rounds)"
+    sed -n '/^| concurrency/,/^$/p;/^shared /p' "$tmp/serve.$side.1.out"
+    grep -h 'FAILED' "$tmp"/serve.$side.*.out || true
+  done
+  python3 - "$tmp" "$rounds" <<'PY'
+import re, sys
+tmp, rounds = sys.argv[1], int(sys.argv[2])
+best = {}
+for side in ("llama", "lathe"):
+    for r in range(1, rounds + 1):
+        for c, tps in re.findall(r"^\| (\d+) \| ([0-9.]+) \|", open(f"{tmp}/serve.{side}.{r}.out").read(), re.M):
+            k = (side, int(c))
+            best[k] = max(best.get(k, 0.0), float(tps))
+print()
+print(f"| concurrency | llama-server output tok/s | lathe output tok/s | lathe / llama-server | (best of {rounds} round(s)) |")
+print("|---:|---:|---:|---:|---|")
+for c in sorted({c for _, c in best}):
+    l, m = best.get(("llama", c), 0), best.get(("lathe", c), 0)
+    print(f"| {c} | {l:.1f} | {m:.1f} | {m / l:.2f}x | |" if l else f"| {c} | - | {m:.1f} | - | |")
+l32, m32, l1, m1 = (best.get(k, 0) for k in (("llama", 32), ("lathe", 32), ("llama", 1), ("lathe", 1)))
+if l32 and m32 and l1 and m1:
+    print()
+    print(f"c=32: lathe {m32:.1f} tok/s vs llama-server {l32:.1f} tok/s = {m32 / l32:.2f}x "
+          f"({'above' if m32 > l32 else 'NOT above'} llama-server, the issue 3 goal); "
+          f"c=32 vs own c=1: lathe {m32 / m1:.2f}x, llama-server {l32 / l1:.2f}x")
+PY
+fi
+echo
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
