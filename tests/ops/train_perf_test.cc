@@ -37,7 +37,7 @@ double BestSeconds(const F& f, int reps) {
   return best;
 }
 
-TEST(TrainPerf, AttentionAndCrossEntropy) {
+TEST(TrainPerf, Attention) {
   if (!std::getenv("LATHE_PERF")) GTEST_SKIP() << "set LATHE_PERF=1";
   const int H = 9, KV = 3, D = 64;
   // T = 2048 whole and as four packed samples of 512; T = 512 is one row of the bench's 512-token batches.
@@ -66,21 +66,28 @@ TEST(TrainPerf, AttentionAndCrossEntropy) {
       }
     }
   }
+}
+
+TEST(TrainPerf, CrossEntropy) {
+  if (!std::getenv("LATHE_PERF")) GTEST_SKIP() << "set LATHE_PERF=1";
   const int64_t V = 49152, C = 576, Tx = 512;
-  const testing::TestWeight w = testing::MakeWeight(DType::kBF16, V, C, 5);
   const std::vector<float> x = RandomVec(Tx * C, 6);
   std::vector<int32_t> labels(Tx);
   for (int64_t t = 0; t < Tx; ++t) labels[t] = (int32_t)((t * 7919) % V);
   std::vector<float> dx(Tx * C);
-  for (int threads : {1, 2}) {
-    ThreadPool pool(threads);
-    const double tf = BestSeconds([&] { CrossEntropyForward(pool, x.data(), Tx, w.t, labels.data(), (float)Tx); }, 1);
-    const double tb = BestSeconds(
-        [&] { CrossEntropyBackward(pool, dx.data(), nullptr, x.data(), Tx, w.t, labels.data(), (float)Tx); }, 1);
-    const double mm = 2.0 * Tx * V * C;
-    std::printf("cross-entropy bf16 head T=%lld V=%lld C=%lld threads=%d forward %.0f ms (%.1f GFLOP/s)  "
-                "backward(dx) %.0f ms (%.1f GFLOP/s)\n", (long long)Tx, (long long)V, (long long)C, threads, tf * 1e3,
-                mm / tf * 1e-9, tb * 1e3, 2 * mm / tb * 1e-9);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const testing::TestWeight w = testing::MakeWeight(dt, V, C, 5);
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      const double tf =
+          BestSeconds([&] { CrossEntropyForward(pool, x.data(), Tx, w.t, labels.data(), (float)Tx); }, 1);
+      const double tb = BestSeconds(
+          [&] { CrossEntropyBackward(pool, dx.data(), nullptr, x.data(), Tx, w.t, labels.data(), (float)Tx); }, 1);
+      const double mm = 2.0 * Tx * V * C;
+      std::printf("cross-entropy %s head T=%lld V=%lld C=%lld threads=%d forward %.0f ms (%.1f GFLOP/s)  "
+                  "backward(dx) %.0f ms (%.1f GFLOP/s) CPU\n", DTypeName(dt), (long long)Tx, (long long)V,
+                  (long long)C, threads, tf * 1e3, mm / tf * 1e-9, tb * 1e3, 2 * mm / tb * 1e-9);
+    }
   }
 }
 

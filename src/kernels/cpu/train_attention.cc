@@ -136,22 +136,38 @@ struct TileRanges {
       if (chi[rt] <= clo[rt]) clo[rt] = chi[rt] = 0;
       clo[rt] = clo[rt] / kGemmTileC * kGemmTileC;  // B strips start at multiples of 16 (k0 is one)
     }
-    rlo.assign(n_kt, nq), rhi.assign(n_kt, 0);
-    for (int64_t i = 0; i < nq; ++i) {
-      if (hi[i] <= lo[i]) continue;
-      // key row tiles overlapping [lo, hi)
-      for (int64_t kt = lo[i] / kGemmTileR; kt * kGemmTileR < hi[i]; ++kt)
-        rlo[kt] = std::min(rlo[kt], i), rhi[kt] = std::max(rhi[kt], i + 1);
+    // Rows with keys form one run [i0, i1) (causal: rows before the tile see none; segment runs:
+    // rows whose run starts after the tile see none), and over it lo and hi never decrease (run
+    // starts and t grow with the row). So the rows seeing key row tile [a, b) are those of the run
+    // with hi > a (a suffix) and lo < b (a prefix): two pointers.
+    rlo.assign(n_kt, 0), rhi.assign(n_kt, 0);
+    int64_t i0 = 0, i1 = nq;
+    while (i0 < nq && hi[i0] <= lo[i0]) ++i0;
+    while (i1 > i0 && hi[i1 - 1] <= lo[i1 - 1]) --i1;
+    int64_t pa = i0, pb = i0;
+    for (int64_t kt = 0; kt < n_kt; ++kt) {
+      const int64_t a = kt * kGemmTileR, b = std::min(nk, a + kGemmTileR);
+      while (pa < i1 && hi[pa] <= a) ++pa;
+      while (pb < i1 && lo[pb] < b) ++pb;
+      if (pb > pa) rlo[kt] = pa, rhi[kt] = pb;
     }
   }
 };
 
-// c(R, N) (+)= A . B with A's rows read in place (row i at a + i * lda) and B already packed as
-// 16-column strips b_stride floats apart. With cols: row tile rt writes only the column strips that
-// cover [cols->clo[rt], cols->chi[rt]). With inner: row tile rt sums only over [inner->clo[rt],
-// inner->chi[rt]) of L (the rest of A's row is zero there).
+// A B operand of the micro-kernels: 16-column strip s starts at p + s * stride, its row l is ldb
+// floats further on (a packed strip: ldb 16; a row-major matrix read in place: its row stride, stride 16).
+struct BOperand {
+  const float* p;
+  int64_t ldb, stride;
+  BOperand Rows(int64_t l0) const { return {p + l0 * ldb, ldb, stride}; }
+  const float* At(int64_t l, int64_t strip) const { return p + strip * stride + l * ldb; }
+};
+
+// c(R, N) (+)= A . B with A's rows read in place (row i at a + i * lda). With cols: row tile rt
+// writes only the column strips that cover [cols->clo[rt], cols->chi[rt]). With inner: row tile rt
+// sums only over [inner->clo[rt], inner->chi[rt]) of L (the rest of A's row is zero there).
 void RowsTimesStrips(const TrainKernelTable& tk, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
-                     const float* a, int64_t lda, const float* bp, int64_t b_stride, const TileRanges* cols,
+                     const float* a, int64_t lda, const BOperand& b, const TileRanges* cols,
                      const TileRanges* inner, bool overwrite) {
   for (int64_t r0 = 0, rt = 0; r0 < R; r0 += kGemmTileR, ++rt) {
     const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
@@ -160,18 +176,16 @@ void RowsTimesStrips(const TrainKernelTable& tk, float* c, int64_t ldc, int64_t 
     if (inner) l_lo = inner->clo[rt], l_hi = inner->chi[rt];
     if (l_hi <= l_lo) continue;
     for (int64_t j0 = j_lo; j0 < j_hi; j0 += kGemmTileC)
-      tk.gemm_tile_rows(a + r0 * lda + l_lo, lda, bp + j0 / kGemmTileC * b_stride + l_lo * kGemmTileC,
-                        l_hi - l_lo, c + r0 * ldc + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, N - j0),
-                        overwrite);
+      tk.gemm_tile_rows(a + r0 * lda + l_lo, lda, b.At(l_lo, j0 / kGemmTileC), b.ldb, l_hi - l_lo, c + r0 * ldc + j0,
+                        ldc, mr, (int)std::min<int64_t>(kGemmTileC, N - j0), overwrite);
   }
 }
 
 // c(nk, N) += A^T . B for the key-major products dV += P^T dO and dK += dS^T Q: A (nq x nk, row
 // stride ld) read transposed, packed here per 6-key row tile over the query rows that see those
-// keys only (r.rlo / r.rhi), 6-float runs of each source row; B packed (strips b_stride apart).
+// keys only (r.rlo / r.rhi), 6-float runs of each source row.
 void KeyRowsProduct(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t nk, int64_t N,
-                    int64_t nq, const float* at, int64_t ld, const float* bp, int64_t b_stride,
-                    const TileRanges& r) {
+                    int64_t nq, const float* at, int64_t ld, const BOperand& b, const TileRanges& r) {
   float* ap = Scratch(gs.a, (size_t)(nq * kGemmTileR));
   for (int64_t rt = 0; rt < RowTiles(nk); ++rt) {
     const int64_t l0 = r.rlo[rt], l1 = r.rhi[rt];
@@ -186,7 +200,7 @@ void KeyRowsProduct(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64
         for (int i = 0; i < kGemmTileR; ++i) ap[(l - l0) * kGemmTileR + i] = i < mr ? at[l * ld + r0 + i] : 0.0f;
     }
     for (int64_t j0 = 0; j0 < N; j0 += kGemmTileC)
-      tk.gemm_tile(ap, bp + j0 / kGemmTileC * b_stride + l0 * kGemmTileC, l1 - l0, c + r0 * ldc + j0, ldc, mr,
+      tk.gemm_tile(ap, b.At(l0, j0 / kGemmTileC), b.ldb, l1 - l0, c + r0 * ldc + j0, ldc, mr,
                    (int)std::min<int64_t>(kGemmTileC, N - j0));
   }
 }
@@ -203,6 +217,15 @@ struct SeqPack {
   int64_t ColsSize() const { return ((T + kGemmTileC - 1) / kGemmTileC) * kGemmTileC * D; }
   int64_t StripsSize() const { return ((D + kGemmTileC - 1) / kGemmTileC) * T * kGemmTileC; }
   int64_t StripStride() const { return T * kGemmTileC; }
+};
+
+// x(t, c) = src[(t * n + u) * D + c] of each of n units (heads) as a B operand with rows t: read in
+// place when D is a multiple of 16 (the micro-kernels read whole 16-float rows), else packed as
+// strips(x, u) (PackSeq below). Unit(u) is unit u's operand.
+struct SeqStrips {
+  const float* base;
+  int64_t unit_stride, ldb, stride;
+  BOperand Unit(int64_t u) const { return {base + u * unit_stride, ldb, stride}; }
 };
 
 // Packs, for each of n units (heads), x(t, c) = src[(t * n + u) * D + c] * mul into one of the layouts.
@@ -226,6 +249,11 @@ float* PackSeq(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, Lay
   return out;
 }
 
+SeqStrips Strips(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, const float* src, int n) {
+  if (sp.D % kGemmTileC == 0) return {src, sp.D, n * sp.D, kGemmTileC};
+  return {PackSeq(pool, buf, sp, Layout::kStrips, src, n, 1.0f), sp.StripsSize(), kGemmTileC, sp.StripStride()};
+}
+
 }  // namespace
 
 void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* out,
@@ -241,7 +269,7 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
   const SeqPack sp{T, D};
   static thread_local std::vector<float> kc_buf, vs_buf;
   const float* kc = PackSeq(pool, kc_buf, sp, Layout::kCols, k, n_kv_head, scale);
-  const float* vs = PackSeq(pool, vs_buf, sp, Layout::kStrips, v, n_kv_head, 1.0f);
+  const SeqStrips vs = Strips(pool, vs_buf, sp, v, n_kv_head);
   pool.ParallelFor(n_head * n_qt, 1, [&](int64_t tb, int64_t te, int) {
     static thread_local std::vector<float> o_buf, s_buf, m_buf, l_buf;
     static thread_local TileRanges tr;
@@ -259,8 +287,9 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
         if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
         tr.Set(mask, q0, nq, k0, nk);
-        RowsTimesStrips(tk, S, nk, nq, nk, D, q + d.QRow(q0, h), (int64_t)n_head * D, kc + g * sp.ColsSize() + k0 * D,
-                        (int64_t)D * kGemmTileC, &tr, nullptr, /*overwrite=*/true);
+        RowsTimesStrips(tk, S, nk, nq, nk, D, q + d.QRow(q0, h), (int64_t)n_head * D,
+                        {kc + g * sp.ColsSize() + k0 * D, kGemmTileC, (int64_t)D * kGemmTileC}, &tr, nullptr,
+                        /*overwrite=*/true);
         const bool scattered = mask.Scattered() && !tr.full;
         for (int64_t i = 0; i < nq; ++i) {
           float* row = S + i * nk;
@@ -295,8 +324,7 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
           l[i] += sum;
         }
         // o += P V over each row tile's key range.
-        RowsTimesStrips(tk, o, D, nq, D, nk, S, nk, vs + g * sp.StripsSize() + k0 * kGemmTileC, sp.StripStride(),
-                        nullptr, &tr, /*overwrite=*/false);
+        RowsTimesStrips(tk, o, D, nq, D, nk, S, nk, vs.Unit(g).Rows(k0), nullptr, &tr, /*overwrite=*/false);
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
@@ -330,17 +358,16 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
     for (int64_t r = b; r < e; ++r) delta[r] = kt.dot(dout + r * D, out + r * D, D);
   });
   // Packed once for the whole sequence (SeqPack): scale * K^T and V^T as column strips for
-  // S = Q (scale K)^T and dP = dO V^T (Q, dO read in place), and K, Q, dO as B strips for dQ += dS K,
-  // dK += dS^T Q and dV += P^T dO.
+  // S = Q (scale K)^T and dP = dO V^T (Q, dO read in place as A); K, Q, dO are the B operands of
+  // dQ += dS K, dK += dS^T Q and dV += P^T dO (in place unless D % 16 != 0, see Strips).
   const Mask mask(seg, T);
   const SeqPack sp{T, D};
   static thread_local std::vector<float> kc_buf, vc_buf, ks_buf, qs_buf, dos_buf, dkp_buf, dvp_buf;
   const float* kc = PackSeq(pool, kc_buf, sp, Layout::kCols, k, n_kv_head, scale);
   const float* vc = PackSeq(pool, vc_buf, sp, Layout::kCols, v, n_kv_head, 1.0f);
-  const float* ks = PackSeq(pool, ks_buf, sp, Layout::kStrips, k, n_kv_head, 1.0f);
-  const float* qs = PackSeq(pool, qs_buf, sp, Layout::kStrips, q, n_head, 1.0f);
-  const float* dos = PackSeq(pool, dos_buf, sp, Layout::kStrips, dout, n_head, 1.0f);
-  const int64_t strip_stride = sp.StripStride();
+  const SeqStrips ks = Strips(pool, ks_buf, sp, k, n_kv_head);
+  const SeqStrips qs = Strips(pool, qs_buf, sp, q, n_head);
+  const SeqStrips dos = Strips(pool, dos_buf, sp, dout, n_head);
   // With grouped heads each head's dK / dV (T x D) goes to its own buffer, summed per group below;
   // with one head per group straight into dk / dv.
   float* dkp = rep > 1 ? Scratch(dkp_buf, (size_t)(n_head * T * D)) : nullptr;
@@ -369,9 +396,9 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
           const int64_t q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
           if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
           tr.Set(mask, q0, nq, k0, nk);
-          RowsTimesStrips(tk, P, nk, nq, nk, D, qh + q0 * ldq, ldq, kcg + k0 * D, (int64_t)D * kGemmTileC, &tr,
+          RowsTimesStrips(tk, P, nk, nq, nk, D, qh + q0 * ldq, ldq, {kcg + k0 * D, kGemmTileC, D * kGemmTileC}, &tr,
                           nullptr, /*overwrite=*/true);
-          RowsTimesStrips(tk, dS, nk, nq, nk, D, doh + q0 * ldq, ldq, vcg + k0 * D, (int64_t)D * kGemmTileC, &tr,
+          RowsTimesStrips(tk, dS, nk, nq, nk, D, doh + q0 * ldq, ldq, {vcg + k0 * D, kGemmTileC, D * kGemmTileC}, &tr,
                           nullptr, /*overwrite=*/true);
           const bool scattered = mask.Scattered() && !tr.full;
           for (int64_t i = 0; i < nq; ++i) {
@@ -390,12 +417,9 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
             std::fill(ds + hi, ds + nk, 0.0f);
           }
           // dV += P^T dO, dK += dS^T Q, dQ += dS K.
-          KeyRowsProduct(tk, gs, dvt, D, nk, D, nq, P, nk, dos + h * sp.StripsSize() + q0 * kGemmTileC,
-                         strip_stride, tr);
-          KeyRowsProduct(tk, gs, dkt, D, nk, D, nq, dS, nk, qs + h * sp.StripsSize() + q0 * kGemmTileC,
-                         strip_stride, tr);
-          RowsTimesStrips(tk, dq + d.QRow(q0, (int)h), ldq, nq, D, nk, dS, nk,
-                          ks + g * sp.StripsSize() + k0 * kGemmTileC, strip_stride, nullptr, &tr,
+          KeyRowsProduct(tk, gs, dvt, D, nk, D, nq, P, nk, dos.Unit(h).Rows(q0), tr);
+          KeyRowsProduct(tk, gs, dkt, D, nk, D, nq, dS, nk, qs.Unit(h).Rows(q0), tr);
+          RowsTimesStrips(tk, dq + d.QRow(q0, (int)h), ldq, nq, D, nk, dS, nk, ks.Unit(g).Rows(k0), nullptr, &tr,
                           /*overwrite=*/false);
         }
         for (int64_t s = k0; s < k1; ++s) {
