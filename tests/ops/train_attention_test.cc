@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -182,6 +183,41 @@ TEST_P(TrainAttention, BackwardMatchesFiniteDifferences) {
     EXPECT_LE(RelErr(dq, fd_q), kFdLimit) << (segp ? "packed" : "");
     EXPECT_LE(RelErr(dk, fd_k), kFdLimit) << (segp ? "packed" : "");
     EXPECT_LE(RelErr(dv, fd_v), kFdLimit) << (segp ? "packed" : "");
+  }
+}
+
+// The backward's tasks (one query head each) own their dQ rows and per-head dK / dV parts, summed
+// in head order: 1, 2 and 3 threads give the same bits (TrainModelDeterminism relies on it).
+TEST(TrainAttentionThreads, BackwardBitsDoNotDependOnThreads) {
+  for (IsaTier tier : {IsaTier::kScalar, IsaTier::kAvx2}) {
+    if (!testing::CpuHasTier(tier)) continue;
+    const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
+    const cpu::KernelTable& kt = cpu::KernelsFor(tier);
+    for (const Cfg& c : {Cfg{301, 6, 2, 64}, Cfg{230, 3, 1, 17}}) {
+      std::vector<int32_t> seg(c.T);
+      for (int64_t t = 0; t < c.T; ++t) seg[t] = (int32_t)(t < 40 ? 0 : t < 200 ? 1 : 2);
+      const int64_t nq = c.T * c.n_head * c.D, nk = c.T * c.n_kv_head * c.D;
+      const std::vector<float> q = RandomVec(nq, 60, 1.5f), k = RandomVec(nk, 61, 1.5f), v = RandomVec(nk, 62),
+                               g = RandomVec(nq, 63);
+      const float scale = 1.0f / std::sqrt((float)c.D);
+      std::vector<float> out(nq), lse(c.T * c.n_head);
+      std::vector<std::vector<float>> grads[3];
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        cpu::FlashAttentionForwardWith(tk, kt, pool, out.data(), lse.data(), q.data(), k.data(), v.data(),
+                                       seg.data(), c.T, c.n_head, c.n_kv_head, c.D, scale);
+        std::vector<float> dq(nq), dk(nk), dv(nk);
+        cpu::FlashAttentionBackwardWith(tk, kt, pool, dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(),
+                                        v.data(), out.data(), lse.data(), seg.data(), c.T, c.n_head, c.n_kv_head,
+                                        c.D, scale);
+        grads[threads - 1] = {dq, dk, dv};
+      }
+      for (int threads : {2, 3})
+        for (int i = 0; i < 3; ++i)
+          EXPECT_EQ(0, std::memcmp(grads[0][i].data(), grads[threads - 1][i].data(),
+                                   sizeof(float) * grads[0][i].size()))
+              << IsaTierName(tier) << " D=" << c.D << " threads=" << threads << " grad " << i;
+    }
   }
 }
 

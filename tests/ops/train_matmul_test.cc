@@ -106,24 +106,49 @@ TEST_P(TrainMatMul, ForwardMatchesReference) {
   }
 }
 
-// The in-place-A micro-kernel against the scalar tier's for every row/column edge and both modes.
-TEST(TrainGemmTile, RowsKernelMatchesScalar) {
+// Both micro-kernels against the scalar tier's and a double sum, for every row/column edge, both
+// modes, and B as a packed strip (ldb 16) or read in place from a wider row-major matrix (ldb 37).
+TEST(TrainGemmTile, KernelsMatchScalar) {
   LATHE_REQUIRE_TIER(IsaTier::kAvx2);
   const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(IsaTier::kAvx2);
   const cpu::TrainKernelTable& ts = cpu::TrainKernelsFor(IsaTier::kScalar);
   const int64_t lda = 67, ldc = 21;  // lda >= every L
-  for (int64_t L : {1, 2, 17, 64}) {
-    const std::vector<float> a = RandomVec(6 * lda, 50), b = RandomVec(L * cpu::kGemmTileC, 51);
-    for (int mr = 1; mr <= cpu::kGemmTileR; ++mr)
-      for (int nc = 1; nc <= cpu::kGemmTileC; ++nc)
-        for (bool overwrite : {false, true}) {
-          std::vector<float> c = RandomVec(6 * ldc, 52), cs = c;
-          tk.gemm_tile_rows(a.data(), lda, b.data(), L, c.data(), ldc, mr, nc, overwrite);
-          ts.gemm_tile_rows(a.data(), lda, b.data(), L, cs.data(), ldc, mr, nc, overwrite);
-          for (size_t i = 0; i < c.size(); ++i)
-            ASSERT_NEAR(c[i], cs[i], 1e-5f) << "L " << L << " mr " << mr << " nc " << nc << " i " << i;
-        }
-  }
+  for (int64_t ldb : {(int64_t)cpu::kGemmTileC, (int64_t)37})
+    for (int64_t L : {1, 2, 17, 64}) {
+      const std::vector<float> a = RandomVec(6 * lda, 50), b = RandomVec(L * ldb, 51);
+      const std::vector<float> ap = RandomVec(L * cpu::kGemmTileR, 53);  // packed A panel for gemm_tile
+      for (int mr = 1; mr <= cpu::kGemmTileR; ++mr)
+        for (int nc = 1; nc <= cpu::kGemmTileC; ++nc)
+          for (bool overwrite : {false, true}) {
+            const std::string where = "ldb " + std::to_string(ldb) + " L " + std::to_string(L) + " mr " +
+                                      std::to_string(mr) + " nc " + std::to_string(nc);
+            std::vector<float> c0 = RandomVec(6 * ldc, 52), c = c0, cs = c0;
+            tk.gemm_tile_rows(a.data(), lda, b.data(), ldb, L, c.data(), ldc, mr, nc, overwrite);
+            ts.gemm_tile_rows(a.data(), lda, b.data(), ldb, L, cs.data(), ldc, mr, nc, overwrite);
+            for (int64_t i = 0; i < 6; ++i)
+              for (int64_t j = 0; j < ldc; ++j) {
+                double want = c0[i * ldc + j];
+                if (i < mr && j < nc) {
+                  want = overwrite ? 0.0 : want;
+                  for (int64_t l = 0; l < L; ++l) want += (double)a[i * lda + l] * b[l * ldb + j];
+                }
+                ASSERT_NEAR(c[i * ldc + j], want, 1e-4) << "rows " << where << " i " << i << " j " << j;
+                ASSERT_NEAR(cs[i * ldc + j], want, 1e-4) << "rows scalar " << where << " i " << i << " j " << j;
+              }
+            if (overwrite) continue;
+            c = c0, cs = c0;
+            tk.gemm_tile(ap.data(), b.data(), ldb, L, c.data(), ldc, mr, nc);
+            ts.gemm_tile(ap.data(), b.data(), ldb, L, cs.data(), ldc, mr, nc);
+            for (int64_t i = 0; i < 6; ++i)
+              for (int64_t j = 0; j < ldc; ++j) {
+                double want = c0[i * ldc + j];
+                if (i < mr && j < nc)
+                  for (int64_t l = 0; l < L; ++l) want += (double)ap[l * 6 + i] * b[l * ldb + j];
+                ASSERT_NEAR(c[i * ldc + j], want, 1e-4) << "packed " << where << " i " << i << " j " << j;
+                ASSERT_NEAR(cs[i * ldc + j], want, 1e-4) << "packed scalar " << where << " i " << i << " j " << j;
+              }
+          }
+    }
 }
 
 TEST_P(TrainMatMul, BackwardWeightMatchesReference) {

@@ -82,26 +82,12 @@ class Mask {
   bool scattered_ = false;
 };
 
-// Per-thread A packing buffer for SmallGemmTransposedA.
+// Per-thread A packing buffer for KeyRowsProduct.
 struct GemmScratch {
   std::vector<float> a;
 };
 
 inline int64_t RowTiles(int64_t R) { return (R + kGemmTileR - 1) / kGemmTileR; }
-
-// A(R, L) as the micro-kernel's row panels: element (i, l) at [(i / 6 * L + l) * 6 + i % 6],
-// rows past R zero. Returns out.
-template <typename FA>
-float* PackA(float* out, int64_t R, int64_t L, const FA& a) {
-  for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
-    float* at = out + rt * L * kGemmTileR;
-    const int64_t r0 = rt * kGemmTileR;
-    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
-    for (int64_t l = 0; l < L; ++l)
-      for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? a(r0 + i, l) : 0.0f;
-  }
-  return out;
-}
 
 // B(L, N) as 16-column strips: element (l, j) at [(j / 16 * L + l) * 16 + j % 16], padding zero.
 // kBRowsContiguous: b(l, j) is contiguous in l (a transposed row-major matrix), so pack l-inner.
@@ -124,87 +110,137 @@ float* PackB(float* out, int64_t L, int64_t N, const FB& b) {
   return out;
 }
 
-// c(R, N) (row stride ldc) += A . B from PackA / PackB panels with inner dimension L. B's 16-column
-// strips lie b_stride floats apart (L * 16 for a PackB of this product; more for a window of rows
-// of a whole-sequence PackB, see SeqPack).
-void RunPacked(const TrainKernelTable& tk, const float* ap, const float* bp, float* c, int64_t ldc, int64_t R,
-               int64_t N, int64_t L, int64_t b_stride = 0) {
-  if (b_stride == 0) b_stride = L * kGemmTileC;
-  for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
-    const int64_t r0 = rt * kGemmTileR;
-    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
-    for (int64_t j0 = 0; j0 < N; j0 += kGemmTileC)
-      tk.gemm_tile(ap + rt * L * kGemmTileR, bp + j0 / kGemmTileC * b_stride, L, c + r0 * ldc + j0, ldc, mr,
-                   (int)std::min<int64_t>(kGemmTileC, N - j0));
-  }
-}
-
-// c(R, N) += A(R, L) . B with A(i, l) = at[l * ld + i] (a row-major L x R matrix read transposed:
-// P^T, dS^T) packed here, 6-float runs of each source row per panel row, and B already packed
-// (strips b_stride apart).
-void SmallGemmTransposedA(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t R,
-                          int64_t N, int64_t L, const float* at, int64_t ld, const float* bp,
-                          int64_t b_stride) {
-  float* ap = Scratch(gs.a, (size_t)(RowTiles(R) * L * kGemmTileR));
-  for (int64_t rt = 0; rt < RowTiles(R); ++rt) {
-    float* dst = ap + rt * L * kGemmTileR;
-    const int64_t r0 = rt * kGemmTileR;
-    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
-    if (mr == kGemmTileR) {
-      for (int64_t l = 0; l < L; ++l)
-        std::memcpy(dst + l * kGemmTileR, at + l * ld + r0, sizeof(float) * kGemmTileR);
-    } else {
-      for (int64_t l = 0; l < L; ++l)
-        for (int i = 0; i < kGemmTileR; ++i) dst[l * kGemmTileR + i] = i < mr ? at[l * ld + r0 + i] : 0.0f;
+// Which part of a (query tile q0 + [0, nq), key tile k0 + [0, nk)) pair can be nonzero, so the tile
+// GEMMs skip 6 x 16 blocks (and inner runs) that the causal / segment mask zeroes: on the diagonal
+// tiles about half the work. Row i may see keys [lo[i], hi[i]) of the tile (none when lo >= hi);
+// query row tile rt (6 rows) needs key columns [clo[rt], chi[rt]); key row tile kt (6 keys) is seen by
+// query rows [rlo[kt], rhi[kt]) only. Skipping only drops terms that are exact zeros.
+struct TileRanges {
+  std::vector<int64_t> lo, hi, clo, chi, rlo, rhi;
+  bool full = false;
+  void Set(const Mask& mask, int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+    full = mask.TileFull(q0, q0 + nq, k0, k0 + nk);
+    lo.resize(nq), hi.resize(nq);
+    for (int64_t i = 0; i < nq; ++i) {
+      mask.Range(full, q0 + i, k0, nk, &lo[i], &hi[i]);
+      if (hi[i] <= lo[i]) lo[i] = hi[i] = 0;
+    }
+    const int64_t n_rt = RowTiles(nq), n_kt = RowTiles(nk);
+    clo.assign(n_rt, nk), chi.assign(n_rt, 0);
+    for (int64_t i = 0; i < nq; ++i) {
+      if (hi[i] <= lo[i]) continue;
+      const int64_t rt = i / kGemmTileR;
+      clo[rt] = std::min(clo[rt], lo[i]), chi[rt] = std::max(chi[rt], hi[i]);
+    }
+    for (int64_t rt = 0; rt < n_rt; ++rt) {
+      if (chi[rt] <= clo[rt]) clo[rt] = chi[rt] = 0;
+      clo[rt] = clo[rt] / kGemmTileC * kGemmTileC;  // B strips start at multiples of 16 (k0 is one)
+    }
+    // Rows with keys form one run [i0, i1) (causal: rows before the tile see none; segment runs:
+    // rows whose run starts after the tile see none), and over it lo and hi never decrease (run
+    // starts and t grow with the row). So the rows seeing key row tile [a, b) are those of the run
+    // with hi > a (a suffix) and lo < b (a prefix): two pointers.
+    rlo.assign(n_kt, 0), rhi.assign(n_kt, 0);
+    int64_t i0 = 0, i1 = nq;
+    while (i0 < nq && hi[i0] <= lo[i0]) ++i0;
+    while (i1 > i0 && hi[i1 - 1] <= lo[i1 - 1]) --i1;
+    int64_t pa = i0, pb = i0;
+    for (int64_t kt = 0; kt < n_kt; ++kt) {
+      const int64_t a = kt * kGemmTileR, b = std::min(nk, a + kGemmTileR);
+      while (pa < i1 && hi[pa] <= a) ++pa;
+      while (pb < i1 && lo[pb] < b) ++pb;
+      if (pb > pa) rlo[kt] = pa, rhi[kt] = pb;
     }
   }
-  RunPacked(tk, ap, bp, c, ldc, R, N, L, b_stride);
+};
+
+// A B operand of the micro-kernels: 16-column strip s starts at p + s * stride, its row l is ldb
+// floats further on (a packed strip: ldb 16; a row-major matrix read in place: its row stride, stride 16).
+struct BOperand {
+  const float* p;
+  int64_t ldb, stride;
+  BOperand Rows(int64_t l0) const { return {p + l0 * ldb, ldb, stride}; }
+  const float* At(int64_t l, int64_t strip) const { return p + strip * stride + l * ldb; }
+};
+
+// c(R, N) (+)= A . B with A's rows read in place (row i at a + i * lda). With cols: row tile rt
+// writes only the column strips that cover [cols->clo[rt], cols->chi[rt]). With inner: row tile rt
+// sums only over [inner->clo[rt], inner->chi[rt]) of L (the rest of A's row is zero there).
+void RowsTimesStrips(const TrainKernelTable& tk, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
+                     const float* a, int64_t lda, const BOperand& b, const TileRanges* cols,
+                     const TileRanges* inner, bool overwrite) {
+  for (int64_t r0 = 0, rt = 0; r0 < R; r0 += kGemmTileR, ++rt) {
+    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
+    int64_t j_lo = 0, j_hi = N, l_lo = 0, l_hi = L;
+    if (cols) j_lo = cols->clo[rt], j_hi = cols->chi[rt];
+    if (inner) l_lo = inner->clo[rt], l_hi = inner->chi[rt];
+    if (l_hi <= l_lo) continue;
+    for (int64_t j0 = j_lo; j0 < j_hi; j0 += kGemmTileC)
+      tk.gemm_tile_rows(a + r0 * lda + l_lo, lda, b.At(l_lo, j0 / kGemmTileC), b.ldb, l_hi - l_lo, c + r0 * ldc + j0,
+                        ldc, mr, (int)std::min<int64_t>(kGemmTileC, N - j0), overwrite);
+  }
 }
 
-// c(R, N) += A(R, L) . B with A read in place from rows lda floats apart and B already packed.
-void RowsAPackedB(const TrainKernelTable& tk, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
-                  const float* a, int64_t lda, const float* bp, int64_t b_stride) {
-  for (int64_t r0 = 0; r0 < R; r0 += kGemmTileR) {
-    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
+// c(nk, N) += A^T . B for the key-major products dV += P^T dO and dK += dS^T Q: A (nq x nk, row
+// stride ld) read transposed, packed here per 6-key row tile over the query rows that see those
+// keys only (r.rlo / r.rhi), 6-float runs of each source row.
+void KeyRowsProduct(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t nk, int64_t N,
+                    int64_t nq, const float* at, int64_t ld, const BOperand& b, const TileRanges& r) {
+  float* ap = Scratch(gs.a, (size_t)(nq * kGemmTileR));
+  for (int64_t rt = 0; rt < RowTiles(nk); ++rt) {
+    const int64_t l0 = r.rlo[rt], l1 = r.rhi[rt];
+    if (l1 <= l0) continue;
+    const int64_t r0 = rt * kGemmTileR;
+    const int mr = (int)std::min<int64_t>(kGemmTileR, nk - r0);
+    if (mr == kGemmTileR) {
+      for (int64_t l = l0; l < l1; ++l)
+        std::memcpy(ap + (l - l0) * kGemmTileR, at + l * ld + r0, sizeof(float) * kGemmTileR);
+    } else {
+      for (int64_t l = l0; l < l1; ++l)
+        for (int i = 0; i < kGemmTileR; ++i) ap[(l - l0) * kGemmTileR + i] = i < mr ? at[l * ld + r0 + i] : 0.0f;
+    }
     for (int64_t j0 = 0; j0 < N; j0 += kGemmTileC)
-      tk.gemm_tile_rows(a + r0 * lda, lda, bp + j0 / kGemmTileC * b_stride, L, c + r0 * ldc + j0, ldc, mr,
-                        (int)std::min<int64_t>(kGemmTileC, N - j0), /*overwrite=*/false);
+      tk.gemm_tile(ap, b.At(l0, j0 / kGemmTileC), b.ldb, l1 - l0, c + r0 * ldc + j0, ldc, mr,
+                   (int)std::min<int64_t>(kGemmTileC, N - j0));
   }
 }
 
 // One call's operands packed once for the whole sequence (T rows) and every head, so no tile
 // re-packs them. Per head h (n_head of them) or kv head g, each T x D:
-//   rows(x, h):  x as the micro-kernel's A row panels (PackA, L = D): a query tile starting at row
-//                q0 (a multiple of 6) is the panel run at + q0 * D;
 //   cols(x, g):  x^T as B strips (PackB<true>, L = D): a key tile at k0 (a multiple of 16) is at + k0 * D
 //                with the usual stride D * 16;
 //   strips(x, h): x as B (PackB<false>, L = T): strip c of rows [k0, k0 + n) at + c * T * 16 + k0 * 16,
 //                stride T * 16 (StripStride()).
+// Q and dO, the A operands, are read in place (rows n_head * D floats apart).
 struct SeqPack {
   int64_t T, D;
-  int64_t RowsSize() const { return RowTiles(T) * kGemmTileR * D; }
   int64_t ColsSize() const { return ((T + kGemmTileC - 1) / kGemmTileC) * kGemmTileC * D; }
   int64_t StripsSize() const { return ((D + kGemmTileC - 1) / kGemmTileC) * T * kGemmTileC; }
   int64_t StripStride() const { return T * kGemmTileC; }
 };
 
+// x(t, c) = src[(t * n + u) * D + c] of each of n units (heads) as a B operand with rows t: read in
+// place when D is a multiple of 16 (the micro-kernels read whole 16-float rows), else packed as
+// strips(x, u) (PackSeq below). Unit(u) is unit u's operand.
+struct SeqStrips {
+  const float* base;
+  int64_t unit_stride, ldb, stride;
+  BOperand Unit(int64_t u) const { return {base + u * unit_stride, ldb, stride}; }
+};
+
 // Packs, for each of n units (heads), x(t, c) = src[(t * n + u) * D + c] * mul into one of the layouts.
-enum class Layout { kRows, kCols, kStrips };
+enum class Layout { kCols, kStrips };
 float* PackSeq(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, Layout layout, const float* src,
                int n, float mul) {
   const int64_t T = sp.T, D = sp.D;
-  const int64_t per = layout == Layout::kRows   ? sp.RowsSize()
-                      : layout == Layout::kCols ? sp.ColsSize()
-                                                : sp.StripsSize();
+  const int64_t per = layout == Layout::kCols ? sp.ColsSize() : sp.StripsSize();
   float* out = Scratch(buf, (size_t)(per * n));
   pool.ParallelFor(n, 1, [&](int64_t ub, int64_t ue, int) {
     for (int64_t u = ub; u < ue; ++u) {
       const float* x = src + u * D;
       const int64_t ld = n * D;
       float* o = out + u * per;
-      if (layout == Layout::kRows)
-        PackA(o, T, D, [&](int64_t t, int64_t c) { return mul * x[t * ld + c]; });
-      else if (layout == Layout::kCols)
+      if (layout == Layout::kCols)
         PackB<true>(o, D, T, [&](int64_t c, int64_t t) { return mul * x[t * ld + c]; });
       else
         PackB<false>(o, T, D, [&](int64_t t, int64_t c) { return mul * x[t * ld + c]; });
@@ -213,39 +249,9 @@ float* PackSeq(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, Lay
   return out;
 }
 
-// Pointers of one (query head, query tile) / (kv head, key tile) into the packed operands:
-// qa = scale * Q and da = dO as row panels, kb = K^T and vb = V^T as column strips (stride D * 16).
-struct Panels {
-  const float *qa, *da, *kb, *vb;
-};
-
-// P(nq, nk) = exp(scale * Q K^T - lse) on allowed pairs (0 elsewhere) and
-// dS = P * (dO V^T - delta) * scale, from packed panels.
-void ProbsAndScoreGrads(const TrainKernelTable& tk, const Dims& d, const Panels& p, int h, int64_t q0,
-                        int64_t nq, int64_t k0, int64_t nk, const float* lse, const float* delta,
-                        const Mask& mask, float scale, float* P, float* dS) {
-  std::fill(P, P + nq * nk, 0.0f);
-  std::fill(dS, dS + nq * nk, 0.0f);
-  RunPacked(tk, p.qa, p.kb, P, nk, nq, nk, d.D);
-  RunPacked(tk, p.da, p.vb, dS, nk, nq, nk, d.D);
-  const bool full = mask.TileFull(q0, q0 + nq, k0, k0 + nk);
-  const bool scattered = mask.Scattered() && !full;
-  for (int64_t i = 0; i < nq; ++i) {
-    float* row = P + i * nk;
-    float* ds = dS + i * nk;
-    const int64_t t = q0 + i;
-    int64_t lo, hi;
-    mask.Range(full, t, k0, nk, &lo, &hi);
-    if (hi > lo) tk.exp_shift_scale(row + lo, hi - lo, lse[t * d.n_head + h], 1.0f);
-    if (scattered)
-      for (int64_t j = lo; j < hi; ++j)
-        if (!mask.Allowed(k0 + j, t)) row[j] = 0.0f;
-    if (hi > lo) tk.softmax_grad(ds + lo, row + lo, hi - lo, delta[t * d.n_head + h], scale);
-    std::fill(row, row + lo, 0.0f);
-    std::fill(ds, ds + lo, 0.0f);
-    std::fill(row + std::max(lo, hi), row + nk, 0.0f);
-    std::fill(ds + std::max(lo, hi), ds + nk, 0.0f);
-  }
+SeqStrips Strips(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, const float* src, int n) {
+  if (sp.D % kGemmTileC == 0) return {src, sp.D, n * sp.D, kGemmTileC};
+  return {PackSeq(pool, buf, sp, Layout::kStrips, src, n, 1.0f), sp.StripsSize(), kGemmTileC, sp.StripStride()};
 }
 
 }  // namespace
@@ -259,15 +265,15 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
   const int D = head_dim;
   const int64_t n_qt = (T + kQTile - 1) / kQTile;
   const Mask mask(seg, T);
-  // K^T and V packed once per kv head for every query tile.
+  // scale * K^T and V packed once per kv head for every query tile; Q rows are read in place.
   const SeqPack sp{T, D};
   static thread_local std::vector<float> kc_buf, vs_buf;
-  const float* kc = PackSeq(pool, kc_buf, sp, Layout::kCols, k, n_kv_head, 1.0f);
-  const float* vs = PackSeq(pool, vs_buf, sp, Layout::kStrips, v, n_kv_head, 1.0f);
+  const float* kc = PackSeq(pool, kc_buf, sp, Layout::kCols, k, n_kv_head, scale);
+  const SeqStrips vs = Strips(pool, vs_buf, sp, v, n_kv_head);
   pool.ParallelFor(n_head * n_qt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> o_buf, s_buf, m_buf, l_buf, qa_buf;
+    static thread_local std::vector<float> o_buf, s_buf, m_buf, l_buf;
+    static thread_local TileRanges tr;
     float* o = Scratch(o_buf, (size_t)(kQTile * D));
-    float* qa = Scratch(qa_buf, (size_t)(kQTile * D));
     float* S = Scratch(s_buf, (size_t)(kQTile * kKTile));
     float* m = Scratch(m_buf, (size_t)kQTile);
     float* l = Scratch(l_buf, (size_t)kQTile);
@@ -277,20 +283,18 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
       std::fill(o, o + nq * D, 0.0f);
       std::fill(m, m + nq, kNegInf);
       std::fill(l, l + nq, 0.0f);
-      // scale * Q tile, packed once for all its key tiles.
-      PackA(qa, nq, D, [&](int64_t i, int64_t c) { return scale * q[d.QRow(q0 + i, h) + c]; });
       for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
         if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
-        std::fill(S, S + nq * nk, 0.0f);
-        RunPacked(tk, qa, kc + g * sp.ColsSize() + k0 * D, S, nk, nq, nk, D);
-        const bool full = mask.TileFull(q0, q1, k0, k1);
-        const bool scattered = mask.Scattered() && !full;
+        tr.Set(mask, q0, nq, k0, nk);
+        RowsTimesStrips(tk, S, nk, nq, nk, D, q + d.QRow(q0, h), (int64_t)n_head * D,
+                        {kc + g * sp.ColsSize() + k0 * D, kGemmTileC, (int64_t)D * kGemmTileC}, &tr, nullptr,
+                        /*overwrite=*/true);
+        const bool scattered = mask.Scattered() && !tr.full;
         for (int64_t i = 0; i < nq; ++i) {
           float* row = S + i * nk;
           const int64_t t = q0 + i;
-          int64_t lo, hi;
-          mask.Range(full, t, k0, nk, &lo, &hi);
+          const int64_t lo = tr.lo[i], hi = tr.hi[i];
           if (scattered)
             for (int64_t j = lo; j < hi; ++j)
               if (!mask.Allowed(k0 + j, t)) row[j] = kNegInf;
@@ -302,7 +306,8 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
           const float m_new = std::max(m[i], tmax);
           const float corr = std::exp(m[i] - m_new);  // 0 on the row's first tile (m = -inf)
           if (corr != 1.0f) {
-            for (int c = 0; c < D; ++c) o[i * D + c] *= corr;
+            float* oi = o + i * D;
+            for (int c = 0; c < D; ++c) oi[c] *= corr;
             l[i] *= corr;
           }
           m[i] = m_new;
@@ -318,8 +323,8 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
           std::fill(row + hi, row + nk, 0.0f);
           l[i] += sum;
         }
-        RowsAPackedB(tk, o, D, nq, D, nk, S, nk, vs + g * sp.StripsSize() + k0 * kGemmTileC,
-                     sp.StripStride());
+        // o += P V over each row tile's key range.
+        RowsTimesStrips(tk, o, D, nq, D, nk, S, nk, vs.Unit(g).Rows(k0), nullptr, &tr, /*overwrite=*/false);
       }
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
@@ -332,6 +337,11 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
   });
 }
 
+// One pass per query head (a task: no two tasks write the same dQ rows, and each head's dK / dV
+// goes to its own rows, summed over the group's heads in a fixed order at the end, so the result
+// does not depend on the number of threads). Per key tile (outer) and query tile: S = scale Q K^T
+// and dP = dO V^T once, P = exp(S - lse), dS = P (dP - delta) scale, then dV += P^T dO,
+// dK += dS^T Q and dQ += dS K.
 void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq,
                                 float* dk, float* dv, const float* dout, const float* q, const float* k,
                                 const float* v, const float* out, const float* lse, const int32_t* seg, int64_t T,
@@ -339,90 +349,103 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
   LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0);
   const Dims d{T, n_head, n_kv_head, head_dim};
   const int D = head_dim;
+  const int rep = d.rep();
+  const int64_t ldq = (int64_t)n_head * D;
   // delta[t, h] = dout . out = sum_s p_s (dout . v_s), the softmax-backward row term.
-  std::vector<float> delta(T * n_head);
+  static thread_local std::vector<float> delta_buf;
+  float* delta = Scratch(delta_buf, (size_t)(T * n_head));
   pool.ParallelFor(T * n_head, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) delta[r] = kt.dot(dout + r * D, out + r * D, D);
   });
-  // Every operand packed once for the whole sequence (SeqPack): Q (scaled) and dO as row panels,
-  // K^T and V^T as column strips, and K, Q, dO as B strips for dQ += dS K, dK += dS^T Q and
-  // dV += P^T dO.
+  // Packed once for the whole sequence (SeqPack): scale * K^T and V^T as column strips for
+  // S = Q (scale K)^T and dP = dO V^T (Q, dO read in place as A); K, Q, dO are the B operands of
+  // dQ += dS K, dK += dS^T Q and dV += P^T dO (in place unless D % 16 != 0, see Strips).
   const Mask mask(seg, T);
   const SeqPack sp{T, D};
-  static thread_local std::vector<float> qa_buf, da_buf, kc_buf, vc_buf, ks_buf, qs_buf, dos_buf;
-  const float* qa = PackSeq(pool, qa_buf, sp, Layout::kRows, q, n_head, scale);
-  const float* da = PackSeq(pool, da_buf, sp, Layout::kRows, dout, n_head, 1.0f);
-  const float* kc = PackSeq(pool, kc_buf, sp, Layout::kCols, k, n_kv_head, 1.0f);
+  static thread_local std::vector<float> kc_buf, vc_buf, ks_buf, qs_buf, dos_buf, dkp_buf, dvp_buf;
+  const float* kc = PackSeq(pool, kc_buf, sp, Layout::kCols, k, n_kv_head, scale);
   const float* vc = PackSeq(pool, vc_buf, sp, Layout::kCols, v, n_kv_head, 1.0f);
-  const float* ks = PackSeq(pool, ks_buf, sp, Layout::kStrips, k, n_kv_head, 1.0f);
-  const float* qs = PackSeq(pool, qs_buf, sp, Layout::kStrips, q, n_head, 1.0f);
-  const float* dos = PackSeq(pool, dos_buf, sp, Layout::kStrips, dout, n_head, 1.0f);
-  const int64_t strip_stride = sp.StripStride();
-  auto query_panels = [&](Panels& p, int h, int64_t q0) {
-    p.qa = qa + h * sp.RowsSize() + q0 * D;
-    p.da = da + h * sp.RowsSize() + q0 * D;
-  };
-  auto key_panels = [&](Panels& p, int g, int64_t k0) {
-    p.kb = kc + g * sp.ColsSize() + k0 * D;
-    p.vb = vc + g * sp.ColsSize() + k0 * D;
-  };
-  // Pass 1: dK, dV per (kv head, key tile), over every query head of the group and every query
-  // tile at or after the key tile; each task owns its dK / dV rows.
+  const SeqStrips ks = Strips(pool, ks_buf, sp, k, n_kv_head);
+  const SeqStrips qs = Strips(pool, qs_buf, sp, q, n_head);
+  const SeqStrips dos = Strips(pool, dos_buf, sp, dout, n_head);
+  // With grouped heads each head's dK / dV (T x D) goes to its own buffer, summed per group below;
+  // with one head per group straight into dk / dv.
+  float* dkp = rep > 1 ? Scratch(dkp_buf, (size_t)(n_head * T * D)) : nullptr;
+  float* dvp = rep > 1 ? Scratch(dvp_buf, (size_t)(n_head * T * D)) : nullptr;
   const int64_t n_kt = (T + kKTile - 1) / kKTile;
-  pool.ParallelFor(n_kv_head * n_kt, 1, [&](int64_t tb, int64_t te, int) {
+  pool.ParallelFor(n_head, 1, [&](int64_t hb, int64_t he, int) {
     static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf;
     static thread_local GemmScratch gs;
-    Panels panels{};
+    static thread_local TileRanges tr;
     float* dkt = Scratch(dk_buf, (size_t)(kKTile * D));
     float* dvt = Scratch(dv_buf, (size_t)(kKTile * D));
     float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
     float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
-    for (int64_t task = tb; task < te; ++task) {
-      const int g = (int)(task / n_kt);
-      const int64_t k0 = task % n_kt * kKTile, k1 = std::min(T, k0 + kKTile), nk = k1 - k0;
-      std::fill(dkt, dkt + nk * D, 0.0f);
-      std::fill(dvt, dvt + nk * D, 0.0f);
-      key_panels(panels, g, k0);
-      for (int h = g * d.rep(); h < (g + 1) * d.rep(); ++h) {
+    for (int64_t h = hb; h < he; ++h) {
+      const int g = (int)h / rep;
+      for (int64_t t = 0; t < T; ++t) std::memset(dq + d.QRow(t, (int)h), 0, sizeof(float) * D);
+      const float* qh = q + h * D;
+      const float* doh = dout + h * D;
+      const float* kcg = kc + g * sp.ColsSize();
+      const float* vcg = vc + g * sp.ColsSize();
+      for (int64_t kt_i = 0; kt_i < n_kt; ++kt_i) {
+        const int64_t k0 = kt_i * kKTile, k1 = std::min(T, k0 + kKTile), nk = k1 - k0;
+        std::fill(dkt, dkt + nk * D, 0.0f);
+        std::fill(dvt, dvt + nk * D, 0.0f);
         for (int64_t q0 = k0 / kQTile * kQTile; q0 < T; q0 += kQTile) {
           const int64_t q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
           if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
-          query_panels(panels, h, q0);
-          ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), mask, scale, P, dS);
-          // dV += P^T dO, dK += dS^T Q.
-          SmallGemmTransposedA(tk, gs, dvt, D, nk, D, nq, P, nk, dos + h * sp.StripsSize() + q0 * kGemmTileC,
-                               strip_stride);
-          SmallGemmTransposedA(tk, gs, dkt, D, nk, D, nq, dS, nk, qs + h * sp.StripsSize() + q0 * kGemmTileC,
-                               strip_stride);
+          tr.Set(mask, q0, nq, k0, nk);
+          RowsTimesStrips(tk, P, nk, nq, nk, D, qh + q0 * ldq, ldq, {kcg + k0 * D, kGemmTileC, D * kGemmTileC}, &tr,
+                          nullptr, /*overwrite=*/true);
+          RowsTimesStrips(tk, dS, nk, nq, nk, D, doh + q0 * ldq, ldq, {vcg + k0 * D, kGemmTileC, D * kGemmTileC}, &tr,
+                          nullptr, /*overwrite=*/true);
+          const bool scattered = mask.Scattered() && !tr.full;
+          for (int64_t i = 0; i < nq; ++i) {
+            float* row = P + i * nk;
+            float* ds = dS + i * nk;
+            const int64_t t = q0 + i;
+            const int64_t lo = tr.lo[i], hi = tr.hi[i];
+            if (hi > lo) tk.exp_shift_scale(row + lo, hi - lo, lse[t * n_head + h], 1.0f);
+            if (scattered)
+              for (int64_t j = lo; j < hi; ++j)
+                if (!mask.Allowed(k0 + j, t)) row[j] = 0.0f;
+            if (hi > lo) tk.softmax_grad(ds + lo, row + lo, hi - lo, delta[t * n_head + h], scale);
+            std::fill(row, row + lo, 0.0f);
+            std::fill(ds, ds + lo, 0.0f);
+            std::fill(row + hi, row + nk, 0.0f);
+            std::fill(ds + hi, ds + nk, 0.0f);
+          }
+          // dV += P^T dO, dK += dS^T Q, dQ += dS K.
+          KeyRowsProduct(tk, gs, dvt, D, nk, D, nq, P, nk, dos.Unit(h).Rows(q0), tr);
+          KeyRowsProduct(tk, gs, dkt, D, nk, D, nq, dS, nk, qs.Unit(h).Rows(q0), tr);
+          RowsTimesStrips(tk, dq + d.QRow(q0, (int)h), ldq, nq, D, nk, dS, nk, ks.Unit(g).Rows(k0), nullptr, &tr,
+                          /*overwrite=*/false);
         }
-      }
-      for (int64_t s = k0; s < k1; ++s) {
-        std::memcpy(dk + d.KRow(s, g), dkt + (s - k0) * D, sizeof(float) * D);
-        std::memcpy(dv + d.KRow(s, g), dvt + (s - k0) * D, sizeof(float) * D);
+        for (int64_t s = k0; s < k1; ++s) {
+          float* dk_dst = rep > 1 ? dkp + (h * T + s) * D : dk + d.KRow(s, g);
+          float* dv_dst = rep > 1 ? dvp + (h * T + s) * D : dv + d.KRow(s, g);
+          std::memcpy(dk_dst, dkt + (s - k0) * D, sizeof(float) * D);
+          std::memcpy(dv_dst, dvt + (s - k0) * D, sizeof(float) * D);
+        }
       }
     }
   });
-  // Pass 2: dQ per (head, query tile) over the key tiles it sees: dQ += dS K.
-  const int64_t n_qt = (T + kQTile - 1) / kQTile;
-  pool.ParallelFor(n_head * n_qt, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> dq_buf, p_buf, ds_buf;
-    Panels panels{};
-    float* dqt = Scratch(dq_buf, (size_t)(kQTile * D));
-    float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
-    float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
-    for (int64_t task = tb; task < te; ++task) {
-      const int h = (int)(task / n_qt), g = h / d.rep();
-      const int64_t q0 = task % n_qt * kQTile, q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
-      std::fill(dqt, dqt + nq * D, 0.0f);
-      query_panels(panels, h, q0);
-      for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
-        const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
-        if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
-        key_panels(panels, g, k0);
-        ProbsAndScoreGrads(tk, d, panels, h, q0, nq, k0, nk, lse, delta.data(), mask, scale, P, dS);
-        RowsAPackedB(tk, dqt, D, nq, D, nk, dS, nk, ks + g * sp.StripsSize() + k0 * kGemmTileC, strip_stride);
+  if (rep == 1) return;
+  // dK / dV of each kv head: its query heads' parts summed in head order.
+  pool.ParallelFor(T * n_kv_head, 64, [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t s = r / n_kv_head;
+      const int g = (int)(r % n_kv_head);
+      float* dkr = dk + d.KRow(s, g);
+      float* dvr = dv + d.KRow(s, g);
+      const int64_t h0 = (int64_t)g * rep;
+      for (int c = 0; c < D; ++c) dkr[c] = dkp[(h0 * T + s) * D + c], dvr[c] = dvp[(h0 * T + s) * D + c];
+      for (int64_t h = h0 + 1; h < h0 + rep; ++h) {
+        const float* dkh = dkp + (h * T + s) * D;
+        const float* dvh = dvp + (h * T + s) * D;
+        for (int c = 0; c < D; ++c) dkr[c] += dkh[c], dvr[c] += dvh[c];
       }
-      for (int64_t t = q0; t < q1; ++t) std::memcpy(dq + d.QRow(t, h), dqt + (t - q0) * D, sizeof(float) * D);
     }
   });
 }

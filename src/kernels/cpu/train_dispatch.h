@@ -24,13 +24,15 @@ struct TrainKernelTable {
   void (*swiglu_forward)(float* out, const float* gate, const float* up, int64_t n);
   void (*swiglu_backward)(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                           int64_t n);
-  // c[i * ldc + j] += sum_l a[l * kGemmTileR + i] * b[l * kGemmTileC + j] for i < mr, j < nc.
-  // a: (L, kGemmTileR) and b: (L, kGemmTileC) packed panels (padding lanes may hold anything).
-  void (*gemm_tile)(const float* a, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc);
+  // c[i * ldc + j] += sum_l a[l * kGemmTileR + i] * b[l * ldb + j] for i < mr, j < nc.
+  // a: (L, kGemmTileR) packed panel; b: kGemmTileC floats per l, ldb floats apart (kGemmTileC for a
+  // packed strip, a row stride to read a row-major matrix in place). All 16 floats of every b row are
+  // read (padding lanes may hold anything).
+  void (*gemm_tile)(const float* a, const float* b, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr, int nc);
   // The same with A read in place from rows lda floats apart: c[i * ldc + j] (+)= sum_l a[i * lda + l]
-  // * b[l * kGemmTileC + j] for i < mr, j < nc (rows >= mr are not read); overwrite stores instead of adding.
-  void (*gemm_tile_rows)(const float* a, int64_t lda, const float* b, int64_t L, float* c, int64_t ldc, int mr,
-                         int nc, bool overwrite);
+  // * b[l * ldb + j] for i < mr, j < nc (rows >= mr are not read); overwrite stores instead of adding.
+  void (*gemm_tile_rows)(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t L, float* c,
+                         int64_t ldc, int mr, int nc, bool overwrite);
   // log(sum_i exp(x[i])), max-subtracted. n >= 1.
   float (*logsumexp)(const float* x, int64_t n);
   // x[i] = exp(x[i] - shift) * scale.

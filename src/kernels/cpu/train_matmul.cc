@@ -111,7 +111,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
             if (rows_kernel) {
               const float* ar = a + ri * a_rs + l0;
               for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
-                tk.gemm_tile_rows(ar, a_rs, panel + j0 * nl, nl, crow + j0, ldc, mr,
+                tk.gemm_tile_rows(ar, a_rs, panel + j0 * nl, kGemmTileC, nl, crow + j0, ldc, mr,
                                   (int)std::min<int64_t>(kGemmTileC, nk - j0), overwrite);
               continue;
             }
@@ -126,7 +126,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
               }
             }
             for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
-              tk.gemm_tile(apack, panel + j0 * nl, nl, crow + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
+              tk.gemm_tile(apack, panel + j0 * nl, kGemmTileC, nl, crow + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
           }
         }
       }

@@ -31,21 +31,21 @@ void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* ga
   train_ref::SwiGluBackward<float>(dgate, dup, dout, gate, up, n);
 }
 
-void GemmTile(const float* a, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc) {
+void GemmTile(const float* a, const float* b, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr, int nc) {
   float acc[kGemmTileR][kGemmTileC] = {};
   for (int64_t l = 0; l < L; ++l)
     for (int i = 0; i < kGemmTileR; ++i)
-      for (int j = 0; j < kGemmTileC; ++j) acc[i][j] += a[l * kGemmTileR + i] * b[l * kGemmTileC + j];
+      for (int j = 0; j < kGemmTileC; ++j) acc[i][j] += a[l * kGemmTileR + i] * b[l * ldb + j];
   for (int i = 0; i < mr; ++i)
     for (int j = 0; j < nc; ++j) c[i * ldc + j] += acc[i][j];
 }
 
-void GemmTileRows(const float* a, int64_t lda, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc,
-                  bool overwrite) {
+void GemmTileRows(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
+                  int nc, bool overwrite) {
   float acc[kGemmTileR][kGemmTileC] = {};
   for (int64_t l = 0; l < L; ++l)
     for (int i = 0; i < mr; ++i)
-      for (int j = 0; j < kGemmTileC; ++j) acc[i][j] += a[i * lda + l] * b[l * kGemmTileC + j];
+      for (int j = 0; j < kGemmTileC; ++j) acc[i][j] += a[i * lda + l] * b[l * ldb + j];
   for (int i = 0; i < mr; ++i)
     for (int j = 0; j < nc; ++j) c[i * ldc + j] = (overwrite ? 0.0f : c[i * ldc + j]) + acc[i][j];
 }

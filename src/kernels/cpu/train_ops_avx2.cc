@@ -103,13 +103,13 @@ void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* ga
 }
 
 // 6 x 16 tile: 12 accumulators, per l two B loads, six A broadcasts, twelve FMAs.
-void GemmTile(const float* a, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc) {
+void GemmTile(const float* a, const float* b, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr, int nc) {
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(),
          c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
          c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps(),
          c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-  for (int64_t l = 0; l < L; ++l) {
-    const __m256 b0 = _mm256_loadu_ps(b + l * 16), b1 = _mm256_loadu_ps(b + l * 16 + 8);
+  for (int64_t l = 0; l < L; ++l, b += ldb) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
     const float* al = a + l * 6;
     __m256 av = _mm256_broadcast_ss(al + 0);
     c00 = _mm256_fmadd_ps(av, b0, c00);
@@ -148,8 +148,8 @@ void GemmTile(const float* a, const float* b, int64_t L, float* c, int64_t ldc, 
 }
 
 // A read in place: row i at a + i * lda (rows past mr alias row mr - 1 and are not stored).
-void GemmTileRows(const float* a, int64_t lda, const float* b, int64_t L, float* c, int64_t ldc, int mr, int nc,
-                  bool overwrite) {
+void GemmTileRows(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
+                  int nc, bool overwrite) {
   const float* a0 = a;
   const float* a1 = a + std::min(1, mr - 1) * lda;
   const float* a2 = a + std::min(2, mr - 1) * lda;
@@ -160,8 +160,8 @@ void GemmTileRows(const float* a, int64_t lda, const float* b, int64_t L, float*
          c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
          c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps(),
          c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-  for (int64_t l = 0; l < L; ++l) {
-    const __m256 b0 = _mm256_loadu_ps(b + l * 16), b1 = _mm256_loadu_ps(b + l * 16 + 8);
+  for (int64_t l = 0; l < L; ++l, b += ldb) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
     __m256 av = _mm256_broadcast_ss(a0 + l);
     c00 = _mm256_fmadd_ps(av, b0, c00);
     c01 = _mm256_fmadd_ps(av, b1, c01);
