@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/strings.h"
+#include "model/train_model.h"
 
 namespace lathe::train {
 
@@ -100,6 +101,15 @@ double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s) {
   return per_layer * c.n_layers + final_norm;
 }
 
+int64_t LatheGroupTokens(const TrainSetup& s) {
+  // Batches are padded to their longest row, so T is anything up to seq_len: take the largest
+  // group over every T (a shorter T can pack more rows, e.g. 2 x 256 > 1 x 300 tokens).
+  int64_t most = 0;
+  for (int64_t T = 1; T <= s.seq_len; ++T)
+    most = std::max(most, model::RowGroupRows(s.batch_size, T, s.row_group_tokens) * T);
+  return most;
+}
+
 double MemoryPlan::Total(const std::string& where) const {
   double t = 0;
   for (const PlanLine& l : lines) t += l.where == where ? l.bytes : 0;
@@ -115,14 +125,16 @@ double MemoryPlan::Bytes(const std::string& category) const {
 namespace {
 
 // What model::TrainModel allocates (model/train_model.cc Init / Prepare / LinForward / LinBackward /
-// BlockBackward, kernels' cross-entropy chunk), for one micro-batch of batch_size x seq_len.
+// BlockBackward, kernels' cross-entropy chunk): the activations and scratch for the largest row group
+// of a micro-batch of batch_size x seq_len (LatheGroupTokens), the rest for the whole model.
 MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   MemoryPlan p;
   const int64_t P = c.ParamCount(), L = c.n_layers, dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(),
                 ffn = c.ffn_dim, V = c.vocab_size;
   const bool bf16 = s.precision != "fp32";
   const bool lora = s.method == "lora" || s.method == "qlora";
-  const double N = (double)s.batch_size * s.seq_len;
+  const double N = (double)LatheGroupTokens(s);  // tokens of one row group
+  const bool one_group = N >= (double)s.batch_size * s.seq_len;
   p.total_params = P;
   auto add = [&](std::string cat, double bytes, std::string formula) {
     p.lines.push_back({std::move(cat), "device", bytes, std::move(formula)});
@@ -203,15 +215,16 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                       : s.method == "freeze" ? (double)std::min(s.freeze_trainable_layers, L)
                                              : (double)L;
   add("activations", 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
-      StrFormat("%.0f tokens x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
+      StrFormat("%.0f tokens (one row group) x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
                 "2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
                 N, (long long)L, sets, r ? " + 7 r" : ""));
-  if (!lora && !s.grad_checkpointing) {
+  if (!lora && !s.grad_checkpointing && one_group) {
     // Full / freeze: gradients are paged in as the backward writes them (ZeroGrad hands their pages
     // back) and each trained layer's saved tensors (q, k, v, att, xmid, gate, up and its output in
     // the residual stream) are dropped once its backward is done. Going down the layers one set
     // shrinks as the other grows, so the peak is at one end: all those activations or all those
-    // gradients, never both.
+    // gradients, never both. With several row groups the second group's forward holds its
+    // activations next to the gradients the first wrote: no overlap.
     const int64_t layers = s.method == "full" ? L : std::min(s.freeze_trainable_layers, L);
     const double dropped = 4 * N * layers * (2.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn);
     const double layer_grads = 4.0 * layers * (LinearParamsPerLayer(c) + 2 * dim + bias);
