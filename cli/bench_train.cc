@@ -22,6 +22,7 @@
 #include "core/cpu.h"
 #include "model/loader.h"
 #include "model/train_model.h"
+#include "monitor/memory.h"
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/optimizer_bnb.h"
@@ -230,9 +231,8 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
     const double ct = CpuSeconds() - c0;
     if (i > 0) best = std::min(best, t), best_cpu = std::min(best_cpu, ct);
   }
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  std::printf("RESULT %.3f %.4f %ld %.4f %.3f\n", B * T / best, best, (long)ru.ru_maxrss, loss, B * T / best_cpu);
+  std::printf("RESULT %.3f %.4f %lld %.4f %.3f\n", B * T / best, best,
+              (long long)(monitor::ProcessPeakRssBytes() / 1024), loss, B * T / best_cpu);
   int64_t trainable = 0;
   for (const auto& r : refs) trainable += r.n;
   const auto* bnb = dynamic_cast<const train::BnbAdamW*>(opt->get());

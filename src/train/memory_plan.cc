@@ -31,6 +31,16 @@ int64_t LinearParamsPerLayer(const model::ModelConfig& c) {
 // Everything that is not a linear layer of a block: embeddings, head, norms, biases.
 int64_t OtherParams(const model::ModelConfig& c) { return c.ParamCount() - c.n_layers * LinearParamsPerLayer(c); }
 
+// kernels/cpu/train_matmul.cc Gemm: the calling thread packs the B operand of a GEMM with inner
+// dimension L and Kd output columns into 256 x 256-float panels, ceil(L / 256) inner chunks (at
+// most 16 per round) times the column blocks of a round: at most 16 panels (4 MiB). The buffer
+// grows to the largest GEMM of the step.
+double SharedPanelFloats(int64_t L, int64_t Kd) {
+  const int64_t chunks = std::min<int64_t>((L + 255) / 256, 16);
+  const int64_t blocks = std::min<int64_t>(std::max<int64_t>(1, 16 / chunks), (Kd + 255) / 256);
+  return (double)chunks * blocks * 256 * 256;
+}
+
 std::string GB(double b) { return StrFormat("%.3f GB", b / 1e9); }
 
 bool Is16Bit(const std::string& p) { return p == "bf16" || p == "fp16" || p == "pure_bf16"; }
@@ -256,9 +266,27 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                 "+ RoPE tables + per-thread norm rows", N, scratch + 2 * half + 1));
   add("temporary", 4 * chunk * (V + 2.0 * dim + 1),
       StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim) x 4 B", chunk, (long long)V));
-  // kernels/cpu/train_matmul.cc packs 256 x 256 B chunks (+ a dequantization tile) and 256 x 192
-  // A tiles per thread; train_attention.cc keeps 96 x 128 score tiles (two in the backward).
-  const double per_thread = 4.0 * (2 * 256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
+  // The GEMMs of a step (kernels/cpu/train_matmul.cc; a quantized base's forward runs the inference
+  // kernels): each linear's forward and input gradient, the trained weights' gradients over the
+  // group's tokens, LoRA's rank-r products, the cross-entropy's input (and head) gradient.
+  double panels = SharedPanelFloats(V, dim);
+  if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)chunk, dim));
+  for (const auto& l : Linears(c)) {
+    if (s.base_quant == "none") panels = std::max(panels, SharedPanelFloats(l.in, l.out));
+    panels = std::max(panels, SharedPanelFloats(l.out, l.in));
+    if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)N, l.in));
+    if (lora && std::find(s.lora_targets.begin(), s.lora_targets.end(), l.name) != s.lora_targets.end()) {
+      for (auto [L2, K2] : {std::pair<int64_t, int64_t>{l.in, r}, {r, l.out}, {(int64_t)N, r}, {l.out, r},
+                            {(int64_t)N, l.in}, {r, l.in}})
+        panels = std::max(panels, SharedPanelFloats(L2, K2));
+    }
+  }
+  add("temporary", 4 * panels,
+      StrFormat("matmul B panels packed by the calling thread: %.0f x 256 x 256 floats (the step's largest GEMM)",
+                panels / 65536));
+  // Per thread: a 256 x 256 dequantization tile and 256 x 192 A tiles (train_matmul.cc), 96 x 128
+  // score tiles (train_attention.cc, two in the backward).
+  const double per_thread = 4.0 * (256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
   add("temporary", s.threads * per_thread,
       StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles)", s.threads,
                 per_thread / 1024));
