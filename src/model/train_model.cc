@@ -387,12 +387,6 @@ void TrainModelImpl::Prepare(const TrainBatch& b, int64_t row0) {
   h_.resize(N * ffn);
 }
 
-bool TrainModelImpl::AnyTarget() const {
-  for (int64_t i = 0; i < N_; ++i)
-    if (targets_[i] != kernels::kIgnoreLabel) return true;
-  return false;
-}
-
 const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>& s) {
   if (!opt_.bf16 && !opt_.fp16) return x;
   s.resize(n);
@@ -688,6 +682,18 @@ TrainBatch RowsOf(const TrainBatch& b, int64_t r0, int64_t rows) {
   return g;
 }
 
+// Whether any token of rows [r0, r0 + rows) predicts a label (Prepare's rule: labels[t + 1] within
+// the row and the segment).
+bool HasTargets(const TrainBatch& b, int64_t r0, int64_t rows) {
+  for (int64_t r = r0; r < r0 + rows; ++r)
+    for (int64_t t = 0; t + 1 < b.T; ++t) {
+      const int64_t i = r * b.T + t;
+      if (b.labels[i + 1] != kernels::kIgnoreLabel && (b.segment_ids.empty() || b.segment_ids[i + 1] == b.segment_ids[i]))
+        return true;
+    }
+  return false;
+}
+
 }  // namespace
 
 // Rows are independent until the gradient sums: each group adds d(its token losses / normalizer)
@@ -699,13 +705,15 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
   ++step_;
   RefreshBf16();
   const int64_t G = RowGroupRows(batch.B, batch.T, opt_.row_group_tokens);
+  int64_t last = -1;  // first row of the last group with targets
+  for (int64_t r0 = 0; r0 < batch.B; r0 += G)
+    if (HasTargets(batch, r0, std::min(G, batch.B - r0))) last = r0;
   double loss = 0;
-  for (int64_t r0 = 0; r0 < batch.B; r0 += G) {
+  for (int64_t r0 = 0; r0 <= last; r0 += G) {
     const int64_t rows = std::min(G, batch.B - r0);
-    const TrainBatch g = RowsOf(batch, r0, rows);
-    Prepare(g, r0);
-    if (!AnyTarget()) continue;
-    loss += GroupForwardBackward(normalizer, r0 + rows == batch.B);
+    if (!HasTargets(batch, r0, rows)) continue;
+    Prepare(RowsOf(batch, r0, rows), r0);
+    loss += GroupForwardBackward(normalizer, r0 == last);
   }
   return loss * normalizer;
 }
@@ -754,8 +762,9 @@ Result<double> TrainModelImpl::Loss(const TrainBatch& batch, int64_t* n_targets)
   double loss = 0;
   int64_t n = 0;
   for (int64_t r0 = 0; r0 < batch.B; r0 += G) {
-    Prepare(RowsOf(batch, r0, std::min(G, batch.B - r0)), r0);
-    if (!AnyTarget()) continue;
+    const int64_t rows = std::min(G, batch.B - r0);
+    if (!HasTargets(batch, r0, rows)) continue;
+    Prepare(RowsOf(batch, r0, rows), r0);
     Forward(/*train=*/false);
     for (int32_t t : targets_) n += t != kernels::kIgnoreLabel;
     const float* xfr = Round(xf_.data(), N_ * c_.dim, rx_);

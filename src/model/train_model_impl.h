@@ -106,8 +106,6 @@ class TrainModelImpl final : public TrainModel {
   void Prepare(const TrainBatch& g, int64_t row0);
   // Forward + backward of one prepared row group; returns its share of the loss (sum / normalizer).
   double GroupForwardBackward(double normalizer, bool last_group);
-  // Whether any token of the prepared group has a target (a group without one adds nothing).
-  bool AnyTarget() const;
   void RefreshBf16();
   void SetEff(Lin& L);
   void Forward(bool train);  // the prepared row group

@@ -137,16 +137,17 @@ TEST(TrainModelRowGroups, RowGroupRows) {
 }
 
 // Six rows of 24 tokens: the fixture's two, the packed row (with its segment ids when `segments`),
-// row 0 reversed, a padding row (no labels) and row 1 cut after 10 tokens (pad id 0, labels -100).
+// row 0 reversed, row 1 cut after 10 tokens (pad id 0, labels -100) and a padding row (no labels,
+// last: the groups after the last one with targets are skipped).
 Batch SixRows(const Fixture& f, bool segments) {
   Batch out = FourRows(f);
   const int64_t T = out.T;
-  out.ids.insert(out.ids.end(), out.ids.begin() + 3 * T, out.ids.begin() + 4 * T);
-  out.labels.insert(out.labels.end(), T, -100);
   for (int64_t t = 0; t < T; ++t) {
     out.ids.push_back(t < 10 ? out.ids[T + t] : 0);
     out.labels.push_back(t < 10 ? out.labels[T + t] : -100);
   }
+  out.ids.insert(out.ids.end(), out.ids.begin() + 3 * T, out.ids.begin() + 4 * T);
+  out.labels.insert(out.labels.end(), T, -100);
   out.B = 6;
   if (segments) {
     std::vector<int32_t> packed = FixtureBatch(f, "packed_ids", "packed_labels", "packed_seg").seg;
