@@ -22,6 +22,7 @@
 #include "core/cpu.h"
 #include "model/loader.h"
 #include "model/train_model.h"
+#include "monitor/memory.h"
 #include "train/memory_plan.h"
 #include "train/optimizer.h"
 #include "train/optimizer_bnb.h"
@@ -189,13 +190,14 @@ double CpuSeconds() {  // user + sys of this process: robust to other load on a 
 // (as PyTorch does with its parameters); a file-mapped model's trained tensors are copied to f32
 // masters and their file pages dropped, as `lathe train` does.
 int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B, int64_t T, int steps,
-             int64_t optim_resident_mb) {
+             int64_t optim_resident_mb, int64_t row_group_tokens) {
   ThreadPool pool(threads);
   model::TrainModelOptions o;
   o.method = row.lora ? model::FinetuneMethod::kLora : model::FinetuneMethod::kFull;
   o.lora_rank = 16;
   o.lora_alpha = 32;
   o.bf16 = row.bf16;
+  o.row_group_tokens = row_group_tokens;
   auto m = model::TrainModel::CreateInPlace(w, pool, o);
   if (!m.ok()) return Fail("bench train", m.status());
   std::vector<train::ParamRef> refs;
@@ -230,9 +232,8 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
     const double ct = CpuSeconds() - c0;
     if (i > 0) best = std::min(best, t), best_cpu = std::min(best_cpu, ct);
   }
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  std::printf("RESULT %.3f %.4f %ld %.4f %.3f\n", B * T / best, best, (long)ru.ru_maxrss, loss, B * T / best_cpu);
+  std::printf("RESULT %.3f %.4f %lld %.4f %.3f\n", B * T / best, best,
+              (long long)(monitor::ProcessPeakRssBytes() / 1024), loss, B * T / best_cpu);
   int64_t trainable = 0;
   for (const auto& r : refs) trainable += r.n;
   const auto* bnb = dynamic_cast<const train::BnbAdamW*>(opt->get());
@@ -261,7 +262,7 @@ std::vector<int> ParseList(const std::string& s) {
 int RunBenchTrain(int argc, char** argv) {
   Args args("bench train",
             "lathe bench train [--arch smollm2-135m | -m MODEL] [--seq 512] [--batch 4] [--steps 2] "
-            "[--threads-list 1,2] [--rows lora-f32,...] [--optim-resident-mb 0]");
+            "[--threads-list 1,2] [--rows lora-f32,...] [--optim-resident-mb 0] [--row-group-tokens 512]");
   args.Flag("--arch", "named architecture with random f32 weights (see `lathe estimate`)", "smollm2-135m");
   args.Flag("-m,--model", "a model file/dir instead of random weights (its dtype is kept for frozen weights)");
   args.Flag("--seq", "tokens per row", "512");
@@ -275,6 +276,9 @@ int RunBenchTrain(int argc, char** argv) {
       "8-bit AdamW), qlora-nf4-paged8bit; all but the first four in bf16 mode",
       kDefaultRows);
   args.Flag("--optim-resident-mb", "resident cap of the paged rows' optimizer state (0 = no cap)", "0");
+  args.Flag("--row-group-tokens",
+            "rows of a step run forward + backward in groups of max(1, this / seq) rows (0 = all at once)",
+            std::to_string(model::TrainModelOptions().row_group_tokens));
   args.Flag("--child", "internal: run one row in this process and print its RESULT line");
   args.Flag("--threads", "internal: threads of the --child row", "1");
   Status st = args.Parse(argc, argv);
@@ -319,6 +323,10 @@ int RunBenchTrain(int argc, char** argv) {
   if (!resident_mb.ok() || *resident_mb < 0) {
     return Fail("bench train", Status::Error("--optim-resident-mb: expected an integer >= 0"));
   }
+  auto group_tokens = args.Int("row-group-tokens");
+  if (!group_tokens.ok() || *group_tokens < 0) {
+    return Fail("bench train", Status::Error("--row-group-tokens: expected an integer >= 0"));
+  }
   // Model (config in the parent; weights only in the children).
   auto load = [&](DType storage) -> Result<std::pair<std::unique_ptr<model::LoadedModel>, std::unique_ptr<model::ModelWeights>>> {
     if (args.Has("model")) {
@@ -347,7 +355,7 @@ int RunBenchTrain(int argc, char** argv) {
     }
     auto t = args.Int("threads");
     if (!t.ok() || *t < 1) return Fail("bench train", Status::Error("--threads: expected a positive integer"));
-    return RunChild(w, row, (int)*t, *batch, *seq, (int)*steps, *resident_mb);
+    return RunChild(w, row, (int)*t, *batch, *seq, (int)*steps, *resident_mb, *group_tokens);
   }
 
   model::ModelConfig c;
@@ -395,7 +403,8 @@ int RunBenchTrain(int argc, char** argv) {
     for (size_t ti = 0; ti < threads.size(); ++ti) {
       std::string cmd = "'" + self + "' bench train --child " + rn + " --threads " + std::to_string(threads[ti]) +
                         " --seq " + std::to_string(*seq) + " --batch " + std::to_string(*batch) + " --steps " +
-                        std::to_string(*steps) + " --optim-resident-mb " + std::to_string(*resident_mb);
+                        std::to_string(*steps) + " --optim-resident-mb " + std::to_string(*resident_mb) +
+                        " --row-group-tokens " + std::to_string(*group_tokens);
       cmd += args.Has("model") ? " -m '" + args.Get("model") + "'" : " --arch '" + args.Get("arch") + "'";
       FILE* p = popen(cmd.c_str(), "r");
       if (!p) return Fail("bench train", Status::Error("cannot start the row subprocess: " + cmd));

@@ -142,6 +142,7 @@ int RunEstimate(int argc, char** argv) {
     if (args.On("lathe")) {
       s.lathe = true;
       s.loss_chunk_tokens = model::TrainModelOptions().loss_chunk_tokens;
+      s.row_group_tokens = model::TrainModelOptions().row_group_tokens;
       s.threads = DefaultThreadCount();
       char* end = nullptr;
       const std::string mb = args.Get("baseline-mb");

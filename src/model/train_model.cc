@@ -166,6 +166,7 @@ Status TrainModelImpl::Init() {
                                    (long long)c.n_layers, (long long)opt_.freeze_trainable_layers));
   }
   if (opt_.loss_chunk_tokens < 1) return Status::Error("loss_chunk_tokens: must be >= 1");
+  if (opt_.row_group_tokens < 0) return Status::Error("row_group_tokens: must be >= 0 (0 = the whole micro-batch)");
   const bool full = opt_.method == FinetuneMethod::kFull;
   const float lora_scale = (float)(opt_.use_rslora ? opt_.lora_alpha / std::sqrt((double)opt_.lora_rank)
                                                    : opt_.lora_alpha / (double)opt_.lora_rank);
@@ -339,11 +340,12 @@ void TrainModelImpl::RefreshBf16() {
   if (head_master_) round(head_master_, head16_.data(), c_.vocab_size * c_.dim);
 }
 
-void TrainModelImpl::Prepare(const TrainBatch& b) {
+void TrainModelImpl::Prepare(const TrainBatch& b, int64_t row0) {
   const ModelConfig& c = c_;
   B_ = b.B;
   T_ = b.T;
   N_ = B_ * T_;
+  tok0_ = row0 * T_;
   ids_ = b.input_ids.data();
   seg_ = b.segment_ids.empty() ? nullptr : b.segment_ids.data();
   const int64_t N = N_, half = c.head_dim / 2;
@@ -383,7 +385,6 @@ void TrainModelImpl::Prepare(const TrainBatch& b) {
   rstdf_.resize(N);
   xn_.resize(N * dim);
   h_.resize(N * ffn);
-  RefreshBf16();
 }
 
 const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>& s) {
@@ -401,8 +402,9 @@ const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>
 }
 
 // PEFT's nn.Dropout on the LoRA input: inverted dropout, a fresh mask per call of ForwardBackward
-// (step_), layer and module. The mask is a hash of the element index, so the backward and a
-// checkpointed recompute see the same mask without storing it.
+// (step_), layer and module. The mask is a hash of the element's index in the whole micro-batch
+// (tok0_ offsets a row group's), so the backward, a checkpointed recompute and any row grouping
+// see the same mask without storing it.
 const float* TrainModelImpl::Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& s) {
   const double p = opt_.lora_dropout;
   s.resize(N_ * in);
@@ -412,7 +414,8 @@ const float* TrainModelImpl::Dropped(const float* x, int64_t in, int64_t layer, 
   const uint64_t thresh = (uint64_t)(p * 18446744073709551616.0);
   const float keep_scale = (float)(1.0 / (1.0 - p));
   Par(N_, 16, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b * in; i < e * in; ++i) o[i] = SplitMix(key + (uint64_t)i) < thresh ? 0.0f : x[i] * keep_scale;
+    for (int64_t i = b * in; i < e * in; ++i)
+      o[i] = SplitMix(key + (uint64_t)(tok0_ * in + i)) < thresh ? 0.0f : x[i] * keep_scale;
   });
   return o;
 }
@@ -524,7 +527,7 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
   const int64_t in = p.in;
   Par(N, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b * in; i < e * in; ++i)
-      if (SplitMix(key + (uint64_t)i) >= thresh) dx[i] += t[i] * keep_scale;
+      if (SplitMix(key + (uint64_t)(tok0_ * in + i)) >= thresh) dx[i] += t[i] * keep_scale;
   });
 }
 
@@ -580,7 +583,7 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   });
 }
 
-void TrainModelImpl::Forward(const TrainBatch& b, bool train) {
+void TrainModelImpl::Forward(bool train) {
   const int64_t N = N_, dim = c_.dim;
   float* x0 = res_.data();
   if (embed_master_) {
@@ -590,7 +593,6 @@ void TrainModelImpl::Forward(const TrainBatch& b, bool train) {
       for (int64_t i = s; i < e; ++i) kernels::DequantizeRows(embed_eff_, ids_[i], 1, x0 + i * dim);
     });
   }
-  (void)b;
   for (int64_t l = 0; l < c_.n_layers; ++l) {
     Acts& a = acts_[opt_.gradient_checkpointing ? 0 : std::max<int64_t>(l - lowest_trainable_layer_, 0)];
     BlockForward(l, &res_[l * N * dim], &res_[(l + 1) * N * dim], a, train);
@@ -666,12 +668,58 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   });
 }
 
+namespace {
+
+// Rows [r0, r0 + rows) of a micro-batch.
+TrainBatch RowsOf(const TrainBatch& b, int64_t r0, int64_t rows) {
+  const size_t off = (size_t)(r0 * b.T), n = (size_t)(rows * b.T);
+  TrainBatch g;
+  g.input_ids = b.input_ids.subspan(off, n);
+  g.labels = b.labels.subspan(off, n);
+  if (!b.segment_ids.empty()) g.segment_ids = b.segment_ids.subspan(off, n);
+  g.B = rows;
+  g.T = b.T;
+  return g;
+}
+
+// Whether any token of rows [r0, r0 + rows) predicts a label (Prepare's rule: labels[t + 1] within
+// the row and the segment).
+bool HasTargets(const TrainBatch& b, int64_t r0, int64_t rows) {
+  for (int64_t r = r0; r < r0 + rows; ++r)
+    for (int64_t t = 0; t + 1 < b.T; ++t) {
+      const int64_t i = r * b.T + t;
+      if (b.labels[i + 1] != kernels::kIgnoreLabel && (b.segment_ids.empty() || b.segment_ids[i + 1] == b.segment_ids[i]))
+        return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+// Rows are independent until the gradient sums: each group adds d(its token losses / normalizer)
+// into the gradients, which is the whole batch's gradient up to summation order. A group without
+// targets would add exact zeros and is skipped.
 Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double normalizer) {
   LATHE_RETURN_IF_ERROR(CheckBatch(batch));
   if (!(normalizer > 0)) return Status::Error("ForwardBackward: normalizer must be > 0");
   ++step_;
-  Prepare(batch);
-  Forward(batch, /*train=*/true);
+  RefreshBf16();
+  const int64_t G = RowGroupRows(batch.B, batch.T, opt_.row_group_tokens);
+  int64_t last = -1;  // first row of the last group with targets
+  for (int64_t r0 = 0; r0 < batch.B; r0 += G)
+    if (HasTargets(batch, r0, std::min(G, batch.B - r0))) last = r0;
+  double loss = 0;
+  for (int64_t r0 = 0; r0 <= last; r0 += G) {
+    const int64_t rows = std::min(G, batch.B - r0);
+    if (!HasTargets(batch, r0, rows)) continue;
+    Prepare(RowsOf(batch, r0, rows), r0);
+    loss += GroupForwardBackward(normalizer, r0 == last);
+  }
+  return loss * normalizer;
+}
+
+double TrainModelImpl::GroupForwardBackward(double normalizer, bool last_group) {
+  Forward(/*train=*/true);
   const int64_t N = N_, dim = c_.dim;
   dxf_.resize(N * dim);
   const float* xfr = Round(xf_.data(), N * dim, rx_);
@@ -692,9 +740,11 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
       BlockForward(l, &res_[l * N * dim], ckpt_out_.data(), *a, true);
     }
     BlockBackward(l, *a, dres_.data(), l > lowest_trainable_layer_ || embed_trainable_);
-    if (opt_.method != FinetuneMethod::kLora && !opt_.gradient_checkpointing) {
+    if (opt_.method != FinetuneMethod::kLora && !opt_.gradient_checkpointing && last_group) {
       // Full / freeze: this layer's saved tensors and its output are dead; giving their pages back
       // makes room for the gradients the remaining layers write (the forward faults them in again).
+      // Not before the last group: the next group's forward would fault them straight back in
+      // while the gradients written so far stay resident.
       for (auto* v : {&a->q, &a->k, &a->v, &a->att, &a->xmid, &a->gate, &a->up}) DropPages(v->data(), (int64_t)v->size());
       DropPages(&res_[(l + 1) * N * dim], N * dim);
     }
@@ -702,19 +752,26 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
   if (g_embed_) {
     kernels::EmbeddingBackward(g_embed_, dres_.data(), ids_, N, dim);
   }
-  return (double)loss * normalizer;
+  return (double)loss;
 }
 
 Result<double> TrainModelImpl::Loss(const TrainBatch& batch, int64_t* n_targets) {
   LATHE_RETURN_IF_ERROR(CheckBatch(batch));
-  Prepare(batch);
-  Forward(batch, /*train=*/false);
+  RefreshBf16();
+  const int64_t G = RowGroupRows(batch.B, batch.T, opt_.row_group_tokens);
+  double loss = 0;
   int64_t n = 0;
-  for (int32_t t : targets_) n += t != kernels::kIgnoreLabel;
+  for (int64_t r0 = 0; r0 < batch.B; r0 += G) {
+    const int64_t rows = std::min(G, batch.B - r0);
+    if (!HasTargets(batch, r0, rows)) continue;
+    Prepare(RowsOf(batch, r0, rows), r0);
+    Forward(/*train=*/false);
+    for (int32_t t : targets_) n += t != kernels::kIgnoreLabel;
+    const float* xfr = Round(xf_.data(), N_ * c_.dim, rx_);
+    loss += kernels::CrossEntropyForward(pool_, xfr, N_, head_eff_, targets_.data(), 1.0f, opt_.loss_chunk_tokens);
+  }
   if (n_targets) *n_targets = n;
-  const float* xfr = Round(xf_.data(), N_ * c_.dim, rx_);
-  float loss = kernels::CrossEntropyForward(pool_, xfr, N_, head_eff_, targets_.data(), 1.0f, opt_.loss_chunk_tokens);
-  return (double)loss;
+  return loss;
 }
 
 Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
@@ -743,6 +800,11 @@ Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
 }
 
 }  // namespace internal
+
+int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens) {
+  if (row_group_tokens <= 0 || T <= 0) return B;
+  return std::clamp<int64_t>(row_group_tokens / T, 1, std::max<int64_t>(B, 1));
+}
 
 Result<std::unique_ptr<TrainModel>> TrainModel::Create(const ModelWeights& base, ThreadPool& pool,
                                                        const TrainModelOptions& options) {

@@ -15,12 +15,13 @@
 //   packed-sequence collators, which set each sequence's first label to -100).
 // - ForwardBackward adds d(sum of token losses / normalizer)/d(param) into the gradients, so k
 //   micro-batches with normalizer = total target tokens of all k equal one batch k times larger.
+//   Inside a call the rows run the same way, in groups (TrainModelOptions::row_group_tokens).
 // - params() data may be written between steps (optimizer, checkpoint restore, tests setting LoRA
 //   weights): every call re-reads the masters (and re-rounds them in bf16 mode). q/k rows (and
 //   q/k LoRA B rows) of a Meta-interleaved base (GGUF llama, llama2.c) are kept in that layout in
 //   memory; only the saved files are in HF order.
 // - Thread safety: one call at a time; all heavy work runs on the pool given to Create. Scratch
-//   buffers are members, sized by the largest B*T seen, and reused across steps.
+//   buffers are members, sized by the largest row group seen, and reused across steps.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +63,12 @@ struct TrainModelOptions {
   bool gradient_checkpointing = false;
   uint64_t seed = 42;  // LoRA init (std::mt19937_64, platform independent) and dropout masks
   int64_t loss_chunk_tokens = 128;  // rows of logits materialized at a time
+  // Rows of a micro-batch go through forward + backward in groups of RowGroupRows(B, T, this)
+  // rows, each adding into the gradients with the same normalizer, so only one group's activations
+  // and scratch are alive at a time. 0 = the whole micro-batch at once. Only the summation order of
+  // the weight gradients over tokens depends on it (dropout masks are keyed by the row's position
+  // in the micro-batch). 512 tokens keep every GEMM at M >= 512 rows (short rows are grouped).
+  int64_t row_group_tokens = 512;
   Profiler* profiler = nullptr;     // when set, the big ops of each call are recorded
 };
 
@@ -77,6 +84,10 @@ struct TrainMemory {
   int64_t weights = 0, lora = 0, gradients = 0, activations = 0, temporary = 0;
   int64_t base_released = 0;
 };
+
+// Rows per forward/backward group of a (B, T) micro-batch: max(1, row_group_tokens / T), at most B;
+// B when row_group_tokens is 0. The memory plan (train/memory_plan.cc) sizes activations with it.
+int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens);
 
 // One micro-batch: B rows of T tokens (row-major), padded rows use label -100 beyond their end.
 struct TrainBatch {

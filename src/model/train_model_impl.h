@@ -102,10 +102,13 @@ class TrainModelImpl final : public TrainModel {
   // which the tensor's file pages are dropped. Counts base_released_.
   float* MasterOf(const Tensor& t);
   Status CheckBatch(const TrainBatch& b) const;
-  void Prepare(const TrainBatch& b);  // rope tables, targets, buffers, bf16 shadows
+  // Rope tables, targets and buffers for one row group (rows [row0, row0 + g.B) of the micro-batch).
+  void Prepare(const TrainBatch& g, int64_t row0);
+  // Forward + backward of one prepared row group; returns its share of the loss (sum / normalizer).
+  double GroupForwardBackward(double normalizer, bool last_group);
   void RefreshBf16();
   void SetEff(Lin& L);
-  void Forward(const TrainBatch& b, bool train);
+  void Forward(bool train);  // the prepared row group
   void BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train);
   void BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx);
   void SwiGluH(const Acts& a);  // h_ = swiglu(a.gate, a.up)
@@ -142,8 +145,9 @@ class TrainModelImpl final : public TrainModel {
   std::vector<float> inv_freq_, pos_cos_, pos_sin_;  // (max_seq_len, half)
   uint64_t step_ = 0;  // dropout stream counter
 
-  // Per batch.
-  int64_t B_ = 0, T_ = 0, N_ = 0;
+  // Per row group: B_ rows of T_ tokens, N_ = B_ * T_; tok0_ = the group's first token in the
+  // micro-batch (dropout masks are keyed by the token's position in the whole micro-batch).
+  int64_t B_ = 0, T_ = 0, N_ = 0, tok0_ = 0;
   const int32_t* ids_ = nullptr;
   const int32_t* seg_ = nullptr;
   std::vector<int32_t> targets_;

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/strings.h"
+#include "model/train_model.h"
 
 namespace lathe::train {
 
@@ -29,6 +30,16 @@ int64_t LinearParamsPerLayer(const model::ModelConfig& c) {
 
 // Everything that is not a linear layer of a block: embeddings, head, norms, biases.
 int64_t OtherParams(const model::ModelConfig& c) { return c.ParamCount() - c.n_layers * LinearParamsPerLayer(c); }
+
+// kernels/cpu/train_matmul.cc Gemm: the calling thread packs the B operand of a GEMM with inner
+// dimension L and Kd output columns into 256 x 256-float panels, ceil(L / 256) inner chunks (at
+// most 16 per round) times the column blocks of a round: at most 16 panels (4 MiB). The buffer
+// grows to the largest GEMM of the step.
+double SharedPanelFloats(int64_t L, int64_t Kd) {
+  const int64_t chunks = std::min<int64_t>((L + 255) / 256, 16);
+  const int64_t blocks = std::min<int64_t>(std::max<int64_t>(1, 16 / chunks), (Kd + 255) / 256);
+  return (double)chunks * blocks * 256 * 256;
+}
 
 std::string GB(double b) { return StrFormat("%.3f GB", b / 1e9); }
 
@@ -100,6 +111,15 @@ double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s) {
   return per_layer * c.n_layers + final_norm;
 }
 
+int64_t LatheGroupTokens(const TrainSetup& s) {
+  // Batches are padded to their longest row, so T is anything up to seq_len: take the largest
+  // group over every T (a shorter T can pack more rows, e.g. 2 x 256 > 1 x 300 tokens).
+  int64_t most = 0;
+  for (int64_t T = 1; T <= s.seq_len; ++T)
+    most = std::max(most, model::RowGroupRows(s.batch_size, T, s.row_group_tokens) * T);
+  return most;
+}
+
 double MemoryPlan::Total(const std::string& where) const {
   double t = 0;
   for (const PlanLine& l : lines) t += l.where == where ? l.bytes : 0;
@@ -115,14 +135,16 @@ double MemoryPlan::Bytes(const std::string& category) const {
 namespace {
 
 // What model::TrainModel allocates (model/train_model.cc Init / Prepare / LinForward / LinBackward /
-// BlockBackward, kernels' cross-entropy chunk), for one micro-batch of batch_size x seq_len.
+// BlockBackward, kernels' cross-entropy chunk): the activations and scratch for the largest row group
+// of a micro-batch of batch_size x seq_len (LatheGroupTokens), the rest for the whole model.
 MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   MemoryPlan p;
   const int64_t P = c.ParamCount(), L = c.n_layers, dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(),
                 ffn = c.ffn_dim, V = c.vocab_size;
   const bool bf16 = s.precision != "fp32";
   const bool lora = s.method == "lora" || s.method == "qlora";
-  const double N = (double)s.batch_size * s.seq_len;
+  const double N = (double)LatheGroupTokens(s);  // tokens of one row group
+  const bool one_group = N >= (double)s.batch_size * s.seq_len;
   p.total_params = P;
   auto add = [&](std::string cat, double bytes, std::string formula) {
     p.lines.push_back({std::move(cat), "device", bytes, std::move(formula)});
@@ -203,15 +225,16 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                       : s.method == "freeze" ? (double)std::min(s.freeze_trainable_layers, L)
                                              : (double)L;
   add("activations", 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
-      StrFormat("%.0f tokens x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
+      StrFormat("%.0f tokens (one row group) x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
                 "2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
                 N, (long long)L, sets, r ? " + 7 r" : ""));
-  if (!lora && !s.grad_checkpointing) {
+  if (!lora && !s.grad_checkpointing && one_group) {
     // Full / freeze: gradients are paged in as the backward writes them (ZeroGrad hands their pages
     // back) and each trained layer's saved tensors (q, k, v, att, xmid, gate, up and its output in
     // the residual stream) are dropped once its backward is done. Going down the layers one set
     // shrinks as the other grows, so the peak is at one end: all those activations or all those
-    // gradients, never both.
+    // gradients, never both. With several row groups the second group's forward holds its
+    // activations next to the gradients the first wrote: no overlap.
     const int64_t layers = s.method == "full" ? L : std::min(s.freeze_trainable_layers, L);
     const double dropped = 4 * N * layers * (2.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn);
     const double layer_grads = 4.0 * layers * (LinearParamsPerLayer(c) + 2 * dim + bias);
@@ -243,9 +266,27 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                 "+ RoPE tables + per-thread norm rows", N, scratch + 2 * half + 1));
   add("temporary", 4 * chunk * (V + 2.0 * dim + 1),
       StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim) x 4 B", chunk, (long long)V));
-  // kernels/cpu/train_matmul.cc packs 256 x 256 B chunks (+ a dequantization tile) and 256 x 192
-  // A tiles per thread; train_attention.cc keeps 96 x 128 score tiles (two in the backward).
-  const double per_thread = 4.0 * (2 * 256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
+  // The GEMMs of a step (kernels/cpu/train_matmul.cc; a quantized base's forward runs the inference
+  // kernels): each linear's forward and input gradient, the trained weights' gradients over the
+  // group's tokens, LoRA's rank-r products, the cross-entropy's input (and head) gradient.
+  double panels = SharedPanelFloats(V, dim);
+  if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)chunk, dim));
+  for (const auto& l : Linears(c)) {
+    if (s.base_quant == "none") panels = std::max(panels, SharedPanelFloats(l.in, l.out));
+    panels = std::max(panels, SharedPanelFloats(l.out, l.in));
+    if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)N, l.in));
+    if (lora && std::find(s.lora_targets.begin(), s.lora_targets.end(), l.name) != s.lora_targets.end()) {
+      for (auto [L2, K2] : {std::pair<int64_t, int64_t>{l.in, r}, {r, l.out}, {(int64_t)N, r}, {l.out, r},
+                            {(int64_t)N, l.in}, {r, l.in}})
+        panels = std::max(panels, SharedPanelFloats(L2, K2));
+    }
+  }
+  add("temporary", 4 * panels,
+      StrFormat("matmul B panels packed by the calling thread: %.0f x 256 x 256 floats (the step's largest GEMM)",
+                panels / 65536));
+  // Per thread: a 256 x 256 dequantization tile and 256 x 192 A tiles (train_matmul.cc), 96 x 128
+  // score tiles (train_attention.cc, two in the backward).
+  const double per_thread = 4.0 * (256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
   add("temporary", s.threads * per_thread,
       StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles)", s.threads,
                 per_thread / 1024));

@@ -45,6 +45,8 @@ struct TrainSetup {
   double baseline_bytes = 0;          // measured process baseline (binary, libraries, tokenizer,
                                       // datasets); a "baseline" line when > 0
   int threads = 1;                    // lathe: pool threads (per-thread norm gradient rows)
+  int64_t row_group_tokens = 512;     // lathe: TrainModelOptions::row_group_tokens (rows run
+                                      // forward + backward in groups; 0 = the whole micro-batch)
   Status Validate() const;
 };
 
@@ -80,12 +82,16 @@ int64_t LoraParams(const model::ModelConfig& c, const std::vector<std::string>& 
 double QuantBytesPerParam(const std::string& base_quant, int64_t in_features);
 // Saved activations of the training forward for one micro-batch (bytes).
 double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s);
+// lathe: the most tokens one row group (model::RowGroupRows) of a micro-batch of batch_size rows of
+// at most seq_len tokens holds: TrainModel's activations and scratch are sized for it.
+int64_t LatheGroupTokens(const TrainSetup& s);
 
 // lathe mode, with a measured baseline: what a training process holds beyond the baseline and the
 // planned buffers — malloc arenas of the pool threads, code and library pages first touched by the
-// training loop, per-step batches, JSON and file buffers. Measured as (peak RSS - plan) of
-// stories260K runs (tests/e2e/memory_rss.py, 4 settings): 1.5 to 4.0 MiB; see docs/memory.md.
-constexpr double kRuntimeOverheadBytes = 3.0 * 1024 * 1024;
+// training loop, per-step batches, JSON and file buffers. Measured as (peak RSS - plan without it)
+// of stories260K runs (tests/e2e/memory_rss.py, 4 settings): 0.4 to 1.9 MiB once the matmul B
+// panels (which grew with the tokens per GEMM) were planned; see docs/memory.md.
+constexpr double kRuntimeOverheadBytes = 1.0 * 1024 * 1024;
 
 Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& s);
 MemoryPlan PlanInference(const model::ModelConfig& c, const InferSetup& s);

@@ -58,6 +58,10 @@ PY
 "$LATHE" bench train --rows nope > /dev/null 2>"$tmp/err"
 check "bad row exit" test $? -ne 0
 check "bad row message" grep -q "unknown row 'nope'" "$tmp/err"
+
+"$LATHE" bench train --row-group-tokens -1 > /dev/null 2>"$tmp/err"
+check "bad row group exit" test $? -ne 0
+check "bad row group message" grep -q -- "--row-group-tokens: expected an integer >= 0" "$tmp/err"
 "$LATHE" bench train --arch nope --threads-list 1 > /dev/null 2>"$tmp/err"
 check "bad arch message" grep -q "unknown architecture 'nope'" "$tmp/err"
 "$LATHE" bench train -m "$tmp/missing.gguf" > /dev/null 2>"$tmp/err"

@@ -126,6 +126,86 @@ TEST(TrainModelAccumulation, FourMicroBatchesOfOneEqualOneBatchOfFour) {
   }
 }
 
+TEST(TrainModelRowGroups, RowGroupRows) {
+  EXPECT_EQ(RowGroupRows(4, 512, 512), 1);
+  EXPECT_EQ(RowGroupRows(4, 1024, 512), 1);
+  EXPECT_EQ(RowGroupRows(16, 128, 512), 4);
+  EXPECT_EQ(RowGroupRows(3, 128, 512), 3);
+  EXPECT_EQ(RowGroupRows(4, 200, 512), 2);
+  EXPECT_EQ(RowGroupRows(4, 512, 0), 4);
+  EXPECT_EQ(RowGroupRows(4, 24, 1), 1);
+}
+
+// Six rows of 24 tokens: the fixture's two, the packed row (with its segment ids when `segments`),
+// row 0 reversed, row 1 cut after 10 tokens (pad id 0, labels -100) and a padding row (no labels,
+// last: the groups after the last one with targets are skipped).
+Batch SixRows(const Fixture& f, bool segments) {
+  Batch out = FourRows(f);
+  const int64_t T = out.T;
+  for (int64_t t = 0; t < T; ++t) {
+    out.ids.push_back(t < 10 ? out.ids[T + t] : 0);
+    out.labels.push_back(t < 10 ? out.labels[T + t] : -100);
+  }
+  out.ids.insert(out.ids.end(), out.ids.begin() + 3 * T, out.ids.begin() + 4 * T);
+  out.labels.insert(out.labels.end(), T, -100);
+  out.B = 6;
+  if (segments) {
+    std::vector<int32_t> packed = FixtureBatch(f, "packed_ids", "packed_labels", "packed_seg").seg;
+    out.seg.assign(out.B * T, 0);
+    std::copy(packed.begin(), packed.end(), out.seg.begin() + 2 * T);
+  }
+  return out;
+}
+
+// Rows run in groups (one at a time, two, four) give the whole batch's loss and gradients: only the
+// summation order of weight gradients over tokens changes. LoRA dropout masks are keyed by the
+// token's position in the micro-batch, so they match too (keyed per group they would not, error
+// ~1e-1); padding rows and packed segments stay per row; bf16, checkpointing and freeze alike.
+TEST(TrainModelRowGroups, GroupsOfRowsEqualTheWholeBatch) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_llama_gqa_tied");
+  ThreadPool pool(2);
+  TrainModelOptions bf16 = Lora(0.1), ckpt = Full(), freeze = Full();
+  bf16.bf16 = true;
+  ckpt.gradient_checkpointing = true;
+  ckpt.lora_dropout = 0;
+  freeze.method = FinetuneMethod::kFreeze;
+  freeze.freeze_trainable_layers = 1;
+  const char* names[] = {"lora dropout 0.1", "lora bf16 dropout 0.1", "full", "full ckpt", "freeze"};
+  const TrainModelOptions opts[] = {Lora(0.1), bf16, Full(), ckpt, freeze};
+  for (bool segments : {false, true}) {
+    const Batch b = SixRows(f, segments);
+    const double n = (double)Targets(b);
+    for (int i = 0; i < 5; ++i) {
+      TrainModelOptions o = opts[i];
+      o.row_group_tokens = 0;
+      auto whole = Make(*w, pool, o);
+      NonZeroB(*whole);
+      const Grads ref = RunSteps(*whole, {b}, n);
+      int64_t n_eval = 0;
+      const double eval_ref = whole->Loss(b.View(), &n_eval).value();
+      for (int64_t rows : {1, 2, 4}) {
+        SCOPED_TRACE(StrFormat("%s, segments %d, %lld rows per group", names[i], segments, (long long)rows));
+        o.row_group_tokens = rows * b.T;
+        auto g = Make(*w, pool, o);
+        NonZeroB(*g);
+        const Grads got = RunSteps(*g, {b}, n);
+        const double e = WorstErr(got, ref);
+        std::printf("row groups (%s, segments %d, %lld rows): loss %.9g vs %.9g, worst grad normalized error %.3g\n",
+                    names[i], segments, (long long)rows, got.loss, ref.loss, e);
+        EXPECT_NEAR(got.loss, ref.loss, 1e-6 * ref.loss);
+        EXPECT_LT(e, 5e-6);
+        int64_t n_got = 0;
+        EXPECT_NEAR(g->Loss(b.View(), &n_got).value(), eval_ref, 1e-6 * eval_ref);
+        EXPECT_EQ(n_got, n_eval);
+        // Activations are held for one group only.
+        EXPECT_LT(g->AllocatedBytes().activations, whole->AllocatedBytes().activations);
+      }
+    }
+  }
+}
+
 TEST(TrainModelCheckpointing, EqualsNoCheckpointing) {
   auto w = LoadBase("llama_gqa_tied");
   ASSERT_TRUE(w.ok());

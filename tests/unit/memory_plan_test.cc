@@ -165,6 +165,7 @@ struct Setting {
   bool bf16, ckpt;
   std::vector<std::string> targets;
   double dropout = 0;
+  int64_t row_group_tokens = 512;  // 24 = one row (T) at a time
 };
 
 TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
@@ -194,10 +195,14 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
       {"full", false, false, {}},
       {"full", true, true, {}},
       {"freeze", true, false, {}},
+      {"lora", false, false, {"q", "k", "v", "o", "gate", "up", "down"}, 0.1, 24},
+      {"lora", true, true, {"q", "v"}, 0, 24},
+      {"full", false, false, {}, 0, 24},
+      {"full", true, true, {}, 0, 24},
   };
   for (const Setting& st : settings) {
-    SCOPED_TRACE(StrFormat("%s bf16=%d ckpt=%d targets=%zu dropout=%g", st.method, st.bf16, st.ckpt,
-                           st.targets.size(), st.dropout));
+    SCOPED_TRACE(StrFormat("%s bf16=%d ckpt=%d targets=%zu dropout=%g row_group_tokens=%lld", st.method, st.bf16,
+                           st.ckpt, st.targets.size(), st.dropout, (long long)st.row_group_tokens));
     model::TrainModelOptions o;
     o.method = std::string(st.method) == "lora"   ? model::FinetuneMethod::kLora
                : std::string(st.method) == "full" ? model::FinetuneMethod::kFull
@@ -207,6 +212,7 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     o.lora_rank = 4;
     o.lora_dropout = st.dropout;
     o.freeze_trainable_layers = 1;
+    o.row_group_tokens = st.row_group_tokens;
     o.lora_targets.clear();
     for (const std::string& t : st.targets)
       for (int m = 0; m < (int)model::LoraModule::kCount; ++m)
@@ -231,6 +237,7 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     s.freeze_trainable_layers = 1;
     s.loss_chunk_tokens = o.loss_chunk_tokens;
     s.threads = (int)pool.size();
+    s.row_group_tokens = st.row_group_tokens;
     s.base_weight_bytes = 1000;  // a marker: the weights line as given
     s.base_released_bytes = 0;   // anonymous buffers: Create copies and cannot drop them
     EXPECT_EQ(got.base_released, 0);
@@ -240,21 +247,21 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     EXPECT_DOUBLE_EQ(p.Bytes("lora"), (double)got.lora);
     EXPECT_DOUBLE_EQ(p.Bytes("weights") - 1000, (double)got.weights);
     EXPECT_DOUBLE_EQ(p.Bytes("activations"), (double)got.activations);
-    // The model's own scratch; the cross-entropy chunk and the kernels' per-thread tiles live
-    // inside kernel calls, the save copy inside SaveHfModel / SavePeftAdapter.
+    // The model's own scratch; the cross-entropy chunk, the matmul panels and the kernels'
+    // per-thread tiles live inside kernel calls, the save copy inside SaveHfModel / SavePeftAdapter.
     double own = 0;
     int others = 0;
     for (const PlanLine& l : p.lines) {
       if (l.category != "temporary") continue;
       bool kernel = l.formula.rfind("cross-entropy", 0) == 0 || l.formula.rfind("per-thread", 0) == 0 ||
-                    l.formula.rfind("while saving", 0) == 0;
+                    l.formula.rfind("matmul B panels", 0) == 0 || l.formula.rfind("while saving", 0) == 0;
       if (kernel) {
         others++;
       } else {
         own += l.bytes;
       }
     }
-    EXPECT_EQ(others, 3);
+    EXPECT_EQ(others, 4);
     EXPECT_NEAR(own, (double)got.temporary, 0.02 * (double)got.temporary);
     std::printf("%-6s bf16=%d ckpt=%d: plan temporary %.0f vs model %lld\n", st.method, st.bf16, st.ckpt, own,
                 (long long)got.temporary);
@@ -295,6 +302,46 @@ TEST(MemoryPlanLathe, PackedBaseWeightsUseLathesLayouts) {
   EXPECT_NEAR(w["int8"] - other * 2, lin * 1.0, lin * 0.01);
   EXPECT_NEAR(w["nf4"] - other * 2, lin * (0.5 + 4.0 / 64), lin * 0.002);
   EXPECT_NEAR(w["nf4_dq"] - other * 2, lin * (0.5 + 1.0 / 64), lin * 0.002);
+}
+
+}  // namespace
+}  // namespace lathe::train
+
+namespace lathe::train {
+namespace {
+
+// TrainModel runs a micro-batch's rows in groups of model::RowGroupRows: the plan sizes
+// activations for the largest group any padded length up to seq_len can form.
+TEST(MemoryPlanLathe, ActivationsForOneRowGroup) {
+  TrainSetup s;
+  s.lathe = true;
+  auto group = [&](int64_t B, int64_t S, int64_t G) {
+    s.batch_size = B;
+    s.seq_len = S;
+    s.row_group_tokens = G;
+    return LatheGroupTokens(s);
+  };
+  EXPECT_EQ(group(4, 512, 512), 512);
+  EXPECT_EQ(group(4, 1024, 512), 1024);
+  EXPECT_EQ(group(16, 128, 512), 512);
+  EXPECT_EQ(group(2, 24, 512), 48);
+  EXPECT_EQ(group(4, 300, 512), 512);  // padded to 256: two rows
+  EXPECT_EQ(group(4, 512, 0), 2048);
+  model::ModelConfig c = NamedArchitecture("smollm2-135m").value();
+  s.method = "full";
+  s.precision = "fp32";
+  s.batch_size = 4;
+  s.seq_len = 512;
+  s.row_group_tokens = 0;
+  const MemoryPlan whole = PlanTraining(c, s).value();
+  s.row_group_tokens = 512;
+  const MemoryPlan rows = PlanTraining(c, s).value();
+  EXPECT_NEAR(rows.Bytes("activations"), whole.Bytes("activations") / 4, 1e6);
+  // One group: the backward hands activation pages back as gradients come in; several: the later
+  // groups' activations sit next to every gradient.
+  const double layer_grads = 4.0 * 30 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536 + 2 * 576);
+  EXPECT_DOUBLE_EQ(whole.Bytes("overlap") - rows.Bytes("overlap"), -layer_grads);
+  EXPECT_LT(rows.Total(), whole.Total());
 }
 
 }  // namespace
