@@ -21,10 +21,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (chat && tmpl.ok()) (void)tmpl->Apply(r.messages, true);
     (void)r.sampling.Validate();
-    lathe::server::Choice c;
-    c.text = r.prompt;
-    c.has_logprobs = r.logprobs >= 0;
-    (void)lathe::server::SseEvent(lathe::server::CompletionChunk("id", 0, r.model, c, chat, true));
+    for (const auto& p : r.prompts) {
+      lathe::server::Choice c;
+      c.text = p.text;
+      c.has_logprobs = r.logprobs >= 0;
+      (void)lathe::server::SseEvent(lathe::server::CompletionChunk("id", 0, r.model, c, chat, true));
+    }
   }
   return 0;
 }
