@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -332,9 +333,14 @@ int RunBenchServe(int argc, char** argv) {
   args.Flag("--seed", "workload seed", "1234");
   args.Flag("--max-num-seqs", "engine: sequences at once", "64");
   args.Flag("--max-num-batched-tokens", "engine: tokens per step", "512");
+  args.Flag("--max-prefill-tokens-with-decode",
+            "engine: prompt tokens in a step that also decodes (0 = up to max-num-batched-tokens); a list "
+            "(0,32,64) runs every level once per value, on fresh engines, interleaved",
+            "64");
   args.Flag("--kv-cache-memory", "engine: KV cache bytes", "1073741824");
   args.Flag("--block-size", "engine: tokens per KV-cache block", "16");
   args.Flag("--system-prompt-tokens", "shared-prefix benchmark: prefix length (0 = skip)", "384");
+  args.Flag("--rounds", "run every level (and --max-prefill-tokens-with-decode value) this many times", "1");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("bench serve", st);
   if (args.help_requested()) {
@@ -347,7 +353,23 @@ int RunBenchServe(int argc, char** argv) {
   auto olen = ParseIntList(args.Get("output-tokens"));
   auto nreq = args.Int("requests"), seed = args.Int("seed"), mns = args.Int("max-num-seqs");
   auto mbt = args.Int("max-num-batched-tokens"), kvb = args.Int("kv-cache-memory"),
-       sys_n = args.Int("system-prompt-tokens"), bs = args.Int("block-size");
+       sys_n = args.Int("system-prompt-tokens"), bs = args.Int("block-size"), rounds = args.Int("rounds");
+  // Prefill caps: a comma-separated list of non-negative integers (a typo must not become 0).
+  std::vector<int64_t> caps;
+  {
+    std::stringstream in(args.Get("max-prefill-tokens-with-decode"));
+    for (std::string item; std::getline(in, item, ',');) {
+      if (item.empty() || item.size() > 9 || !std::all_of(item.begin(), item.end(), ::isdigit)) {
+        return Fail("bench serve",
+                    Status::Error("--max-prefill-tokens-with-decode: expected non-negative integers "
+                                  "separated by commas, got '" + item + "'"));
+      }
+      caps.push_back(std::atoll(item.c_str()));
+    }
+    if (caps.empty()) return Fail("bench serve", Status::Error("--max-prefill-tokens-with-decode: empty"));
+  }
+  if (!rounds.ok() || *rounds < 1 || *rounds > 100)
+    return Fail("bench serve", Status::Error("--rounds must be in 1..100"));
   if (levels.empty() || std::any_of(levels.begin(), levels.end(), [](int c) { return c < 1; }) ||
       plen.size() != 2 || olen.size() != 2 || plen[0] < 1 || plen[1] < plen[0] || olen[0] < 1 ||
       olen[1] < olen[0] || !nreq.ok() || !seed.ok() || !mns.ok() || !mbt.ok() || !kvb.ok() || !sys_n.ok() ||
@@ -395,6 +417,7 @@ int RunBenchServe(int argc, char** argv) {
   ec.block_size = *bs;
   ec.max_num_seqs = *mns;
   ec.max_num_batched_tokens = *mbt;
+  ec.max_prefill_tokens_with_decode = caps[0];
   ec.max_model_len = std::min<int64_t>((*lm)->weights.config.max_seq_len, 4096);
   ec.n_blocks = *kvb / (int64_t)model::KvBlockStore::BlockBytes((*lm)->weights.config, ec.block_size);
   std::unique_ptr<LocalServer> local;
@@ -416,13 +439,21 @@ int RunBenchServe(int argc, char** argv) {
       local ? StrFormat("in-process server, %d engine thread(s)", pool.size()).c_str()
             : "external server (token-id prompts; -m gives the tokenizer only)",
       (long long)per_level, plen[0], plen[1], olen[0], olen[1], (long long)*seed, ep.host.c_str(), ep.port);
+  std::string cap_list;
+  for (int64_t v : caps) cap_list += (cap_list.empty() ? "" : ",") + std::to_string(v);
   if (local) {
     std::printf(
-        "engine: %lld KV blocks x %lld tokens, max-num-seqs %lld, max-num-batched-tokens %lld; each level on "
-        "a fresh engine (empty prefix cache)\n",
+        "engine: %lld KV blocks x %lld tokens, max-num-seqs %lld, max-num-batched-tokens %lld, "
+        "max-prefill-tokens-with-decode %s; each level on a fresh engine (empty prefix cache)%s\n",
         (long long)ec.n_blocks, (long long)ec.block_size, (long long)ec.max_num_seqs,
-        (long long)ec.max_num_batched_tokens);
+        (long long)ec.max_num_batched_tokens, cap_list.c_str(),
+        caps.size() > 1 || *rounds > 1
+            ? StrFormat("; %lld rounds, the values alternating within each level", (long long)*rounds).c_str()
+            : "");
   }
+  // With --url the engine flags do not apply: one pass per level and round.
+  if (!local) caps.resize(1);
+  const bool sweep = caps.size() > 1 || *rounds > 1;
   // Warm-up prompt (page faults, thread start-up): 2 tokens, so it fills no KV block to cache. An
   // external server must answer it, or nothing below could be measured.
   const std::vector<int32_t> warm(all[0].prompt.begin(),
@@ -435,12 +466,23 @@ int RunBenchServe(int argc, char** argv) {
     }
   }
   std::vector<LevelResult> results;
-  for (int c : levels) {
+  std::vector<int64_t> result_cap, result_round;
+  struct Run {
+    int64_t round;
+    int c;
+    int64_t cap;
+  };
+  std::vector<Run> runs;  // rounds, each over the levels, each level over the caps
+  for (int64_t round = 1; round <= *rounds; ++round)
+    for (int c : levels)
+      for (int64_t cap : caps) runs.push_back({round, c, cap});
+  for (const auto& [round, c, cap] : runs) {
     // Every level on a fresh in-process engine: the levels share the workload's first requests, and
     // with the prefix cache of the previous level the next one skipped their prompts (at concurrency
     // 32 after 1, 16 of 64 prompts were cached: its ratio to one at a time was inflated).
     if (local && !results.empty()) {
       local.reset();
+      ec.max_prefill_tokens_with_decode = cap;
       auto s = StartLocal(**lm, pool, ec);
       if (!s.ok()) return Fail("bench serve", s.status());
       local = std::move(*s);
@@ -452,6 +494,9 @@ int RunBenchServe(int argc, char** argv) {
                               all.begin() + (c == 1 ? std::max<int64_t>(4, per_level / 4) : per_level));
     LevelResult r = RunLevel(ep, reqs, c);
     results.push_back(r);
+    result_cap.push_back(cap);
+    result_round.push_back(round);
+    if (sweep) std::printf("round %lld, prefill cap %4lld, ", (long long)round, (long long)cap);
     std::printf(
         "concurrency %3d: %4d requests in %6.1f s: %7.1f output tok/s | TTFT p50 %6.3f p99 %6.3f s | ITL p50 "
         "%6.1f p99 %6.1f ms | latency p50 %5.2f s",
@@ -465,14 +510,19 @@ int RunBenchServe(int argc, char** argv) {
     std::printf("\n");
     std::fflush(stdout);
   }
-  const LevelResult* base = nullptr;
-  for (const auto& r : results)
-    if (r.concurrency == 1) base = &r;
   std::printf(
-      "\n| concurrency | output tok/s | vs one at a time | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | KV "
+      "\n| %sconcurrency | output tok/s | vs one at a time | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | KV "
       "tokens / used capacity |\n"
-      "|---:|---:|---:|---:|---:|---:|\n");
-  for (const auto& r : results) {
+      "|%s---:|---:|---:|---:|---:|---:|\n",
+      sweep ? "round | prefill cap | " : "", sweep ? "---:|---:|" : "");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const LevelResult& r = results[i];
+    // One at a time in the same round with the same cap.
+    const LevelResult* base = nullptr;
+    for (size_t j = 0; j < results.size(); ++j)
+      if (results[j].concurrency == 1 && result_cap[j] == result_cap[i] && result_round[j] == result_round[i])
+        base = &results[j];
+    if (sweep) std::printf("| %lld | %lld ", (long long)result_round[i], (long long)result_cap[i]);
     std::printf("| %d | %.1f | %s | %.3f / %.3f | %.1f / %.1f | %s |\n", r.concurrency, r.tps(),
                 base ? StrFormat("%.2fx", r.tps() / base->tps()).c_str() : "-", r.ttft_p50, r.ttft_p99,
                 1e3 * r.itl_p50, 1e3 * r.itl_p99,

@@ -81,6 +81,10 @@ int RunServe(int argc, char** argv) {
             "max-num-seqs full contexts, at most max(1 GiB, 4 full contexts) and a quarter of free RAM");
   args.Flag("--block-size", "tokens per KV-cache block", "16");
   args.Flag("--max-num-batched-tokens", "tokens per engine step (the batch's token budget)", "512");
+  args.Flag("--max-prefill-tokens-with-decode",
+            "prompt tokens in a step that also decodes (bounds the inter-token latency of running streams "
+            "while new prompts arrive); 0 = up to max-num-batched-tokens",
+            "64");
   args.Flag("--max-num-seqs", "sequences running at once", "64");
   args.Flag("--max-model-len", "context length per request (prompt + completion); default min(model's, 4096)",
             "0");
@@ -102,6 +106,7 @@ int RunServe(int argc, char** argv) {
   auto bs = args.Int("block-size");
   auto mbt = args.Int("max-num-batched-tokens");
   auto mns = args.Int("max-num-seqs");
+  auto mpd = args.Int("max-prefill-tokens-with-decode");
   auto mml = args.Int("max-model-len");
   if (!port.ok() || *port < 0 || *port > 65535)
     return Fail("serve", Status::Error("--port must be in 0..65535"));
@@ -110,6 +115,8 @@ int RunServe(int argc, char** argv) {
   if (!mbt.ok() || *mbt < 1)
     return Fail("serve", Status::Error("--max-num-batched-tokens must be a positive integer"));
   if (!mns.ok() || *mns < 1) return Fail("serve", Status::Error("--max-num-seqs must be a positive integer"));
+  if (!mpd.ok() || *mpd < 0)
+    return Fail("serve", Status::Error("--max-prefill-tokens-with-decode must be a non-negative integer"));
   if (!mml.ok() || *mml < 0)
     return Fail("serve", Status::Error("--max-model-len must be a non-negative integer"));
   if (args.Has("adapter")) {
@@ -122,6 +129,7 @@ int RunServe(int argc, char** argv) {
   ec.block_size = *bs;
   ec.max_num_batched_tokens = *mbt;
   ec.max_num_seqs = *mns;
+  ec.max_prefill_tokens_with_decode = *mpd;
   ec.prefix_caching = !args.On("no-prefix-caching");
   ec.max_model_len = *mml > 0 ? *mml : std::min<int64_t>(mc.max_seq_len, 4096);
   if (ec.max_model_len < 2) return Fail("serve", Status::Error("--max-model-len must be at least 2"));

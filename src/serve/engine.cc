@@ -135,6 +135,8 @@ void Engine::PublishStats() {
   s.prompt_tokens_computed = prompt_computed_;
   s.generated_tokens = generated_;
   s.steps = steps_;
+  s.last_step_decode_rows = last_decode_rows_;
+  s.last_step_prefill_tokens = last_prefill_tokens_;
   std::lock_guard<std::mutex> lock(mu_);
   snapshot_ = s;
 }
@@ -142,42 +144,65 @@ void Engine::PublishStats() {
 Status Engine::RunStep() {
   struct Work {
     int64_t id;
-    int64_t n;  // new tokens this step
+    int64_t n;     // new tokens this step
+    bool prefill;  // prompt chunk (or recomputation), not a decode row
   };
   std::vector<Work> work;
   int64_t budget = config_.max_num_batched_tokens;
-  // Running sequences first, oldest first; a sequence that cannot get blocks preempts the newest.
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
-    int64_t id = running_[i];
+  int64_t prefill_left = budget;  // set once the decode rows are placed
+  // Reserves blocks for n more tokens of running request `id`; while they run out, preempts the
+  // newest running sequence (returning any work it had this step). False if `id` itself went.
+  auto place = [&](int64_t id, int64_t n) {
     Request& r = *requests_.at(id);
-    int64_t n = std::min<int64_t>((int64_t)r.tokens.size() - r.computed, budget);
-    bool placed = false;
-    while (!placed) {
-      if (kv_.Reserve(id, r.computed + n)) {
-        placed = true;
-        break;
-      }
-      int64_t victim = running_.back();
+    while (!kv_.Reserve(id, r.computed + n)) {
+      const int64_t victim = running_.back();
       Preempt(victim);
       for (auto w = work.begin(); w != work.end(); ++w) {
-        if (w->id == victim) {
-          budget += w->n;
-          work.erase(w);
-          break;
-        }
+        if (w->id != victim) continue;
+        budget += w->n;
+        if (w->prefill) prefill_left += w->n;
+        work.erase(w);
+        break;
       }
-      if (victim == id) break;
+      if (victim == id) return false;
     }
-    if (!placed) continue;  // preempted itself; running_ shrank, i stays
-    work.push_back({id, n});
-    budget -= n;
+    return true;
+  };
+  // 1. Decode rows of running sequences, oldest first: never displaced by prompt work.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const int64_t id = running_[i];
+    if (!requests_.at(id)->Decoding()) {
+      ++i;
+      continue;
+    }
+    if (!place(id, 1)) continue;  // preempted itself; running_ shrank, i stays
+    work.push_back({id, 1, false});
+    budget -= 1;
     ++i;
   }
-  // Then waiting requests by (priority, arrival), while budget and sequence slots last.
+  // 2. Prompt tokens: the rest of the budget, capped while this step also decodes.
+  const int64_t cap = config_.max_prefill_tokens_with_decode;
+  prefill_left = !work.empty() && cap > 0 ? std::min(budget, cap) : budget;
+  // Running sequences' next chunks (partial prefills, recomputation after a preemption), oldest first.
+  for (size_t i = 0; i < running_.size() && prefill_left > 0;) {
+    const int64_t id = running_[i];
+    Request& r = *requests_.at(id);
+    if (r.Decoding()) {
+      ++i;
+      continue;
+    }
+    const int64_t n = std::min<int64_t>((int64_t)r.tokens.size() - r.computed, prefill_left);
+    if (!place(id, n)) continue;
+    work.push_back({id, n, true});
+    budget -= n;
+    prefill_left -= n;
+    ++i;
+  }
+  // Then waiting requests by (priority, arrival), while prompt tokens and sequence slots last.
   std::stable_sort(waiting_.begin(), waiting_.end(), [&](int64_t a, int64_t b) {
     return requests_.at(a)->options.priority < requests_.at(b)->options.priority;
   });
-  while (!waiting_.empty() && budget > 0 && (int64_t)running_.size() < config_.max_num_seqs) {
+  while (!waiting_.empty() && prefill_left > 0 && (int64_t)running_.size() < config_.max_num_seqs) {
     int64_t id = waiting_.front();
     Request& r = *requests_.at(id);
     // A private cache key (no hits from other requests) when prefix caching is off or the
@@ -191,10 +216,13 @@ Status Engine::RunStep() {
     r.computed = *computed;
     waiting_.pop_front();
     running_.push_back(id);
-    int64_t n = std::min<int64_t>((int64_t)r.tokens.size() - r.computed, budget);
-    work.push_back({id, n});
+    int64_t n = std::min<int64_t>((int64_t)r.tokens.size() - r.computed, prefill_left);
+    work.push_back({id, n, true});
     budget -= n;
+    prefill_left -= n;
   }
+  last_decode_rows_ = last_prefill_tokens_ = 0;
+  for (const Work& w : work) (w.prefill ? last_prefill_tokens_ : last_decode_rows_) += w.n;
   if (work.empty()) return Status::Ok();
 
   std::vector<model::PagedSeqInput> batch;

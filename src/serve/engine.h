@@ -1,9 +1,11 @@
 // Engine: continuous batching over the paged KV cache. Each Step() schedules within a token
-// budget — running sequences first (one decode token each, or their next prefill chunk), then
-// waiting requests by (priority, arrival) — runs ONE batched forward over the mixed prefill and
-// decode work, samples for every sequence that caught up, and reports tokens through each
-// request's callback. When blocks run out, the newest running sequence is preempted: its blocks
-// are freed and it is requeued first, to be recomputed (prefix-cache hits make that cheap).
+// budget — decode rows of running sequences first (one token each), then prompt chunks: running
+// sequences' next chunks, then waiting requests by (priority, arrival), capped while the step
+// also decodes so a big prompt cannot stall every stream (Sarathi-Serve's stall-free batching) —
+// runs ONE batched forward over the mixed prefill and decode work, samples for every sequence
+// that caught up, and reports tokens through each request's callback. When blocks run out, the
+// newest running sequence is preempted: its blocks are freed and it is requeued first, to be
+// recomputed (prefix-cache hits make that cheap).
 // Threading: AddRequest/Abort may be called from any thread; Step() and the callbacks run on one
 // engine thread (Start() makes one, or tests call Step() directly).
 #pragma once
@@ -34,6 +36,11 @@ struct EngineConfig {
   int64_t max_num_seqs = 64;             // running sequences at once
   int64_t max_model_len = 2048;          // prompt + generated, per request
   bool prefix_caching = true;            // off: every request computes its whole prompt (benchmarks)
+  // Prompt tokens (prefill chunks, recomputation) in a step that also carries decode rows; a step
+  // without decode rows takes up to max_num_batched_tokens of them. The step's time, and so every
+  // running stream's inter-token latency, is ~ decode rows + these tokens (bench/RESULTS.md,
+  // "Serving", prefill cap). <= 0: no cap beyond max_num_batched_tokens (the old behaviour).
+  int64_t max_prefill_tokens_with_decode = 64;
 };
 
 struct RequestOptions {
@@ -72,6 +79,8 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t tokens_stored = 0;  // tokens whose K/V live in blocks of running sequences
   int64_t prompt_tokens_computed = 0, generated_tokens = 0, steps = 0;
+  // The last step's composition: decode rows (one sampled token each) and prompt tokens.
+  int64_t last_step_decode_rows = 0, last_step_prefill_tokens = 0;
 };
 
 class Engine {
@@ -109,6 +118,8 @@ class Engine {
     int64_t prompt_lp_next = 1;  // next prompt position whose logprob is due (prompt_logprobs)
     std::vector<std::vector<TokenLogprob>> prompt_lps;  // computed, not yet delivered
     bool WantsPromptLogprobs() const { return options.prompt_logprobs >= 0 && prompt_lp_next < prompt_len; }
+    // Its prompt (and any recomputation) is in the cache: one new token, the last sampled one.
+    bool Decoding() const { return computed >= prompt_len && (int64_t)tokens.size() - computed == 1; }
   };
   void DrainInbox();
   void Finish(Request& r, const std::string& reason, int32_t token, std::vector<TokenLogprob> logprobs);
@@ -125,6 +136,7 @@ class Engine {
   std::vector<int64_t> running_;                          // admission order
   std::deque<int64_t> waiting_;
   int64_t preemptions_ = 0, prompt_computed_ = 0, generated_ = 0, steps_ = 0;
+  int64_t last_decode_rows_ = 0, last_prefill_tokens_ = 0;
 
   mutable std::mutex mu_;  // guards the inbox, the stats snapshot and next_id_
   std::condition_variable cv_;

@@ -118,6 +118,26 @@ out=$("$LATHE" bench serve -m "$MODEL" --url 127.0.0.1:8080 2>&1); [ $? -ne 0 ] 
   || { echo "FAIL: bench serve malformed --url: $out"; rc=1; }
 out=$("$LATHE" bench serve -m "$MODEL" --block-size 0 2>&1); [ $? -ne 0 ] && echo "$out" | grep -q "block-size" \
   || { echo "FAIL: bad bench serve --block-size: $out"; rc=1; }
+# A sweep of prefill caps (--max-prefill-tokens-with-decode LIST): every level once per value, on
+# fresh engines, each row labelled with its round and cap and compared with c=1 at the same cap.
+"$LATHE" bench serve -m "$MODEL" -t 2 --concurrency 1,2 --requests 2 --prompt-tokens 8,16 --output-tokens 4,8 \
+  --data "$SHARED/data/tinystories/validation_100.txt" --system-prompt-tokens 0 \
+  --max-prefill-tokens-with-decode 0,4 > "$tmp/sweep.out" 2> "$tmp/sweep.err" || { echo "FAIL: bench serve sweep"; rc=1; }
+python3 - "$tmp/sweep.out" <<'PY' || { echo "FAIL: bench serve sweep output"; cat "$tmp/sweep.out" "$tmp/sweep.err"; rc=1; }
+import re, sys
+text = open(sys.argv[1]).read()
+assert "max-prefill-tokens-with-decode 0,4" in text, text
+rows = re.findall(r"^\| (\d+) \| (\d+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+)x \|", text, re.M)
+assert [(int(r[1]), int(r[2])) for r in rows] == [(0, 1), (4, 1), (0, 2), (4, 2)], rows
+assert all(r[0] == "1" and float(r[3]) > 0 for r in rows), rows
+assert [float(r[4]) for r in rows[:2]] == [1.0, 1.0], rows  # each cap's own one-at-a-time baseline
+PY
+out=$("$LATHE" bench serve -m "$MODEL" --max-prefill-tokens-with-decode 64,x 2>&1); [ $? -ne 0 ] \
+  && echo "$out" | grep -q -- "--max-prefill-tokens-with-decode: expected non-negative integers" \
+  || { echo "FAIL: bad bench serve --max-prefill-tokens-with-decode: $out"; rc=1; }
+out=$("$LATHE" serve -m "$MODEL" --max-prefill-tokens-with-decode -1 2>&1); [ $? -ne 0 ] \
+  && echo "$out" | grep -q -- "--max-prefill-tokens-with-decode must be" \
+  || { echo "FAIL: bad serve --max-prefill-tokens-with-decode: $out"; rc=1; }
 
 [ "$rc" -eq 0 ] && echo "PASS: serve e2e"
 exit "$rc"

@@ -82,7 +82,7 @@ TEST_P(EngineEquivalence, GreedyEqualsOneAtATime) {
   }
   EngineStats s = engine.stats();
   EXPECT_EQ(s.blocks_used, 0);  // everything freed
-  if (std::string(GetParam().name) == "tight_blocks") {
+  if (std::string(GetParam().name).find("tight_blocks") != std::string::npos) {
     EXPECT_GT(s.preemptions, 0);
   }
   if (std::string(GetParam().name) == "roomy") {
@@ -95,7 +95,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"roomy", {256, 4, 512, 64, 512}},
                       Case{"chunked_prefill", {256, 4, 7, 64, 512}},
                       Case{"tight_blocks", {24, 4, 64, 64, 512}},
-                      Case{"few_seqs", {256, 16, 512, 2, 512}}),
+                      Case{"few_seqs", {256, 16, 512, 2, 512}},
+                      // Prompt tokens beside decode rows: none capped (the whole budget), or 3 a step,
+                      // also with preemptions.
+                      Case{"no_prefill_cap", {256, 4, 512, 64, 512, true, 0}},
+                      Case{"prefill_cap", {256, 4, 512, 64, 512, true, 3}},
+                      Case{"prefill_cap_tight_blocks", {24, 4, 64, 64, 512, true, 3}}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // echo + logprobs (lm-eval's loglikelihood requests): the logprob of every prompt token after the
