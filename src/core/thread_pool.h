@@ -43,6 +43,15 @@ class ThreadPool {
   // threads including the caller, and returns when every chunk is done. Not reentrant: fn must not
   // call ParallelFor on the same pool. Only one thread may call ParallelFor at a time.
   void ParallelFor(int64_t n, int64_t grain, RangeFn fn);
+  // The same, but all on the caller when `work` (the job's flops, or an equivalent count of simple
+  // operations) is below kMinParallelWork: a job that small finishes before a second thread could
+  // join it, and handing it over costs more than it saves (stories260K decode: 2 threads were
+  // slower than 1).
+  void ParallelFor(int64_t n, int64_t grain, RangeFn fn, double work) {
+    ParallelFor(n, work < kMinParallelWork ? (n > 0 ? n : 1) : grain, fn);
+  }
+  // ~2 us of one core's f32 FMA work; measured with stories260K and SmolLM2 decode (bench/RESULTS.md).
+  static constexpr double kMinParallelWork = 128 * 1024;
 
  private:
   void WorkerLoop(int index);

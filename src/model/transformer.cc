@@ -137,12 +137,16 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
   };
   std::vector<Item> items;
   int64_t row = 0;
+  double work = 0;  // flops: q.k and p.v over every attended position of every query head
   for (size_t s = 0; s < batch.size(); ++s) {
     int64_t n = (int64_t)batch[s].tokens.size();
-    int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, 64));
+    // 16 tokens per item: their scores (16 x group x context floats) stay in L2 while the K/V
+    // position blocks are shared by all of them (kernels::GroupAttentionRows).
+    int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, 16));
     for (int64_t g = 0; g < c.n_kv_heads; ++g)
       for (int64_t t = 0; t < n; t += chunk) items.push_back({(int)s, row, t, std::min(n, t + chunk), g});
     row += n;
+    work += 4.0 * hd * c.n_heads * ((double)n * batch[s].start_pos + (double)n * (n + 1) / 2);
   }
   const float* k_layer = store.K(layer, 0, 0);
   const float* v_layer = store.V(layer, 0, 0);
@@ -156,16 +160,15 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
       // Offsets of every position's K/V row in the layer (same layout for K and V).
       const int64_t n_pos = seq.start_pos + item.t1;
       if ((int64_t)off.size() < n_pos) off.resize(n_pos);
-      if ((int64_t)sc.size() < n_pos) sc.resize(n_pos);
+      const int64_t n_tok = item.t1 - item.t0;
+      if ((int64_t)sc.size() < n_tok * group * n_pos) sc.resize(n_tok * group * n_pos);
       for (int64_t p = 0; p < n_pos; ++p) off[p] = ((int64_t)seq.block_table[p / bs] * bs + p % bs) * kv_dim;
-      for (int64_t t = item.t0; t < item.t1; ++t) {
-        const int64_t pos = seq.start_pos + t, r = item.row0 + t;
-        const int64_t h0 = item.kv_head * group;
-        kernels::GroupAttention(&q_[r * q_dim + h0 * hd], (int)group, k_layer + kvo, v_layer + kvo,
-                                off.data(), pos + 1, (int)hd, scale, &att_[r * q_dim + h0 * hd], sc.data());
-      }
+      const int64_t r = item.row0 + item.t0, h0 = item.kv_head * group;
+      kernels::GroupAttentionRows(&q_[r * q_dim + h0 * hd], q_dim, n_tok, (int)group, k_layer + kvo, v_layer + kvo,
+                                  off.data(), seq.start_pos + item.t0, (int)hd, scale, &att_[r * q_dim + h0 * hd],
+                                  q_dim, sc.data());
     }
-  });
+  }, work);
 }
 
 void Transformer::RefineLogits(const float* rows, int64_t n_rows, float* logits) {

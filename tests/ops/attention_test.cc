@@ -130,6 +130,48 @@ TEST_P(AttentionTier, GroupAttentionPagedMatchesDefinition) {
   }
 }
 
+// A run of tokens (GroupAttentionRows): every token bit-identical to GroupAttention with its own
+// n_pos (same tier), over runs that start at 0 and mid-context, cross the 64-position blocks of
+// the AVX2 kernel, and head sizes it specializes (32, 64, 128) and ones it does not (8, 20).
+TEST_P(AttentionTier, GroupAttentionRowsMatchesPerToken) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  uint32_t seed = 900;
+  struct RCase {
+    int64_t n_pos0, n_tok;
+    int group, head_dim;
+  };
+  const RCase cases[] = {{0, 1, 3, 64},   {0, 16, 3, 64},  {5, 16, 3, 64}, {63, 2, 3, 64}, {100, 70, 1, 64},
+                         {0, 130, 2, 32}, {61, 9, 4, 128}, {0, 12, 2, 8},  {7, 5, 3, 20}};
+  const int64_t block_size = 16, n_kv_head = 2;
+  for (const RCase& rc : cases) {
+    const int64_t n_pos = rc.n_pos0 + rc.n_tok, kv_dim = n_kv_head * rc.head_dim;
+    const int64_t n_blocks_used = (n_pos + block_size - 1) / block_size, pool_blocks = n_blocks_used * 2 + 1;
+    std::vector<int64_t> off(n_pos);
+    for (int64_t p = 0; p < n_pos; ++p)
+      off[p] = ((pool_blocks - 1 - 2 * (p / block_size)) * block_size + p % block_size) * kv_dim;
+    const std::vector<float> k = RandomVec(pool_blocks * block_size * kv_dim, seed++, 1.0f),
+                             v = RandomVec(pool_blocks * block_size * kv_dim, seed++, 1.0f);
+    const int64_t q_stride = n_kv_head * rc.group * rc.head_dim + 8;  // rows with padding
+    const std::vector<float> q = RandomVec(rc.n_tok * q_stride, seed++, 2.0f);
+    const float scale = 1.0f / std::sqrt((float)rc.head_dim);
+    const int64_t g = 1, h0 = g * rc.group;  // the second KV head
+    std::vector<float> want(rc.n_tok * q_stride, 0.0f), got(rc.n_tok * q_stride, 0.0f), sc(n_pos);
+    for (int64_t t = 0; t < rc.n_tok; ++t)
+      cpu::GroupAttentionWith(kt, q.data() + t * q_stride + h0 * rc.head_dim, rc.group, k.data() + g * rc.head_dim,
+                              v.data() + g * rc.head_dim, off.data(), rc.n_pos0 + t + 1, rc.head_dim, scale,
+                              want.data() + t * q_stride + h0 * rc.head_dim, sc.data());
+    std::vector<float> scores(rc.n_tok * rc.group * n_pos);
+    cpu::GroupAttentionRowsWith(kt, q.data() + h0 * rc.head_dim, q_stride, rc.n_tok, rc.group,
+                                k.data() + g * rc.head_dim, v.data() + g * rc.head_dim, off.data(), rc.n_pos0,
+                                rc.head_dim, scale, got.data() + h0 * rc.head_dim, q_stride, scores.data());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << IsaTierName(GetParam()) << " n_pos0=" << rc.n_pos0 << " n_tok=" << rc.n_tok
+                                 << " hd=" << rc.head_dim << " at " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiers, AttentionTier, ::testing::ValuesIn(AllTiers()), testing::TierParamName);
 
 TEST(AttentionPublic, FirstTokenCopiesValue) {

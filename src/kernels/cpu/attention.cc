@@ -49,4 +49,17 @@ void GroupAttentionWith(const KernelTable& kt, const float* q, int group, const 
   }
 }
 
+void GroupAttentionRowsWith(const KernelTable& kt, const float* q, int64_t q_stride, int64_t n_tok, int group,
+                            const float* k, const float* v, const int64_t* off, int64_t n_pos0, int head_dim,
+                            float scale, float* out, int64_t out_stride, float* scores) {
+  LATHE_CHECK(group > 0 && n_tok > 0 && n_pos0 >= 0 && head_dim > 0);
+  if (kt.group_attend_rows && kt.group_attend_rows(q, q_stride, n_tok, group, k, v, off, n_pos0, head_dim, scale,
+                                                   out, out_stride, scores)) {
+    return;
+  }
+  for (int64_t t = 0; t < n_tok; ++t)
+    GroupAttentionWith(kt, q + t * q_stride, group, k, v, off, n_pos0 + t + 1, head_dim, scale,
+                       out + t * out_stride, scores);
+}
+
 }  // namespace lathe::kernels::cpu

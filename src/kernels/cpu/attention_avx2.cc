@@ -1,6 +1,9 @@
 // AVX2 attention of one token's query heads over a paged KV cache (rows found through per-position
-// offsets): four positions per q . k pass, the tier's Softmax, V accumulated in registers.
+// offsets): four positions per q . k pass, the tier's Softmax, V accumulated in registers; and the
+// same for a run of consecutive tokens with K/V walked in L1-sized position blocks (prefill).
 #include <immintrin.h>
+
+#include <algorithm>
 
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/dispatch.h"
@@ -58,12 +61,14 @@ void Scores(const float* q, const float* k, const int64_t* off, int64_t n, float
   }
 }
 
-// out = sum_p sc[p] * v[off[p]] (head_dim = 8 * C), accumulators in registers.
-template <int C>
+// out = sum_p sc[p] * v[off[p]] (head_dim = 8 * C), accumulators in registers. With kAccumulate the
+// sum continues from out (a later position block): the same FMA sequence as one call over all
+// positions, so the result is bit-identical.
+template <int C, bool kAccumulate = false>
 void Mix(const float* v, const int64_t* off, int64_t n, const float* sc, float* out) {
   __m256 acc[C];
 #pragma GCC unroll 16
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int c = 0; c < C; ++c) acc[c] = kAccumulate ? _mm256_loadu_ps(out + 8 * c) : _mm256_setzero_ps();
   for (int64_t p = 0; p < n; ++p) {
     const float* vr = v + off[p];
     const __m256 w = _mm256_broadcast_ss(sc + p);
@@ -84,7 +89,63 @@ void GroupAttendC(const float* q, int group, const float* k, const float* v, con
   }
 }
 
+// Positions per block of GroupAttendRowsC: 64 K (or V) rows of a 64-float head = 16 KiB, which stay
+// in L1 while every query of the run passes over them. A multiple of 4, so Scores groups the
+// positions exactly as one call over all of them (bit-identical scores).
+constexpr int64_t kPosBlock = 64;
+
+// n_tok consecutive tokens (token t sees positions [0, n_pos0 + t]), `group` heads each. Pass 1
+// writes every query's scores block by block, then each row gets its softmax, then pass 2 mixes V
+// block by block. Per query the arithmetic equals GroupAttendC's.
+template <int C>
+void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
+                      const int64_t* off, int64_t n_pos0, float scale, float* out, int64_t out_stride, float* sc) {
+  constexpr int64_t hd = 8 * C;
+  const int64_t n_max = n_pos0 + n_tok;  // scores row stride
+  for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
+    for (int64_t t = std::max<int64_t>(0, p0 - n_pos0); t < n_tok; ++t) {
+      const int64_t len = std::min(kPosBlock, n_pos0 + t + 1 - p0);
+      for (int h = 0; h < group; ++h)
+        Scores<C>(q + t * q_stride + h * hd, k, off + p0, len, scale, sc + (t * group + h) * n_max + p0);
+    }
+  }
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int h = 0; h < group; ++h) Table().softmax(sc + (t * group + h) * n_max, n_pos0 + t + 1);
+  for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
+    for (int64_t t = std::max<int64_t>(0, p0 - n_pos0); t < n_tok; ++t) {
+      const int64_t len = std::min(kPosBlock, n_pos0 + t + 1 - p0);
+      for (int h = 0; h < group; ++h) {
+        const float* s = sc + (t * group + h) * n_max + p0;
+        float* o = out + t * out_stride + h * hd;
+        if (p0 == 0) {
+          Mix<C>(v, off, len, s, o);
+        } else {
+          Mix<C, true>(v, off + p0, len, s, o);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
+                     const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
+                     float* scores) {
+  switch (head_dim) {
+    case 32:
+      GroupAttendRowsC<4>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride, scores);
+      return true;
+    case 64:
+      GroupAttendRowsC<8>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride, scores);
+      return true;
+    case 128:
+      GroupAttendRowsC<16>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride, scores);
+      return true;
+    default:
+      return false;
+  }
+}
 
 bool GroupAttend(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n_pos,
                  int head_dim, float scale, float* out, float* scores) {

@@ -69,4 +69,11 @@ void GroupAttention(const float* q, int group, const float* k, const float* v, c
   cpu::GroupAttentionWith(cpu::Best(), q, group, k, v, off, n_pos, head_dim, scale, out, scores);
 }
 
+void GroupAttentionRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
+                        const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
+                        int64_t out_stride, float* scores) {
+  cpu::GroupAttentionRowsWith(cpu::Best(), q, q_stride, n_tok, group, k, v, off, n_pos0, head_dim, scale, out,
+                              out_stride, scores);
+}
+
 }  // namespace lathe::kernels

@@ -60,6 +60,11 @@ struct KernelTable {
   // generic form in attention.cc runs instead). Null on tiers without one.
   bool (*group_attend)(const float* q, int group, const float* k, const float* v, const int64_t* off,
                        int64_t n_pos, int head_dim, float scale, float* out, float* scores) = nullptr;
+  // GroupAttentionRows (kernels.h) for the head sizes a tier specializes; false = not handled (one
+  // GroupAttentionWith per token instead). Null on tiers without one.
+  bool (*group_attend_rows)(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k,
+                            const float* v, const int64_t* off, int64_t n_pos0, int head_dim, float scale,
+                            float* out, int64_t out_stride, float* scores) = nullptr;
 };
 
 // The table for a tier. REQUIRES the CPU to support it (GetCpuFeatures()).
@@ -96,6 +101,12 @@ void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int6
 void GroupAttentionWith(const KernelTable& kt, const float* q, int group, const float* k, const float* v,
                         const int64_t* off, int64_t n_pos, int head_dim, float scale, float* out,
                         float* scores);
+
+// kernels::GroupAttentionRows with one tier's kernels: kt.group_attend_rows where it handles
+// head_dim, else GroupAttentionWith per token.
+void GroupAttentionRowsWith(const KernelTable& kt, const float* q, int64_t q_stride, int64_t n_tok, int group,
+                            const float* k, const float* v, const int64_t* off, int64_t n_pos0, int head_dim,
+                            float scale, float* out, int64_t out_stride, float* scores);
 
 namespace scalar {
 const KernelTable& Table();

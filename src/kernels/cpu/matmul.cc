@@ -39,16 +39,19 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
     const int64_t rows = std::max<int64_t>(4, kGemvBlockBytes / (int64_t)rb / 4 * 4);
     const int64_t g = std::clamp<int64_t>(k.gemv_exact_m, 1, 4);  // x rows per kernel call
     const int64_t n_blocks = (N + rows - 1) / rows;
-    pool.ParallelFor(n_blocks, 1, [&](int64_t b, int64_t e, int) {
-      for (int64_t blk = b; blk < e; ++blk) {
-        const int64_t n0 = blk * rows, nr = std::min(rows, N - n0);
-        for (int64_t m = 0; m < M; m += g) {
-          const int64_t mm = std::min(g, M - m);
-          k.gemv(w.dtype, wd + n0 * rb, rb, nr, (const BlockQ8X*)xa + m * x_row_elems, mm, K,
-                 y + m * N + n0, N);
-        }
-      }
-    });
+    pool.ParallelFor(
+        n_blocks, 1,
+        [&](int64_t b, int64_t e, int) {
+          for (int64_t blk = b; blk < e; ++blk) {
+            const int64_t n0 = blk * rows, nr = std::min(rows, N - n0);
+            for (int64_t m = 0; m < M; m += g) {
+              const int64_t mm = std::min(g, M - m);
+              k.gemv(w.dtype, wd + n0 * rb, rb, nr, (const BlockQ8X*)xa + m * x_row_elems, mm, K,
+                     y + m * N + n0, N);
+            }
+          }
+        },
+        2.0 * M * N * K);
     return;
   }
   // Chunks of a few rows each so 2-3 threads balance even when one is slowed by another process.
@@ -64,7 +67,7 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
                              : (const void*)((const float*)xa + m0 * x_row_elems);
       k.gemv(w.dtype, wd + b * rb, rb, e - b, xp, mm, K, y + m0 * N + b, N);
     }
-  });
+  }, 2.0 * M * N * K);
 }
 
 // Batched int8 GEMM for block types (k.qgemm): x quantized once, tasks = weight row blocks of
@@ -103,7 +106,7 @@ void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t
       const int64_t n0 = (t % n_wblocks) * rows, nr = std::min(rows, n4 - n0);
       if (m0 < m1) k.qgemm(w.dtype, wd + n0 * rb, rb, nr, xq + m0 * nb, m1 - m0, K, y + m0 * N + n0, N);
     }
-  });
+  }, 2.0 * M * N * K);
 }
 
 void Prefill(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
@@ -138,7 +141,7 @@ void Prefill(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M
         }
       }
     }
-  });
+  }, 2.0 * M * N * K);
 }
 
 }  // namespace

@@ -112,6 +112,7 @@ const KernelTable& Table() {
     KernelTable k = {IsaTier::kAvx2, GetMatMulKernels(), RmsNorm, SiluMul, Dot, Axpy, Softmax};
     k.mm.qgemm = QGemm;
     k.group_attend = GroupAttend;
+    k.group_attend_rows = GroupAttendRows;
     return k;
   }();
   return t;
