@@ -208,6 +208,7 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
   tc.optim_resident_mb = optim_resident_mb;
   auto opt = train::MakeOptimizer(tc);
   if (!opt.ok()) return Fail("bench train", opt.status());
+  (*opt)->SetPool(&pool);  // as lathe train does
   std::vector<int32_t> ids(B * T);
   uint64_t s = 12345;
   for (auto& t : ids) {

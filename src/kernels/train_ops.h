@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -97,6 +98,17 @@ void MatMulBackwardWeight(ThreadPool& pool,
                           const float* x,    // (M, K)
                           int64_t M, int64_t N, int64_t K);
 
+// A weight W (N, K) that does not change between calls (a frozen output head), packed once as the
+// B operand of dX = dY . W: MatMulBackwardInput / CrossEntropyBackward given it skip re-packing W on
+// every call and return bit-identical results. f32 whatever W's dtype: ~4 * N * K bytes.
+struct PackedBackwardB {
+  std::vector<float> data;
+  const void* src = nullptr;  // w.data it was packed from (nullptr: empty)
+  int64_t N = 0, K = 0;
+};
+void PackForBackwardInput(ThreadPool& pool, const Tensor& w, PackedBackwardB* out);
+int64_t PackedBackwardBBytes(int64_t N, int64_t K);
+
 // ---- Cross-entropy over the output head ----
 // logits[t] = x[t] . W_head^T is computed chunk_tokens rows at a time and never stored whole.
 // Tokens with labels[t] == kIgnoreLabel are skipped entirely (no logits computed for them).
@@ -119,14 +131,16 @@ float CrossEntropyBackward(ThreadPool& pool,
                            int64_t T,
                            const Tensor& w_head,     // (V, C)
                            const int32_t* labels,    // (T)
-                           float normalizer, float dloss = 1.0f, int64_t chunk_tokens = 128);
+                           float normalizer, float dloss = 1.0f, int64_t chunk_tokens = 128,
+                           const PackedBackwardB* packed_head = nullptr);  // of w_head, or nullptr
 
 // ---- Causal grouped-query attention for training (flash style) ----
 // out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g] over s <= t with
 // segment_ids[s] == segment_ids[t] (all s <= t when segment_ids is null), g = h / (n_head / n_kv_head).
 // Tiled online softmax: no T x T matrix is ever stored; the forward saves only out and the
-// per-row logsumexp, and the backward recomputes scores tile by tile (one pass over key tiles
-// for dK/dV, one over query tiles for dQ, so no two threads write the same gradient row).
+// per-row logsumexp, and the backward recomputes scores tile by tile in one pass (tasks of a query
+// head and a run of key tiles fixed by T; per-task gradient parts summed in a fixed order, so the
+// result does not depend on the thread count).
 // REQUIRES n_head % n_kv_head == 0; tensors contiguous. Runs on `pool`.
 void FlashAttentionForward(ThreadPool& pool,
                            float* out,                  // (T, n_head, head_dim)

@@ -724,11 +724,16 @@ double TrainModelImpl::GroupForwardBackward(double normalizer, bool last_group) 
   dxf_.resize(N * dim);
   const float* xfr = Round(xf_.data(), N * dim, rx_);
   float loss = 0;
+  const kernels::PackedBackwardB* hp = nullptr;
+  if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr) > 0) {
+    if (head_packed_.src != head_eff_.data) kernels::PackForBackwardInput(pool_, head_eff_, &head_packed_);
+    hp = &head_packed_;
+  }
   {
     ScopedOp ce_op(opt_.profiler, "cross_entropy_fwd_bwd", 6.0 * N * dim * c_.vocab_size,
                    (double)head_eff_.nbytes() * 2 + 8.0 * N * dim);
     loss = kernels::CrossEntropyBackward(pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
-                                               (float)normalizer, 1.0f, opt_.loss_chunk_tokens);
+                                               (float)normalizer, 1.0f, opt_.loss_chunk_tokens, hp);
   }
   dres_.resize(N * dim);
   RmsBwd(dres_.data(), final_norm_.g, dxf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w, rstdf_.data());
@@ -801,6 +806,11 @@ Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
 
 }  // namespace internal
 
+int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable) {
+  const int64_t bytes = kernels::PackedBackwardBBytes(vocab, dim);
+  return head_trainable || bytes > kMaxPackedHeadBytes ? 0 : bytes;
+}
+
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens) {
   if (row_group_tokens <= 0 || T <= 0) return B;
   return std::clamp<int64_t>(row_group_tokens / T, 1, std::max<int64_t>(B, 1));
@@ -833,6 +843,7 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   shadows += cap(head16_);
   // storage_ holds the f32 masters (MasterCopy, LoRA A/B), grads_ the gradients.
   (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage + shadows + in_place_bytes_;
+  m.weights += cap(head_packed_.data);  // a copy of a frozen base tensor, whatever the method
   m.activations = cap(res_) + cap(xf_) + cap(rstdf_);
   for (const Acts& a : acts_) {
     for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})

@@ -72,9 +72,16 @@ struct TrainModelOptions {
   Profiler* profiler = nullptr;     // when set, the big ops of each call are recorded
 };
 
+// Bytes of the f32 copy of a frozen output head (vocab, dim) that TrainModel packs once for the
+// loss's input gradient (kernels::PackForBackwardInput) instead of re-packing it for every chunk
+// of tokens: 4 * vocab * dim (dim rounded up to 16), or 0 where it does not keep one (a trained
+// head changes every step; a head over kMaxPackedHeadBytes would cost more memory than it saves time).
+constexpr int64_t kMaxPackedHeadBytes = (int64_t)256 << 20;
+int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable);
+
 // Bytes the model holds now, by memory-plan category (vector capacities; base weights excluded:
 // they belong to the ModelWeights). weights: f32 masters (in place ones too) + bf16 shadows of
-// full/freeze params;
+// full/freeze params + the packed frozen head (PackedHeadBytes);
 // lora: A/B masters + shadows; activations: the residual stream and saved per-layer tensors;
 // temporary: backward scratch, RoPE tables, targets.
 // base_released: bytes of the base weights (as stored) to take off the base's count: trainable

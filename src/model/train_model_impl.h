@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/train_ops.h"
 #include "model/train_model.h"
 
 namespace lathe::model::internal {
@@ -138,6 +139,7 @@ class TrainModelImpl final : public TrainModel {
   Tensor embed_eff_, head_eff_;
   float *embed_master_ = nullptr, *g_embed_ = nullptr, *head_master_ = nullptr, *g_head_ = nullptr;
   std::vector<uint16_t> head16_;
+  kernels::PackedBackwardB head_packed_;  // frozen head_eff_ packed for the loss's dx (PackedHeadBytes)
   Norm final_norm_;
   int64_t lowest_trainable_layer_ = 0;
   bool embed_trainable_ = false;

@@ -207,6 +207,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add(lora ? "lora" : "weights", trainable * 4.0 + shadow,
       StrFormat("%lld trainable params x 4 B (f32 masters)%s", (long long)trainable,
                 bf16 ? StrFormat(" + %lld x 2 B bf16 shadows", (long long)shadowed).c_str() : ""));
+  if (const int64_t ph = model::PackedHeadBytes(V, dim, s.method == "full"); ph > 0) {
+    add("weights", (double)ph,
+        StrFormat("frozen output head (%lld x %lld) packed once in f32 for the loss's input gradient", (long long)V,
+                  (long long)dim));
+  }
   add("gradients", trainable * 4.0, StrFormat("%lld trainable params x 4 B (f32)", (long long)trainable));
   double ob = s.optimizer_bytes_per_param;
   if (ob < 0) {
@@ -287,9 +292,14 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // Per thread: a 256 x 256 dequantization tile and 256 x 192 A tiles (train_matmul.cc), 96 x 128
   // score tiles (train_attention.cc, two in the backward).
   const double per_thread = 4.0 * (256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
-  add("temporary", s.threads * per_thread,
-      StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles)", s.threads,
-                per_thread / 1024));
+  // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
+  // (at most 3 more runs of 128 keys; train_attention.cc).
+  const double dq_runs = (double)std::min<int64_t>((s.seq_len + 127) / 128, 4) - 1;
+  const double dq_partials = 4.0 * dq_runs * c.n_heads * (double)s.seq_len * c.head_dim;
+  add("temporary", s.threads * per_thread + dq_partials,
+      StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles) + %.0f KiB of "
+                "attention dQ partials",
+                s.threads, per_thread / 1024, dq_partials / 1024));
   // Saving keeps a whole copy of what is written: the model in the saved dtype (full / freeze,
   // plus one f32 tensor being rounded under bf16), the adapter in f32 (LoRA).
   const double save = lora ? trainable * 4.0 : P * (bf16 ? 2.0 : 4.0) + (bf16 ? 4.0 * V * dim : 0);

@@ -5,6 +5,10 @@
 
 namespace lathe::train {
 
+namespace {
+constexpr int64_t kPoolGrain = 1 << 15;  // elements per chunk of a pooled update
+}  // namespace
+
 void AdamW::Step(std::span<const ParamRef> params, double lr) {
   if (m_.empty()) {
     for (const ParamRef& p : params) {
@@ -25,13 +29,20 @@ void AdamW::Step(std::span<const ParamRef> params, double lr) {
     float* m = m_[i].data();
     float* v = v_[i].data();
     const float decay = p.decay ? (float)(1.0 - lr * wd_) : 1.0f;
-    for (int64_t j = 0; j < p.n; ++j) {
-      const float g = p.grad[j];
-      p.data[j] *= decay;
-      m[j] += (g - m[j]) * (1.0f - b1);  // lerp, as torch
-      v[j] = v[j] * b2 + (1.0f - b2) * g * g;
-      const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
-      p.data[j] -= step_size * (m[j] / denom);
+    auto update = [&](int64_t b, int64_t e, int) {
+      for (int64_t j = b; j < e; ++j) {
+        const float g = p.grad[j];
+        p.data[j] *= decay;
+        m[j] += (g - m[j]) * (1.0f - b1);  // lerp, as torch
+        v[j] = v[j] * b2 + (1.0f - b2) * g * g;
+        const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
+        p.data[j] -= step_size * (m[j] / denom);
+      }
+    };
+    if (pool_ && p.n >= 2 * kPoolGrain) {
+      pool_->ParallelFor(p.n, kPoolGrain, update);
+    } else {
+      update(0, p.n, 0);
     }
   }
 }

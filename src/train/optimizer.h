@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace lathe::train {
 
@@ -31,6 +32,9 @@ class Optimizer {
   virtual int64_t steps() const = 0;
   // Bytes of optimizer state per trainable parameter (for the memory plan).
   virtual double StateBytesPerParam() const = 0;
+  // Runs Step's elementwise updates on `pool` (not owned; nullptr: the caller's thread). Every
+  // element's update is independent, so the result is bit-identical for any thread count.
+  virtual void SetPool(ThreadPool* pool) { (void)pool; }
 };
 
 class AdamW final : public Optimizer {
@@ -40,6 +44,7 @@ class AdamW final : public Optimizer {
   void Step(std::span<const ParamRef> params, double lr) override;
   int64_t steps() const override { return step_; }
   double StateBytesPerParam() const override { return 8; }
+  void SetPool(ThreadPool* pool) override { pool_ = pool; }
   // First and second moments of parameter i (for checkpoints and tests).
   const std::vector<float>& m(size_t i) const { return m_[i]; }
   const std::vector<float>& v(size_t i) const { return v_[i]; }
@@ -55,6 +60,7 @@ class AdamW final : public Optimizer {
   double b1_, b2_, eps_, wd_;
   int64_t step_ = 0;
   std::vector<std::vector<float>> m_, v_;
+  ThreadPool* pool_ = nullptr;
 };
 
 class Sgd final : public Optimizer {

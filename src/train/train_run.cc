@@ -220,6 +220,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   env.memory_plan = memory_plan.ok() ? &*memory_plan : nullptr;
   env.base_weight_bytes = base_bytes;
   env.monitor = o.monitor;
+  env.pool = &pool;
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, *tm, std::move(data), env));
   LATHE_ASSIGN_OR_RETURN(TrainSummary s, trainer->Run());
   pool.SetProfiler(nullptr);

@@ -236,6 +236,7 @@ Result<TrainSummary> Trainer::Run() {
     LATHE_ASSIGN_OR_RETURN(tb_, monitor::TensorBoardWriter::Open(TensorBoardDir(out)));
   }
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, MakeOptimizer(c));
+  opt->SetPool(env_.pool);
   const int64_t total = plan_.total_steps;
   LATHE_ASSIGN_OR_RETURN(LrSchedule sched,
                          LrSchedule::Make(c.lr_scheduler_type, c.learning_rate,

@@ -47,6 +47,7 @@ struct TrainerEnv {
   const MemoryPlan* memory_plan = nullptr;
   double base_weight_bytes = 0;
   bool monitor = false;
+  ThreadPool* pool = nullptr;  // the optimizer's elementwise updates run on it (the model's pool)
 };
 
 struct TrainSummary {

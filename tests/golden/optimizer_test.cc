@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "core/thread_pool.h"
+
 #include "formats/safetensors.h"
 #include "test_util.h"
 
@@ -64,6 +66,38 @@ TEST(Optimizer, AdamWWithClippingAndCosineMatchesTorch) {
     }
   }
   EXPECT_EQ(opt.steps(), 10);
+}
+
+// Step on a thread pool (lathe train and bench train set the model's pool): the same bits as on the
+// caller's thread, for a tensor split into many chunks and one too small to split.
+TEST(Optimizer, AdamWOnAPoolGivesTheSameBits) {
+  const std::vector<int64_t> sizes = {300001, 1000};
+  std::vector<std::vector<float>> p0, g;
+  uint32_t r = 7;
+  auto next = [&] {
+    r = r * 1664525u + 1013904223u;
+    return (float)((int32_t)r) / 2147483648.0f;
+  };
+  for (int64_t n : sizes) {
+    p0.emplace_back(n);
+    g.emplace_back(n);
+    for (int64_t j = 0; j < n; ++j) p0.back()[j] = next(), g.back()[j] = 0.01f * next();
+  }
+  std::vector<std::vector<float>> results[2];
+  for (int pooled : {0, 1}) {
+    ThreadPool pool(3);
+    std::vector<std::vector<float>> p = p0;
+    std::vector<ParamRef> refs;
+    for (size_t i = 0; i < p.size(); ++i) refs.push_back({"p", p[i].data(), g[i].data(), (int64_t)p[i].size(), i == 0});
+    AdamW opt(0.9, 0.999, 1e-8, 0.1);
+    if (pooled) opt.SetPool(&pool);
+    for (int s = 0; s < 3; ++s) opt.Step(refs, 1e-2);
+    results[pooled] = p;
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_NE(results[0][i], p0[i]);
+    EXPECT_EQ(results[1][i], results[0][i]) << "param " << i;
+  }
 }
 
 TEST(Optimizer, SgdWithWeightDecayMatchesTorch) {

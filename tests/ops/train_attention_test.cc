@@ -186,8 +186,9 @@ TEST_P(TrainAttention, BackwardMatchesFiniteDifferences) {
   }
 }
 
-// The backward's tasks (one query head each) own their dQ rows and per-head dK / dV parts, summed
-// in head order: 1, 2 and 3 threads give the same bits (TrainModelDeterminism relies on it).
+// The backward's tasks (a run of key tiles of one query head each, runs fixed by T: 3 at T = 301)
+// own their dQ rows or dQ partials (summed in run order) and per-head dK / dV parts (summed in head
+// order): 1, 2 and 3 threads give the same bits (TrainModelDeterminism relies on it).
 TEST(TrainAttentionThreads, BackwardBitsDoNotDependOnThreads) {
   for (IsaTier tier : {IsaTier::kScalar, IsaTier::kAvx2}) {
     if (!testing::CpuHasTier(tier)) continue;

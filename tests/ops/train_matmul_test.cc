@@ -47,7 +47,7 @@ const Shape kQuantShapes[] = {{1, 1, 32}, {7, 13, 64}, {13, 300, 96}, {200, 37, 
 // > 16 * kInner (the GEMM packs B in several rounds then).
 const Shape kF32Shapes[] = {{1, 1, 1},   {5, 7, 19},    {197, 261, 263}, {2, 259, 17}, {37, 16, 1},
                             {9, 1, 40},  {193, 600, 16}, {193, 16, 600}, {61, 3, 520}, {20, 530, 2},
-                            {3, 4200, 40}, {4200, 3, 20}};
+                            {3, 4200, 40}, {4200, 3, 20}, {128, 4300, 72}};
 
 class TrainMatMul : public ::testing::TestWithParam<std::tuple<IsaTier, int>> {};
 
@@ -78,6 +78,18 @@ TEST_P(TrainMatMul, BackwardInputMatchesReference) {
       for (size_t i = 0; i < ref_acc.size(); ++i) ref_acc[i] += ref[i];
       cpu::MatMulBackwardInputWith(tk, kt, pool, acc.data(), dy.data(), s.M, w.t, true);
       EXPECT_LE(RelErr(acc, ref_acc), kRefLimit) << DTypeName(dt) << " accumulate";
+      // W packed once beforehand (a frozen head): the same bits, overwriting and accumulating; and
+      // the same bits on one thread (the task split never changes what a C element sums).
+      std::vector<float> packed(cpu::PackedBackwardInputFloats(s.N, s.K), 7.0f);
+      cpu::PackForBackwardInputWith(tk, kt, pool, w.t, packed.data());
+      std::vector<float> dxp(s.M * s.K, 123.0f), accp = RandomVec(s.M * s.K, 23), dx1(s.M * s.K, 5.0f);
+      cpu::MatMulBackwardInputWith(tk, kt, pool, dxp.data(), dy.data(), s.M, w.t, false, packed.data());
+      cpu::MatMulBackwardInputWith(tk, kt, pool, accp.data(), dy.data(), s.M, w.t, true, packed.data());
+      EXPECT_EQ(dxp, dx) << DTypeName(dt) << " packed " << s.M << "x" << s.N << "x" << s.K;
+      EXPECT_EQ(accp, acc) << DTypeName(dt) << " packed accumulate";
+      ThreadPool one(1);
+      cpu::MatMulBackwardInputWith(tk, kt, one, dx1.data(), dy.data(), s.M, w.t, false);
+      EXPECT_EQ(dx1, dx) << DTypeName(dt) << " 1 thread";
     }
   }
 }
@@ -164,8 +176,12 @@ TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
     std::vector<double> ref = ToDouble(dw);
     const std::vector<double> dyd = ToDouble(dy), xd = ToDouble(x);
     train_ref::MatMulBackwardWeight<double>(ref.data(), dyd.data(), xd.data(), s.M, s.N, s.K);
+    std::vector<float> dw1 = dw;
     cpu::MatMulBackwardWeightWith(tk, pool, dw.data(), dy.data(), x.data(), s.M, s.N, s.K);
     EXPECT_LE(RelErr(dw, ref), kRefLimit) << s.M << "x" << s.N << "x" << s.K;
+    ThreadPool one(1);
+    cpu::MatMulBackwardWeightWith(tk, one, dw1.data(), dy.data(), x.data(), s.M, s.N, s.K);
+    EXPECT_EQ(dw1, dw) << s.M << "x" << s.N << "x" << s.K << " 1 thread";
   }
 }
 

@@ -151,6 +151,24 @@ TEST_P(TrainOpsTier, AttentionRowHelpersMatchDouble) {
   EXPECT_EQ(z, 3.0f);
 }
 
+// The forward's W^T strip packing: every element from its transposed source position, zero
+// padding past nj, for nl and nj across the 8 x 8 block edges and a source row stride > nl.
+TEST_P(TrainOpsTier, PackStripTransposedMatchesDefinition) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  const int64_t ld = 43;
+  const std::vector<float> src = testing::RandomVec(16 * ld, 61);
+  for (int64_t nl : {1, 7, 8, 9, 16, 40})
+    for (int nj = 1; nj <= cpu::kGemmTileC; ++nj) {
+      std::vector<float> bs(nl * cpu::kGemmTileC, 99.0f);
+      tk.pack_strip_t(bs.data(), src.data(), ld, nl, nj);
+      for (int64_t l = 0; l < nl; ++l)
+        for (int j = 0; j < cpu::kGemmTileC; ++j)
+          ASSERT_EQ(bs[l * cpu::kGemmTileC + j], j < nj ? src[j * ld + l] : 0.0f) << "nl " << nl << " nj " << nj
+                                                                                 << " l " << l << " j " << j;
+    }
+}
+
 // RoPE and the embedding have one implementation for all tiers.
 TEST_P(TrainOpsTier, RoundBf16MatchesScalarBitForBit) {
   LATHE_REQUIRE_TIER(GetParam());

@@ -103,6 +103,13 @@ TEST_P(TrainXent, MatchesReference) {
         if (labels[t] != kIgnoreLabel) continue;
         ASSERT_EQ(dx[t * C], 0.0f) << t;
       }
+      // A frozen head packed once (PackForBackwardInputWith, what TrainModel keeps) gives the same bits.
+      std::vector<float> packed(cpu::PackedBackwardInputFloats(V, C), 7.0f), dxp(T * C, 99.0f);
+      cpu::PackForBackwardInputWith(tk, kt, pool, w.t, packed.data());
+      const float loss_p = cpu::CrossEntropyWith(tk, kt, pool, dxp.data(), nullptr, x.data(), T, w.t, labels.data(),
+                                                 (float)n_valid, 0.7f, chunk, packed.data());
+      EXPECT_EQ(loss_p, loss_b) << where;
+      EXPECT_EQ(dxp, dx) << where << " packed head";
     }
   }
 }

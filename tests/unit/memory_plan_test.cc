@@ -295,8 +295,11 @@ TEST(MemoryPlanLathe, PackedBaseWeightsUseLathesLayouts) {
   std::map<std::string, double> w;
   for (const char* q : {"none", "int8", "nf4", "nf4_dq"}) {
     s.base_quant = q;
-    w[q] = PlanTraining(c, s)->Bytes("weights");
+    // Minus the frozen head's packed f32 copy (a LoRA setup keeps one for the loss's dx).
+    w[q] = PlanTraining(c, s)->Bytes("weights") - (double)model::PackedHeadBytes(c.vocab_size, c.dim, false);
   }
+  EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, false), 4 * c.vocab_size * c.dim);
+  EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, true), 0);  // a trained head changes every step
   EXPECT_DOUBLE_EQ(w["none"], c.ParamCount() * 2.0);  // bf16 base
   // int8 rows: 1 B + an f32 scale per row; NF4: 0.5 B + an f32 absmax per 64; DQ: a u8 per 64.
   EXPECT_NEAR(w["int8"] - other * 2, lin * 1.0, lin * 0.01);

@@ -19,6 +19,7 @@ namespace {
 constexpr int64_t kQTile = 16 * kGemmTileR;  // 96 query rows per tile
 constexpr int64_t kKTile = 128;              // key rows per tile (96 x 128 scores, 48 KiB: L2)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kBackwardRuns = 4;         // runs of key tiles per head in the backward (tasks)
 
 struct Dims {
   int64_t T;
@@ -278,8 +279,10 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
     float* m = Scratch(m_buf, (size_t)kQTile);
     float* l = Scratch(l_buf, (size_t)kQTile);
     for (int64_t task = tb; task < te; ++task) {
-      const int h = (int)(task / n_qt), g = h / d.rep();
-      const int64_t q0 = task % n_qt * kQTile, q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
+      // Last query tiles (the most keys) first, so the threads end together; each task's result
+      // does not depend on the order.
+      const int h = (int)(task % n_head), g = h / d.rep();
+      const int64_t q0 = (n_qt - 1 - task / n_head) * kQTile, q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
       std::fill(o, o + nq * D, 0.0f);
       std::fill(m, m + nq, kNegInf);
       std::fill(l, l + nq, 0.0f);
@@ -337,9 +340,10 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
   });
 }
 
-// One pass per query head (a task: no two tasks write the same dQ rows, and each head's dK / dV
-// goes to its own rows, summed over the group's heads in a fixed order at the end, so the result
-// does not depend on the number of threads). Per key tile (outer) and query tile: S = scale Q K^T
+// One pass per (run of key tiles, query head) task: no two tasks write the same dQ rows (run 0 writes
+// dq, later runs their own partials, added in run order), and each head's dK / dV goes to its own
+// rows, summed over the group's heads in a fixed order at the end, so the result does not depend on
+// the number of threads. Per key tile (outer) and query tile: S = scale Q K^T
 // and dP = dO V^T once, P = exp(S - lse), dS = P (dP - delta) scale, then dV += P^T dO,
 // dK += dS^T Q and dQ += dS K.
 void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq,
@@ -373,7 +377,30 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
   float* dkp = rep > 1 ? Scratch(dkp_buf, (size_t)(n_head * T * D)) : nullptr;
   float* dvp = rep > 1 ? Scratch(dvp_buf, (size_t)(n_head * T * D)) : nullptr;
   const int64_t n_kt = (T + kKTile - 1) / kKTile;
-  pool.ParallelFor(n_head, 1, [&](int64_t hb, int64_t he, int) {
+  // Tasks are (run of key tiles, head): the key tiles split into n_parts runs of about equal causal
+  // work, so 9 heads still spread evenly over the threads. The split depends on T only (never on the
+  // threads): run 0 adds its dQ straight into dq, run p > 0 into its own partial rows (from its first
+  // query tile on), which are added to dq in run order at the end.
+  const int64_t n_parts = std::min<int64_t>(n_kt, kBackwardRuns);
+  std::vector<int64_t> run_begin(n_parts + 1, n_kt);
+  {
+    auto work = [&](int64_t kt_i) {
+      const int64_t k0 = kt_i * kKTile, nk = std::min(kKTile, T - k0);
+      return (double)(T - k0 - nk / 2) * nk;
+    };
+    double total = 0, cum = 0;
+    for (int64_t kt_i = 0; kt_i < n_kt; ++kt_i) total += work(kt_i);
+    run_begin[0] = 0;
+    int64_t p = 1;
+    for (int64_t kt_i = 0; kt_i < n_kt && p < n_parts; ++kt_i) {
+      cum += work(kt_i);
+      if (cum >= total * (double)p / (double)n_parts || n_kt - (kt_i + 1) == n_parts - p) run_begin[p++] = kt_i + 1;
+    }
+  }
+  auto run_q0 = [&](int64_t p) { return std::min(T, run_begin[p] * kKTile / kQTile * kQTile); };
+  static thread_local std::vector<float> dqp_buf;
+  float* dqp = n_parts > 1 ? Scratch(dqp_buf, (size_t)((n_parts - 1) * n_head * T * D)) : nullptr;
+  pool.ParallelFor(n_parts * n_head, 1, [&](int64_t tb, int64_t te, int) {
     static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf;
     static thread_local GemmScratch gs;
     static thread_local TileRanges tr;
@@ -381,14 +408,18 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
     float* dvt = Scratch(dv_buf, (size_t)(kKTile * D));
     float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
     float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
-    for (int64_t h = hb; h < he; ++h) {
+    for (int64_t task = tb; task < te; ++task) {
+      const int64_t part = task / n_head, h = task % n_head;
       const int g = (int)h / rep;
-      for (int64_t t = 0; t < T; ++t) std::memset(dq + d.QRow(t, (int)h), 0, sizeof(float) * D);
+      // This run's dQ rows: dq itself (run 0, every row zeroed) or its partial rows from run_q0 on.
+      float* dqh = part == 0 ? dq + h * D : dqp + ((part - 1) * n_head + h) * T * D;
+      const int64_t ld_dq = part == 0 ? ldq : D;
+      for (int64_t t = part == 0 ? 0 : run_q0(part); t < T; ++t) std::memset(dqh + t * ld_dq, 0, sizeof(float) * D);
       const float* qh = q + h * D;
       const float* doh = dout + h * D;
       const float* kcg = kc + g * sp.ColsSize();
       const float* vcg = vc + g * sp.ColsSize();
-      for (int64_t kt_i = 0; kt_i < n_kt; ++kt_i) {
+      for (int64_t kt_i = run_begin[part]; kt_i < run_begin[part + 1]; ++kt_i) {
         const int64_t k0 = kt_i * kKTile, k1 = std::min(T, k0 + kKTile), nk = k1 - k0;
         std::fill(dkt, dkt + nk * D, 0.0f);
         std::fill(dvt, dvt + nk * D, 0.0f);
@@ -419,7 +450,7 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
           // dV += P^T dO, dK += dS^T Q, dQ += dS K.
           KeyRowsProduct(tk, gs, dvt, D, nk, D, nq, P, nk, dos.Unit(h).Rows(q0), tr);
           KeyRowsProduct(tk, gs, dkt, D, nk, D, nq, dS, nk, qs.Unit(h).Rows(q0), tr);
-          RowsTimesStrips(tk, dq + d.QRow(q0, (int)h), ldq, nq, D, nk, dS, nk, ks.Unit(g).Rows(k0), nullptr, &tr,
+          RowsTimesStrips(tk, dqh + q0 * ld_dq, ld_dq, nq, D, nk, dS, nk, ks.Unit(g).Rows(k0), nullptr, &tr,
                           /*overwrite=*/false);
         }
         for (int64_t s = k0; s < k1; ++s) {
@@ -431,6 +462,19 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
       }
     }
   });
+  if (n_parts > 1) {
+    pool.ParallelFor(T * n_head, 64, [&](int64_t b, int64_t e, int) {
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t t = r / n_head, h = r % n_head;
+        float* dqr = dq + r * D;
+        for (int64_t p = 1; p < n_parts; ++p) {
+          if (t < run_q0(p)) continue;
+          const float* src = dqp + ((p - 1) * n_head + h) * T * D + t * D;
+          for (int c = 0; c < D; ++c) dqr[c] += src[c];
+        }
+      }
+    });
+  }
   if (rep == 1) return;
   // dK / dV of each kv head: its query heads' parts summed in head order.
   pool.ParallelFor(T * n_kv_head, 64, [&](int64_t b, int64_t e, int) {

@@ -44,6 +44,9 @@ struct TrainKernelTable {
   void (*softmax_grad)(float* ds, const float* p, int64_t n, float delta, float scale);
   // out[i] = BF16ToF32(F32ToBF16(x[i])) bit for bit (round to nearest even, NaN -> quiet NaN).
   void (*round_bf16)(float* out, const float* x, int64_t n);
+  // One kGemmTileC-column B strip of a transposed source (the forward's W^T): bs[l * 16 + j] =
+  // src[j * ld + l] for l < nl, j < nj, and 0 for nj <= j < 16. 1 <= nj <= 16.
+  void (*pack_strip_t)(float* bs, const float* src, int64_t ld, int64_t nl, int nj);
 };
 
 // The table for a tier (AVX-512 machines use the AVX2 table). REQUIRES CPU support.
@@ -51,8 +54,16 @@ const TrainKernelTable& TrainKernelsFor(IsaTier tier);
 const TrainKernelTable& TrainBest();
 
 // MatMulBackwardInput / MatMulBackwardWeight with one tier's tables (train_matmul.cc).
+// packed: w already packed by PackForBackwardInputWith (then nothing is packed per call; the result is
+// bit-identical), or nullptr.
 void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
-                             const float* dy, int64_t M, const Tensor& w, bool accumulate);
+                             const float* dy, int64_t M, const Tensor& w, bool accumulate,
+                             const float* packed = nullptr);
+// W (N, K), any dtype MatMulBackwardInputWith takes, as f32 16-column strips over all N rows (the B
+// operand of dX = dY . W for every call): PackedBackwardInputFloats(N, K) floats at out.
+int64_t PackedBackwardInputFloats(int64_t N, int64_t K);
+void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, const Tensor& w,
+                              float* out);
 // y = x . W^T (M x N) for f32/f16/bf16 W (N, K) through the same GEMM (train_matmul.cc).
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
                        const float* x, int64_t M, const Tensor& w);
@@ -63,7 +74,7 @@ void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, floa
 // dx is null (dw must be null too).
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
-                       float dloss, int64_t chunk_tokens);
+                       float dloss, int64_t chunk_tokens, const float* packed_head = nullptr);
 
 // FlashAttentionForward / Backward with one tier's tables (train_attention.cc).
 void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* out,

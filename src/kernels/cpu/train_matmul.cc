@@ -47,9 +47,13 @@ float* ThreadATile(size_t n) {
 // contiguous rows (a_is == 1: the forward and the input gradient) is read in place by the rows
 // micro-kernel; otherwise (the weight gradient, A = dY^T) a 6 x kInner tile is packed per use.
 // Each C element sums its kInner chunks in order, so the result does not depend on the threads.
+// With bpre (B already packed for every column and inner row, PackForBackwardInput's layout: strip
+// s over all L rows at bpre + s * L * kGemmTileC) nothing is packed and one round covers everything;
+// the micro-kernel calls and their order are the same, so the result is bit-identical.
 template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
-          const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b) {
+          const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b,
+          const float* bpre = nullptr) {
   if (R <= 0 || Kd <= 0) return;
   if (L <= 0) {
     if (!accumulate)
@@ -59,19 +63,30 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
   const int64_t n_lc_all = (L + kInner - 1) / kInner;
   // Inner chunks per round (all of them unless L > 4096, e.g. the head's input gradient) and
   // columns per round (whole kColBlocks, at least one): a round's panels fit kSharedBFloats.
-  const int64_t chunks = std::min(n_lc_all, std::max<int64_t>(1, kSharedBFloats / (kInner * kColBlock)));
-  const int64_t group = std::max<int64_t>(1, kSharedBFloats / (chunks * kInner * kColBlock)) * kColBlock;
+  const int64_t chunks =
+      bpre ? n_lc_all : std::min(n_lc_all, std::max<int64_t>(1, kSharedBFloats / (kInner * kColBlock)));
+  const int64_t group =
+      bpre ? Kd : std::max<int64_t>(1, kSharedBFloats / (chunks * kInner * kColBlock)) * kColBlock;
+  // Column block: kColBlock; with bpre (nothing to pack per block) up to 20 strips, the block count
+  // a multiple of the threads, so a small-R product (the head's 128-row chunks) still splits evenly.
+  int64_t col_block = kColBlock;
+  if (bpre) {
+    const int64_t strips = (Kd + kGemmTileC - 1) / kGemmTileC, th = pool.size();
+    int64_t n = (strips + 19) / 20;
+    n = std::min(strips, (n + th - 1) / th * th);
+    col_block = (strips + n - 1) / n * kGemmTileC;
+  }
   const bool rows_kernel = a_is == 1;
   if (!rows_kernel && !accumulate)
     for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
   for (int64_t g0 = 0; g0 < Kd; g0 += group)
   for (int64_t c0 = 0; c0 < n_lc_all; c0 += chunks) {
     const int64_t gk = std::min(group, Kd - g0);
-    const int64_t n_cb = (gk + kColBlock - 1) / kColBlock;
+    const int64_t n_cb = (gk + col_block - 1) / col_block;
     const int64_t n_lc = std::min(chunks, n_lc_all - c0);  // chunks c0 .. c0 + n_lc - 1 this round
     // Panel (cb, lc) at bpack + (cb * n_lc + lc) * kInner * kColBlock; strip s of it s * nl * 16 on.
-    float* bpack = SharedPanels((size_t)(n_cb * n_lc * kInner * kColBlock));
-    pool.ParallelFor(n_cb * n_lc, 1, [&](int64_t tb, int64_t te, int) {
+    float* bpack = bpre ? nullptr : SharedPanels((size_t)(n_cb * n_lc * kInner * kColBlock));
+    if (!bpre) pool.ParallelFor(n_cb * n_lc, 1, [&](int64_t tb, int64_t te, int) {
       float* tmp = ThreadTmp((size_t)(kInner * kColBlock));
       for (int64_t u = tb; u < te; ++u) {
         const int64_t cb = u / n_lc, lc = u % n_lc;
@@ -94,16 +109,28 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         }
       }
     });
-    const int64_t n_rb = (R + kRowBlock - 1) / kRowBlock;
+    // Too few tasks for the threads to share evenly (k / v's 192 columns over 512 rows: 3 tasks; the
+    // head's input gradient per round: 1) -> smaller row blocks, at least 2 tasks per thread (with bpre,
+    // whose column blocks already come in a multiple of the threads, 1). Every C element still sees
+    // the same micro-kernel calls, so the split never changes the result.
+    int64_t row_block = kRowBlock;
+    const int64_t want = pool.size() > 1 ? (bpre ? 1 : 2) * (int64_t)pool.size() : 1;
+    if ((R + kRowBlock - 1) / kRowBlock * n_cb < want) {
+      const int64_t parts = (want + n_cb - 1) / n_cb;
+      row_block = std::max<int64_t>(kGemmTileR, ((R + parts - 1) / parts + kGemmTileR - 1) / kGemmTileR * kGemmTileR);
+    }
+    const int64_t n_rb = (R + row_block - 1) / row_block;
     pool.ParallelFor(n_rb * n_cb, 1, [&](int64_t tb, int64_t te, int) {
       float* apack = rows_kernel ? nullptr : ThreadATile((size_t)(kInner * kGemmTileR));
       for (int64_t task = tb; task < te; ++task) {
-        const int64_t r0 = task / n_cb * kRowBlock, r1 = std::min(R, r0 + kRowBlock);
+        const int64_t r0 = task / n_cb * row_block, r1 = std::min(R, r0 + row_block);
         const int64_t cb = task % n_cb;
-        const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
+        const int64_t k0 = g0 + cb * col_block, nk = std::min(col_block, Kd - k0);
         for (int64_t lc = 0; lc < n_lc; ++lc) {
           const int64_t l0 = (c0 + lc) * kInner, nl = std::min(kInner, L - l0);
-          const float* panel = bpack + (cb * n_lc + lc) * kInner * kColBlock;
+          // Strip j0 / 16 of this (column block, inner chunk) starts at panel + j0 * per_col.
+          const float* panel = bpre ? bpre + k0 * L + l0 * kGemmTileC : bpack + (cb * n_lc + lc) * kInner * kColBlock;
+          const int64_t per_col = bpre ? L : nl;
           const bool overwrite = c0 + lc == 0 && !accumulate;
           for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
             const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
@@ -111,7 +138,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
             if (rows_kernel) {
               const float* ar = a + ri * a_rs + l0;
               for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
-                tk.gemm_tile_rows(ar, a_rs, panel + j0 * nl, kGemmTileC, nl, crow + j0, ldc, mr,
+                tk.gemm_tile_rows(ar, a_rs, panel + j0 * per_col, kGemmTileC, nl, crow + j0, ldc, mr,
                                   (int)std::min<int64_t>(kGemmTileC, nk - j0), overwrite);
               continue;
             }
@@ -126,7 +153,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
               }
             }
             for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
-              tk.gemm_tile(apack, panel + j0 * nl, kGemmTileC, nl, crow + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
+              tk.gemm_tile(apack, panel + j0 * per_col, kGemmTileC, nl, crow + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
           }
         }
       }
@@ -136,26 +163,29 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
 
 }  // namespace
 
-void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
-                             const float* dy, int64_t M, const Tensor& w, bool accumulate) {
+namespace {
+
+// Calls body(fill) with the B fill of dX = dY . W for W's dtype: B(l, k) = W(l, k), f32 read in
+// place, other dtypes dequantized 256 x 256 at a time into the caller's tmp.
+template <typename Body>
+void WithBackwardInputFill(const TrainKernelTable& tk, const KernelTable& kt, const Tensor& w, const Body& body) {
   LATHE_CHECK(w.ndim() == 2);
-  const int64_t N = w.shape[0], K = w.shape[1];
+  const int64_t K = w.shape[1];
   if (IsPackedQuant(w.dtype)) {  // NF4/FP4/int8: B chunks dequantized straight from the packed buffer
     if (IsPacked4Bit(w.dtype)) LATHE_CHECK(K % kQuant4Block == 0);
     const quant::QuantKernels& qk = quant::QuantKernelsFor(tk.tier);
-    auto fill_packed = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
+    body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
       quant::DequantPackedBlock(qk, w, l0, nl, k0, nk, tmp, nk);
       *ld = nk;
       return tmp;
-    };
-    Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill_packed);
+    });
     return;
   }
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
   const DType t = w.dtype;
   if (IsQuantized(t)) LATHE_CHECK(K % 32 == 0);
-  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
+  body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
     if (t == DType::kF32) {
       *ld = K;
       return (const float*)w.data + l0 * K + k0;
@@ -163,8 +193,45 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
     kt.mm.dequant_rows(t, wd + l0 * rb + DTypeBytes(t, k0), rb, nl, nk, tmp, nk);
     *ld = nk;
     return tmp;
-  };
-  Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill);
+  });
+}
+
+}  // namespace
+
+void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
+                             const float* dy, int64_t M, const Tensor& w, bool accumulate, const float* packed) {
+  LATHE_CHECK(w.ndim() == 2);
+  const int64_t N = w.shape[0], K = w.shape[1];
+  WithBackwardInputFill(tk, kt, w, [&](const auto& fill) { Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill, packed); });
+}
+
+int64_t PackedBackwardInputFloats(int64_t N, int64_t K) {
+  return (K + kGemmTileC - 1) / kGemmTileC * kGemmTileC * N;
+}
+
+void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, const Tensor& w,
+                              float* out) {
+  LATHE_CHECK(w.ndim() == 2);
+  const int64_t N = w.shape[0], K = w.shape[1];
+  // Strip s (columns 16 s ..) of W over all N rows at out + s * N * 16, row l at + l * 16; zero past K.
+  WithBackwardInputFill(tk, kt, w, [&](const auto& fill) {
+    const int64_t n_lc = (N + kInner - 1) / kInner, n_cb = (K + kColBlock - 1) / kColBlock;
+    pool.ParallelFor(n_lc * n_cb, 1, [&](int64_t tb, int64_t te, int) {
+      float* tmp = ThreadTmp((size_t)(kInner * kColBlock));
+      for (int64_t u = tb; u < te; ++u) {
+        const int64_t l0 = u / n_cb * kInner, nl = std::min(kInner, N - l0);
+        const int64_t k0 = u % n_cb * kColBlock, nk = std::min(kColBlock, K - k0);
+        int64_t ld = 0;
+        const float* p = fill(l0, nl, k0, nk, tmp, nullptr, &ld);
+        for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
+          const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
+          float* bs = out + (k0 + j0) * N + l0 * kGemmTileC;
+          for (int64_t l = 0; l < nl; ++l)
+            for (int64_t j = 0; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = j < nj ? p[l * ld + j0 + j] : 0.0f;
+        }
+      }
+    });
+  });
 }
 
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
@@ -187,16 +254,8 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
       src = rows;
       src_ld = nl;
     }
-    for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
-      float* bs = panel + j0 * nl;
-      const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
-      for (int64_t j = 0; j < nj; ++j) {
-        const float* wr = src + (j0 + j) * src_ld;
-        for (int64_t l = 0; l < nl; ++l) bs[l * kGemmTileC + j] = wr[l];
-      }
-      for (int64_t j = nj; j < kGemmTileC; ++j)
-        for (int64_t l = 0; l < nl; ++l) bs[l * kGemmTileC + j] = 0.0f;
-    }
+    for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
+      tk.pack_strip_t(panel + j0 * nl, src + j0 * src_ld, src_ld, nl, (int)std::min<int64_t>(kGemmTileC, nk - j0));
     return nullptr;
   };
   Gemm(tk, pool, y, N, M, N, K, x, K, 1, /*accumulate=*/false, fill);

@@ -82,12 +82,17 @@ void RoundBf16(float* out, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = BF16ToF32(F32ToBF16(x[i]));
 }
 
+void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
+  for (int64_t l = 0; l < nl; ++l)
+    for (int j = 0; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = j < nj ? src[j * ld + l] : 0.0f;
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
                                      SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
-                                     ExpShiftSum, SoftmaxGrad, RoundBf16};
+                                     ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT};
   return t;
 }
 
@@ -202,11 +207,28 @@ float CrossEntropyForward(ThreadPool& pool, const float* x, int64_t T, const Ten
                                normalizer, 1.0f, chunk_tokens);
 }
 
+void PackForBackwardInput(ThreadPool& pool, const Tensor& w, PackedBackwardB* out) {
+  LATHE_CHECK(w.ndim() == 2);
+  out->N = w.shape[0];
+  out->K = w.shape[1];
+  out->data.resize((size_t)cpu::PackedBackwardInputFloats(out->N, out->K));
+  cpu::PackForBackwardInputWith(cpu::TrainBest(), cpu::Best(), pool, w, out->data.data());
+  out->src = w.data;
+}
+
+int64_t PackedBackwardBBytes(int64_t N, int64_t K) { return cpu::PackedBackwardInputFloats(N, K) * (int64_t)sizeof(float); }
+
 float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, const float* x, int64_t T,
                            const Tensor& w_head, const int32_t* labels, float normalizer, float dloss,
-                           int64_t chunk_tokens) {
+                           int64_t chunk_tokens, const PackedBackwardB* packed_head) {
+  const float* packed = nullptr;
+  if (packed_head) {
+    LATHE_CHECK(packed_head->src == w_head.data && packed_head->N == w_head.shape[0] &&
+                packed_head->K == w_head.shape[1]);
+    packed = packed_head->data.data();
+  }
   return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, dx, dw_head_accum, x, T, w_head, labels,
-                               normalizer, dloss, chunk_tokens);
+                               normalizer, dloss, chunk_tokens, packed);
 }
 
 void FlashAttentionForward(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,

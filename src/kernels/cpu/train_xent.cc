@@ -13,7 +13,7 @@ namespace lathe::kernels::cpu {
 
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
-                       float dloss, int64_t chunk_tokens) {
+                       float dloss, int64_t chunk_tokens, const float* packed_head) {
   LATHE_CHECK(w_head.ndim() == 2 && normalizer > 0 && chunk_tokens > 0);
   LATHE_CHECK(dx != nullptr || dw == nullptr);
   const int64_t V = w_head.shape[0], C = w_head.shape[1];
@@ -48,7 +48,7 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     });
     for (int64_t i = 0; i < nc; ++i) loss += row_loss[i];
     if (!dx) continue;
-    MatMulBackwardInputWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false);
+    MatMulBackwardInputWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
     for (int64_t i = 0; i < nc; ++i) std::memcpy(dx + rows[r0 + i] * C, &dxc[i * C], sizeof(float) * C);
     if (dw) MatMulBackwardWeightWith(tk, pool, dw, logits.data(), xc.data(), nc, V, C);
   }
