@@ -68,7 +68,9 @@ PY
 grep -q -- "--profile: expected an output FILE" "$tmp/err" || fail "--profile error not named: $(cat "$tmp/err")"
 "$LATHE" train "$tmp/lora.yaml" --monitor=maybe > /dev/null 2> "$tmp/err" && fail "--monitor=maybe accepted"
 grep -q -- "--monitor: expected" "$tmp/err" || fail "--monitor error not named: $(cat "$tmp/err")"
-# `lathe serve --profile FILE`: a request's forward ops land in the trace written at shutdown.
+# `lathe serve --profile FILE`: a request's forward ops land in the trace written at shutdown. The
+# prompt is long enough (~100 tokens) that its prefill matmuls go to the pool's workers (jobs under
+# ThreadPool::kMinParallelWork run inline and leave no pool_chunk span).
 "$LATHE" serve -m "$SHARED/models/stories260K/stories260K.gguf" --port 0 -t 2 --kv-cache-memory 16M \
   --profile "$tmp/serve_trace.json" > "$tmp/serve_out" 2> "$tmp/serve_err" &
 spid=$!
@@ -84,7 +86,7 @@ else
   python3 - "$port" <<'PY' || fail "completion request to the profiled server"
 import json, sys, urllib.request
 req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions",
-                             data=json.dumps({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}).encode(),
+                             data=json.dumps({"prompt": "Once upon a time, " * 20, "max_tokens": 8, "temperature": 0}).encode(),
                              headers={"Content-Type": "application/json"})
 r = json.load(urllib.request.urlopen(req, timeout=30))
 assert r["usage"]["completion_tokens"] == 8, r
