@@ -20,6 +20,7 @@
 #include "cli/common.h"
 #include "core/check.h"
 #include "core/cpu.h"
+#include "core/profiler.h"
 #include "model/loader.h"
 #include "model/train_model.h"
 #include "monitor/memory.h"
@@ -190,14 +191,17 @@ double CpuSeconds() {  // user + sys of this process: robust to other load on a 
 // (as PyTorch does with its parameters); a file-mapped model's trained tensors are copied to f32
 // masters and their file pages dropped, as `lathe train` does.
 int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B, int64_t T, int steps,
-             int64_t optim_resident_mb, int64_t row_group_tokens) {
+             int64_t optim_resident_mb, int64_t row_group_tokens, const std::string& profile_path) {
   ThreadPool pool(threads);
+  std::unique_ptr<Profiler> profiler;
+  if (!profile_path.empty()) profiler = std::make_unique<Profiler>();
   model::TrainModelOptions o;
   o.method = row.lora ? model::FinetuneMethod::kLora : model::FinetuneMethod::kFull;
   o.lora_rank = 16;
   o.lora_alpha = 32;
   o.bf16 = row.bf16;
   o.row_group_tokens = row_group_tokens;
+  o.profiler = profiler.get();  // events of earlier steps are cleared before the last one
   auto m = model::TrainModel::CreateInPlace(w, pool, o);
   if (!m.ok()) return Fail("bench train", m.status());
   std::vector<train::ParamRef> refs;
@@ -220,18 +224,52 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
   batch.labels = ids;
   batch.B = B;
   batch.T = T;
-  double best = 1e30, best_cpu = 1e30, loss = 0;
+  double best = 1e30, best_cpu = 1e30, loss = 0, last_wall_ns = 0;
+  int64_t last_start_ns = 0;
   for (int i = 0; i < steps + 1; ++i) {  // the first step sizes the buffers (warmup)
+    if (profiler && i == steps) {  // the last step only
+      profiler->Clear();
+      pool.SetProfiler(profiler.get());
+      last_start_ns = profiler->NowNs();
+    }
     const double c0 = CpuSeconds();
     auto t0 = Clock::now();
-    (*m)->ZeroGrad();
+    {
+      ScopedOp op(profiler.get(), "zero_grad");
+      (*m)->ZeroGrad();
+    }
     auto l = (*m)->ForwardBackward(batch, (double)(B * T));
     if (!l.ok()) return Fail("bench train", l.status());
-    (*opt)->Step(refs, 1e-5);
+    {
+      ScopedOp op(profiler.get(), "optimizer_step");
+      (*opt)->Step(refs, 1e-5);
+    }
     double t = Seconds(t0, Clock::now());
+    if (profiler && i == steps) last_wall_ns = (double)(profiler->NowNs() - last_start_ns);
     loss = *l / (B * T);
     const double ct = CpuSeconds() - c0;
     if (i > 0) best = std::min(best, t), best_cpu = std::min(best_cpu, ct);
+  }
+  pool.SetProfiler(nullptr);
+  if (profiler) {
+    Status ps = profiler->WriteChromeTrace(profile_path);
+    if (!ps.ok()) return Fail("bench train", ps.WithContext("--profile"));
+    // The step as a whole: how much of it the recorded ops cover (the rest ran serially on this
+    // thread outside any op) and the threads busy on average (this thread + other threads' chunks).
+    double in_ops = 0, other = 0;
+    const std::vector<Profiler::Event> evs = profiler->Events();
+    int me = 0;  // this thread's track: the one zero_grad ran on
+    for (const auto& e : evs)
+      if (e.name == "zero_grad") me = e.tid;
+    for (const auto& e : evs) {
+      if (e.tid == me && e.name != "pool_chunk") in_ops += (double)e.dur_ns;
+      if (e.tid != me && e.name == "pool_chunk") other += (double)e.dur_ns;
+    }
+    std::fprintf(stderr,
+                 "profile of the last step (%s, %d thread(s)): wrote %s\nstep %.1f ms: ops cover %.1f%%, threads "
+                 "busy on average %.2f of %d\n%s",
+                 row.name, threads, profile_path.c_str(), last_wall_ns / 1e6, 100.0 * in_ops / last_wall_ns,
+                 (last_wall_ns + other) / last_wall_ns, threads, profiler->Summary(25).c_str());
   }
   std::printf("RESULT %.3f %.4f %lld %.4f %.3f\n", B * T / best, best,
               (long long)(monitor::ProcessPeakRssBytes() / 1024), loss, B * T / best_cpu);
@@ -280,6 +318,9 @@ int RunBenchTrain(int argc, char** argv) {
   args.Flag("--row-group-tokens",
             "rows of a step run forward + backward in groups of max(1, this / seq) rows (0 = all at once)",
             std::to_string(model::TrainModelOptions().row_group_tokens));
+  args.Flag("--profile",
+            "PREFIX: each row's last step is profiled to PREFIX-ROW-tN.json (Chrome trace) with a top-ops "
+            "table on stderr (its cores column shows how well each op used the threads)");
   args.Flag("--child", "internal: run one row in this process and print its RESULT line");
   args.Flag("--threads", "internal: threads of the --child row", "1");
   Status st = args.Parse(argc, argv);
@@ -356,7 +397,8 @@ int RunBenchTrain(int argc, char** argv) {
     }
     auto t = args.Int("threads");
     if (!t.ok() || *t < 1) return Fail("bench train", Status::Error("--threads: expected a positive integer"));
-    return RunChild(w, row, (int)*t, *batch, *seq, (int)*steps, *resident_mb, *group_tokens);
+    return RunChild(w, row, (int)*t, *batch, *seq, (int)*steps, *resident_mb, *group_tokens,
+                    args.Has("profile") ? args.Get("profile") : std::string());
   }
 
   model::ModelConfig c;
@@ -407,6 +449,9 @@ int RunBenchTrain(int argc, char** argv) {
                         std::to_string(*steps) + " --optim-resident-mb " + std::to_string(*resident_mb) +
                         " --row-group-tokens " + std::to_string(*group_tokens);
       cmd += args.Has("model") ? " -m '" + args.Get("model") + "'" : " --arch '" + args.Get("arch") + "'";
+      if (args.Has("profile")) {
+        cmd += " --profile '" + args.Get("profile") + "-" + rn + "-t" + std::to_string(threads[ti]) + ".json'";
+      }
       FILE* p = popen(cmd.c_str(), "r");
       if (!p) return Fail("bench train", Status::Error("cannot start the row subprocess: " + cmd));
       char line[512];

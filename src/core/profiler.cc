@@ -36,6 +36,11 @@ std::vector<Profiler::Event> Profiler::Events() const {
   return events_;
 }
 
+void Profiler::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.clear();
+}
+
 Status Profiler::WriteChromeTrace(const std::string& path) const {
   nlohmann::json events = nlohmann::json::array();
   std::vector<Event> evs = Events();
@@ -69,10 +74,22 @@ std::string Profiler::Summary(int top) const {
   struct Agg {
     int64_t calls = 0, ns = 0;
     double flops = 0, bytes = 0;
+    double other_ns = 0;  // pool chunks run by other threads inside this op's spans
   };
+  std::vector<Event> evs = Events();
+  // Pool chunks by start time, to find those overlapping an op: a chunk that overlaps [s, e)
+  // starts before e and at or after s - (the longest chunk).
+  std::vector<const Event*> chunks;
+  int64_t longest = 0;
+  for (const Event& e : evs) {
+    if (e.name != "pool_chunk") continue;
+    chunks.push_back(&e);
+    longest = std::max(longest, e.dur_ns);
+  }
+  std::sort(chunks.begin(), chunks.end(), [](const Event* a, const Event* b) { return a->start_ns < b->start_ns; });
   std::map<std::string, Agg> by;
   int64_t total = 0;
-  for (const Event& e : Events()) {
+  for (const Event& e : evs) {
     if (e.name == "pool_chunk") continue;  // worker-track spans nested inside the ops below
     Agg& a = by[e.name];
     a.calls++;
@@ -80,15 +97,27 @@ std::string Profiler::Summary(int top) const {
     a.flops += e.flops;
     a.bytes += e.bytes;
     total += e.dur_ns;
+    const int64_t s = e.start_ns, end = e.start_ns + e.dur_ns;
+    auto it = std::lower_bound(chunks.begin(), chunks.end(), s - longest,
+                               [](const Event* c, int64_t t) { return c->start_ns < t; });
+    for (; it != chunks.end() && (*it)->start_ns < end; ++it) {
+      if ((*it)->tid == e.tid) continue;  // the op's own thread: already in its duration
+      const int64_t lo = std::max(s, (*it)->start_ns), hi = std::min(end, (*it)->start_ns + (*it)->dur_ns);
+      if (hi > lo) a.other_ns += (double)(hi - lo);
+    }
   }
   std::vector<std::pair<std::string, Agg>> rows(by.begin(), by.end());
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
-  std::string out = StrFormat("%-18s %8s %10s %7s %9s %8s\n", "op", "calls", "total ms", "share", "GFLOP/s", "GB/s");
+  // "cores": threads busy on average while the op ran (its own thread plus pool chunks that
+  // other threads ran inside it); 1.00 = serial, the pool size = perfectly parallel.
+  std::string out =
+      StrFormat("%-18s %8s %10s %7s %9s %8s %6s\n", "op", "calls", "total ms", "share", "GFLOP/s", "GB/s", "cores");
   for (size_t i = 0; i < rows.size() && (int)i < top; ++i) {
     const Agg& a = rows[i].second;
     double s = a.ns / 1e9;
-    out += StrFormat("%-18s %8lld %10.2f %6.1f%% %9.1f %8.1f\n", rows[i].first.c_str(), (long long)a.calls, a.ns / 1e6,
-                     total ? 100.0 * a.ns / total : 0.0, s > 0 ? a.flops / s / 1e9 : 0.0, s > 0 ? a.bytes / s / 1e9 : 0.0);
+    out += StrFormat("%-18s %8lld %10.2f %6.1f%% %9.1f %8.1f %6.2f\n", rows[i].first.c_str(), (long long)a.calls,
+                     a.ns / 1e6, total ? 100.0 * a.ns / total : 0.0, s > 0 ? a.flops / s / 1e9 : 0.0,
+                     s > 0 ? a.bytes / s / 1e9 : 0.0, a.ns > 0 ? 1.0 + a.other_ns / (double)a.ns : 1.0);
   }
   out += StrFormat("%-18s %8s %10.2f\n", "total", "", total / 1e6);
   return out;

@@ -32,10 +32,12 @@ class Profiler {
   // Thread-safe.
   void Record(Event e);
   std::vector<Event> Events() const;
+  void Clear();  // drops the events recorded so far (thread indices stay)
   // Chrome trace format ("X" complete events, microseconds).
   Status WriteChromeTrace(const std::string& path) const;
-  // A table of the `top` ops by total time: calls, total ms, share, GFLOP/s, GB/s. The thread
-  // pool's "pool_chunk" spans (nested inside ops) are left out.
+  // A table of the `top` ops by total time: calls, total ms, share, GFLOP/s, GB/s, and cores (the
+  // threads busy on average while the op ran: its own thread plus the "pool_chunk" spans other
+  // threads ran inside it; 1.00 = serial). The pool_chunk spans are not rows of their own.
   std::string Summary(int top = 15) const;
 
  private:

@@ -422,6 +422,7 @@ const float* TrainModelImpl::Dropped(const float* x, int64_t in, int64_t layer, 
 
 void TrainModelImpl::RmsFwd(float* out, float* rstd, const float* x, const float* w) {
   const int64_t C = c_.dim;
+  ScopedOp op(opt_.profiler, "rmsnorm_fwd", 3.0 * N_ * C, 8.0 * N_ * C);
   Par(N_, 16, [&](int64_t b, int64_t e, int) {
     kernels::RmsNormForward(out + b * C, rstd + b, x + b * C, w, e - b, C, c_.norm_eps);
   });
@@ -430,6 +431,7 @@ void TrainModelImpl::RmsFwd(float* out, float* rstd, const float* x, const float
 void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w,
                             const float* rstd) {
   const int64_t C = c_.dim;
+  ScopedOp op(opt_.profiler, "rmsnorm_bwd", 6.0 * N_ * C, 12.0 * N_ * C);
   // One dw row per chunk (also a throwaway target when the norm is frozen), summed in chunk order:
   // the pool hands chunks to whichever thread claims them, so rows keyed by thread index would
   // make dw depend on the schedule. pool-size contiguous chunks keep 1 thread's summation order.
@@ -532,6 +534,7 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
 }
 
 void TrainModelImpl::SwiGluH(const Acts& a) {
+  ScopedOp op(opt_.profiler, "swiglu_fwd", 0, 12.0 * N_ * c_.ffn_dim);
   float* h = h_.data();
   Par(N_ * c_.ffn_dim, 4096, [&](int64_t b, int64_t e, int) {
     kernels::SwiGluForward(h + b, a.gate.data() + b, a.up.data() + b, e - b);
@@ -553,10 +556,13 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   LinForward(Ly.lin[(int)M::kK], xn, a.k.data(), a.mid[(int)M::kK].data(), l, (int)M::kK, train);
   LinForward(Ly.lin[(int)M::kV], xn, a.v.data(), a.mid[(int)M::kV].data(), l, (int)M::kV, train);
   float *q = a.q.data(), *k = a.k.data();
-  Par(N, 16, [&](int64_t b, int64_t e, int) {
-    kernels::RopeForward(q + b * qd, q + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
-    kernels::RopeForward(k + b * kvd, k + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
-  });
+  {
+    ScopedOp rope_op(opt_.profiler, "rope_fwd", 0, 8.0 * N * (qd + kvd));
+    Par(N, 16, [&](int64_t b, int64_t e, int) {
+      kernels::RopeForward(q + b * qd, q + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
+      kernels::RopeForward(k + b * kvd, k + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
+    });
+  }
   const float scale = 1.0f / std::sqrt((float)hd);
   {
     ScopedOp att_op(opt_.profiler, "attention_fwd", 2.0 * B_ * T * T * H * hd, 4.0 * N * (qd + 2 * kvd));
@@ -569,15 +575,19 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   LinForward(Ly.lin[(int)M::kO], a.att.data(), scratch_out_.data(), a.mid[(int)M::kO].data(), l, (int)M::kO, train);
   float* xm = a.xmid.data();
   const float* so = scratch_out_.data();
-  Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) xm[i] = x_in[i] + so[i];
-  });
+  {
+    ScopedOp res_op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
+    Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) xm[i] = x_in[i] + so[i];
+    });
+  }
   RmsFwd(xn, a.rstd2.data(), xm, Ly.n2.w);
   LinForward(Ly.lin[(int)M::kGate], xn, a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
   LinForward(Ly.lin[(int)M::kUp], xn, a.up.data(), a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
   SwiGluH(a);
   LinForward(Ly.lin[(int)M::kDown], h_.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
              train);
+  ScopedOp res_op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
   Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) x_out[i] = xm[i] + so[i];
   });
@@ -586,12 +596,15 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
 void TrainModelImpl::Forward(bool train) {
   const int64_t N = N_, dim = c_.dim;
   float* x0 = res_.data();
-  if (embed_master_) {
-    Par(N, 16, [&](int64_t s, int64_t e, int) { kernels::EmbeddingForward(x0 + s * dim, ids_ + s, embed_master_, e - s, dim); });
-  } else {
-    Par(N, 16, [&](int64_t s, int64_t e, int) {
-      for (int64_t i = s; i < e; ++i) kernels::DequantizeRows(embed_eff_, ids_[i], 1, x0 + i * dim);
-    });
+  {
+    ScopedOp op(opt_.profiler, "embedding_fwd", 0, 8.0 * N * dim);
+    if (embed_master_) {
+      Par(N, 16, [&](int64_t s, int64_t e, int) { kernels::EmbeddingForward(x0 + s * dim, ids_ + s, embed_master_, e - s, dim); });
+    } else {
+      Par(N, 16, [&](int64_t s, int64_t e, int) {
+        for (int64_t i = s; i < e; ++i) kernels::DequantizeRows(embed_eff_, ids_[i], 1, x0 + i * dim);
+      });
+    }
   }
   for (int64_t l = 0; l < c_.n_layers; ++l) {
     Acts& a = acts_[opt_.gradient_checkpointing ? 0 : std::max<int64_t>(l - lowest_trainable_layer_, 0)];
@@ -619,9 +632,12 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   SwiGluH(a);
   LinBackward(Ly.lin[(int)M::kDown], dres, h_.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
               (int)M::kDown);
-  Par(nf, 4096, [&](int64_t b, int64_t e, int) {
-    kernels::SwiGluBackward(dgate_.data() + b, dup_.data() + b, dh_.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
-  });
+  {
+    ScopedOp op(opt_.profiler, "swiglu_bwd", 0, 20.0 * nf);
+    Par(nf, 4096, [&](int64_t b, int64_t e, int) {
+      kernels::SwiGluBackward(dgate_.data() + b, dup_.data() + b, dh_.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
+    });
+  }
   float* xn = xn_.data();
   RmsFwd(xn, a.rstd2.data(), a.xmid.data(), Ly.n2.w);
   LinBackward(Ly.lin[(int)M::kUp], dup_.data(), xn, a.mid[(int)M::kUp].data(), dxn_.data(), false, true, l,
@@ -631,9 +647,12 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   RmsBwd(dtmp_.data(), Ly.n2.g, dxn_.data(), a.xmid.data(), Ly.n2.w, a.rstd2.data());
   float* dr = dres;
   const float* dt = dtmp_.data();
-  Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) dr[i] += dt[i];
-  });
+  {
+    ScopedOp op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
+    Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) dr[i] += dt[i];
+    });
+  }
   // Attention: xmid = x_in + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
   d_att_.resize(N * qd);
   LinBackward(Ly.lin[(int)M::kO], dres, a.att.data(), a.mid[(int)M::kO].data(), d_att_.data(), false, true, l,
@@ -642,16 +661,23 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   dk_.resize(N * kvd);
   dv_.resize(N * kvd);
   const float scale = 1.0f / std::sqrt((float)hd);
-  for (int64_t r = 0; r < B_; ++r) {
-    kernels::FlashAttentionBackward(pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd], &d_att_[r * T * qd],
-                                    &a.q[r * T * qd], &a.k[r * T * kvd], &a.v[r * T * kvd], &a.att[r * T * qd],
-                                    &a.lse[r * T * H], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale);
+  {
+    ScopedOp op(opt_.profiler, "attention_bwd", 5.0 * B_ * T * T * H * hd, 8.0 * N * (2 * qd + 4 * kvd));
+    for (int64_t r = 0; r < B_; ++r) {
+      kernels::FlashAttentionBackward(pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd],
+                                      &d_att_[r * T * qd], &a.q[r * T * qd], &a.k[r * T * kvd], &a.v[r * T * kvd],
+                                      &a.att[r * T * qd], &a.lse[r * T * H], seg_ ? seg_ + r * T : nullptr, T, H, KV,
+                                      hd, scale);
+    }
   }
   float *dq = dq_.data(), *dk = dk_.data();
-  Par(N, 16, [&](int64_t b, int64_t e, int) {
-    kernels::RopeBackward(dq + b * qd, dq + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
-    kernels::RopeBackward(dk + b * kvd, dk + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
-  });
+  {
+    ScopedOp op(opt_.profiler, "rope_bwd", 0, 8.0 * N * (qd + kvd));
+    Par(N, 16, [&](int64_t b, int64_t e, int) {
+      kernels::RopeBackward(dq + b * qd, dq + b * qd, &cos_[b * half], &sin_[b * half], e - b, H, hd, layout);
+      kernels::RopeBackward(dk + b * kvd, dk + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
+    });
+  }
   // Below the lowest trainable layer nothing needs d(block input): skip the q/k/v input gradients.
   const bool dxn = need_dx || Ly.n1.g;
   RmsFwd(xn, a.rstd1.data(), &res_[l * N * dim], Ly.n1.w);
@@ -663,6 +689,7 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
               (int)M::kV);
   if (!dxn) return;
   RmsBwd(dtmp_.data(), Ly.n1.g, dxn_.data(), &res_[l * N * dim], Ly.n1.w, a.rstd1.data());
+  ScopedOp res_op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
   Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) dr[i] += dt[i];
   });
@@ -726,7 +753,10 @@ double TrainModelImpl::GroupForwardBackward(double normalizer, bool last_group) 
   float loss = 0;
   const kernels::PackedBackwardB* hp = nullptr;
   if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr) > 0) {
-    if (head_packed_.src != head_eff_.data) kernels::PackForBackwardInput(pool_, head_eff_, &head_packed_);
+    if (head_packed_.src != head_eff_.data) {
+      ScopedOp op(opt_.profiler, "pack_head", 0, 2.0 * (double)head_eff_.nbytes());
+      kernels::PackForBackwardInput(pool_, head_eff_, &head_packed_);
+    }
     hp = &head_packed_;
   }
   {
@@ -755,6 +785,7 @@ double TrainModelImpl::GroupForwardBackward(double normalizer, bool last_group) 
     }
   }
   if (g_embed_) {
+    ScopedOp op(opt_.profiler, "embedding_bwd", 0, 12.0 * N * dim);
     kernels::EmbeddingBackward(g_embed_, dres_.data(), ids_, N, dim);
   }
   return (double)loss;

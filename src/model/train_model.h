@@ -141,6 +141,8 @@ class TrainModel {
   // Forward only (no dropout): returns the sum of token losses; *n_targets gets the token count.
   virtual Result<double> Loss(const TrainBatch& batch, int64_t* n_targets) = 0;
   virtual TrainMemory AllocatedBytes() const { return {}; }
+  // TrainModelOptions::profiler (null when not profiling), for the caller's own ops.
+  virtual Profiler* profiler() const { return nullptr; }
 
   // LoRA: the current adapter as an inference LoraAdapter (copies), usable by Transformer.
   virtual Result<std::unique_ptr<LoraAdapter>> ExportAdapter() const = 0;

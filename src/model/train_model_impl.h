@@ -82,6 +82,7 @@ class TrainModelImpl final : public TrainModel {
   Status Init();
 
   const ModelConfig& config() const override { return c_; }
+  Profiler* profiler() const override { return opt_.profiler; }
   std::span<const TrainableTensor> params() const override { return params_; }
   int64_t trainable_count() const override { return trainable_count_; }
   void ZeroGrad() override;

@@ -41,8 +41,6 @@ double SharedPanelFloats(int64_t L, int64_t Kd) {
   return (double)chunks * blocks * 256 * 256;
 }
 
-std::string GB(double b) { return StrFormat("%.3f GB", b / 1e9); }
-
 bool Is16Bit(const std::string& p) { return p == "bf16" || p == "fp16" || p == "pure_bf16"; }
 
 }  // namespace

@@ -401,15 +401,21 @@ Result<TrainSummary> Trainer::Run() {
         skipped = !scaler.Unscale(params, step_loss);
         scaler.Update(!skipped);
       }
-      last_grad_norm =
-          skipped ? std::numeric_limits<double>::quiet_NaN() : ClipGradNorm(params, c.max_grad_norm);
+      {
+        ScopedOp op(model_.profiler(), "clip_grad_norm");
+        last_grad_norm =
+            skipped ? std::numeric_limits<double>::quiet_NaN() : ClipGradNorm(params, c.max_grad_norm);
+      }
       if (!skipped && (!std::isfinite(last_grad_norm) || !std::isfinite(step_loss))) {
         return Status::Error(
             StrFormat("step %lld: the loss or gradient is not finite (loss %g, grad_norm %g); lower "
                       "learning_rate or set max_grad_norm",
                       (long long)state_.global_step + 1, step_loss, last_grad_norm));
       }
-      if (!skipped) opt->Step(params, sched.At(state_.global_step - scaler.skipped_steps));
+      if (!skipped) {
+        ScopedOp op(model_.profiler(), "optimizer_step");
+        opt->Step(params, sched.At(state_.global_step - scaler.skipped_steps));
+      }
       json mem = UpdateMemory((int64_t)(opt->StateBytesPerParam() * (double)trainable));
       model_.ZeroGrad();
       state_.global_step++;

@@ -55,6 +55,32 @@ for t in (1, 2):
     assert mem["lora-adamw8bit", t][4] <= mem["lora-bf16w", t][4], t
 PY
 
+# --profile: the last step of each row x thread count as a Chrome trace with the training ops and
+# the pool's per-thread chunks, and a top-ops table with the cores column on stderr.
+"$LATHE" bench train -m "$MODEL" --seq 64 --batch 2 --steps 1 --threads-list 1,2 --rows lora-f32 \
+  --profile "$tmp/prof" > /dev/null 2>"$tmp/err"
+check "bench train --profile exit" test $? -eq 0
+check "bench train --profile trace" python3 - "$tmp" <<'PY'
+import json, re, sys
+d = sys.argv[1]
+err = open(d + "/err").read()
+for t in (1, 2):
+    ev = [e for e in json.load(open(f"{d}/prof-lora-f32-t{t}.json"))["traceEvents"] if e.get("ph") == "X"]
+    names = {e["name"] for e in ev}
+    for op in ["linear_fwd", "linear_bwd", "attention_fwd", "attention_bwd", "cross_entropy_fwd_bwd", "rmsnorm_fwd",
+               "optimizer_step", "zero_grad"]:
+        assert op in names, (t, op, sorted(names))
+    # One step only (warmup cleared): stories260K's 5 layers, both 64-token rows in one row group.
+    assert sum(e["name"] == "attention_fwd" for e in ev) == 5, t
+    assert sum(e["name"] == "linear_fwd" for e in ev) == 5 * 7, t
+    m = re.search(rf"profile of the last step \(lora-f32, {t} thread\(s\)\).*\nstep ([0-9.]+) ms: ops cover "
+                  rf"([0-9.]+)%, threads busy on average ([0-9.]+) of {t}\n", err)
+    assert m, err
+    assert float(m.group(1)) > 0 and 50 < float(m.group(2)) <= 100.5 and 1 <= float(m.group(3)) <= t + 0.01, m.groups()
+    assert (t == 2) == ("pool_chunk" in names), (t, sorted(names))
+assert re.search(r"^linear_[fb]wd +\d+ +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9.]+ +[12]\.\d\d$", err, re.M), err
+PY
+
 "$LATHE" bench train --rows nope > /dev/null 2>"$tmp/err"
 check "bad row exit" test $? -ne 0
 check "bad row message" grep -q "unknown row 'nope'" "$tmp/err"

@@ -83,7 +83,9 @@ struct Driver {
     const EngineStats s = engine.stats();
     EXPECT_EQ(s.last_step_decode_rows, (int64_t)decoding.size());
     for (int64_t id : decoding) EXPECT_EQ(got[id].size(), before[id] + 1) << "request " << id << " starved";
-    if (s.last_step_decode_rows > 0 && cap > 0) EXPECT_LE(s.last_step_prefill_tokens, cap);
+    if (s.last_step_decode_rows > 0 && cap > 0) {
+      EXPECT_LE(s.last_step_prefill_tokens, cap);
+    }
   }
   void ExpectGreedy(const model::ModelWeights& w, ThreadPool& pool) {
     for (const auto& [id, p] : prompts) {
@@ -99,7 +101,7 @@ TEST(EngineSchedule, PromptTokensCappedWhileDecodingAndDecodeRowsNeverStarve) {
   ThreadPool pool(2);
   const int64_t kCap = 8;
   Engine engine(*w, pool, Config(512, 64, kCap));
-  Driver d{engine};
+  Driver d{engine, {}, {}, {}, {}};
   // Four short prompts, nothing decoding: one step computes all of them (20 tokens, the whole budget
   // is open).
   for (int i = 0; i < 4; ++i) d.Add(Prompt(5, i), 40);
@@ -129,7 +131,7 @@ TEST(EngineSchedule, PromptsTakeTheWholeBudgetWhenNothingDecodes) {
   auto w = Stories();
   ThreadPool pool(2);
   Engine engine(*w, pool, Config(512, 64, 8));
-  Driver d{engine};
+  Driver d{engine, {}, {}, {}, {}};
   // Two 40-token prompts: the first step runs 64 prompt tokens (40 + 24), not the cap's 8.
   const int64_t a = d.Add(Prompt(40, 1), 3), b = d.Add(Prompt(40, 2), 3);
   d.StepChecked(8);
@@ -148,7 +150,7 @@ TEST(EngineSchedule, PromptsTakeTheWholeBudgetWhenNothingDecodes) {
 
   // A lone 60-token prompt on a fresh engine: one step, its first token at once.
   Engine lone(*w, pool, Config(512, 64, 8));
-  Driver l{lone};
+  Driver l{lone, {}, {}, {}, {}};
   const int64_t c = l.Add(Prompt(60, 3), 2);
   l.StepChecked(8);
   EXPECT_EQ(lone.stats().last_step_prefill_tokens, 60);
@@ -160,7 +162,7 @@ TEST(EngineSchedule, CapZeroLetsPromptsFillTheBudgetBesideDecodes) {
   auto w = Stories();
   ThreadPool pool(2);
   Engine engine(*w, pool, Config(512, 64, 0));
-  Driver d{engine};
+  Driver d{engine, {}, {}, {}, {}};
   for (int i = 0; i < 4; ++i) d.Add(Prompt(5, i), 10);
   d.StepChecked(0);
   // 4 decode rows + the first 60 of a 70-token prompt: the step's whole budget of 64.
@@ -183,13 +185,15 @@ TEST(EngineSchedule, PreemptionUnderTheCap) {
   ThreadPool pool(2);
   const int64_t kCap = 6;
   Engine engine(*w, pool, Config(24, 64, kCap));
-  Driver d{engine};
+  Driver d{engine, {}, {}, {}, {}};
   for (int i = 0; i < 10; ++i) d.Add(Prompt(6 + 3 * i, 20 + i), 24);
   int steps = 0;
   while (engine.Step()) {
     ASSERT_LT(++steps, 5000);
     const EngineStats s = engine.stats();
-    if (s.last_step_decode_rows > 0) EXPECT_LE(s.last_step_prefill_tokens, kCap) << "step " << steps;
+    if (s.last_step_decode_rows > 0) {
+      EXPECT_LE(s.last_step_prefill_tokens, kCap) << "step " << steps;
+    }
   }
   EXPECT_GT(engine.stats().preemptions, 0);
   d.ExpectGreedy(*w, pool);

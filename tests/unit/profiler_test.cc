@@ -27,7 +27,10 @@ TEST(Profiler, TraceAndSummary) {
   }
   ThreadPool pool(2);
   pool.SetProfiler(&p);
-  pool.ParallelFor(64, 1, [](int64_t, int64_t, int) { std::this_thread::sleep_for(std::chrono::microseconds(50)); });
+  {
+    ScopedOp par(&p, "parallel");  // both threads busy inside it
+    pool.ParallelFor(64, 1, [](int64_t, int64_t, int) { std::this_thread::sleep_for(std::chrono::microseconds(50)); });
+  }
   pool.SetProfiler(nullptr);
   {
     ScopedOp off(nullptr, "ignored");  // no profiler: nothing recorded
@@ -60,6 +63,18 @@ TEST(Profiler, TraceAndSummary) {
   EXPECT_NE(s.find("matmul"), std::string::npos);
   EXPECT_EQ(s.find("pool_chunk"), std::string::npos);
   EXPECT_LT(s.find("matmul"), s.find("rmsnorm")) << s;  // sorted by time
+  // The cores column: the serial ops 1.00; the pool job between 1 and 2 (sleeping chunks leave the
+  // second thread free to claim about half of them).
+  auto cores = [&](const std::string& op) {
+    size_t at = s.find("\n" + op + " ");
+    EXPECT_NE(at, std::string::npos) << s;
+    size_t eol = s.find('\n', at + 1);
+    return std::stod(s.substr(s.rfind(' ', eol) + 1, eol - s.rfind(' ', eol) - 1));
+  };
+  EXPECT_NE(s.find("cores"), std::string::npos) << s;
+  EXPECT_DOUBLE_EQ(cores("rmsnorm"), 1.0) << s;
+  EXPECT_GT(cores("parallel"), 1.2) << s;
+  EXPECT_LE(cores("parallel"), 2.01) << s;
   EXPECT_FALSE(p.WriteChromeTrace("/proc/nope/trace.json").ok());
 }
 
