@@ -295,9 +295,11 @@ void BM_Elementwise(benchmark::State& state, int op, bool reference) {
 // Training GEMMs at SmolLM2-135M shapes over M = 2048 tokens (bench train's 4 x 512), one thread,
 // CPU time (the box is shared): forward y = x W^T (the trainer's MatMul), input gradient
 // dx = dy W, weight gradient dW += dy^T x, and the LoRA r16 matrices (out x 16, 16 x in).
+// Also at M = 512 (one row group of the trainer) on 1 and 2 pool threads, wall time: how the
+// products the trainer runs scale to 2 threads.
 constexpr int64_t kTrainM = 2048;
-void BM_TrainGemm(benchmark::State& state, int kind, Shape s) {
-  ThreadPool pool(1);
+void BM_TrainGemm(benchmark::State& state, int kind, Shape s, int64_t kTrainM, int threads) {
+  ThreadPool pool(threads);
   const std::vector<float> wf = RandomFloats(s.N * s.K, 1);
   Tensor w;
   w.data = (void*)wf.data();
@@ -365,8 +367,23 @@ void RegisterAll() {
   const Shape train_shapes[] = {{576, 576}, {1536, 576}, {576, 1536}, {16, 576}, {576, 16}, {16, 1536}, {1536, 16}};
   for (int kind : {0, 3, 1, 2})
     for (Shape s : train_shapes)
-      benchmark::RegisterBenchmark(Name("train", train_kinds[kind], s, 1).c_str(), BM_TrainGemm, kind, s)
+      benchmark::RegisterBenchmark(Name("train", train_kinds[kind], s, 1).c_str(), BM_TrainGemm, kind, s, kTrainM, 1)
           ->Unit(benchmark::kMillisecond);
+  for (int kind : {3, 1, 2})
+    for (Shape s : train_shapes)
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark((Name("train512", train_kinds[kind], s, 0) + "/pool:" + std::to_string(threads)).c_str(),
+                                     BM_TrainGemm, kind, s, (int64_t)512, threads)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+  // The loss's head products per 128-token chunk (train_xent.cc): the head's weight gradient
+  // (full fine-tuning) and input gradient.
+  for (int kind : {1, 2})
+    for (int threads : {1, 2})
+      benchmark::RegisterBenchmark((Name("train128", train_kinds[kind], kHead, 0) + "/pool:" + std::to_string(threads)).c_str(),
+                                   BM_TrainGemm, kind, kHead, (int64_t)128, threads)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
   if (kernels::cpu::Best().mm.qgemm)
     for (DType dt : {DType::kQ8_0, DType::kQ4_0})
       for (Shape s : {Shape{1536, 576}, Shape{576, 1536}, kHead})
