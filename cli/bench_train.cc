@@ -320,7 +320,8 @@ int RunBenchTrain(int argc, char** argv) {
             std::to_string(model::TrainModelOptions().row_group_tokens));
   args.Flag("--profile",
             "PREFIX: each row's last step is profiled to PREFIX-ROW-tN.json (Chrome trace) with a top-ops "
-            "table on stderr (its cores column shows how well each op used the threads)");
+            "table on stderr (its cores column shows how well each op used the threads); the recorded events "
+            "add to the row's peak RSS");
   args.Flag("--child", "internal: run one row in this process and print its RESULT line");
   args.Flag("--threads", "internal: threads of the --child row", "1");
   Status st = args.Parse(argc, argv);

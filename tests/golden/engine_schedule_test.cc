@@ -17,14 +17,7 @@ namespace lathe::serve {
 namespace {
 
 using engine_test::GreedyAlone;
-
-std::unique_ptr<model::ModelWeights> Stories() {
-  auto g = formats::GgufFile::Open(lathe::testing::SharedPath("models/stories260K/stories260K.gguf"));
-  EXPECT_TRUE(g.ok());
-  auto w = model::LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
-  EXPECT_TRUE(w.ok());
-  return std::make_unique<model::ModelWeights>(std::move(*w));
-}
+using engine_test::Stories;
 
 // A prompt of n tokens: BOS, then ids from a seed (distinct prompts share no cached block).
 std::vector<int32_t> Prompt(int n, int seed) {

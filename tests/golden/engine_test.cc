@@ -16,15 +16,8 @@
 namespace lathe::serve {
 namespace {
 
-std::unique_ptr<model::ModelWeights> Stories() {
-  auto g = formats::GgufFile::Open(lathe::testing::SharedPath("models/stories260K/stories260K.gguf"));
-  EXPECT_TRUE(g.ok());
-  auto w = model::LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
-  EXPECT_TRUE(w.ok());
-  return std::make_unique<model::ModelWeights>(std::move(*w));
-}
-
 using engine_test::GreedyAlone;
+using engine_test::Stories;
 
 std::vector<std::vector<int32_t>> Prompts() {
   std::vector<std::vector<int32_t>> p;

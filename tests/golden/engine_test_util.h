@@ -1,4 +1,4 @@
-// Shared by the engine equivalence tests: greedy generation of one request alone through the
+// Shared by the engine tests: the stories260K weights, and greedy generation of one request alone through the
 // plain (non-paged) Transformer, the reference the batched paged engine must equal token for token.
 #pragma once
 
@@ -8,11 +8,25 @@
 #include <cstdint>
 #include <vector>
 
+#include <memory>
+
 #include "core/thread_pool.h"
+#include "formats/gguf.h"
+#include "model/load_gguf.h"
 #include "model/lora.h"
 #include "model/transformer.h"
+#include "test_util.h"
 
 namespace lathe::serve::engine_test {
+
+// stories260K's weights (the shared GGUF), for tests that guard with LATHE_REQUIRE_FILE.
+inline std::unique_ptr<model::ModelWeights> Stories() {
+  auto g = formats::GgufFile::Open(lathe::testing::SharedPath("models/stories260K/stories260K.gguf"));
+  EXPECT_TRUE(g.ok());
+  auto w = model::LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
+  EXPECT_TRUE(w.ok());
+  return std::make_unique<model::ModelWeights>(std::move(*w));
+}
 
 // n greedy tokens after `ids`, with `adapter` applied when non-null.
 inline std::vector<int32_t> GreedyAlone(const model::ModelWeights& w, ThreadPool& pool, std::vector<int32_t> ids,
