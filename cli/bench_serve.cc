@@ -337,6 +337,8 @@ int RunBenchServe(int argc, char** argv) {
             "engine: prompt tokens in a step that also decodes (0 = up to max-num-batched-tokens); a list "
             "(0,32,64) runs every level once per value, on fresh engines, interleaved",
             "64");
+  args.Flag("--prefill-tokens-per-decode-row",
+            "engine: raise that cap to this many prompt tokens per decode row (0 = the fixed cap)", "2");
   args.Flag("--kv-cache-memory", "engine: KV cache bytes", "1073741824");
   args.Flag("--block-size", "engine: tokens per KV-cache block", "16");
   args.Flag("--system-prompt-tokens", "shared-prefix benchmark: prefix length (0 = skip)", "384");
@@ -370,6 +372,9 @@ int RunBenchServe(int argc, char** argv) {
   }
   if (!rounds.ok() || *rounds < 1 || *rounds > 100)
     return Fail("bench serve", Status::Error("--rounds must be in 1..100"));
+  auto ppr = args.Int("prefill-tokens-per-decode-row");
+  if (!ppr.ok() || *ppr < 0)
+    return Fail("bench serve", Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer"));
   if (levels.empty() || std::any_of(levels.begin(), levels.end(), [](int c) { return c < 1; }) ||
       plen.size() != 2 || olen.size() != 2 || plen[0] < 1 || plen[1] < plen[0] || olen[0] < 1 ||
       olen[1] < olen[0] || !nreq.ok() || !seed.ok() || !mns.ok() || !mbt.ok() || !kvb.ok() || !sys_n.ok() ||
@@ -418,6 +423,7 @@ int RunBenchServe(int argc, char** argv) {
   ec.max_num_seqs = *mns;
   ec.max_num_batched_tokens = *mbt;
   ec.max_prefill_tokens_with_decode = caps[0];
+  ec.prefill_tokens_per_decode_row = *ppr;
   ec.max_model_len = std::min<int64_t>((*lm)->weights.config.max_seq_len, 4096);
   ec.n_blocks = *kvb / (int64_t)model::KvBlockStore::BlockBytes((*lm)->weights.config, ec.block_size);
   std::unique_ptr<LocalServer> local;
@@ -444,9 +450,10 @@ int RunBenchServe(int argc, char** argv) {
   if (local) {
     std::printf(
         "engine: %lld KV blocks x %lld tokens, max-num-seqs %lld, max-num-batched-tokens %lld, "
-        "max-prefill-tokens-with-decode %s; each level on a fresh engine (empty prefix cache)%s\n",
+        "max-prefill-tokens-with-decode %s, prefill-tokens-per-decode-row %lld; each level on a fresh engine "
+        "(empty prefix cache)%s\n",
         (long long)ec.n_blocks, (long long)ec.block_size, (long long)ec.max_num_seqs,
-        (long long)ec.max_num_batched_tokens, cap_list.c_str(),
+        (long long)ec.max_num_batched_tokens, cap_list.c_str(), (long long)ec.prefill_tokens_per_decode_row,
         caps.size() > 1 || *rounds > 1
             ? StrFormat("; %lld rounds, the values alternating within each level", (long long)*rounds).c_str()
             : "");

@@ -85,6 +85,10 @@ int RunServe(int argc, char** argv) {
             "prompt tokens in a step that also decodes (bounds the inter-token latency of running streams "
             "while new prompts arrive); 0 = up to max-num-batched-tokens",
             "64");
+  args.Flag("--prefill-tokens-per-decode-row",
+            "raise that cap to this many prompt tokens per decode row of the step (many streams' arrivals "
+            "keep pace); 0 = the fixed cap",
+            "2");
   args.Flag("--max-num-seqs", "sequences running at once", "64");
   args.Flag("--max-model-len", "context length per request (prompt + completion); default min(model's, 4096)",
             "0");
@@ -107,6 +111,7 @@ int RunServe(int argc, char** argv) {
   auto mbt = args.Int("max-num-batched-tokens");
   auto mns = args.Int("max-num-seqs");
   auto mpd = args.Int("max-prefill-tokens-with-decode");
+  auto ppr = args.Int("prefill-tokens-per-decode-row");
   auto mml = args.Int("max-model-len");
   if (!port.ok() || *port < 0 || *port > 65535)
     return Fail("serve", Status::Error("--port must be in 0..65535"));
@@ -117,6 +122,8 @@ int RunServe(int argc, char** argv) {
   if (!mns.ok() || *mns < 1) return Fail("serve", Status::Error("--max-num-seqs must be a positive integer"));
   if (!mpd.ok() || *mpd < 0)
     return Fail("serve", Status::Error("--max-prefill-tokens-with-decode must be a non-negative integer"));
+  if (!ppr.ok() || *ppr < 0)
+    return Fail("serve", Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer"));
   if (!mml.ok() || *mml < 0)
     return Fail("serve", Status::Error("--max-model-len must be a non-negative integer"));
   if (args.Has("adapter")) {
@@ -130,6 +137,7 @@ int RunServe(int argc, char** argv) {
   ec.max_num_batched_tokens = *mbt;
   ec.max_num_seqs = *mns;
   ec.max_prefill_tokens_with_decode = *mpd;
+  ec.prefill_tokens_per_decode_row = *ppr;
   ec.prefix_caching = !args.On("no-prefix-caching");
   ec.max_model_len = *mml > 0 ? *mml : std::min<int64_t>(mc.max_seq_len, 4096);
   if (ec.max_model_len < 2) return Fail("serve", Status::Error("--max-model-len must be at least 2"));

@@ -180,9 +180,13 @@ Status Engine::RunStep() {
     budget -= 1;
     ++i;
   }
-  // 2. Prompt tokens: the rest of the budget, capped while this step also decodes.
-  const int64_t cap = config_.max_prefill_tokens_with_decode;
-  prefill_left = !work.empty() && cap > 0 ? std::min(budget, cap) : budget;
+  // 2. Prompt tokens: the rest of the budget, capped while this step also decodes (the cap grows
+  // with the decode rows: prefill_tokens_per_decode_row).
+  const int64_t decode_rows = (int64_t)work.size();
+  const int64_t cap =
+      std::max(config_.max_prefill_tokens_with_decode,
+               config_.max_prefill_tokens_with_decode > 0 ? config_.prefill_tokens_per_decode_row * decode_rows : 0);
+  prefill_left = decode_rows > 0 && cap > 0 ? std::min(budget, cap) : budget;
   // Running sequences' next chunks (partial prefills, recomputation after a preemption), oldest first.
   for (size_t i = 0; i < running_.size() && prefill_left > 0;) {
     const int64_t id = running_[i];

@@ -41,6 +41,11 @@ struct EngineConfig {
   // running stream's inter-token latency, is ~ decode rows + these tokens (bench/RESULTS.md,
   // "Serving", prefill cap). <= 0: no cap beyond max_num_batched_tokens (the old behaviour).
   int64_t max_prefill_tokens_with_decode = 64;
+  // ... but at least this many prompt tokens per decode row of the step, so that with many streams
+  // the arrivals' prompts keep pace (a workload's requests need about prompt/output tokens of
+  // prompt per generated token; 64 streams of bench serve's workload need ~93 per step). 0: the
+  // fixed cap alone.
+  int64_t prefill_tokens_per_decode_row = 2;
 };
 
 struct RequestOptions {

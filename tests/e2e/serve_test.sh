@@ -135,6 +135,9 @@ PY
 out=$("$LATHE" bench serve -m "$MODEL" --max-prefill-tokens-with-decode 64,x 2>&1); [ $? -ne 0 ] \
   && echo "$out" | grep -q -- "--max-prefill-tokens-with-decode: expected non-negative integers" \
   || { echo "FAIL: bad bench serve --max-prefill-tokens-with-decode: $out"; rc=1; }
+out=$("$LATHE" serve -m "$MODEL" --prefill-tokens-per-decode-row x 2>&1); [ $? -ne 0 ] \
+  && echo "$out" | grep -q -- "--prefill-tokens-per-decode-row must be" \
+  || { echo "FAIL: bad serve --prefill-tokens-per-decode-row: $out"; rc=1; }
 out=$("$LATHE" serve -m "$MODEL" --max-prefill-tokens-with-decode -1 2>&1); [ $? -ne 0 ] \
   && echo "$out" | grep -q -- "--max-prefill-tokens-with-decode must be" \
   || { echo "FAIL: bad serve --max-prefill-tokens-with-decode: $out"; rc=1; }

@@ -34,6 +34,7 @@ EngineConfig Config(int64_t n_blocks, int64_t budget, int64_t cap) {
   c.max_num_seqs = 64;
   c.max_model_len = 512;
   c.max_prefill_tokens_with_decode = cap;
+  c.prefill_tokens_per_decode_row = 0;  // the fixed cap (PromptCapGrowsWithDecodeRows sets it)
   return c;
 }
 
@@ -117,6 +118,45 @@ TEST(EngineSchedule, PromptTokensCappedWhileDecodingAndDecodeRowsNeverStarve) {
   for (int steps = 0; engine.Step(); ++steps) ASSERT_LT(steps, 1000);
   d.ExpectGreedy(*w, pool);
   EXPECT_EQ(engine.stats().blocks_used, 0);
+}
+
+// prefill_tokens_per_decode_row: with many decode rows the cap rises to that many prompt tokens
+// per row (so arrivals keep pace with many streams); with few, the fixed cap stays the floor.
+TEST(EngineSchedule, PromptCapGrowsWithDecodeRows) {
+  LATHE_REQUIRE_FILE(lathe::testing::SharedPath("models/stories260K/stories260K.gguf"));
+  auto w = Stories();
+  ThreadPool pool(2);
+  EngineConfig cfg = Config(1024, 256, 8);
+  cfg.prefill_tokens_per_decode_row = 4;
+  Engine engine(*w, pool, cfg);
+  Driver d{engine, {}, {}, {}, {}};
+  for (int i = 0; i < 6; ++i) d.Add(Prompt(5, 40 + i), 30);
+  d.StepChecked(0);  // nothing decodes yet: all 30 prompt tokens at once
+  EXPECT_EQ(engine.stats().last_step_prefill_tokens, 30);
+  ASSERT_EQ(d.Decoding().size(), 6u);
+  // Six decode rows: max(8, 4 x 6) = 24 prompt tokens per step for a 100-token arrival.
+  const int64_t a = d.Add(Prompt(100, 9), 3);
+  for (int step = 1; step <= 4; ++step) {
+    d.StepChecked(24);
+    EXPECT_EQ(engine.stats().last_step_decode_rows, 6);
+    EXPECT_EQ(engine.stats().last_step_prefill_tokens, 24) << "step " << step;
+  }
+  EXPECT_TRUE(d.got[a].empty());
+  d.StepChecked(24);  // 4 x 24 = 96, the last 4 tokens now: its first token
+  EXPECT_EQ(engine.stats().last_step_prefill_tokens, 4);
+  EXPECT_EQ(d.got[a].size(), 1u);
+  // One decode row left: the floor of 8 applies (4 x 1 < 8).
+  Engine one(*w, pool, cfg);
+  Driver o{one, {}, {}, {}, {}};
+  o.Add(Prompt(5, 60), 30);
+  o.StepChecked(0);
+  o.Add(Prompt(40, 61), 3);
+  o.StepChecked(8);
+  EXPECT_EQ(one.stats().last_step_prefill_tokens, 8);
+  for (int steps = 0; engine.Step(); ++steps) ASSERT_LT(steps, 1000);
+  for (int steps = 0; one.Step(); ++steps) ASSERT_LT(steps, 1000);
+  d.ExpectGreedy(*w, pool);
+  o.ExpectGreedy(*w, pool);
 }
 
 TEST(EngineSchedule, PromptsTakeTheWholeBudgetWhenNothingDecodes) {
