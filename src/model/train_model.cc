@@ -752,7 +752,10 @@ double TrainModelImpl::GroupForwardBackward(double normalizer, bool last_group) 
   const float* xfr = Round(xf_.data(), N * dim, rx_);
   float loss = 0;
   const kernels::PackedBackwardB* hp = nullptr;
-  if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr) > 0) {
+  bool quantized_base = false;  // any decoder linear stored NF4/FP4/int8 (QLoRA, 8-bit base)
+  for (const Layer& Ly : layers_)
+    for (const Lin& L : Ly.lin) quantized_base = quantized_base || IsPackedQuant(L.base.dtype);
+  if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr, quantized_base) > 0) {
     if (head_packed_.src != head_eff_.data) {
       ScopedOp op(opt_.profiler, "pack_head", 0, 2.0 * (double)head_eff_.nbytes());
       kernels::PackForBackwardInput(pool_, head_eff_, &head_packed_);
@@ -837,9 +840,9 @@ Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
 
 }  // namespace internal
 
-int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable) {
+int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base) {
   const int64_t bytes = kernels::PackedBackwardBBytes(vocab, dim);
-  return head_trainable || bytes > kMaxPackedHeadBytes ? 0 : bytes;
+  return head_trainable || quantized_base || bytes > kMaxPackedHeadBytes ? 0 : bytes;
 }
 
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens) {

@@ -205,7 +205,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add(lora ? "lora" : "weights", trainable * 4.0 + shadow,
       StrFormat("%lld trainable params x 4 B (f32 masters)%s", (long long)trainable,
                 bf16 ? StrFormat(" + %lld x 2 B bf16 shadows", (long long)shadowed).c_str() : ""));
-  if (const int64_t ph = model::PackedHeadBytes(V, dim, s.method == "full"); ph > 0) {
+  if (const int64_t ph = model::PackedHeadBytes(V, dim, s.method == "full", s.base_quant != "none"); ph > 0) {
     add("weights", (double)ph,
         StrFormat("frozen output head (%lld x %lld) packed once in f32 for the loss's input gradient", (long long)V,
                   (long long)dim));

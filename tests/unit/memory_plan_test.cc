@@ -8,6 +8,7 @@
 
 #include "core/thread_pool.h"
 #include "model/train_model.h"
+#include "train/quantize_base.h"
 
 namespace lathe::train {
 namespace {
@@ -168,6 +169,45 @@ struct Setting {
   int64_t row_group_tokens = 512;  // 24 = one row (T) at a time
 };
 
+// LoRA keeps an f32 copy of the frozen head for the loss's dx (PackedHeadBytes), but not over a
+// quantized base: a QLoRA / 8-bit run is saving memory (the plan agrees: PackedBaseWeightsUseLathesLayouts).
+TEST(MemoryPlanLathe, PackedHeadOnlyOverAnUnquantizedBase) {
+  model::ModelConfig c;
+  c.n_layers = 2;
+  c.dim = 64;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.rope_dim = 16;
+  c.ffn_dim = 128;
+  c.vocab_size = 300;
+  c.max_seq_len = 64;
+  c.tied_embeddings = true;
+  const int64_t B = 1, T = 16;
+  std::vector<int32_t> ids(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = (int32_t)((i * 37) % c.vocab_size);
+  ThreadPool pool(2);
+  for (DType q : {DType::kF32, DType::kNF4DQ, DType::kI8Row}) {
+    SCOPED_TRACE(DTypeName(q));
+    model::ModelWeights w = RandomWeights(c);
+    if (q != DType::kF32) {
+      ASSERT_TRUE(QuantizeBaseWeights(&w, q, c.n_layers).ok());
+    }
+    model::TrainModelOptions o;
+    o.method = model::FinetuneMethod::kLora;
+    o.lora_rank = 4;
+    auto tm = model::TrainModel::Create(w, pool, o);
+    ASSERT_TRUE(tm.ok()) << tm.status().message();
+    model::TrainBatch b{ids, ids, {}, B, T};
+    ASSERT_TRUE((*tm)->ForwardBackward(b, 1.0).ok());
+    const int64_t want = q == DType::kF32 ? model::PackedHeadBytes(c.vocab_size, c.dim, false, false) : 0;
+    EXPECT_EQ((*tm)->AllocatedBytes().weights, want);
+    if (q == DType::kF32) {
+      EXPECT_GT(want, 0);
+    }
+  }
+}
+
 TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
   model::ModelConfig c;
   c.n_layers = 2;
@@ -295,11 +335,14 @@ TEST(MemoryPlanLathe, PackedBaseWeightsUseLathesLayouts) {
   std::map<std::string, double> w;
   for (const char* q : {"none", "int8", "nf4", "nf4_dq"}) {
     s.base_quant = q;
-    // Minus the frozen head's packed f32 copy (a LoRA setup keeps one for the loss's dx).
-    w[q] = PlanTraining(c, s)->Bytes("weights") - (double)model::PackedHeadBytes(c.vocab_size, c.dim, false);
+    // Minus the frozen head's packed f32 copy (a LoRA setup over an unquantized base keeps one for
+    // the loss's dx).
+    w[q] = PlanTraining(c, s)->Bytes("weights") -
+           (double)model::PackedHeadBytes(c.vocab_size, c.dim, false, std::string(q) != "none");
   }
-  EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, false), 4 * c.vocab_size * c.dim);
-  EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, true), 0);  // a trained head changes every step
+  EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, false, false), 4 * c.vocab_size * c.dim);
+  EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, true, false), 0);  // a trained head changes every step
+  EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, false, true), 0);  // QLoRA / int8: saving memory
   EXPECT_DOUBLE_EQ(w["none"], c.ParamCount() * 2.0);  // bf16 base
   // int8 rows: 1 B + an f32 scale per row; NF4: 0.5 B + an f32 absmax per 64; DQ: a u8 per 64.
   EXPECT_NEAR(w["int8"] - other * 2, lin * 1.0, lin * 0.01);
