@@ -169,9 +169,8 @@ struct Setting {
   int64_t row_group_tokens = 512;  // 24 = one row (T) at a time
 };
 
-// LoRA keeps an f32 copy of the frozen head for the loss's dx (PackedHeadBytes), but not over a
-// quantized base: a QLoRA / 8-bit run is saving memory (the plan agrees: PackedBaseWeightsUseLathesLayouts).
-TEST(MemoryPlanLathe, PackedHeadOnlyOverAnUnquantizedBase) {
+// A 2-layer GQA model with a tied head, small enough to train in a unit test.
+model::ModelConfig TinyConfig(int64_t ffn_dim) {
   model::ModelConfig c;
   c.n_layers = 2;
   c.dim = 64;
@@ -179,10 +178,17 @@ TEST(MemoryPlanLathe, PackedHeadOnlyOverAnUnquantizedBase) {
   c.n_kv_heads = 2;
   c.head_dim = 16;
   c.rope_dim = 16;
-  c.ffn_dim = 128;
+  c.ffn_dim = ffn_dim;
   c.vocab_size = 300;
   c.max_seq_len = 64;
   c.tied_embeddings = true;
+  return c;
+}
+
+// LoRA keeps an f32 copy of the frozen head for the loss's dx (PackedHeadBytes), but not over a
+// quantized base: a QLoRA / 8-bit run is saving memory (the plan agrees: PackedBaseWeightsUseLathesLayouts).
+TEST(MemoryPlanLathe, PackedHeadOnlyOverAnUnquantizedBase) {
+  const model::ModelConfig c = TinyConfig(128);  // NF4 needs in-dims that are multiples of 64
   const int64_t B = 1, T = 16;
   std::vector<int32_t> ids(B * T);
   for (int64_t i = 0; i < B * T; ++i) ids[i] = (int32_t)((i * 37) % c.vocab_size);
@@ -209,17 +215,7 @@ TEST(MemoryPlanLathe, PackedHeadOnlyOverAnUnquantizedBase) {
 }
 
 TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
-  model::ModelConfig c;
-  c.n_layers = 2;
-  c.dim = 64;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.rope_dim = 16;
-  c.ffn_dim = 160;
-  c.vocab_size = 300;
-  c.max_seq_len = 64;
-  c.tied_embeddings = true;
+  const model::ModelConfig c = TinyConfig(160);
   model::ModelWeights w = RandomWeights(c);
   ASSERT_TRUE(w.Validate("random").ok()) << w.Validate("random").message();
   const int64_t B = 2, T = 24;
