@@ -50,8 +50,9 @@ class ThreadPool {
   void ParallelFor(int64_t n, int64_t grain, RangeFn fn, double work) {
     ParallelFor(n, work < kMinParallelWork ? (n > 0 ? n : 1) : grain, fn);
   }
-  // About 2 us of one core's f32 FMA work. Picked, not swept: with it stories260K decode on 2
-  // threads went from 11705 to 15562 tok/s (above 1 thread's 14925); other values were not tried.
+  // About 2 us of one core's f32 FMA work. Picked, not swept. On a loaded box stories260K decode on
+  // 2 threads went from 11705 to 15562 tok/s with it; a quiet-box repeat could not resolve a
+  // difference (bench/RESULTS.md, "Prefill attention in K/V blocks"); other values were not tried.
   static constexpr double kMinParallelWork = 128 * 1024;
 
  private:
