@@ -103,7 +103,9 @@ void ExpectResidentIsPacked(int64_t before, const model::ModelWeights& w, int64_
   const int64_t growth = RssBytes() - before, packed = PackedBytes(w);
   const int64_t slack = 7 * kLayers * 2 * 4096 + (1 << 20);
   EXPECT_LE((double)packed / n, goal);
-  if (!kAsan) EXPECT_LE(growth, packed + slack) << "resident " << (double)growth / n << " bytes/param";
+  if (!kAsan) {
+    EXPECT_LE(growth, packed + slack) << "resident " << (double)growth / n << " bytes/param";
+  }
 }
 
 // Checks the first packed weight against its source: dequantized rows within the format's error.
@@ -144,7 +146,9 @@ TEST(QuantizeBase, MmappedSourcePagesLeaveRss) {
     volatile float sink = 0;  // fault every page in, as a loader or a first pass would
     for (int64_t i = 0; i < n; i += 1024) sink = sink + base[i];
     const int64_t touched = RssBytes();
-    if (!kAsan) EXPECT_GT((double)(touched - before) / n, 3.5);  // the f32 source is resident now
+    if (!kAsan) {
+      EXPECT_GT((double)(touched - before) / n, 3.5);  // the f32 source is resident now
+    }
     auto r = train::QuantizeBaseWeights(&w, t, c.n_layers);
     ASSERT_TRUE(r.ok()) << r.status().message();
     malloc_trim(0);
