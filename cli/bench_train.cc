@@ -191,7 +191,8 @@ double CpuSeconds() {  // user + sys of this process: robust to other load on a 
 // (as PyTorch does with its parameters); a file-mapped model's trained tensors are copied to f32
 // masters and their file pages dropped, as `lathe train` does.
 int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B, int64_t T, int steps,
-             int64_t optim_resident_mb, int64_t row_group_tokens, const std::string& profile_path) {
+             int64_t optim_resident_mb, int64_t row_group_tokens, int64_t row_group_workers,
+             const std::string& profile_path) {
   ThreadPool pool(threads);
   std::unique_ptr<Profiler> profiler;
   if (!profile_path.empty()) profiler = std::make_unique<Profiler>();
@@ -201,6 +202,7 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
   o.lora_alpha = 32;
   o.bf16 = row.bf16;
   o.row_group_tokens = row_group_tokens;
+  o.row_group_workers = row_group_workers;
   o.profiler = profiler.get();  // events of earlier steps are cleared before the last one
   auto m = model::TrainModel::CreateInPlace(w, pool, o);
   if (!m.ok()) return Fail("bench train", m.status());
@@ -301,7 +303,8 @@ std::vector<int> ParseList(const std::string& s) {
 int RunBenchTrain(int argc, char** argv) {
   Args args("bench train",
             "lathe bench train [--arch smollm2-135m | -m MODEL] [--seq 512] [--batch 4] [--steps 2] "
-            "[--threads-list 1,2] [--rows lora-f32,...] [--optim-resident-mb 0] [--row-group-tokens 512]");
+            "[--threads-list 1,2] [--rows lora-f32,...] [--optim-resident-mb 0] [--row-group-tokens 512] "
+            "[--row-group-workers 0]");
   args.Flag("--arch", "named architecture with random f32 weights (see `lathe estimate`)", "smollm2-135m");
   args.Flag("-m,--model", "a model file/dir instead of random weights (its dtype is kept for frozen weights)");
   args.Flag("--seq", "tokens per row", "512");
@@ -318,6 +321,10 @@ int RunBenchTrain(int argc, char** argv) {
   args.Flag("--row-group-tokens",
             "rows of a step run forward + backward in groups of max(1, this / seq) rows (0 = all at once)",
             std::to_string(model::TrainModelOptions().row_group_tokens));
+  args.Flag("--row-group-workers",
+            "LoRA rows: row groups run data-parallel on this many workers, each on one thread (0 = one per "
+            "thread, 1 = every product split over all threads)",
+            "0");
   args.Flag("--profile",
             "PREFIX: each row's last step is profiled to PREFIX-ROW-tN.json (Chrome trace) with a top-ops "
             "table on stderr (its cores column shows how well each op used the threads); the recorded events "
@@ -370,6 +377,10 @@ int RunBenchTrain(int argc, char** argv) {
   if (!group_tokens.ok() || *group_tokens < 0) {
     return Fail("bench train", Status::Error("--row-group-tokens: expected an integer >= 0"));
   }
+  auto group_workers = args.Int("row-group-workers");
+  if (!group_workers.ok() || *group_workers < 0) {
+    return Fail("bench train", Status::Error("--row-group-workers: expected an integer >= 0"));
+  }
   // Model (config in the parent; weights only in the children).
   auto load = [&](DType storage) -> Result<std::pair<std::unique_ptr<model::LoadedModel>, std::unique_ptr<model::ModelWeights>>> {
     if (args.Has("model")) {
@@ -398,7 +409,7 @@ int RunBenchTrain(int argc, char** argv) {
     }
     auto t = args.Int("threads");
     if (!t.ok() || *t < 1) return Fail("bench train", Status::Error("--threads: expected a positive integer"));
-    return RunChild(w, row, (int)*t, *batch, *seq, (int)*steps, *resident_mb, *group_tokens,
+    return RunChild(w, row, (int)*t, *batch, *seq, (int)*steps, *resident_mb, *group_tokens, *group_workers,
                     args.Has("profile") ? args.Get("profile") : std::string());
   }
 
@@ -448,7 +459,8 @@ int RunBenchTrain(int argc, char** argv) {
       std::string cmd = "'" + self + "' bench train --child " + rn + " --threads " + std::to_string(threads[ti]) +
                         " --seq " + std::to_string(*seq) + " --batch " + std::to_string(*batch) + " --steps " +
                         std::to_string(*steps) + " --optim-resident-mb " + std::to_string(*resident_mb) +
-                        " --row-group-tokens " + std::to_string(*group_tokens);
+                        " --row-group-tokens " + std::to_string(*group_tokens) + " --row-group-workers " +
+                        std::to_string(*group_workers);
       cmd += args.Has("model") ? " -m '" + args.Get("model") + "'" : " --arch '" + args.Get("arch") + "'";
       if (args.Has("profile")) {
         cmd += " --profile '" + args.Get("profile") + "-" + rn + "-t" + std::to_string(threads[ti]) + ".json'";

@@ -284,11 +284,55 @@ Status TrainModelImpl::Init() {
       pos_cos_[p * half + i] = (float)std::cos((double)angle);
       pos_sin_[p * half + i] = (float)std::sin((double)angle);
     }
+  for (const Layer& Ly : layers_)
+    for (const Lin& L : Ly.lin) quantized_base_ = quantized_base_ || IsPackedQuant(L.base.dtype);
+  if (opt_.row_group_workers < 0) return Status::Error("row_group_workers: must be >= 0 (0 = one per pool thread)");
+  workers_.push_back(std::make_unique<RowGroupWorker>(*this, pool_));
+  return Status::Ok();
+}
+
+RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
+    : m_(m), c_(m.c_), opt_(m.opt_), layers_(m.layers_), embed_eff_(m.embed_eff_), head_eff_(m.head_eff_),
+      embed_master_(m.embed_master_), g_embed_(m.g_embed_), g_head_(m.g_head_), final_norm_(m.final_norm_),
+      lowest_trainable_layer_(m.lowest_trainable_layer_), embed_trainable_(m.embed_trainable_),
+      pos_cos_(m.pos_cos_), pos_sin_(m.pos_sin_), step_(m.step_), head_packed_(m.head_packed_use_),
+      shared_pool_(shared_pool), pool_(&shared_pool) {
   // Layers below the lowest trainable one have no backward: their forward borrows set 0, which
   // that layer's own forward then overwrites.
-  acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c.n_layers - lowest_trainable_layer_, 1));
-  normdw_.resize((size_t)pool_.size() * c.dim);
-  return Status::Ok();
+  acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c_.n_layers - lowest_trainable_layer_, 1));
+  normdw_.resize((size_t)shared_pool.size() * c_.dim);
+}
+
+void RowGroupWorker::UsePrivateGrads() {
+  if (private_grads_.empty()) {
+    int64_t n = 0;
+    for (const Layer& Ly : layers_)
+      for (const Lin& L : Ly.lin)
+        if (L.lora.on) n += L.lora.r * (L.lora.in + L.lora.out);
+    grads_store_.resize(n);
+    private_grads_.assign(layers_.size() * kMods, {nullptr, nullptr});
+    float* p = grads_store_.data();
+    for (size_t l = 0; l < layers_.size(); ++l)
+      for (int m = 0; m < kMods; ++m) {
+        const LoraParam& lp = layers_[l].lin[m].lora;
+        if (!lp.on) continue;
+        private_grads_[l * kMods + m] = {p, p + lp.r * lp.in};
+        p += lp.r * (lp.in + lp.out);
+      }
+  }
+  std::fill(grads_store_.begin(), grads_store_.end(), 0.0f);
+}
+
+void RowGroupWorker::AddGradsTo(ThreadPool& pool) {
+  for (size_t l = 0; l < layers_.size(); ++l)
+    for (int m = 0; m < kMods; ++m) {
+      const LoraParam& lp = layers_[l].lin[m].lora;
+      if (!lp.on) continue;
+      for (auto [dst, src, n] : {std::tuple{lp.ga, private_grads_[l * kMods + m][0], lp.r * lp.in},
+                                 std::tuple{lp.gb, private_grads_[l * kMods + m][1], lp.out * lp.r}}) {
+        pool.ParallelFor(n, 16384, [&](int64_t b, int64_t e, int) { kernels::Axpy(dst + b, 1.0f, src + b, e - b); });
+      }
+    }
 }
 
 void TrainModelImpl::ZeroGrad() {
@@ -340,7 +384,7 @@ void TrainModelImpl::RefreshBf16() {
   if (head_master_) round(head_master_, head16_.data(), c_.vocab_size * c_.dim);
 }
 
-void TrainModelImpl::Prepare(const TrainBatch& b, int64_t row0) {
+void RowGroupWorker::Prepare(const TrainBatch& b, int64_t row0) {
   const ModelConfig& c = c_;
   B_ = b.B;
   T_ = b.T;
@@ -387,7 +431,7 @@ void TrainModelImpl::Prepare(const TrainBatch& b, int64_t row0) {
   h_.resize(N * ffn);
 }
 
-const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>& s) {
+const float* RowGroupWorker::Round(const float* x, int64_t n, std::vector<float>& s) {
   if (!opt_.bf16 && !opt_.fp16) return x;
   s.resize(n);
   float* o = s.data();
@@ -405,7 +449,7 @@ const float* TrainModelImpl::Round(const float* x, int64_t n, std::vector<float>
 // (step_), layer and module. The mask is a hash of the element's index in the whole micro-batch
 // (tok0_ offsets a row group's), so the backward, a checkpointed recompute and any row grouping
 // see the same mask without storing it.
-const float* TrainModelImpl::Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& s) {
+const float* RowGroupWorker::Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& s) {
   const double p = opt_.lora_dropout;
   s.resize(N_ * in);
   float* o = s.data();
@@ -420,7 +464,7 @@ const float* TrainModelImpl::Dropped(const float* x, int64_t in, int64_t layer, 
   return o;
 }
 
-void TrainModelImpl::RmsFwd(float* out, float* rstd, const float* x, const float* w) {
+void RowGroupWorker::RmsFwd(float* out, float* rstd, const float* x, const float* w) {
   const int64_t C = c_.dim;
   ScopedOp op(opt_.profiler, "rmsnorm_fwd", 3.0 * N_ * C, 8.0 * N_ * C);
   Par(N_, 16, [&](int64_t b, int64_t e, int) {
@@ -428,14 +472,14 @@ void TrainModelImpl::RmsFwd(float* out, float* rstd, const float* x, const float
   });
 }
 
-void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w,
+void RowGroupWorker::RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w,
                             const float* rstd) {
   const int64_t C = c_.dim;
   ScopedOp op(opt_.profiler, "rmsnorm_bwd", 6.0 * N_ * C, 12.0 * N_ * C);
   // One dw row per chunk (also a throwaway target when the norm is frozen), summed in chunk order:
   // the pool hands chunks to whichever thread claims them, so rows keyed by thread index would
   // make dw depend on the schedule. pool-size contiguous chunks keep 1 thread's summation order.
-  const int64_t parts = pool_.size(), grain = (N_ + parts - 1) / parts;
+  const int64_t parts = pool_->size(), grain = (N_ + parts - 1) / parts;
   std::fill(normdw_.begin(), normdw_.end(), 0.0f);
   Par(N_, grain, [&](int64_t b, int64_t e, int) {
     float* tdw = &normdw_[b / grain * C];
@@ -447,7 +491,7 @@ void TrainModelImpl::RmsBwd(float* dx, float* dw, const float* dout, const float
   }
 }
 
-void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train) {
+void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train) {
   const int64_t N = N_;
   ScopedOp op(opt_.profiler, "linear_fwd", 2.0 * N * L.in * L.out,
               (double)L.eff.nbytes() + 4.0 * N * (L.in + L.out),
@@ -455,26 +499,26 @@ void TrainModelImpl::LinForward(Lin& L, const float* x, float* y, float* mid, in
                                         (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
                             : std::string());
   const float* xr = Round(x, N * L.in, rx_);
-  kernels::LinearForward(pool_, y, xr, N, L.eff);
+  kernels::LinearForward(*pool_, y, xr, N, L.eff);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
     });
   }
   if (!L.lora.on) return;
-  LoraParam& p = L.lora;
+  const LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
   // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
-  kernels::LinearForward(pool_, mid, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff);  // (N, r)
+  kernels::LinearForward(*pool_, mid, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff);  // (N, r)
   ltmp_.resize(N * p.out);
-  kernels::LinearForward(pool_, ltmp_.data(), Round(mid, N * p.r, rmid_), N, p.b_eff);  // (N, out)
+  kernels::LinearForward(*pool_, ltmp_.data(), Round(mid, N * p.r, rmid_), N, p.b_eff);  // (N, out)
   const float* t = ltmp_.data();
   Par(N, 16, [&](int64_t b, int64_t e, int) {
     kernels::Axpy(y + b * p.out, p.scale, t + b * p.out, (e - b) * p.out);
   });
 }
 
-void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
+void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
                                  bool need_dx, int64_t layer, int mod) {
   const int64_t N = N_;
   ScopedOp op(opt_.profiler, "linear_bwd",
@@ -484,8 +528,8 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
                                         (long long)L.out, (long long)L.in)
                             : std::string());
   const float* dyr = Round(dy, N * L.out, rdy_);
-  if (need_dx) kernels::MatMulBackwardInput(pool_, dx, dyr, N, L.eff, accumulate);
-  if (L.grad) kernels::MatMulBackwardWeight(pool_, L.grad, dyr, Round(x, N * L.in, rx_), N, L.out, L.in);
+  if (need_dx) kernels::MatMulBackwardInput(*pool_, dx, dyr, N, L.eff, accumulate);
+  if (L.grad) kernels::MatMulBackwardWeight(*pool_, L.grad, dyr, Round(x, N * L.in, rx_), N, L.out, L.in);
   if (L.gbias) {
     Par(L.out, 64, [&](int64_t b, int64_t e, int) {
       for (int64_t r = 0; r < N; ++r)
@@ -493,7 +537,7 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
     });
   }
   if (!L.lora.on) return;
-  LoraParam& p = L.lora;
+  const LoraParam& p = L.lora;
   // out = scale * mid B^T, mid = drop(x) A^T: gB += dy^T (scale mid), dmid = scale (dy B); the scale
   // goes on the rank-r side (N x r floats) instead of a pass over dy (N x out).
   lscr_.resize(N * p.r);
@@ -501,9 +545,9 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
   Par(N, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b * p.r; i < e * p.r; ++i) smid[i] = p.scale * mid[i];
   });
-  kernels::MatMulBackwardWeight(pool_, p.gb, dyr, Round(smid, N * p.r, rmid_), N, p.out, p.r);
+  kernels::MatMulBackwardWeight(*pool_, GradB(L, layer, mod), dyr, Round(smid, N * p.r, rmid_), N, p.out, p.r);
   dmid_.resize(N * p.r);
-  kernels::MatMulBackwardInput(pool_, dmid_.data(), dyr, N, p.b_eff);  // (N, r)
+  kernels::MatMulBackwardInput(*pool_, dmid_.data(), dyr, N, p.b_eff);  // (N, r)
   float* dm = dmid_.data();
   Par(N, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b * p.r; i < e * p.r; ++i) dm[i] *= p.scale;
@@ -511,14 +555,14 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
   const float* dmr = Round(dmid_.data(), N * p.r, rmid_);
   const bool drop = opt_.lora_dropout > 0;
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
-  kernels::MatMulBackwardWeight(pool_, p.ga, dmr, Round(xd, N * p.in, rx_), N, p.r, p.in);
+  kernels::MatMulBackwardWeight(*pool_, GradA(L, layer, mod), dmr, Round(xd, N * p.in, rx_), N, p.r, p.in);
   if (!need_dx) return;
   if (!drop) {
-    kernels::MatMulBackwardInput(pool_, dx, dmr, N, p.a_eff, /*accumulate=*/true);
+    kernels::MatMulBackwardInput(*pool_, dx, dmr, N, p.a_eff, /*accumulate=*/true);
     return;
   }
   ltmp_.resize(N * p.in);
-  kernels::MatMulBackwardInput(pool_, ltmp_.data(), dmr, N, p.a_eff);
+  kernels::MatMulBackwardInput(*pool_, ltmp_.data(), dmr, N, p.a_eff);
   // d drop(x) / dx = mask / keep = drop(x) / x elementwise; use the mask directly.
   const double pr = opt_.lora_dropout;
   const uint64_t key = SplitMix(SplitMix(opt_.seed ^ 0x6c6f7261ull) ^ (step_ * 1315423911ull) ^ ((uint64_t)layer << 40) ^
@@ -533,7 +577,7 @@ void TrainModelImpl::LinBackward(Lin& L, const float* dy, const float* x, const 
   });
 }
 
-void TrainModelImpl::SwiGluH(const Acts& a) {
+void RowGroupWorker::SwiGluH(const Acts& a) {
   ScopedOp op(opt_.profiler, "swiglu_fwd", 0, 12.0 * N_ * c_.ffn_dim);
   float* h = h_.data();
   Par(N_ * c_.ffn_dim, 4096, [&](int64_t b, int64_t e, int) {
@@ -541,9 +585,9 @@ void TrainModelImpl::SwiGluH(const Acts& a) {
   });
 }
 
-void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train) {
+void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train) {
   const ModelConfig& c = c_;
-  Layer& Ly = layers_[l];
+  const Layer& Ly = layers_[l];
   const int64_t N = N_, dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), T = T_;
   const int H = (int)c.n_heads, KV = (int)c.n_kv_heads, hd = (int)c.head_dim;
   const auto layout = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeLayout::kInterleaved
@@ -567,7 +611,7 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   {
     ScopedOp att_op(opt_.profiler, "attention_fwd", 2.0 * B_ * T * T * H * hd, 4.0 * N * (qd + 2 * kvd));
     for (int64_t r = 0; r < B_; ++r) {
-      kernels::FlashAttentionForward(pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd],
+      kernels::FlashAttentionForward(*pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd],
                                      &a.v[r * T * kvd], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale);
     }
   }
@@ -593,7 +637,7 @@ void TrainModelImpl::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   });
 }
 
-void TrainModelImpl::Forward(bool train) {
+void RowGroupWorker::Forward(bool train) {
   const int64_t N = N_, dim = c_.dim;
   float* x0 = res_.data();
   {
@@ -613,9 +657,9 @@ void TrainModelImpl::Forward(bool train) {
   RmsFwd(xf_.data(), rstdf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w);
 }
 
-void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx) {
+void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx) {
   const ModelConfig& c = c_;
-  Layer& Ly = layers_[l];
+  const Layer& Ly = layers_[l];
   const int64_t N = N_, dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), T = T_, nf = N * c.ffn_dim;
   const int H = (int)c.n_heads, KV = (int)c.n_kv_heads, hd = (int)c.head_dim;
   const auto layout = c.rope_style == RopeStyle::kInterleaved ? kernels::RopeLayout::kInterleaved
@@ -664,7 +708,7 @@ void TrainModelImpl::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   {
     ScopedOp op(opt_.profiler, "attention_bwd", 5.0 * B_ * T * T * H * hd, 8.0 * N * (2 * qd + 4 * kvd));
     for (int64_t r = 0; r < B_; ++r) {
-      kernels::FlashAttentionBackward(pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd],
+      kernels::FlashAttentionBackward(*pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd],
                                       &d_att_[r * T * qd], &a.q[r * T * qd], &a.k[r * T * kvd], &a.v[r * T * kvd],
                                       &a.att[r * T * qd], &a.lse[r * T * H], seg_ ? seg_ + r * T : nullptr, T, H, KV,
                                       hd, scale);
@@ -731,42 +775,71 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
   if (!(normalizer > 0)) return Status::Error("ForwardBackward: normalizer must be > 0");
   ++step_;
   RefreshBf16();
+  PackHead();
   const int64_t G = RowGroupRows(batch.B, batch.T, opt_.row_group_tokens);
-  int64_t last = -1;  // first row of the last group with targets
+  std::vector<int64_t> starts;  // first rows of the groups with targets
   for (int64_t r0 = 0; r0 < batch.B; r0 += G)
-    if (HasTargets(batch, r0, std::min(G, batch.B - r0))) last = r0;
-  double loss = 0;
-  for (int64_t r0 = 0; r0 <= last; r0 += G) {
-    const int64_t rows = std::min(G, batch.B - r0);
-    if (!HasTargets(batch, r0, rows)) continue;
-    Prepare(RowsOf(batch, r0, rows), r0);
-    loss += GroupForwardBackward(normalizer, r0 == last);
+    if (HasTargets(batch, r0, std::min(G, batch.B - r0))) starts.push_back(r0);
+  const int64_t n = (int64_t)starts.size();
+  std::vector<double> losses(n, 0.0);
+  const int W = Workers(n);
+  // Worker w runs groups w, w + W, ...: which groups add into which gradients is fixed by W alone,
+  // so the result does not depend on the threads or their timing.
+  auto run = [&](int w) {
+    RowGroupWorker& k = Worker(w);
+    for (int64_t i = w; i < n; i += W) {
+      k.Prepare(RowsOf(batch, starts[i], std::min(G, batch.B - starts[i])), starts[i]);
+      losses[i] = k.ForwardBackward(normalizer, i == n - 1);
+    }
+  };
+  if (W == 1) {
+    Worker(0).SetSolo(false);
+    run(0);
+  } else {
+    for (int w = 0; w < W; ++w) {
+      Worker(w).SetSolo(true);
+      if (w > 0) Worker(w).UsePrivateGrads();
+    }
+    pool_.ParallelFor(W, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t w = b; w < e; ++w) run((int)w);
+    });
+    for (int w = 1; w < W; ++w) Worker(w).AddGradsTo(pool_);
   }
+  double loss = 0;
+  for (double l : losses) loss += l;
   return loss * normalizer;
 }
 
-double TrainModelImpl::GroupForwardBackward(double normalizer, bool last_group) {
+int TrainModelImpl::Workers(int64_t groups) const {
+  return (int)RowGroupWorkers(opt_.method == FinetuneMethod::kLora, groups, opt_.row_group_workers, pool_.size());
+}
+
+RowGroupWorker& TrainModelImpl::Worker(int w) {
+  while ((int)workers_.size() <= w) workers_.push_back(std::make_unique<RowGroupWorker>(*this, pool_));
+  return *workers_[w];
+}
+
+void TrainModelImpl::PackHead() {
+  head_packed_use_ = nullptr;
+  if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr, quantized_base_) == 0) return;
+  if (head_packed_.src != head_eff_.data) {
+    ScopedOp op(opt_.profiler, "pack_head", 0, 2.0 * (double)head_eff_.nbytes());
+    kernels::PackForBackwardInput(pool_, head_eff_, &head_packed_);
+  }
+  head_packed_use_ = &head_packed_;
+}
+
+double RowGroupWorker::ForwardBackward(double normalizer, bool last_group) {
   Forward(/*train=*/true);
   const int64_t N = N_, dim = c_.dim;
   dxf_.resize(N * dim);
   const float* xfr = Round(xf_.data(), N * dim, rx_);
   float loss = 0;
-  const kernels::PackedBackwardB* hp = nullptr;
-  bool quantized_base = false;  // any decoder linear stored NF4/FP4/int8 (QLoRA, 8-bit base)
-  for (const Layer& Ly : layers_)
-    for (const Lin& L : Ly.lin) quantized_base = quantized_base || IsPackedQuant(L.base.dtype);
-  if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr, quantized_base) > 0) {
-    if (head_packed_.src != head_eff_.data) {
-      ScopedOp op(opt_.profiler, "pack_head", 0, 2.0 * (double)head_eff_.nbytes());
-      kernels::PackForBackwardInput(pool_, head_eff_, &head_packed_);
-    }
-    hp = &head_packed_;
-  }
   {
     ScopedOp ce_op(opt_.profiler, "cross_entropy_fwd_bwd", 6.0 * N * dim * c_.vocab_size,
                    (double)head_eff_.nbytes() * 2 + 8.0 * N * dim);
-    loss = kernels::CrossEntropyBackward(pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
-                                               (float)normalizer, 1.0f, opt_.loss_chunk_tokens, hp);
+    loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
+                                               (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_);
   }
   dres_.resize(N * dim);
   RmsBwd(dres_.data(), final_norm_.g, dxf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w, rstdf_.data());
@@ -800,17 +873,23 @@ Result<double> TrainModelImpl::Loss(const TrainBatch& batch, int64_t* n_targets)
   const int64_t G = RowGroupRows(batch.B, batch.T, opt_.row_group_tokens);
   double loss = 0;
   int64_t n = 0;
+  RowGroupWorker& k = Worker(0);
+  k.SetSolo(false);
   for (int64_t r0 = 0; r0 < batch.B; r0 += G) {
     const int64_t rows = std::min(G, batch.B - r0);
     if (!HasTargets(batch, r0, rows)) continue;
-    Prepare(RowsOf(batch, r0, rows), r0);
-    Forward(/*train=*/false);
-    for (int32_t t : targets_) n += t != kernels::kIgnoreLabel;
-    const float* xfr = Round(xf_.data(), N_ * c_.dim, rx_);
-    loss += kernels::CrossEntropyForward(pool_, xfr, N_, head_eff_, targets_.data(), 1.0f, opt_.loss_chunk_tokens);
+    k.Prepare(RowsOf(batch, r0, rows), r0);
+    loss += k.Loss(&n);
   }
   if (n_targets) *n_targets = n;
   return loss;
+}
+
+double RowGroupWorker::Loss(int64_t* n) {
+  Forward(/*train=*/false);
+  for (int32_t t : targets_) *n += t != kernels::kIgnoreLabel;
+  const float* xfr = Round(xf_.data(), N_ * c_.dim, rx_);
+  return kernels::CrossEntropyForward(*pool_, xfr, N_, head_eff_, targets_.data(), 1.0f, opt_.loss_chunk_tokens);
 }
 
 Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
@@ -850,6 +929,11 @@ int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens) {
   return std::clamp<int64_t>(row_group_tokens / T, 1, std::max<int64_t>(B, 1));
 }
 
+int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads) {
+  if (!lora || groups < 2) return 1;
+  return std::clamp<int64_t>(row_group_workers > 0 ? row_group_workers : threads, 1, groups);
+}
+
 Result<std::unique_ptr<TrainModel>> TrainModel::Create(const ModelWeights& base, ThreadPool& pool,
                                                        const TrainModelOptions& options) {
   auto m = std::make_unique<internal::TrainModelImpl>(base, pool, options);
@@ -878,7 +962,16 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   // storage_ holds the f32 masters (MasterCopy, LoRA A/B), grads_ the gradients.
   (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage + shadows + in_place_bytes_;
   m.weights += cap(head_packed_.data);  // a copy of a frozen base tensor, whatever the method
-  m.activations = cap(res_) + cap(xf_) + cap(rstdf_);
+  for (const auto& w : workers_) w->AddAllocatedBytes(m);
+  for (const auto* v : {&inv_freq_, &pos_cos_, &pos_sin_}) m.temporary += cap(*v);
+  m.base_released = base_released_;
+  return m;
+}
+
+void RowGroupWorker::AddAllocatedBytes(TrainMemory& m) const {
+  auto cap = [](const auto& v) { return (int64_t)(v.capacity() * sizeof(v[0])); };
+  m.gradients += cap(grads_store_);
+  m.activations += cap(res_) + cap(xf_) + cap(rstdf_);
   for (const Acts& a : acts_) {
     for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})
       m.activations += cap(*v);
@@ -886,11 +979,9 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   }
   for (const auto* v : {&dxf_, &dres_, &dtmp_, &scratch_out_, &ckpt_out_, &d_att_, &dq_, &dk_, &dv_, &dgate_,
                         &dup_, &dh_, &dxn_, &rx_, &rx2_, &rdy_, &xd_, &lscr_, &lmid_, &ltmp_, &dmid_, &rmid_,
-                        &normdw_, &inv_freq_, &pos_cos_, &pos_sin_, &cos_, &sin_, &xn_, &h_})
+                        &normdw_, &cos_, &sin_, &xn_, &h_})
     m.temporary += cap(*v);
   m.temporary += cap(targets_);
-  m.base_released = base_released_;
-  return m;
 }
 
 }  // namespace internal

@@ -21,7 +21,8 @@
 //   q/k LoRA B rows) of a Meta-interleaved base (GGUF llama, llama2.c) are kept in that layout in
 //   memory; only the saved files are in HF order.
 // - Thread safety: one call at a time; all heavy work runs on the pool given to Create. Scratch
-//   buffers are members, sized by the largest row group seen, and reused across steps.
+//   buffers belong to the row-group workers, are sized by the largest row group seen, and are
+//   reused across steps.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +70,14 @@ struct TrainModelOptions {
   // the weight gradients over tokens depends on it (dropout masks are keyed by the row's position
   // in the micro-batch). 512 tokens keep every GEMM at M >= 512 rows (short rows are grouped).
   int64_t row_group_tokens = 512;
+  // LoRA: row groups run data-parallel on this many workers, each with its own activations and
+  // scratch on a 1-thread pool (side by side on the pool's threads), workers > 0 adding into
+  // private LoRA gradients summed in worker order after the groups. Two 1-thread GEMMs side by
+  // side keep their 1-thread rate; one GEMM split over two threads does not (bench/RESULTS.md).
+  // 0 = one per pool thread. At most the micro-batch's row groups are used; full / freeze always
+  // use 1 (a second full gradient would cost more memory than the speed is worth). The result
+  // depends on the worker count (gradient summation order) but not on the threads or timing.
+  int64_t row_group_workers = 0;
   Profiler* profiler = nullptr;     // when set, the big ops of each call are recorded
 };
 
@@ -97,6 +106,10 @@ struct TrainMemory {
 // Rows per forward/backward group of a (B, T) micro-batch: max(1, row_group_tokens / T), at most B;
 // B when row_group_tokens is 0. The memory plan (train/memory_plan.cc) sizes activations with it.
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens);
+// Workers that run a micro-batch of `groups` row groups (TrainModelOptions::row_group_workers,
+// 0 = `threads`): 1 unless LoRA, at most `groups`. The memory plan counts activations, scratch and
+// private LoRA gradients per worker with it.
+int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads);
 
 // One micro-batch: B rows of T tokens (row-major), padded rows use label -100 beyond their end.
 struct TrainBatch {

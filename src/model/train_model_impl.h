@@ -75,6 +75,88 @@ class GradBuffer {
   size_t bytes_ = 0;
 };
 
+class TrainModelImpl;
+
+// One worker's share of a micro-batch's row groups: the activations and scratch of the group it
+// runs (sized by the largest group seen, reused across steps), the pool its kernels use and where
+// its LoRA gradients go. Worker 0 alone (row_group_workers 1, full / freeze) runs every group on
+// the model's pool and adds into the model's gradients. With W > 1 workers (LoRA) each runs its
+// groups (w, w + W, ...) on a 1-thread pool of its own, side by side on the model pool's threads;
+// workers > 0 add into private gradients the model sums into its own in worker order afterwards.
+class RowGroupWorker {
+ public:
+  RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool);
+  // Solo: this worker's kernels run on its own 1-thread pool instead of the model's.
+  void SetSolo(bool solo) { pool_ = solo ? &solo_pool_ : &shared_pool_; }
+  // Private LoRA gradients (allocated on first use), zeroed; AddGradsTo adds them into the model's.
+  void UsePrivateGrads();
+  void AddGradsTo(ThreadPool& pool);
+  // Rope tables, targets and buffers for one row group (rows [row0, row0 + g.B) of the micro-batch).
+  void Prepare(const TrainBatch& g, int64_t row0);
+  // Forward + backward of the prepared row group; returns its share of the loss (sum / normalizer).
+  double ForwardBackward(double normalizer, bool last_group);
+  // Forward of the prepared group; returns its summed token loss, counting targets into *n.
+  double Loss(int64_t* n);
+  void AddAllocatedBytes(TrainMemory& m) const;
+
+ private:
+  void Forward(bool train);
+  void BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train);
+  void BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx);
+  void SwiGluH(const Acts& a);  // h_ = swiglu(a.gate, a.up)
+  void LinForward(const Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
+  void LinBackward(const Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
+                   bool need_dx, int64_t layer, int mod);
+  const float* Round(const float* x, int64_t n, std::vector<float>& scratch);
+  const float* Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& scratch);
+  void RmsFwd(float* out, float* rstd, const float* x, const float* w);
+  void RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd);
+  void Par(int64_t n, int64_t grain, RangeFn fn) { pool_->ParallelFor(n, grain, fn); }
+
+  TrainModelImpl& m_;
+  // The model's shared state this worker reads (written only between calls).
+  const ModelConfig& c_;
+  const TrainModelOptions& opt_;
+  const std::vector<Layer>& layers_;
+  const Tensor &embed_eff_, &head_eff_;
+  float* const& embed_master_;
+  float* const& g_embed_;
+  float* const& g_head_;
+  const Norm& final_norm_;
+  const int64_t& lowest_trainable_layer_;
+  const bool& embed_trainable_;
+  const std::vector<float>&pos_cos_, &pos_sin_;
+  const uint64_t& step_;
+  const kernels::PackedBackwardB* const& head_packed_;  // null: the loss packs per chunk
+
+  ThreadPool& shared_pool_;
+  ThreadPool solo_pool_{1};
+  ThreadPool* pool_;
+  // Private LoRA gradients (workers > 0): (A, B) per (layer, module), into grads_store_.
+  std::vector<float> grads_store_;
+  std::vector<std::array<float*, 2>> private_grads_;
+  float* GradA(const Lin& L, int64_t layer, int mod) const {
+    return private_grads_.empty() ? L.lora.ga : private_grads_[layer * kMods + mod][0];
+  }
+  float* GradB(const Lin& L, int64_t layer, int mod) const {
+    return private_grads_.empty() ? L.lora.gb : private_grads_[layer * kMods + mod][1];
+  }
+
+  // The group: B_ rows of T_ tokens, N_ = B_ * T_; tok0_ = its first token in the micro-batch
+  // (dropout masks are keyed by the token's position in the whole micro-batch).
+  int64_t B_ = 0, T_ = 0, N_ = 0, tok0_ = 0;
+  const int32_t* ids_ = nullptr;
+  const int32_t* seg_ = nullptr;
+  std::vector<int32_t> targets_;
+  std::vector<float> cos_, sin_;
+  std::vector<float> res_;  // (n_layers + 1, N, dim) residual stream, block inputs
+  std::vector<Acts> acts_;
+  std::vector<float> xf_, rstdf_, dxf_, dres_, dtmp_, scratch_out_, ckpt_out_;
+  std::vector<float> d_att_, dq_, dk_, dv_, dgate_, dup_, dh_, dxn_;
+  std::vector<float> rx_, rx2_, rdy_, xd_, lscr_, lmid_, ltmp_, dmid_, rmid_, normdw_;
+  std::vector<float> xn_, h_;  // the current block's normed input and SwiGLU output (N, dim), (N, ffn)
+};
+
 class TrainModelImpl final : public TrainModel {
  public:
   TrainModelImpl(const ModelWeights& base, ThreadPool& pool, const TrainModelOptions& options,
@@ -96,6 +178,7 @@ class TrainModelImpl final : public TrainModel {
   void set_dropout_rng_state(uint64_t s) override { step_ = s; }
 
  private:
+  friend class RowGroupWorker;
   float* NewBuffer(int64_t n);  // zeroed, stable address
   float* NewGrad(int64_t n);    // a GradBuffer
   void AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad, bool decay);
@@ -104,23 +187,13 @@ class TrainModelImpl final : public TrainModel {
   // which the tensor's file pages are dropped. Counts base_released_.
   float* MasterOf(const Tensor& t);
   Status CheckBatch(const TrainBatch& b) const;
-  // Rope tables, targets and buffers for one row group (rows [row0, row0 + g.B) of the micro-batch).
-  void Prepare(const TrainBatch& g, int64_t row0);
-  // Forward + backward of one prepared row group; returns its share of the loss (sum / normalizer).
-  double GroupForwardBackward(double normalizer, bool last_group);
   void RefreshBf16();
+  // Packs the frozen head for the loss's input gradient when PackedHeadBytes keeps one.
+  void PackHead();
   void SetEff(Lin& L);
-  void Forward(bool train);  // the prepared row group
-  void BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train);
-  void BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx);
-  void SwiGluH(const Acts& a);  // h_ = swiglu(a.gate, a.up)
-  void LinForward(Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
-  void LinBackward(Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
-                   bool need_dx, int64_t layer, int mod);
-  const float* Round(const float* x, int64_t n, std::vector<float>& scratch);
-  const float* Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& scratch);
-  void RmsFwd(float* out, float* rstd, const float* x, const float* w);
-  void RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd);
+  // Workers for a micro-batch of `groups` row groups (TrainModelOptions::row_group_workers).
+  int Workers(int64_t groups) const;
+  RowGroupWorker& Worker(int w);
   void Par(int64_t n, int64_t grain, RangeFn fn) { pool_.ParallelFor(n, grain, fn); }
   // Meta interleaved <-> HF half-split row order of a q/k output dimension (rows of `cols`).
   std::vector<float> ToHfRows(const float* src, int64_t heads, int64_t cols) const;
@@ -141,26 +214,15 @@ class TrainModelImpl final : public TrainModel {
   float *embed_master_ = nullptr, *g_embed_ = nullptr, *head_master_ = nullptr, *g_head_ = nullptr;
   std::vector<uint16_t> head16_;
   kernels::PackedBackwardB head_packed_;  // frozen head_eff_ packed for the loss's dx (PackedHeadBytes)
+  const kernels::PackedBackwardB* head_packed_use_ = nullptr;  // &head_packed_ when the loss uses it
   Norm final_norm_;
   int64_t lowest_trainable_layer_ = 0;
   bool embed_trainable_ = false;
+  bool quantized_base_ = false;  // any decoder linear stored NF4/FP4/int8 (QLoRA, 8-bit base)
 
   std::vector<float> inv_freq_, pos_cos_, pos_sin_;  // (max_seq_len, half)
   uint64_t step_ = 0;  // dropout stream counter
-
-  // Per row group: B_ rows of T_ tokens, N_ = B_ * T_; tok0_ = the group's first token in the
-  // micro-batch (dropout masks are keyed by the token's position in the whole micro-batch).
-  int64_t B_ = 0, T_ = 0, N_ = 0, tok0_ = 0;
-  const int32_t* ids_ = nullptr;
-  const int32_t* seg_ = nullptr;
-  std::vector<int32_t> targets_;
-  std::vector<float> cos_, sin_;
-  std::vector<float> res_;  // (n_layers + 1, N, dim) residual stream, block inputs
-  std::vector<Acts> acts_;
-  std::vector<float> xf_, rstdf_, dxf_, dres_, dtmp_, scratch_out_, ckpt_out_;
-  std::vector<float> d_att_, dq_, dk_, dv_, dgate_, dup_, dh_, dxn_;
-  std::vector<float> rx_, rx2_, rdy_, xd_, lscr_, lmid_, ltmp_, dmid_, rmid_, normdw_;
-  std::vector<float> xn_, h_;  // the current block's normed input and SwiGLU output (N, dim), (N, ffn)
+  std::vector<std::unique_ptr<RowGroupWorker>> workers_;
 };
 
 }  // namespace lathe::model::internal

@@ -109,6 +109,13 @@ double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s) {
   return per_layer * c.n_layers + final_norm;
 }
 
+int64_t LatheWorkers(const TrainSetup& s) {
+  // Row groups are fewest at the longest padded length (rows per group only shrink as T grows).
+  const int64_t rows = model::RowGroupRows(s.batch_size, s.seq_len, s.row_group_tokens);
+  return model::RowGroupWorkers(s.method == "lora" || s.method == "qlora", (s.batch_size + rows - 1) / rows,
+                                s.row_group_workers, s.threads);
+}
+
 int64_t LatheGroupTokens(const TrainSetup& s) {
   // Batches are padded to their longest row, so T is anything up to seq_len: take the largest
   // group over every T (a shorter T can pack more rows, e.g. 2 x 256 > 1 x 300 tokens).
@@ -142,6 +149,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const bool bf16 = s.precision != "fp32";
   const bool lora = s.method == "lora" || s.method == "qlora";
   const double N = (double)LatheGroupTokens(s);  // tokens of one row group
+  const double W = (double)LatheWorkers(s);       // row-group workers, each with its own group's buffers
+  const std::string per_worker = W > 1 ? StrFormat(" x %.0f row-group workers", W) : std::string();
   const bool one_group = N >= (double)s.batch_size * s.seq_len;
   p.total_params = P;
   auto add = [&](std::string cat, double bytes, std::string formula) {
@@ -211,6 +220,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                   (long long)dim));
   }
   add("gradients", trainable * 4.0, StrFormat("%lld trainable params x 4 B (f32)", (long long)trainable));
+  if (W > 1) {
+    add("gradients", (W - 1) * trainable * 4.0,
+        StrFormat("%.0f more row-group worker(s) x %lld LoRA params x 4 B (private gradients, summed after the groups)",
+                  W - 1, (long long)trainable));
+  }
   double ob = s.optimizer_bytes_per_param;
   if (ob < 0) {
     ob = s.optimizer == "sgd" ? 0 : s.optimizer.find("8bit") != std::string::npos ? 2 + 8.0 / 256 : 8;
@@ -227,10 +241,10 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const double sets = s.grad_checkpointing     ? 1
                       : s.method == "freeze" ? (double)std::min(s.freeze_trainable_layers, L)
                                              : (double)L;
-  add("activations", 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
-      StrFormat("%.0f tokens (one row group) x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 q_dim + "
-                "2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
-                N, (long long)L, sets, r ? " + 7 r" : ""));
+  add("activations", W * 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
+      StrFormat("%.0f tokens (one row group)%s x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 "
+                "q_dim + 2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
+                N, per_worker.c_str(), (long long)L, sets, r ? " + 7 r" : ""));
   if (!lora && !s.grad_checkpointing && one_group) {
     // Full / freeze: gradients are paged in as the backward writes them (ZeroGrad hands their pages
     // back) and each trained layer's saved tensors (q, k, v, att, xmid, gate, up and its output in
@@ -264,11 +278,12 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   }
   const double chunk = std::min<double>(s.loss_chunk_tokens, N);
   const double half = c.head_dim / 2;
-  add("temporary", 4 * N * (scratch + 2 * half + 1) + 4.0 * (2 * c.max_seq_len * half + s.threads * dim),
-      StrFormat("%.0f tokens x 4 B x %.0f (block backward scratch, bf16 roundings, LoRA buffers, RoPE, targets) "
-                "+ RoPE tables + per-thread norm rows", N, scratch + 2 * half + 1));
-  add("temporary", 4 * chunk * (V + 2.0 * dim + 1),
-      StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim) x 4 B", chunk, (long long)V));
+  add("temporary", W * 4 * (N * (scratch + 2 * half + 1) + s.threads * dim) + 4.0 * 2 * c.max_seq_len * half,
+      StrFormat("(%.0f tokens x 4 B x %.0f (block backward scratch, bf16 roundings, LoRA buffers, RoPE, targets) "
+                "+ per-thread norm rows)%s + RoPE tables", N, scratch + 2 * half + 1, per_worker.c_str()));
+  add("temporary", W * 4 * chunk * (V + 2.0 * dim + 1),
+      StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim) x 4 B%s", chunk, (long long)V,
+                per_worker.c_str()));
   // The GEMMs of a step (kernels/cpu/train_matmul.cc; a quantized base's forward runs the inference
   // kernels): each linear's forward and input gradient, the trained weights' gradients over the
   // group's tokens, LoRA's rank-r products, the cross-entropy's input (and head) gradient.
@@ -284,9 +299,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
         panels = std::max(panels, SharedPanelFloats(L2, K2));
     }
   }
-  add("temporary", 4 * panels,
-      StrFormat("matmul B panels packed by the calling thread: %.0f x 256 x 256 floats (the step's largest GEMM)",
-                panels / 65536));
+  add("temporary", W * 4 * panels,
+      StrFormat("matmul B panels packed by the calling thread: %.0f x 256 x 256 floats (the step's largest GEMM)%s",
+                panels / 65536, W > 1 ? " x each worker's thread" : ""));
   // Per thread: a 256 x 256 dequantization tile and 256 x 192 A tiles (train_matmul.cc), 96 x 128
   // score tiles (train_attention.cc, two in the backward).
   const double per_thread = 4.0 * (256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
@@ -294,10 +309,10 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // (at most 3 more runs of 128 keys; train_attention.cc).
   const double dq_runs = (double)std::min<int64_t>((s.seq_len + 127) / 128, 4) - 1;
   const double dq_partials = 4.0 * dq_runs * c.n_heads * (double)s.seq_len * c.head_dim;
-  add("temporary", s.threads * per_thread + dq_partials,
+  add("temporary", s.threads * per_thread + W * dq_partials,
       StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles) + %.0f KiB of "
-                "attention dQ partials",
-                s.threads, per_thread / 1024, dq_partials / 1024));
+                "attention dQ partials%s",
+                s.threads, per_thread / 1024, dq_partials / 1024, per_worker.c_str()));
   // Saving keeps a whole copy of what is written: the model in the saved dtype (full / freeze,
   // plus one f32 tensor being rounded under bf16), the adapter in f32 (LoRA).
   const double save = lora ? trainable * 4.0 : P * (bf16 ? 2.0 : 4.0) + (bf16 ? 4.0 * V * dim : 0);

@@ -47,6 +47,8 @@ struct TrainSetup {
   int threads = 1;                    // lathe: pool threads (per-thread norm gradient rows)
   int64_t row_group_tokens = 512;     // lathe: TrainModelOptions::row_group_tokens (rows run
                                       // forward + backward in groups; 0 = the whole micro-batch)
+  int64_t row_group_workers = 0;      // lathe: TrainModelOptions::row_group_workers (LoRA row
+                                      // groups run data-parallel; 0 = one per thread)
   Status Validate() const;
 };
 
@@ -85,6 +87,8 @@ double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s);
 // lathe: the most tokens one row group (model::RowGroupRows) of a micro-batch of batch_size rows of
 // at most seq_len tokens holds: TrainModel's activations and scratch are sized for it.
 int64_t LatheGroupTokens(const TrainSetup& s);
+// lathe: the row-group workers a micro-batch runs on (model::RowGroupWorkers at the longest length).
+int64_t LatheWorkers(const TrainSetup& s);
 
 // lathe mode, with a measured baseline: what a training process holds beyond the baseline and the
 // planned buffers — malloc arenas of the pool threads, code and library pages first touched by the

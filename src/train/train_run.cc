@@ -187,6 +187,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   ts.freeze_trainable_layers = c.freeze_trainable_layers;
   ts.loss_chunk_tokens = mo.loss_chunk_tokens;
   ts.row_group_tokens = mo.row_group_tokens;
+  ts.row_group_workers = mo.row_group_workers;
   ts.base_weight_bytes = base_bytes;
   ts.threads = o.threads;
   const double rss_data = (double)monitor::ProcessRssBytes();

@@ -185,24 +185,67 @@ TEST(TrainModelRowGroups, GroupsOfRowsEqualTheWholeBatch) {
       const Grads ref = RunSteps(*whole, {b}, n);
       int64_t n_eval = 0;
       const double eval_ref = whole->Loss(b.View(), &n_eval).value();
-      for (int64_t rows : {1, 2, 4}) {
-        SCOPED_TRACE(StrFormat("%s, segments %d, %lld rows per group", names[i], segments, (long long)rows));
-        o.row_group_tokens = rows * b.T;
-        auto g = Make(*w, pool, o);
-        NonZeroB(*g);
-        const Grads got = RunSteps(*g, {b}, n);
-        const double e = WorstErr(got, ref);
-        std::printf("row groups (%s, segments %d, %lld rows): loss %.9g vs %.9g, worst grad normalized error %.3g\n",
-                    names[i], segments, (long long)rows, got.loss, ref.loss, e);
-        EXPECT_NEAR(got.loss, ref.loss, 1e-6 * ref.loss);
-        EXPECT_LT(e, 5e-6);
-        int64_t n_got = 0;
-        EXPECT_NEAR(g->Loss(b.View(), &n_got).value(), eval_ref, 1e-6 * eval_ref);
-        EXPECT_EQ(n_got, n_eval);
-        // Activations are held for one group only.
-        EXPECT_LT(g->AllocatedBytes().activations, whole->AllocatedBytes().activations);
-      }
+      for (int64_t rows : {1, 2, 4})
+        for (int64_t workers : {1, 2}) {
+          SCOPED_TRACE(StrFormat("%s, segments %d, %lld rows per group, %lld workers", names[i], segments,
+                                 (long long)rows, (long long)workers));
+          o.row_group_tokens = rows * b.T;
+          o.row_group_workers = workers;  // LoRA only: full / freeze always run one group at a time
+          auto g = Make(*w, pool, o);
+          NonZeroB(*g);
+          const Grads got = RunSteps(*g, {b}, n);
+          const double e = WorstErr(got, ref);
+          std::printf("row groups (%s, segments %d, %lld rows, %lld workers): loss %.9g vs %.9g, worst grad "
+                      "normalized error %.3g\n",
+                      names[i], segments, (long long)rows, (long long)workers, got.loss, ref.loss, e);
+          EXPECT_NEAR(got.loss, ref.loss, 1e-6 * ref.loss);
+          EXPECT_LT(e, 5e-6);
+          int64_t n_got = 0;
+          EXPECT_NEAR(g->Loss(b.View(), &n_got).value(), eval_ref, 1e-6 * eval_ref);
+          EXPECT_EQ(n_got, n_eval);
+          // Activations are held for one group per worker: 6 rows in groups of 4 on 2 workers hold
+          // all 6 rows (4 + 2).
+          if (workers == 1 || o.method != FinetuneMethod::kLora) {
+            EXPECT_LT(g->AllocatedBytes().activations, whole->AllocatedBytes().activations);
+          } else {
+            EXPECT_LE(g->AllocatedBytes().activations, whole->AllocatedBytes().activations);
+            EXPECT_GT(g->AllocatedBytes().gradients, whole->AllocatedBytes().gradients);  // private ones
+          }
+        }
     }
+  }
+}
+
+// LoRA row groups on two workers: which group adds into which gradient buffer is fixed by the
+// worker count alone, so a 1-thread pool (the workers one after another) and a 2-thread pool (side
+// by side) give the same bits, step after step (dropout and bf16 included).
+TEST(TrainModelRowGroups, WorkersGiveTheSameBitsOnAnyThreadCount) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_llama_gqa_tied");
+  const Batch b = SixRows(f, /*segments=*/true);
+  const double n = (double)Targets(b);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    TrainModelOptions o = Lora(0.1);
+    o.bf16 = bf16;
+    o.row_group_tokens = b.T;  // one row per group: 6 groups, 3 per worker
+    o.row_group_workers = 2;
+    std::vector<std::vector<float>> params[2];
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      auto m = Make(*w, pool, o);
+      NonZeroB(*m);
+      for (int step = 0; step < 3; ++step) {
+        const Grads g = RunSteps(*m, {b}, n);
+        for (const TrainableTensor& t : m->params())  // a plain SGD step so the next one differs
+          for (int64_t i = 0; i < t.n; ++i) t.data[i] -= 0.5f * t.grad[i];
+      }
+      for (const TrainableTensor& t : m->params()) params[threads - 1].emplace_back(t.data, t.data + t.n);
+    }
+    ASSERT_EQ(params[0].size(), params[1].size());
+    for (size_t i = 0; i < params[0].size(); ++i)
+      EXPECT_EQ(std::memcmp(params[0][i].data(), params[1][i].data(), params[0][i].size() * 4), 0) << i;
   }
 }
 
