@@ -21,7 +21,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLATHE_SANI
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanitize_flags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$sanitize_flags" >/dev/null
 cmake --build build-asan -j "$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j "$jobs" -LE slow)
+  ctest --output-on-failure -j "$jobs" -LE slow -E '^Stories260KNll[.]')  # pure arithmetic: 96 s under ASan
 
 if [ -d tests/fuzz ] && ls tests/fuzz/*_fuzz.cc >/dev/null 2>&1; then
   echo "== fuzz targets (brief)"
@@ -35,7 +35,7 @@ if [ -d tests/fuzz ] && ls tests/fuzz/*_fuzz.cc >/dev/null 2>&1; then
     name=$(basename "$src" .cc)
     corpus=tests/fuzz/corpus/${name%_fuzz}
     mkdir -p "build-fuzz/corpus-$name"
-    ./build-fuzz/"$name" -max_total_time="${LATHE_FUZZ_SECONDS:-30}" -rss_limit_mb=2048 \
+    ./build-fuzz/"$name" -max_total_time="${LATHE_FUZZ_SECONDS:-20}" -rss_limit_mb=2048 \
       "build-fuzz/corpus-$name" $( [ -d "$corpus" ] && echo "$corpus" ) 2>&1 | tail -3
   done
 fi

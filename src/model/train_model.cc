@@ -292,7 +292,7 @@ Status TrainModelImpl::Init() {
 }
 
 RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
-    : m_(m), c_(m.c_), opt_(m.opt_), layers_(m.layers_), embed_eff_(m.embed_eff_), head_eff_(m.head_eff_),
+    : c_(m.c_), opt_(m.opt_), layers_(m.layers_), embed_eff_(m.embed_eff_), head_eff_(m.head_eff_),
       embed_master_(m.embed_master_), g_embed_(m.g_embed_), g_head_(m.g_head_), final_norm_(m.final_norm_),
       lowest_trainable_layer_(m.lowest_trainable_layer_), embed_trainable_(m.embed_trainable_),
       pos_cos_(m.pos_cos_), pos_sin_(m.pos_sin_), step_(m.step_), head_packed_(m.head_packed_use_),
@@ -328,9 +328,11 @@ void RowGroupWorker::AddGradsTo(ThreadPool& pool) {
     for (int m = 0; m < kMods; ++m) {
       const LoraParam& lp = layers_[l].lin[m].lora;
       if (!lp.on) continue;
-      for (auto [dst, src, n] : {std::tuple{lp.ga, private_grads_[l * kMods + m][0], lp.r * lp.in},
-                                 std::tuple{lp.gb, private_grads_[l * kMods + m][1], lp.out * lp.r}}) {
-        pool.ParallelFor(n, 16384, [&](int64_t b, int64_t e, int) { kernels::Axpy(dst + b, 1.0f, src + b, e - b); });
+      for (int ab = 0; ab < 2; ++ab) {
+        float* dst = ab == 0 ? lp.ga : lp.gb;
+        const float* src = private_grads_[l * kMods + m][ab];
+        pool.ParallelFor(lp.r * (ab == 0 ? lp.in : lp.out), 16384,
+                         [&](int64_t b, int64_t e, int) { kernels::Axpy(dst + b, 1.0f, src + b, e - b); });
       }
     }
 }

@@ -113,7 +113,6 @@ class RowGroupWorker {
   void RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd);
   void Par(int64_t n, int64_t grain, RangeFn fn) { pool_->ParallelFor(n, grain, fn); }
 
-  TrainModelImpl& m_;
   // The model's shared state this worker reads (written only between calls).
   const ModelConfig& c_;
   const TrainModelOptions& opt_;

@@ -324,7 +324,8 @@ Result<TrainSummary> Trainer::Run() {
               {"jsonl_lines", jsonl_.lines()},
               {"loss_scale", scaler.scale},
               {"growth_tracker", scaler.growth_tracker},
-              {"skipped_steps", scaler.skipped_steps}};
+              {"skipped_steps", scaler.skipped_steps},
+              {"threads", env_.pool ? env_.pool->size() : 1}};
     return SaveTrainingState(dir, params, *opt, j);
   };
   if (!resume_dir.empty()) {
@@ -364,6 +365,15 @@ Result<TrainSummary> Trainer::Run() {
       return Status::Error(where + "its data position (micro-batch " + std::to_string(start_g) +
                            ") does not fit this run's batching (per_device_train_batch_size, "
                            "gradient_accumulation_steps and the data must match the checkpointed run)");
+    }
+    // LoRA runs its row groups one per thread (TrainModelOptions::row_group_workers), summing their
+    // gradients in that grouping: another thread count continues the run, not bit-identically.
+    const int threads = env_.pool ? env_.pool->size() : 1;
+    if (j.contains("threads") && j["threads"].is_number_integer() && j["threads"].get<int>() != threads) {
+      Say(StrFormat("warning: resuming on %d thread(s), the checkpointed run used %d: LoRA sums its gradients per "
+                    "thread, so the losses can differ in the last bits from an uninterrupted run (--threads %d "
+                    "resumes it bit-identically)",
+                    threads, j["threads"].get<int>(), j["threads"].get<int>()));
     }
     LATHE_RETURN_IF_ERROR(jsonl_.OpenResumed((fs::path(out) / "trainer_log.jsonl").string(), jsonl_lines));
     Say(StrFormat("resumed from %s at step %lld (epoch %lld, micro-batch %lld)", resume_dir.c_str(),

@@ -108,6 +108,19 @@ check "8-bit state in the checkpoint" python3 -c "
 d = open('$tmp/a_adamw_8bit/checkpoint-4/training_state.bin', 'rb').read()
 assert b'm_codes' in d, 'no 8-bit codes'"
 
+# Another thread count resumes too, with a warning (LoRA sums its gradients per thread).
+b="$tmp/threads"
+mkdir -p "$b"
+cp -r "$tmp/a_adamw_torch/checkpoint-4" "$b/"
+python3 -c "
+import json, sys
+for l in open(sys.argv[1]):
+    if json.loads(l)['current_steps'] <= 4: sys.stdout.write(l)" "$tmp/a_adamw_torch/trainer_log.jsonl" \
+  > "$b/trainer_log.jsonl"
+"$LATHE" train "$tmp/r.yaml" --output_dir "$b" --resume_from_checkpoint last -t 1 > /dev/null 2> "$tmp/t.log"
+check "resume on 1 thread exit" test $? -eq 0
+check "resume on 1 thread warns" grep -q "warning: resuming on 1 thread(s), the checkpointed run used 2" "$tmp/t.log"
+
 # Damaged checkpoints are refused, naming the file.
 d="$tmp/damaged"
 cp -r "$tmp/a_adamw_torch" "$d"
