@@ -2,6 +2,7 @@
 #include "train/memory_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/strings.h"
@@ -281,9 +282,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add("temporary", W * 4 * (N * (scratch + 2 * half + 1) + s.threads * dim) + 4.0 * 2 * c.max_seq_len * half,
       StrFormat("(%.0f tokens x 4 B x %.0f (block backward scratch, bf16 roundings, LoRA buffers, RoPE, targets) "
                 "+ per-thread norm rows)%s + RoPE tables", N, scratch + 2 * half + 1, per_worker.c_str()));
-  add("temporary", W * 4 * chunk * (V + 2.0 * dim + 1),
-      StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim) x 4 B%s", chunk, (long long)V,
-                per_worker.c_str()));
+  // Per chunk token: its logits, x and dx rows, loss, logsumexp, exp sum, and one partial per 256-row
+  // softmax block of an f32 head's logits^T (kernels/cpu/train_xent.cc).
+  add("temporary", W * 4 * chunk * (V + 2.0 * dim + 3 + std::ceil(V / 256.0)),
+      StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim + softmax partials) x 4 B%s", chunk,
+                (long long)V, per_worker.c_str()));
   // The GEMMs of a step (kernels/cpu/train_matmul.cc; a quantized base's forward runs the inference
   // kernels): each linear's forward and input gradient, the trained weights' gradients over the
   // group's tokens, LoRA's rank-r products, the cross-entropy's input (and head) gradient.

@@ -90,6 +90,14 @@ TEST_P(TrainMatMul, BackwardInputMatchesReference) {
       ThreadPool one(1);
       cpu::MatMulBackwardInputWith(tk, kt, one, dx1.data(), dy.data(), s.M, w.t, false);
       EXPECT_EQ(dx1, dx) << DTypeName(dt) << " 1 thread";
+      // dY given transposed (the loss's logits^T): the same sums in the same order, so the same bits.
+      std::vector<float> dyT(s.N * s.M), dxt(s.M * s.K, 9.0f), acct = RandomVec(s.M * s.K, 23);
+      for (int64_t m = 0; m < s.M; ++m)
+        for (int64_t n = 0; n < s.N; ++n) dyT[n * s.M + m] = dy[m * s.N + n];
+      cpu::MatMulBackwardInputTWith(tk, kt, pool, dxt.data(), dyT.data(), s.M, w.t, false);
+      cpu::MatMulBackwardInputTWith(tk, kt, pool, acct.data(), dyT.data(), s.M, w.t, true, packed.data());
+      EXPECT_EQ(dxt, dx) << DTypeName(dt) << " transposed dY " << s.M << "x" << s.N << "x" << s.K;
+      EXPECT_EQ(acct, acc) << DTypeName(dt) << " transposed dY, packed, accumulate";
     }
   }
 }
@@ -182,6 +190,12 @@ TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
     ThreadPool one(1);
     cpu::MatMulBackwardWeightWith(tk, one, dw1.data(), dy.data(), x.data(), s.M, s.N, s.K);
     EXPECT_EQ(dw1, dw) << s.M << "x" << s.N << "x" << s.K << " 1 thread";
+    // dY given transposed: within the reference tolerance (its rows feed the rows micro-kernel).
+    std::vector<float> dyT(s.N * s.M), dwt = RandomVec(s.N * s.K, 26);
+    for (int64_t m = 0; m < s.M; ++m)
+      for (int64_t n = 0; n < s.N; ++n) dyT[n * s.M + m] = dy[m * s.N + n];
+    cpu::MatMulBackwardWeightTWith(tk, pool, dwt.data(), dyT.data(), x.data(), s.M, s.N, s.K);
+    EXPECT_LE(RelErr(dwt, ref), kRefLimit) << s.M << "x" << s.N << "x" << s.K << " transposed dY";
   }
 }
 

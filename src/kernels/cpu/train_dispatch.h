@@ -47,6 +47,12 @@ struct TrainKernelTable {
   // One kGemmTileC-column B strip of a transposed source (the forward's W^T): bs[l * 16 + j] =
   // src[j * ld + l] for l < nl, j < nj, and 0 for nj <= j < 16. 1 <= nj <= 16.
   void (*pack_strip_t)(float* bs, const float* src, int64_t ld, int64_t nl, int nj);
+  // Column-wise softmax helpers over a row of a (V, n) logits^T chunk (train_xent.cc), one lane per
+  // column: col_max: m[j] = max(m[j], row[j]); col_exp_sum: s[j] += exp(row[j] - m[j]);
+  // col_exp_scale: row[j] = exp(row[j] - shift[j]) * scale. j < n.
+  void (*col_max)(float* m, const float* row, int64_t n);
+  void (*col_exp_sum)(float* s, const float* row, const float* m, int64_t n);
+  void (*col_exp_scale)(float* row, const float* shift, float scale, int64_t n);
 };
 
 // The table for a tier (AVX-512 machines use the AVX2 table). REQUIRES CPU support.
@@ -62,6 +68,11 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
 // W (N, K), any dtype MatMulBackwardInputWith takes, as f32 16-column strips over all N rows (the B
 // operand of dX = dY . W for every call): PackedBackwardInputFloats(N, K) floats at out.
 int64_t PackedBackwardInputFloats(int64_t N, int64_t K);
+// The same product with dY given transposed: dx (M, K) = dyT^T . W, dyT (N, M) (the loss's logits^T
+// chunk). Each dx element sums the same products in the same order as MatMulBackwardInputWith would.
+void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
+                              const float* dyT, int64_t M, const Tensor& w, bool accumulate,
+                              const float* packed = nullptr);
 void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, const Tensor& w,
                               float* out);
 // y = x . W^T (M x N) for f32/f16/bf16 W (N, K) through the same GEMM (train_matmul.cc).
@@ -69,6 +80,9 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
                        const float* x, int64_t M, const Tensor& w);
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K);
+// dw (N, K) += dyT . x with dY given transposed, dyT (N, M): dyT's rows are read in place.
+void MatMulBackwardWeightTWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dyT,
+                               const float* x, int64_t M, int64_t N, int64_t K);
 
 // CrossEntropyForward / CrossEntropyBackward with one tier's tables (train_xent.cc). Forward when
 // dx is null (dw must be null too).

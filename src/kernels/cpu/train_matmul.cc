@@ -205,6 +205,14 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
   WithBackwardInputFill(tk, kt, w, [&](const auto& fill) { Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill, packed); });
 }
 
+void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
+                              const float* dyT, int64_t M, const Tensor& w, bool accumulate, const float* packed) {
+  LATHE_CHECK(w.ndim() == 2);
+  const int64_t N = w.shape[0], K = w.shape[1];
+  // A(i, l) = dyT[l * M + i]: the packed-A path, 6 contiguous floats per inner row.
+  WithBackwardInputFill(tk, kt, w, [&](const auto& fill) { Gemm(tk, pool, dx, K, M, K, N, dyT, 1, M, accumulate, fill, packed); });
+}
+
 int64_t PackedBackwardInputFloats(int64_t N, int64_t K) {
   return (K + kGemmTileC - 1) / kGemmTileC * kGemmTileC * N;
 }
@@ -261,13 +269,63 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   Gemm(tk, pool, y, N, M, N, K, x, K, 1, /*accumulate=*/false, fill);
 }
 
+// dw (N, K) += dy^T . x for few output rows (N <= kFewRows: the LoRA A gradient, N = rank): B = x
+// is read in place, rows K floats apart, instead of packed. With 3 row tiles a packed strip would be
+// used 3 times, so packing x (as much memory traffic as the product's arithmetic at rank 16) cannot
+// pay off. Same micro-kernel calls in the same order as Gemm's packed path: bit-identical.
+constexpr int64_t kFewRows = 3 * kGemmTileR;
+void WeightGradFewRows(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy, const float* x,
+                       int64_t M, int64_t N, int64_t K) {
+  const int64_t n_cb = (K + kColBlock - 1) / kColBlock;
+  pool.ParallelFor(n_cb, 1, [&](int64_t tb, int64_t te, int) {
+    float* apack = ThreadATile((size_t)(kInner * kGemmTileR));
+    alignas(32) float edge[kInner * kGemmTileC];  // the last partial strip, zero-padded
+    for (int64_t cb = tb; cb < te; ++cb) {
+      const int64_t k0 = cb * kColBlock, nk = std::min(kColBlock, K - k0);
+      for (int64_t l0 = 0; l0 < M; l0 += kInner) {
+        const int64_t nl = std::min(kInner, M - l0);
+        const int64_t full = nk / kGemmTileC * kGemmTileC;
+        if (full < nk) {
+          const int nj = (int)(nk - full);
+          for (int64_t l = 0; l < nl; ++l)
+            for (int j = 0; j < kGemmTileC; ++j) edge[l * kGemmTileC + j] = j < nj ? x[(l0 + l) * K + k0 + full + j] : 0.0f;
+        }
+        for (int64_t ri = 0; ri < N; ri += kGemmTileR) {
+          const int mr = (int)std::min<int64_t>(kGemmTileR, N - ri);
+          for (int64_t l = 0; l < nl; ++l) {
+            const float* al = dy + (l0 + l) * N + ri;
+            for (int i = 0; i < kGemmTileR; ++i) apack[l * kGemmTileR + i] = i < mr ? al[i] : 0.0f;
+          }
+          float* crow = dw + ri * K + k0;
+          for (int64_t j0 = 0; j0 < full; j0 += kGemmTileC)
+            tk.gemm_tile(apack, x + l0 * K + k0 + j0, K, nl, crow + j0, K, mr, kGemmTileC);
+          if (full < nk) tk.gemm_tile(apack, edge, kGemmTileC, nl, crow + full, K, mr, (int)(nk - full));
+        }
+      }
+    }
+  });
+}
+
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K) {
+  if (N <= kFewRows && M > 0 && K > 0) {
+    WeightGradFewRows(tk, pool, dw, dy, x, M, N, K);
+    return;
+  }
   auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, float*, int64_t* ld) -> const float* {
     *ld = K;
     return x + l0 * K + k0;
   };
   Gemm(tk, pool, dw, K, N, K, M, dy, 1, N, /*accumulate=*/true, fill);
+}
+
+void MatMulBackwardWeightTWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dyT,
+                               const float* x, int64_t M, int64_t N, int64_t K) {
+  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, float*, int64_t* ld) -> const float* {
+    *ld = K;
+    return x + l0 * K + k0;
+  };
+  Gemm(tk, pool, dw, K, N, K, M, dyT, M, 1, /*accumulate=*/true, fill);
 }
 
 }  // namespace lathe::kernels::cpu

@@ -87,12 +87,25 @@ void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
     for (int j = 0; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = j < nj ? src[j * ld + l] : 0.0f;
 }
 
+void ColMax(float* m, const float* row, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) m[j] = std::max(m[j], row[j]);
+}
+
+void ColExpSum(float* s, const float* row, const float* m, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) s[j] += std::exp(row[j] - m[j]);
+}
+
+void ColExpScale(float* row, const float* shift, float scale, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - shift[j]) * scale;
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
                                      SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
-                                     ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT};
+                                     ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
+                                     ColExpScale};
   return t;
 }
 

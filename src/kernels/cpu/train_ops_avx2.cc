@@ -315,12 +315,36 @@ void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
   }
 }
 
+void ColMax(float* m, const float* row, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(m + j, _mm256_max_ps(_mm256_loadu_ps(m + j), _mm256_loadu_ps(row + j)));
+  for (; j < n; ++j) m[j] = std::max(m[j], row[j]);
+}
+
+void ColExpSum(float* s, const float* row, const float* m, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(s + j, _mm256_add_ps(_mm256_loadu_ps(s + j),
+                                          ExpPs(_mm256_sub_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(m + j)))));
+  for (; j < n; ++j) s[j] += std::exp(row[j] - m[j]);
+}
+
+void ColExpScale(float* row, const float* shift, float scale, int64_t n) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(row + j,
+                     _mm256_mul_ps(ExpPs(_mm256_sub_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(shift + j))), sc));
+  for (; j < n; ++j) row[j] = std::exp(row[j] - shift[j]) * scale;
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kAvx2, RmsNormForward, RmsNormBackward, SwiGluForward,
                                      SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
-                                     ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT};
+                                     ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
+                                     ColExpScale};
   return t;
 }
 

@@ -1,7 +1,8 @@
 // Chunked cross-entropy over the output head: logits for chunk_tokens tokens at a time (never the
-// whole (T, V) matrix), loss from a per-row logsumexp, and in the backward dlogits = (softmax -
-// onehot) * dloss / normalizer pushed through MatMulBackwardInput / MatMulBackwardWeight.
+// whole (T, V) matrix), loss from each token's logsumexp, and in the backward dlogits = (softmax -
+// onehot) * dloss / normalizer pushed through the input- and weight-gradient GEMMs.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -10,6 +11,10 @@
 #include "kernels/train_ops.h"
 
 namespace lathe::kernels::cpu {
+
+namespace {
+constexpr int64_t kXentBlock = 256;  // rows of logits^T per softmax block
+}  // namespace
 
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
@@ -28,29 +33,89 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   const int64_t ct = std::min<int64_t>(chunk_tokens, std::max<int64_t>(1, (int64_t)rows.size()));
   std::vector<float> xc(ct * C), logits(ct * V), dxc(dx ? ct * C : 0), row_loss(ct);
   const float scale = dloss / normalizer;
+  // An f32 head is the A operand of logits^T (V, nc) = W . X^T: its rows are read in place by the
+  // training GEMM's rows micro-kernel (B = the chunk's X^T, packed small), and the softmax runs down
+  // the columns, 8 tokens per vector. Other dtypes: logits (nc, V) through MatMul, softmax per row.
+  const bool transposed = w_head.dtype == DType::kF32;
+  std::vector<float> cmax(transposed ? ct : 0), csum(transposed ? ct : 0), bpart;
   double loss = 0;
   for (size_t r0 = 0; r0 < rows.size(); r0 += ct) {
     const int64_t nc = std::min<int64_t>(ct, (int64_t)rows.size() - (int64_t)r0);
     for (int64_t i = 0; i < nc; ++i) std::memcpy(&xc[i * C], x + rows[r0 + i] * C, sizeof(float) * C);
-    // exact_activations: no int8 rounding of x on the small-M GEMV path of block-quantized heads.
-    MatMulWith(kt.mm, pool, xc.data(), nc, w_head, logits.data(), /*exact_activations=*/true);
-    pool.ParallelFor(nc, 1, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) {
-        float* li = &logits[i * V];
-        const int32_t y = labels[rows[r0 + i]];
-        const float lse = tk.logsumexp(li, V);
-        row_loss[i] = lse - li[y];
-        if (dx) {
-          tk.exp_shift_scale(li, V, lse, scale);
-          li[y] -= scale;
+    if (transposed) {
+      Tensor xt;
+      xt.data = xc.data();
+      xt.dtype = DType::kF32;
+      xt.shape = {nc, C};
+      MatMulForwardWith(tk, kt, pool, logits.data(), (const float*)w_head.data, V, xt);
+      // Softmax down each column in blocks of 256 rows of logits^T (each row: every token of the chunk,
+      // contiguous): block maxima, then block sums of exp(l - max) added in block order, then the
+      // gradient. Blocks may run on any thread; the result does not depend on which.
+      const int64_t nb = (V + kXentBlock - 1) / kXentBlock;
+      bpart.resize(nb * nc);
+      pool.ParallelFor(nb, 1, [&](int64_t bb, int64_t be, int) {
+        for (int64_t blk = bb; blk < be; ++blk) {
+          float* m = &bpart[blk * nc];
+          const int64_t v0 = blk * kXentBlock, v1 = std::min(V, v0 + kXentBlock);
+          std::memcpy(m, &logits[v0 * nc], sizeof(float) * nc);
+          for (int64_t v = v0 + 1; v < v1; ++v) tk.col_max(m, &logits[v * nc], nc);
         }
+      });
+      std::memcpy(cmax.data(), bpart.data(), sizeof(float) * nc);
+      for (int64_t blk = 1; blk < nb; ++blk) tk.col_max(cmax.data(), &bpart[blk * nc], nc);
+      pool.ParallelFor(nb, 1, [&](int64_t bb, int64_t be, int) {
+        for (int64_t blk = bb; blk < be; ++blk) {
+          float* part = &bpart[blk * nc];
+          std::fill(part, part + nc, 0.0f);
+          for (int64_t v = blk * kXentBlock; v < std::min(V, (blk + 1) * kXentBlock); ++v)
+            tk.col_exp_sum(part, &logits[v * nc], cmax.data(), nc);
+        }
+      });
+      std::fill(csum.begin(), csum.end(), 0.0f);
+      for (int64_t blk = 0; blk < nb; ++blk)
+        for (int64_t j = 0; j < nc; ++j) csum[j] += bpart[blk * nc + j];
+      for (int64_t j = 0; j < nc; ++j) {
+        cmax[j] += std::log(csum[j]);  // the token's logsumexp
+        row_loss[j] = cmax[j] - logits[labels[rows[r0 + j]] * nc + j];
       }
-    });
+      if (dx) {
+        pool.ParallelFor(nb, 1, [&](int64_t bb, int64_t be, int) {
+          for (int64_t v = bb * kXentBlock; v < std::min(V, be * kXentBlock); ++v)
+            tk.col_exp_scale(&logits[v * nc], cmax.data(), scale, nc);
+        });
+        for (int64_t j = 0; j < nc; ++j) logits[labels[rows[r0 + j]] * nc + j] -= scale;
+      }
+    } else {
+      // exact_activations: no int8 rounding of x on the small-M GEMV path of block-quantized heads.
+      MatMulWith(kt.mm, pool, xc.data(), nc, w_head, logits.data(), /*exact_activations=*/true);
+      pool.ParallelFor(nc, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) {
+          float* li = &logits[i * V];
+          const int32_t y = labels[rows[r0 + i]];
+          const float lse = tk.logsumexp(li, V);
+          row_loss[i] = lse - li[y];
+          if (dx) {
+            tk.exp_shift_scale(li, V, lse, scale);
+            li[y] -= scale;
+          }
+        }
+      });
+    }
     for (int64_t i = 0; i < nc; ++i) loss += row_loss[i];
     if (!dx) continue;
-    MatMulBackwardInputWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
+    if (transposed) {
+      MatMulBackwardInputTWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
+    } else {
+      MatMulBackwardInputWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
+    }
     for (int64_t i = 0; i < nc; ++i) std::memcpy(dx + rows[r0 + i] * C, &dxc[i * C], sizeof(float) * C);
-    if (dw) MatMulBackwardWeightWith(tk, pool, dw, logits.data(), xc.data(), nc, V, C);
+    if (dw) {
+      if (transposed) {
+        MatMulBackwardWeightTWith(tk, pool, dw, logits.data(), xc.data(), nc, V, C);
+      } else {
+        MatMulBackwardWeightWith(tk, pool, dw, logits.data(), xc.data(), nc, V, C);
+      }
+    }
   }
   return (float)(loss / normalizer);
 }
