@@ -241,7 +241,8 @@ TEST(TrainMatMulPerf, GflopsAtM2048) {
   const int64_t M = 2048;
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {2048, 2048}}) {
+    for (const auto& nk : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {2048, 2048}}) {
+      const int64_t N = nk.first, K = nk.second;  // not a structured binding: clang-14 lambdas cannot capture those
       for (DType dt : {DType::kF32, DType::kBF16, DType::kQ4_0}) {
         const testing::TestWeight w = MakeWeight(dt, N, K, 30);
         const std::vector<float> dy = RandomVec(M * N, 31), x = RandomVec(M * K, 32);
