@@ -9,6 +9,7 @@ pkgs=(
   clang-14 libclang-rt-14-dev
   python3 python3-pip python3-venv unzip
   libtcmalloc-minimal4
+  iproute2
 )
 missing=()
 for p in "${pkgs[@]}"; do

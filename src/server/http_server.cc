@@ -2,6 +2,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -19,6 +20,8 @@ namespace lathe::server {
 using nlohmann::json;
 
 namespace {
+
+constexpr int kListenBacklog = 1024;  // pending connections the kernel queues before accept
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -70,6 +73,7 @@ struct HttpServer::Impl {
   tokenizer::ChatTemplate tmpl;
   ServerOptions opt;
   std::atomic<int> bound_port{0};
+  std::atomic<int> listen_fd{-1};  // the listening socket, recorded by the socket-options hook
   httplib::Server http;
   std::atomic<int64_t> next_id{1};
   monitor::Registry metrics;
@@ -559,6 +563,11 @@ HttpServer::HttpServer(serve::Engine& engine, const tokenizer::Tokenizer& tok, t
                        ServerOptions options)
     : impl_(std::make_unique<Impl>(engine, tok, std::move(tmpl), std::move(options))) {
   impl_->Routes();
+  Impl* im = impl_.get();
+  impl_->http.set_socket_options([im](socket_t sock) {
+    httplib::default_socket_options(sock);
+    im->listen_fd = (int)sock;
+  });
 }
 
 HttpServer::~HttpServer() { Stop(); }
@@ -573,6 +582,13 @@ Status HttpServer::Run() {
                                    impl_->opt.host.c_str(), port));
   }
   impl_->bound_port = port;
+  // Debian's cpp-httplib is a shared library whose listen() uses its default backlog of 5, whatever
+  // CPPHTTPLIB_LISTEN_BACKLOG says here: a burst of clients arriving while both cores decode then
+  // overflowed the accept queue (TcpExtListenOverflows; clients saw "HTTP error Read"). listen()
+  // again on the bound socket sets the new backlog in place (capped by net.core.somaxconn).
+  const int fd = impl_->listen_fd.load();
+  if (fd >= 0 && ::listen(fd, kListenBacklog) != 0)
+    return Status::Error(StrFormat("listen(backlog %d) on %s:%d failed", kListenBacklog, impl_->opt.host.c_str(), port));
   if (!impl_->http.listen_after_bind()) return Status::Error("the HTTP server stopped with an error");
   return Status::Ok();
 }

@@ -52,6 +52,15 @@ echo "server: $url"
 "$VENV/bin/python" "$HERE/serve_test.py" run "$url" "$LATHE" "$MODEL" "$tmp"
 rc=$?
 
+# The listening socket queues up to 1024 connections (capped by net.core.somaxconn): cpp-httplib's
+# own backlog of 5 made bursts of 64 clients fail with "HTTP error Read" under load.
+port=${url##*:}
+want=$(( $(cat /proc/sys/net/core/somaxconn) < 1024 ? $(cat /proc/sys/net/core/somaxconn) : 1024 ))
+backlog=$(ss -ltnH "sport = :$port" 2>/dev/null | awk '{print $3}' | head -1)
+if [ -z "$backlog" ] || [ "$backlog" -lt "$want" ]; then
+  echo "FAIL: listen backlog of port $port is '${backlog}', want >= $want"; rc=1
+fi
+
 # `lathe bench serve --url`: the same workload against this running server (as bench/llamacpp.sh
 # drives llama-server), with its API key and served model name; every request completes with
 # exactly max_tokens tokens (bench serve fails a request otherwise).
