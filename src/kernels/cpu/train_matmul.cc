@@ -306,26 +306,29 @@ void WeightGradFewRows(const TrainKernelTable& tk, ThreadPool& pool, float* dw, 
   });
 }
 
+// dw (N, K) += A . x, A(n, m) = a[n * a_rs + m * a_is] (dY^T: a_rs = 1, a_is = N; dY given
+// transposed: a_rs = M, a_is = 1), B = x (M, K) rows.
+void WeightGrad(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* a, int64_t a_rs, int64_t a_is,
+                const float* x, int64_t M, int64_t N, int64_t K) {
+  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, float*, int64_t* ld) -> const float* {
+    *ld = K;
+    return x + l0 * K + k0;
+  };
+  Gemm(tk, pool, dw, K, N, K, M, a, a_rs, a_is, /*accumulate=*/true, fill);
+}
+
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K) {
   if (N <= kFewRows && M > 0 && K > 0) {
     WeightGradFewRows(tk, pool, dw, dy, x, M, N, K);
     return;
   }
-  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, float*, int64_t* ld) -> const float* {
-    *ld = K;
-    return x + l0 * K + k0;
-  };
-  Gemm(tk, pool, dw, K, N, K, M, dy, 1, N, /*accumulate=*/true, fill);
+  WeightGrad(tk, pool, dw, dy, 1, N, x, M, N, K);
 }
 
 void MatMulBackwardWeightTWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dyT,
                                const float* x, int64_t M, int64_t N, int64_t K) {
-  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, float*, int64_t* ld) -> const float* {
-    *ld = K;
-    return x + l0 * K + k0;
-  };
-  Gemm(tk, pool, dw, K, N, K, M, dyT, M, 1, /*accumulate=*/true, fill);
+  WeightGrad(tk, pool, dw, dyT, M, 1, x, M, N, K);
 }
 
 }  // namespace lathe::kernels::cpu
