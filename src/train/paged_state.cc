@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -91,11 +92,23 @@ void PagedStatePool::PageOutAll() {
 
 size_t PagedStatePool::ResidentBytes() const {
   if (!base_) return 0;
-  std::vector<unsigned char> vec(size_ / page_);
-  if (mincore(base_, size_, vec.data()) != 0) return 0;
-  size_t n = 0;
-  for (unsigned char c : vec) n += c & 1;
-  return n * page_;
+  // The smaps entry whose range starts at base_ (the whole mapping: nothing splits it), then its
+  // "Rss:   N kB" line.
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return 0;
+  char line[512];
+  bool ours = false;
+  size_t kb = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+      ours = lo == (unsigned long)(uintptr_t)base_;
+      continue;
+    }
+    if (ours && std::sscanf(line, "Rss: %zu kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb * 1024;
 }
 
 }  // namespace lathe::train
