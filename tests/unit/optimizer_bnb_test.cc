@@ -1,5 +1,6 @@
 // 8-bit and paged AdamW: loss curve vs fp32 AdamW over 200 steps, paged == unpaged with states 4x
-// the resident cap (the mapping's resident bytes under cap + slack), the optim factory and the quantization config keys.
+// the resident cap (the mapping's resident bytes under cap + slack), the optim factory and the
+// quantization config keys.
 #include "train/optimizer_bnb.h"
 
 #include <gtest/gtest.h>
