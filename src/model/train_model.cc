@@ -300,7 +300,7 @@ RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
   // Layers below the lowest trainable one have no backward: their forward borrows set 0, which
   // that layer's own forward then overwrites.
   acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c_.n_layers - lowest_trainable_layer_, 1));
-  normdw_.resize((size_t)shared_pool.size() * c_.dim);
+  normdw_.resize((size_t)kNormGradParts * c_.dim);
 }
 
 void RowGroupWorker::UsePrivateGrads() {
@@ -480,8 +480,9 @@ void RowGroupWorker::RmsBwd(float* dx, float* dw, const float* dout, const float
   ScopedOp op(opt_.profiler, "rmsnorm_bwd", 6.0 * N_ * C, 12.0 * N_ * C);
   // One dw row per chunk (also a throwaway target when the norm is frozen), summed in chunk order:
   // the pool hands chunks to whichever thread claims them, so rows keyed by thread index would
-  // make dw depend on the schedule. pool-size contiguous chunks keep 1 thread's summation order.
-  const int64_t parts = pool_->size(), grain = (N_ + parts - 1) / parts;
+  // make dw depend on the schedule, and a chunk count that followed the threads would make it
+  // depend on the thread count (full / freeze runs would not resume bit-identically on another).
+  const int64_t grain = (N_ + kNormGradParts - 1) / kNormGradParts, parts = (N_ + grain - 1) / grain;
   std::fill(normdw_.begin(), normdw_.end(), 0.0f);
   Par(N_, grain, [&](int64_t b, int64_t e, int) {
     float* tdw = &normdw_[b / grain * C];

@@ -103,6 +103,11 @@ struct TrainMemory {
   int64_t base_released = 0;
 };
 
+// An RMSNorm weight gradient is summed over a group's tokens in this many contiguous parts (one
+// row of partial sums each, then added in part order), whatever the thread count: its bits do not
+// depend on the threads. The memory plan counts kNormGradParts x dim floats per worker.
+constexpr int64_t kNormGradParts = 8;
+
 // Rows per forward/backward group of a (B, T) micro-batch: max(1, row_group_tokens / T), at most B;
 // B when row_group_tokens is 0. The memory plan (train/memory_plan.cc) sizes activations with it.
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens);
@@ -168,6 +173,11 @@ class TrainModel {
   // f32 or bf16) with every weight, trained or frozen, in HF layout.
   virtual Status SaveHfModel(const std::string& dir, bool bf16) const = 0;
   // The dropout RNG position (a counter of ForwardBackward calls), for checkpoints and resume.
+  // Workers that the row groups of a micro-batch of B rows use at most (RowGroupWorkers with
+  // groups = B; a micro-batch never has more groups than rows). The order in which LoRA gradients
+  // are summed depends on this count, not on the thread count: two runs whose counts agree give
+  // the same bits (1 for full / freeze on any thread count).
+  virtual int64_t MaxRowGroupWorkers(int64_t B) const { (void)B; return 1; }
   virtual uint64_t dropout_rng_state() const { return 0; }
   virtual void set_dropout_rng_state(uint64_t) {}
 };

@@ -173,6 +173,7 @@ class TrainModelImpl final : public TrainModel {
   Result<std::unique_ptr<LoraAdapter>> ExportAdapter() const override;
   Status SavePeftAdapter(const std::string& dir, const std::string& base_model_name) const override;
   Status SaveHfModel(const std::string& dir, bool bf16) const override;
+  int64_t MaxRowGroupWorkers(int64_t B) const override { return Workers(B); }
   uint64_t dropout_rng_state() const override { return step_; }
   void set_dropout_rng_state(uint64_t s) override { step_ = s; }
 

@@ -279,9 +279,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   }
   const double chunk = std::min<double>(s.loss_chunk_tokens, N);
   const double half = c.head_dim / 2;
-  add("temporary", W * 4 * (N * (scratch + 2 * half + 1) + s.threads * dim) + 4.0 * 2 * c.max_seq_len * half,
+  add("temporary",
+      W * 4 * (N * (scratch + 2 * half + 1) + (double)model::kNormGradParts * dim) + 4.0 * 2 * c.max_seq_len * half,
       StrFormat("(%.0f tokens x 4 B x %.0f (block backward scratch, bf16 roundings, LoRA buffers, RoPE, targets) "
-                "+ per-thread norm rows)%s + RoPE tables", N, scratch + 2 * half + 1, per_worker.c_str()));
+                "+ %lld norm-gradient partial rows)%s + RoPE tables",
+                N, scratch + 2 * half + 1, (long long)model::kNormGradParts, per_worker.c_str()));
   // Per chunk token: its logits, x and dx rows, loss, logsumexp, exp sum, and one partial per 256-row
   // softmax block of an f32 head's logits^T (kernels/cpu/train_xent.cc).
   add("temporary", W * 4 * chunk * (V + 2.0 * dim + 3 + std::ceil(V / 256.0)),

@@ -325,7 +325,8 @@ Result<TrainSummary> Trainer::Run() {
               {"loss_scale", scaler.scale},
               {"growth_tracker", scaler.growth_tracker},
               {"skipped_steps", scaler.skipped_steps},
-              {"threads", env_.pool ? env_.pool->size() : 1}};
+              {"threads", env_.pool ? env_.pool->size() : 1},
+              {"row_group_workers", model_.MaxRowGroupWorkers(c.per_device_train_batch_size)}};
     return SaveTrainingState(dir, params, *opt, j);
   };
   if (!resume_dir.empty()) {
@@ -366,14 +367,27 @@ Result<TrainSummary> Trainer::Run() {
                            ") does not fit this run's batching (per_device_train_batch_size, "
                            "gradient_accumulation_steps and the data must match the checkpointed run)");
     }
-    // LoRA runs its row groups one per thread (TrainModelOptions::row_group_workers), summing their
-    // gradients in that grouping: another thread count continues the run, not bit-identically.
+    // LoRA runs its row groups on up to one worker per thread (TrainModelOptions::row_group_workers),
+    // summing their gradients in that grouping: another worker count continues the run, not
+    // bit-identically. Full / freeze use one worker on any thread count. (Checkpoints written before
+    // "row_group_workers" was recorded name only their thread count, which was the worker count of
+    // a LoRA run.)
     const int threads = env_.pool ? env_.pool->size() : 1;
-    if (j.contains("threads") && j["threads"].is_number_integer() && j["threads"].get<int>() != threads) {
-      Say(StrFormat("warning: resuming on %d thread(s), the checkpointed run used %d: LoRA sums its gradients per "
-                    "thread, so the losses can differ in the last bits from an uninterrupted run (--threads %d "
-                    "resumes it bit-identically)",
-                    threads, j["threads"].get<int>(), j["threads"].get<int>()));
+    const int64_t workers = model_.MaxRowGroupWorkers(c.per_device_train_batch_size);
+    int64_t saved_workers = -1;
+    if (j.contains("row_group_workers") && j["row_group_workers"].is_number_integer()) {
+      saved_workers = j["row_group_workers"].get<int64_t>();
+    } else if (j.contains("threads") && j["threads"].is_number_integer() && c.finetuning_type == "lora") {
+      saved_workers = std::clamp<int64_t>(j["threads"].get<int64_t>(), 1, c.per_device_train_batch_size);
+    }
+    if (saved_workers > 0 && saved_workers != workers) {
+      const std::string saved_threads =
+          j.contains("threads") && j["threads"].is_number_integer() ? j["threads"].dump() : "?";
+      Say(StrFormat("warning: resuming with %lld LoRA row-group worker(s) (%d thread(s)), the checkpointed run used "
+                    "%lld (%s thread(s)): LoRA sums its gradients per worker, so the losses can differ in the last "
+                    "bits from an uninterrupted run (--threads %s resumes it bit-identically)",
+                    (long long)workers, threads, (long long)saved_workers, saved_threads.c_str(),
+                    saved_threads.c_str()));
     }
     LATHE_RETURN_IF_ERROR(jsonl_.OpenResumed((fs::path(out) / "trainer_log.jsonl").string(), jsonl_lines));
     Say(StrFormat("resumed from %s at step %lld (epoch %lld, micro-batch %lld)", resume_dir.c_str(),

@@ -119,7 +119,29 @@ for l in open(sys.argv[1]):
   > "$b/trainer_log.jsonl"
 "$LATHE" train "$tmp/r.yaml" --output_dir "$b" --resume_from_checkpoint last -t 1 > /dev/null 2> "$tmp/t.log"
 check "resume on 1 thread exit" test $? -eq 0
-check "resume on 1 thread warns" grep -q "warning: resuming on 1 thread(s), the checkpointed run used 2" "$tmp/t.log"
+check "resume on 1 thread warns" grep -q \
+  "warning: resuming with 1 LoRA row-group worker(s) (1 thread(s)), the checkpointed run used 2 (2 thread(s))" \
+  "$tmp/t.log"
+
+# Full fine-tuning sums its gradients on one worker whatever the thread count: a run checkpointed
+# on 2 threads resumes on 1 without a warning, to the same losses bit for bit.
+sed -e 's/^finetuning_type: lora/finetuning_type: full/' -e '/^lora_/d' -e 's/^learning_rate: .*/learning_rate: 1.0e-3/' \
+  "$tmp/r.yaml" > "$tmp/full.yaml"
+"$LATHE" train "$tmp/full.yaml" --output_dir "$tmp/full_a" -t 2 > /dev/null 2> "$tmp/fa.log"
+check "full: uninterrupted run exit" test $? -eq 0
+f="$tmp/full_b"
+mkdir -p "$f"
+cp -r "$tmp/full_a/checkpoint-4" "$f/"
+python3 -c "
+import json, sys
+for l in open(sys.argv[1]):
+    if json.loads(l)['current_steps'] <= 4: sys.stdout.write(l)" "$tmp/full_a/trainer_log.jsonl" \
+  > "$f/trainer_log.jsonl"
+"$LATHE" train "$tmp/full.yaml" --output_dir "$f" --resume_from_checkpoint last -t 1 > /dev/null 2> "$tmp/fb.log"
+check "full: resume on 1 thread exit" test $? -eq 0
+check "full: resume on 1 thread does not warn" bash -c "! grep -q 'warning: resuming' '$tmp/fb.log'"
+check "full: resumed on 1 thread, losses bit-identical" python3 "$tmp/cmp.py" "$tmp/full_a/trainer_log.jsonl" \
+  "$f/trainer_log.jsonl"
 
 # Damaged checkpoints are refused, naming the file.
 d="$tmp/damaged"

@@ -218,18 +218,27 @@ TEST(TrainModelRowGroups, GroupsOfRowsEqualTheWholeBatch) {
 
 // LoRA row groups on two workers: which group adds into which gradient buffer is fixed by the
 // worker count alone, so a 1-thread pool (the workers one after another) and a 2-thread pool (side
-// by side) give the same bits, step after step (dropout and bf16 included).
+// by side) give the same bits, step after step (dropout and bf16 included). Full and freeze (one
+// worker) likewise: no reduction follows the thread count (the RMSNorm weight gradients' partial
+// sums once did, so a full run resumed on another thread count drifted in the last bits).
 TEST(TrainModelRowGroups, WorkersGiveTheSameBitsOnAnyThreadCount) {
   auto w = LoadBase("llama_gqa_tied");
   ASSERT_TRUE(w.ok());
   Fixture f("train_llama_gqa_tied");
   const Batch b = SixRows(f, /*segments=*/true);
   const double n = (double)Targets(b);
-  for (bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16" : "f32");
-    TrainModelOptions o = Lora(0.1);
-    o.bf16 = bf16;
-    o.row_group_tokens = b.T;  // one row per group: 6 groups, 3 per worker
+  TrainModelOptions lora_bf16 = Lora(0.1), full_bf16_ckpt = Full(), freeze = Full();
+  lora_bf16.bf16 = true;
+  full_bf16_ckpt.bf16 = true;
+  full_bf16_ckpt.gradient_checkpointing = true;
+  freeze.method = FinetuneMethod::kFreeze;
+  freeze.freeze_trainable_layers = 1;
+  const char* names[] = {"lora f32", "lora bf16", "full f32", "full bf16 checkpointing", "freeze"};
+  const TrainModelOptions opts[] = {Lora(0.1), lora_bf16, Full(), full_bf16_ckpt, freeze};
+  for (int c = 0; c < 5; ++c) {
+    SCOPED_TRACE(names[c]);
+    TrainModelOptions o = opts[c];
+    o.row_group_tokens = b.T;  // one row per group: 6 groups, 3 per worker (LoRA)
     o.row_group_workers = 2;
     std::vector<std::vector<float>> params[2];
     for (int threads : {1, 2}) {
@@ -242,6 +251,7 @@ TEST(TrainModelRowGroups, WorkersGiveTheSameBitsOnAnyThreadCount) {
           for (int64_t i = 0; i < t.n; ++i) t.data[i] -= 0.5f * t.grad[i];
       }
       for (const TrainableTensor& t : m->params()) params[threads - 1].emplace_back(t.data, t.data + t.n);
+      EXPECT_EQ(m->MaxRowGroupWorkers(b.B), o.method == FinetuneMethod::kLora ? 2 : 1);
     }
     ASSERT_EQ(params[0].size(), params[1].size());
     for (size_t i = 0; i < params[0].size(); ++i)
