@@ -109,14 +109,17 @@ d = open('$tmp/a_adamw_8bit/checkpoint-4/training_state.bin', 'rb').read()
 assert b'm_codes' in d, 'no 8-bit codes'"
 
 # Another thread count resumes too, with a warning (LoRA sums its gradients per thread).
-b="$tmp/threads"
-mkdir -p "$b"
-cp -r "$tmp/a_adamw_torch/checkpoint-4" "$b/"
-python3 -c "
+# from_checkpoint4 RUN DIR: DIR holds RUN's checkpoint-4 and its log up to step 4, as the run was then.
+from_checkpoint4() {
+  mkdir -p "$2"
+  cp -r "$1/checkpoint-4" "$2/"
+  python3 -c "
 import json, sys
 for l in open(sys.argv[1]):
-    if json.loads(l)['current_steps'] <= 4: sys.stdout.write(l)" "$tmp/a_adamw_torch/trainer_log.jsonl" \
-  > "$b/trainer_log.jsonl"
+    if json.loads(l)['current_steps'] <= 4: sys.stdout.write(l)" "$1/trainer_log.jsonl" > "$2/trainer_log.jsonl"
+}
+b="$tmp/threads"
+from_checkpoint4 "$tmp/a_adamw_torch" "$b"
 "$LATHE" train "$tmp/r.yaml" --output_dir "$b" --resume_from_checkpoint last -t 1 > /dev/null 2> "$tmp/t.log"
 check "resume on 1 thread exit" test $? -eq 0
 check "resume on 1 thread warns" grep -q \
@@ -130,13 +133,7 @@ sed -e 's/^finetuning_type: lora/finetuning_type: full/' -e '/^lora_/d' -e 's/^l
 "$LATHE" train "$tmp/full.yaml" --output_dir "$tmp/full_a" -t 2 > /dev/null 2> "$tmp/fa.log"
 check "full: uninterrupted run exit" test $? -eq 0
 f="$tmp/full_b"
-mkdir -p "$f"
-cp -r "$tmp/full_a/checkpoint-4" "$f/"
-python3 -c "
-import json, sys
-for l in open(sys.argv[1]):
-    if json.loads(l)['current_steps'] <= 4: sys.stdout.write(l)" "$tmp/full_a/trainer_log.jsonl" \
-  > "$f/trainer_log.jsonl"
+from_checkpoint4 "$tmp/full_a" "$f"
 "$LATHE" train "$tmp/full.yaml" --output_dir "$f" --resume_from_checkpoint last -t 1 > /dev/null 2> "$tmp/fb.log"
 check "full: resume on 1 thread exit" test $? -eq 0
 check "full: resume on 1 thread does not warn" bash -c "! grep -q 'warning: resuming' '$tmp/fb.log'"
