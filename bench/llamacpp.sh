@@ -3,7 +3,7 @@
 # engine"): llama-bench vs `lathe bench` (pp512 / tg128, 1 and 2 threads) on SmolLM2-135M in Q4_1
 # (as shipped), Q8_0, BF16 and F32 (made by `lathe convert`, so llama.cpp also reads lathe's GGUF
 # output) and stories260K; then llama-server vs `lathe serve` under `lathe bench serve` (the same
-# seeded token-id workload) at concurrency 1, 8 and 32 on the Q8_0 file. llama.cpp comes from the
+# seeded token-id workload) at concurrency 1, 8 and 32 on the Q8_0 file, a fresh server per level. llama.cpp comes from the
 # PyPI sdist llama-cpp-python==0.3.36 (bench/fetch-llamacpp.sh; built into the cache, never CI).
 # Usage: bench/llamacpp.sh [BUILD_DIR]
 #   LATHE_BENCH_ROUNDS=N  interleaved rounds per side, the best of each kept (default 1; use 2-3
@@ -137,19 +137,29 @@ if [[ ",$parts," == *,serve,* ]]; then
   # 512 tokens each.
   ctx=$((32 * 512))
   serve_args=(-m "$q8" -t 2 --concurrency "$levels")
+  # A fresh llama-server for every level: its slots keep their last prompts and reuse them, and the
+  # levels' workloads share their first requests, so a server carried over from the level before
+  # would find part of each prompt cached (c=32 after 1 and 8: 230 vs 139 tok/s fresh, measured).
+  # lathe's in-process levels each start on a fresh engine for the same reason.
   for ((round = 1; round <= rounds; round++)); do
-    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    "$bin/llama-server" -m "$q8" -t 2 -tb 2 --parallel 32 -c "$ctx" --cont-batching --host 127.0.0.1 \
-      --port "$port" > "$tmp/llama-server.log" 2>&1 &
-    server_pid=$!
-    for _ in $(seq 1 600); do
-      curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break
-      kill -0 "$server_pid" 2>/dev/null || { echo "llama-server exited:" >&2; tail -20 "$tmp/llama-server.log" >&2; exit 1; }
-      sleep 0.2
+    : > "$tmp/serve.llama.$round.out"
+    for level in ${levels//,/ }; do
+      sys=0
+      [ "$level" = "${levels##*,}" ] && sys=384  # the shared-prefix measurement once, after the last level
+      port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+      "$bin/llama-server" -m "$q8" -t 2 -tb 2 --parallel 32 -c "$ctx" --cont-batching --host 127.0.0.1 \
+        --port "$port" > "$tmp/llama-server.log" 2>&1 &
+      server_pid=$!
+      for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break
+        kill -0 "$server_pid" 2>/dev/null || { echo "llama-server exited:" >&2; tail -20 "$tmp/llama-server.log" >&2; exit 1; }
+        sleep 0.2
+      done
+      "$lathe" bench serve -m "$q8" -t 2 --concurrency "$level" --system-prompt-tokens "$sys" \
+        --url "http://127.0.0.1:$port" >> "$tmp/serve.llama.$round.out"
+      kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
+      server_pid=
     done
-    "$lathe" bench serve "${serve_args[@]}" --url "http://127.0.0.1:$port" > "$tmp/serve.llama.$round.out"
-    kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
-    server_pid=
     "$lathe" bench serve "${serve_args[@]}" > "$tmp/serve.lathe.$round.out"
     echo "serve round $round done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
   done
@@ -159,7 +169,10 @@ if [[ ",$parts," == *,serve,* ]]; then
   for side in llama lathe; do
     echo
     echo "#### ${side/llama/llama-server} (round 1 of $rounds)"
-    sed -n '/^| concurrency/,/^$/p;/^shared /p' "$tmp/serve.$side.1.out"
+    grep -m1 -A1 '^| concurrency' "$tmp/serve.$side.1.out"  # one header (llama-server's levels are separate runs)
+    grep '^| [0-9]' "$tmp/serve.$side.1.out"
+    echo
+    grep '^shared ' "$tmp/serve.$side.1.out"
     grep -h 'FAILED' "$tmp"/serve.$side.*.out || true
   done
   python3 - "$tmp" "$rounds" <<'PY'
