@@ -45,6 +45,16 @@ void SwiGluBackward(float* dgate,       // (n) overwritten; may alias dout
 // out[i] = BF16ToF32(F32ToBF16(x[i])): round to nearest even, NaN stays NaN. out may alias x.
 void RoundToBf16(float* out, const float* x, int64_t n);
 
+// ---- AdamW ----
+// torch.optim.AdamW's single-tensor f32 update of n elements, element by element in torch's order:
+// p *= decay; m += (g - m) * (1 - b1) (lerp); v = v * b2 + (1 - b2) * g * g;
+// p -= step_size * (m / (sqrt(v) / bc2_sqrt + eps)). Every tier gives the same bits (no FMA
+// contraction; sqrt and division are correctly rounded in each).
+struct AdamWCoefs {
+  float decay, b1, b2, step_size, bc2_sqrt, eps;
+};
+void AdamWUpdate(float* p, float* m, float* v, const float* g, int64_t n, const AdamWCoefs& k);
+
 // ---- RoPE ----
 // kInterleaved rotates pairs (x[2i], x[2i+1]) (Meta llama, llama2.c); kHalfSplit rotates
 // (x[i], x[i + D/2]) (Hugging Face rotate_half). Pair i of token t uses angle cos[t, i], sin[t, i]:

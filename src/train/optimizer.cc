@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "kernels/train_ops.h"
+
 namespace lathe::train {
 
 namespace {
@@ -28,17 +30,8 @@ void AdamW::Step(std::span<const ParamRef> params, double lr) {
     const ParamRef& p = params[i];
     float* m = m_[i].data();
     float* v = v_[i].data();
-    const float decay = p.decay ? (float)(1.0 - lr * wd_) : 1.0f;
-    auto update = [&](int64_t b, int64_t e, int) {
-      for (int64_t j = b; j < e; ++j) {
-        const float g = p.grad[j];
-        p.data[j] *= decay;
-        m[j] += (g - m[j]) * (1.0f - b1);  // lerp, as torch
-        v[j] = v[j] * b2 + (1.0f - b2) * g * g;
-        const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
-        p.data[j] -= step_size * (m[j] / denom);
-      }
-    };
+    const kernels::AdamWCoefs k{p.decay ? (float)(1.0 - lr * wd_) : 1.0f, b1, b2, step_size, bc2_sqrt, eps};
+    auto update = [&](int64_t b, int64_t e, int) { kernels::AdamWUpdate(p.data + b, m + b, v + b, p.grad + b, e - b, k); };
     if (pool_ && p.n >= 2 * kPoolGrain) {
       pool_->ParallelFor(p.n, kPoolGrain, update);
     } else {

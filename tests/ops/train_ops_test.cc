@@ -169,6 +169,43 @@ TEST_P(TrainOpsTier, PackStripTransposedMatchesDefinition) {
     }
 }
 
+// AdamW: every tier gives the bits of torch.optim.AdamW's f32 arithmetic written out here (this
+// file is built without FMA, so nothing below is contracted), over several steps so that m and v
+// carry state, with and without weight decay, for lengths around the 8-lane width.
+TEST_P(TrainOpsTier, AdamWUpdateMatchesTorchArithmeticBitForBit) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  for (int64_t n : {1, 7, 8, 9, 17, 1000}) {
+    for (float decay : {1.0f, 0.9999f}) {
+      std::vector<float> p = RandomVec(n, 5), m(n, 0.0f), v(n, 0.0f);
+      std::vector<float> rp = p, rm = m, rv = v;
+      for (int step = 1; step <= 4; ++step) {
+        std::vector<float> g = RandomVec(n, 10 + step, step == 3 ? 1e-4f : 1.0f);
+        const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+        const AdamWCoefs k{decay, b1, b2, (float)(1e-3 / (1.0 - std::pow(0.9, step))),
+                           (float)std::sqrt(1.0 - std::pow(0.999, step)), eps};
+        tk.adamw_update(p.data(), m.data(), v.data(), g.data(), n, k);
+        for (int64_t j = 0; j < n; ++j) {
+          rp[j] *= k.decay;
+          rm[j] += (g[j] - rm[j]) * (1.0f - b1);
+          const float gg = (1.0f - b2) * g[j];
+          const float vb = rv[j] * b2;
+          rv[j] = vb + gg * g[j];
+          const float denom = std::sqrt(rv[j]) / k.bc2_sqrt + k.eps;
+          const float upd = k.step_size * (rm[j] / denom);
+          rp[j] -= upd;
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_EQ(std::memcmp(&p[j], &rp[j], 4), 0) << "n " << n << " step " << step << " p[" << j << "] " << p[j]
+                                                      << " vs " << rp[j];
+          ASSERT_EQ(std::memcmp(&m[j], &rm[j], 4), 0) << "n " << n << " step " << step << " m[" << j << "]";
+          ASSERT_EQ(std::memcmp(&v[j], &rv[j], 4), 0) << "n " << n << " step " << step << " v[" << j << "]";
+        }
+      }
+    }
+  }
+}
+
 // RoPE and the embedding have one implementation for all tiers.
 TEST_P(TrainOpsTier, RoundBf16MatchesScalarBitForBit) {
   LATHE_REQUIRE_TIER(GetParam());

@@ -8,8 +8,18 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/train_ops.h"
 
 namespace lathe::kernels::cpu {
+
+// Multiplies and adds stay separate in a function so marked (GCC contracts them into FMAs in files
+// built with -mfma; clang does not fuse across intrinsic calls). For kernels whose tiers must give
+// the same bits as the scalar one.
+#if defined(__GNUC__) && !defined(__clang__)
+#define LATHE_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define LATHE_NO_FP_CONTRACT
+#endif
 
 // GEMM register tile shared by every tier, so packing and blocking live once in train_matmul.cc.
 constexpr int kGemmTileR = 6;   // rows of C per tile
@@ -53,6 +63,8 @@ struct TrainKernelTable {
   void (*col_max)(float* m, const float* row, int64_t n);
   void (*col_exp_sum)(float* s, const float* row, const float* m, int64_t n);
   void (*col_exp_scale)(float* row, const float* shift, float scale, int64_t n);
+  // AdamWUpdate (train_ops.h), n elements.
+  void (*adamw_update)(float* p, float* m, float* v, const float* g, int64_t n, const AdamWCoefs& k);
 };
 
 // The table for a tier (AVX-512 machines use the AVX2 table). REQUIRES CPU support.

@@ -99,13 +99,24 @@ void ColExpScale(float* row, const float* shift, float scale, int64_t n) {
   for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - shift[j]) * scale;
 }
 
+LATHE_NO_FP_CONTRACT void AdamWUpdate(float* p, float* m, float* v, const float* g, int64_t n, const AdamWCoefs& k) {
+  const float one_b1 = 1.0f - k.b1, one_b2 = 1.0f - k.b2;
+  for (int64_t j = 0; j < n; ++j) {
+    p[j] *= k.decay;
+    m[j] += (g[j] - m[j]) * one_b1;
+    v[j] = v[j] * k.b2 + one_b2 * g[j] * g[j];
+    const float denom = std::sqrt(v[j]) / k.bc2_sqrt + k.eps;
+    p[j] -= k.step_size * (m[j] / denom);
+  }
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
                                      SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
                                      ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
-                                     ColExpScale};
+                                     ColExpScale, AdamWUpdate};
   return t;
 }
 
@@ -140,6 +151,10 @@ void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* ga
 }
 
 void RoundToBf16(float* out, const float* x, int64_t n) { cpu::TrainBest().round_bf16(out, x, n); }
+
+void AdamWUpdate(float* p, float* m, float* v, const float* g, int64_t n, const AdamWCoefs& k) {
+  cpu::TrainBest().adamw_update(p, m, v, g, n, k);
+}
 
 namespace {
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/train_dispatch.h"
@@ -338,13 +339,52 @@ void ColExpScale(float* row, const float* shift, float scale, int64_t n) {
   for (; j < n; ++j) row[j] = std::exp(row[j] - shift[j]) * scale;
 }
 
+// The scalar tier's arithmetic, 8 lanes at a time: separate multiplies and adds (GCC would fuse
+// them into FMAs in this -mfma file: LATHE_NO_FP_CONTRACT), vsqrtps / vdivps correctly rounded as
+// sqrtf and '/'. The tail goes through the same vector code on a zero-padded copy, so no scalar
+// expression here can be contracted either.
+LATHE_NO_FP_CONTRACT void AdamWUpdate(float* p, float* m, float* v, const float* g, int64_t n, const AdamWCoefs& k) {
+  const __m256 decay = _mm256_set1_ps(k.decay), ob1 = _mm256_set1_ps(1.0f - k.b1), b2 = _mm256_set1_ps(k.b2),
+               ob2 = _mm256_set1_ps(1.0f - k.b2), bc2 = _mm256_set1_ps(k.bc2_sqrt), eps = _mm256_set1_ps(k.eps),
+               step = _mm256_set1_ps(k.step_size);
+  alignas(32) float tp[8], tm[8], tv[8], tg[8];
+  for (int64_t j = 0; j < n; j += 8) {
+    float *pp = p + j, *mp = m + j, *vp = v + j;
+    const float* gp = g + j;
+    const size_t r = (size_t)std::min<int64_t>(8, n - j) * sizeof(float);
+    if (r < 8 * sizeof(float)) {  // the tail, zero-padded (0 stays finite: denom = eps)
+      for (float* t : {tp, tm, tv, tg}) std::memset(t, 0, sizeof(tp));
+      std::memcpy(tp, pp, r);
+      std::memcpy(tm, mp, r);
+      std::memcpy(tv, vp, r);
+      std::memcpy(tg, gp, r);
+      pp = tp, mp = tm, vp = tv, gp = tg;
+    }
+    const __m256 gj = _mm256_loadu_ps(gp);
+    __m256 mj = _mm256_loadu_ps(mp), vj = _mm256_loadu_ps(vp);
+    __m256 pj = _mm256_mul_ps(_mm256_loadu_ps(pp), decay);
+    mj = _mm256_add_ps(mj, _mm256_mul_ps(_mm256_sub_ps(gj, mj), ob1));
+    vj = _mm256_add_ps(_mm256_mul_ps(vj, b2), _mm256_mul_ps(_mm256_mul_ps(ob2, gj), gj));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vj), bc2), eps);
+    pj = _mm256_sub_ps(pj, _mm256_mul_ps(step, _mm256_div_ps(mj, denom)));
+    _mm256_storeu_ps(mp, mj);
+    _mm256_storeu_ps(vp, vj);
+    _mm256_storeu_ps(pp, pj);
+    if (pp == tp) {
+      std::memcpy(p + j, tp, r);
+      std::memcpy(m + j, tm, r);
+      std::memcpy(v + j, tv, r);
+    }
+  }
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
   static const TrainKernelTable t = {IsaTier::kAvx2, RmsNormForward, RmsNormBackward, SwiGluForward,
                                      SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
                                      ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
-                                     ColExpScale};
+                                     ColExpScale, AdamWUpdate};
   return t;
 }
 
