@@ -212,7 +212,9 @@ Status Engine::RunStep() {
     // A private cache key (no hits from other requests) when prefix caching is off or the
     // request still needs logits of prompt rows that a cache hit would skip.
     const bool shared_key = config_.prefix_caching && !r.WantsPromptLogprobs();
-    auto computed = kv_.Allocate(id, r.tokens, shared_key ? r.options.adapter_key : (1ull << 63) | (uint64_t)id);
+    // Blocks for this step's chunk only; later chunks reserve theirs as they run (step 2 above).
+    auto computed = kv_.Allocate(id, r.tokens, shared_key ? r.options.adapter_key : (1ull << 63) | (uint64_t)id,
+                                 prefill_left);
     if (!computed.ok()) break;  // no room now; it waits
     // Hits of its own private blocks only cover rows whose prompt logprobs were already taken.
     LATHE_CHECK(!r.WantsPromptLogprobs() || *computed < r.prompt_lp_next);

@@ -1,11 +1,14 @@
 // KvCacheManager implementation.
 #include "serve/kv_cache_manager.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace lathe::serve {
 
-Result<int64_t> KvCacheManager::Allocate(int64_t seq, std::span<const int32_t> tokens, uint64_t extra_key) {
+Result<int64_t> KvCacheManager::Allocate(int64_t seq, std::span<const int32_t> tokens, uint64_t extra_key,
+                                         int64_t max_new_tokens) {
   LATHE_CHECK(!seqs_.count(seq) && !tokens.empty());
   const int64_t bs = pool_.block_size();
   Seq s;
@@ -27,7 +30,8 @@ Result<int64_t> KvCacheManager::Allocate(int64_t seq, std::span<const int32_t> t
     s.hashes.pop_back();
   }
   int64_t computed = (int64_t)s.table.size() * bs;
-  int64_t need = ((int64_t)tokens.size() + bs - 1) / bs - (int64_t)s.table.size();
+  const int64_t upto = computed + std::min<int64_t>((int64_t)tokens.size() - computed, std::max<int64_t>(max_new_tokens, 1));
+  int64_t need = (upto + bs - 1) / bs - (int64_t)s.table.size();
   if (need > pool_.num_free()) {
     for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) pool_.Release(*it);
     return Status::Error(StrFormat("KV cache full: %lld more blocks needed, %lld free", (long long)need,

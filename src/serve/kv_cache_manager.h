@@ -20,11 +20,14 @@ class KvCacheManager {
   KvCacheManager(BlockPool& pool, model::KvBlockStore& store) : pool_(pool), store_(store) {}
 
   // Starts `seq` with its known tokens (the prompt, or prompt + generated when a preempted
-  // sequence returns): reuses cached full blocks from the start and allocates the rest. Returns
-  // how many leading tokens are already computed — never all of them (the last token must run to
-  // give logits), and no token is ever recomputed into a shared block. On too few free blocks
-  // returns an error and holds nothing.
-  Result<int64_t> Allocate(int64_t seq, std::span<const int32_t> tokens, uint64_t extra_key);
+  // sequence returns): reuses cached full blocks from the start and allocates blocks for the next
+  // `max_new_tokens` of the rest (all of it by default; a chunked prefill reserves each further
+  // chunk as it runs, so blocks hold computed tokens, as vLLM's scheduler allocates). Returns how
+  // many leading tokens are already computed — never all of them (the last token must run to give
+  // logits), and no token is ever recomputed into a shared block. On too few free blocks returns
+  // an error and holds nothing.
+  Result<int64_t> Allocate(int64_t seq, std::span<const int32_t> tokens, uint64_t extra_key,
+                           int64_t max_new_tokens = INT64_MAX);
   // Makes the table cover n_tokens positions; false (nothing allocated) if blocks run out.
   bool Reserve(int64_t seq, int64_t n_tokens);
   // Blocks Reserve(seq, n_tokens) would take.

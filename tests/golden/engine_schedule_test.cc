@@ -1,7 +1,7 @@
 // The engine's step policy on stories260K (Engine::Step driven by hand, EngineStats' last-step
 // composition read after each step): decode rows first and never starved, prompt tokens capped by
-// max_prefill_tokens_with_decode while the step decodes, the whole budget for prompts when nothing
-// decodes, preemption under the cap — with greedy outputs still equal to one request at a time.
+// max_prefill_tokens_with_decode while the step decodes (their blocks reserved chunk by chunk), the
+// whole budget for prompts when nothing decodes, preemption under the cap — with greedy outputs still equal to one request at a time.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -110,6 +110,9 @@ TEST(EngineSchedule, PromptTokensCappedWhileDecodingAndDecodeRowsNeverStarve) {
     d.StepChecked(kCap);
     const EngineStats s = engine.stats();
     EXPECT_EQ(s.last_step_prefill_tokens, step < 12 ? kCap : 90 - 11 * kCap) << "step " << step;
+    // Blocks hold computed tokens: less than one partly filled block per running sequence (the
+    // prompts reserve their blocks chunk by chunk, not all 15 + 8 at arrival).
+    EXPECT_LT(s.blocks_used * 4 - s.tokens_stored, 4 * s.running) << "step " << step;
     if (!first_a && !d.got[a].empty()) first_a = step;
     if (!first_b && !d.got[b].empty()) first_b = step;
   }

@@ -132,5 +132,37 @@ TEST(KvCacheManager, OutOfBlocksHoldsNothing) {
   EXPECT_EQ(m.BlockTable(1).size(), 2u);
 }
 
+// A chunked prefill starts with blocks for its first chunk only (after the prefix hits), so used
+// blocks hold computed tokens; the next chunks reserve theirs as they run.
+TEST(KvCacheManager, AllocateCoversTheFirstChunkOnly) {
+  BlockPool pool(16, 4);
+  model::KvBlockStore store(TinyConfig(), 16, 4);
+  KvCacheManager m(pool, store);
+  std::vector<int32_t> a(30);
+  std::iota(a.begin(), a.end(), 7);
+  auto ca = m.Allocate(1, a, 0, /*max_new_tokens=*/6);
+  ASSERT_TRUE(ca.ok());
+  EXPECT_EQ(*ca, 0);
+  EXPECT_EQ(m.BlockTable(1).size(), 2u);  // positions 0-5
+  m.MarkComputed(1, a, 6);
+  EXPECT_TRUE(m.Reserve(1, 12));
+  EXPECT_EQ(m.BlockTable(1).size(), 3u);
+  m.MarkComputed(1, a, 12);  // blocks 0-2 full and cached
+  // The same prompt again: 3 blocks hit, then blocks for 5 more positions (12-16).
+  auto cb = m.Allocate(2, a, 0, 5);
+  ASSERT_TRUE(cb.ok());
+  EXPECT_EQ(*cb, 12);
+  EXPECT_EQ(m.BlockTable(2).size(), 5u);
+  // A chunk past the end takes only the prompt's blocks; 0 still covers the last token.
+  auto cc = m.Allocate(3, std::span<const int32_t>(a.data(), 3), 9, 100);
+  ASSERT_TRUE(cc.ok());
+  EXPECT_EQ(m.BlockTable(3).size(), 1u);
+  auto cd = m.Allocate(4, std::span<const int32_t>(a.data(), 3), 10, 0);
+  ASSERT_TRUE(cd.ok());
+  EXPECT_EQ(m.BlockTable(4).size(), 1u);
+  for (int64_t s : {1, 2, 3, 4}) m.Free(s);
+  EXPECT_EQ(pool.num_used(), 0);
+}
+
 }  // namespace
 }  // namespace lathe::serve
