@@ -9,10 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
 #include <memory>
 #include <string>
 
+#include "fuzz_file.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/unicode.h"
@@ -43,10 +44,8 @@ struct Setup {
 const Setup& Init() {
   static Setup s = [] {
     Setup r;
-    char tmpl[] = "/tmp/lathe_dataset_fuzz_XXXXXX";
-    if (!mkdtemp(tmpl)) std::abort();
-    r.dir = tmpl;
-    std::ofstream(r.dir + "/dataset_info.json") << kRegistry;
+    r.dir = fuzz::TempDir("dataset_fuzz");
+    fuzz::WriteFile(r.dir + "/dataset_info.json", kRegistry, std::strlen(kRegistry));
     tokenizer::BpeVocab v;
     for (int b = 0; b < 256; ++b) v.pieces.push_back(tokenizer::ByteToUnicode()[b]);
     const char* merges[][2] = {{"t", "h"}, {"th", "e"}, {"Ġ", "t"}, {"Ġt", "he"}, {"a", "n"}, {"i", "n"}};
@@ -81,8 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const char* kFiles[] = {"data.json", "data.jsonl", "data.json", "data.jsonl", "data.txt"};
   static const char* kTemplates[] = {"chatml", "llama3", "llama2", "mistral", "alpaca"};
   const int which = f % 5;
-  std::ofstream(s.dir + "/" + kFiles[which], std::ios::binary | std::ios::trunc)
-      .write(reinterpret_cast<const char*>(data + 1), (std::streamsize)(size - 1));
+  fuzz::WriteFile(s.dir + "/" + kFiles[which], data + 1, size - 1);
   const bool pt = which == 4;
   auto ex = train::LoadExamples(s.dir, kNames[which], pt ? "pt" : "sft", (f & 0x80) ? 3 : 0);
   if (!ex.ok()) return 0;

@@ -1,5 +1,6 @@
-// A fuzz input written to an anonymous in-memory file (memfd) so that readers which take a path
-// (and mmap or read it) see exactly the fuzzer's bytes: /proc/self/fd/N names it.
+// Files for fuzz targets whose readers take paths: MemFile, a fuzz input in an anonymous in-memory
+// file (memfd) that readers which mmap or read a path see byte for byte (/proc/self/fd/N names it);
+// TempDir, a directory for targets that need several named files (made once per process).
 #pragma once
 
 #include <sys/mman.h>
@@ -7,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 
 namespace lathe::fuzz {
@@ -31,5 +34,17 @@ class MemFile {
   int fd_;
   std::string path_;
 };
+
+// A fresh /tmp/lathe_NAME_XXXXXX directory.
+inline std::string TempDir(const std::string& name) {
+  std::string tmpl = "/tmp/lathe_" + name + "_XXXXXX";
+  if (!mkdtemp(tmpl.data())) std::abort();
+  return tmpl;
+}
+
+// Writes bytes [data, data + size) to path, replacing it.
+inline void WriteFile(const std::string& path, const void* data, size_t size) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(static_cast<const char*>(data), (std::streamsize)size);
+}
 
 }  // namespace lathe::fuzz

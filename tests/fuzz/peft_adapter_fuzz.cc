@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <unistd.h>
 
+#include "fuzz_file.h"
 #include "model/load_hf.h"
 #include "model/lora.h"
 
@@ -32,9 +32,7 @@ struct Setup {
 const Setup& Init() {
   static Setup s = [] {
     Setup r;
-    char tmpl[] = "/tmp/lathe_peft_fuzz_XXXXXX";
-    if (!mkdtemp(tmpl)) std::abort();
-    r.dir = tmpl;
+    r.dir = fuzz::TempDir("peft_fuzz");
     auto c = model::ParseHfConfig(kConfig, "fuzz/config.json");
     if (!c.ok()) std::abort();
     r.hf = *c;
@@ -74,11 +72,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Setup& s = Init();
   const uint8_t* zero = static_cast<const uint8_t*>(std::memchr(data, 0, size));
   const size_t cfg_len = zero ? (size_t)(zero - data) : size;
-  std::ofstream(s.dir + "/adapter_config.json", std::ios::binary | std::ios::trunc)
-      .write(reinterpret_cast<const char*>(data), (std::streamsize)cfg_len);
+  fuzz::WriteFile(s.dir + "/adapter_config.json", data, cfg_len);
   const size_t st_off = zero ? cfg_len + 1 : size;
-  std::ofstream(s.dir + "/adapter_model.safetensors", std::ios::binary | std::ios::trunc)
-      .write(reinterpret_cast<const char*>(data + st_off), (std::streamsize)(size - st_off));
+  fuzz::WriteFile(s.dir + "/adapter_model.safetensors", data + st_off, size - st_off);
   for (const model::ModelConfig* c : {&s.hf, &s.interleaved}) {
     auto a = model::LoadPeftAdapter(s.dir, *c);
     if (a.ok()) Check(**a, *c);

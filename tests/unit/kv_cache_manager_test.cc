@@ -56,12 +56,25 @@ model::ModelConfig TinyConfig() {
   return c;
 }
 
+// 16 blocks of 4 tokens and a manager over them.
+struct Cache {
+  BlockPool pool{16, 4};
+  model::KvBlockStore store{TinyConfig(), 16, 4};
+  KvCacheManager m{pool, store};
+};
+
+// first, first + 1, ... (n tokens).
+std::vector<int32_t> Tokens(int n, int32_t first) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
 TEST(KvCacheManager, PrefixReuseAndLastTokenComputed) {
-  BlockPool pool(16, 4);
-  model::KvBlockStore store(TinyConfig(), 16, 4);
-  KvCacheManager m(pool, store);
-  std::vector<int32_t> a(10);
-  std::iota(a.begin(), a.end(), 100);
+  Cache cache;
+  BlockPool& pool = cache.pool;
+  KvCacheManager& m = cache.m;
+  const std::vector<int32_t> a = Tokens(10, 100);
   auto ca = m.Allocate(1, a, 0);
   ASSERT_TRUE(ca.ok());
   EXPECT_EQ(*ca, 0);
@@ -135,11 +148,9 @@ TEST(KvCacheManager, OutOfBlocksHoldsNothing) {
 // A chunked prefill starts with blocks for its first chunk only (after the prefix hits), so used
 // blocks hold computed tokens; the next chunks reserve theirs as they run.
 TEST(KvCacheManager, AllocateCoversTheFirstChunkOnly) {
-  BlockPool pool(16, 4);
-  model::KvBlockStore store(TinyConfig(), 16, 4);
-  KvCacheManager m(pool, store);
-  std::vector<int32_t> a(30);
-  std::iota(a.begin(), a.end(), 7);
+  Cache cache;
+  KvCacheManager& m = cache.m;
+  const std::vector<int32_t> a = Tokens(30, 7);
   auto ca = m.Allocate(1, a, 0, /*max_new_tokens=*/6);
   ASSERT_TRUE(ca.ok());
   EXPECT_EQ(*ca, 0);
@@ -161,7 +172,7 @@ TEST(KvCacheManager, AllocateCoversTheFirstChunkOnly) {
   ASSERT_TRUE(cd.ok());
   EXPECT_EQ(m.BlockTable(4).size(), 1u);
   for (int64_t s : {1, 2, 3, 4}) m.Free(s);
-  EXPECT_EQ(pool.num_used(), 0);
+  EXPECT_EQ(cache.pool.num_used(), 0);
 }
 
 }  // namespace
