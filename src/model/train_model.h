@@ -172,12 +172,12 @@ class TrainModel {
   // Full/freeze: writes an HF model dir (config.json, generation_config.json, model.safetensors in
   // f32 or bf16) with every weight, trained or frozen, in HF layout.
   virtual Status SaveHfModel(const std::string& dir, bool bf16) const = 0;
-  // The dropout RNG position (a counter of ForwardBackward calls), for checkpoints and resume.
   // Workers that the row groups of a micro-batch of B rows use at most (RowGroupWorkers with
   // groups = B; a micro-batch never has more groups than rows). The order in which LoRA gradients
   // are summed depends on this count, not on the thread count: two runs whose counts agree give
   // the same bits (1 for full / freeze on any thread count).
   virtual int64_t MaxRowGroupWorkers(int64_t B) const { (void)B; return 1; }
+  // The dropout RNG position (a counter of ForwardBackward calls), for checkpoints and resume.
   virtual uint64_t dropout_rng_state() const { return 0; }
   virtual void set_dropout_rng_state(uint64_t) {}
 };

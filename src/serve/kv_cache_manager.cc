@@ -30,7 +30,9 @@ Result<int64_t> KvCacheManager::Allocate(int64_t seq, std::span<const int32_t> t
     s.hashes.pop_back();
   }
   int64_t computed = (int64_t)s.table.size() * bs;
-  const int64_t upto = computed + std::min<int64_t>((int64_t)tokens.size() - computed, std::max<int64_t>(max_new_tokens, 1));
+  // Blocks up to position `upto`: the next max_new_tokens (at least the last token) or the rest.
+  const int64_t rest = (int64_t)tokens.size() - computed;
+  const int64_t upto = computed + std::min<int64_t>(rest, std::max<int64_t>(max_new_tokens, 1));
   int64_t need = (upto + bs - 1) / bs - (int64_t)s.table.size();
   if (need > pool_.num_free()) {
     for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) pool_.Release(*it);

@@ -50,11 +50,13 @@ void Check(const model::LoraAdapter& a, const model::ModelConfig& c) {
     for (int m = 0; m < (int)model::LoraModule::kCount; ++m) {
       const model::LoraPair& p = a.at(l, (model::LoraModule)m);
       if (!p.a.data) continue;
-      const int64_t in = m == (int)model::LoraModule::kO ? c.q_dim() : m == (int)model::LoraModule::kDown ? c.ffn_dim : c.dim;
-      const int64_t out = m == (int)model::LoraModule::kQ                                       ? c.q_dim()
-                          : m == (int)model::LoraModule::kK || m == (int)model::LoraModule::kV ? c.kv_dim()
-                          : m == (int)model::LoraModule::kGate || m == (int)model::LoraModule::kUp ? c.ffn_dim
-                                                                                                 : c.dim;
+      using M = model::LoraModule;
+      const M mod = (M)m;
+      const int64_t in = mod == M::kO ? c.q_dim() : mod == M::kDown ? c.ffn_dim : c.dim;
+      const int64_t out = mod == M::kQ                     ? c.q_dim()
+                          : mod == M::kK || mod == M::kV   ? c.kv_dim()
+                          : mod == M::kGate || mod == M::kUp ? c.ffn_dim
+                                                           : c.dim;
       if (p.a.ndim() != 2 || p.b.ndim() != 2 || p.a.shape[1] != in || p.b.shape[0] != out ||
           p.a.shape[0] != p.b.shape[1] || p.a.shape[0] < 1) {
         __builtin_trap();

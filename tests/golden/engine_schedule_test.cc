@@ -1,7 +1,8 @@
 // The engine's step policy on stories260K (Engine::Step driven by hand, EngineStats' last-step
 // composition read after each step): decode rows first and never starved, prompt tokens capped by
 // max_prefill_tokens_with_decode while the step decodes (their blocks reserved chunk by chunk), the
-// whole budget for prompts when nothing decodes, preemption under the cap — with greedy outputs still equal to one request at a time.
+// whole budget for prompts when nothing decodes, preemption under the cap — with greedy outputs
+// still equal to one request at a time.
 #include <gtest/gtest.h>
 
 #include <algorithm>
