@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/dispatch.h"
@@ -12,8 +13,8 @@ namespace lathe::kernels::cpu::avx2 {
 
 namespace {
 
-// Scores of one head (head_dim = 8 * C, C even) against positions [0, n): 4 positions per step,
-// their 4 sums reduced together by two rounds of hadd.
+// Scores of one head (head_dim = 8 * C) against positions [0, n): 4 positions per step, their 4
+// sums reduced together by two rounds of hadd.
 template <int C>
 void Scores(const float* q, const float* k, const int64_t* off, int64_t n, float scale, float* sc) {
   __m256 qv[C];
@@ -26,28 +27,38 @@ void Scores(const float* q, const float* k, const int64_t* off, int64_t n, float
     const float* k1 = k + off[p + 1];
     const float* k2 = k + off[p + 2];
     const float* k3 = k + off[p + 3];
-    // Two accumulators per position (even / odd 8-float chunks): 8 independent FMA chains.
     __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k0)), a1 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k1));
     __m256 a2 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k2)), a3 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k3));
-    __m256 b0 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k0 + 8)),
-           b1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k1 + 8));
-    __m256 b2 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k2 + 8)),
-           b3 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k3 + 8));
+    if constexpr (C >= 2) {
+      // Two accumulators per position (even / odd 8-float chunks): 8 independent FMA chains; an odd
+      // last chunk goes to the even one.
+      __m256 b0 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k0 + 8)),
+             b1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k1 + 8));
+      __m256 b2 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k2 + 8)),
+             b3 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k3 + 8));
 #pragma GCC unroll 8
-    for (int c = 2; c < C; c += 2) {
-      a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a0);
-      a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k1 + 8 * c), a1);
-      a2 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k2 + 8 * c), a2);
-      a3 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k3 + 8 * c), a3);
-      b0 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k0 + 8 * c + 8), b0);
-      b1 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k1 + 8 * c + 8), b1);
-      b2 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k2 + 8 * c + 8), b2);
-      b3 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k3 + 8 * c + 8), b3);
+      for (int c = 2; c + 1 < C; c += 2) {
+        a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a0);
+        a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k1 + 8 * c), a1);
+        a2 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k2 + 8 * c), a2);
+        a3 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k3 + 8 * c), a3);
+        b0 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k0 + 8 * c + 8), b0);
+        b1 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k1 + 8 * c + 8), b1);
+        b2 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k2 + 8 * c + 8), b2);
+        b3 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k3 + 8 * c + 8), b3);
+      }
+      if constexpr (C % 2 == 1) {
+        constexpr int c = C - 1;
+        a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a0);
+        a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k1 + 8 * c), a1);
+        a2 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k2 + 8 * c), a2);
+        a3 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k3 + 8 * c), a3);
+      }
+      a0 = _mm256_add_ps(a0, b0);
+      a1 = _mm256_add_ps(a1, b1);
+      a2 = _mm256_add_ps(a2, b2);
+      a3 = _mm256_add_ps(a3, b3);
     }
-    a0 = _mm256_add_ps(a0, b0);
-    a1 = _mm256_add_ps(a1, b1);
-    a2 = _mm256_add_ps(a2, b2);
-    a3 = _mm256_add_ps(a3, b3);
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     _mm_storeu_ps(sc + p, _mm_mul_ps(s, sv));
@@ -127,41 +138,39 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
   }
 }
 
+// Calls f(std::integral_constant<int, C>) for the head sizes with a specialized kernel (head_dim =
+// 8 * C: the multiples of 8 up to 128 that models use) and returns whether there was one.
+template <typename F>
+bool WithChunks(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 8: f(std::integral_constant<int, 1>{}); return true;
+    case 16: f(std::integral_constant<int, 2>{}); return true;
+    case 24: f(std::integral_constant<int, 3>{}); return true;
+    case 32: f(std::integral_constant<int, 4>{}); return true;
+    case 48: f(std::integral_constant<int, 6>{}); return true;
+    case 64: f(std::integral_constant<int, 8>{}); return true;
+    case 80: f(std::integral_constant<int, 10>{}); return true;
+    case 96: f(std::integral_constant<int, 12>{}); return true;
+    case 128: f(std::integral_constant<int, 16>{}); return true;
+    default: return false;  // other head sizes: the generic Dot/Softmax/Axpy form
+  }
+}
+
 }  // namespace
 
 bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
                      const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
                      float* scores) {
-  switch (head_dim) {
-    case 32:
-      GroupAttendRowsC<4>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride, scores);
-      return true;
-    case 64:
-      GroupAttendRowsC<8>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride, scores);
-      return true;
-    case 128:
-      GroupAttendRowsC<16>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride, scores);
-      return true;
-    default:
-      return false;
-  }
+  return WithChunks(head_dim, [&](auto c) {
+    GroupAttendRowsC<decltype(c)::value>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride,
+                                         scores);
+  });
 }
 
 bool GroupAttend(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n_pos,
                  int head_dim, float scale, float* out, float* scores) {
-  switch (head_dim) {
-    case 32:
-      GroupAttendC<4>(q, group, k, v, off, n_pos, scale, out, scores);
-      return true;
-    case 64:
-      GroupAttendC<8>(q, group, k, v, off, n_pos, scale, out, scores);
-      return true;
-    case 128:
-      GroupAttendC<16>(q, group, k, v, off, n_pos, scale, out, scores);
-      return true;
-    default:
-      return false;  // other head sizes: the generic Dot/Softmax/Axpy form
-  }
+  return WithChunks(head_dim,
+                    [&](auto c) { GroupAttendC<decltype(c)::value>(q, group, k, v, off, n_pos, scale, out, scores); });
 }
 
 }  // namespace lathe::kernels::cpu::avx2
