@@ -72,11 +72,11 @@ const KernelTable& KernelsFor(IsaTier tier);
 // The table for BestIsaTier().
 const KernelTable& Best();
 
-// y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. M < kGemvMaxM (float weights) or
-// M <= kGemvQuantMaxM (block-quantized weights, without exact_activations) uses the GEMV kernels
-// (int8 dot for block types), larger M the int8 GEMM (k.qgemm, block types, where the tier has
-// one) or else — and for any M with exact_activations and a block-quantized weight — the
-// dequantize-panel + FMA path. Float-weight crossover, measured (bench batch/*,
+// y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. Block-quantized weights without
+// exact_activations take int8 activations for any M, every row with its M = 1 arithmetic: the GEMV
+// kernels up to kGemvQuantMaxM rows, above it the int8 GEMM (k.qgemm) where the tier has one, else
+// the batched GEMV. Float weights use the GEMV kernels for M < kGemvMaxM; the rest (and block types
+// with exact_activations) the dequantize-panel + FMA path. Float-weight crossover, measured (bench batch/*,
 // 1536x576 on Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32 M=4 101 vs 157 us, q4_0 179 vs
 // 234 us); at M = 2 GEMV is 1.5-2x faster.
 void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
@@ -89,7 +89,8 @@ constexpr int64_t kGemvMaxM = 4;
 constexpr int64_t kGemvQuantMaxM = 16;
 // Above kGemvQuantMaxM, block-quantized weights (without exact_activations) go through
 // MatMulKernels::qgemm where the tier has one (AVX2): int8 x rows, each row bit-identical to its
-// M = 1 result; tiers without it use the f32 panel path.
+// M = 1 result; tiers without it (scalar, AVX-512) keep the batched GEMV, which gives the same
+// (before, they took the f32 panel path, so a decode row's logits changed with the batch size).
 
 // kernels::Attention with one tier's Dot/Softmax/Axpy (attention.cc).
 void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int64_t q_stride, const float* k,

@@ -158,11 +158,17 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
     quant::PackedMatMul(quant::QuantKernelsFor(tier), k, pool, x, M, w, y);
     return;
   }
-  // The GEMV kernels quantize x to int8 for block-quantized weights; the panel path keeps f32.
+  // The GEMV kernels quantize x to int8 for block-quantized weights; the panel path keeps f32. With
+  // int8 activations every row gets its M = 1 arithmetic whatever M (results independent of the
+  // batch): the tier's int8 GEMM above kGemvQuantMaxM where it has one, else the batched GEMV.
   const bool quant = IsQuantized(w.dtype);
-  if (quant && !exact_activations && k.qgemm && M > kGemvQuantMaxM) {
-    QuantGemm(k, pool, x, M, w, y);
-  } else if (quant ? (M <= kGemvQuantMaxM && !exact_activations) : M < kGemvMaxM) {
+  if (quant && !exact_activations) {
+    if (k.qgemm && M > kGemvQuantMaxM) {
+      QuantGemm(k, pool, x, M, w, y);
+    } else {
+      Gemv(k, pool, x, M, w, y);
+    }
+  } else if (!quant && M < kGemvMaxM) {
     Gemv(k, pool, x, M, w, y);
   } else {
     Prefill(k, pool, x, M, w, y);
