@@ -76,8 +76,8 @@ const KernelTable& Best();
 // exact_activations take int8 activations for any M, every row with its M = 1 arithmetic: the GEMV
 // kernels up to kGemvQuantMaxM rows, above it the int8 GEMM (k.qgemm) where the tier has one, else
 // the batched GEMV. Float weights use the GEMV kernels for M < kGemvMaxM; the rest (and block types
-// with exact_activations) the dequantize-panel + FMA path. Float-weight crossover, measured (bench batch/*,
-// 1536x576 on Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32 M=4 101 vs 157 us, q4_0 179 vs
+// with exact_activations) the dequantize-panel + FMA path. Float-weight crossover, measured (bench
+// batch/*, 1536x576 on Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32 M=4 101 vs 157 us, q4_0 179 vs
 // 234 us); at M = 2 GEMV is 1.5-2x faster.
 void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
                 float* y, bool exact_activations = false);
@@ -89,8 +89,8 @@ constexpr int64_t kGemvMaxM = 4;
 constexpr int64_t kGemvQuantMaxM = 16;
 // Above kGemvQuantMaxM, block-quantized weights (without exact_activations) go through
 // MatMulKernels::qgemm where the tier has one (AVX2): int8 x rows, each row bit-identical to its
-// M = 1 result; tiers without it (scalar, AVX-512) keep the batched GEMV, which gives the same
-// (before, they took the f32 panel path, so a decode row's logits changed with the batch size).
+// M = 1 result; tiers without it (scalar, AVX-512) keep the batched GEMV, so there too a decode
+// row's logits never depend on the batch size.
 
 // kernels::Attention with one tier's Dot/Softmax/Axpy (attention.cc).
 void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int64_t q_stride, const float* k,
