@@ -25,13 +25,28 @@ cmake --build build-asan -j "$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure -j "$jobs" -LE slow -E '^Stories260KNll[.]')  # pure arithmetic: 96 s under ASan
 
+# Each libFuzzer run is single-threaded: $jobs targets at a time, each its full time; a target that
+# fails (a crash, a leak, a sanitizer report) fails the script with the end of its log.
 if [ -d tests/fuzz ] && ls tests/fuzz/*_fuzz.cc >/dev/null 2>&1; then
-  echo "== fuzz targets (brief)"
-  for src in tests/fuzz/*_fuzz.cc; do
-    name=$(basename "$src" .cc)
-    corpus=tests/fuzz/corpus/${name%_fuzz}
-    mkdir -p "build-asan/corpus-$name"
-    ./build-asan/"$name" -max_total_time="${LATHE_FUZZ_SECONDS:-20}" -rss_limit_mb=2048 \
-      "build-asan/corpus-$name" $( [ -d "$corpus" ] && echo "$corpus" ) 2>&1 | tail -3
+  echo "== fuzz targets (brief, $jobs at a time)"
+  targets=()
+  for src in tests/fuzz/*_fuzz.cc; do targets+=("$(basename "$src" .cc)"); done
+  for ((i = 0; i < ${#targets[@]}; i += jobs)); do
+    pids=()
+    for name in "${targets[@]:i:jobs}"; do
+      corpus=tests/fuzz/corpus/${name%_fuzz}
+      mkdir -p "build-asan/corpus-$name"
+      ./build-asan/"$name" -max_total_time="${LATHE_FUZZ_SECONDS:-20}" -rss_limit_mb=2048 \
+        "build-asan/corpus-$name" $( [ -d "$corpus" ] && echo "$corpus" ) >"build-asan/$name.log" 2>&1 &
+      pids+=($!)
+    done
+    for j in "${!pids[@]}"; do
+      name=${targets[i + j]}
+      if wait "${pids[j]}"; then
+        echo "$name:"; tail -3 "build-asan/$name.log"
+      else
+        echo "$name FAILED:"; tail -60 "build-asan/$name.log"; exit 1
+      fi
+    done
   done
 fi
