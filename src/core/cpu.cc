@@ -34,6 +34,7 @@ CpuFeatures Detect() {
   if (__get_cpuid_max(0, nullptr) < 7) return f;
   __cpuid_count(7, 0, a, b, c, d);
   f.avx2 = b & (1u << 5);
+  f.bmi2 = b & (1u << 8);
   if (zmm_ok) {
     f.avx512f = b & (1u << 16);
     f.avx512dq = b & (1u << 17);
@@ -62,6 +63,7 @@ std::string CpuFeatures::ToString() const {
   add(avx2, "avx2");
   add(fma, "fma");
   add(f16c, "f16c");
+  add(bmi2, "bmi2");
   add(avx512f, "avx512f");
   add(avx512bw, "avx512bw");
   add(avx512vl, "avx512vl");

@@ -14,13 +14,6 @@ MatMulKernels GetMatMulKernels();  // matmul_avx2.cc
 // MatMulKernels::qgemm (qgemm_avx2.cc).
 void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
            float* y, int64_t ldy);
-// KernelTable::group_attend (attention_avx2.cc).
-bool GroupAttend(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n_pos,
-                 int head_dim, float scale, float* out, float* scores);
-// KernelTable::group_attend_rows (attention_avx2.cc).
-bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
-                     const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
-                     float* scores);
 
 inline float HsumPs(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -114,6 +114,14 @@ const KernelTable& Table();
 }
 namespace avx2 {
 const KernelTable& Table();
+// KernelTable::group_attend / group_attend_rows (attention_avx2.cc); the AVX-512 table uses them too.
+// Declared here, not in avx2_util.h: that header's inline helpers must never be compiled into a
+// file built with other flags (one definition would win at link time for every tier).
+bool GroupAttend(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n_pos,
+                 int head_dim, float scale, float* out, float* scores);
+bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
+                     const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
+                     float* scores);
 }
 namespace avx512 {
 const KernelTable& Table();
