@@ -22,8 +22,12 @@ echo "== ASan/UBSan build (clang; also the fuzz targets)"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLATHE_FUZZ=ON \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanitize_flags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$sanitize_flags" >/dev/null
 cmake --build build-asan -j "$jobs"
+# Left out under ASan (they ran in the release build above): pure arithmetic at full model shapes,
+# whose code paths the smaller shapes of the same suites already take under ASan (Stories260KNll 96 s,
+# ModelShapes scalar/avx2 58 + 38 s, the scalar BackwardInput 56 s, the 200-step 8-bit AdamW curve 48 s).
+asan_skip='^(Stories260KNll[.]|Tiers/MatMulTier[.]ModelShapes/|TiersThreads/TrainMatMul[.]BackwardInputMatchesReference/scalar|BnbAdamW[.]EightBitLossCurve)'
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j "$jobs" -LE slow -E '^Stories260KNll[.]')  # pure arithmetic: 96 s under ASan
+  ctest --output-on-failure -j "$jobs" -LE slow -E "$asan_skip")
 
 # Each libFuzzer run is single-threaded: $jobs targets at a time, each its full time; a target that
 # fails (a crash, a leak, a sanitizer report) fails the script with the end of its log.

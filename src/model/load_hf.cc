@@ -34,7 +34,11 @@ std::string Show(const json& v) {
   if (v.is_array()) return "an array";
   if (v.is_object()) return "an object";
   std::string s = v.dump();
-  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+  if (s.size() > 80) {
+    s.resize(77);
+    s += "...";
+  }
+  return s;
 }
 
 // Typed access to a JSON object; a key holding null counts as absent (HF writes "head_dim": null).
