@@ -238,8 +238,10 @@ int RunServe(int argc, char** argv) {
       usleep(50 * 1000);
     }
   });
+  // Prints the address once the server listens, however long that takes on a loaded machine (a
+  // fixed number of tries left a slow start silent: scripts wait for this line).
   std::thread announcer([&] {
-    for (int i = 0; i < 200 && !done.load(); ++i) {
+    while (!done.load()) {
       if (http.listening()) {
         std::printf(
             "lathe serve: %s (%lld KV blocks x %lld tokens = %.1f MiB, context %lld, %zu adapter(s)) on "

@@ -8,10 +8,19 @@ bash scripts/install-deps.sh
 export LATHE_SMOLLM2="$(bash scripts/fetch-models.sh)"
 export LATHE_REQUIRE_ALL=1
 
+# ctest with the given filters; when tests fail, they run again one at a time with their output, so
+# the end of the log says why (a pass there means a flaky test); the script fails either way.
+ctest_or_report() {
+  if ctest --output-on-failure -j "$jobs" "$@"; then return 0; fi
+  echo "== the failed tests again, one at a time (a pass here means flaky; the run still fails):"
+  ctest --rerun-failed --output-on-failure -j 1 "$@" || true
+  return 1
+}
+
 echo "== release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
-(cd build && ctest --output-on-failure -j "$jobs")
+(cd build && ctest_or_report)
 
 # The sanitizer build compiles at -O1 with line tables only (-g1): UBSan's checks made -O2 -g compile
 # 2.3x slower; the reports keep file:line. One clang build serves both the sanitizer tests and the
@@ -27,7 +36,7 @@ cmake --build build-asan -j "$jobs"
 # ModelShapes scalar/avx2 58 + 38 s, the scalar BackwardInput 56 s, the 200-step 8-bit AdamW curve 48 s).
 asan_skip='^(Stories260KNll[.]|Tiers/MatMulTier[.]ModelShapes/|TiersThreads/TrainMatMul[.]BackwardInputMatchesReference/scalar|BnbAdamW[.]EightBitLossCurve)'
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j "$jobs" -LE slow -E "$asan_skip")
+  ctest_or_report -LE slow -E "$asan_skip")
 
 # Each libFuzzer run is single-threaded: $jobs targets at a time, each its full time; a target that
 # fails (a crash, a leak, a sanitizer report) fails the script with the end of its log.
