@@ -12,17 +12,8 @@ OPENAI_VERSION=3.51.0
 VENV="${XDG_CACHE_HOME:-$HOME/.cache}/lathe/e2e-venv"
 
 if [ ! -f "$MODEL" ]; then echo "FAIL: $MODEL not found"; exit 1; fi
-if ! "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
-  python3 -m venv "$VENV" || { echo "FAIL: python3 -m venv $VENV"; exit 1; }
-  if ! timeout 300 "$VENV/bin/pip" install -q --disable-pip-version-check "openai==$OPENAI_VERSION"; then
-    if ! python3 -c "import urllib.request; urllib.request.urlopen('https://pypi.org/simple/openai/', timeout=10)" 2>/dev/null; then
-      echo "SKIP: PyPI is not reachable, cannot install openai==$OPENAI_VERSION into $VENV"
-      exit 77
-    fi
-    echo "FAIL: pip install openai==$OPENAI_VERSION failed although PyPI is reachable"
-    exit 1
-  fi
-fi
+. "$HERE/../pip_venv.sh"
+lathe_pip_venv "$VENV" "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" "openai==$OPENAI_VERSION"
 
 tmp=$(mktemp -d)
 server_pid=

@@ -1,0 +1,467 @@
+// The AVX-512 tier's kernels, run on an emulated AVX-512 CPU (tests/emu/avx512_emu.py drives this
+// process): on a machine without AVX-512 the op tests skip that tier, so this is where its code runs.
+//
+// Protocol: this process builds every case natively (inputs, references from the scalar definitions,
+// output buffers filled with NaN), prints one JSON line {entry, fs_base, stack_top, cases: [{name,
+// outs: [[addr, bytes], ...]}]} and blocks on stdin. The driver maps this process's memory (read
+// from /proc/PID/mem) into the emulator, calls LatheEmuRunCase(i) there for each case (the only code
+// that touches the AVX-512 tier), writes each case's output buffers back into this process and sends
+// a line; this process then checks every case against its reference and exits 1 on any failure.
+// With --native it runs the cases on this CPU instead (for an AVX-512 machine, or to check the
+// harness itself with LATHE_EMU_TIER=avx2).
+#include <asm/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/quant.h"
+#include "../ops/ops_test_util.h"
+
+namespace lathe::kernels {
+namespace {
+
+using testing::MakeWeight;
+using testing::NormalizedError;
+using testing::RandomVec;
+using testing::TestWeight;
+
+// The tier the emulated code runs (AVX-512 unless LATHE_EMU_TIER=avx2|scalar, which checks the
+// harness against a tier this CPU has).
+IsaTier g_tier = IsaTier::kAvx512;
+
+struct Out {
+  std::vector<float> v;
+  explicit Out(size_t n) : v(n, std::numeric_limits<float>::quiet_NaN()) {}
+};
+
+struct Case {
+  std::string name;
+  std::function<void()> run;            // the tier's computation (emulated); writes only into outs
+  std::function<std::string()> check;   // native, afterwards: "" = pass, else what is wrong
+  std::vector<std::shared_ptr<Out>> outs;
+};
+
+std::vector<Case>& Cases() {
+  static std::vector<Case> c;
+  return c;
+}
+
+std::shared_ptr<Out> NewOut(Case& c, size_t n) {
+  c.outs.push_back(std::make_shared<Out>(n));
+  return c.outs.back();
+}
+
+std::string Fmt(const char* f, double a, double b) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, f, a, b);
+  return buf;
+}
+
+std::string ErrAtMost(const std::vector<float>& y, const std::vector<float>& ref, double limit) {
+  for (float v : y)
+    if (std::isnan(v)) return "output not (fully) written";
+  const double e = NormalizedError(y, ref);
+  return e <= limit ? "" : Fmt("normalized error %.3g > %.3g", e, limit);
+}
+
+const cpu::KernelTable& Tier() { return cpu::KernelsFor(g_tier); }
+
+const DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+
+// As tests/ops/matmul_test.cc: float types differ from the reference only in summation order; block
+// types quantize x to int8 blocks (~0.6% on Gaussian data).
+double MatMulLimit(DType t, int64_t M, int64_t N) {
+  if (IsQuantized(t)) return M * N >= 8 ? 1.2e-2 : 4e-2;
+  return 2e-6;
+}
+
+// MatMulWith (one thread: the pool runs inline) on the GEMV, batched-GEMV and panel paths; block
+// types also with exact activations (dequantize + f32 panel), and batched rows bit-identical to
+// each row alone (a decode row's logits must not depend on the batch).
+void AddMatMulCases() {
+  struct Shape {
+    int64_t N, K;
+  };
+  const Shape block_shapes[] = {{5, 64}, {37, 96}, {13, 576}};
+  const Shape float_shapes[] = {{3, 7}, {17, 100}, {11, 576}};
+  uint32_t seed = 1;
+  for (DType dt : kWeightTypes) {
+    const bool block = IsQuantized(dt);
+    for (const Shape& s : block ? std::vector<Shape>(std::begin(block_shapes), std::end(block_shapes))
+                                : std::vector<Shape>(std::begin(float_shapes), std::end(float_shapes))) {
+      for (int64_t M : {1, 2, 3, 5, 17, 40}) {
+        auto w = std::make_shared<TestWeight>(MakeWeight(dt, s.N, s.K, seed));
+        auto x = std::make_shared<std::vector<float>>(RandomVec(M * s.K, seed + 1));
+        ++seed;
+        auto ref = std::make_shared<std::vector<float>>(M * s.N);
+        ref::MatMul(x->data(), M, w->t, ref->data());
+        Case c;
+        c.name = std::string("MatMul ") + DTypeName(dt) + " M=" + std::to_string(M) + " N=" + std::to_string(s.N) +
+                 " K=" + std::to_string(s.K);
+        auto y = NewOut(c, M * s.N);
+        std::shared_ptr<Out> y_exact, y_rows;
+        if (block) y_exact = NewOut(c, M * s.N);
+        if (block && M > 1) y_rows = NewOut(c, M * s.N);
+        c.run = [=] {
+          ThreadPool pool(1);
+          cpu::MatMulWith(Tier().mm, pool, x->data(), M, w->t, y->v.data());
+          if (y_exact) cpu::MatMulWith(Tier().mm, pool, x->data(), M, w->t, y_exact->v.data(), true);
+          if (y_rows)
+            for (int64_t i = 0; i < M; ++i)
+              cpu::MatMulWith(Tier().mm, pool, x->data() + i * s.K, 1, w->t, y_rows->v.data() + i * s.N);
+        };
+        c.check = [=]() -> std::string {
+          std::string e = ErrAtMost(y->v, *ref, MatMulLimit(dt, M, s.N));
+          if (!e.empty()) return e;
+          if (y_exact) {
+            // Exact activations: f32 against exactly dequantized weights, summation order only.
+            std::vector<float> wd(s.N * s.K), r(M * s.N);
+            for (int64_t n = 0; n < s.N; ++n)
+              ref::DequantizeRow(dt, w->bytes.data() + n * w->t.row_bytes(), s.K, wd.data() + n * s.K);
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < s.N; ++n) {
+                double acc = 0;
+                for (int64_t k = 0; k < s.K; ++k) acc += (double)(*x)[m * s.K + k] * wd[n * s.K + k];
+                r[m * s.N + n] = (float)acc;
+              }
+            e = ErrAtMost(y_exact->v, r, 2e-6);
+            if (!e.empty()) return "exact activations: " + e;
+          }
+          if (y_rows && y_rows->v != y->v) return "batched rows differ from the same rows one at a time";
+          return "";
+        };
+        Cases().push_back(std::move(c));
+      }
+    }
+  }
+}
+
+// The GEMV kernel for every x row count it takes (1..4), y with a row stride wider than N.
+void AddGemvCases() {
+  for (DType dt : kWeightTypes) {
+    for (int64_t m = 1; m <= 4; ++m) {
+      const int64_t N = 23, K = IsQuantized(dt) ? 320 : 301, ldy = N + 2;
+      auto w = std::make_shared<TestWeight>(MakeWeight(dt, N, K, 30 + (uint32_t)m));
+      auto x = std::make_shared<std::vector<float>>(RandomVec(m * K, 40 + (uint32_t)m));
+      auto ref = std::make_shared<std::vector<float>>(m * N);
+      ref::MatMul(x->data(), m, w->t, ref->data());
+      Case c;
+      c.name = std::string("gemv kernel ") + DTypeName(dt) + " m=" + std::to_string(m);
+      auto yk = NewOut(c, m * ldy);
+      auto xq = NewOut(c, m * (K / 32) * sizeof(cpu::BlockQ8X) / sizeof(float) + 16);  // scratch
+      c.run = [=] {
+        const cpu::KernelTable& kt = Tier();
+        const void* xa = x->data();
+        if (IsQuantized(dt)) {
+          cpu::BlockQ8X* q = (cpu::BlockQ8X*)xq->v.data();
+          for (int64_t i = 0; i < m; ++i) kt.mm.quantize_x(x->data() + i * K, K, q + i * (K / 32));
+          xa = q;
+        }
+        kt.mm.gemv(dt, w->bytes.data(), w->t.row_bytes(), N, xa, m, K, yk->v.data(), ldy);
+      };
+      c.check = [=]() -> std::string {
+        std::vector<float> y(m * N);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t n = 0; n < N; ++n) y[i * N + n] = yk->v[i * ldy + n];
+        return ErrAtMost(y, *ref, IsQuantized(dt) ? 1.2e-2 : 2e-6);
+      };
+      Cases().push_back(std::move(c));
+    }
+  }
+}
+
+// Row dequantization vs the reference: exact, but Q4_1 may round d*q + m once (FMA).
+void AddDequantCases() {
+  for (DType dt : kWeightTypes) {
+    for (int64_t K : {32, 96, 320}) {
+      const int64_t N = 5;
+      auto w = std::make_shared<TestWeight>(MakeWeight(dt, N, K, 5));
+      Case c;
+      c.name = std::string("dequant_rows ") + DTypeName(dt) + " K=" + std::to_string(K);
+      auto out = NewOut(c, N * K);
+      c.run = [=] { Tier().mm.dequant_rows(dt, w->bytes.data(), w->t.row_bytes(), N, K, out->v.data(), K); };
+      c.check = [=]() -> std::string {
+        std::vector<float> ref(N * K);
+        for (int64_t n = 0; n < N; ++n)
+          ref::DequantizeRow(dt, w->bytes.data() + n * w->t.row_bytes(), K, ref.data() + n * K);
+        return ErrAtMost(out->v, ref, dt == DType::kQ4_1 ? 1e-7 : 0.0);
+      };
+      Cases().push_back(std::move(c));
+    }
+  }
+}
+
+// RmsNorm, SiluMul, Dot, Axpy, Softmax: summation order and the polynomial exp differ (2e-6).
+void AddElementwiseCases() {
+  for (int64_t n : {1, 5, 16, 17, 100, 1003}) {
+    const std::string ns = " n=" + std::to_string(n);
+    {
+      const int64_t T = 3;
+      auto x = std::make_shared<std::vector<float>>(RandomVec(T * n, 1, 3.0f));
+      auto w = std::make_shared<std::vector<float>>(RandomVec(n, 2));
+      Case c;
+      c.name = "rms_norm" + ns;
+      auto out = NewOut(c, T * n);
+      c.run = [=] { Tier().rms_norm(x->data(), w->data(), out->v.data(), T, n, 1e-5f); };
+      c.check = [=] {
+        std::vector<float> ref(T * n);
+        ref::RmsNorm(x->data(), w->data(), ref.data(), T, n, 1e-5f);
+        return ErrAtMost(out->v, ref, 2e-6);
+      };
+      Cases().push_back(std::move(c));
+    }
+    {
+      auto g = std::make_shared<std::vector<float>>(RandomVec(n, 3, 4.0f));
+      if (n > 4) {
+        (*g)[0] = 95.0f;   // exp(-g) underflows
+        (*g)[1] = -95.0f;  // exp(-g) overflows: silu -> -0
+        (*g)[2] = 0.0f;
+      }
+      auto up = std::make_shared<std::vector<float>>(RandomVec(n, 4));
+      Case c;
+      c.name = "silu_mul" + ns;
+      auto out = NewOut(c, n);
+      c.run = [=] {
+        std::memcpy(out->v.data(), g->data(), n * sizeof(float));
+        Tier().silu_mul(out->v.data(), up->data(), n);
+      };
+      c.check = [=] {
+        std::vector<float> ref = *g;
+        ref::SiluMul(ref.data(), up->data(), n);
+        return ErrAtMost(out->v, ref, 2e-6);
+      };
+      Cases().push_back(std::move(c));
+    }
+    {
+      auto a = std::make_shared<std::vector<float>>(RandomVec(n, 5));
+      auto b = std::make_shared<std::vector<float>>(RandomVec(n, 6));
+      Case c;
+      c.name = "dot, axpy" + ns;
+      auto d = NewOut(c, 1);
+      auto y = NewOut(c, n);
+      c.run = [=] {
+        d->v[0] = Tier().dot(a->data(), b->data(), n);
+        std::memcpy(y->v.data(), b->data(), n * sizeof(float));
+        Tier().axpy(y->v.data(), 0.37f, a->data(), n);
+      };
+      c.check = [=]() -> std::string {
+        double ref = 0, norm = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          ref += (double)(*a)[i] * (*b)[i];
+          norm += std::fabs((double)(*a)[i] * (*b)[i]);
+        }
+        if (!(std::fabs(d->v[0] - ref) <= 1e-6 * norm + 1e-30)) return Fmt("dot %.9g, want %.9g", d->v[0], ref);
+        std::vector<float> yr(n);
+        for (int64_t i = 0; i < n; ++i) yr[i] = (*b)[i] + 0.37f * (*a)[i];
+        return ErrAtMost(y->v, yr, 1e-7);
+      };
+      Cases().push_back(std::move(c));
+    }
+    {
+      auto x = std::make_shared<std::vector<float>>(RandomVec(n, 7, 5.0f));
+      Case c;
+      c.name = "softmax" + ns;
+      auto out = NewOut(c, n);
+      c.run = [=] {
+        std::memcpy(out->v.data(), x->data(), n * sizeof(float));
+        Tier().softmax(out->v.data(), n);
+      };
+      c.check = [=] {
+        std::vector<float> ref = *x;
+        ref::Softmax(ref.data(), n);
+        return ErrAtMost(out->v, ref, 2e-6);
+      };
+      Cases().push_back(std::move(c));
+    }
+  }
+}
+
+// Attention with the tier's table (grouped kernels for head sizes that are multiples of 8, the
+// per-position Dot / Softmax / Axpy for the rest) vs the scalar table.
+void AddAttentionCases() {
+  struct A {
+    int64_t T, pos0;
+    int n_head, n_kv_head, head_dim;
+  };
+  const A cases[] = {{1, 9, 4, 2, 64}, {7, 3, 6, 2, 20}, {5, 0, 3, 3, 8}, {3, 30, 9, 3, 32}};
+  uint32_t seed = 100;
+  for (const A& a : cases) {
+    const int64_t S = a.pos0 + a.T;
+    const int64_t qs = a.n_head * a.head_dim + 3, kvs = a.n_kv_head * a.head_dim + 5, os = a.n_head * a.head_dim + 1;
+    auto q = std::make_shared<std::vector<float>>(RandomVec(a.T * qs, seed++));
+    auto k = std::make_shared<std::vector<float>>(RandomVec(S * kvs, seed++));
+    auto v = std::make_shared<std::vector<float>>(RandomVec(S * kvs, seed++));
+    const float scale = 1.0f / std::sqrt((float)a.head_dim);
+    auto ref = std::make_shared<std::vector<float>>(a.T * os, 0.0f);
+    {
+      ThreadPool pool(1);
+      cpu::AttentionWith(cpu::KernelsFor(IsaTier::kScalar), pool, q->data(), qs, k->data(), v->data(), kvs, a.T,
+                         a.pos0, a.n_head, a.n_kv_head, a.head_dim, scale, ref->data(), os);
+    }
+    Case c;
+    c.name = "attention T=" + std::to_string(a.T) + " pos0=" + std::to_string(a.pos0) +
+             " head_dim=" + std::to_string(a.head_dim);
+    auto out = NewOut(c, a.T * os);
+    c.run = [=] {
+      std::memset(out->v.data(), 0, out->v.size() * sizeof(float));  // the stride's spare column
+      ThreadPool pool(1);
+      cpu::AttentionWith(Tier(), pool, q->data(), qs, k->data(), v->data(), kvs, a.T, a.pos0, a.n_head,
+                         a.n_kv_head, a.head_dim, scale, out->v.data(), os);
+    };
+    c.check = [=] { return ErrAtMost(out->v, *ref, 2e-6); };
+    Cases().push_back(std::move(c));
+  }
+}
+
+// Packed NF4/FP4 (+ double quant) and LLM.int8 weights: the decode kernels (M < 4) and the
+// dequantized panels, vs a double-precision product with the reference dequantization.
+void AddPackedCases() {
+  const DType packed[] = {DType::kNF4, DType::kFP4, DType::kNF4DQ, DType::kFP4DQ, DType::kI8Row};
+  uint32_t seed = 1;
+  for (DType t : packed) {
+    for (int64_t N : {5, 37}) {
+      const int64_t K = N == 5 ? 128 : 192;
+      for (int64_t M : {1, 3, 8}) {
+        std::vector<float> f = RandomVec(N * K, seed++, 0.05f);
+        Tensor src{f.data(), DType::kF32, {N, K}};
+        auto pw = QuantizeWeight(src, t, "emu");
+        LATHE_CHECK(pw.ok());
+        auto w = std::make_shared<PackedWeight>(std::move(*pw));
+        auto x = std::make_shared<std::vector<float>>(RandomVec(M * K, seed++));
+        Case c;
+        c.name = std::string("packed ") + DTypeName(t) + " M=" + std::to_string(M) + " N=" + std::to_string(N);
+        auto y = NewOut(c, M * N);
+        c.run = [=] {
+          ThreadPool pool(1);
+          quant::PackedMatMul(quant::QuantKernelsFor(g_tier), Tier().mm, pool, x->data(), M, w->view(), y->v.data());
+        };
+        c.check = [=] {
+          std::vector<float> wd(N * K), r(M * N);
+          DequantizePacked(w->view(), wd.data());
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              double s = 0;
+              for (int64_t k = 0; k < K; ++k) s += (double)(*x)[m * K + k] * wd[n * K + k];
+              r[m * N + n] = (float)s;
+            }
+          const double limit = t == DType::kI8Row && M < cpu::kGemvMaxM ? (M * N >= 8 ? 1.2e-2 : 3e-2) : 2e-6;
+          return ErrAtMost(y->v, r, limit);
+        };
+        Cases().push_back(std::move(c));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lathe::kernels
+
+// Called by the emulator (and by --native): runs case i with the tier under test.
+extern "C" __attribute__((noinline, used)) void LatheEmuRunCase(int64_t i) { lathe::kernels::Cases()[i].run(); }
+
+int main(int argc, char** argv) {
+  using namespace lathe::kernels;
+  const bool native = argc > 1 && std::strcmp(argv[1], "--native") == 0;
+  if (const char* t = std::getenv("LATHE_EMU_TIER")) {
+    const std::string s = t;
+    if (s == "avx2") g_tier = lathe::IsaTier::kAvx2;
+    else if (s == "scalar") g_tier = lathe::IsaTier::kScalar;
+    else if (s != "avx512") {
+      std::fprintf(stderr, "LATHE_EMU_TIER=%s: expected avx512, avx2 or scalar\n", t);
+      return 2;
+    }
+  }
+  AddMatMulCases();
+  AddGemvCases();
+  AddDequantCases();
+  AddElementwiseCases();
+  AddAttentionCases();
+  AddPackedCases();
+  std::vector<Case>& cases = Cases();
+
+  if (native) {
+    if (!lathe::kernels::testing::CpuHasTier(g_tier)) {
+      std::fprintf(stderr, "this CPU lacks the %s tier: run it under tests/emu/avx512_emu.py\n",
+                   lathe::IsaTierName(g_tier));
+      return 2;
+    }
+    for (size_t i = 0; i < cases.size(); ++i) LatheEmuRunCase((int64_t)i);
+  } else {
+    // First the same cases natively with the AVX2 tier where this CPU has it: checks the harness,
+    // and grows the drivers' per-thread scratch buffers here, so the emulated run needs no new memory
+    // from the kernel (a system call is not emulated).
+    if (g_tier == lathe::IsaTier::kAvx512 && lathe::kernels::testing::CpuHasTier(lathe::IsaTier::kAvx2)) {
+      g_tier = lathe::IsaTier::kAvx2;
+      for (size_t i = 0; i < cases.size(); ++i) LatheEmuRunCase((int64_t)i);
+      int fails = 0;
+      for (Case& c : cases) {
+        const std::string e = c.check();
+        if (!e.empty()) {
+          ++fails;
+          std::fprintf(stderr, "FAIL (avx2, native) %s: %s\n", c.name.c_str(), e.c_str());
+        }
+        for (auto& o : c.outs) std::fill(o->v.begin(), o->v.end(), std::numeric_limits<float>::quiet_NaN());
+      }
+      if (fails) {
+        std::fprintf(stderr, "avx512_emu: %d cases fail natively on the avx2 tier: the harness is wrong\n", fails);
+        return 1;
+      }
+      g_tier = lathe::IsaTier::kAvx512;
+    }
+    // The emulator runs on its own stack (this one is in use by the blocked read below).
+    static std::vector<uint8_t> emu_stack(4 << 20);
+    uint64_t fs_base = 0;
+    if (syscall(SYS_arch_prctl, ARCH_GET_FS, &fs_base) != 0) {
+      std::perror("arch_prctl(ARCH_GET_FS)");
+      return 2;
+    }
+    std::string js = "{\"entry\": " + std::to_string((uintptr_t)&LatheEmuRunCase) +
+                     ", \"fs_base\": " + std::to_string(fs_base) +
+                     ", \"stack_top\": " + std::to_string((uintptr_t)(emu_stack.data() + emu_stack.size())) +
+                     ", \"tier\": \"" + lathe::IsaTierName(g_tier) + "\", \"cases\": [";
+    for (size_t i = 0; i < cases.size(); ++i) {
+      js += std::string(i ? ", " : "") + "{\"name\": \"" + cases[i].name + "\", \"outs\": [";
+      for (size_t j = 0; j < cases[i].outs.size(); ++j) {
+        const auto& v = cases[i].outs[j]->v;
+        js += std::string(j ? ", " : "") + "[" + std::to_string((uintptr_t)v.data()) + ", " +
+              std::to_string(v.size() * sizeof(float)) + "]";
+      }
+      js += "]}";
+    }
+    js += "]}\n";
+    std::fwrite(js.data(), 1, js.size(), stdout);
+    std::fflush(stdout);
+    std::string line;
+    if (!std::getline(std::cin, line) || line != "checked") {
+      std::fprintf(stderr, "avx512_emu: the driver did not finish (got '%s')\n", line.c_str());
+      return 2;
+    }
+  }
+  int fails = 0;
+  for (Case& c : cases) {
+    const std::string e = c.check();
+    if (!e.empty()) {
+      ++fails;
+      std::printf("FAIL %s: %s\n", c.name.c_str(), e.c_str());
+    }
+  }
+  std::printf("%s tier: %d passed, %d failed\n", lathe::IsaTierName(g_tier), (int)cases.size() - fails, fails);
+  return fails ? 1 : 0;
+}
