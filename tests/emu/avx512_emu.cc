@@ -26,8 +26,17 @@
 #include <string>
 #include <vector>
 
+#include <malloc.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "core/check.h"
+#include "core/cpu.h"
 #include "core/thread_pool.h"
+#include "formats/gguf.h"
+#include "model/load_gguf.h"
+#include "model/transformer.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/reference.h"
@@ -45,6 +54,7 @@ using testing::TestWeight;
 // The tier the emulated code runs (AVX-512 unless LATHE_EMU_TIER=avx2|scalar, which checks the
 // harness against a tier this CPU has).
 IsaTier g_tier = IsaTier::kAvx512;
+bool g_native = false;
 
 struct Out {
   std::vector<float> v;
@@ -56,6 +66,7 @@ struct Case {
   std::function<void()> run;            // the tier's computation (emulated); writes only into outs
   std::function<std::string()> check;   // native, afterwards: "" = pass, else what is wrong
   std::vector<std::shared_ptr<Out>> outs;
+  bool warm_up = true;  // also run natively on the AVX2 tier first (not: cases whose tier is global)
 };
 
 std::vector<Case>& Cases() {
@@ -370,6 +381,90 @@ void AddPackedCases() {
   }
 }
 
+// stories260K through the whole inference path with the process's best tier (the emulated CPU's
+// CPUID decides it, so the model runs on AVX-512 there): greedy tokens from BOS and per-prompt equal to
+// the float64 reference in ../shared/models/stories260K/reference, top-5 logits of one prefill within
+// 1e-4 (as tests/golden/stories260k_test.cc). Loading happens natively (files); Forward emulated.
+void AddModelCase(const std::string& shared) {
+  const std::string path = shared + "/models/stories260K/stories260K.gguf";
+  std::ifstream in(shared + "/models/stories260K/reference/stories260K_reference.json");
+  auto g = formats::GgufFile::Open(path);
+  if (!in || !g.ok()) {
+    std::fprintf(stderr, "avx512_emu: %s or its reference not found: no model case\n", path.c_str());
+    return;
+  }
+  auto w = model::LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
+  LATHE_CHECK_MSG(w.ok(), "%s", w.status().message().c_str());
+  auto weights = std::make_shared<model::ModelWeights>(std::move(*w));
+  auto pool = std::make_shared<ThreadPool>(1);
+  auto tf = std::make_shared<model::Transformer>(*weights, *pool);
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  struct Greedy {
+    std::vector<int32_t> prompt, want;
+  };
+  auto runs = std::make_shared<std::vector<Greedy>>();
+  runs->push_back({{1}, ref["greedy_from_bos"]["tokens"].get<std::vector<int32_t>>()});
+  for (const auto& p : ref["greedy_prompts"])
+    runs->push_back({p["prompt_ids_with_bos"].get<std::vector<int32_t>>(), p["tokens"].get<std::vector<int32_t>>()});
+  auto ids = std::make_shared<std::vector<int32_t>>(ref["logits_check"]["input_ids"].get<std::vector<int32_t>>());
+  auto per_pos = std::make_shared<nlohmann::json>(ref["logits_check"]["per_position"]);
+  const int64_t V = tf->config().vocab_size;
+  size_t n_tokens = 0;
+  for (const Greedy& r : *runs) n_tokens += r.want.size();
+
+  Case c;
+  c.name = "stories260K forward (greedy tokens and logits vs the float64 reference)";
+  auto tokens = NewOut(c, n_tokens);             // greedy tokens, as floats
+  auto logits = NewOut(c, ids->size() * V);      // the prefill's logits, all positions
+  auto tier = NewOut(c, 1);                      // the tier Forward ran with
+  c.run = [=] {
+    (void)weights, (void)pool;  // held here: tf refers to both
+    std::vector<float> lg;
+    size_t o = 0;
+    for (const Greedy& r : *runs) {
+      model::KvCache cache(tf->config(), 1, (int64_t)r.want.size());
+      std::vector<int32_t> seq = r.prompt;
+      model::SeqInput in0{0, std::span<const int32_t>(seq), false};
+      if (!tf->Forward(cache, std::span<const model::SeqInput>(&in0, 1), &lg).ok()) return;
+      while (seq.size() < r.want.size()) {
+        seq.push_back((int32_t)(std::max_element(lg.begin(), lg.begin() + V) - lg.begin()));
+        if (seq.size() == r.want.size()) break;
+        model::SeqInput step{0, std::span<const int32_t>(&seq.back(), 1), false};
+        if (!tf->Forward(cache, std::span<const model::SeqInput>(&step, 1), &lg).ok()) return;
+      }
+      for (int32_t t : seq) tokens->v[o++] = (float)t;
+    }
+    model::KvCache cache(tf->config(), 1, 64);
+    model::SeqInput all{0, std::span<const int32_t>(*ids), true};
+    if (!tf->Forward(cache, std::span<const model::SeqInput>(&all, 1), &lg).ok()) return;
+    std::memcpy(logits->v.data(), lg.data(), logits->v.size() * sizeof(float));
+    tier->v[0] = (float)(int)cpu::Best().tier;
+  };
+  c.check = [=]() -> std::string {
+    if (std::isnan(tier->v[0])) return "did not finish";
+    if (!g_native && (int)tier->v[0] != (int)g_tier)
+      return std::string("ran on the ") + IsaTierName((IsaTier)(int)tier->v[0]) + " tier";
+    size_t o = 0;
+    for (size_t i = 0; i < runs->size(); ++i)
+      for (int32_t t : (*runs)[i].want)
+        if ((int32_t)tokens->v[o++] != t) return "greedy run " + std::to_string(i) + " differs from the reference";
+    for (const auto& pp : *per_pos) {
+      const float* row = &logits->v[(int64_t)pp["pos"] * V];
+      std::vector<int> order(V);
+      for (int k = 0; k < V; ++k) order[k] = k;
+      std::partial_sort(order.begin(), order.begin() + 5, order.end(), [&](int a, int b) { return row[a] > row[b]; });
+      for (int k = 0; k < 5; ++k) {
+        if (order[k] != pp["top5_ids"][k].get<int>()) return "top-5 order at pos " + pp["pos"].dump();
+        if (std::fabs(row[order[k]] - pp["top5_logits"][k].get<double>()) > 1e-4)
+          return Fmt("logit %.6f vs %.6f", row[order[k]], pp["top5_logits"][k].get<double>());
+      }
+    }
+    return "";
+  };
+  c.warm_up = false;  // its first Forward must pick the tier on the emulated CPU
+  Cases().push_back(std::move(c));
+}
+
 }  // namespace
 }  // namespace lathe::kernels
 
@@ -379,6 +474,7 @@ extern "C" __attribute__((noinline, used)) void LatheEmuRunCase(int64_t i) { lat
 int main(int argc, char** argv) {
   using namespace lathe::kernels;
   const bool native = argc > 1 && std::strcmp(argv[1], "--native") == 0;
+  g_native = native;
   if (const char* t = std::getenv("LATHE_EMU_TIER")) {
     const std::string s = t;
     if (s == "avx2") g_tier = lathe::IsaTier::kAvx2;
@@ -388,6 +484,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // Allocations in the emulated code must not need the kernel (no system calls there): no mmap'ed
+  // chunks, and a heap grown once here and kept.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  void* volatile grow = malloc(64 << 20);  // volatile: the compiler may not drop the pair
+  free(grow);
+  const char* shared = std::getenv("LATHE_SHARED");
+  if (shared) AddModelCase(shared);
   AddMatMulCases();
   AddGemvCases();
   AddDequantCases();
@@ -407,11 +511,16 @@ int main(int argc, char** argv) {
     // First the same cases natively with the AVX2 tier where this CPU has it: checks the harness,
     // and grows the drivers' per-thread scratch buffers here, so the emulated run needs no new memory
     // from the kernel (a system call is not emulated).
-    if (g_tier == lathe::IsaTier::kAvx512 && lathe::kernels::testing::CpuHasTier(lathe::IsaTier::kAvx2)) {
+    // (__builtin_cpu_supports, not GetCpuFeatures: that caches this CPU's features, and the model case
+    // must detect the emulated CPU's.)
+    __builtin_cpu_init();
+    if (g_tier == lathe::IsaTier::kAvx512 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       g_tier = lathe::IsaTier::kAvx2;
-      for (size_t i = 0; i < cases.size(); ++i) LatheEmuRunCase((int64_t)i);
+      for (size_t i = 0; i < cases.size(); ++i)
+        if (cases[i].warm_up) LatheEmuRunCase((int64_t)i);
       int fails = 0;
       for (Case& c : cases) {
+        if (!c.warm_up) continue;
         const std::string e = c.check();
         if (!e.empty()) {
           ++fails;
