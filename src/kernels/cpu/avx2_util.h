@@ -22,6 +22,15 @@ inline float HsumPs(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// 32 4-bit values of a Q4 block (16 bytes at qs) as unsigned bytes in element order: the low nibbles
+// (elements 0-15) in the low lane, the high nibbles (16-31) in the high lane. A 128-bit shift and a
+// lane insert: on Zen 1 a broadcast load + vpsrlvq (one op fewer) made the Q4 GEMV ~8% slower
+// (3.48 vs 3.21 ns per 32-weight block and row, 1536x576 in cache).
+inline __m256i UnpackNibbles(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128((const __m128i*)qs);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+}
+
 inline float HmaxPs(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));

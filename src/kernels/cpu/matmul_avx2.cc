@@ -50,14 +50,6 @@ inline __m256 DotU8S8(__m256i u, __m256i s) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
-// 32 4-bit values of a Q4 block as unsigned bytes in element order.
-inline __m256i UnpackNibbles(const uint8_t* qs) {
-  // One broadcast load, then shift only the upper copy: 3 ops instead of 4.
-  const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)qs));
-  const __m256i both = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
 // Two blocks per step with separate accumulators: one FMA chain per block would cap the loop at
 // the FMA latency instead of the memory bandwidth.
 template <int M>

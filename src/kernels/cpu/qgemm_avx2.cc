@@ -26,14 +26,6 @@ struct alignas(32) GroupBlock {
   int8_t q[kNR][32];
 };
 
-// 32 4-bit values of a Q4 block as unsigned bytes in element order (as matmul_avx2.cc's
-// UnpackNibbles: low nibbles are elements 0-15, high nibbles 16-31).
-inline __m256i UnpackNibbles(const uint8_t* qs) {
-  const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)qs));
-  const __m256i both = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
 // Unpacks n_rows (multiple of kNR) weight rows: blocks[g * nb + j], and per (g, j) the kNR f16
 // scales (dw) and Q4 offset/min factors (cw) as floats.
 template <DType T>
