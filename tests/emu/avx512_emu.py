@@ -101,11 +101,13 @@ def main():
         bochscpu.memory.page_insert(page, hva)
         bochscpu.memory.phy_write(page, bytearray(data))
 
-    # virt_read / virt_write from here need the pages present (only the CPU calls missing_page).
+    # virt_read / virt_write from here need the pages present (only the CPU calls missing_page); pages
+    # outside the harness's mappings (the probe page) are present from the start.
     def ensure(va, size):
         for p in range(va & ~(PAGE - 1), va + size, PAGE):
-            if va_to_pa[p] not in loaded:
-                missing_page(va_to_pa[p])
+            pa = va_to_pa.get(p)
+            if pa is not None and pa not in loaded:
+                missing_page(pa)
 
     sess = bochscpu.Session()
     sess.missing_page_handler = missing_page
@@ -144,14 +146,11 @@ def main():
     hook.exception = on_exception
 
     def call(rip, rdi, stack_top):
-        st = state
-        st.rip, st.rdi = rip, rdi
-        st.rsp = (stack_top - 64) & ~0xF
-        st.rsp -= 8                        # as after a call: rsp + 8 is 16-byte aligned
-        if st.rsp in va_to_pa or (st.rsp & ~(PAGE - 1)) in va_to_pa:
-            ensure(st.rsp, 8)
-        bochscpu.memory.virt_write(PML4, st.rsp, bytearray(struct.pack("<Q", SENTINEL)))
-        sess.cpu.state = st
+        state.rip, state.rdi = rip, rdi
+        state.rsp = ((stack_top - 64) & ~0xF) - 8  # as after a call: rsp + 8 is 16-byte aligned
+        ensure(state.rsp, 8)
+        bochscpu.memory.virt_write(PML4, state.rsp, bytearray(struct.pack("<Q", SENTINEL)))
+        sess.cpu.state = state
         result.clear()
         sess.run([hook])
         vector, error_code, rip_end, cr2 = result.get("fault", (None, 0, 0, 0))
