@@ -10,26 +10,25 @@
 // With --native it runs the cases on this CPU instead (for an AVX-512 machine, or to check the
 // harness itself with LATHE_EMU_TIER=avx2).
 #include <asm/prctl.h>
+
+#include <malloc.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <malloc.h>
-
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "core/cpu.h"
@@ -96,13 +95,6 @@ const cpu::KernelTable& Tier() { return cpu::KernelsFor(g_tier); }
 
 const DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
 
-// As tests/ops/matmul_test.cc: float types differ from the reference only in summation order; block
-// types quantize x to int8 blocks (~0.6% on Gaussian data).
-double MatMulLimit(DType t, int64_t M, int64_t N) {
-  if (IsQuantized(t)) return M * N >= 8 ? 1.2e-2 : 4e-2;
-  return 2e-6;
-}
-
 // MatMulWith (one thread: the pool runs inline) on the GEMV, batched-GEMV and panel paths; block
 // types also with exact activations (dequantize + f32 panel), and batched rows bit-identical to
 // each row alone (a decode row's logits must not depend on the batch).
@@ -139,20 +131,14 @@ void AddMatMulCases() {
               cpu::MatMulWith(Tier().mm, pool, x->data() + i * s.K, 1, w->t, y_rows->v.data() + i * s.N);
         };
         c.check = [=]() -> std::string {
-          std::string e = ErrAtMost(y->v, *ref, MatMulLimit(dt, M, s.N));
+          std::string e = ErrAtMost(y->v, *ref, testing::MatMulErrorLimit(dt, M, s.N));
           if (!e.empty()) return e;
           if (y_exact) {
             // Exact activations: f32 against exactly dequantized weights, summation order only.
-            std::vector<float> wd(s.N * s.K), r(M * s.N);
+            std::vector<float> wd(s.N * s.K);
             for (int64_t n = 0; n < s.N; ++n)
               ref::DequantizeRow(dt, w->bytes.data() + n * w->t.row_bytes(), s.K, wd.data() + n * s.K);
-            for (int64_t m = 0; m < M; ++m)
-              for (int64_t n = 0; n < s.N; ++n) {
-                double acc = 0;
-                for (int64_t k = 0; k < s.K; ++k) acc += (double)(*x)[m * s.K + k] * wd[n * s.K + k];
-                r[m * s.N + n] = (float)acc;
-              }
-            e = ErrAtMost(y_exact->v, r, 2e-6);
+            e = ErrAtMost(y_exact->v, testing::DoubleMatMul(x->data(), M, wd.data(), s.N, s.K), 2e-6);
             if (!e.empty()) return "exact activations: " + e;
           }
           if (y_rows && y_rows->v != y->v) return "batched rows differ from the same rows one at a time";
@@ -364,16 +350,10 @@ void AddPackedCases() {
           quant::PackedMatMul(quant::QuantKernelsFor(g_tier), Tier().mm, pool, x->data(), M, w->view(), y->v.data());
         };
         c.check = [=] {
-          std::vector<float> wd(N * K), r(M * N);
+          std::vector<float> wd(N * K);
           DequantizePacked(w->view(), wd.data());
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t n = 0; n < N; ++n) {
-              double s = 0;
-              for (int64_t k = 0; k < K; ++k) s += (double)(*x)[m * K + k] * wd[n * K + k];
-              r[m * N + n] = (float)s;
-            }
-          const double limit = t == DType::kI8Row && M < cpu::kGemvMaxM ? (M * N >= 8 ? 1.2e-2 : 3e-2) : 2e-6;
-          return ErrAtMost(y->v, r, limit);
+          return ErrAtMost(y->v, testing::DoubleMatMul(x->data(), M, wd.data(), N, K),
+                           testing::PackedMatMulErrorLimit(t, M, N));
         };
         Cases().push_back(std::move(c));
       }

@@ -20,16 +20,6 @@ using testing::RandomVec;
 const DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
                               DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
 
-// Normalized error limits. The float types differ from the reference only in summation order.
-// The GEMV path for block types quantizes x to int8 blocks of 32 (as llama.cpp does), which costs
-// about 0.6% relative error on Gaussian data (measured 0.55-0.7% over these shapes); a handful of
-// outputs does not average, so the limit is looser there. Block types keep int8 x for every M (the
-// int8 GEMM or the batched GEMV); only exact_activations takes the f32 dequantize-panel path.
-double ErrorLimit(DType t, int64_t M, int64_t N = 1000) {
-  if (IsQuantized(t)) return M * N >= 8 ? 1.2e-2 : 4e-2;
-  return 2e-6;
-}
-
 struct Shape {
   int64_t N, K;
 };
@@ -48,7 +38,7 @@ void CheckMatMul(IsaTier tier, DType dt, int64_t M, int64_t N, int64_t K, uint32
   ThreadPool pool1(1);
   cpu::MatMulWith(kt.mm, pool1, x.data(), M, w.t, y1.data());
   const double err = NormalizedError(y1, ref);
-  EXPECT_LE(err, ErrorLimit(dt, M, N))
+  EXPECT_LE(err, testing::MatMulErrorLimit(dt, M, N))
       << IsaTierName(tier) << " " << DTypeName(dt) << " M=" << M << " N=" << N << " K=" << K;
   // Multi-threaded runs compute every element with the same code: bitwise equal.
   for (int threads : {2, 3}) {
@@ -100,7 +90,7 @@ TEST_P(MatMulTier, ZeroAndLargeActivations) {
     ref::MatMul(x.data(), M, w.t, ref.data());
     ThreadPool pool(1);
     cpu::MatMulWith(kt.mm, pool, x.data(), M, w.t, y.data());
-    EXPECT_LE(NormalizedError(y, ref), ErrorLimit(dt, M, N)) << DTypeName(dt);
+    EXPECT_LE(NormalizedError(y, ref), testing::MatMulErrorLimit(dt, M, N)) << DTypeName(dt);
     for (int64_t n = 0; n < N; ++n) EXPECT_EQ(y[N + n], 0.0f) << DTypeName(dt);
   }
 }
@@ -228,7 +218,7 @@ TEST(MatMulPublic, BestTierAndDequantizeRows) {
       std::vector<float> ref(M * N), y(M * N);
       ref::MatMul(x.data(), M, w.t, ref.data());
       MatMul(pool, x.data(), M, w.t, y.data());
-      EXPECT_LE(NormalizedError(y, ref), ErrorLimit(dt, M))
+      EXPECT_LE(NormalizedError(y, ref), testing::MatMulErrorLimit(dt, M))
           << DTypeName(dt) << " M=" << M;
     }
     const int64_t N = 6, K = 64;

@@ -45,23 +45,9 @@ PackedWeight MakePacked(DType t, int64_t N, int64_t K, uint32_t seed) {
 // y = x . W^T in double with W dequantized by the reference.
 std::vector<float> DoubleRef(const std::vector<float>& x, int64_t M, const Tensor& w) {
   const int64_t N = w.shape[0], K = w.shape[1];
-  std::vector<float> wd(N * K), y(M * N);
+  std::vector<float> wd(N * K);
   DequantizePacked(w, wd.data());
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      double s = 0;
-      for (int64_t k = 0; k < K; ++k) s += (double)x[m * K + k] * wd[n * K + k];
-      y[m * N + n] = (float)s;
-    }
-  return y;
-}
-
-// 4-bit decode and every prefill run f32 against exactly dequantized values: only the summation
-// order differs (measured <= 4e-7). The int8 decode path quantizes x row-wise to int8 (LLM.int8),
-// ~0.3-0.6 % normalized error on Gaussian data (measured), a few outputs average less.
-double Limit(DType t, int64_t M, int64_t N) {
-  if (t == DType::kI8Row && M < cpu::kGemvMaxM) return M * N >= 8 ? 1.2e-2 : 3e-2;
-  return 2e-6;
+  return testing::DoubleMatMul(x.data(), M, wd.data(), N, K);
 }
 
 class QuantMatMulTier : public ::testing::TestWithParam<IsaTier> {};
@@ -85,8 +71,8 @@ TEST_P(QuantMatMulTier, MatchesDoubleReferenceAndScalarTier) {
         std::vector<float> y(M * s.N, -1.0f), ys(M * s.N, -1.0f);
         cpu::MatMulWith(kt.mm, pool1, x.data(), M, w, y.data());
         cpu::MatMulWith(ks.mm, pool1, x.data(), M, w, ys.data());
-        EXPECT_LE(NormalizedError(y, ref), Limit(t, M, s.N));
-        EXPECT_LE(NormalizedError(ys, ref), Limit(t, M, s.N));
+        EXPECT_LE(NormalizedError(y, ref), testing::PackedMatMulErrorLimit(t, M, s.N));
+        EXPECT_LE(NormalizedError(ys, ref), testing::PackedMatMulErrorLimit(t, M, s.N));
         EXPECT_LE(NormalizedError(y, ys), t == DType::kI8Row ? 2e-6 : 2e-6);
         ThreadPool pool2(2);
         std::vector<float> y2(M * s.N, -2.0f);
