@@ -101,8 +101,10 @@ int RunBench(int argc, char** argv) {
       p = q + 1;
     }
   }
-  std::printf("lathe bench: CPU features: %s; kernels: %s\n", GetCpuFeatures().ToString().c_str(),
-              IsaTierName(BestIsaTier()));
+  std::printf("lathe bench: CPU features: %s; kernels: %s%s\n", GetCpuFeatures().ToString().c_str(),
+              IsaTierName(BestIsaTier()),
+              BestIsaTier() == IsaTier::kAvx2 ? (Splits256BitOps() ? " (128-bit int8 form)" : " (256-bit int8 form)")
+                                              : "");
   std::vector<double> bw(thread_list.size());
   for (size_t i = 0; i < thread_list.size(); ++i) {
     ThreadPool pool(thread_list[i]);

@@ -79,6 +79,30 @@ const CpuFeatures& GetCpuFeatures() {
   return f;
 }
 
+bool Splits256BitOps() {
+  static const bool split = [] {
+    if (const char* v = std::getenv("LATHE_AVX2_SPLIT")) {
+      if (!std::strcmp(v, "1")) return true;
+      if (!std::strcmp(v, "0")) return false;
+    }
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    char vendor[13];
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+    vendor[12] = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
+    const unsigned family = base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family;
+    const unsigned model = base_family == 0xf ? base_model | (((a >> 16) & 0xf) << 4) : base_model;
+    if (!std::strcmp(vendor, "AuthenticAMD")) return family == 0x17 && model < 0x30;
+    if (!std::strcmp(vendor, "HygonGenuine")) return family == 0x18;
+    return false;
+  }();
+  return split;
+}
+
 IsaTier BestIsaTier() {
   static const IsaTier tier = [] {
     const CpuFeatures& f = GetCpuFeatures();

@@ -31,6 +31,13 @@ struct CpuFeatures {
 // (for testing the slower paths on a fast machine).
 const CpuFeatures& GetCpuFeatures();
 
+// True where the CPU executes 256-bit vector operations as two 128-bit halves: AMD Zen 1 / Zen+
+// (family 17h, models below 30h) and Hygon Dhyana (family 18h). The AVX2 tier then takes the split
+// (128-bit) form of its int8 kernels: the same arithmetic with half the multiplies, converts and
+// FMAs per block (Q4 GEMV ~1.4x faster on Zen 1). LATHE_AVX2_SPLIT=0|1 overrides (A/B runs, tests).
+// Detected once, apart from GetCpuFeatures.
+bool Splits256BitOps();
+
 enum class IsaTier { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 IsaTier BestIsaTier();  // highest tier the CPU has, capped by LATHE_ISA
 const char* IsaTierName(IsaTier t);

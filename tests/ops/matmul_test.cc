@@ -207,6 +207,35 @@ TEST_P(MatMulTier, BatchedRowsBitIdenticalToSingleRow) {
   }
 }
 
+// The AVX2 tier's int8 kernels come in two forms of one arithmetic (avx2_util.h, Dot4Q4): 128-bit
+// (CPUs that split 256-bit operations, Zen 1) and full width (two weight rows per vector). Both run
+// on any AVX2 CPU and must give bit-identical results on the GEMV (M <= 16) and int8 GEMM (M > 16)
+// paths, tails of N included; the tier tests above cover the form this CPU takes, this the other.
+TEST(Avx2Forms, SplitAndFullWidthBitIdentical) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx2);
+  const cpu::MatMulKernels& split = cpu::avx2::Table(true).mm;
+  const cpu::MatMulKernels& full = cpu::avx2::Table(false).mm;
+  ASSERT_NE(split.gemv, full.gemv);
+  ASSERT_NE(split.qgemm, full.qgemm);
+  uint32_t seed = 1300;
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 16, 17, 22, 34}) {
+        testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
+        const std::vector<float> x = RandomVec(M * s.K, seed++);
+        std::vector<float> ys(M * s.N, -1.0f), yf(M * s.N, -2.0f), ref(M * s.N);
+        ThreadPool pool(2);
+        cpu::MatMulWith(split, pool, x.data(), M, w.t, ys.data());
+        cpu::MatMulWith(full, pool, x.data(), M, w.t, yf.data());
+        ASSERT_EQ(ys, yf) << DTypeName(dt) << " M=" << M << " N=" << s.N << " K=" << s.K;
+        ref::MatMul(x.data(), M, w.t, ref.data());
+        EXPECT_LE(NormalizedError(ys, ref), testing::MatMulErrorLimit(dt, M, s.N))
+            << DTypeName(dt) << " M=" << M << " N=" << s.N << " K=" << s.K;
+      }
+    }
+  }
+}
+
 // The public entry points (best tier) agree with the reference too.
 TEST(MatMulPublic, BestTierAndDequantizeRows) {
   ThreadPool pool(2);

@@ -10,8 +10,10 @@
 
 namespace lathe::kernels::cpu::avx2 {
 
-MatMulKernels GetMatMulKernels();  // matmul_avx2.cc
-// MatMulKernels::qgemm (qgemm_avx2.cc).
+// matmul_avx2.cc: the int8 kernels in the split (128-bit) or the full-width form (see Dot4Q4).
+MatMulKernels GetMatMulKernels(bool split);
+// MatMulKernels::qgemm (qgemm_avx2.cc), in the split or the full-width form.
+template <bool kSplit>
 void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
            float* y, int64_t ldy);
 
@@ -29,6 +31,50 @@ inline float HsumPs(__m256 v) {
 inline __m256i UnpackNibbles(const uint8_t* qs) {
   const __m128i q = _mm_loadu_si128((const __m128i*)qs);
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+}
+
+// ---- int8 block dot products: the arithmetic of every AVX2 int8 kernel (GEMV and GEMM) ----------
+// One 32-element weight block times an int8 x block gives 4 int32 lanes: lane l sums the products
+// of elements 4l..4l+3 and 16+4l..16+4l+3 (exact). Each block adds fma(float(lanes), dw * dx, acc)
+// to a 4-lane accumulator per (x row, weight row); the result is Hsum4(acc) (+ the Q4 offset term).
+// Two implementations of this one arithmetic, bit-identical to each other:
+//  * split: 128-bit vectors, one weight row each, for CPUs that execute 256-bit operations as two
+//    128-bit halves (Zen 1: half the multiplies, converts and FMAs of a 256-bit form per block);
+//  * full width: two weight rows per 256-bit vector, [row a's 4 lanes | row b's 4 lanes].
+// Inputs: the element halves (0-15, 16-31) of the block as unsigned bytes u0, u1 and the x halves
+// x0, x1 (for full width: [row a | row b] of u, x broadcast to both lanes).
+// Q4 (u <= 15, |x| <= 127): the two halves' maddubs pairs are summed in int16 (|.| <= 7620), then
+// one madd. Q8_0 (u = |q| <= 128, x signed by q): pairs may reach 32512, so each half gets its madd.
+inline __m128i Dot4Q4(__m128i u0, __m128i u1, __m128i x0, __m128i x1) {
+  return _mm_madd_epi16(_mm_add_epi16(_mm_maddubs_epi16(u0, x0), _mm_maddubs_epi16(u1, x1)),
+                        _mm_set1_epi16(1));
+}
+inline __m256i Dot4Q4(__m256i u0, __m256i u1, __m256i x0, __m256i x1) {
+  return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1)),
+                           _mm256_set1_epi16(1));
+}
+inline __m128i Dot4Q8(__m128i a0, __m128i a1, __m128i s0, __m128i s1) {
+  const __m128i one = _mm_set1_epi16(1);
+  return _mm_add_epi32(_mm_madd_epi16(_mm_maddubs_epi16(a0, s0), one),
+                       _mm_madd_epi16(_mm_maddubs_epi16(a1, s1), one));
+}
+inline __m256i Dot4Q8(__m256i a0, __m256i a1, __m256i s0, __m256i s1) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(a0, s0), one),
+                          _mm256_madd_epi16(_mm256_maddubs_epi16(a1, s1), one));
+}
+
+// The accumulator's final sum, (l0 + l2) + (l1 + l3).
+inline float Hsum4(__m128 s) {
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// [v[i] x 4 | v[i + 1] x 4] from the first floats of v (the full-width form's per-row-pair scales).
+inline __m256 PairScales(__m128 v, int i) {
+  const __m256i idx = _mm256_setr_epi32(i, i, i, i, i + 1, i + 1, i + 1, i + 1);
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), idx);
 }
 
 inline float HmaxPs(__m256 v) {

@@ -46,6 +46,7 @@ struct MatMulKernels {
   // x row alone, so results do not depend on m or on the other rows.
   void (*qgemm)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
                 float* y, int64_t ldy) = nullptr;
+  IsaTier tier = IsaTier::kScalar;  // the tier these kernels belong to (its packed-quant kernels go with them)
 };
 
 struct KernelTable {
@@ -113,7 +114,10 @@ namespace scalar {
 const KernelTable& Table();
 }
 namespace avx2 {
+// The AVX2 table in the form for this CPU (Splits256BitOps()), or in the one asked for: the split
+// (128-bit) and the full-width int8 kernels are one arithmetic, bit-identical on any AVX2 CPU.
 const KernelTable& Table();
+const KernelTable& Table(bool split);
 // KernelTable::group_attend / group_attend_rows (attention_avx2.cc); the AVX-512 table uses them too.
 // Declared here, not in avx2_util.h: that header's inline helpers must never be compiled into a
 // file built with other flags (one definition would win at link time for every tier).

@@ -151,11 +151,9 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   LATHE_CHECK(w.ndim() == 2);
   if (M <= 0 || w.shape[0] == 0) return;
   if (IsPackedQuant(w.dtype)) {  // NF4/FP4/int8 whole-weight buffers (kernels/quant.h)
-    // The tier whose table `k` is (the AVX-512 table is only passed in on CPUs that have it).
-    const IsaTier tier = &k == &scalar::Table().mm ? IsaTier::kScalar
-                         : &k == &avx2::Table().mm ? IsaTier::kAvx2
-                                                   : IsaTier::kAvx512;
-    quant::PackedMatMul(quant::QuantKernelsFor(tier), k, pool, x, M, w, y);
+    // The packed-quant kernels of the tier `k` belongs to (the AVX-512 table is only passed in on
+    // CPUs that have it).
+    quant::PackedMatMul(quant::QuantKernelsFor(k.tier), k, pool, x, M, w, y);
     return;
   }
   // The GEMV kernels quantize x to int8 for block-quantized weights; the panel path keeps f32. With

@@ -204,19 +204,10 @@ void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t 
   }
 }
 
-// Decode (M = 1): four weight rows per pass. Their four f16 scales are converted by one
-// vcvtph2ps and multiplied by the x scale together, the Q4 offset/min terms of the four rows share
-// one FMA, and the x block is loaded once: ~10 instead of ~14 instructions per block and row.
-template <DType T>
-inline __m256 RowBlockDot(const uint8_t* qs, __m256i xq) {
-  if constexpr (T == DType::kQ8_0) {
-    const __m256i q = _mm256_loadu_si256((const __m256i*)qs);
-    return DotU8S8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xq, q));
-  } else {
-    return DotU8S8(UnpackNibbles(qs), xq);
-  }
-}
-
+// Batched decode (M = 1-4 x rows), four weight rows per pass: their four f16 scales are converted
+// by one vcvtph2ps and multiplied by each x scale together, the Q4 offset/min terms of the four rows
+// share one FMA, and each x block is loaded once for the four rows. Every (x row, weight row) gets
+// the 4-lane block arithmetic of avx2_util.h (Dot4Q4 / Dot4Q8), whatever M and whichever form.
 inline __m128i Load4Halves(const uint8_t* p0, size_t stride) {
   __m128i h = _mm_cvtsi32_si128(*(const uint16_t*)p0);
   h = _mm_insert_epi16(h, *(const uint16_t*)(p0 + stride), 1);
@@ -224,68 +215,81 @@ inline __m128i Load4Halves(const uint8_t* p0, size_t stride) {
   return _mm_insert_epi16(h, *(const uint16_t*)(p0 + 3 * stride), 3);
 }
 
+// One block of one weight row (quants at qs) times x halves x0, x1: 4 int32 lanes.
 template <DType T>
-void Gemv1Rows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
-  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-  constexpr size_t kQsOff = kQ41 ? 4 : 2;
-  for (int64_t r = 0; r + 4 <= n_rows; r += 4) {
-    const uint8_t* row = w + r * rb;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    __m128 corr = _mm_setzero_ps();
-    // Interleaved access to four rows hides the stream from the hardware prefetcher (measured:
-    // cold Q8_0 ran at half speed), so fetch the next four rows, linearly, one step ahead.
-    const uint8_t* next = row + 4 * rb;
-    const bool prefetch = r + 8 <= n_rows;
-    for (int64_t j = 0; j < nb; ++j) {
-      const uint8_t* b0 = row + j * kBB;
-      if (prefetch) {
-        const char* p = (const char*)next + j * 4 * kBB;
-        _mm_prefetch(p, _MM_HINT_T0);
-        _mm_prefetch(p + 64, _MM_HINT_T0);
-        if constexpr (4 * kBB > 128) _mm_prefetch(p + 128, _MM_HINT_T0);
-      }
-      const __m128 dw = _mm_cvtph_ps(Load4Halves(b0, rb));
-      const __m128 ds = _mm_mul_ps(dw, _mm_set1_ps(x[j].d));
-      const __m256 ds2 = _mm256_set_m128(ds, ds);
-      if constexpr (!kQ8) {
-        const __m128 cw = kQ41 ? _mm_cvtph_ps(Load4Halves(b0 + 2, rb)) : dw;
-        corr = _mm_fmadd_ps(cw, _mm_set1_ps(x[j].s), corr);
-      }
-      const __m256i xq = _mm256_loadu_si256((const __m256i*)x[j].qs);
-      acc0 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x00), acc0);
-      acc1 = _mm256_fmadd_ps(RowBlockDot<T>(b0 + rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x55), acc1);
-      acc2 =
-          _mm256_fmadd_ps(RowBlockDot<T>(b0 + 2 * rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0xaa), acc2);
-      acc3 =
-          _mm256_fmadd_ps(RowBlockDot<T>(b0 + 3 * rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0xff), acc3);
-    }
-    alignas(16) float c[4];
-    _mm_store_ps(c, _mm_mul_ps(corr, _mm_set1_ps(kQ41 ? 1.0f : -8.0f)));
-    y[r] = HsumPs(acc0) + c[0];
-    y[r + 1] = HsumPs(acc1) + c[1];
-    y[r + 2] = HsumPs(acc2) + c[2];
-    y[r + 3] = HsumPs(acc3) + c[3];
+inline __m128i RowDot4(const uint8_t* qs, __m128i x0, __m128i x1) {
+  if constexpr (T == DType::kQ8_0) {
+    const __m128i q0 = _mm_loadu_si128((const __m128i*)qs), q1 = _mm_loadu_si128((const __m128i*)(qs + 16));
+    return Dot4Q8(_mm_sign_epi8(q0, q0), _mm_sign_epi8(q1, q1), _mm_sign_epi8(x0, q0), _mm_sign_epi8(x1, q1));
+  } else {
+    const __m128i q = _mm_loadu_si128((const __m128i*)qs), m = _mm_set1_epi8(0x0f);
+    return Dot4Q4(_mm_and_si128(q, m), _mm_and_si128(_mm_srli_epi16(q, 4), m), x0, x1);
   }
 }
 
-// The same for M = 2-4 x rows (batched decode; ~25 % faster than the per-row kernel at M = 2),
-// with the M = 1 arithmetic per row; kept apart from the M = 1 kernel, which the generalization
-// slowed by 2-3 %.
-template <DType T, int M>
-void GemvRows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y,
-               int64_t ldy) {
+// The same for two weight rows (quants at qa, qb): [row a | row b], x halves broadcast to both lanes.
+template <DType T>
+inline __m256i RowPairDot4(const uint8_t* qa, const uint8_t* qb, __m256i x0, __m256i x1) {
+  if constexpr (T == DType::kQ8_0) {
+    const __m256i q0 = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)qb), _mm_loadu_si128((const __m128i*)qa));
+    const __m256i q1 = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)(qb + 16)),
+                                        _mm_loadu_si128((const __m128i*)(qa + 16)));
+    return Dot4Q8(_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(q1, q1), _mm256_sign_epi8(x0, q0),
+                  _mm256_sign_epi8(x1, q1));
+  } else {
+    const __m256i q = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)qb), _mm_loadu_si128((const __m128i*)qa));
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    return Dot4Q4(_mm256_and_si256(q, m), _mm256_and_si256(_mm256_srli_epi16(q, 4), m), x0, x1);
+  }
+}
+
+// Four weight rows' accumulators for one x row, in the split or the full-width form.
+template <bool kSplit>
+struct Quad;
+
+template <>
+struct Quad<true> {
+  __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  // Adds block j of the rows at qs, qs + rb, ... times x block xb; ds = the rows' dw * xb.d.
+  template <DType T>
+  void Add(const uint8_t* qs, size_t rb, const BlockQ8X& xb, __m128 ds) {
+    const __m128i x0 = _mm_loadu_si128((const __m128i*)xb.qs), x1 = _mm_loadu_si128((const __m128i*)(xb.qs + 16));
+    a[0] = _mm_fmadd_ps(_mm_cvtepi32_ps(RowDot4<T>(qs, x0, x1)), _mm_shuffle_ps(ds, ds, 0x00), a[0]);
+    a[1] = _mm_fmadd_ps(_mm_cvtepi32_ps(RowDot4<T>(qs + rb, x0, x1)), _mm_shuffle_ps(ds, ds, 0x55), a[1]);
+    a[2] = _mm_fmadd_ps(_mm_cvtepi32_ps(RowDot4<T>(qs + 2 * rb, x0, x1)), _mm_shuffle_ps(ds, ds, 0xaa), a[2]);
+    a[3] = _mm_fmadd_ps(_mm_cvtepi32_ps(RowDot4<T>(qs + 3 * rb, x0, x1)), _mm_shuffle_ps(ds, ds, 0xff), a[3]);
+  }
+  float Sum(int q) const { return Hsum4(a[q]); }
+};
+
+template <>
+struct Quad<false> {
+  __m256 a01 = _mm256_setzero_ps(), a23 = _mm256_setzero_ps();
+  template <DType T>
+  void Add(const uint8_t* qs, size_t rb, const BlockQ8X& xb, __m128 ds) {
+    const __m256i x0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)xb.qs));
+    const __m256i x1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(xb.qs + 16)));
+    a01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(RowPairDot4<T>(qs, qs + rb, x0, x1)), PairScales(ds, 0), a01);
+    a23 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(RowPairDot4<T>(qs + 2 * rb, qs + 3 * rb, x0, x1)), PairScales(ds, 2),
+                          a23);
+  }
+  float Sum(int q) const {
+    const __m256 v = q < 2 ? a01 : a23;
+    return Hsum4(q % 2 ? _mm256_extractf128_ps(v, 1) : _mm256_castps256_ps128(v));
+  }
+};
+
+template <DType T, int M, bool kSplit>
+void QuantRows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y,
+                int64_t ldy) {
   constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
   constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
   constexpr size_t kQsOff = kQ41 ? 4 : 2;
   for (int64_t r = 0; r + 4 <= n_rows; r += 4) {
     const uint8_t* row = w + r * rb;
-    __m256 acc[M][4];
+    Quad<kSplit> acc[M];
     __m128 corr[M];
-    for (int i = 0; i < M; ++i) {
-      acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm256_setzero_ps();
-      corr[i] = _mm_setzero_ps();
-    }
+    for (int i = 0; i < M; ++i) corr[i] = _mm_setzero_ps();
     // Interleaved access to four rows hides the stream from the hardware prefetcher (measured:
     // cold Q8_0 ran at half speed), so fetch the next four rows, linearly, one step ahead.
     const uint8_t* next = row + 4 * rb;
@@ -301,42 +305,23 @@ void GemvRows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, i
       const __m128 dw = _mm_cvtph_ps(Load4Halves(b0, rb));
       __m128 cw = dw;
       if constexpr (kQ41) cw = _mm_cvtph_ps(Load4Halves(b0 + 2, rb));
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int i = 0; i < M; ++i) {
         const BlockQ8X& xb = x[i * nb + j];
-        const __m128 ds = _mm_mul_ps(dw, _mm_set1_ps(xb.d));
-        const __m256 ds2 = _mm256_set_m128(ds, ds);
         if constexpr (!kQ8) corr[i] = _mm_fmadd_ps(cw, _mm_set1_ps(xb.s), corr[i]);
-        const __m256i xq = _mm256_loadu_si256((const __m256i*)xb.qs);
-        acc[i][0] =
-            _mm256_fmadd_ps(RowBlockDot<T>(b0 + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x00), acc[i][0]);
-        acc[i][1] = _mm256_fmadd_ps(RowBlockDot<T>(b0 + rb + kQsOff, xq), _mm256_shuffle_ps(ds2, ds2, 0x55),
-                                    acc[i][1]);
-        acc[i][2] = _mm256_fmadd_ps(RowBlockDot<T>(b0 + 2 * rb + kQsOff, xq),
-                                    _mm256_shuffle_ps(ds2, ds2, 0xaa), acc[i][2]);
-        acc[i][3] = _mm256_fmadd_ps(RowBlockDot<T>(b0 + 3 * rb + kQsOff, xq),
-                                    _mm256_shuffle_ps(ds2, ds2, 0xff), acc[i][3]);
+        acc[i].template Add<T>(b0 + kQsOff, rb, xb, _mm_mul_ps(dw, _mm_set1_ps(xb.d)));
       }
     }
+#pragma GCC unroll 4
     for (int i = 0; i < M; ++i) {
       alignas(16) float c[4];
       _mm_store_ps(c, _mm_mul_ps(corr[i], _mm_set1_ps(kQ41 ? 1.0f : -8.0f)));
-      for (int q = 0; q < 4; ++q) y[i * ldy + r + q] = HsumPs(acc[i][q]) + c[q];
+      for (int q = 0; q < 4; ++q) y[i * ldy + r + q] = acc[i].Sum(q) + c[q];
     }
   }
 }
 
-template <DType T, int M>
-void QuantRows4(const uint8_t* w, size_t rb, int64_t n4, const BlockQ8X* x, int64_t nb, float* y,
-                int64_t ldy) {
-  if constexpr (M == 1) {
-    Gemv1Rows4<T>(w, rb, n4, x, nb, y);
-  } else {
-    GemvRows4<T, M>(w, rb, n4, x, nb, y, ldy);
-  }
-}
-
-template <int M>
+template <int M, bool kSplit>
 void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t K, float* y,
            int64_t ldy) {
   const BlockQ8X* xq = (const BlockQ8X*)x;
@@ -346,19 +331,19 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, 
       const int64_t n4 = n_rows / 4 * 4;
       switch (t) {
         case DType::kQ8_0:
-          QuantRows4<DType::kQ8_0, M>(w, rb, n4, xq, K / 32, y, ldy);
+          QuantRows4<DType::kQ8_0, M, kSplit>(w, rb, n4, xq, K / 32, y, ldy);
           break;
         case DType::kQ4_0:
-          QuantRows4<DType::kQ4_0, M>(w, rb, n4, xq, K / 32, y, ldy);
+          QuantRows4<DType::kQ4_0, M, kSplit>(w, rb, n4, xq, K / 32, y, ldy);
           break;
         case DType::kQ4_1:
-          QuantRows4<DType::kQ4_1, M>(w, rb, n4, xq, K / 32, y, ldy);
+          QuantRows4<DType::kQ4_1, M, kSplit>(w, rb, n4, xq, K / 32, y, ldy);
           break;
         default:
           break;
       }
       if (n4 == n_rows) return;
-      return GemvM<M>(t, w + n4 * rb, rb, n_rows - n4, x, K, y + n4, ldy);
+      return GemvM<M, kSplit>(t, w + n4 * rb, rb, n_rows - n4, x, K, y + n4, ldy);
     }
   }
   switch (t) {
@@ -379,17 +364,18 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, 
   }
 }
 
+template <bool kSplit>
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
   switch (m) {
     case 1:
-      return GemvM<1>(t, w, rb, n_rows, x, K, y, ldy);
+      return GemvM<1, kSplit>(t, w, rb, n_rows, x, K, y, ldy);
     case 2:
-      return GemvM<2>(t, w, rb, n_rows, x, K, y, ldy);
+      return GemvM<2, kSplit>(t, w, rb, n_rows, x, K, y, ldy);
     case 3:
-      return GemvM<3>(t, w, rb, n_rows, x, K, y, ldy);
+      return GemvM<3, kSplit>(t, w, rb, n_rows, x, K, y, ldy);
     default:
-      return GemvM<4>(t, w, rb, n_rows, x, K, y, ldy);
+      return GemvM<4, kSplit>(t, w, rb, n_rows, x, K, y, ldy);
   }
 }
 
@@ -523,6 +509,11 @@ void Panel(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t 
 
 }  // namespace
 
-MatMulKernels GetMatMulKernels() { return {QuantizeX, Gemv, DequantRows, Panel, kNR, kMR, 4}; }
+MatMulKernels GetMatMulKernels(bool split) {
+  MatMulKernels k = {QuantizeX, split ? Gemv<true> : Gemv<false>, DequantRows, Panel, kNR, kMR, 4};
+  k.qgemm = split ? QGemm<true> : QGemm<false>;
+  k.tier = IsaTier::kAvx2;
+  return k;
+}
 
 }  // namespace lathe::kernels::cpu::avx2

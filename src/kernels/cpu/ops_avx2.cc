@@ -107,14 +107,19 @@ void Softmax(float* x, int64_t n) {
 
 }  // namespace
 
-const KernelTable& Table() {
-  static const KernelTable t = [] {
-    KernelTable k = {IsaTier::kAvx2, GetMatMulKernels(), RmsNorm, SiluMul, Dot, Axpy, Softmax};
-    k.mm.qgemm = QGemm;
+const KernelTable& Table(bool split) {
+  auto make = [](bool sp) {
+    KernelTable k = {IsaTier::kAvx2, GetMatMulKernels(sp), RmsNorm, SiluMul, Dot, Axpy, Softmax};
     k.group_attend = GroupAttend;
     k.group_attend_rows = GroupAttendRows;
     return k;
-  }();
+  };
+  static const KernelTable split_table = make(true), full_table = make(false);
+  return split ? split_table : full_table;
+}
+
+const KernelTable& Table() {
+  static const KernelTable& t = Table(Splits256BitOps());
   return t;
 }
 

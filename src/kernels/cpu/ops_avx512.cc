@@ -93,6 +93,7 @@ void Softmax(float* x, int64_t n) {
 const KernelTable& Table() {
   static const KernelTable t = [] {
     KernelTable k = {IsaTier::kAvx512, GetMatMulKernels(), RmsNorm, SiluMul, Dot, Axpy, Softmax};
+    k.mm.tier = IsaTier::kAvx512;
     // Grouped attention: the AVX2 kernels (head sizes 8..128); without them this tier took the
     // per-position Dot / Softmax / Axpy path, ~2.5x slower where measured (AVX2, Zen 1).
     k.group_attend = avx2::GroupAttend;

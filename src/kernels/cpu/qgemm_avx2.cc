@@ -14,16 +14,18 @@ namespace lathe::kernels::cpu::avx2 {
 
 namespace {
 
-// Tile: kMR x rows times kNR weight rows = 8 accumulators; the per-block scale products of a tile
-// fill one 8-lane vector (lane i * kNR + r).
+// Tile: kMR x rows times kNR weight rows; the per-block scale products of a tile fill one 8-lane
+// vector (lane i * kNR + r).
 constexpr int kMR = 4, kNR = 2, kLanes = kMR * kNR;
-static_assert(kLanes == 8 && kNR == 2);  // Tile broadcasts the kNR scales as one double
+static_assert(kLanes == 8 && kNR == 2);  // the full-width form holds the kNR rows in one vector
 
-// One weight row group (kNR rows) of the unpacked panel, per 32-block j: the unsigned operand of
-// maddubs (|q| for Q8_0, the nibbles in element order for Q4) and, for Q8_0, q itself (its signs).
+// One weight row group (kNR rows) of the unpacked panel, per 32-block j, in the full-width form's
+// layout: u[h] = [row 0's element half h | row 1's element half h] (half 0 = elements 0-15, 1 =
+// 16-31) as the unsigned operand of maddubs (|q| for Q8_0, the nibbles for Q4); for Q8_0, q itself
+// in the same layout (its signs).
 struct alignas(32) GroupBlock {
-  uint8_t u[kNR][32];
-  int8_t q[kNR][32];
+  uint8_t u[2][32];
+  int8_t q[2][32];
 };
 
 // Unpacks n_rows (multiple of kNR) weight rows: blocks[g * nb + j], and per (g, j) the kNR f16
@@ -34,6 +36,7 @@ void UnpackPanel(const uint8_t* w, size_t rb, int64_t n_rows, int64_t nb, GroupB
   constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
   constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
   constexpr size_t kQsOff = kQ41 ? 4 : 2;
+  const __m128i m = _mm_set1_epi8(0x0f);
   for (int64_t g = 0; g < n_rows / kNR; ++g) {
     for (int64_t j = 0; j < nb; ++j) {
       GroupBlock& gb = blocks[g * nb + j];
@@ -44,11 +47,15 @@ void UnpackPanel(const uint8_t* w, size_t rb, int64_t n_rows, int64_t nb, GroupB
         d[r] = _cvtsh_ss(h[0]);
         c[r] = kQ41 ? _cvtsh_ss(h[1]) : d[r];
         if constexpr (kQ8) {
-          const __m256i q = _mm256_loadu_si256((const __m256i*)(b + kQsOff));
-          _mm256_store_si256((__m256i*)gb.q[r], q);
-          _mm256_store_si256((__m256i*)gb.u[r], _mm256_sign_epi8(q, q));
+          for (int half = 0; half < 2; ++half) {
+            const __m128i q = _mm_loadu_si128((const __m128i*)(b + kQsOff + 16 * half));
+            _mm_store_si128((__m128i*)(gb.q[half] + 16 * r), q);
+            _mm_store_si128((__m128i*)(gb.u[half] + 16 * r), _mm_sign_epi8(q, q));
+          }
         } else {
-          _mm256_store_si256((__m256i*)gb.u[r], UnpackNibbles(b + kQsOff));
+          const __m128i q = _mm_loadu_si128((const __m128i*)(b + kQsOff));
+          _mm_store_si128((__m128i*)(gb.u[0] + 16 * r), _mm_and_si128(q, m));
+          _mm_store_si128((__m128i*)(gb.u[1] + 16 * r), _mm_and_si128(_mm_srli_epi16(q, 4), m));
         }
       }
       for (int r = 0; r < kNR; ++r) {
@@ -59,10 +66,11 @@ void UnpackPanel(const uint8_t* w, size_t rb, int64_t n_rows, int64_t nb, GroupB
   }
 }
 
-// acc[i][r] over all nb blocks for kMR (or fewer, MR) x rows and the kNR weight rows of one group,
-// then y = HsumPs(acc) + offset term: the ops and their order per (i, r) are those of
-// matmul_avx2.cc's Gemv1Rows4 (ds = dw * dx, acc = fma(dot, ds, acc), corr = fma(cw, s, corr)).
-template <DType T, int MR>
+// acc over all nb blocks for kMR (or fewer, MR) x rows and the kNR weight rows of one group, then
+// y = Hsum4(acc) + offset term: per (i, r) the ops and their order of matmul_avx2.cc's QuantRows4
+// (ds = dw * dx, acc = fma(float(Dot4), ds, acc), corr = fma(cw, s, corr)), in the split or the
+// full-width form.
+template <DType T, int MR, bool kSplit>
 void Tile(const GroupBlock* gb, const float* dw, const float* cw, const BlockQ8X* x, int64_t nb,
           const float* xd, const float* xs, float* ds, float* y, int64_t ldy) {
   constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
@@ -77,34 +85,71 @@ void Tile(const GroupBlock* gb, const float* dw, const float* cw, const BlockQ8X
       corr = _mm256_fmadd_ps(cwv, _mm256_load_ps(xs + j * kLanes), corr);
     }
   }
-  __m256 acc[MR][kNR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 2
-    for (int r = 0; r < kNR; ++r) acc[i][r] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t j = 0; j < nb; ++j) {
-    __m256i u[kNR];
-    for (int r = 0; r < kNR; ++r) u[r] = _mm256_load_si256((const __m256i*)gb[j].u[r]);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      const __m256i xq = _mm256_loadu_si256((const __m256i*)x[i * nb + j].qs);
-#pragma GCC unroll 2
-      for (int r = 0; r < kNR; ++r) {
-        __m256i s = xq;
-        if constexpr (kQ8) s = _mm256_sign_epi8(xq, _mm256_load_si256((const __m256i*)gb[j].q[r]));
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u[r], s), ones));
-        acc[i][r] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(ds + j * kLanes + i * kNR + r), acc[i][r]);
-      }
-    }
-  }
   alignas(32) float c[kLanes];
   _mm256_store_ps(c, _mm256_mul_ps(corr, _mm256_set1_ps(kQ41 ? 1.0f : -8.0f)));
-  // Fully unrolled, so acc stays in registers (a loop here kept a memory copy updated every block).
+  if constexpr (kSplit) {
+    __m128 acc[MR][kNR];
 #pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
+    for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
-    for (int r = 0; r < kNR; ++r) y[i * ldy + r] = HsumPs(acc[i][r]) + c[i * kNR + r];
+      for (int r = 0; r < kNR; ++r) acc[i][r] = _mm_setzero_ps();
+    for (int64_t j = 0; j < nb; ++j) {
+      __m128i u0[kNR], u1[kNR], q0[kNR], q1[kNR];
+#pragma GCC unroll 2
+      for (int r = 0; r < kNR; ++r) {
+        q0[r] = u0[r] = _mm_load_si128((const __m128i*)(gb[j].u[0] + 16 * r));
+        q1[r] = u1[r] = _mm_load_si128((const __m128i*)(gb[j].u[1] + 16 * r));
+        if constexpr (kQ8) {
+          q0[r] = _mm_load_si128((const __m128i*)(gb[j].q[0] + 16 * r));
+          q1[r] = _mm_load_si128((const __m128i*)(gb[j].q[1] + 16 * r));
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const int8_t* xq = x[i * nb + j].qs;
+        const __m128i x0 = _mm_loadu_si128((const __m128i*)xq), x1 = _mm_loadu_si128((const __m128i*)(xq + 16));
+#pragma GCC unroll 2
+        for (int r = 0; r < kNR; ++r) {
+          const __m128i dot = kQ8 ? Dot4Q8(u0[r], u1[r], _mm_sign_epi8(x0, q0[r]), _mm_sign_epi8(x1, q1[r]))
+                                  : Dot4Q4(u0[r], u1[r], x0, x1);
+          acc[i][r] = _mm_fmadd_ps(_mm_cvtepi32_ps(dot), _mm_broadcast_ss(ds + j * kLanes + i * kNR + r), acc[i][r]);
+        }
+      }
+    }
+    // Fully unrolled, so acc stays in registers (a loop here kept a memory copy updated every block).
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+      for (int r = 0; r < kNR; ++r) y[i * ldy + r] = Hsum4(acc[i][r]) + c[i * kNR + r];
+  } else {
+    __m256 acc[MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nb; ++j) {
+      const __m256i u0 = _mm256_load_si256((const __m256i*)gb[j].u[0]);
+      const __m256i u1 = _mm256_load_si256((const __m256i*)gb[j].u[1]);
+      __m256i q0 = u0, q1 = u1;
+      if constexpr (kQ8) {
+        q0 = _mm256_load_si256((const __m256i*)gb[j].q[0]);
+        q1 = _mm256_load_si256((const __m256i*)gb[j].q[1]);
+      }
+      const __m128 dsj0 = _mm_load_ps(ds + j * kLanes), dsj1 = _mm_load_ps(ds + j * kLanes + 4);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const int8_t* xq = x[i * nb + j].qs;
+        const __m256i x0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)xq));
+        const __m256i x1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(xq + 16)));
+        const __m256i dot =
+            kQ8 ? Dot4Q8(u0, u1, _mm256_sign_epi8(x0, q0), _mm256_sign_epi8(x1, q1)) : Dot4Q4(u0, u1, x0, x1);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), PairScales(i < 2 ? dsj0 : dsj1, (i % 2) * kNR), acc[i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      y[i * ldy] = Hsum4(_mm256_castps256_ps128(acc[i])) + c[i * kNR];
+      y[i * ldy + 1] = Hsum4(_mm256_extractf128_ps(acc[i], 1)) + c[i * kNR + 1];
+    }
+  }
 }
 
 // Group-major: each kNR-row weight group is unpacked right before every x tile runs over it (the x
@@ -113,7 +158,7 @@ void Tile(const GroupBlock* gb, const float* dw, const float* cw, const BlockQ8X
 // arithmetic per (x row, weight row) is unchanged, so rows stay bit-identical to the GEMV.
 constexpr int64_t kPrefetchGroups = 2;
 
-template <DType T>
+template <DType T, bool kSplit>
 void QGemmT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
             int64_t ldy) {
   const int64_t nb = K / 32, n_groups = n_rows / kNR, n_tiles = (m + kMR - 1) / kMR;
@@ -150,16 +195,16 @@ void QGemmT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
       const BlockQ8X* xt = x + i0 * nb;
       switch (mr) {
         case 4:
-          Tile<T, 4>(blocks, dw, cw, xt, nb, txd, txs, ds, yt, ldy);
+          Tile<T, 4, kSplit>(blocks, dw, cw, xt, nb, txd, txs, ds, yt, ldy);
           break;
         case 3:
-          Tile<T, 3>(blocks, dw, cw, xt, nb, txd, txs, ds, yt, ldy);
+          Tile<T, 3, kSplit>(blocks, dw, cw, xt, nb, txd, txs, ds, yt, ldy);
           break;
         case 2:
-          Tile<T, 2>(blocks, dw, cw, xt, nb, txd, txs, ds, yt, ldy);
+          Tile<T, 2, kSplit>(blocks, dw, cw, xt, nb, txd, txs, ds, yt, ldy);
           break;
         default:
-          Tile<T, 1>(blocks, dw, cw, xt, nb, txd, txs, ds, yt, ldy);
+          Tile<T, 1, kSplit>(blocks, dw, cw, xt, nb, txd, txs, ds, yt, ldy);
           break;
       }
     }
@@ -168,19 +213,24 @@ void QGemmT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
 
 }  // namespace
 
+template <bool kSplit>
 void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
            float* y, int64_t ldy) {
   LATHE_CHECK(n_rows % 4 == 0 && K % 32 == 0);
   switch (t) {
     case DType::kQ8_0:
-      return QGemmT<DType::kQ8_0>(w, rb, n_rows, x, m, K, y, ldy);
+      return QGemmT<DType::kQ8_0, kSplit>(w, rb, n_rows, x, m, K, y, ldy);
     case DType::kQ4_0:
-      return QGemmT<DType::kQ4_0>(w, rb, n_rows, x, m, K, y, ldy);
+      return QGemmT<DType::kQ4_0, kSplit>(w, rb, n_rows, x, m, K, y, ldy);
     case DType::kQ4_1:
-      return QGemmT<DType::kQ4_1>(w, rb, n_rows, x, m, K, y, ldy);
+      return QGemmT<DType::kQ4_1, kSplit>(w, rb, n_rows, x, m, K, y, ldy);
     default:
       LATHE_CHECK_MSG(false, "QGemm: unsupported weight dtype %s", DTypeName(t));
   }
 }
+
+template void QGemm<true>(DType, const uint8_t*, size_t, int64_t, const BlockQ8X*, int64_t, int64_t, float*, int64_t);
+template void QGemm<false>(DType, const uint8_t*, size_t, int64_t, const BlockQ8X*, int64_t, int64_t, float*,
+                           int64_t);
 
 }  // namespace lathe::kernels::cpu::avx2
