@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -23,6 +24,13 @@ namespace lathe::kernels {
 // Reuses per-thread scratch buffers: no heap allocation after the first call at a given size.
 void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
             bool exact_activations = false);
+
+// ys[i](M, N_i) = x(M, K) . ws[i](N_i, K)^T for weights that share x (q/k/v, gate/up): bit for bit
+// the results of one MatMul per weight. Where every one of those calls would take the M = 1 GEMV
+// path, they run as one pool job instead (x quantized once, the weights' rows split together), so
+// the small matrices do not each pay a dispatch and a short, half-parallel memory stream.
+void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const Tensor* const> ws,
+                  std::span<float* const> ys, bool exact_activations = false);
 
 // out(n_rows, K) = dequantize(w[row_begin : row_begin + n_rows]) for a 2-D w of any dtype.
 void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out);

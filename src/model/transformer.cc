@@ -291,9 +291,10 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
       ScopedOp op(prof, "rmsnorm", 4.0 * T * dim, norm_bytes);
       kernels::RmsNorm(x_.data(), L.attn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
     }
-    Linear("matmul_q", xb_.data(), T, L.wq, q_.data(), l, LoraModule::kQ);
-    Linear("matmul_k", xb_.data(), T, L.wk, k_.data(), l, LoraModule::kK);
-    Linear("matmul_v", xb_.data(), T, L.wv, v_.data(), l, LoraModule::kV);
+    LinearShared("matmul_qkv", xb_.data(), T, l,
+                 {{"matmul_q", &L.wq, q_.data(), LoraModule::kQ},
+                  {"matmul_k", &L.wk, k_.data(), LoraModule::kK},
+                  {"matmul_v", &L.wv, v_.data(), LoraModule::kV}});
     if (c.qkv_bias) {
       for (int64_t t = 0; t < T; ++t) {
         kernels::Axpy(&q_[t * q_dim], 1.0f, L.bq.as<float>(), q_dim);
@@ -330,8 +331,9 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
       kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
       kernels::RmsNorm(x_.data(), L.ffn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
     }
-    Linear("matmul_gate", xb_.data(), T, L.w_gate, hb_.data(), l, LoraModule::kGate);
-    Linear("matmul_up", xb_.data(), T, L.w_up, hb2_.data(), l, LoraModule::kUp);
+    LinearShared("matmul_gate_up", xb_.data(), T, l,
+                 {{"matmul_gate", &L.w_gate, hb_.data(), LoraModule::kGate},
+                  {"matmul_up", &L.w_up, hb2_.data(), LoraModule::kUp}});
     {
       ScopedOp op(prof, "silu_mul", 6.0 * T * ffn, 12.0 * T * ffn);
       kernels::SiluMul(hb_.data(), hb2_.data(), T * ffn);
@@ -390,7 +392,39 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
       LATHE_CHECK(r == M);
     }
   }
-  if (layer < 0) return;
+  if (layer >= 0) AddLora(x, y, layer, module);
+}
+
+void Transformer::LinearShared(const char* name, const float* x, int64_t M, int64_t layer,
+                               std::initializer_list<SharedPart> parts) {
+  // One kernels::MatMulShared for a decode step (one token row: one precision run), where it joins
+  // the weights on the GEMV path; otherwise one Linear (one profile op) per weight.
+  if (M != 1) {
+    for (const SharedPart& p : parts) Linear(p.name, x, M, *p.w, p.y, layer, p.module);
+    return;
+  }
+  const Tensor* ws[4];
+  float* ys[4];
+  size_t n = 0;
+  double flops = 0, bytes = 4.0 * M * (*parts.begin()).w->shape[1];
+  std::string shape;
+  for (const SharedPart& p : parts) {
+    LATHE_CHECK(n < 4);
+    ws[n] = p.w;
+    ys[n++] = p.y;
+    flops += 2.0 * M * p.w->numel();
+    bytes += (double)p.w->nbytes() + 4.0 * M * p.w->shape[0];
+    if (options_.profiler) shape += (shape.empty() ? "" : " + ") + OpShape(M, *p.w);
+  }
+  {
+    ScopedOp op(options_.profiler, name, flops, bytes, shape);
+    const bool exact = options_.exact_activations || (token_runs_.size() == 1 && token_runs_.front().exact);
+    kernels::MatMulShared(pool_, x, M, std::span<const Tensor* const>(ws, n), std::span<float* const>(ys, n), exact);
+  }
+  for (const SharedPart& p : parts) AddLora(x, p.y, layer, p.module);
+}
+
+void Transformer::AddLora(const float* x, float* y, int64_t layer, LoraModule module) {
   for (const LoraRun& run : lora_runs_) {
     const LoraPair& p = run.adapter->at(layer, module);
     if (!p.a.data) continue;

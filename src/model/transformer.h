@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -138,6 +140,17 @@ class Transformer {
   // y(M, out) = x(M, in) . W^T (+ the adapter's LoRA delta for (layer, module) when set).
   void Linear(const char* name, const float* x, int64_t M, const Tensor& w, float* y, int64_t layer = -1,
               LoraModule module = LoraModule::kCount);
+  // Linear for weights that share x (q/k/v, gate/up), the same results: for one token row through
+  // one kernels::MatMulShared (one op `name` in a profile), else one Linear per part.
+  struct SharedPart {
+    const char* name;
+    const Tensor* w;
+    float* y;
+    LoraModule module;
+  };
+  void LinearShared(const char* name, const float* x, int64_t M, int64_t layer, std::initializer_list<SharedPart> parts);
+  // y += the adapters' LoRA delta for (layer, module), per run of rows.
+  void AddLora(const float* x, float* y, int64_t layer, LoraModule module);
   static std::string OpShape(int64_t M, const Tensor& w);
 
   const ModelWeights& w_;

@@ -207,6 +207,65 @@ TEST_P(MatMulTier, BatchedRowsBitIdenticalToSingleRow) {
   }
 }
 
+// MatMulShared (q/k/v, gate/up) gives each weight bit for bit its own MatMul's result, on every tier
+// and thread count: on the joined M = 1 GEMV path (mixed dtypes, N not a multiple of 4, a weight
+// of fewer rows than a chunk) and where it falls back to one MatMul each (M > 1, exact activations,
+// different K).
+TEST_P(MatMulTier, SharedEqualsOneMatMulPerWeight) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  struct Case {
+    std::vector<DType> dts;
+    std::vector<int64_t> ns;
+    int64_t K;
+  };
+  const Case cases[] = {
+      {{DType::kQ8_0, DType::kQ8_0, DType::kQ8_0}, {576, 192, 192}, 576},
+      {{DType::kQ4_1, DType::kQ4_0, DType::kQ8_0}, {67, 5, 130}, 96},
+      {{DType::kBF16, DType::kF32}, {1536, 1536}, 64},
+      {{DType::kF16, DType::kQ4_1, DType::kF32, DType::kQ8_0}, {3, 36, 2051, 4}, 32},
+  };
+  uint32_t seed = 1700;
+  for (const Case& c : cases) {
+    std::vector<testing::TestWeight> ws;
+    std::vector<const Tensor*> wp;
+    for (size_t i = 0; i < c.dts.size(); ++i) ws.push_back(MakeWeight(c.dts[i], c.ns[i], c.K, seed++));
+    for (const auto& w : ws) wp.push_back(&w.t);
+    for (int64_t M : {1, 2, 17}) {
+      const std::vector<float> x = RandomVec(M * c.K, seed++);
+      for (bool exact : {false, true}) {
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          std::vector<std::vector<float>> ys, ref;
+          std::vector<float*> yp;
+          for (size_t i = 0; i < ws.size(); ++i) {
+            ys.emplace_back(M * c.ns[i], -1.0f);
+            ref.emplace_back(M * c.ns[i], -2.0f);
+            cpu::MatMulWith(kt.mm, pool, x.data(), M, ws[i].t, ref.back().data(), exact);
+          }
+          for (auto& y : ys) yp.push_back(y.data());
+          cpu::MatMulSharedWith(kt.mm, pool, x.data(), M, wp, yp, exact);
+          for (size_t i = 0; i < ws.size(); ++i)
+            ASSERT_EQ(ys[i], ref[i]) << IsaTierName(GetParam()) << " weight " << i << " " << DTypeName(c.dts[i])
+                                     << " M=" << M << " exact=" << exact << " threads=" << threads;
+        }
+      }
+    }
+  }
+  // Weights with different K: one MatMul each.
+  testing::TestWeight a = MakeWeight(DType::kQ8_0, 40, 64, 1), b = MakeWeight(DType::kQ8_0, 40, 96, 2);
+  const std::vector<float> x = RandomVec(96, 3);
+  std::vector<float> ya(40), yb(40), ra(40), rb(40);
+  ThreadPool pool(2);
+  const Tensor* wp[] = {&a.t, &b.t};
+  float* yp[] = {ya.data(), yb.data()};
+  cpu::MatMulSharedWith(kt.mm, pool, x.data(), 1, wp, yp);
+  cpu::MatMulWith(kt.mm, pool, x.data(), 1, a.t, ra.data());
+  cpu::MatMulWith(kt.mm, pool, x.data(), 1, b.t, rb.data());
+  EXPECT_EQ(ya, ra);
+  EXPECT_EQ(yb, rb);
+}
+
 // The AVX2 tier's int8 kernels come in two forms of one arithmetic (avx2_util.h, Dot4Q4): 128-bit
 // (CPUs that split 256-bit operations, Zen 1) and full width (two weight rows per vector). Both run
 // on any AVX2 CPU and must give bit-identical results on the GEMV (M <= 16) and int8 GEMM (M > 16)

@@ -32,6 +32,11 @@ void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float*
   cpu::MatMulWith(cpu::Best().mm, pool, x, M, w, y, exact_activations);
 }
 
+void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const Tensor* const> ws,
+                  std::span<float* const> ys, bool exact_activations) {
+  cpu::MatMulSharedWith(cpu::Best().mm, pool, x, M, ws, ys, exact_activations);
+}
+
 void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out) {
   const int64_t K = w.shape.back();
   if (IsPackedQuant(w.dtype)) {

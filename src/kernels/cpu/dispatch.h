@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/cpu.h"
 #include "core/tensor.h"
@@ -83,6 +84,9 @@ const KernelTable& Best();
 void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
                 float* y, bool exact_activations = false);
 constexpr int64_t kGemvMaxM = 4;
+// kernels::MatMulShared with one tier's kernels.
+void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
+                      std::span<const Tensor* const> ws, std::span<float* const> ys, bool exact_activations = false);
 // Block-quantized weights (q8_0, q4_0, q4_1) use the int8 GEMV up to this M (batched decode):
 // weight blocks stay hot in L2 while all x rows run over them with the per-row arithmetic of M = 1
 // (MatMulKernels::gemv_exact_m rows per call), so a row's result does not depend on M. Measured (bench batch/q8_0, 1536x576, 1 thread, AVX2, Zen 3 loaded): vs the

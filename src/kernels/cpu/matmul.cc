@@ -1,6 +1,7 @@
 // MatMul driver shared by all ISA tiers: picks GEMV (decode) or panel (prefill), blocks for the
 // caches and splits the work over the pool. The tier supplies the inner kernels (dispatch.h).
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "core/check.h"
@@ -171,6 +172,64 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   } else {
     Prefill(k, pool, x, M, w, y);
   }
+}
+
+void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
+                      std::span<const Tensor* const> ws, std::span<float* const> ys, bool exact_activations) {
+  LATHE_CHECK(ws.size() == ys.size());
+  // One job only where each weight would take the GEMV path at M = 1 (Gemv above), with one K.
+  bool one_job = M == 1 && !ws.empty();
+  bool any_quant = false;
+  int64_t total = 0;
+  for (const Tensor* w : ws) {
+    LATHE_CHECK(w->ndim() == 2);
+    const bool quant = IsQuantized(w->dtype);
+    one_job = one_job && !IsPackedQuant(w->dtype) && !(quant && exact_activations) &&
+              w->shape[1] == ws[0]->shape[1] && w->shape[0] > 0;
+    any_quant = any_quant || quant;
+    total += w->shape[0];
+  }
+  if (!one_job) {
+    for (size_t i = 0; i < ws.size(); ++i) MatMulWith(k, pool, x, M, *ws[i], ys[i], exact_activations);
+    return;
+  }
+  const int64_t K = ws[0]->shape[1];
+  const BlockQ8X* xq = nullptr;
+  if (any_quant) {
+    LATHE_CHECK(K % 32 == 0);
+    static thread_local std::vector<BlockQ8X> xq_buf;
+    BlockQ8X* buf = Scratch(xq_buf, (size_t)(K / 32));
+    k.quantize_x(x, K, buf);
+    xq = buf;
+  }
+  // Chunks sized as Gemv sizes them for the rows of all the weights together; each starts at a
+  // multiple of 4 rows of its weight, so every row of y is what MatMul gives it.
+  struct Task {
+    int w;
+    int64_t r0, r1;
+  };
+  static thread_local std::vector<Task> task_buf;  // the caller's; workers read it through `tasks`
+  std::vector<Task>& tasks = task_buf;
+  tasks.clear();
+  // (One task per weight where the job stays on the caller: fewer, longer kernel calls.)
+  const int64_t threads = pool.size();
+  const double work = 2.0 * total * K;
+  int64_t grain = threads == 1 || work < ThreadPool::kMinParallelWork ? total : (total + threads * 4 - 1) / (threads * 4);
+  grain = std::max<int64_t>(grain, 16);
+  grain = (grain + 3) / 4 * 4;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    for (int64_t r = 0; r < ws[i]->shape[0]; r += grain) tasks.push_back({(int)i, r, std::min(ws[i]->shape[0], r + grain)});
+  }
+  pool.ParallelFor((int64_t)tasks.size(), 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      const Task& task = tasks[t];
+      const Tensor& w = *ws[task.w];
+      const size_t rb = w.row_bytes();
+      const void* xp = IsQuantized(w.dtype) ? (const void*)xq : (const void*)x;
+      k.gemv(w.dtype, (const uint8_t*)w.data + task.r0 * rb, rb, task.r1 - task.r0, xp, 1, K, ys[task.w] + task.r0,
+             w.shape[0]);
+    }
+  }, work);
 }
 
 }  // namespace lathe::kernels::cpu
