@@ -94,7 +94,8 @@ TEST_P(AttentionTier, GroupAttentionPagedMatchesDefinition) {
   const PCase cases[] = {{1, 16, 3, 3, 64},   {15, 16, 3, 3, 64}, {16, 16, 1, 2, 64}, {17, 16, 3, 3, 64},
                          {161, 16, 3, 3, 64}, {70, 8, 4, 2, 32},  {33, 4, 2, 1, 128}, {9, 16, 2, 2, 8},
                          {40, 16, 1, 3, 20},  {600, 16, 3, 3, 64}, {23, 16, 2, 1, 24}, {70, 16, 3, 2, 48},
-                         {37, 16, 2, 2, 16},  {19, 8, 1, 1, 80},   {45, 16, 2, 1, 96}};
+                         {37, 16, 2, 2, 16},  {19, 8, 1, 1, 80},   {45, 16, 2, 1, 96}, {150, 16, 2, 4, 8},
+                         {131, 8, 2, 1, 16},  {67, 16, 1, 2, 8}};
   for (const PCase& pc : cases) {
     const int64_t n_blocks_used = (pc.n_pos + pc.block_size - 1) / pc.block_size;
     const int64_t pool_blocks = n_blocks_used * 2 + 3, kv_dim = pc.n_kv_head * pc.head_dim;
@@ -145,7 +146,7 @@ TEST_P(AttentionTier, GroupAttentionRowsMatchesPerToken) {
   };
   const RCase cases[] = {{0, 1, 3, 64},   {0, 16, 3, 64},  {5, 16, 3, 64}, {63, 2, 3, 64}, {100, 70, 1, 64},
                          {0, 130, 2, 32}, {61, 9, 4, 128}, {0, 12, 2, 8},  {7, 5, 3, 20}, {60, 9, 3, 24},
-                         {0, 70, 2, 48},  {66, 3, 1, 8}};
+                         {0, 70, 2, 48},  {66, 3, 1, 8},  {0, 141, 2, 8}, {60, 70, 2, 16}, {127, 6, 2, 8}};
   const int64_t block_size = 16, n_kv_head = 2;
   for (const RCase& rc : cases) {
     const int64_t n_pos = rc.n_pos0 + rc.n_tok, kv_dim = n_kv_head * rc.head_dim;

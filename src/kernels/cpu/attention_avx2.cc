@@ -72,22 +72,64 @@ void Scores(const float* q, const float* k, const int64_t* off, int64_t n, float
   }
 }
 
-// out = sum_p sc[p] * v[off[p]] (head_dim = 8 * C), accumulators in registers. With kAccumulate the
-// sum continues from out (a later position block): the same FMA sequence as one call over all
-// positions, so the result is bit-identical.
+// Positions per block of GroupAttendRowsC: 64 K (or V) rows of a 64-float head = 16 KiB, which stay
+// in L1 while every query of the run passes over them. A multiple of 4, so Scores groups the
+// positions exactly as one call over all of them (bit-identical scores).
+constexpr int64_t kPosBlock = 64;
+
+// out = sum_p sc[p] * v[off[p]] over n <= kPosBlock positions (head_dim = 8 * C), accumulators in
+// registers; with kAccumulate the sum continues from out (a later position block). Small heads
+// would wait on one FMA chain per 8 floats (5 cycles a position on Zen 1 for head_dim 8), so
+// positions go round-robin to U = 4 / C accumulator sets, summed ((a0 + a1) + (a2 + a3)) onto the
+// first (which starts from out) at the block's end. From head_dim 32 on, U = 1: one chain per 8
+// floats continuing from out, as one pass over all positions.
 template <int C, bool kAccumulate = false>
-void Mix(const float* v, const int64_t* off, int64_t n, const float* sc, float* out) {
-  __m256 acc[C];
+void MixBlock(const float* v, const int64_t* off, int64_t n, const float* sc, float* out) {
+  constexpr int U = C >= 4 ? 1 : 4 / C;
+  __m256 acc[U][C];
 #pragma GCC unroll 16
-  for (int c = 0; c < C; ++c) acc[c] = kAccumulate ? _mm256_loadu_ps(out + 8 * c) : _mm256_setzero_ps();
-  for (int64_t p = 0; p < n; ++p) {
+  for (int c = 0; c < C; ++c) {
+    acc[0][c] = kAccumulate ? _mm256_loadu_ps(out + 8 * c) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int u = 1; u < U; ++u) acc[u][c] = _mm256_setzero_ps();
+  }
+  int64_t p = 0;
+  for (; p + U <= n; p += U) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      const float* vr = v + off[p + u];
+      const __m256 w = _mm256_broadcast_ss(sc + p + u);
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) acc[u][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[u][c]);
+    }
+  }
+  for (int u = 0; p < n; ++p, ++u) {  // the last n % U positions, to sets 0, 1, ...
     const float* vr = v + off[p];
     const __m256 w = _mm256_broadcast_ss(sc + p);
 #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+    for (int c = 0; c < C; ++c) acc[u][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[u][c]);
   }
 #pragma GCC unroll 16
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
+  for (int c = 0; c < C; ++c) {
+    __m256 r = acc[0][c];
+    if constexpr (U == 2) r = _mm256_add_ps(acc[0][c], acc[1][c]);
+    if constexpr (U == 4)
+      r = _mm256_add_ps(_mm256_add_ps(acc[0][c], acc[1][c]), _mm256_add_ps(acc[2][c], acc[3][c]));
+    _mm256_storeu_ps(out + 8 * c, r);
+  }
+}
+
+// MixBlock over any n: block by block, as GroupAttendRowsC walks the positions (same results).
+template <int C>
+void Mix(const float* v, const int64_t* off, int64_t n, const float* sc, float* out) {
+  for (int64_t p0 = 0; p0 < n; p0 += kPosBlock) {
+    const int64_t len = std::min(kPosBlock, n - p0);
+    if (p0 == 0) {
+      MixBlock<C>(v, off, len, sc, out);
+    } else {
+      MixBlock<C, true>(v, off + p0, len, sc + p0, out);
+    }
+  }
 }
 
 template <int C>
@@ -99,11 +141,6 @@ void GroupAttendC(const float* q, int group, const float* k, const float* v, con
     Mix<C>(v, off, n, sc, out + h * 8 * C);
   }
 }
-
-// Positions per block of GroupAttendRowsC: 64 K (or V) rows of a 64-float head = 16 KiB, which stay
-// in L1 while every query of the run passes over them. A multiple of 4, so Scores groups the
-// positions exactly as one call over all of them (bit-identical scores).
-constexpr int64_t kPosBlock = 64;
 
 // n_tok consecutive tokens (token t sees positions [0, n_pos0 + t]), `group` heads each. Pass 1
 // writes every query's scores block by block, then each row gets its softmax, then pass 2 mixes V
@@ -129,9 +166,9 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
         const float* s = sc + (t * group + h) * n_max + p0;
         float* o = out + t * out_stride + h * hd;
         if (p0 == 0) {
-          Mix<C>(v, off, len, s, o);
+          MixBlock<C>(v, off, len, s, o);
         } else {
-          Mix<C, true>(v, off + p0, len, s, o);
+          MixBlock<C, true>(v, off + p0, len, s, o);
         }
       }
     }
