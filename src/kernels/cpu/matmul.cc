@@ -16,6 +16,26 @@ namespace {
 // Weight bytes per task of the batched GEMV (M > 1, block types): fits L2 with the x rows.
 constexpr int64_t kGemvBlockBytes = 64 * 1024;
 
+// x(M, K) quantized for the int8 GEMV into the caller's per-thread scratch (K % 32 == 0).
+const BlockQ8X* QuantizeX(const MatMulKernels& k, const float* x, int64_t M, int64_t K) {
+  LATHE_CHECK(K % 32 == 0);
+  static thread_local std::vector<BlockQ8X> xq_buf;
+  const int64_t nb = K / 32;
+  BlockQ8X* xq = Scratch(xq_buf, (size_t)(M * nb));
+  for (int64_t m = 0; m < M; ++m) k.quantize_x(x + m * K, K, xq + m * nb);
+  return xq;
+}
+
+// Rows per GEMV chunk: a few chunks per thread so 2-3 threads balance even when one is slowed by
+// another process; a multiple of 4 rows (when there is more than one chunk), so the 4-row kernels
+// see the same row groups whatever the thread count.
+int64_t GemvGrain(int64_t threads, int64_t n_rows) {
+  int64_t grain = threads == 1 ? n_rows : (n_rows + threads * 4 - 1) / (threads * 4);
+  grain = std::max<int64_t>(grain, 16);
+  if (grain < n_rows) grain = (grain + 3) / 4 * 4;
+  return grain;
+}
+
 void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
   const int64_t N = w.shape[0], K = w.shape[1];
   const size_t rb = w.row_bytes();
@@ -23,13 +43,8 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
   const void* xa = x;
   size_t x_row_elems = (size_t)K;  // in units of the x element type below
   if (IsQuantized(w.dtype)) {
-    LATHE_CHECK(K % 32 == 0);
-    static thread_local std::vector<BlockQ8X> xq_buf;
-    const int64_t nb = K / 32;
-    BlockQ8X* xq = Scratch(xq_buf, (size_t)(M * nb));
-    for (int64_t m = 0; m < M; ++m) k.quantize_x(x + m * K, K, xq + m * nb);
-    xa = xq;
-    x_row_elems = (size_t)nb;
+    xa = QuantizeX(k, x, M, K);
+    x_row_elems = (size_t)(K / 32);
   }
   const bool quant = IsQuantized(w.dtype);
   if (quant && M > 1) {
@@ -55,13 +70,7 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
         2.0 * M * N * K);
     return;
   }
-  // Chunks of a few rows each so 2-3 threads balance even when one is slowed by another process.
-  // A multiple of 4 rows, so the 4-row kernels see the same row groups whatever the thread count.
-  const int64_t threads = pool.size();
-  int64_t grain = threads == 1 ? N : (N + threads * 4 - 1) / (threads * 4);
-  grain = std::max<int64_t>(grain, 16);
-  if (grain < N) grain = (grain + 3) / 4 * 4;
-  pool.ParallelFor(N, grain, [&](int64_t b, int64_t e, int) {
+  pool.ParallelFor(N, GemvGrain(pool.size(), N), [&](int64_t b, int64_t e, int) {
     for (int64_t m0 = 0; m0 < M; m0 += 4) {
       const int64_t mm = std::min<int64_t>(4, M - m0);
       const void* xp = quant ? (const void*)((const BlockQ8X*)xa + m0 * x_row_elems)
@@ -194,16 +203,10 @@ void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, 
     return;
   }
   const int64_t K = ws[0]->shape[1];
-  const BlockQ8X* xq = nullptr;
-  if (any_quant) {
-    LATHE_CHECK(K % 32 == 0);
-    static thread_local std::vector<BlockQ8X> xq_buf;
-    BlockQ8X* buf = Scratch(xq_buf, (size_t)(K / 32));
-    k.quantize_x(x, K, buf);
-    xq = buf;
-  }
-  // Chunks sized as Gemv sizes them for the rows of all the weights together; each starts at a
-  // multiple of 4 rows of its weight, so every row of y is what MatMul gives it.
+  const BlockQ8X* xq = any_quant ? QuantizeX(k, x, 1, K) : nullptr;
+  // Chunks sized as Gemv sizes them, for the rows of all the weights together (one task per weight
+  // where the job stays on the caller: fewer, longer kernel calls); each starts at a multiple of 4
+  // rows of its weight, so every row of y is what MatMul gives it.
   struct Task {
     int w;
     int64_t r0, r1;
@@ -211,12 +214,8 @@ void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, 
   static thread_local std::vector<Task> task_buf;  // the caller's; workers read it through `tasks`
   std::vector<Task>& tasks = task_buf;
   tasks.clear();
-  // (One task per weight where the job stays on the caller: fewer, longer kernel calls.)
-  const int64_t threads = pool.size();
   const double work = 2.0 * total * K;
-  int64_t grain = threads == 1 || work < ThreadPool::kMinParallelWork ? total : (total + threads * 4 - 1) / (threads * 4);
-  grain = std::max<int64_t>(grain, 16);
-  grain = (grain + 3) / 4 * 4;
+  const int64_t grain = work < ThreadPool::kMinParallelWork ? total : GemvGrain(pool.size(), total);
   for (size_t i = 0; i < ws.size(); ++i) {
     for (int64_t r = 0; r < ws[i]->shape[0]; r += grain) tasks.push_back({(int)i, r, std::min(ws[i]->shape[0], r + grain)});
   }
