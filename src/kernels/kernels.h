@@ -71,12 +71,13 @@ void GroupAttention(const float* q, int group, const float* k, const float* v, c
                     int64_t n_pos, int head_dim, float scale, float* out, float* scores);
 
 // GroupAttention for n_tok consecutive tokens of one sequence: token t (query heads at
-// q + t * q_stride, output at out + t * out_stride) attends to positions [0, n_pos0 + t]. Each
-// token's result is bit-identical to GroupAttention with n_pos = n_pos0 + t + 1; the K/V rows are
-// walked in position blocks shared by all the tokens (prefill). scores: n_tok * group *
-// (n_pos0 + n_tok) floats of scratch.
+// q + t * q_stride, output at out + t * out_stride) attends to positions [lo, n_pos0 + t], lo = 0,
+// or with a sliding window (window > 0) lo = max(0, n_pos0 + t + 1 - window). Each token's result
+// is bit-identical to GroupAttention over off + lo with n_pos = n_pos0 + t + 1 - lo; while lo = 0
+// the K/V rows are walked in position blocks shared by all the tokens (prefill). scores: n_tok *
+// group * (n_pos0 + n_tok) floats of scratch.
 void GroupAttentionRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
                         const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
-                        int64_t out_stride, float* scores);
+                        int64_t out_stride, float* scores, int64_t window = 0);
 
 }  // namespace lathe::kernels

@@ -146,7 +146,8 @@ float CrossEntropyBackward(ThreadPool& pool,
 
 // ---- Causal grouped-query attention for training (flash style) ----
 // out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g] over s <= t with
-// segment_ids[s] == segment_ids[t] (all s <= t when segment_ids is null), g = h / (n_head / n_kv_head).
+// segment_ids[s] == segment_ids[t] (all s <= t when segment_ids is null) and, with a sliding
+// window (window > 0), s > t - window; g = h / (n_head / n_kv_head).
 // Tiled online softmax: no T x T matrix is ever stored; the forward saves only out and the
 // per-row logsumexp, and the backward recomputes scores tile by tile in one pass (tasks of a query
 // head and a run of key tiles fixed by T; per-task gradient parts summed in a fixed order, so the
@@ -159,7 +160,7 @@ void FlashAttentionForward(ThreadPool& pool,
                            const float* k,              // (T, n_kv_head, head_dim)
                            const float* v,              // (T, n_kv_head, head_dim)
                            const int32_t* segment_ids,  // (T) or nullptr
-                           int64_t T, int n_head, int n_kv_head, int head_dim, float scale);
+                           int64_t T, int n_head, int n_kv_head, int head_dim, float scale, int64_t window = 0);
 // dq, dk, dv are overwritten.
 void FlashAttentionBackward(ThreadPool& pool,
                             float* dq,                   // (T, n_head, head_dim)
@@ -172,6 +173,6 @@ void FlashAttentionBackward(ThreadPool& pool,
                             const float* out,            // (T, n_head, head_dim) from the forward
                             const float* lse,            // (T, n_head) from the forward
                             const int32_t* segment_ids,  // (T) or nullptr
-                            int64_t T, int n_head, int n_kv_head, int head_dim, float scale);
+                            int64_t T, int n_head, int n_kv_head, int head_dim, float scale, int64_t window = 0);
 
 }  // namespace lathe::kernels

@@ -17,15 +17,22 @@ int64_t ModelConfig::ParamCount() const {
 }
 
 std::string ModelConfig::Summary() const {
+  std::string window;
+  if (sliding_window > 0) {
+    int64_t n = 0;
+    for (int64_t l = 0; l < n_layers; ++l) n += WindowOf(l) > 0;
+    window = StrFormat(", sliding window %lld (%lld of %lld layers)", (long long)sliding_window, (long long)n,
+                       (long long)n_layers);
+  }
   return StrFormat("%s: %lld layers, dim %lld, heads %lld/%lld (head_dim %lld), ffn %lld, vocab %lld, "
-                   "rope theta %g %s%s, %s head%s",
+                   "rope theta %g %s%s, %s head%s%s",
                    arch.c_str(), (long long)n_layers, (long long)dim, (long long)n_heads, (long long)n_kv_heads,
                    (long long)head_dim, (long long)ffn_dim, (long long)vocab_size, rope_theta,
                    rope_style == RopeStyle::kInterleaved ? "interleaved" : "half-split",
                    rope_scaling.type == RopeScaling::Type::kLlama3   ? " (llama3 scaling)"
                    : rope_scaling.type == RopeScaling::Type::kLinear ? " (linear scaling)"
                                                                      : "",
-                   tied_embeddings ? "tied" : "untied", qkv_bias ? ", qkv bias" : "");
+                   tied_embeddings ? "tied" : "untied", qkv_bias ? ", qkv bias" : "", window.c_str());
 }
 
 }  // namespace lathe::model

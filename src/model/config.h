@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace lathe::model {
 
@@ -36,7 +37,17 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tied_embeddings = false;
   bool qkv_bias = false;       // qwen2
-  int64_t sliding_window = 0;  // mistral; 0 = none (not applied at lengths we support yet)
+  // Sliding-window attention (mistral, qwen2 with use_sliding_window): in the layers that use it a
+  // query at position t sees keys (t - sliding_window, t] only, as transformers masks it. 0 = none.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;  // which layers use sliding_window; empty = every layer
+
+  // Keys a query of `layer` may see back from itself (itself included); 0 = all earlier positions.
+  int64_t WindowOf(int64_t layer) const {
+    if (sliding_window <= 0) return 0;
+    if (sliding_layers.empty()) return sliding_window;
+    return layer >= 0 && layer < (int64_t)sliding_layers.size() && sliding_layers[(size_t)layer] ? sliding_window : 0;
+  }
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }

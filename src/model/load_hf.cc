@@ -52,6 +52,12 @@ class Obj {
     return it == j_.end() || it->is_null() ? nullptr : &*it;
   }
   bool Has(const std::string& key) const { return Find(key) != nullptr; }
+  // Whether the key is written with a null value (for keys where null and absent differ).
+  bool IsNull(const std::string& key) const {
+    if (!j_.is_object()) return false;
+    auto it = j_.find(key);
+    return it != j_.end() && it->is_null();
+  }
   Status Err(const std::string& key, const std::string& what) const {
     return Status::Error(StrFormat("%s: key '%s%s' %s", source_.c_str(), prefix_.c_str(), key.c_str(), what.c_str()));
   }
@@ -95,6 +101,35 @@ class Obj {
   const json& j_;
   std::string source_, prefix_;
 };
+
+// Qwen2's sliding window as transformers' Qwen2Config resolves it: only with use_sliding_window
+// (sliding_window absent = 4096), in the layers `layer_types` marks "sliding_attention", or without
+// layer_types in layers >= max_window_layers (absent = 28).
+Status ParseQwen2SlidingWindow(const Obj& cfg, ModelConfig* c) {
+  LATHE_ASSIGN_OR_RETURN(bool use_sw, cfg.Bool("use_sliding_window", false));
+  if (!use_sw || cfg.IsNull("sliding_window")) return Status::Ok();
+  LATHE_ASSIGN_OR_RETURN(c->sliding_window, cfg.Int("sliding_window", 4096));
+  if (c->sliding_window == 0) return cfg.Err("sliding_window", "must be positive with use_sliding_window");
+  c->sliding_layers.assign((size_t)c->n_layers, false);
+  if (const json* types = cfg.Find("layer_types")) {
+    if (!types->is_array() || (int64_t)types->size() != c->n_layers) {
+      return cfg.Err("layer_types", StrFormat("must be a list of %lld layer types", (long long)c->n_layers));
+    }
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      if (t == "sliding_attention") {
+        c->sliding_layers[i] = true;
+      } else if (t != "full_attention") {
+        return cfg.Err(StrFormat("layer_types[%zu]", i),
+                       "must be \"full_attention\" or \"sliding_attention\", got " + Show(t));
+      }
+    }
+    return Status::Ok();
+  }
+  LATHE_ASSIGN_OR_RETURN(int64_t first, cfg.Int("max_window_layers", 28));
+  for (int64_t l = first; l < c->n_layers; ++l) c->sliding_layers[(size_t)l] = true;
+  return Status::Ok();
+}
 
 Status ParseRopeScaling(const Obj& cfg, const json* scaling, const std::string& key, const std::string& source,
                         ModelConfig* c) {
@@ -187,14 +222,14 @@ Result<ModelConfig> ParseHfConfig(const std::string& json_text, const std::strin
   LATHE_ASSIGN_OR_RETURN(c.tied_embeddings, cfg.Bool("tie_word_embeddings", false));
   if (c.arch == "qwen2") {
     c.qkv_bias = true;  // Qwen2 always has q/k/v biases; its config has no switch for it
-    LATHE_ASSIGN_OR_RETURN(bool use_sw, cfg.Bool("use_sliding_window", false));
-    if (use_sw) {
-      LATHE_ASSIGN_OR_RETURN(c.sliding_window, cfg.Int("sliding_window", 0));
-    }
+    LATHE_RETURN_IF_ERROR(ParseQwen2SlidingWindow(cfg, &c));
   } else {
     LATHE_ASSIGN_OR_RETURN(c.qkv_bias, cfg.Bool("attention_bias", false));
     if (c.arch == "mistral") {
-      LATHE_ASSIGN_OR_RETURN(c.sliding_window, cfg.Int("sliding_window", 0));
+      // transformers' MistralConfig: absent = 4096, null = no window (Mistral 7B v0.2 on).
+      if (!cfg.IsNull("sliding_window")) {
+        LATHE_ASSIGN_OR_RETURN(c.sliding_window, cfg.Int("sliding_window", 4096));
+      }
     }
   }
   // transformers 5 moved rope_theta and the scaling dict into "rope_parameters".

@@ -615,7 +615,8 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
     ScopedOp att_op(opt_.profiler, "attention_fwd", 2.0 * B_ * T * T * H * hd, 4.0 * N * (qd + 2 * kvd));
     for (int64_t r = 0; r < B_; ++r) {
       kernels::FlashAttentionForward(*pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd],
-                                     &a.v[r * T * kvd], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale);
+                                     &a.v[r * T * kvd], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale,
+                                     c.WindowOf(l));
     }
   }
   scratch_out_.resize(N * dim);
@@ -714,7 +715,7 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
       kernels::FlashAttentionBackward(*pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd],
                                       &d_att_[r * T * qd], &a.q[r * T * qd], &a.k[r * T * kvd], &a.v[r * T * kvd],
                                       &a.att[r * T * qd], &a.lse[r * T * H], seg_ ? seg_ + r * T : nullptr, T, H, KV,
-                                      hd, scale);
+                                      hd, scale, c.WindowOf(l));
     }
   }
   float *dq = dq_.data(), *dk = dk_.data();

@@ -163,9 +163,18 @@ Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
     j["rope_scaling"] = nullptr;
   }
   if (qwen) {
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = nullptr;
-    j["max_window_layers"] = c.n_layers;
+    // transformers 5 reads layer_types; 4.x slides in the layers from max_window_layers on.
+    j["use_sliding_window"] = c.sliding_window > 0;
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+    int64_t first = c.n_layers;
+    while (first > 0 && c.WindowOf(first - 1) > 0) --first;
+    j["max_window_layers"] = first;
+    if (c.sliding_window > 0) {
+      nlohmann::json types = nlohmann::json::array();
+      for (int64_t l = 0; l < c.n_layers; ++l)
+        types.push_back(c.WindowOf(l) > 0 ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+    }
   }
   if (mistral) j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
   j["tie_word_embeddings"] = c.tied_embeddings;

@@ -127,6 +127,7 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
   const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
   const int64_t q_dim = c.q_dim(), bs = store.block_size(), kv_dim = store.kv_dim();
   const float scale = 1.0f / std::sqrt((float)hd);
+  const int64_t window = c.WindowOf(layer);
   // Work items: (sequence, KV head, chunk of that sequence's new tokens); the `group` query heads of
   // a KV head share each K/V row read (kernels::GroupAttention).
   struct Item {
@@ -146,7 +147,10 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
     for (int64_t g = 0; g < c.n_kv_heads; ++g)
       for (int64_t t = 0; t < n; t += chunk) items.push_back({(int)s, row, t, std::min(n, t + chunk), g});
     row += n;
-    work += 4.0 * hd * c.n_heads * ((double)n * batch[s].start_pos + (double)n * (n + 1) / 2);
+    for (int64_t t = 0; t < n; ++t) {  // positions each new token attends to
+      const int64_t end = batch[s].start_pos + t + 1;
+      work += 4.0 * hd * c.n_heads * (double)(window > 0 ? std::min(end, window) : end);
+    }
   }
   const float* k_layer = store.K(layer, 0, 0);
   const float* v_layer = store.V(layer, 0, 0);
@@ -166,7 +170,7 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
       const int64_t r = item.row0 + item.t0, h0 = item.kv_head * group;
       kernels::GroupAttentionRows(&q_[r * q_dim + h0 * hd], q_dim, n_tok, (int)group, k_layer + kvo, v_layer + kvo,
                                   off.data(), seq.start_pos + item.t0, (int)hd, scale, &att_[r * q_dim + h0 * hd],
-                                  q_dim, sc.data());
+                                  q_dim, sc.data(), window);
     }
   }, work);
 }

@@ -1,6 +1,7 @@
 // Small random Llama-family models made with transformers (tools/ref/make_random_models.py):
 // lathe's logits and rope frequencies equal PyTorch's within the tolerances in MANIFEST.json.
-// Covers GQA ratios, tied/untied heads, qwen2 qkv bias, llama3 rope scaling, mistral, bf16.
+// Covers GQA ratios, tied/untied heads, qwen2 qkv bias, llama3 rope scaling, mistral, sliding-window
+// attention (mistral, qwen2 per layer), bf16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -92,7 +93,8 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, HfGolden,
     ::testing::Values(Case{"llama_gqa_tied", "logits", "float32"}, Case{"llama_gqa4_untied", "logits", "float32"},
                       Case{"qwen2_bias", "logits", "float32"}, Case{"llama3_rope", "logits", "float32"},
-                      Case{"mistral", "logits", "float32"},
+                      Case{"mistral", "logits", "float32"}, Case{"mistral_swa", "logits", "float32"},
+                      Case{"qwen2_swa", "logits", "float32"},
                       Case{"llama_gqa_tied_bf16", "logits_f32_compute", "bf16_weights_f32_compute"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 

@@ -1,6 +1,6 @@
 // TrainModel against PyTorch + PEFT (tools/ref/make_train_fixture.py, float64 references): loss and
 // the gradient of every trainable tensor for LoRA (all 7 targets, plain and rsLoRA, packed rows with
-// segment ids) and full fine-tuning (tied head, qwen2 biases), on the random HF fixtures and on
+// segment ids, sliding-window attention) and full fine-tuning (tied head, qwen2 biases), on the random HF fixtures and on
 // stories260K (Meta interleaved q/k), and the losses of 10 AdamW steps with clipping.
 #include <gtest/gtest.h>
 
@@ -133,7 +133,8 @@ TEST_P(TrainLora, LossGradientsAndAdamWMatchPeft) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TrainLora,
-                         ::testing::Values("llama_gqa_tied", "qwen2_bias", "llama_gqa4_untied", "stories260k"));
+                         ::testing::Values("llama_gqa_tied", "qwen2_bias", "llama_gqa4_untied", "stories260k",
+                                           "mistral_swa", "qwen2_swa"));
 
 class TrainFull : public ::testing::TestWithParam<std::string> {};
 

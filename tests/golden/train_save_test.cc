@@ -156,7 +156,8 @@ TEST_P(PeftSave, RoundTripsAndInferenceMatchesTheTrainingForward) {
   EXPECT_GT(std::fabs(base_loss - *loss), 1e-3) << "the adapter must matter";
 }
 
-INSTANTIATE_TEST_SUITE_P(Bases, PeftSave, ::testing::Values("llama_gqa_tied", "qwen2_bias", "stories260k"));
+INSTANTIATE_TEST_SUITE_P(Bases, PeftSave,
+                         ::testing::Values("llama_gqa_tied", "qwen2_bias", "stories260k", "mistral_swa", "qwen2_swa"));
 
 // The committed adapters in tests/golden/fixtures/train_interop/<name>/adapter were written by
 // InteropModel and loaded by PEFT (tools/ref/check_peft_interop.py), which stored its logits.
@@ -260,6 +261,30 @@ TEST(HfSave, RoundTripThroughTheHfLoaderGivesTheSameLoss) {
   auto w3 = LoadHfModelDir(dir);
   ASSERT_TRUE(w3.ok());
   EXPECT_EQ(std::memcmp(w3->layers[0].wq.data, w->layers[0].wq.data, w->layers[0].wq.nbytes()), 0);
+}
+
+// Sliding windows (mistral: every layer; qwen2: layer_types / max_window_layers) are written so the
+// loader reads the same window per layer back, and the reloaded model gives the same loss.
+TEST(HfSave, SlidingWindowLayersSurviveTheRoundTrip) {
+  for (const std::string name : {"mistral_swa", "qwen2_swa"}) {
+    auto w = LoadBase(name);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    ASSERT_GT(w->config.sliding_window, 0) << name;
+    Fixture f("train_" + name);
+    Batch b = FixtureBatch(f);
+    ThreadPool pool(2);
+    TrainModelOptions o;
+    o.method = FinetuneMethod::kFull;
+    auto m = Make(*w, pool, o);
+    const std::string dir = TempDir("hf_" + name);
+    ASSERT_TRUE(m->SaveHfModel(dir, false).ok());
+    auto w2 = LoadHfModelDir(dir);
+    ASSERT_TRUE(w2.ok()) << w2.status().message();
+    for (int64_t l = 0; l < w->config.n_layers; ++l)
+      EXPECT_EQ(w2->config.WindowOf(l), w->config.WindowOf(l)) << name << " layer " << l;
+    auto m2 = Make(*w2, pool, o);
+    EXPECT_EQ(m2->Loss(b.View(), nullptr).value(), m->Loss(b.View(), nullptr).value()) << name;
+  }
 }
 
 TEST(HfSave, InterleavedStoriesSavedInHfLayoutGivesTransformersLogits) {

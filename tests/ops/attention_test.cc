@@ -135,7 +135,9 @@ TEST_P(AttentionTier, GroupAttentionPagedMatchesDefinition) {
 // A run of tokens (GroupAttentionRows): every token bit-identical to GroupAttention with its own
 // n_pos (same tier), over runs that start at 0 and mid-context, cross the 64-position blocks of
 // the AVX2 kernel, and head sizes it specializes (8, 24, 32, 48, 64, 128: odd and even chunk counts)
-// and one it does not (20).
+// and one it does not (20). With a sliding window each token equals GroupAttention over its last
+// `window` positions: windows that start inside the run, before it, after it, of 1 and wider than
+// the context.
 TEST_P(AttentionTier, GroupAttentionRowsMatchesPerToken) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
@@ -143,10 +145,13 @@ TEST_P(AttentionTier, GroupAttentionRowsMatchesPerToken) {
   struct RCase {
     int64_t n_pos0, n_tok;
     int group, head_dim;
+    int64_t window = 0;
   };
   const RCase cases[] = {{0, 1, 3, 64},   {0, 16, 3, 64},  {5, 16, 3, 64}, {63, 2, 3, 64}, {100, 70, 1, 64},
                          {0, 130, 2, 32}, {61, 9, 4, 128}, {0, 12, 2, 8},  {7, 5, 3, 20}, {60, 9, 3, 24},
-                         {0, 70, 2, 48},  {66, 3, 1, 8},  {0, 141, 2, 8}, {60, 70, 2, 16}, {127, 6, 2, 8}};
+                         {0, 70, 2, 48},  {66, 3, 1, 8},  {0, 141, 2, 8}, {60, 70, 2, 16}, {127, 6, 2, 8},
+                         {0, 16, 3, 64, 5}, {5, 16, 3, 64, 12}, {100, 70, 1, 64, 64}, {0, 141, 2, 8, 100},
+                         {60, 70, 2, 16, 200}, {127, 6, 2, 8, 1}, {7, 5, 3, 20, 9}, {0, 130, 2, 32, 129}};
   const int64_t block_size = 16, n_kv_head = 2;
   for (const RCase& rc : cases) {
     const int64_t n_pos = rc.n_pos0 + rc.n_tok, kv_dim = n_kv_head * rc.head_dim;
@@ -161,17 +166,19 @@ TEST_P(AttentionTier, GroupAttentionRowsMatchesPerToken) {
     const float scale = 1.0f / std::sqrt((float)rc.head_dim);
     const int64_t g = 1, h0 = g * rc.group;  // the second KV head
     std::vector<float> want(rc.n_tok * q_stride, 0.0f), got(rc.n_tok * q_stride, 0.0f), sc(n_pos);
-    for (int64_t t = 0; t < rc.n_tok; ++t)
+    for (int64_t t = 0; t < rc.n_tok; ++t) {
+      const int64_t end = rc.n_pos0 + t + 1, lo = rc.window > 0 ? std::max<int64_t>(0, end - rc.window) : 0;
       cpu::GroupAttentionWith(kt, q.data() + t * q_stride + h0 * rc.head_dim, rc.group, k.data() + g * rc.head_dim,
-                              v.data() + g * rc.head_dim, off.data(), rc.n_pos0 + t + 1, rc.head_dim, scale,
+                              v.data() + g * rc.head_dim, off.data() + lo, end - lo, rc.head_dim, scale,
                               want.data() + t * q_stride + h0 * rc.head_dim, sc.data());
+    }
     std::vector<float> scores(rc.n_tok * rc.group * n_pos);
     cpu::GroupAttentionRowsWith(kt, q.data() + h0 * rc.head_dim, q_stride, rc.n_tok, rc.group,
                                 k.data() + g * rc.head_dim, v.data() + g * rc.head_dim, off.data(), rc.n_pos0,
-                                rc.head_dim, scale, got.data() + h0 * rc.head_dim, q_stride, scores.data());
+                                rc.head_dim, scale, got.data() + h0 * rc.head_dim, q_stride, scores.data(), rc.window);
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i], want[i]) << IsaTierName(GetParam()) << " n_pos0=" << rc.n_pos0 << " n_tok=" << rc.n_tok
-                                 << " hd=" << rc.head_dim << " at " << i;
+                                 << " hd=" << rc.head_dim << " window=" << rc.window << " at " << i;
     }
   }
 }

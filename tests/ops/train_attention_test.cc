@@ -1,4 +1,4 @@
-// FlashAttentionForward/Backward (causal, grouped-query, optional segment ids) on the scalar and
+// FlashAttentionForward/Backward (causal, grouped-query, optional segment ids and sliding window) on the scalar and
 // AVX2 tiers with 1 and 2 threads: against a naive double reference that builds the full T x T
 // softmax, and the backward against double finite differences of that reference.
 #include <gtest/gtest.h>
@@ -37,7 +37,10 @@ struct RefAttention {
   Cfg c;
   const int32_t* seg;
   double scale;
-  bool Allowed(int64_t s, int64_t t) const { return s <= t && (!seg || seg[s] == seg[t]); }
+  int64_t window = 0;
+  bool Allowed(int64_t s, int64_t t) const {
+    return s <= t && (!seg || seg[s] == seg[t]) && (window == 0 || s > t - window);
+  }
   // P[h][t][s].
   std::vector<double> Probs(const std::vector<double>& q, const std::vector<double>& k) const {
     const int rep = c.n_head / c.n_kv_head;
@@ -56,7 +59,7 @@ struct RefAttention {
         }
         double sum = 0;
         for (int64_t s = 0; s <= t; ++s) {
-          row[s] = Allowed(s, t) ? std::exp(row[s] - m) : 0.0;
+          row[s] = Allowed(s, t) ? std::exp(row[s] - m) : 0.0;  // masked entries were never written
           sum += row[s];
         }
         for (int64_t s = 0; s <= t; ++s) row[s] /= sum;
@@ -122,7 +125,9 @@ TEST_P(TrainAttention, MatchesReference) {
   for (const Cfg& c :
        {Cfg{1, 1, 1, 8}, Cfg{100, 4, 2, 20}, Cfg{150, 3, 1, 64}, Cfg{70, 2, 2, 7}, Cfg{301, 4, 2, 17}}) {
     // 0: no segment ids; 1: packed samples (contiguous runs: the range mask); 2: ids that come back
-    // after others (each pair tested).
+    // after others (each pair tested). Windows: none, and 37 keys (starts inside the query and key
+    // tiles, and shorter than some segment runs but not others).
+    for (int64_t window : {0, 37})
     for (int seg_mode : {0, 1, 2}) {
       const bool packed = seg_mode != 0;
       std::vector<int32_t> seg(c.T);
@@ -133,23 +138,24 @@ TEST_P(TrainAttention, MatchesReference) {
       const std::vector<float> q = RandomVec(nq, 50, 1.5f), k = RandomVec(nk, 51, 1.5f), v = RandomVec(nk, 52),
                                g = RandomVec(nq, 53);
       const float scale = 1.0f / std::sqrt((float)c.D);
-      const RefAttention ref{c, segp, scale};
+      const RefAttention ref{c, segp, scale, window};
       const std::vector<double> qd = ToDouble(q), kd = ToDouble(k), vd = ToDouble(v), gd = ToDouble(g);
       const std::string where = "T=" + std::to_string(c.T) + " H=" + std::to_string(c.n_head) + "/" +
                                 std::to_string(c.n_kv_head) + " D=" + std::to_string(c.D) +
                                 (seg_mode == 1   ? " packed"
                                  : seg_mode == 2 ? " scattered"
-                                                 : "");
+                                                 : "") +
+                                " window=" + std::to_string(window);
       std::vector<float> out(nq), lse(c.T * c.n_head);
       cpu::FlashAttentionForwardWith(tk, kt, pool, out.data(), lse.data(), q.data(), k.data(), v.data(), segp, c.T,
-                                     c.n_head, c.n_kv_head, c.D, scale);
+                                     c.n_head, c.n_kv_head, c.D, scale, window);
       EXPECT_LE(RelErr(out, ref.Forward(qd, kd, vd)), kRefLimit) << where;
       std::vector<double> rdq, rdk, rdv;
       ref.Backward(qd, kd, vd, gd, &rdq, &rdk, &rdv);
       std::vector<float> dq(nq, 7.0f), dk(nk, 7.0f), dv(nk, 7.0f);
       cpu::FlashAttentionBackwardWith(tk, kt, pool, dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(),
                                       v.data(), out.data(), lse.data(), segp, c.T, c.n_head, c.n_kv_head, c.D,
-                                      scale);
+                                      scale, window);
       EXPECT_LE(RelErr(dq, rdq), kRefLimit) << where;
       EXPECT_LE(RelErr(dk, rdk), kRefLimit) << where;
       EXPECT_LE(RelErr(dv, rdv), kRefLimit) << where;
@@ -165,24 +171,27 @@ TEST_P(TrainAttention, BackwardMatchesFiniteDifferences) {
   ThreadPool pool(threads);
   const Cfg c{9, 4, 2, 5};
   const std::vector<int32_t> seg = {0, 0, 0, 0, 1, 1, 1, 2, 2};
+  for (int64_t window : {0, 3})
   for (const int32_t* segp : {(const int32_t*)nullptr, seg.data()}) {
     const int64_t nq = c.T * c.n_head * c.D, nk = c.T * c.n_kv_head * c.D;
     const std::vector<float> q = RandomVec(nq, 54, 1.5f), k = RandomVec(nk, 55, 1.5f), v = RandomVec(nk, 56),
                              g = RandomVec(nq, 57);
     const float scale = 0.4f;
-    const RefAttention ref{c, segp, scale};
+    const RefAttention ref{c, segp, scale, window};
     const std::vector<double> qd = ToDouble(q), kd = ToDouble(k), vd = ToDouble(v), gd = ToDouble(g);
     const auto fd_q = FiniteDiffGrad(qd, [&](const std::vector<double>& x) { return testing::Dot(ref.Forward(x, kd, vd), gd); });
     const auto fd_k = FiniteDiffGrad(kd, [&](const std::vector<double>& x) { return testing::Dot(ref.Forward(qd, x, vd), gd); });
     const auto fd_v = FiniteDiffGrad(vd, [&](const std::vector<double>& x) { return testing::Dot(ref.Forward(qd, kd, x), gd); });
     std::vector<float> out(nq), lse(c.T * c.n_head), dq(nq), dk(nk), dv(nk);
     cpu::FlashAttentionForwardWith(tk, kt, pool, out.data(), lse.data(), q.data(), k.data(), v.data(), segp, c.T,
-                                   c.n_head, c.n_kv_head, c.D, scale);
+                                   c.n_head, c.n_kv_head, c.D, scale, window);
     cpu::FlashAttentionBackwardWith(tk, kt, pool, dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(),
-                                    v.data(), out.data(), lse.data(), segp, c.T, c.n_head, c.n_kv_head, c.D, scale);
-    EXPECT_LE(RelErr(dq, fd_q), kFdLimit) << (segp ? "packed" : "");
-    EXPECT_LE(RelErr(dk, fd_k), kFdLimit) << (segp ? "packed" : "");
-    EXPECT_LE(RelErr(dv, fd_v), kFdLimit) << (segp ? "packed" : "");
+                                    v.data(), out.data(), lse.data(), segp, c.T, c.n_head, c.n_kv_head, c.D, scale,
+                                    window);
+    const std::string where = std::string(segp ? "packed" : "") + " window=" + std::to_string(window);
+    EXPECT_LE(RelErr(dq, fd_q), kFdLimit) << where;
+    EXPECT_LE(RelErr(dk, fd_k), kFdLimit) << where;
+    EXPECT_LE(RelErr(dv, fd_v), kFdLimit) << where;
   }
 }
 

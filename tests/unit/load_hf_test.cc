@@ -151,6 +151,35 @@ TEST(LoadHf, ConfigVariants) {
   EXPECT_EQ(m->head_dim, 16);
   EXPECT_EQ(m->q_dim(), 128);
   EXPECT_EQ(m->rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(m->WindowOf(0), 4096);
+  EXPECT_EQ(m->WindowOf(1), 4096);
+
+  // Sliding windows as transformers resolves them: mistral absent = 4096, null = none; qwen2 only
+  // with use_sliding_window, in layer_types' "sliding_attention" layers or from max_window_layers on.
+  const std::string dims = R"("hidden_size":64,"intermediate_size":128,"num_hidden_layers":3,"num_attention_heads":8,"vocab_size":100)";
+  auto window_of = [&](const std::string& json) {
+    auto r = ParseHfConfig(json, "w.json");
+    EXPECT_TRUE(r.ok()) << json << ": " << r.status().message();
+    std::vector<int64_t> w;
+    if (r.ok())
+      for (int64_t l = 0; l < 3; ++l) w.push_back(r->WindowOf(l));
+    return w;
+  };
+  using W = std::vector<int64_t>;
+  EXPECT_EQ(window_of(R"({"model_type":"mistral",)" + dims + "}"), (W{4096, 4096, 4096}));
+  EXPECT_EQ(window_of(R"({"model_type":"mistral","sliding_window":null,)" + dims + "}"), (W{0, 0, 0}));
+  EXPECT_EQ(window_of(R"({"model_type":"llama","sliding_window":16,)" + dims + "}"), (W{0, 0, 0}));
+  EXPECT_EQ(window_of(R"({"model_type":"qwen2","sliding_window":16,"max_window_layers":1,)" + dims + "}"),
+            (W{0, 0, 0}));
+  EXPECT_EQ(window_of(R"({"model_type":"qwen2","use_sliding_window":true,"sliding_window":16,"max_window_layers":1,)" +
+                      dims + "}"),
+            (W{0, 16, 16}));
+  EXPECT_EQ(window_of(R"({"model_type":"qwen2","use_sliding_window":true,)" + dims + "}"), (W{0, 0, 0}));  // 28 on
+  EXPECT_EQ(window_of(R"({"model_type":"qwen2","use_sliding_window":true,"max_window_layers":0,)" + dims + "}"),
+            (W{4096, 4096, 4096}));
+  EXPECT_EQ(window_of(R"({"model_type":"qwen2","use_sliding_window":true,"sliding_window":8,"max_window_layers":0,)"
+                      R"("layer_types":["sliding_attention","full_attention","sliding_attention"],)" + dims + "}"),
+            (W{8, 0, 8}));
 
   auto by_type = ParseHfConfig(R"({"model_type":"qwen2","hidden_size":8,"intermediate_size":8,
       "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10})", "q.json");
@@ -172,6 +201,13 @@ TEST(LoadHf, ConfigVariants) {
            {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"hidden_act":"gelu"})", "gelu"},
            {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"mlp_bias":true})", "mlp_bias"},
            {R"({"architectures":["LlamaForCausalLM"],)" + base, "not valid JSON"},
+           {R"({"model_type":"qwen2","use_sliding_window":true,"layer_types":["full_attention"],)" + base + "}",
+            "'layer_types' must be a list of 2 layer types"},
+           {R"({"model_type":"qwen2","use_sliding_window":true,"layer_types":["full_attention","local"],)" + base + "}",
+            "'layer_types[1]' must be \"full_attention\" or \"sliding_attention\", got \"local\""},
+           {R"({"model_type":"qwen2","use_sliding_window":true,"sliding_window":0,)" + base + "}",
+            "'sliding_window' must be positive"},
+           {R"({"model_type":"mistral","sliding_window":-3,)" + base + "}", "'sliding_window' is out of range"},
        }) {
     auto r = ParseHfConfig(b.json, "bad/config.json");
     ASSERT_FALSE(r.ok()) << b.expect;

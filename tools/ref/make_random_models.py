@@ -9,6 +9,10 @@ What it makes, under tests/golden/fixtures/ (paths relative to the repo root):
   llama3_rope/          llama with llama3 rope scaling (factor 8, orig ctx 32), 64 positions,
                         config.json in the *legacy Hub layout* (rope_theta + rope_scaling)  (f32)
   mistral/              mistral, 4 heads / 1 kv head (MQA), head_dim 32 != dim/heads   (f32)
+  mistral_swa/          mistral with sliding_window 8 over 32 positions                (f32)
+  qwen2_swa/            qwen2 with use_sliding_window, window 6, max_window_layers 1 (layer 1
+                        slides, layer 0 does not); config.json without layer_types, as the
+                        Qwen2/2.5 Hub configs are                                       (f32)
 Each fixture dir holds model/ (config.json, generation_config.json, model.safetensors exactly as
 save_pretrained writes them, except llama3_rope's config.json, see above) and expected.safetensors
 (input_ids, logits, hidden_states, rope_inv_freq; see MANIFEST.json for each tensor). Entries are
@@ -81,6 +85,22 @@ SPECS = [
                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
          covers="mistral, MQA (4q/1kv), explicit head_dim 32 so q_dim 128 != hidden 64 "
                 "(o_proj is 64x128), untied, rope theta 1e6, sliding_window null"),
+    dict(name="mistral_swa", seed=1006, seq_len=32, cls=MistralForCausalLM, cfg=MistralConfig,
+         kw=dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                 rms_norm_eps=1e-5, max_position_embeddings=256, sliding_window=8,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+         covers="mistral sliding-window attention, window 8 over 32 positions (key s is visible "
+                "from query t iff t - 8 < s <= t, in every layer), GQA 4q/2kv, untied"),
+    dict(name="qwen2_swa", seed=1007, seq_len=32, cls=Qwen2ForCausalLM, cfg=Qwen2Config,
+         kw=dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                 rms_norm_eps=1e-6, max_position_embeddings=256, use_sliding_window=True,
+                 sliding_window=6, max_window_layers=1,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+         drop_layer_types=True,
+         covers="qwen2 with use_sliding_window: window 6 in the layers from max_window_layers = 1 "
+                "on (layer 1 slides, layer 0 sees everything), q/k/v bias, tied; config.json "
+                "without layer_types (as the Qwen2/2.5 Hub configs), so the layers come from "
+                "max_window_layers"),
 ]
 
 
@@ -113,6 +133,17 @@ def write_legacy_config(model_dir):
     rp = cfg.pop("rope_parameters")
     cfg["rope_theta"] = rp.pop("rope_theta")
     cfg["rope_scaling"] = rp
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def drop_layer_types(model_dir):
+    """Removes layer_types from config.json: the layers then follow max_window_layers."""
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg.pop("layer_types", None)
     with open(path, "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -170,6 +201,17 @@ def bug_sensitivity(model, ids, logits):
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.zero_()
         out["qkv_bias_dropped"] = run(nobias)
+
+    if getattr(cfg, "sliding_window", None) and "sliding_attention" in (getattr(cfg, "layer_types", None) or
+                                                                        ["sliding_attention"]):
+        def no_window(m):  # every layer attends to all earlier positions
+            m.config.sliding_window = None
+            if getattr(m.config, "layer_types", None):
+                m.config.layer_types = ["full_attention"] * len(m.config.layer_types)
+                m.model.has_sliding_layers = False
+            for layer in m.model.layers:
+                layer.self_attn.sliding_window = None
+        out["sliding_window_ignored"] = run(no_window)
 
     rp = cfg.rope_parameters
     if rp.get("rope_type") == "llama3":
@@ -233,6 +275,8 @@ def make_one(spec):
     model.save_pretrained(mdir, safe_serialization=True)
     if spec.get("legacy_config"):
         write_legacy_config(mdir)
+    if spec.get("drop_layer_types"):
+        drop_layer_types(mdir)
     # The saved model must reload (from the config as written) to bit-identical logits.
     reloaded = AutoModelForCausalLM.from_pretrained(mdir, attn_implementation="eager").eval()
     re_logits, _ = forward(reloaded, ids)

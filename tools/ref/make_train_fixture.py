@@ -2,7 +2,7 @@
 """Golden losses and gradients for lathe's training forward/backward (tests/golden/train_grad_test.cc).
 
 For each base model (the committed random HF models llama_gqa_tied, qwen2_bias, llama_gqa4_untied,
-and stories260K rebuilt as a transformers model from the llama2.c .bin as make_stories_fixture.py
+mistral_swa and qwen2_swa (sliding-window attention), and stories260K rebuilt as a transformers model from the llama2.c .bin as make_stories_fixture.py
 does), with transformers (eager attention) + PEFT in float64 on one thread:
   * a fixed batch: B=2 rows of T=24 tokens; row 0 full with its first 5 labels -100 (a masked
     prompt), row 1 has 16 real tokens then 8 pad tokens (id 0, labels -100), plus two more -100.
@@ -253,7 +253,9 @@ def main():
     specs = [("llama_gqa_tied", {"rslora", "packed", "full", "full_adamw"}),
              ("qwen2_bias", {"full"}),
              ("llama_gqa4_untied", set()),
-             ("stories260k", set())]
+             ("stories260k", set()),
+             ("mistral_swa", set()),  # sliding window 8 < T = 24, every layer
+             ("qwen2_swa", set())]  # window 6 in layer 1 only
     for name, extras in specs:
         entries["train_" + name] = make(name, extras)
     fu.update_manifest(entries, GENERATOR)

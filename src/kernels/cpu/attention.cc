@@ -51,15 +51,22 @@ void GroupAttentionWith(const KernelTable& kt, const float* q, int group, const 
 
 void GroupAttentionRowsWith(const KernelTable& kt, const float* q, int64_t q_stride, int64_t n_tok, int group,
                             const float* k, const float* v, const int64_t* off, int64_t n_pos0, int head_dim,
-                            float scale, float* out, int64_t out_stride, float* scores) {
-  LATHE_CHECK(group > 0 && n_tok > 0 && n_pos0 >= 0 && head_dim > 0);
-  if (kt.group_attend_rows && kt.group_attend_rows(q, q_stride, n_tok, group, k, v, off, n_pos0, head_dim, scale,
-                                                   out, out_stride, scores)) {
-    return;
+                            float scale, float* out, int64_t out_stride, float* scores, int64_t window) {
+  LATHE_CHECK(group > 0 && n_tok > 0 && n_pos0 >= 0 && head_dim > 0 && window >= 0);
+  // Tokens [0, n_full) see every position from 0 (all of them without a window); each later one
+  // sees its last `window` positions only, through its own GroupAttention call (the shared position
+  // blocks of the run kernel assume the runs start together).
+  const int64_t n_full = window == 0 ? n_tok : std::clamp<int64_t>(window - n_pos0, 0, n_tok);
+  int64_t t = 0;
+  if (n_full > 0 && kt.group_attend_rows &&
+      kt.group_attend_rows(q, q_stride, n_full, group, k, v, off, n_pos0, head_dim, scale, out, out_stride, scores)) {
+    t = n_full;
   }
-  for (int64_t t = 0; t < n_tok; ++t)
-    GroupAttentionWith(kt, q + t * q_stride, group, k, v, off, n_pos0 + t + 1, head_dim, scale,
-                       out + t * out_stride, scores);
+  for (; t < n_tok; ++t) {
+    const int64_t end = n_pos0 + t + 1, lo = t < n_full ? 0 : end - window;
+    GroupAttentionWith(kt, q + t * q_stride, group, k, v, off + lo, end - lo, head_dim, scale, out + t * out_stride,
+                       scores);
+  }
 }
 
 }  // namespace lathe::kernels::cpu

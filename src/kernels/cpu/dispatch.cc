@@ -76,9 +76,9 @@ void GroupAttention(const float* q, int group, const float* k, const float* v, c
 
 void GroupAttentionRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
                         const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
-                        int64_t out_stride, float* scores) {
+                        int64_t out_stride, float* scores, int64_t window) {
   cpu::GroupAttentionRowsWith(cpu::Best(), q, q_stride, n_tok, group, k, v, off, n_pos0, head_dim, scale, out,
-                              out_stride, scores);
+                              out_stride, scores, window);
 }
 
 }  // namespace lathe::kernels

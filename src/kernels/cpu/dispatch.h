@@ -108,11 +108,11 @@ void GroupAttentionWith(const KernelTable& kt, const float* q, int group, const 
                         const int64_t* off, int64_t n_pos, int head_dim, float scale, float* out,
                         float* scores);
 
-// kernels::GroupAttentionRows with one tier's kernels: kt.group_attend_rows where it handles
-// head_dim, else GroupAttentionWith per token.
+// kernels::GroupAttentionRows with one tier's kernels: kt.group_attend_rows for the tokens whose
+// window starts at position 0 where it handles head_dim, else GroupAttentionWith per token.
 void GroupAttentionRowsWith(const KernelTable& kt, const float* q, int64_t q_stride, int64_t n_tok, int group,
                             const float* k, const float* v, const int64_t* off, int64_t n_pos0, int head_dim,
-                            float scale, float* out, int64_t out_stride, float* scores);
+                            float scale, float* out, int64_t out_stride, float* scores, int64_t window = 0);
 
 namespace scalar {
 const KernelTable& Table();

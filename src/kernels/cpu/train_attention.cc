@@ -29,42 +29,49 @@ struct Dims {
   int64_t KRow(int64_t s, int g) const { return (s * n_kv_head + g) * D; }
 };
 
-// Which keys s each query t may see: s <= t and, with segment ids, seg[s] == seg[t]. When every
-// id forms one contiguous run (packed samples, the usual case) the allowed keys of t are the range
-// [start of t's run, t]: tiles then test in O(rows) and rows mask by two fills. Ids that come back
-// after another id ("scattered") fall back to testing each pair.
+// Which keys s each query t may see: s <= t, with a sliding window also s > t - window, and with
+// segment ids seg[s] == seg[t]. When every id forms one contiguous run (packed samples, the usual
+// case) the allowed keys of t are the range [lo[t], t], lo = the later of t's run start and its
+// window start, and lo never decreases with t: tiles then test in O(rows) and rows mask by two
+// fills. Ids that come back after another id ("scattered") fall back to testing each pair.
 class Mask {
  public:
-  Mask(const int32_t* seg, int64_t T) : seg_(seg) {
-    if (!seg) return;
-    run_start_.resize(T);
+  Mask(const int32_t* seg, int64_t T, int64_t window) : seg_(seg), window_(window) {
+    if (!seg && window <= 0) return;
+    lo_.resize(T);
     std::unordered_set<int32_t> seen;
+    int64_t run = 0;
     for (int64_t t = 0; t < T; ++t) {
-      const bool cont = t > 0 && seg[t] == seg[t - 1];
-      run_start_[t] = cont ? run_start_[t - 1] : t;
-      if (!cont && !seen.insert(seg[t]).second) scattered_ = true;
+      if (seg) {
+        const bool cont = t > 0 && seg[t] == seg[t - 1];
+        if (!cont) run = t;
+        if (!cont && !seen.insert(seg[t]).second) scattered_ = true;
+      }
+      lo_[t] = std::max(run, WindowLo(t));
     }
   }
   bool Scattered() const { return scattered_; }
-  bool Allowed(int64_t s, int64_t t) const { return s <= t && (!seg_ || seg_[s] == seg_[t]); }
+  bool Allowed(int64_t s, int64_t t) const {
+    return s <= t && s >= WindowLo(t) && (!seg_ || seg_[s] == seg_[t]);
+  }
   // Whether any query t in [q0, q1) may attend to any key s in [k0, k1).
   bool TileHasWork(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const {
     if (k0 >= q1) return false;
-    if (!seg_) return true;
+    if (lo_.empty()) return true;
     for (int64_t t = q0; t < q1; ++t) {
       if (scattered_) {
-        for (int64_t s = k0; s < std::min(k1, t + 1); ++s)
+        for (int64_t s = std::max(k0, WindowLo(t)); s < std::min(k1, t + 1); ++s)
           if (seg_[s] == seg_[t]) return true;
-      } else if (std::max(run_start_[t], k0) <= std::min(t, k1 - 1)) {
+      } else if (std::max(lo_[t], k0) <= std::min(t, k1 - 1)) {
         return true;
       }
     }
     return false;
   }
-  // Whether every (t, s) pair of the tile is allowed (no mask work needed); run starts only grow with t.
+  // Whether every (t, s) pair of the tile is allowed (no mask work needed); lo only grows with t.
   bool TileFull(int64_t q0, int64_t q1, int64_t k0, int64_t k1) const {
     if (k1 - 1 > q0) return false;
-    return !seg_ || (!scattered_ && run_start_[q1 - 1] <= k0);
+    return lo_.empty() || (!scattered_ && lo_[q1 - 1] <= k0);
   }
   // Keys [lo, hi) of the tile (keys k0 .. k0 + nk - 1) may be allowed for query t, none outside it;
   // when Scattered() some inside may still be disallowed (the caller tests them).
@@ -74,12 +81,15 @@ class Mask {
       return;
     }
     *hi = std::clamp<int64_t>(t - k0 + 1, 0, nk);
-    *lo = seg_ && !scattered_ ? std::clamp<int64_t>(run_start_[t] - k0, 0, *hi) : 0;
+    const int64_t first = lo_.empty() ? 0 : scattered_ ? WindowLo(t) : lo_[t];
+    *lo = std::clamp<int64_t>(first - k0, 0, *hi);
   }
 
  private:
+  int64_t WindowLo(int64_t t) const { return window_ > 0 ? t - window_ + 1 : 0; }
   const int32_t* seg_;
-  std::vector<int64_t> run_start_;
+  int64_t window_;
+  std::vector<int64_t> lo_;  // with segment ids or a window: the first key t may see (contiguous runs)
   bool scattered_ = false;
 };
 
@@ -259,13 +269,13 @@ SeqStrips Strips(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, c
 
 void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* out,
                                float* lse, const float* q, const float* k, const float* v, const int32_t* seg,
-                               int64_t T, int n_head, int n_kv_head, int head_dim, float scale) {
+                               int64_t T, int n_head, int n_kv_head, int head_dim, float scale, int64_t window) {
   (void)kt;
-  LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0);
+  LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0 && window >= 0);
   const Dims d{T, n_head, n_kv_head, head_dim};
   const int D = head_dim;
   const int64_t n_qt = (T + kQTile - 1) / kQTile;
-  const Mask mask(seg, T);
+  const Mask mask(seg, T, window);
   // scale * K^T and V packed once per kv head for every query tile; Q rows are read in place.
   const SeqPack sp{T, D};
   static thread_local std::vector<float> kc_buf, vs_buf;
@@ -349,8 +359,8 @@ void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt
 void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq,
                                 float* dk, float* dv, const float* dout, const float* q, const float* k,
                                 const float* v, const float* out, const float* lse, const int32_t* seg, int64_t T,
-                                int n_head, int n_kv_head, int head_dim, float scale) {
-  LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0);
+                                int n_head, int n_kv_head, int head_dim, float scale, int64_t window) {
+  LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0 && window >= 0);
   const Dims d{T, n_head, n_kv_head, head_dim};
   const int D = head_dim;
   const int rep = d.rep();
@@ -364,7 +374,7 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
   // Packed once for the whole sequence (SeqPack): scale * K^T and V^T as column strips for
   // S = Q (scale K)^T and dP = dO V^T (Q, dO read in place as A); K, Q, dO are the B operands of
   // dQ += dS K, dK += dS^T Q and dV += P^T dO (in place unless D % 16 != 0, see Strips).
-  const Mask mask(seg, T);
+  const Mask mask(seg, T, window);
   const SeqPack sp{T, D};
   static thread_local std::vector<float> kc_buf, vc_buf, ks_buf, qs_buf, dos_buf, dkp_buf, dvp_buf;
   const float* kc = PackSeq(pool, kc_buf, sp, Layout::kCols, k, n_kv_head, scale);

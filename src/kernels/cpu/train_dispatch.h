@@ -105,11 +105,12 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
 // FlashAttentionForward / Backward with one tier's tables (train_attention.cc).
 void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* out,
                                float* lse, const float* q, const float* k, const float* v, const int32_t* seg,
-                               int64_t T, int n_head, int n_kv_head, int head_dim, float scale);
+                               int64_t T, int n_head, int n_kv_head, int head_dim, float scale,
+                               int64_t window = 0);
 void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq,
                                 float* dk, float* dv, const float* dout, const float* q, const float* k,
                                 const float* v, const float* out, const float* lse, const int32_t* seg, int64_t T,
-                                int n_head, int n_kv_head, int head_dim, float scale);
+                                int n_head, int n_kv_head, int head_dim, float scale, int64_t window = 0);
 
 namespace scalar {
 const TrainKernelTable& TrainTable();

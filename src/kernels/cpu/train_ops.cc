@@ -261,17 +261,17 @@ float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, co
 
 void FlashAttentionForward(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,
                            const int32_t* segment_ids, int64_t T, int n_head, int n_kv_head, int head_dim,
-                           float scale) {
+                           float scale, int64_t window) {
   cpu::FlashAttentionForwardWith(cpu::TrainBest(), cpu::Best(), pool, out, lse, q, k, v, segment_ids, T, n_head,
-                                 n_kv_head, head_dim, scale);
+                                 n_kv_head, head_dim, scale, window);
 }
 
 void FlashAttentionBackward(ThreadPool& pool, float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* out, const float* lse,
                             const int32_t* segment_ids, int64_t T, int n_head, int n_kv_head, int head_dim,
-                            float scale) {
+                            float scale, int64_t window) {
   cpu::FlashAttentionBackwardWith(cpu::TrainBest(), cpu::Best(), pool, dq, dk, dv, dout, q, k, v, out, lse,
-                                  segment_ids, T, n_head, n_kv_head, head_dim, scale);
+                                  segment_ids, T, n_head, n_kv_head, head_dim, scale, window);
 }
 
 }  // namespace lathe::kernels
