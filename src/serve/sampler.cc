@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/strings.h"
+
 namespace lathe::serve {
 
 Status SamplingParams::Validate() const {
@@ -16,6 +18,10 @@ Status SamplingParams::Validate() const {
   }
   if (!(frequency_penalty >= -2 && frequency_penalty <= 2)) return Status::Error("frequency_penalty must be in [-2, 2]");
   if (!(presence_penalty >= -2 && presence_penalty <= 2)) return Status::Error("presence_penalty must be in [-2, 2]");
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) return Status::Error(StrFormat("logit_bias: token id %d is negative", id));
+    if (!(bias >= -100 && bias <= 100)) return Status::Error(StrFormat("logit_bias[%d] must be in [-100, 100]", id));
+  }
   return Status::Ok();
 }
 
@@ -46,6 +52,8 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
   const SamplingParams& p = params_;
   std::vector<float> raw;
   if (logprobs) raw.assign(logits, logits + vocab);
+  for (const auto& [t, bias] : p.logit_bias)
+    if (t >= 0 && t < vocab) logits[t] += bias;
   // Penalties.
   if (p.repetition_penalty != 1.0f) {
     seen_mask_.assign(vocab, 0);

@@ -1,5 +1,5 @@
-// Sampler: turns one row of logits into a token id: repetition / frequency / presence penalties,
-// temperature, top-k, top-p, min-p, then a draw from a seeded RNG (or argmax when temperature 0).
+// Sampler: turns one row of logits into a token id: logit bias, repetition / frequency / presence
+// penalties, temperature, top-k, top-p, min-p, then a draw from a seeded RNG (or argmax when temperature 0).
 // Each request owns its Sampler, so results depend only on its seed, never on batch composition.
 #pragma once
 
@@ -24,6 +24,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;   // OpenAI-style: - p * [token in output]
   uint64_t seed = 0;
   bool has_seed = false;           // without a seed, one is drawn from std::random_device
+  // OpenAI's logit_bias: added to these tokens' logits before anything else (-100 bans a token in
+  // practice, +100 forces it); ids at or above the vocabulary size are skipped.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   // Returns an error naming the field when a value is out of range.
   Status Validate() const;
 };

@@ -253,6 +253,14 @@ struct HttpServer::Impl {
       }
       n_prompt += (int64_t)ids.size();
     }
+    for (const auto& [t, bias] : r.sampling.logit_bias) {
+      if (t >= tok.vocab_size()) {
+        ApiError e;
+        e.param = "logit_bias";
+        e.message = StrFormat("logit_bias: token id %d is out of range (vocabulary of %d)", t, (int)tok.vocab_size());
+        return Error(res, e);
+      }
+    }
     const int n_choices = (int)prompt_ids.size() * r.n;  // choice c: prompt c / n, sample c % n
     auto job = std::make_shared<Job>();
     std::vector<std::string> stop_strings = r.stop;

@@ -1,7 +1,10 @@
 // OpenAI schema parsing and response building.
 #include "server/openai_api.h"
 
+#include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 
 namespace lathe::server {
 
@@ -218,6 +221,26 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
     if (!it->is_number_integer()) return Bad("seed", "'seed' must be an integer");
     s.seed = (uint64_t)it->get<int64_t>();
     s.has_seed = true;
+  }
+  if (auto it = b.find("logit_bias"); it != b.end() && !it->is_null()) {
+    // {"token id as a string": bias in [-100, 100]}, as OpenAI takes it (ids checked against the
+    // vocabulary by the server, which knows it).
+    if (!it->is_object()) return Bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    for (const auto& [key, val] : it->items()) {
+      const std::string where = "logit_bias." + key;
+      char* end = nullptr;
+      errno = 0;
+      const long long id = key.empty() ? -1 : std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id > INT32_MAX) {
+        return Bad("logit_bias", "'logit_bias' keys must be token ids (non-negative integers), got '" + key + "'");
+      }
+      if (!val.is_number()) return Bad("logit_bias", "'" + where + "' must be a number, got " + TypeName(val));
+      const double bias = val.get<double>();
+      if (!(bias >= -100 && bias <= 100)) {
+        return Bad("logit_bias", "'" + where + "' must be between -100 and 100, got " + val.dump());
+      }
+      s.logit_bias.push_back({(int32_t)id, (float)bias});
+    }
   }
   if (auto e = Bool(b, "ignore_eos", &r->ignore_eos)) return e;
   v = 0;

@@ -207,6 +207,32 @@ def run(base, lathe, model, root):
     check(clp is not None and len(clp.content) >= 1 and all(len(t.top_logprobs) <= 2 for t in clp.content),
           "chat logprobs")
 
+    # logit_bias: +100 on one token makes every greedy step pick it; -100 on the greedy first token
+    # changes the first step; logprobs stay the model's own (the forced token's is below the top).
+    forced = 50
+    fb = client.completions.create(model="stories", prompt=prompt, max_tokens=5, logprobs=1, temperature=0,
+                                   logit_bias={str(forced): 100})
+    check(fb.choices[0].logprobs is not None and fb.usage.completion_tokens == 5, "logit_bias completion")
+    st, dt = http(base + "/detokenize", {"tokens": [forced] * 5})
+    check(st == 200 and json.loads(dt)["prompt"] == fb.choices[0].text,
+          "logit_bias +100 did not force token %d: %r vs %s" % (forced, fb.choices[0].text, dt[:200]))
+    check(any(v < max(t.values()) - 1e-6 for t, v in zip(fb.choices[0].logprobs.top_logprobs,
+                                                           fb.choices[0].logprobs.token_logprobs)),
+          "logit_bias: the reported logprobs are the model's (the forced token is never its top token)")
+    first = client.completions.create(model="stories", prompt=prompt, max_tokens=1, logprobs=0, **greedy)
+    # The first token's id: the prompt and prompt + that token tokenized, the first id after the
+    # prompt's (checked by detokenizing it back to the generated text).
+    toks = [json.loads(http(base + "/tokenize", {"prompt": t})[1])["tokens"]
+            for t in (prompt, prompt + first.choices[0].text)]
+    banned = toks[1][len(toks[0])] if toks[1][:len(toks[0])] == toks[0] and len(toks[1]) > len(toks[0]) else -1
+    st, dt = http(base + "/detokenize", {"tokens": [banned]})
+    check(banned >= 0 and json.loads(dt)["prompt"] == first.choices[0].text,
+          "greedy first token %r: id not found from %s" % (first.choices[0].text, toks))
+    nb = client.completions.create(model="stories", prompt=prompt, max_tokens=1, temperature=0,
+                                   logit_bias={str(banned): -100})
+    check(nb.choices[0].text != first.choices[0].text,
+          "logit_bias -100 on token %d (%r) did not change the greedy choice" % (banned, first.choices[0].text))
+
     # Adapters by model name, requested concurrently (they batch in the engine): each equals
     # `lathe generate --adapter` alone.
     expect = {"stories": want, "ad1": generate_cli(lathe, model, prompt, 24, root + "/ad1"),
@@ -322,6 +348,8 @@ def run(base, lathe, model, root):
     err({"prompt": "hello " * 5000}, 400, "prompt")
     err({"prompt": prompt, "max_tokens": 100000}, 400, "max_tokens")
     err({"prompt": [1, 99999]}, 400, "prompt")
+    err({"prompt": prompt, "logit_bias": {"99999": 5}}, 400, "logit_bias")
+    err({"prompt": prompt, "logit_bias": {"3": 500}}, 400, "logit_bias")
     err({"prompt": prompt, "model": "nope"}, 404, "model")
     err({"messages": "hi"}, 400, "messages", "/v1/chat/completions")
     err({"messages": [{"role": "user", "content": [{"type": 1}]}]}, 400, "messages[0].content", "/v1/chat/completions")

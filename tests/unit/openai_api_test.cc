@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace lathe::server {
 namespace {
 
@@ -18,7 +20,7 @@ TEST(OpenAiApi, ParsesChatRequest) {
       {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
       "temperature": 0.5, "top_p": 0.9, "max_tokens": 20, "n": 2, "stream": true,
       "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 3, "stop": ["\n"], "seed": 7,
-      "unknown_field": {"ignored": true}})",
+      "logit_bias": {"17": -100, "4": 2.5}, "unknown_field": {"ignored": true}})",
                  true, &r);
   ASSERT_FALSE(e) << e->message;
   ASSERT_EQ(r.messages.size(), 2u);
@@ -30,6 +32,10 @@ TEST(OpenAiApi, ParsesChatRequest) {
   EXPECT_EQ(r.logprobs, 3);
   EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
   EXPECT_TRUE(r.sampling.has_seed);
+  using Bias = std::vector<std::pair<int32_t, float>>;
+  Bias bias = r.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (Bias{{4, 2.5f}, {17, -100.0f}}));
 }
 
 TEST(OpenAiApi, ParsesCompletionPromptForms) {
@@ -83,6 +89,14 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"prompt": [[1], [-2]]})", false, "prompt[1]"},
       {R"({"prompt": ["a", "b"], "n": 600})", false, "n"},
       {R"({"prompt": "x", "logprobs": 9})", false, "logprobs"},
+      {R"({"prompt": "x", "logit_bias": [1, 2]})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"abc": 1}})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"-3": 1}})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"12x": 1}})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"": 1}})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"99999999999": 1}})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"5": 101}})", false, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"5": "up"}})", false, "logit_bias"},
       // Found by openai_request_fuzz / review: these threw (type_error) or wrapped around.
       {R"({"messages": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]})", true, "messages[0].content"},
       {R"({"prompt": "x", "max_tokens": 18446744073709551615})", false, "max_tokens"},

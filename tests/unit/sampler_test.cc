@@ -113,6 +113,49 @@ TEST(Sampler, Penalties) {
   EXPECT_EQ(t.Sample(l2.data(), 6), 5);
 }
 
+// logit_bias moves the choice (greedy and sampled), is applied before the penalties, skips ids past
+// the vocabulary, and leaves the reported logprobs those of the model.
+TEST(Sampler, LogitBias) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.logit_bias = {{1, -100.0f}};  // ban the argmax (3.0): 2.5 (token 5) wins
+  EXPECT_EQ(Draw(p), 5);
+  p.logit_bias = {{4, 100.0f}, {99, 100.0f}};  // force token 4 (-1.0); id 99 is outside 6 tokens
+  EXPECT_EQ(Draw(p), 4);
+  p.temperature = 1.0f;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    p.seed = seed;
+    p.has_seed = true;
+    EXPECT_EQ(Draw(p), 4) << seed;
+  }
+  // Bias first, then the HF repetition penalty on the biased logits of seen tokens 1, 3, 5:
+  // token 1: 3 - 3 = 0 (stays 0), token 3: (0.5 + 1) / 2 = 0.75, token 5: 2.5 / 2 = 1.25; unseen
+  // token 2 (2.0) wins.
+  SamplingParams r;
+  r.temperature = 0;
+  r.repetition_penalty = 2.0f;
+  r.logit_bias = {{1, -3.0f}, {3, 1.0f}};
+  Sampler s(r);
+  std::vector<int32_t> prompt = {1, 3, 5};
+  s.AddPrompt(prompt);
+  auto l = Logits();
+  std::vector<TokenLogprob> lp;
+  EXPECT_EQ(s.Sample(l.data(), 6, 1, &lp), 2);
+  EXPECT_FLOAT_EQ(l[1], 0.0f);
+  EXPECT_FLOAT_EQ(l[3], 0.75f);
+  std::vector<TokenLogprob> raw;
+  auto l0 = Logits();
+  ComputeLogprobs(l0.data(), 6, 2, 1, &raw);
+  ASSERT_EQ(lp.size(), raw.size());
+  EXPECT_FLOAT_EQ(lp[0].logprob, raw[0].logprob);
+  EXPECT_EQ(lp[1].id, 1);  // the model's own top token, though biased down
+  SamplingParams bad;
+  bad.logit_bias = {{3, 150.0f}};
+  EXPECT_NE(bad.Validate().message().find("logit_bias"), std::string::npos);
+  bad.logit_bias = {{-1, 1.0f}};
+  EXPECT_NE(bad.Validate().message().find("logit_bias"), std::string::npos);
+}
+
 TEST(Sampler, LogprobsAreNormalized) {
   auto l = Logits();
   std::vector<TokenLogprob> lp;
