@@ -89,12 +89,45 @@ std::optional<ApiError> Content(const json& c, const std::string& param, std::st
   return Bad(param, param + " must be a string or a list of text parts, got " + TypeName(c));
 }
 
+// OpenAI fields that change what a client gets back and that lathe does not implement: a clear 400
+// instead of an answer that silently ignores them (other unknown fields are ignored).
+std::optional<ApiError> Unsupported(const json& b, bool chat) {
+  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
+    const json* type = it->is_object() && it->contains("type") ? &(*it)["type"] : nullptr;
+    if (!type || *type != "text") {
+      return Bad("response_format", "'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) "
+                                    "is not supported");
+    }
+  }
+  if (chat) {
+    auto tools = b.find("tools");
+    auto choice = b.find("tool_choice");
+    const bool none = choice != b.end() && *choice == "none";
+    if (tools != b.end() && !tools->is_null() && !(tools->is_array() && tools->empty()) && !none) {
+      return Bad("tools", "tool calling is not supported ('tools' needs \"tool_choice\": \"none\")");
+    }
+    if (choice != b.end() && !choice->is_null() && !none && *choice != "auto") {
+      return Bad("tool_choice", "tool calling is not supported ('tool_choice' may only be \"none\" or \"auto\")");
+    }
+  } else {
+    auto suffix = b.find("suffix");
+    if (suffix != b.end() && !suffix->is_null() && !(suffix->is_string() && suffix->get<std::string>().empty()))
+      return Bad("suffix", "'suffix' (insertion) is not supported");
+    if (auto it = b.find("best_of"); it != b.end() && !it->is_null()) {
+      const json* n = b.contains("n") ? &b["n"] : nullptr;
+      if (!(*it == 1 || (n && *it == *n))) return Bad("best_of", "'best_of' other than 1 or n is not supported");
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, CompletionRequest* r) {
   *r = CompletionRequest();
   r->chat = chat;
   if (!b.is_object()) return Bad("", "the request body must be a JSON object");
+  if (auto e = Unsupported(b, chat)) return e;
   if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
     if (!it->is_string()) return Bad("model", "'model' must be a string");
     r->model = it->get<std::string>();

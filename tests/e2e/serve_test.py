@@ -360,6 +360,15 @@ def run(base, lathe, model, root):
     except openai.BadRequestError as e:
         check(e.body is not None and e.body.get("param") == "max_tokens", "BadRequestError param: %s" % e.body)
 
+    for kw, param in ((dict(response_format={"type": "json_object"}), "response_format"),
+                      (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools")):
+        try:
+            client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=4, **kw)
+            check(False, "openai client: unsupported %s accepted" % param)
+        except openai.BadRequestError as e:
+            check(e.body is not None and e.body.get("param") == param, "BadRequestError param: %s" % e.body)
+
     # API key.
     bad = OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0)
     try:

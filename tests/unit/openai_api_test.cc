@@ -38,6 +38,24 @@ TEST(OpenAiApi, ParsesChatRequest) {
   EXPECT_EQ(bias, (Bias{{4, 2.5f}, {17, -100.0f}}));
 }
 
+// The accepted forms of those fields: what they ask for is what lathe does anyway.
+TEST(OpenAiApi, AcceptsTheNoOpFormsOfUnsupportedFields) {
+  CompletionRequest r;
+  for (const char* body : {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}})",
+                           R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}],
+                               "tool_choice": "none"})",
+                           R"({"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "auto"})",
+                           R"({"messages": [{"role": "user", "content": "x"}], "tools": null})"}) {
+    auto e = Parse(body, true, &r);
+    EXPECT_FALSE(e) << body << ": " << e->message;
+  }
+  for (const char* body : {R"({"prompt": "x", "suffix": ""})", R"({"prompt": "x", "best_of": 1})",
+                           R"({"prompt": "x", "best_of": 2, "n": 2})", R"({"prompt": "x", "suffix": null})"}) {
+    auto e = Parse(body, false, &r);
+    EXPECT_FALSE(e) << body << ": " << e->message;
+  }
+}
+
 TEST(OpenAiApi, ParsesCompletionPromptForms) {
   CompletionRequest r;
   ASSERT_FALSE(Parse(R"({"prompt": "Once upon"})", false, &r));
@@ -97,6 +115,14 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"prompt": "x", "logit_bias": {"99999999999": 1}})", false, "logit_bias"},
       {R"({"prompt": "x", "logit_bias": {"5": 101}})", false, "logit_bias"},
       {R"({"prompt": "x", "logit_bias": {"5": "up"}})", false, "logit_bias"},
+      // Known OpenAI fields lathe does not implement: refused rather than ignored.
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", true,
+       "response_format"},
+      {R"({"prompt": "x", "response_format": "json"})", false, "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true, "tool_choice"},
+      {R"({"prompt": "x", "suffix": "end"})", false, "suffix"},
+      {R"({"prompt": "x", "best_of": 3})", false, "best_of"},
       // Found by openai_request_fuzz / review: these threw (type_error) or wrapped around.
       {R"({"messages": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]})", true, "messages[0].content"},
       {R"({"prompt": "x", "max_tokens": 18446744073709551615})", false, "max_tokens"},
