@@ -23,24 +23,47 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// Read bandwidth (GB/s) over a buffer much larger than the caches, on `pool`'s threads, with
-// the vectorized Dot kernel (each cache line is read from DRAM once: both operands alias).
+// Sum of the 64-bit words of [p, p + n) read as S equal parts side by side (word i of every part
+// per step): S concurrent sequential streams, 4 accumulators per stream.
+template <int S>
+uint64_t SumStreams(const uint64_t* p, size_t n) {
+  const size_t part = n / S / 4 * 4;
+  uint64_t acc[S][4] = {};
+  for (size_t i = 0; i < part; i += 4)
+    for (int s = 0; s < S; ++s)
+      for (int u = 0; u < 4; ++u) acc[s][u] += p[s * part + i + u];
+  uint64_t t = 0;
+  for (int s = 0; s < S; ++s)
+    for (int u = 0; u < 4; ++u) t += acc[s][u];
+  return t;
+}
+
+// Read bandwidth (GB/s) over a buffer much larger than the caches, on `pool`'s threads: the best of
+// one sequential stream per thread and of 4 and 8 concurrent streams per thread (on some CPUs one
+// stream per core reaches only part of what the memory system delivers: Zen 1 ~12 of ~17 GB/s, and
+// the decode GEMVs read several rows at once).
 double MeasureReadBandwidth(ThreadPool& pool, size_t bytes) {
-  size_t n = bytes / sizeof(float);
-  std::vector<float> buf(n);
-  pool.ParallelFor((int64_t)n, 1 << 16, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) buf[i] = (float)(i & 1023) * 1e-3f;
+  const size_t n = bytes / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n);
+  pool.ParallelFor((int64_t)n, 1 << 15, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) buf[i] = (uint64_t)i * 0x9e3779b97f4a7c15ull;
   });
   double best = 0;
-  std::vector<double> sink(pool.size() * 8);
-  const int64_t chunk = 1 << 16;  // 256 KiB per task
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = Clock::now();
-    pool.ParallelFor((int64_t)n, chunk, [&](int64_t b, int64_t e, int t) {
-      sink[t * 8] += kernels::Dot(&buf[b], &buf[b], e - b);
-    });
-    double s = Seconds(t0, Clock::now());
-    best = std::max(best, bytes / s / 1e9);
+  std::vector<uint64_t> sink(pool.size() * 8);
+  const int64_t chunk = 1 << 16;  // 512 KiB per task
+  for (int streams : {1, 4, 8}) {
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = Clock::now();
+      pool.ParallelFor((int64_t)n, chunk, [&](int64_t b, int64_t e, int t) {
+        const uint64_t* p = &buf[b];
+        const size_t len = (size_t)(e - b);
+        sink[t * 8] += streams == 1   ? SumStreams<1>(p, len)
+                       : streams == 4 ? SumStreams<4>(p, len)
+                                      : SumStreams<8>(p, len);
+      });
+      double s = Seconds(t0, Clock::now());
+      best = std::max(best, bytes / s / 1e9);
+    }
   }
   return best;
 }

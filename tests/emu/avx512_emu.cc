@@ -97,7 +97,7 @@ const DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8
 
 // MatMulWith (one thread: the pool runs inline) on the GEMV, batched-GEMV and panel paths; block
 // types also with exact activations (dequantize + f32 panel), and batched rows bit-identical to
-// each row alone (a decode row's logits must not depend on the batch).
+// each row alone for every dtype (a decode row's logits must not depend on the batch).
 void AddMatMulCases() {
   struct Shape {
     int64_t N, K;
@@ -121,7 +121,7 @@ void AddMatMulCases() {
         auto y = NewOut(c, M * s.N);
         std::shared_ptr<Out> y_exact, y_rows;
         if (block) y_exact = NewOut(c, M * s.N);
-        if (block && M > 1) y_rows = NewOut(c, M * s.N);
+        if (M > 1) y_rows = NewOut(c, M * s.N);
         c.run = [=] {
           ThreadPool pool(1);
           cpu::MatMulWith(Tier().mm, pool, x->data(), M, w->t, y->v.data());

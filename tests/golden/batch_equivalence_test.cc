@@ -1,5 +1,6 @@
 // Batched forward over several sequences (different lengths, different cache slots, mixed
-// prefill and decode) gives the same logits as running each sequence alone.
+// prefill and decode) gives bit for bit the logits of running each sequence alone (stories260K is
+// f32: the float GEMV and the prefill panel share one per-row arithmetic, so no row depends on M).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -53,19 +54,19 @@ TEST(BatchEquivalence, Stories260KMixedBatchEqualsOneAtATime) {
   std::vector<float> lg;
   SeqInput first{1, prompts[1], true};
   ASSERT_TRUE(tf.Forward(cache, {&first, 1}, &lg).ok());
-  EXPECT_LT(MaxAbsDiff(lg.data(), alone_prefill[1].data(), (int64_t)lg.size()), 1e-5);
+  EXPECT_EQ(MaxAbsDiff(lg.data(), alone_prefill[1].data(), (int64_t)lg.size()), 0.0);
   std::vector<SeqInput> mixed = {{2, prompts[0], true}, {1, {&next[1], 1}, false}, {0, prompts[2], true}};
   ASSERT_TRUE(tf.Forward(cache, mixed, &lg).ok());
   int64_t n0 = (int64_t)prompts[0].size(), n2 = (int64_t)prompts[2].size();
   ASSERT_EQ((int64_t)lg.size(), (n0 + 1 + n2) * V);
-  EXPECT_LT(MaxAbsDiff(lg.data(), alone_prefill[0].data(), n0 * V), 1e-5);
-  EXPECT_LT(MaxAbsDiff(lg.data() + n0 * V, alone_decode[1].data(), V), 1e-5);
-  EXPECT_LT(MaxAbsDiff(lg.data() + (n0 + 1) * V, alone_prefill[2].data(), n2 * V), 1e-5);
+  EXPECT_EQ(MaxAbsDiff(lg.data(), alone_prefill[0].data(), n0 * V), 0.0);
+  EXPECT_EQ(MaxAbsDiff(lg.data() + n0 * V, alone_decode[1].data(), V), 0.0);
+  EXPECT_EQ(MaxAbsDiff(lg.data() + (n0 + 1) * V, alone_prefill[2].data(), n2 * V), 0.0);
   // Then decode steps for 0 and 2 together.
   std::vector<SeqInput> dec = {{0, {&next[2], 1}, false}, {2, {&next[0], 1}, false}};
   ASSERT_TRUE(tf.Forward(cache, dec, &lg).ok());
-  EXPECT_LT(MaxAbsDiff(lg.data(), alone_decode[2].data(), V), 1e-5);
-  EXPECT_LT(MaxAbsDiff(lg.data() + V, alone_decode[0].data(), V), 1e-5);
+  EXPECT_EQ(MaxAbsDiff(lg.data(), alone_decode[2].data(), V), 0.0);
+  EXPECT_EQ(MaxAbsDiff(lg.data() + V, alone_decode[0].data(), V), 0.0);
 }
 
 TEST(BatchEquivalence, ScatteredBlockTablesEqualContiguous) {

@@ -179,12 +179,16 @@ INSTANTIATE_TEST_SUITE_P(Tiers, MatMulTier, ::testing::ValuesIn(AllTiers()), tes
 // Batched decode: for block-quantized weights every row of a batched MatMul (M up to
 // kGemvQuantMaxM) runs the M = 1 kernel, so it is bit-identical to the same row computed alone,
 // on every tier and thread count, including N not a multiple of 4 and the multi-block head shape.
+// Float weights: the GEMV (M < kGemvMaxM) and the panel (the rest) share one per-row arithmetic,
+// so there too a row's result does not depend on M.
 TEST_P(MatMulTier, BatchedRowsBitIdenticalToSingleRow) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
   uint32_t seed = 500;
-  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
-    for (Shape s : {Shape{37, 96}, Shape{577, 576}, Shape{130, 1536}, Shape{2051, 64}}) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kF32, DType::kF16, DType::kBF16}) {
+    std::vector<Shape> shapes = {Shape{37, 96}, Shape{577, 576}, Shape{130, 1536}, Shape{2051, 64}};
+    if (!IsQuantized(dt)) shapes = {Shape{37, 96}, Shape{67, 576}, Shape{17, 100}};  // 100: a K tail of 4
+    for (Shape s : shapes) {
       for (int64_t M : {int64_t{2}, int64_t{3}, int64_t{5}, int64_t{7}, cpu::kGemvQuantMaxM, int64_t{17},
                         int64_t{34}, int64_t{67}}) {
         // Above kGemvQuantMaxM: the int8 GEMM where the tier has one, else the batched GEMV.
@@ -270,6 +274,7 @@ TEST_P(MatMulTier, SharedEqualsOneMatMulPerWeight) {
 // (CPUs that split 256-bit operations, Zen 1) and full width (two weight rows per vector). Both run
 // on any AVX2 CPU and must give bit-identical results on the GEMV (M <= 16) and int8 GEMM (M > 16)
 // paths, tails of N included; the tier tests above cover the form this CPU takes, this the other.
+// Likewise the BF16 GEMV (128-bit halves of the panel's 8-lane accumulators vs full width).
 TEST(Avx2Forms, SplitAndFullWidthBitIdentical) {
   LATHE_REQUIRE_TIER(IsaTier::kAvx2);
   const cpu::MatMulKernels& split = cpu::avx2::Table(true).mm;
@@ -277,8 +282,9 @@ TEST(Avx2Forms, SplitAndFullWidthBitIdentical) {
   ASSERT_NE(split.gemv, full.gemv);
   ASSERT_NE(split.qgemm, full.qgemm);
   uint32_t seed = 1300;
-  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
-    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}}) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kBF16}) {
+    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}, Shape{9, 100}}) {
+      if (IsQuantized(dt) && s.K % 32 != 0) continue;
       for (int64_t M : {1, 2, 3, 4, 5, 16, 17, 22, 34}) {
         testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
         const std::vector<float> x = RandomVec(M * s.K, seed++);

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/check.h"
@@ -172,89 +173,114 @@ inline float LoadScalar(const uint8_t* row, int64_t k) {
   }
 }
 
-// U independent accumulators per x row: 4 for M <= 2 (hides FMA latency on one row), 2 beyond
-// (M rows already give independent chains; more would spill the 16 ymm registers).
-template <DType T, int M>
-void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t K, float* y, int64_t ldy) {
-  constexpr int U = M <= 2 ? 4 : 2;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint8_t* row = w + r * rb;
-    __m256 acc[U][M];
-    for (int u = 0; u < U; ++u)
-      for (int i = 0; i < M; ++i) acc[u][i] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 8 * U <= K; k += 8 * U) {
-#pragma GCC unroll 4
-      for (int u = 0; u < U; ++u) {
-        const __m256 wv = Load8<T>(row, k + 8 * u);
-#pragma GCC unroll 4
-        for (int i = 0; i < M; ++i)
-          acc[u][i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * K + k + 8 * u), acc[u][i]);
-      }
-    }
-    for (; k + 8 <= K; k += 8) {
-      const __m256 wv = Load8<T>(row, k);
-      for (int i = 0; i < M; ++i) acc[0][i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * K + k), acc[0][i]);
-    }
-    for (int i = 0; i < M; ++i) {
-      __m256 s = acc[0][i];
-      for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[u][i]);
-      float t = HsumPs(s);
-      for (int64_t kk = k; kk < K; ++kk) t += LoadScalar<T>(row, kk) * x[i * K + kk];
-      y[i * ldy + r] = t;
-    }
+// Eight weights of a row from k, the lanes from n on zero (the masked K tail: as the panel's
+// masked loads of its dequantized rows read them).
+template <DType T>
+inline __m256 Load8Tail(const uint8_t* row, int64_t k, int64_t n) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_maskload_ps((const float*)row + k, TailMask(n));
+  } else {
+    alignas(16) uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(h, (const uint16_t*)row + k, sizeof(uint16_t) * (size_t)n);
+    return Load8<T>((const uint8_t*)h, 0);
   }
 }
 
-// BF16 weights, 16 per 32-byte load, as two float vectors without a widening convert: each dword
-// holds elements 2l (low half) and 2l + 1 (high half), so a shift gives the even elements and a mask
-// the odd ones, each times x de-interleaved the same way once per call. Per 16 weights: a shift, an
-// and and 2 FMAs, where Load8 takes 2 zero-extends, 2 shifts and 2 FMAs (each split in two on Zen 1).
-template <int M>
-void GemvBF16(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t K, float* y, int64_t ldy) {
-  constexpr int U = M <= 2 ? 2 : 1;  // 16-weight chunks per step: 2U accumulators per x row
-  const int64_t K16 = K / 16 * 16;
-  static thread_local std::vector<float> xd_buf;
-  float* xd = Scratch(xd_buf, (size_t)(M * K16 + 1));
-  for (int i = 0; i < M; ++i)
-    for (int64_t c = 0; c < K16; c += 16) {
-      const __m256 a = _mm256_loadu_ps(x + i * K + c), b = _mm256_loadu_ps(x + i * K + c + 8);
-      // shuffle_ps works per 128-bit lane: [a0 a2 b0 b2 | a4 a6 b4 b6]; the 64-bit permute restores order.
-      const __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
-      const __m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
-      _mm256_storeu_ps(xd + i * K16 + c, e);
-      _mm256_storeu_ps(xd + i * K16 + c + 8, o);
-    }
-  const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint16_t* row = (const uint16_t*)(w + r * rb);
-    __m256 acc[2 * U][M];
-    for (int u = 0; u < 2 * U; ++u)
-      for (int i = 0; i < M; ++i) acc[u][i] = _mm256_setzero_ps();
-    auto chunk = [&](int64_t k, int u) {
-      const __m256i v = _mm256_loadu_si256((const __m256i*)(row + k));
-      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-      const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+// Float weights, R weight rows x M x rows per pass, each (x row, weight row) with the panel Tile's
+// arithmetic: one 8-lane accumulator over k in steps of 8, the K tail as one masked step, HsumPs.
+// So a row's result is the same whatever M and whichever path (GEMV or panel) computes it: float
+// models' decode rows do not depend on the batch. R * M chains hide the FMA latency.
+// kSplit (CPUs that run 256-bit operations as two halves) with BF16: each 8-lane accumulator as two
+// 128-bit ones, one for the even and one for the odd elements of every 8 (a shift and an and widen
+// 4 bf16 each, where a zero-extend and a shift of 256 bits cost 4 ops on such CPUs), against x
+// permuted the same way (xp, once per call). Lane by lane they add the same products in the same
+// order as the 8-lane accumulator, and one unpack puts the lanes back in its order before HsumPs:
+// the same bits.
+// The R rows are `step` rows apart (their outputs y + j * step).
+template <DType T, int M, int R, bool kSplit>
+void GemvFRows(const uint8_t* w, size_t rb, int64_t step, const float* x, const float* xp, int64_t K, float* y,
+               int64_t ldy) {
+  rb *= (size_t)step;
+  __m256 acc[M][R];
+  int64_t k = 0;
+  if constexpr (kSplit && T == DType::kBF16) {
+    __m128 ev[M][R], od[M][R];
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < R; ++j) ev[i][j] = od[i][j] = _mm_setzero_ps();
+    const __m128i hi16 = _mm_set1_epi32((int)0xffff0000u);
+    for (; k + 8 <= K; k += 8) {
+      __m128 we[R], wo[R];
+#pragma GCC unroll 4
+      for (int j = 0; j < R; ++j) {
+        const __m128i v = _mm_loadu_si128((const __m128i*)((const uint16_t*)(w + j * rb) + k));
+        we[j] = _mm_castsi128_ps(_mm_slli_epi32(v, 16));
+        wo[j] = _mm_castsi128_ps(_mm_and_si128(v, hi16));
+      }
 #pragma GCC unroll 4
       for (int i = 0; i < M; ++i) {
-        acc[2 * u][i] = _mm256_fmadd_ps(we, _mm256_loadu_ps(xd + i * K16 + k), acc[2 * u][i]);
-        acc[2 * u + 1][i] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xd + i * K16 + k + 8), acc[2 * u + 1][i]);
+        const __m128 xe = _mm_loadu_ps(xp + i * K + k), xo = _mm_loadu_ps(xp + i * K + k + 4);
+#pragma GCC unroll 4
+        for (int j = 0; j < R; ++j) {
+          ev[i][j] = _mm_fmadd_ps(xe, we[j], ev[i][j]);
+          od[i][j] = _mm_fmadd_ps(xo, wo[j], od[i][j]);
+        }
       }
-    };
-    int64_t k = 0;
-    for (; k + 16 * U <= K16; k += 16 * U) {
-#pragma GCC unroll 2
-      for (int u = 0; u < U; ++u) chunk(k + 16 * u, u);
     }
-    for (; k < K16; k += 16) chunk(k, 0);
-    for (int i = 0; i < M; ++i) {
-      __m256 s = acc[0][i];
-      for (int u = 1; u < 2 * U; ++u) s = _mm256_add_ps(s, acc[u][i]);
-      float t = HsumPs(s);
-      for (int64_t kk = K16; kk < K; ++kk) t += BF16ToF32(row[kk]) * x[i * K + kk];
-      y[i * ldy + r] = t;
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < R; ++j)
+        acc[i][j] = _mm256_set_m128(_mm_unpackhi_ps(ev[i][j], od[i][j]), _mm_unpacklo_ps(ev[i][j], od[i][j]));
+  } else {
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < R; ++j) acc[i][j] = _mm256_setzero_ps();
+    for (; k + 8 <= K; k += 8) {
+      __m256 wv[R];
+#pragma GCC unroll 4
+      for (int j = 0; j < R; ++j) wv[j] = Load8<T>(w + j * rb, k);
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        const __m256 xv = _mm256_loadu_ps(x + i * K + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < R; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
     }
   }
+  if (k < K) {
+    const __m256i mask = TailMask(K - k);
+    __m256 wv[R];
+    for (int j = 0; j < R; ++j) wv[j] = Load8Tail<T>(w + j * rb, k, K - k);
+    for (int i = 0; i < M; ++i) {
+      const __m256 xv = _mm256_maskload_ps(x + i * K + k, mask);
+      for (int j = 0; j < R; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < R; ++j) y[i * ldy + j * step] = HsumPs(acc[i][j]);
+}
+
+template <DType T, int M, bool kSplit>
+void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t K, float* y, int64_t ldy) {
+  // R * M accumulators (twice as many 128-bit ones in the split BF16 form) + R weight vectors
+  // within the 16 registers.
+  constexpr bool kHalves = kSplit && T == DType::kBF16;
+  constexpr int R = kHalves ? (M == 1 ? 4 : M == 2 ? 2 : 1) : (M <= 2 ? 4 : 2);
+  const float* xp = nullptr;
+  if constexpr (kHalves) {  // x by 8s as [0 2 4 6 1 3 5 7] (the tail is read from x itself)
+    static thread_local std::vector<float> xp_buf;
+    float* p = Scratch(xp_buf, (size_t)(M * K + 1));
+    for (int i = 0; i < M; ++i)
+      for (int64_t c = 0; c + 8 <= K; c += 8) {
+        const __m128 a = _mm_loadu_ps(x + i * K + c), b = _mm_loadu_ps(x + i * K + c + 4);
+        _mm_storeu_ps(p + i * K + c, _mm_shuffle_ps(a, b, 0x88));
+        _mm_storeu_ps(p + i * K + c + 4, _mm_shuffle_ps(a, b, 0xdd));
+      }
+    xp = p;
+  }
+  // The rows in R runs of n_rows / R, row i of every run together: R long sequential streams,
+  // which the hardware prefetcher follows (R adjacent rows at a time read at ~2/3 of the DRAM rate
+  // for BF16 rows of 576).
+  const int64_t run = n_rows / R;
+  for (int64_t i = 0; i < run; ++i) GemvFRows<T, M, R, kSplit>(w + i * rb, rb, run, x, xp, K, y + i, ldy);
+  for (int64_t r = run * R; r < n_rows; ++r) GemvFRows<T, M, 1, kSplit>(w + r * rb, rb, 1, x, xp, K, y + r, ldy);
 }
 
 // Batched decode (M = 1-4 x rows), four weight rows per pass: their four f16 scales are converted
@@ -407,11 +433,11 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, 
     case DType::kQ4_1:
       return GemvQ4<M, true>(w, rb, n_rows, xq, K / 32, y, ldy);
     case DType::kF32:
-      return GemvF<DType::kF32, M>(w, rb, n_rows, xf, K, y, ldy);
+      return GemvF<DType::kF32, M, kSplit>(w, rb, n_rows, xf, K, y, ldy);
     case DType::kF16:
-      return GemvF<DType::kF16, M>(w, rb, n_rows, xf, K, y, ldy);
+      return GemvF<DType::kF16, M, kSplit>(w, rb, n_rows, xf, K, y, ldy);
     case DType::kBF16:
-      return GemvBF16<M>(w, rb, n_rows, xf, K, y, ldy);
+      return GemvF<DType::kBF16, M, kSplit>(w, rb, n_rows, xf, K, y, ldy);
     default:
       LATHE_CHECK_MSG(false, "MatMul: unsupported weight dtype %s", DTypeName(t));
   }

@@ -153,36 +153,48 @@ inline __m512 Load16(const uint8_t* row, int64_t k, __mmask16 m = 0xffff) {
   }
 }
 
-template <DType T, int M>
-void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t K, float* y, int64_t ldy) {
-  constexpr int U = M <= 2 ? 4 : 2;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const uint8_t* row = w + r * rb;
-    __m512 acc[U][M];
-    for (int u = 0; u < U; ++u)
-      for (int i = 0; i < M; ++i) acc[u][i] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 * U <= K; k += 16 * U) {
+// Float weights, R weight rows x M x rows per pass, each (x row, weight row) with the panel Tile's
+// arithmetic: one 16-lane accumulator over k in steps of 16, the K tail as one masked step, the
+// same reduce; so a row's result does not depend on M or on the GEMV / panel choice (batch
+// invariance of float models' decode rows).
+template <DType T, int M, int R>
+void GemvFRows(const uint8_t* w, size_t rb, int64_t step, const float* x, int64_t K, float* y, int64_t ldy) {
+  rb *= (size_t)step;  // the R rows are `step` rows apart, their outputs at y + j * step
+  __m512 acc[M][R];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < R; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[R];
 #pragma GCC unroll 4
-      for (int u = 0; u < U; ++u) {
-        const __m512 wv = Load16<T>(row, k + 16 * u);
+    for (int j = 0; j < R; ++j) wv[j] = Load16<T>(w + j * rb, k);
 #pragma GCC unroll 4
-        for (int i = 0; i < M; ++i)
-          acc[u][i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * K + k + 16 * u), acc[u][i]);
-      }
-    }
-    for (; k < K; k += 16) {
-      const __mmask16 m = Mask16(std::min<int64_t>(16, K - k));
-      const __m512 wv = Load16<T>(row, k, m);
-      for (int i = 0; i < M; ++i)
-        acc[0][i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + i * K + k), acc[0][i]);
-    }
     for (int i = 0; i < M; ++i) {
-      __m512 s = acc[0][i];
-      for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[u][i]);
-      y[i * ldy + r] = _mm512_reduce_add_ps(s);
+      const __m512 xv = _mm512_loadu_ps(x + i * K + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < R; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
+  if (k < K) {
+    const __mmask16 m = Mask16(K - k);
+    __m512 wv[R];
+    for (int j = 0; j < R; ++j) wv[j] = Load16<T>(w + j * rb, k, m);
+    for (int i = 0; i < M; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * K + k);
+      for (int j = 0; j < R; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < R; ++j) y[i * ldy + j * step] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+// The rows in 4 runs of n_rows / 4, row i of every run together: 4 long sequential streams (as the
+// AVX2 tier; 4 adjacent rows at a time defeat the hardware prefetcher on short rows).
+template <DType T, int M>
+void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t K, float* y, int64_t ldy) {
+  const int64_t run = n_rows / 4;
+  for (int64_t i = 0; i < run; ++i) GemvFRows<T, M, 4>(w + i * rb, rb, run, x, K, y + i, ldy);
+  for (int64_t r = run * 4; r < n_rows; ++r) GemvFRows<T, M, 1>(w + r * rb, rb, 1, x, K, y + r, ldy);
 }
 
 // Decode (M = 1): four weight rows per pass. Their four f16 scales are converted by one
