@@ -186,17 +186,48 @@ inline __m256 Load8Tail(const uint8_t* row, int64_t k, int64_t n) {
   }
 }
 
-// Float weights, R weight rows x M x rows per pass, each (x row, weight row) with the panel Tile's
-// arithmetic: one 8-lane accumulator over k in steps of 8, the K tail as one masked step, HsumPs.
-// So a row's result is the same whatever M and whichever path (GEMV or panel) computes it: float
-// models' decode rows do not depend on the batch. R * M chains hide the FMA latency.
-// kSplit (CPUs that run 256-bit operations as two halves) with BF16: each 8-lane accumulator as two
-// 128-bit ones, one for the even and one for the odd elements of every 8 (a shift and an and widen
-// 4 bf16 each, where a zero-extend and a shift of 256 bits cost 4 ops on such CPUs), against x
-// permuted the same way (xp, once per call). Lane by lane they add the same products in the same
-// order as the 8-lane accumulator, and one unpack puts the lanes back in its order before HsumPs:
-// the same bits.
-// The R rows are `step` rows apart (their outputs y + j * step).
+// MR x rows times NR weight rows (dtype T, w_stride bytes apart; outputs y[i * ldy + j * y_step]),
+// dot-product form: one 8-lane accumulator per output over k in steps of 8 from k0 (continuing
+// `acc`), the K tail as one masked step, HsumPs. The prefill panel (f32 rows, from k0 = 0) and the
+// float GEMV both run it, so a row's result does not depend on M or on which of them computes it
+// (batch invariance of float models' decode rows). At 4 x 3 for the panel: 12 accumulators + 3
+// weight vectors + 1 x vector = all 16 ymm registers; 7 loads per 12 FMAs.
+template <DType T, int MR, int NR>
+__attribute__((always_inline)) inline void DotTile(__m256 (&acc)[MR][NR], int64_t k, const float* x, int64_t ldx,
+                                                   const uint8_t* w, size_t w_stride, int64_t K, float* y, int64_t ldy,
+                                                   int64_t y_step) {
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) wv[j] = Load8<T>(w + j * w_stride, k);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (k < K) {
+    const __m256i mask = TailMask(K - k);
+    __m256 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = Load8Tail<T>(w + j * w_stride, k, K - k);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_maskload_ps(x + i * ldx + k, mask);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j * y_step] = HsumPs(acc[i][j]);
+}
+
+// Float weights, R weight rows (`step` rows apart, outputs y + j * step) x M x rows per pass with
+// DotTile's arithmetic; R * M chains hide the FMA latency.
+// kSplit (CPUs that run 256-bit operations as two halves) with BF16: the full 8-steps keep each
+// 8-lane accumulator as two 128-bit ones, one for the even and one for the odd elements of every 8
+// (a shift and an and widen 4 bf16 each, where a zero-extend and a shift of 256 bits cost 4 ops on
+// such CPUs), against x permuted the same way (xp, once per call). Lane by lane they add the same
+// products in the same order as the 8-lane accumulator, and one unpack puts the lanes back in its
+// order before DotTile's tail and sum: the same bits.
 template <DType T, int M, int R, bool kSplit>
 void GemvFRows(const uint8_t* w, size_t rb, int64_t step, const float* x, const float* xp, int64_t K, float* y,
                int64_t ldy) {
@@ -232,29 +263,8 @@ void GemvFRows(const uint8_t* w, size_t rb, int64_t step, const float* x, const 
   } else {
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < R; ++j) acc[i][j] = _mm256_setzero_ps();
-    for (; k + 8 <= K; k += 8) {
-      __m256 wv[R];
-#pragma GCC unroll 4
-      for (int j = 0; j < R; ++j) wv[j] = Load8<T>(w + j * rb, k);
-#pragma GCC unroll 4
-      for (int i = 0; i < M; ++i) {
-        const __m256 xv = _mm256_loadu_ps(x + i * K + k);
-#pragma GCC unroll 4
-        for (int j = 0; j < R; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-      }
-    }
   }
-  if (k < K) {
-    const __m256i mask = TailMask(K - k);
-    __m256 wv[R];
-    for (int j = 0; j < R; ++j) wv[j] = Load8Tail<T>(w + j * rb, k, K - k);
-    for (int i = 0; i < M; ++i) {
-      const __m256 xv = _mm256_maskload_ps(x + i * K + k, mask);
-      for (int j = 0; j < R; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < R; ++j) y[i * ldy + j * step] = HsumPs(acc[i][j]);
+  DotTile<T, M, R>(acc, k, x, K, w, rb, K, y, ldy, step);
 }
 
 template <DType T, int M, bool kSplit>
@@ -513,36 +523,13 @@ void DequantRows(DType t, const uint8_t* w, size_t rb, int64_t n_rows, int64_t K
 
 // ---- prefill panel: MR x rows times NR weight rows, dot-product form ------------------------------
 
-// 4 x 3 = 12 accumulators + 3 weight vectors + 1 x vector = all 16 ymm registers; 7 loads per 12
-// FMAs keeps the two FMA pipes busy. The K tail uses masked loads (no padding required).
+// DotTile over f32 rows (the dequantized panel, or f32 weights in place) from zero.
 template <int MR, int NR>
 void Tile(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy) {
   __m256 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 wv[NR];
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + j * ldw + k);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  if (k < K) {
-    const __m256i mask = TailMask(K - k);
-    __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_maskload_ps(w + j * ldw + k, mask);
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_maskload_ps(x + i * ldx + k, mask);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = HsumPs(acc[i][j]);
+  DotTile<DType::kF32, MR, NR>(acc, 0, x, ldx, (const uint8_t*)w, (size_t)ldw * sizeof(float), K, y, ldy, 1);
 }
 
 constexpr int kMR = 4, kNR = 3;

@@ -153,39 +153,41 @@ inline __m512 Load16(const uint8_t* row, int64_t k, __mmask16 m = 0xffff) {
   }
 }
 
-// Float weights, R weight rows x M x rows per pass, each (x row, weight row) with the panel Tile's
-// arithmetic: one 16-lane accumulator over k in steps of 16, the K tail as one masked step, the
-// same reduce; so a row's result does not depend on M or on the GEMV / panel choice (batch
-// invariance of float models' decode rows).
-template <DType T, int M, int R>
-void GemvFRows(const uint8_t* w, size_t rb, int64_t step, const float* x, int64_t K, float* y, int64_t ldy) {
-  rb *= (size_t)step;  // the R rows are `step` rows apart, their outputs at y + j * step
-  __m512 acc[M][R];
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < R; ++j) acc[i][j] = _mm512_setzero_ps();
+// MR x rows times NR weight rows (dtype T, w_stride bytes apart; outputs y[i * ldy + j * y_step]),
+// dot-product form: one 16-lane accumulator per output over k in steps of 16, the K tail as one
+// masked step, the same reduce. The prefill panel (f32 rows) and the float GEMV both run it, so a
+// row's result does not depend on M or on which of them computes it (batch invariance of float
+// models' decode rows). At 6 x 4 for the panel: 24 zmm accumulators + 4 weight vectors + 1 x vector
+// of the 32 registers; 10 loads per 24 FMAs.
+template <DType T, int MR, int NR>
+__attribute__((always_inline)) inline void DotTile(const float* x, int64_t ldx, const uint8_t* w, size_t w_stride,
+                                                   int64_t K, float* y, int64_t ldy, int64_t y_step) {
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    __m512 wv[R];
+    __m512 wv[NR];
 #pragma GCC unroll 4
-    for (int j = 0; j < R; ++j) wv[j] = Load16<T>(w + j * rb, k);
+    for (int j = 0; j < NR; ++j) wv[j] = Load16<T>(w + j * w_stride, k);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
 #pragma GCC unroll 4
-    for (int i = 0; i < M; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + i * K + k);
-#pragma GCC unroll 4
-      for (int j = 0; j < R; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   if (k < K) {
     const __mmask16 m = Mask16(K - k);
-    __m512 wv[R];
-    for (int j = 0; j < R; ++j) wv[j] = Load16<T>(w + j * rb, k, m);
-    for (int i = 0; i < M; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * K + k);
-      for (int j = 0; j < R; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    __m512 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = Load16<T>(w + j * w_stride, k, m);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < R; ++j) y[i * ldy + j * step] = _mm512_reduce_add_ps(acc[i][j]);
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j * y_step] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
 // The rows in 4 runs of n_rows / 4, row i of every run together: 4 long sequential streams (as the
@@ -193,8 +195,8 @@ void GemvFRows(const uint8_t* w, size_t rb, int64_t step, const float* x, int64_
 template <DType T, int M>
 void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t K, float* y, int64_t ldy) {
   const int64_t run = n_rows / 4;
-  for (int64_t i = 0; i < run; ++i) GemvFRows<T, M, 4>(w + i * rb, rb, run, x, K, y + i, ldy);
-  for (int64_t r = run * 4; r < n_rows; ++r) GemvFRows<T, M, 1>(w + r * rb, rb, 1, x, K, y + r, ldy);
+  for (int64_t i = 0; i < run; ++i) DotTile<T, M, 4>(x, K, w + i * rb, run * rb, K, y + i, ldy, run);
+  for (int64_t r = run * 4; r < n_rows; ++r) DotTile<T, M, 1>(x, K, w + r * rb, rb, K, y + r, ldy, 1);
 }
 
 // Decode (M = 1): four weight rows per pass. Their four f16 scales are converted by one
@@ -445,36 +447,10 @@ void DequantRows(DType t, const uint8_t* w, size_t rb, int64_t n_rows, int64_t K
 
 // ---- prefill panel: MR x rows times NR weight rows, dot-product form ------------------------------
 
-// 6 x 4 = 24 zmm accumulators + 4 weight vectors + 1 x vector of the 32 registers; 10 loads per 24
-// FMAs. The K tail uses masked loads.
+// DotTile over f32 rows (the dequantized panel, or f32 weights in place).
 template <int MR, int NR>
 void Tile(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy) {
-  __m512 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[NR];
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * ldw + k);
-#pragma GCC unroll 6
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  if (k < K) {
-    const __mmask16 m = Mask16(K - k);
-    __m512 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(m, w + j * ldw + k);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
+  DotTile<DType::kF32, MR, NR>(x, ldx, (const uint8_t*)w, (size_t)ldw * sizeof(float), K, y, ldy, 1);
 }
 
 constexpr int kMR = 6, kNR = 4;
