@@ -28,6 +28,20 @@ Result<json> ParseJsonFile(const std::string& path) {
   }
 }
 
+// j[key] where j is an object holding it (null counts as absent), else def; a value of another
+// type is an error naming the field (json::value would throw).
+Result<bool> BoolField(const Ctx& c, const json& j, const char* key, bool def, const std::string& field) {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) return def;
+  if (!j[key].is_boolean()) return c.Err(field + "." + key, "expected true or false");
+  return j[key].get<bool>();
+}
+Result<std::string> StrField(const Ctx& c, const json& j, const char* key, const std::string& def,
+                             const std::string& field) {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) return def;
+  if (!j[key].is_string()) return c.Err(field + "." + key, "expected a string");
+  return j[key].get<std::string>();
+}
+
 std::string TypeOf(const json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; }
 
 bool ByteLevelIn(const json& j) {
@@ -115,29 +129,34 @@ Status ParsePreTokenizer(const Ctx& c, const json& j, const std::string& field, 
     bool is_regex = false;
     LATHE_ASSIGN_OR_RETURN(std::string pat, PatternOf(c, j.value("pattern", json()), field + ".pattern", &is_regex));
     LATHE_ASSIGN_OR_RETURN(SplitBehavior b, ParseBehavior(c, j.value("behavior", json()), field + ".behavior"));
-    bool invert = j.value("invert", false);
+    LATHE_ASSIGN_OR_RETURN(bool invert, BoolField(c, j, "invert", false, field));
     Status st = is_regex ? v->pre.AddRegex(pat, b, invert) : v->pre.AddLiteral(pat, b, invert);
     return st.WithContext(c.path + ": field " + field + ".pattern");
   }
   if (t == "ByteLevel") {
     v->byte_level = true;
-    if (j.value("add_prefix_space", false)) v->normalize.push_back({NormalizeOp::kPrepend, " ", ""});
-    if (j.value("use_regex", true)) return v->pre.AddByteLevelRegex();
+    LATHE_ASSIGN_OR_RETURN(bool prefix_space, BoolField(c, j, "add_prefix_space", false, field));
+    LATHE_ASSIGN_OR_RETURN(bool use_regex, BoolField(c, j, "use_regex", true, field));
+    if (prefix_space) v->normalize.push_back({NormalizeOp::kPrepend, " ", ""});
+    if (use_regex) return v->pre.AddByteLevelRegex();
     return Status::Ok();
   }
   if (t == "Digits") {
-    bool individual = j.value("individual_digits", false);
+    LATHE_ASSIGN_OR_RETURN(bool individual, BoolField(c, j, "individual_digits", false, field));
     return v->pre.AddRegex(individual ? "[0-9]" : "[0-9]+", SplitBehavior::kIsolated, false);
   }
   if (t == "Metaspace") {
-    std::string repl = j.value("replacement", std::string("\xE2\x96\x81"));
-    std::string scheme = j.value("prepend_scheme", std::string(j.value("add_prefix_space", true) ? "always" : "never"));
+    LATHE_ASSIGN_OR_RETURN(std::string repl, StrField(c, j, "replacement", "\xE2\x96\x81", field));
+    LATHE_ASSIGN_OR_RETURN(bool prefix_space, BoolField(c, j, "add_prefix_space", true, field));
+    LATHE_ASSIGN_OR_RETURN(std::string scheme,
+                           StrField(c, j, "prepend_scheme", prefix_space ? "always" : "never", field));
+    LATHE_ASSIGN_OR_RETURN(bool split, BoolField(c, j, "split", true, field));
     v->byte_level = false;
     v->normalize.push_back({NormalizeOp::kReplace, " ", repl});
     if (scheme == "always") v->normalize.push_back({NormalizeOp::kMetaspaceAlways, repl, ""});
     if (scheme == "first") v->normalize.push_back({NormalizeOp::kMetaspaceFirst, repl, ""});
     if (scheme != "never") v->add_space_prefix = true;
-    if (j.value("split", true)) return v->pre.AddLiteral(repl, SplitBehavior::kMergedWithNext, false);
+    if (split) return v->pre.AddLiteral(repl, SplitBehavior::kMergedWithNext, false);
     return Status::Ok();
   }
   return c.Err(field + ".type",
@@ -160,7 +179,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromTokenizerJson(const std::strin
   Ctx c{path};
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) return c.Err("model", "missing");
   const json& m = j["model"];
-  std::string mtype = m.value("type", std::string("BPE"));
+  LATHE_ASSIGN_OR_RETURN(std::string mtype, StrField(c, m, "type", "BPE", "model"));
   if (mtype != "BPE") return c.Err("model.type", "'" + mtype + "' is not supported (only BPE)");
   if (!m.contains("vocab") || !m["vocab"].is_object()) return c.Err("model.vocab", "expected an object");
   if (!m.contains("merges") || !m["merges"].is_array()) return c.Err("model.merges", "expected an array");
@@ -197,9 +216,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromTokenizerJson(const std::strin
     AddedToken t;
     t.id = static_cast<int32_t>(a["id"].get<int64_t>());
     t.text = a["content"].get<std::string>();
-    t.special = a.value("special", false);
-    t.lstrip = a.value("lstrip", false);
-    t.rstrip = a.value("rstrip", false);
+    const std::string at = "added_tokens[" + std::to_string(v.added.size()) + "]";
+    LATHE_ASSIGN_OR_RETURN(t.special, BoolField(c, a, "special", false, at));
+    LATHE_ASSIGN_OR_RETURN(t.lstrip, BoolField(c, a, "lstrip", false, at));
+    LATHE_ASSIGN_OR_RETURN(t.rstrip, BoolField(c, a, "rstrip", false, at));
     v.pieces[t.id] = t.text;
     v.types[t.id] = t.special ? TokenType::kControl : TokenType::kUserDefined;
     v.added.push_back(std::move(t));
@@ -219,8 +239,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromTokenizerJson(const std::strin
       return c.Err("model.merges[" + std::to_string(i) + "]", "expected \"a b\" or [\"a\", \"b\"]");
     }
   }
-  v.ignore_merges = m.value("ignore_merges", false);
-  v.byte_fallback = m.value("byte_fallback", false);
+  LATHE_ASSIGN_OR_RETURN(v.ignore_merges, BoolField(c, m, "ignore_merges", false, "model"));
+  LATHE_ASSIGN_OR_RETURN(v.byte_fallback, BoolField(c, m, "byte_fallback", false, "model"));
   auto id_of = [&](const std::string& text) -> int32_t {
     if (text.empty()) return -1;
     for (const AddedToken& t : v.added) {
@@ -241,7 +261,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromTokenizerJson(const std::strin
     const json& single = post["single"];
     auto special_id = [&](const json& item) -> int32_t {
       if (item.is_object() && item.contains("SpecialToken") && item["SpecialToken"].is_object()) {
-        return id_of(item["SpecialToken"].value("id", std::string()));
+        const json& st = item["SpecialToken"];
+        return st.contains("id") && st["id"].is_string() ? id_of(st["id"].get<std::string>()) : -1;
       }
       return -1;
     };
@@ -284,7 +305,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromTokenizerJson(const std::strin
         v.chat_template = ct.get<std::string>();
       } else if (ct.is_array()) {
         for (const json& e : ct) {
-          if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template") &&
+          if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
               e["template"].is_string()) {
             v.chat_template = e["template"].get<std::string>();
           }

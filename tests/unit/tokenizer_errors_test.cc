@@ -96,6 +96,18 @@ TEST(TokenizerErrors, BadTokenizerJson) {
   ExpectError(Tokenizer::FromTokenizerJson(path).status(), {path, "model.vocab[\"a\"]"});
   path = WriteTemp("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": 1}]})");
   ExpectError(Tokenizer::FromTokenizerJson(path).status(), {path, "added_tokens[0]"});
+  // Found by tokenizer_fuzz: flags and strings of the wrong JSON type threw (json::value) instead of
+  // giving an error (the crash input is kept in the fuzz corpus).
+  path = WriteTemp("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+      "added_tokens": [{"id": 1, "content": "<s>", "special": 1}]})");
+  ExpectError(Tokenizer::FromTokenizerJson(path).status(), {path, "added_tokens[0].special", "true or false"});
+  path = WriteTemp("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [], "byte_fallback": "yes"}})");
+  ExpectError(Tokenizer::FromTokenizerJson(path).status(), {path, "model.byte_fallback"});
+  path = WriteTemp("tokenizer.json", R"({"model": {"type": 5, "vocab": {"a": 0}, "merges": []}})");
+  ExpectError(Tokenizer::FromTokenizerJson(path).status(), {path, "model.type", "a string"});
+  path = WriteTemp("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+      "pre_tokenizer": {"type": "Metaspace", "replacement": 3}})");
+  ExpectError(Tokenizer::FromTokenizerJson(path).status(), {path, "pre_tokenizer.replacement"});
 }
 
 // A GGUF buffer with the given string / string-array / int-array metadata.
