@@ -112,7 +112,9 @@ Sample StreamCompletion(const Endpoint& ep, const std::vector<int32_t>& prompt, 
       }
       json j = json::parse(payload, nullptr, false);
       if (j.is_discarded()) continue;
-      if (j.contains("usage") && j["usage"].is_object()) s.tokens = j["usage"].value("completion_tokens", 0);
+      if (j.contains("usage") && j["usage"].is_object() && j["usage"].contains("completion_tokens") &&
+          j["usage"]["completion_tokens"].is_number_integer())
+        s.tokens = j["usage"]["completion_tokens"].get<int>();
       if (!j.contains("choices") || !j["choices"].is_array() || !HasText(j["choices"])) continue;
       const double now = Now();
       if (last == 0)

@@ -54,13 +54,21 @@ Result<std::unique_ptr<LoraAdapter>> LoadPeftAdapter(const std::string& dir, con
   }
   auto err = [&](const std::string& m) { return Status::Error(cfg_path + ": " + m); };
   if (!j.is_object()) return err("expected a JSON object");
-  if (j.value("peft_type", std::string("LORA")) != "LORA") return err("peft_type must be LORA");
-  if (j.value("use_dora", false)) return err("use_dora: DoRA adapters are not supported");
+  // A flag written true / false (absent or null = false); json::value would throw on another type.
+  auto flag = [&](const char* key) -> Result<bool> {
+    if (!j.contains(key) || j[key].is_null()) return false;
+    if (!j[key].is_boolean()) return err(std::string("'") + key + "' must be true or false");
+    return j[key].get<bool>();
+  };
+  if (j.contains("peft_type") && j["peft_type"] != "LORA") return err("peft_type must be LORA");
+  LATHE_ASSIGN_OR_RETURN(const bool dora, flag("use_dora"));
+  if (dora) return err("use_dora: DoRA adapters are not supported");
   if (j.contains("bias") && j["bias"].is_string() && j["bias"] != "none") return err("bias: only \"none\" is supported");
   if (j.contains("modules_to_save") && !j["modules_to_save"].is_null() && !j["modules_to_save"].empty()) {
     return err("modules_to_save: adapters that replace whole modules are not supported");
   }
-  if (j.value("fan_in_fan_out", false)) return err("fan_in_fan_out: not supported for Llama-family models");
+  LATHE_ASSIGN_OR_RETURN(const bool fan_in_fan_out, flag("fan_in_fan_out"));
+  if (fan_in_fan_out) return err("fan_in_fan_out: not supported for Llama-family models");
   if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1) return err("'r' must be a positive integer");
   if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number()) return err("'lora_alpha' must be a number");
   for (const char* k : {"rank_pattern", "alpha_pattern"}) {
@@ -70,7 +78,7 @@ Result<std::unique_ptr<LoraAdapter>> LoadPeftAdapter(const std::string& dir, con
   a->path = dir;
   a->rank = j["r"].get<int64_t>();
   a->alpha = j["lora_alpha"].get<double>();
-  a->rslora = j.value("use_rslora", false);
+  LATHE_ASSIGN_OR_RETURN(a->rslora, flag("use_rslora"));
   if (j.contains("target_modules") && j["target_modules"].is_array()) {
     for (const auto& t : j["target_modules"]) if (t.is_string()) a->target_modules.push_back(t.get<std::string>());
   }

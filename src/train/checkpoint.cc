@@ -192,12 +192,16 @@ Result<json> LoadTrainingState(const std::string& dir, std::span<const ParamRef>
   json j = json::parse(jtext, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::Error("checkpoint file '" + jpath + "' is not JSON");
   const std::string kind = OptimKind(opt);
-  if (j.value("optimizer", std::string()) != kind) {
-    return Status::Error("checkpoint file '" + jpath + "': the checkpoint's optimizer is '" +
-                         j.value("optimizer", std::string()) + "', this run's is '" + kind +
-                         "' (key 'optim' must match the checkpointed run)");
+  const std::string saved =
+      j.contains("optimizer") && j["optimizer"].is_string() ? j["optimizer"].get<std::string>() : "";
+  if (saved != kind) {
+    return Status::Error("checkpoint file '" + jpath + "': the checkpoint's optimizer is '" + saved +
+                         "', this run's is '" + kind + "' (key 'optim' must match the checkpointed run)");
   }
-  const int64_t steps = j.value("optimizer_steps", (int64_t)0);
+  if (j.contains("optimizer_steps") && !j["optimizer_steps"].is_number_integer()) {
+    return Status::Error("checkpoint file '" + jpath + "': 'optimizer_steps' must be an integer");
+  }
+  const int64_t steps = j.contains("optimizer_steps") ? j["optimizer_steps"].get<int64_t>() : 0;
 
   std::string path = (fs::path(dir) / kTrainingStateFile).string();
   LATHE_ASSIGN_OR_RETURN(std::string blob, ReadWhole(path));

@@ -117,12 +117,15 @@ Result<std::vector<Example>> LoadExamples(const std::string& dataset_dir, const 
   // os.path.join semantics, as LLaMA-Factory: an absolute file_name stands on its own.
   const std::string file_name = e["file_name"].get<std::string>();
   std::string file = !file_name.empty() && file_name[0] == '/' ? file_name : dataset_dir + "/" + file_name;
-  std::string formatting = e.value("formatting", "alpaca");
+  const std::string formatting =
+      !e.contains("formatting") ? "alpaca"
+      : e["formatting"].is_string() ? e["formatting"].get<std::string>()
+                                    : e["formatting"].dump();
   if (formatting != "alpaca" && formatting != "sharegpt") {
     return Status::Error(StrFormat("%s: dataset '%s' has formatting '%s' (expected alpaca or sharegpt)",
                                    info_path.c_str(), name.c_str(), formatting.c_str()));
   }
-  bool ranking = e.value("ranking", false);
+  const bool ranking = e.contains("ranking") && e["ranking"] == true;
   LATHE_ASSIGN_OR_RETURN(std::vector<json> records, ReadRecords(file));
   if (max_samples > 0 && (int64_t)records.size() > max_samples) records.resize(max_samples);
   std::vector<Example> out;

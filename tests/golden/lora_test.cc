@@ -95,6 +95,16 @@ TEST(PeftLoraErrors, NameTheFileAndKey) {
   write(R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_dora": true})");
   auto r = LoadPeftAdapter(dir, w->config);
   EXPECT_NE(r.status().message().find("DoRA"), std::string::npos) << r.status().message();
+  // Flags of another JSON type threw (json::value) instead of naming the key.
+  for (const char* key : {"use_dora", "fan_in_fan_out", "use_rslora"}) {
+    write(std::string(R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, ")") + key + R"(": "yes"})");
+    r = LoadPeftAdapter(dir, w->config);
+    EXPECT_NE(r.status().message().find(std::string("'") + key + "' must be true or false"), std::string::npos)
+        << r.status().message();
+  }
+  write(R"({"peft_type": 3, "r": 4, "lora_alpha": 8})");
+  r = LoadPeftAdapter(dir, w->config);
+  EXPECT_NE(r.status().message().find("peft_type must be LORA"), std::string::npos) << r.status().message();
   write(R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16})");  // wrong rank for the tensors
   r = LoadPeftAdapter(dir, w->config);
   EXPECT_NE(r.status().message().find("expected [8,"), std::string::npos) << r.status().message();

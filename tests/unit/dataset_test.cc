@@ -87,6 +87,12 @@ TEST(Dataset, TextFilesGiveOneRecordPerLine) {
   ASSERT_EQ(crlf->size(), 2u);  // blank and whitespace-only lines dropped, \r stripped
   EXPECT_EQ((*crlf)[0].text, "first line");
   EXPECT_EQ((*crlf)[1].text, "second line");
+  // Registry values of the wrong JSON type give an error naming the dataset (json::value threw).
+  std::ofstream(dir + "/dataset_info.json") << "{\"crlf\": {\"file_name\": \"crlf.txt\", \"formatting\": 3}}";
+  auto bad = LoadExamples(dir, "crlf", "sft", 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("dataset 'crlf' has formatting '3'"), std::string::npos)
+      << bad.status().message();
   std::filesystem::remove_all(dir);
 }
 
