@@ -16,6 +16,8 @@ const DTypeInfo kInfos[] = {
     // Packed buffers: block_size is the absmax block; block_bytes the code bytes per block (the
     // buffer also holds the header and statistics, see PackedQuantLayout).
     {"nf4", 64, 32}, {"fp4", 64, 32}, {"nf4_dq", 64, 32}, {"fp4_dq", 64, 32}, {"i8_row", 1, 1},
+    {"q5_0", 32, 22}, {"q5_1", 32, 24}, {"q2_k", 256, 84}, {"q3_k", 256, 110}, {"q4_k", 256, 144},
+    {"q5_k", 256, 176}, {"q6_k", 256, 210},
 };
 static_assert(sizeof(kInfos) / sizeof(kInfos[0]) == (size_t)DType::kCount);
 }  // namespace

@@ -30,6 +30,15 @@ enum class DType : uint8_t {
   kNF4DQ,   // NF4 with double-quantized absmax (u8 per 64, f32 absmax per 256 blocks, f32 offset)
   kFP4DQ,   // FP4 with double-quantized absmax
   kI8Row,   // LLM.int8 weight: int8 per element, f32 absmax per row (scale = absmax / 127)
+  // More GGML block types (byte-compatible, see the Block* structs below). After the packed types so
+  // the packed types' numbers stay what QuantHeader::dtype has always held.
+  kQ5_0,  // 32 x 5-bit (offset 16) + f16 scale (22 bytes)
+  kQ5_1,  // 32 x 5-bit + f16 scale + f16 min (24 bytes)
+  kQ2_K,  // 256: 16 x (4-bit scale, 4-bit min) of 16 x 2-bit, f16 d and dmin (84 bytes)
+  kQ3_K,  // 256: 16 x 6-bit signed scale of 16 x 3-bit (offset 4), f16 d (110 bytes)
+  kQ4_K,  // 256: 8 x (6-bit scale, 6-bit min) of 32 x 4-bit, f16 d and dmin (144 bytes)
+  kQ5_K,  // 256: as Q4_K with 5-bit values (176 bytes)
+  kQ6_K,  // 256: 16 x int8 scale of 16 x 6-bit (offset 32), f16 d (210 bytes)
   kCount,
 };
 
@@ -109,6 +118,59 @@ struct BlockQ4_1 {
   uint16_t m;  // f16 min
   uint8_t qs[16];
 };
+// Q5_0 / Q5_1: element j < 16 is the low nibble of qs[j], element j + 16 the high nibble; bit j
+// of qh (little-endian u32) is element j's fifth bit.
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct BlockQ5_1 {
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+// K-quants (256 elements). Element e = 128 h + 32 s + l (h < 2, s < 4, l < 32) of Q2_K / Q3_K has
+// its 2 low bits at (qs[32 h + l] >> 2 s) & 3; Q3_K's third bit is (hmask[l] >> (e / 32)) & 1
+// (clear = subtract 4). Q4_K / Q5_K: element e = 64 c + 32 n + l has its 4 low bits in nibble n of
+// qs[32 c + l]; Q5_K's fifth bit is (qh[l] >> (e / 32)) & 1. Q6_K: element e = 128 h + 64 n + l
+// (l < 64) has its 4 low bits in nibble n of ql[64 h + l], and element e = 128 h + 32 s + l (l < 32)
+// its 2 high bits at (qh[32 h + l] >> 2 s) & 3. Scales per 16 elements (Q2_K, Q3_K, Q6_K) or 32
+// (Q4_K, Q5_K, packed 6-bit, see ref::KScaleMin).
+struct BlockQ2_K {
+  uint8_t scales[16];  // low nibble scale, high nibble min
+  uint8_t qs[64];
+  uint16_t d, dmin;
+};
+struct BlockQ3_K {
+  uint8_t hmask[32];
+  uint8_t qs[64];
+  uint8_t scales[12];
+  uint16_t d;
+};
+struct BlockQ4_K {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qs[128];
+};
+struct BlockQ5_K {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+struct BlockQ6_K {
+  uint8_t ql[128];
+  uint8_t qh[64];
+  int8_t scales[16];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
+// The GGML block types beyond Q8_0 / Q4_0 / Q4_1 (computed by the generic int8 kernels).
+inline bool IsExtQuant(DType t) { return t >= DType::kQ5_0 && t <= DType::kQ6_K; }
+inline bool IsKQuant(DType t) { return t >= DType::kQ2_K && t <= DType::kQ6_K; }
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);

@@ -97,6 +97,13 @@ bool GgmlTypeToDType(uint32_t ggml_type, DType* out) {
     case GgmlType::kQ8_0: *out = DType::kQ8_0; return true;
     case GgmlType::kQ4_0: *out = DType::kQ4_0; return true;
     case GgmlType::kQ4_1: *out = DType::kQ4_1; return true;
+    case GgmlType::kQ5_0: *out = DType::kQ5_0; return true;
+    case GgmlType::kQ5_1: *out = DType::kQ5_1; return true;
+    case GgmlType::kQ2_K: *out = DType::kQ2_K; return true;
+    case GgmlType::kQ3_K: *out = DType::kQ3_K; return true;
+    case GgmlType::kQ4_K: *out = DType::kQ4_K; return true;
+    case GgmlType::kQ5_K: *out = DType::kQ5_K; return true;
+    case GgmlType::kQ6_K: *out = DType::kQ6_K; return true;
     case GgmlType::kI8: *out = DType::kI8; return true;
     case GgmlType::kI16: *out = DType::kI16; return true;
     case GgmlType::kI32: *out = DType::kI32; return true;

@@ -94,6 +94,25 @@ std::string ErrAtMost(const std::vector<float>& y, const std::vector<float>& ref
 const cpu::KernelTable& Tier() { return cpu::KernelsFor(g_tier); }
 
 const DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+// The llama.cpp block types the AVX-512 table computes with the AVX2 kernel (quant_ext_avx2.cc).
+const DType kExtTypes[] = {DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
+                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+// Weight types per case family: every type for the kernels, fewer for the (slower) MatMul paths.
+std::vector<DType> WithExt(bool all_ext) {
+  std::vector<DType> v(std::begin(kWeightTypes), std::end(kWeightTypes));
+  if (all_ext) {
+    v.insert(v.end(), std::begin(kExtTypes), std::end(kExtTypes));
+  } else {
+    v.push_back(DType::kQ5_1);
+    v.push_back(DType::kQ4_K);
+  }
+  return v;
+}
+// K rounded up to whole blocks of dt (256 for the K-quants).
+int64_t FitK(DType dt, int64_t K) {
+  const int64_t bs = GetDTypeInfo(dt).block_size;
+  return (K + bs - 1) / bs * bs;
+}
 
 // MatMulWith (one thread: the pool runs inline) on the GEMV, batched-GEMV and panel paths; block
 // types also with exact activations (dequantize + f32 panel), and batched rows bit-identical to
@@ -105,10 +124,11 @@ void AddMatMulCases() {
   const Shape block_shapes[] = {{5, 64}, {37, 96}, {13, 576}};
   const Shape float_shapes[] = {{3, 7}, {17, 100}, {11, 576}};
   uint32_t seed = 1;
-  for (DType dt : kWeightTypes) {
+  for (DType dt : WithExt(false)) {
     const bool block = IsQuantized(dt);
-    for (const Shape& s : block ? std::vector<Shape>(std::begin(block_shapes), std::end(block_shapes))
-                                : std::vector<Shape>(std::begin(float_shapes), std::end(float_shapes))) {
+    for (Shape s : block ? std::vector<Shape>(std::begin(block_shapes), std::end(block_shapes))
+                         : std::vector<Shape>(std::begin(float_shapes), std::end(float_shapes))) {
+      s.K = FitK(dt, s.K);
       for (int64_t M : {1, 2, 3, 5, 17, 40}) {
         auto w = std::make_shared<TestWeight>(MakeWeight(dt, s.N, s.K, seed));
         auto x = std::make_shared<std::vector<float>>(RandomVec(M * s.K, seed + 1));
@@ -152,9 +172,9 @@ void AddMatMulCases() {
 
 // The GEMV kernel for every x row count it takes (1..4), y with a row stride wider than N.
 void AddGemvCases() {
-  for (DType dt : kWeightTypes) {
+  for (DType dt : WithExt(true)) {
     for (int64_t m = 1; m <= 4; ++m) {
-      const int64_t N = 23, K = IsQuantized(dt) ? 320 : 301, ldy = N + 2;
+      const int64_t N = 23, K = IsQuantized(dt) ? FitK(dt, 320) : 301, ldy = N + 2;
       auto w = std::make_shared<TestWeight>(MakeWeight(dt, N, K, 30 + (uint32_t)m));
       auto x = std::make_shared<std::vector<float>>(RandomVec(m * K, 40 + (uint32_t)m));
       auto ref = std::make_shared<std::vector<float>>(m * N);
@@ -186,9 +206,10 @@ void AddGemvCases() {
 
 // Row dequantization vs the reference: exact, but Q4_1 may round d*q + m once (FMA).
 void AddDequantCases() {
-  for (DType dt : kWeightTypes) {
-    for (int64_t K : {32, 96, 320}) {
-      const int64_t N = 5;
+  for (DType dt : WithExt(true)) {
+    for (int64_t K0 : {32, 96, 320}) {
+      if (IsKQuant(dt) && K0 == 96) continue;  // the same 256 as K0 = 32
+      const int64_t N = 5, K = FitK(dt, K0);
       auto w = std::make_shared<TestWeight>(MakeWeight(dt, N, K, 5));
       Case c;
       c.name = std::string("dequant_rows ") + DTypeName(dt) + " K=" + std::to_string(K);

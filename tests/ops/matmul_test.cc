@@ -17,8 +17,15 @@ using testing::MakeWeight;
 using testing::NormalizedError;
 using testing::RandomVec;
 
-const DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
-                              DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+const DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+                              DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
+                              DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+// K rounded up to whole blocks of dt (the K-quants' 256; GGUF rows are always whole blocks).
+int64_t FitK(DType dt, int64_t K) {
+  const int64_t bs = GetDTypeInfo(dt).block_size;
+  return (K + bs - 1) / bs * bs;
+}
 
 struct Shape {
   int64_t N, K;
@@ -30,6 +37,7 @@ const Shape kFloatShapes[] = {{1, 1}, {3, 7}, {9, 37}, {17, 100}, {40, 129}, {11
 class MatMulTier : public ::testing::TestWithParam<IsaTier> {};
 
 void CheckMatMul(IsaTier tier, DType dt, int64_t M, int64_t N, int64_t K, uint32_t seed) {
+  K = FitK(dt, K);
   const cpu::KernelTable& kt = cpu::KernelsFor(tier);
   testing::TestWeight w = MakeWeight(dt, N, K, seed);
   const std::vector<float> x = RandomVec(M * K, seed + 1);
@@ -82,7 +90,7 @@ TEST_P(MatMulTier, ZeroAndLargeActivations) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
   for (DType dt : kWeightTypes) {
-    const int64_t M = 3, N = 21, K = 128;
+    const int64_t M = 3, N = 21, K = FitK(dt, 128);
     testing::TestWeight w = MakeWeight(dt, N, K, 77);
     std::vector<float> x = RandomVec(M * K, 78, 1000.0f);
     for (int64_t k = 0; k < K; ++k) x[K + k] = 0;  // row 1 all zero
@@ -102,7 +110,7 @@ TEST_P(MatMulTier, GemvKernelEveryRowCount) {
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
   for (DType dt : kWeightTypes) {
     for (int64_t m = 1; m <= 4; ++m) {
-      const int64_t N = 23, K = IsQuantized(dt) ? 320 : 301, ldy = N + 2;
+      const int64_t N = 23, K = IsQuantized(dt) ? FitK(dt, 320) : 301, ldy = N + 2;
       testing::TestWeight w = MakeWeight(dt, N, K, 30 + (uint32_t)m);
       const std::vector<float> x = RandomVec(m * K, 40 + (uint32_t)m);
       std::vector<float> ref(m * N), yk(m * ldy, 0.0f), y(m * N);
@@ -127,6 +135,7 @@ TEST_P(MatMulTier, DequantizeRowsMatchesReference) {
   for (DType dt : kWeightTypes) {
     for (int64_t K : {32, 96, 576}) {
       if (!IsQuantized(dt) && K == 96) K = 101;
+      K = FitK(dt, K);
       const int64_t N = 7;
       testing::TestWeight w = MakeWeight(dt, N, K, 5);
       const size_t rb = w.t.row_bytes();
@@ -185,8 +194,10 @@ TEST_P(MatMulTier, BatchedRowsBitIdenticalToSingleRow) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
   uint32_t seed = 500;
-  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kF32, DType::kF16, DType::kBF16}) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K,
+                   DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kF32, DType::kF16, DType::kBF16}) {
     std::vector<Shape> shapes = {Shape{37, 96}, Shape{577, 576}, Shape{130, 1536}, Shape{2051, 64}};
+    if (IsKQuant(dt)) shapes = {Shape{37, 256}, Shape{130, 1536}, Shape{577, 512}};
     if (!IsQuantized(dt)) shapes = {Shape{37, 96}, Shape{67, 576}, Shape{17, 100}};  // 100: a K tail of 4
     for (Shape s : shapes) {
       for (int64_t M : {int64_t{2}, int64_t{3}, int64_t{5}, int64_t{7}, cpu::kGemvQuantMaxM, int64_t{17},
@@ -306,7 +317,7 @@ TEST(MatMulPublic, BestTierAndDequantizeRows) {
   ThreadPool pool(2);
   for (DType dt : kWeightTypes) {
     for (int64_t M : {1, 3, 20}) {
-      const int64_t N = 45, K = 320;
+      const int64_t N = 45, K = FitK(dt, 320);
       testing::TestWeight w = MakeWeight(dt, N, K, 9);
       const std::vector<float> x = RandomVec(M * K, 10);
       std::vector<float> ref(M * N), y(M * N);
@@ -315,7 +326,7 @@ TEST(MatMulPublic, BestTierAndDequantizeRows) {
       EXPECT_LE(NormalizedError(y, ref), testing::MatMulErrorLimit(dt, M))
           << DTypeName(dt) << " M=" << M;
     }
-    const int64_t N = 6, K = 64;
+    const int64_t N = 6, K = FitK(dt, 64);
     testing::TestWeight w = MakeWeight(dt, N, K, 11);
     std::vector<float> ref(2 * K), out(2 * K);
     for (int r = 0; r < 2; ++r)
@@ -328,6 +339,7 @@ TEST(MatMulPublic, BestTierAndDequantizeRows) {
 // QuantizeRow must stay bit-identical to the reference (which mirrors ggml's *_ref quantizers).
 TEST(QuantizeRowPublic, BitIdenticalToReference) {
   for (DType dt : kWeightTypes) {
+    if (IsExtQuant(dt)) continue;  // read-only types (GGUF files made by llama.cpp): no quantizer
     const int64_t n = 320;
     std::vector<float> x = RandomVec(n, 12);
     x[5] = 0;

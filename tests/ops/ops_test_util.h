@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -49,8 +50,46 @@ struct TestWeight {
   Tensor t;
 };
 
+// n random blocks of an IsExtQuant type (no quantizer of ours makes them): every value, scale and
+// min bit pattern uniformly random, the f16 factors set to finite magnitudes that give weights of
+// ~0.01-0.1, the mins (dmin, Q5_1's m) near the values' mean so the weights are centred as trained
+// weights are.
+inline void RandomExtBlocks(DType t, int64_t n, uint32_t seed, uint8_t* out) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(0.5f, 1.0f);
+  const DTypeInfo& info = GetDTypeInfo(t);
+  for (int64_t b = 0; b < n; ++b) {
+    uint8_t* blk = out + b * info.block_bytes;
+    for (int i = 0; i < info.block_bytes; ++i) blk[i] = (uint8_t)(rng() & 0xff);
+    auto set = [&](int off, float v) {
+      const uint16_t h = F32ToF16(v);
+      std::memcpy(blk + off, &h, 2);
+    };
+    const float d = u(rng);
+    switch (t) {
+      case DType::kQ5_0: set(0, 0.005f * d); break;
+      case DType::kQ5_1: set(0, 0.004f * d), set(2, -15.5f * 0.004f * d * u(rng)); break;
+      case DType::kQ2_K: set(80, 0.005f * d), set(82, 1.5f * 0.005f * d * u(rng)); break;
+      case DType::kQ3_K: set(108, 0.001f * d); break;
+      case DType::kQ4_K: set(0, 0.0002f * d), set(2, 7.5f * 0.0002f * d * u(rng)); break;
+      case DType::kQ5_K: set(0, 0.0001f * d), set(2, 15.5f * 0.0001f * d * u(rng)); break;
+      case DType::kQ6_K: set(208, 0.00003f * d); break;
+      default: FAIL() << "RandomExtBlocks: " << DTypeName(t);
+    }
+  }
+}
+
 inline TestWeight MakeWeight(DType dtype, int64_t N, int64_t K, uint32_t seed) {
   TestWeight w;
+  if (IsExtQuant(dtype)) {
+    const size_t rb = DTypeBytes(dtype, K);
+    w.bytes.resize(rb * N + 64);
+    RandomExtBlocks(dtype, N * K / GetDTypeInfo(dtype).block_size, seed, w.bytes.data());
+    w.t.data = w.bytes.data();
+    w.t.dtype = dtype;
+    w.t.shape = {N, K};
+    return w;
+  }
   const std::vector<float> f = RandomVec(N * K, seed, 0.05f);
   const size_t rb = DTypeBytes(dtype, K);
   w.bytes.resize(rb * N + 64);  // slack so an over-read past the last row would not fault silently

@@ -130,6 +130,10 @@ bool GroupAttend(const float* q, int group, const float* k, const float* v, cons
 bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
                      const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
                      float* scores);
+// MatMulKernels::gemv for the IsExtQuant block types (quant_ext_avx2.cc); the AVX-512 table uses it
+// too. Each row's result is the same for any m (1..4).
+void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
+                  float* y, int64_t ldy);
 }
 namespace avx512 {
 const KernelTable& Table();

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/reference.h"
 #include "kernels/cpu/scratch.h"
 
 namespace lathe::kernels::cpu::avx2 {
@@ -451,6 +452,7 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, 
 template <bool kSplit>
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
+  if (IsExtQuant(t)) return ExtQuantGemv(t, w, rb, n_rows, (const BlockQ8X*)x, m, K, y, ldy);
   switch (m) {
     case 1:
       return GemvM<1, kSplit>(t, w, rb, n_rows, x, K, y, ldy);
@@ -473,6 +475,7 @@ void DequantRowF(const uint8_t* row, int64_t K, float* out) {
 }
 
 void DequantRow(DType t, const uint8_t* row, int64_t K, float* out) {
+  if (IsExtQuant(t)) return ref::DequantizeRow(t, row, K, out);
   const int64_t nb = K / 32;
   switch (t) {
     case DType::kF32:

@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/reference.h"
 
 namespace lathe::kernels::cpu::avx512 {
 
@@ -375,6 +376,7 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, 
 
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
+  if (IsExtQuant(t)) return avx2::ExtQuantGemv(t, w, rb, n_rows, (const BlockQ8X*)x, m, K, y, ldy);
   switch (m) {
     case 1:
       return GemvM<1>(t, w, rb, n_rows, x, K, y, ldy);
@@ -398,6 +400,7 @@ void DequantRowF(const uint8_t* row, int64_t K, float* out) {
 }
 
 void DequantRow(DType t, const uint8_t* row, int64_t K, float* out) {
+  if (IsExtQuant(t)) return ref::DequantizeRow(t, row, K, out);
   const int64_t nb = K / 32;
   switch (t) {
     case DType::kF32:

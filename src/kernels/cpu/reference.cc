@@ -10,7 +10,151 @@
 
 namespace lathe::kernels::ref {
 
+void KScaleMin(const uint8_t* p, uint8_t* sc, uint8_t* mn) {
+  // Bytes 0-3: scale j (low 6 bits) and the top 2 bits of scale j + 4; bytes 4-7: the same for the
+  // mins; bytes 8-11: low nibble = low 4 bits of scale j + 4, high nibble = of min j + 4.
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = p[j] & 63;
+    mn[j] = p[j + 4] & 63;
+    sc[j + 4] = (uint8_t)((p[j + 8] & 15) | ((p[j] >> 6) << 4));
+    mn[j + 4] = (uint8_t)((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
+  }
+}
+
+void Q3KScales(const uint8_t* p, uint8_t* sc) {
+  // Low 4 bits: scale i < 8 in the low nibble of byte i, scale i >= 8 in the high nibble of byte
+  // i - 8; high 2 bits: bits 2 (i / 4) of byte 8 + i % 4.
+  for (int i = 0; i < 16; ++i) {
+    const int lo = i < 8 ? (p[i] & 15) : (p[i - 8] >> 4);
+    const int hi = (p[8 + i % 4] >> (2 * (i / 4))) & 3;
+    sc[i] = (uint8_t)(lo | (hi << 4));
+  }
+}
+
+void DecodeBlock(DType t, const uint8_t* blk, DecodedBlock* o) {
+  o->dmin = 0;
+  o->has_min = false;
+  o->is_signed = false;
+  switch (t) {
+    case DType::kQ5_0:
+    case DType::kQ5_1: {
+      const bool q51 = t == DType::kQ5_1;
+      const uint16_t* h = (const uint16_t*)blk;
+      const uint8_t* qh = blk + (q51 ? 4 : 2);
+      const uint8_t* qs = qh + 4;
+      uint32_t bits;
+      std::memcpy(&bits, qh, 4);
+      for (int l = 0; l < 16; ++l) {
+        const int lo = (qs[l] & 15) | (((bits >> l) & 1) << 4);
+        const int hi = (qs[l] >> 4) | (((bits >> (l + 16)) & 1) << 4);
+        o->q[l] = (int8_t)(q51 ? lo : lo - 16);
+        o->q[l + 16] = (int8_t)(q51 ? hi : hi - 16);
+      }
+      o->n = 32;
+      o->d = F16ToF32(h[0]);
+      for (int i = 0; i < 2; ++i) {
+        o->sc[i] = 1;
+        o->mn[i] = q51 ? -1 : 0;
+      }
+      if (q51) {
+        o->dmin = F16ToF32(h[1]);
+        o->has_min = true;
+      } else {
+        o->is_signed = true;
+      }
+      return;
+    }
+    case DType::kQ2_K: {
+      const BlockQ2_K* b = (const BlockQ2_K*)blk;
+      for (int e = 0; e < 256; ++e) o->q[e] = (int8_t)((b->qs[32 * (e / 128) + e % 32] >> (2 * (e / 32 % 4))) & 3);
+      for (int i = 0; i < 16; ++i) {
+        o->sc[i] = b->scales[i] & 15;
+        o->mn[i] = b->scales[i] >> 4;
+      }
+      o->n = 256;
+      o->d = F16ToF32(b->d);
+      o->dmin = F16ToF32(b->dmin);
+      o->has_min = true;
+      return;
+    }
+    case DType::kQ3_K: {
+      const BlockQ3_K* b = (const BlockQ3_K*)blk;
+      for (int e = 0; e < 256; ++e) {
+        const int lo = (b->qs[32 * (e / 128) + e % 32] >> (2 * (e / 32 % 4))) & 3;
+        const int hbit = (b->hmask[e % 32] >> (e / 32)) & 1;
+        o->q[e] = (int8_t)(lo - (hbit ? 0 : 4));
+      }
+      uint8_t sc[16];
+      Q3KScales(b->scales, sc);
+      for (int i = 0; i < 16; ++i) {
+        o->sc[i] = (int16_t)(sc[i] - 32);
+        o->mn[i] = 0;
+      }
+      o->n = 256;
+      o->d = F16ToF32(b->d);
+      o->is_signed = true;
+      return;
+    }
+    case DType::kQ4_K:
+    case DType::kQ5_K: {
+      const bool q5 = t == DType::kQ5_K;
+      const uint16_t* h = (const uint16_t*)blk;
+      const uint8_t* scales = blk + 4;
+      const uint8_t* qh = blk + 16;
+      const uint8_t* qs = blk + (q5 ? 48 : 16);
+      for (int e = 0; e < 256; ++e) {
+        int v = (qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2))) & 15;
+        if (q5) v |= ((qh[e % 32] >> (e / 32)) & 1) << 4;
+        o->q[e] = (int8_t)v;
+      }
+      uint8_t sc[8], mn[8];
+      KScaleMin(scales, sc, mn);
+      for (int i = 0; i < 16; ++i) {
+        o->sc[i] = sc[i / 2];
+        o->mn[i] = mn[i / 2];
+      }
+      o->n = 256;
+      o->d = F16ToF32(h[0]);
+      o->dmin = F16ToF32(h[1]);
+      o->has_min = true;
+      return;
+    }
+    case DType::kQ6_K: {
+      const BlockQ6_K* b = (const BlockQ6_K*)blk;
+      for (int e = 0; e < 256; ++e) {
+        const int hf = e / 128, r = e % 128;
+        const int lo = (b->ql[64 * hf + r % 64] >> (4 * (r / 64))) & 15;
+        const int hi = (b->qh[32 * hf + r % 32] >> (2 * (r / 32))) & 3;
+        o->q[e] = (int8_t)((lo | (hi << 4)) - 32);
+      }
+      for (int i = 0; i < 16; ++i) {
+        o->sc[i] = b->scales[i];
+        o->mn[i] = 0;
+      }
+      o->n = 256;
+      o->d = F16ToF32(b->d);
+      o->is_signed = true;
+      return;
+    }
+    default: LATHE_CHECK_MSG(false, "DecodeBlock: %s is not an extended block type", DTypeName(t));
+  }
+}
+
 void DequantizeRow(DType t, const void* row, int64_t K, float* out) {
+  if (IsExtQuant(t)) {
+    const DTypeInfo& info = GetDTypeInfo(t);
+    DecodedBlock db;
+    for (int64_t j = 0; j < K / info.block_size; ++j) {
+      DecodeBlock(t, (const uint8_t*)row + j * info.block_bytes, &db);
+      float* o = out + j * info.block_size;
+      for (int e = 0; e < db.n; ++e) {
+        const float scale = db.d * (float)db.sc[e / 16];
+        const float min = db.dmin * (float)db.mn[e / 16];
+        o[e] = scale * (float)db.q[e] - min;
+      }
+    }
+    return;
+  }
   switch (t) {
     case DType::kF32: std::memcpy(out, row, K * 4); return;
     case DType::kF16: {

@@ -65,8 +65,41 @@ inline float LoadF(DType t, const uint8_t* row, int64_t k) {
   }
 }
 
+// One row of an IsExtQuant weight against one x row: per 32-element x block, the integer sums of
+// the block's 16-element halves times their scales (and mins), then f32 products with the scales.
+float ExtRowDot(DType t, const uint8_t* row, const BlockQ8X* xq, int64_t K) {
+  const DTypeInfo& info = GetDTypeInfo(t);
+  ref::DecodedBlock db;
+  float acc = 0, accm = 0;
+  for (int64_t b = 0; b < K / info.block_size; ++b) {
+    ref::DecodeBlock(t, row + b * info.block_bytes, &db);
+    for (int j = 0; j < db.n / 32; ++j) {
+      const BlockQ8X& xb = xq[b * (db.n / 32) + j];
+      int s = 0, mn = 0;
+      for (int h = 0; h < 2; ++h) {
+        int dot = 0, sum = 0;
+        for (int l = 0; l < 16; ++l) {
+          dot += db.q[32 * j + 16 * h + l] * xb.qs[16 * h + l];
+          sum += xb.qs[16 * h + l];
+        }
+        s += db.sc[2 * j + h] * dot;
+        mn += db.mn[2 * j + h] * sum;
+      }
+      acc += db.d * xb.d * (float)s;
+      if (db.has_min) accm += db.dmin * xb.d * (float)mn;
+    }
+  }
+  return acc - accm;
+}
+
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
+  if (IsExtQuant(t)) {
+    const BlockQ8X* xq = (const BlockQ8X*)x;
+    for (int64_t r = 0; r < n_rows; ++r)
+      for (int64_t i = 0; i < m; ++i) y[i * ldy + r] = ExtRowDot(t, w + r * rb, xq + i * (K / 32), K);
+    return;
+  }
   if (IsQuantized(t)) {
     const BlockQ8X* xq = (const BlockQ8X*)x;
     const int64_t nb = K / 32, bb = GetDTypeInfo(t).block_bytes;

@@ -1,0 +1,256 @@
+// AVX2 int8 GEMV for the extended GGML block types (Q5_0, Q5_1 and the K-quants Q2_K .. Q6_K): each
+// weight block is decoded to int8 values and int16 scales (ref::DecodeBlock's form), then dotted
+// with the int8 x blocks (BlockQ8X). Per 32-element x block: maddubs of the values against x (a
+// signed type through |q| and x signed by q), madd with the 16-element halves' scales, and one f32
+// FMA of the 8 int32 lanes with d * x.d; the mins (Q2_K, Q4_K, Q5_K, Q5_1) are f32 products with
+// the x block sums, kept apart and subtracted at the end. One weight row at a time (rows are read
+// in order: one long stream), all x rows (m <= 4) against each decoded block, so every row's
+// arithmetic is the same for any m.
+#include <immintrin.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/scratch.h"
+
+namespace lathe::kernels::cpu::avx2 {
+
+namespace {
+
+// A decoded block: per 32-element x block j, the values q[j] and the int16 scale vector s[j]
+// (lanes 0-7 = the scale of elements 0-15, lanes 8-15 = of elements 16-31); d; mins as f32
+// dmin * mn per 32 (kMin32) or per 16 (kMin16) elements.
+struct Decoded {
+  __m256i q[8];
+  __m256i s[8];
+  __m256 mn[2];
+  float d, mn32;  // mn32: Q5_1's dmin * mn of its one 32-element block
+};
+
+// Scale vectors from 16 int16 scales (one per 16 elements): s[j] = [sc[2j] x 8 | sc[2j+1] x 8].
+inline void ScaleVectors16(__m256i sc16, __m256i* s) {
+  const __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);  // scales 0-7 in both lanes
+  const __m256i hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);  // scales 8-15
+  for (int j = 0; j < 4; ++j) {
+    const char a = (char)(4 * j), b = (char)(4 * j + 2);
+    const __m256i ctrl = _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
+                                          a + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1,
+                                          b, b + 1);
+    s[j] = _mm256_shuffle_epi8(lo, ctrl);
+    s[j + 4] = _mm256_shuffle_epi8(hi, ctrl);
+  }
+}
+
+// Scale vectors from 8 scales (one per 32 elements, bytes of sc8): s[j] = sc[j] in all 16 lanes.
+inline void ScaleVectors32(uint64_t sc8, __m256i* s) {
+  const __m128i w = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8));
+  const __m256i both = _mm256_broadcastsi128_si256(w);
+  for (int j = 0; j < 8; ++j) {
+    const char a = (char)(2 * j);
+    s[j] = _mm256_shuffle_epi8(both, _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
+                                                      a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
+                                                      a + 1, a, a + 1, a, a + 1, a, a + 1));
+  }
+}
+
+// Q4_K / Q5_K: the 8 scales and 8 mins (6 bits each) from 12 packed bytes, as 8 bytes each
+// (ref::KScaleMin, four at a time in 32-bit words).
+inline void KScaleMin8(const uint8_t* p, uint64_t* sc, uint64_t* mn) {
+  uint32_t w0, w1, w2;
+  std::memcpy(&w0, p, 4);
+  std::memcpy(&w1, p + 4, 4);
+  std::memcpy(&w2, p + 8, 4);
+  const uint32_t sc_lo = w0 & 0x3f3f3f3f, mn_lo = w1 & 0x3f3f3f3f;
+  const uint32_t sc_hi = (w2 & 0x0f0f0f0f) | ((w0 >> 2) & 0x30303030);
+  const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0f) | ((w1 >> 2) & 0x30303030);
+  *sc = sc_lo | ((uint64_t)sc_hi << 32);
+  *mn = mn_lo | ((uint64_t)mn_hi << 32);
+}
+
+// Element bits: byte k of v shifted so that its bit `from` lands on bit `to`, masked to that bit
+// (16-bit shifts; the mask keeps only bits that came from the same byte).
+inline __m256i BitTo(__m256i v, int from, int to, int mask) {
+  const __m256i m = _mm256_set1_epi8((char)mask);
+  if (from == to) return _mm256_and_si256(v, m);
+  return _mm256_and_si256(from < to ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(to - from))
+                                    : _mm256_srl_epi16(v, _mm_cvtsi32_si128(from - to)),
+                          m);
+}
+
+template <DType T>
+inline void Decode(const uint8_t* blk, Decoded* o) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0f);
+  if constexpr (T == DType::kQ5_0 || T == DType::kQ5_1) {
+    constexpr bool kQ51 = T == DType::kQ5_1;
+    const uint16_t* h = (const uint16_t*)blk;
+    uint32_t qh;
+    std::memcpy(&qh, blk + (kQ51 ? 4 : 2), 4);
+    const __m256i q = UnpackNibbles(blk + (kQ51 ? 8 : 6));
+    // Bit e of qh to element e: byte e / 8 of qh to the 8 bytes of elements 8 (e / 8) .., then one
+    // bit per byte.
+    const __m256i bytes = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)qh),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+    const __m256i v = _mm256_or_si256(q, hb);
+    o->q[0] = kQ51 ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+    o->s[0] = _mm256_set1_epi16(1);
+    o->d = _cvtsh_ss(h[0]);
+    o->mn32 = kQ51 ? -_cvtsh_ss(h[1]) : 0.0f;  // dmin * mn with dmin = m, mn = -1
+  } else if constexpr (T == DType::kQ4_K || T == DType::kQ5_K) {
+    constexpr bool kQ5 = T == DType::kQ5_K;
+    const uint16_t* h = (const uint16_t*)blk;
+    const uint8_t* qs = blk + (kQ5 ? 48 : 16);
+    uint64_t sc, mn;
+    KScaleMin8(blk + 4, &sc, &mn);
+    ScaleVectors32(sc, o->s);
+    o->mn[0] = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[1])),
+                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))));
+    o->d = _cvtsh_ss(h[0]);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kQ5) qh = _mm256_loadu_si256((const __m256i*)(blk + 16));
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+      __m256i a = _mm256_and_si256(v, lo4), b = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+      if constexpr (kQ5) {
+        a = _mm256_or_si256(a, BitTo(qh, 2 * c, 4, 0x10));
+        b = _mm256_or_si256(b, BitTo(qh, 2 * c + 1, 4, 0x10));
+      }
+      o->q[2 * c] = a;
+      o->q[2 * c + 1] = b;
+    }
+  } else if constexpr (T == DType::kQ6_K) {
+    const BlockQ6_K* b = (const BlockQ6_K*)blk;
+    ScaleVectors16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)b->scales)), o->s);
+    o->d = _cvtsh_ss(b->d);
+    const __m256i off = _mm256_set1_epi8(32);
+    for (int hf = 0; hf < 2; ++hf) {
+      const __m256i l0 = _mm256_loadu_si256((const __m256i*)(b->ql + 64 * hf));
+      const __m256i l1 = _mm256_loadu_si256((const __m256i*)(b->ql + 64 * hf + 32));
+      const __m256i qh = _mm256_loadu_si256((const __m256i*)(b->qh + 32 * hf));
+      const __m256i lo[4] = {_mm256_and_si256(l0, lo4), _mm256_and_si256(l1, lo4),
+                             _mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
+                             _mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4)};
+      for (int s = 0; s < 4; ++s)
+        o->q[4 * hf + s] = _mm256_sub_epi8(_mm256_or_si256(lo[s], BitTo(qh, 2 * s, 4, 0x30)), off);
+    }
+  } else if constexpr (T == DType::kQ3_K) {
+    const BlockQ3_K* b = (const BlockQ3_K*)blk;
+    uint8_t sc[16];
+    ref::Q3KScales(b->scales, sc);
+    ScaleVectors16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)sc)), _mm256_set1_epi16(32)),
+                   o->s);
+    o->d = _cvtsh_ss(b->d);
+    const __m256i hm = _mm256_loadu_si256((const __m256i*)b->hmask);
+    const __m256i four = _mm256_set1_epi8(4);
+    for (int hf = 0; hf < 2; ++hf) {
+      const __m256i qv = _mm256_loadu_si256((const __m256i*)(b->qs + 32 * hf));
+      for (int s = 0; s < 4; ++s) {
+        const int j = 4 * hf + s;
+        const __m256i lo = BitTo(qv, 2 * s, 0, 0x03);
+        o->q[j] = _mm256_sub_epi8(_mm256_or_si256(lo, BitTo(hm, j, 2, 0x04)), four);
+      }
+    }
+  } else {  // Q2_K
+    static_assert(T == DType::kQ2_K);
+    const BlockQ2_K* b = (const BlockQ2_K*)blk;
+    const __m128i sv = _mm_loadu_si128((const __m128i*)b->scales);
+    const __m128i lo = _mm_set1_epi8(0x0f);
+    ScaleVectors16(_mm256_cvtepu8_epi16(_mm_and_si128(sv, lo)), o->s);
+    const __m128i mn = _mm_and_si128(_mm_srli_epi16(sv, 4), lo);
+    const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(b->dmin));
+    o->mn[0] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+    o->mn[1] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mn, 8))));
+    o->d = _cvtsh_ss(b->d);
+    for (int hf = 0; hf < 2; ++hf) {
+      const __m256i qv = _mm256_loadu_si256((const __m256i*)(b->qs + 32 * hf));
+      for (int s = 0; s < 4; ++s) o->q[4 * hf + s] = BitTo(qv, 2 * s, 0, 0x03);
+    }
+  }
+}
+
+template <DType T>
+void ExtGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
+              int64_t ldy) {
+  constexpr bool kSigned = T == DType::kQ5_0 || T == DType::kQ3_K || T == DType::kQ6_K;
+  constexpr bool kMin32 = T == DType::kQ4_K || T == DType::kQ5_K;  // a min per 32 elements
+  constexpr bool kMin16 = T == DType::kQ2_K;                       // a min per 16 elements
+  constexpr int kBS = T == DType::kQ5_0 || T == DType::kQ5_1 ? 32 : 256;
+  constexpr int kNJ = kBS / 32;
+  const size_t bb = (size_t)GetDTypeInfo(T).block_bytes;
+  const int64_t nsb = K / kBS, nxb = K / 32;
+  // The x side of the mins: per x block its sum s (kMin32), or per 16-element half d * sum (kMin16).
+  static thread_local std::vector<float> xs_buf;
+  float* xs = nullptr;
+  if constexpr (kMin32) {
+    xs = Scratch(xs_buf, (size_t)(m * nxb));
+    for (int64_t i = 0; i < m * nxb; ++i) xs[i] = x[i].s;
+  } else if constexpr (kMin16) {
+    xs = Scratch(xs_buf, (size_t)(2 * m * nxb));
+    const __m256i one8 = _mm256_set1_epi8(1);
+    const __m256i one16 = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < m * nxb; ++i) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)x[i].qs);
+      const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, v), one16);
+      __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
+      lo = _mm_hadd_epi32(lo, hi);  // [l0+l1, l2+l3, h0+h1, h2+h3]
+      lo = _mm_hadd_epi32(lo, lo);  // [lo half, hi half, ..]
+      xs[2 * i] = x[i].d * (float)_mm_cvtsi128_si32(lo);
+      xs[2 * i + 1] = x[i].d * (float)_mm_extract_epi32(lo, 1);
+    }
+  }
+  Decoded db;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * rb;
+    __m256 acc[4], accm[4];
+    float accm32[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; ++i) acc[i] = accm[i] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      Decode<T>(row + sb * bb, &db);
+      __m256i ua[kNJ];
+      for (int j = 0; j < kNJ; ++j) ua[j] = kSigned ? _mm256_sign_epi8(db.q[j], db.q[j]) : db.q[j];
+      for (int64_t i = 0; i < m; ++i) {
+        const BlockQ8X* xb = x + i * nxb + sb * kNJ;
+#pragma GCC unroll 8
+        for (int j = 0; j < kNJ; ++j) {
+          __m256i xv = _mm256_loadu_si256((const __m256i*)xb[j].qs);
+          if constexpr (kSigned) xv = _mm256_sign_epi8(xv, db.q[j]);
+          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ua[j], xv), db.s[j]);
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(db.d * xb[j].d), acc[i]);
+        }
+        if constexpr (kMin32) {
+          accm[i] = _mm256_fmadd_ps(db.mn[0], _mm256_loadu_ps(xs + i * nxb + sb * 8), accm[i]);
+        } else if constexpr (kMin16) {
+          const float* xh = xs + 2 * (i * nxb + sb * 8);
+          accm[i] = _mm256_fmadd_ps(db.mn[0], _mm256_loadu_ps(xh), accm[i]);
+          accm[i] = _mm256_fmadd_ps(db.mn[1], _mm256_loadu_ps(xh + 8), accm[i]);
+        } else if constexpr (T == DType::kQ5_1) {
+          accm32[i] += db.mn32 * xb[0].s;
+        }
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) y[i * ldy + r] = HsumPs(acc[i]) - (HsumPs(accm[i]) + accm32[i]);
+  }
+}
+
+}  // namespace
+
+void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
+                  float* y, int64_t ldy) {
+  switch (t) {
+    case DType::kQ5_0: return ExtGemvT<DType::kQ5_0>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ5_1: return ExtGemvT<DType::kQ5_1>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ2_K: return ExtGemvT<DType::kQ2_K>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ3_K: return ExtGemvT<DType::kQ3_K>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ4_K: return ExtGemvT<DType::kQ4_K>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ5_K: return ExtGemvT<DType::kQ5_K>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ6_K: return ExtGemvT<DType::kQ6_K>(w, rb, n_rows, x, m, K, y, ldy);
+    default: LATHE_CHECK_MSG(false, "ExtQuantGemv: %s is not an extended block type", DTypeName(t));
+  }
+}
+
+}  // namespace lathe::kernels::cpu::avx2
