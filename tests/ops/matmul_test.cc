@@ -157,7 +157,7 @@ TEST_P(MatMulTier, QuantGemmKernelEqualsGemvPerRow) {
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
   if (!kt.mm.qgemm) GTEST_SKIP() << IsaTierName(GetParam()) << " has no int8 GEMM";
   uint32_t seed = 900;
-  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
     for (Shape s : {Shape{4, 32}, Shape{24, 96}, Shape{40, 576}, Shape{8, 1536}}) {
       for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 9, 13}) {
         const int64_t K = s.K, N = s.N, nb = K / 32, ldy = N + 3;
@@ -293,7 +293,7 @@ TEST(Avx2Forms, SplitAndFullWidthBitIdentical) {
   ASSERT_NE(split.gemv, full.gemv);
   ASSERT_NE(split.qgemm, full.qgemm);
   uint32_t seed = 1300;
-  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kBF16}) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kBF16}) {
     for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}, Shape{9, 100}}) {
       if (IsQuantized(dt) && s.K % 32 != 0) continue;
       for (int64_t M : {1, 2, 3, 4, 5, 16, 17, 22, 34}) {

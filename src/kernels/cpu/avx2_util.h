@@ -33,6 +33,31 @@ inline __m256i UnpackNibbles(const uint8_t* qs) {
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
 }
 
+// The 4- and 5-bit 32-element block types the int8 kernels share (Q4_0, Q4_1, Q5_0, Q5_1): block
+// bytes, where the 16 nibble bytes start, whether a 5th bit (4 bytes of qh just before the nibbles)
+// and a min (f16 after d) are present, and the factor of the x-sum term (-offset, or 1 for the min).
+template <DType T>
+struct Q4Block {
+  static constexpr bool k5 = T == DType::kQ5_0 || T == DType::kQ5_1;
+  static constexpr bool kMin = T == DType::kQ4_1 || T == DType::kQ5_1;
+  static constexpr size_t kBytes = T == DType::kQ4_0   ? sizeof(BlockQ4_0)
+                                   : T == DType::kQ4_1 ? sizeof(BlockQ4_1)
+                                   : T == DType::kQ5_0 ? sizeof(BlockQ5_0)
+                                                       : sizeof(BlockQ5_1);
+  static constexpr size_t kQsOff = (kMin ? 4 : 2) + (k5 ? 4 : 0);
+  static constexpr float kCorr = kMin ? 1.0f : k5 ? -16.0f : -8.0f;
+};
+
+// Q5: the 32 fifth bits (u32 at qh, bit e = element e) as 0x10 bytes: h0 = elements 0-15, h1 = 16-31.
+inline void FifthBits(const uint8_t* qh, __m128i* h0, __m128i* h1) {
+  const __m128i v = _mm_set1_epi32(*(const int32_t*)qh);
+  const __m128i bit = _mm_set1_epi64x(0x8040201008040201LL), x10 = _mm_set1_epi8(0x10);
+  const __m128i b0 = _mm_shuffle_epi8(v, _mm_set_epi64x(0x0101010101010101LL, 0));
+  const __m128i b1 = _mm_shuffle_epi8(v, _mm_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL));
+  *h0 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(b0, bit), bit), x10);
+  *h1 = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(b1, bit), bit), x10);
+}
+
 // ---- int8 block dot products: the arithmetic of every AVX2 int8 kernel (GEMV and GEMM) ----------
 // One 32-element weight block times an int8 x block gives 4 int32 lanes: lane l sums the products
 // of elements 4l..4l+3 and 16+4l..16+4l+3 (exact). Each block adds fma(float(lanes), dw * dx, acc)
@@ -44,7 +69,7 @@ inline __m256i UnpackNibbles(const uint8_t* qs) {
 // Inputs: the element halves (0-15, 16-31) of the block as unsigned bytes u0, u1 and the x halves
 // x0, x1 (for full width: [row a | row b] of u, x broadcast to both lanes).
 // Q4 (u <= 15, |x| <= 127): the two halves' maddubs pairs are summed in int16 (|.| <= 7620), then
-// one madd. Q8_0 (u = |q| <= 128, x signed by q): pairs may reach 32512, so each half gets its madd.
+// one madd (Q5 too: u <= 31, |.| <= 15748). Q8_0 (u = |q| <= 128, x signed by q): pairs may reach 32512, so each half gets its madd.
 inline __m128i Dot4Q4(__m128i u0, __m128i u1, __m128i x0, __m128i x1) {
   return _mm_madd_epi16(_mm_add_epi16(_mm_maddubs_epi16(u0, x0), _mm_maddubs_epi16(u1, x1)),
                         _mm_set1_epi16(1));

@@ -171,7 +171,7 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   // batch): the tier's int8 GEMM above kGemvQuantMaxM where it has one, else the batched GEMV.
   const bool quant = IsQuantized(w.dtype);
   if (quant && !exact_activations) {
-    if (k.qgemm && M > kGemvQuantMaxM && !IsExtQuant(w.dtype)) {
+    if (k.qgemm && M > kGemvQuantMaxM && !IsKQuant(w.dtype)) {  // the tiers' qgemm: Q8_0, Q4_*, Q5_*
       QuantGemm(k, pool, x, M, w, y);
     } else {
       Gemv(k, pool, x, M, w, y);

@@ -305,7 +305,8 @@ inline __m128i Load4Halves(const uint8_t* p0, size_t stride) {
   return _mm_insert_epi16(h, *(const uint16_t*)(p0 + 3 * stride), 3);
 }
 
-// One block of one weight row (quants at qs) times x halves x0, x1: 4 int32 lanes.
+// One block of one weight row (quants at qs; Q5's fifth bits the 4 bytes before) times x halves
+// x0, x1: 4 int32 lanes.
 template <DType T>
 inline __m128i RowDot4(const uint8_t* qs, __m128i x0, __m128i x1) {
   if constexpr (T == DType::kQ8_0) {
@@ -313,7 +314,14 @@ inline __m128i RowDot4(const uint8_t* qs, __m128i x0, __m128i x1) {
     return Dot4Q8(_mm_sign_epi8(q0, q0), _mm_sign_epi8(q1, q1), _mm_sign_epi8(x0, q0), _mm_sign_epi8(x1, q1));
   } else {
     const __m128i q = _mm_loadu_si128((const __m128i*)qs), m = _mm_set1_epi8(0x0f);
-    return Dot4Q4(_mm_and_si128(q, m), _mm_and_si128(_mm_srli_epi16(q, 4), m), x0, x1);
+    __m128i u0 = _mm_and_si128(q, m), u1 = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+    if constexpr (Q4Block<T>::k5) {
+      __m128i h0, h1;
+      FifthBits(qs - 4, &h0, &h1);
+      u0 = _mm_or_si128(u0, h0);
+      u1 = _mm_or_si128(u1, h1);
+    }
+    return Dot4Q4(u0, u1, x0, x1);
   }
 }
 
@@ -329,7 +337,15 @@ inline __m256i RowPairDot4(const uint8_t* qa, const uint8_t* qb, __m256i x0, __m
   } else {
     const __m256i q = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)qb), _mm_loadu_si128((const __m128i*)qa));
     const __m256i m = _mm256_set1_epi8(0x0f);
-    return Dot4Q4(_mm256_and_si256(q, m), _mm256_and_si256(_mm256_srli_epi16(q, 4), m), x0, x1);
+    __m256i u0 = _mm256_and_si256(q, m), u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m);
+    if constexpr (Q4Block<T>::k5) {
+      __m128i a0, a1, b0, b1;
+      FifthBits(qa - 4, &a0, &a1);
+      FifthBits(qb - 4, &b0, &b1);
+      u0 = _mm256_or_si256(u0, _mm256_set_m128i(b0, a0));
+      u1 = _mm256_or_si256(u1, _mm256_set_m128i(b1, a1));
+    }
+    return Dot4Q4(u0, u1, x0, x1);
   }
 }
 
@@ -372,9 +388,10 @@ struct Quad<false> {
 template <DType T, int M, bool kSplit>
 void QuantRows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y,
                 int64_t ldy) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
-  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-  constexpr size_t kQsOff = kQ41 ? 4 : 2;
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = !kQ8 && Q4Block<T>::kMin;
+  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : Q4Block<T>::kBytes;
+  constexpr size_t kQsOff = kQ8 ? 2 : Q4Block<T>::kQsOff;
+  constexpr float kCorr = kQ8 ? 0.0f : Q4Block<T>::kCorr;
   // The rows in 4 runs of n_rows / 4, row i of every run together: 4 long sequential streams for
   // the hardware prefetcher (4 adjacent rows interleaved hid the stream from it: cold Q8_0 ran at
   // half speed; a software prefetch of the next 4 rows got most of it back, long runs more).
@@ -389,7 +406,7 @@ void QuantRows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, 
       const uint8_t* b0 = row + j * kBB;
       const __m128 dw = _mm_cvtph_ps(Load4Halves(b0, rs));
       __m128 cw = dw;
-      if constexpr (kQ41) cw = _mm_cvtph_ps(Load4Halves(b0 + 2, rs));
+      if constexpr (kMin) cw = _mm_cvtph_ps(Load4Halves(b0 + 2, rs));
 #pragma GCC unroll 4
       for (int i = 0; i < M; ++i) {
         const BlockQ8X& xb = x[i * nb + j];
@@ -400,7 +417,7 @@ void QuantRows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, 
 #pragma GCC unroll 4
     for (int i = 0; i < M; ++i) {
       alignas(16) float c[4];
-      _mm_store_ps(c, _mm_mul_ps(corr[i], _mm_set1_ps(kQ41 ? 1.0f : -8.0f)));
+      _mm_store_ps(c, _mm_mul_ps(corr[i], _mm_set1_ps(kCorr)));
       for (int q = 0; q < 4; ++q) y[i * ldy + r + q * run] = acc[i].Sum(q) + c[q];
     }
   }
@@ -424,6 +441,12 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, 
         case DType::kQ4_1:
           QuantRows4<DType::kQ4_1, M, kSplit>(w, rb, n4, xq, K / 32, y, ldy);
           break;
+        case DType::kQ5_0:
+          QuantRows4<DType::kQ5_0, M, kSplit>(w, rb, n4, xq, K / 32, y, ldy);
+          break;
+        case DType::kQ5_1:
+          QuantRows4<DType::kQ5_1, M, kSplit>(w, rb, n4, xq, K / 32, y, ldy);
+          break;
         default:
           break;
       }
@@ -432,6 +455,9 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, 
     }
   }
   switch (t) {
+    case DType::kQ5_0:  // the N % 4 tail rows (always the same rows: chunks start at multiples of 4)
+    case DType::kQ5_1:
+      return ExtQuantGemv(t, w, rb, n_rows, xq, M, K, y, ldy);
     case DType::kQ8_0:
       return GemvQ8_0<M>(w, rb, n_rows, xq, K / 32, y, ldy);
     case DType::kQ4_0:
@@ -452,7 +478,7 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, 
 template <bool kSplit>
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
-  if (IsExtQuant(t)) return ExtQuantGemv(t, w, rb, n_rows, (const BlockQ8X*)x, m, K, y, ldy);
+  if (IsKQuant(t)) return ExtQuantGemv(t, w, rb, n_rows, (const BlockQ8X*)x, m, K, y, ldy);
   switch (m) {
     case 1:
       return GemvM<1, kSplit>(t, w, rb, n_rows, x, K, y, ldy);

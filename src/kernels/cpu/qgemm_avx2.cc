@@ -1,4 +1,4 @@
-// AVX2 register-blocked int8 GEMM for block-quantized weights (Q8_0/Q4_0/Q4_1) times int8-quantized
+// AVX2 register-blocked int8 GEMM for block-quantized weights (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1) times int8-quantized
 // x rows (batched decode, prefill): every (x row, weight row) pair gets the M = 1 GEMV arithmetic.
 #include <immintrin.h>
 
@@ -33,9 +33,9 @@ struct alignas(32) GroupBlock {
 template <DType T>
 void UnpackPanel(const uint8_t* w, size_t rb, int64_t n_rows, int64_t nb, GroupBlock* blocks, float* dw,
                  float* cw) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
-  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-  constexpr size_t kQsOff = kQ41 ? 4 : 2;
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = !kQ8 && Q4Block<T>::kMin;
+  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : Q4Block<T>::kBytes;
+  constexpr size_t kQsOff = kQ8 ? 2 : Q4Block<T>::kQsOff;
   const __m128i m = _mm_set1_epi8(0x0f);
   for (int64_t g = 0; g < n_rows / kNR; ++g) {
     for (int64_t j = 0; j < nb; ++j) {
@@ -45,7 +45,7 @@ void UnpackPanel(const uint8_t* w, size_t rb, int64_t n_rows, int64_t nb, GroupB
         const uint8_t* b = w + (g * kNR + r) * rb + j * kBB;
         const uint16_t* h = (const uint16_t*)b;
         d[r] = _cvtsh_ss(h[0]);
-        c[r] = kQ41 ? _cvtsh_ss(h[1]) : d[r];
+        c[r] = kMin ? _cvtsh_ss(h[1]) : d[r];
         if constexpr (kQ8) {
           for (int half = 0; half < 2; ++half) {
             const __m128i q = _mm_loadu_si128((const __m128i*)(b + kQsOff + 16 * half));
@@ -54,8 +54,15 @@ void UnpackPanel(const uint8_t* w, size_t rb, int64_t n_rows, int64_t nb, GroupB
           }
         } else {
           const __m128i q = _mm_loadu_si128((const __m128i*)(b + kQsOff));
-          _mm_store_si128((__m128i*)(gb.u[0] + 16 * r), _mm_and_si128(q, m));
-          _mm_store_si128((__m128i*)(gb.u[1] + 16 * r), _mm_and_si128(_mm_srli_epi16(q, 4), m));
+          __m128i u0 = _mm_and_si128(q, m), u1 = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+          if constexpr (Q4Block<T>::k5) {
+            __m128i h0, h1;
+            FifthBits(b + kQsOff - 4, &h0, &h1);
+            u0 = _mm_or_si128(u0, h0);
+            u1 = _mm_or_si128(u1, h1);
+          }
+          _mm_store_si128((__m128i*)(gb.u[0] + 16 * r), u0);
+          _mm_store_si128((__m128i*)(gb.u[1] + 16 * r), u1);
         }
       }
       for (int r = 0; r < kNR; ++r) {
@@ -73,7 +80,8 @@ void UnpackPanel(const uint8_t* w, size_t rb, int64_t n_rows, int64_t nb, GroupB
 template <DType T, int MR, bool kSplit>
 void Tile(const GroupBlock* gb, const float* dw, const float* cw, const BlockQ8X* x, int64_t nb,
           const float* xd, const float* xs, float* ds, float* y, int64_t ldy) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
+  constexpr bool kQ8 = T == DType::kQ8_0;
+  constexpr float kCorr = kQ8 ? 0.0f : Q4Block<T>::kCorr;
   // Scale products of the tile, one vector multiply per block (lanes past MR rows unused).
   __m256 corr = _mm256_setzero_ps();
   for (int64_t j = 0; j < nb; ++j) {
@@ -86,7 +94,7 @@ void Tile(const GroupBlock* gb, const float* dw, const float* cw, const BlockQ8X
     }
   }
   alignas(32) float c[kLanes];
-  _mm256_store_ps(c, _mm256_mul_ps(corr, _mm256_set1_ps(kQ41 ? 1.0f : -8.0f)));
+  _mm256_store_ps(c, _mm256_mul_ps(corr, _mm256_set1_ps(kCorr)));
   if constexpr (kSplit) {
     __m128 acc[MR][kNR];
 #pragma GCC unroll 4
@@ -224,6 +232,10 @@ void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X*
       return QGemmT<DType::kQ4_0, kSplit>(w, rb, n_rows, x, m, K, y, ldy);
     case DType::kQ4_1:
       return QGemmT<DType::kQ4_1, kSplit>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ5_0:
+      return QGemmT<DType::kQ5_0, kSplit>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ5_1:
+      return QGemmT<DType::kQ5_1, kSplit>(w, rb, n_rows, x, m, K, y, ldy);
     default:
       LATHE_CHECK_MSG(false, "QGemm: unsupported weight dtype %s", DTypeName(t));
   }

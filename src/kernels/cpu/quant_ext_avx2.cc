@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -237,6 +238,212 @@ void ExtGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, in
   }
 }
 
+// ---- K-quant GEMV in 128-bit vectors (the form Zen 1 runs at full rate; no cross-lane ops) ----
+// Every K-quant value is d * sc * u - MN with u unsigned (<= 63) per 16-element half: Q2_K u = q,
+// MN = dmin * min; Q3_K u = q + 4, MN = 4 d sc; Q4_K / Q5_K u = q, MN = dmin * min (per 32);
+// Q6_K u = q + 32, MN = 32 d sc. Per x block j: int16 pair sums of u against x (maddubs), madd
+// with each half's scale, one f32 FMA with d * x.d; the MN terms per super-block against the x
+// sums (per 32 for Q4_K / Q5_K: BlockQ8X::s; per half otherwise: x.d * the half's sum).
+
+template <DType T>
+constexpr bool kPer32 = T == DType::kQ4_K || T == DType::kQ5_K;
+
+struct KSuper {
+  __m128i sc[2];  // int16 scales: per-16 types halves 0-7 / 8-15; per-32 types sc[0] = blocks 0-7
+  __m128 mn[4];   // MN of halves 4k .. 4k + 3 (per-32 types: mn[0], mn[1] = blocks 0-3, 4-7)
+  float d;
+};
+
+// v >> From << To, masked to `mask` (From, To compile-time: one shift and one and).
+template <int From, int To>
+inline __m128i Bits128(__m128i v, int mask) {
+  const __m128i m = _mm_set1_epi8((char)mask);
+  if constexpr (From == To) return _mm_and_si128(v, m);
+  else if constexpr (From < To) return _mm_and_si128(_mm_slli_epi16(v, To - From), m);
+  else return _mm_and_si128(_mm_srli_epi16(v, From - To), m);
+}
+
+inline __m128 CvtI8x4(int32_t four_bytes, bool is_signed) {
+  const __m128i v = _mm_cvtsi32_si128(four_bytes);
+  return _mm_cvtepi32_ps(is_signed ? _mm_cvtepi8_epi32(v) : _mm_cvtepu8_epi32(v));
+}
+
+template <DType T>
+inline void Prepare(const uint8_t* blk, KSuper* k) {
+  if constexpr (kPer32<T>) {
+    uint64_t sc, mn;
+    KScaleMin8(blk + 4, &sc, &mn);
+    const uint16_t* h = (const uint16_t*)blk;
+    k->d = _cvtsh_ss(h[0]);
+    k->sc[0] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc));
+    const __m128 dmin = _mm_set1_ps(_cvtsh_ss(h[1]));
+    k->mn[0] = _mm_mul_ps(dmin, CvtI8x4((int32_t)mn, false));
+    k->mn[1] = _mm_mul_ps(dmin, CvtI8x4((int32_t)(mn >> 32), false));
+  } else {
+    alignas(16) int8_t sc[16];
+    __m128 f;
+    if constexpr (T == DType::kQ6_K) {
+      const BlockQ6_K* b = (const BlockQ6_K*)blk;
+      std::memcpy(sc, b->scales, 16);
+      k->d = _cvtsh_ss(b->d);
+      f = _mm_set1_ps(32.0f * k->d);
+    } else if constexpr (T == DType::kQ3_K) {
+      const BlockQ3_K* b = (const BlockQ3_K*)blk;
+      uint8_t u[16];
+      ref::Q3KScales(b->scales, u);
+      for (int i = 0; i < 16; ++i) sc[i] = (int8_t)(u[i] - 32);
+      k->d = _cvtsh_ss(b->d);
+      f = _mm_set1_ps(4.0f * k->d);
+    } else {
+      static_assert(T == DType::kQ2_K);
+      const BlockQ2_K* b = (const BlockQ2_K*)blk;
+      for (int i = 0; i < 16; ++i) sc[i] = (int8_t)(b->scales[i] & 15);
+      k->d = _cvtsh_ss(b->d);
+      f = _mm_set1_ps(_cvtsh_ss(b->dmin));
+    }
+    const __m128i v = _mm_load_si128((const __m128i*)sc);
+    k->sc[0] = _mm_cvtepi8_epi16(v);
+    k->sc[1] = _mm_cvtepi8_epi16(_mm_srli_si128(v, 8));
+    for (int q = 0; q < 4; ++q) {
+      int32_t four;
+      if constexpr (T == DType::kQ2_K) {
+        const BlockQ2_K* b = (const BlockQ2_K*)blk;
+        uint32_t w;
+        std::memcpy(&w, b->scales + 4 * q, 4);
+        four = (int32_t)((w >> 4) & 0x0f0f0f0f);
+        k->mn[q] = _mm_mul_ps(f, CvtI8x4(four, false));
+      } else {
+        std::memcpy(&four, sc + 4 * q, 4);
+        k->mn[q] = _mm_mul_ps(f, CvtI8x4(four, true));
+      }
+    }
+  }
+}
+
+// The unsigned values of x block J's halves (u0: elements 0-15, u1: 16-31).
+template <DType T, int J>
+inline void Halves(const uint8_t* blk, __m128i* u0, __m128i* u1) {
+  if constexpr (kPer32<T>) {
+    constexpr bool kQ5 = T == DType::kQ5_K;
+    const uint8_t* qs = blk + (kQ5 ? 48 : 16) + 32 * (J / 2);
+    const __m128i a = _mm_loadu_si128((const __m128i*)qs), b = _mm_loadu_si128((const __m128i*)(qs + 16));
+    *u0 = Bits128<4 * (J % 2), 0>(a, 0x0f);
+    *u1 = Bits128<4 * (J % 2), 0>(b, 0x0f);
+    if constexpr (kQ5) {
+      const __m128i ha = _mm_loadu_si128((const __m128i*)(blk + 16)), hb = _mm_loadu_si128((const __m128i*)(blk + 32));
+      *u0 = _mm_or_si128(*u0, Bits128<J, 4>(ha, 0x10));
+      *u1 = _mm_or_si128(*u1, Bits128<J, 4>(hb, 0x10));
+    }
+  } else if constexpr (T == DType::kQ6_K) {
+    const BlockQ6_K* b = (const BlockQ6_K*)blk;
+    constexpr int hf = J / 4, s = J % 4;
+    const uint8_t* ql = b->ql + 64 * hf + 32 * (s % 2);
+    const uint8_t* qh = b->qh + 32 * hf;
+    *u0 = _mm_or_si128(Bits128<4 * (s / 2), 0>(_mm_loadu_si128((const __m128i*)ql), 0x0f),
+                       Bits128<2 * s, 4>(_mm_loadu_si128((const __m128i*)qh), 0x30));
+    *u1 = _mm_or_si128(Bits128<4 * (s / 2), 0>(_mm_loadu_si128((const __m128i*)(ql + 16)), 0x0f),
+                       Bits128<2 * s, 4>(_mm_loadu_si128((const __m128i*)(qh + 16)), 0x30));
+  } else {  // Q2_K, Q3_K: 2 low bits of qs[32 hf + l] at 2 s; Q3_K's third bit from hmask[l] bit J
+    constexpr int hf = J / 4, s = J % 4;
+    const uint8_t* qs = blk + (T == DType::kQ3_K ? 32 : 16) + 32 * hf;
+    *u0 = Bits128<2 * s, 0>(_mm_loadu_si128((const __m128i*)qs), 0x03);
+    *u1 = Bits128<2 * s, 0>(_mm_loadu_si128((const __m128i*)(qs + 16)), 0x03);
+    if constexpr (T == DType::kQ3_K) {
+      *u0 = _mm_or_si128(*u0, Bits128<J, 2>(_mm_loadu_si128((const __m128i*)blk), 0x04));
+      *u1 = _mm_or_si128(*u1, Bits128<J, 2>(_mm_loadu_si128((const __m128i*)(blk + 16)), 0x04));
+    }
+  }
+}
+
+// Word w of v in all 8 lanes.
+template <int W>
+inline __m128i Word(__m128i v) {
+  return _mm_shuffle_epi8(v, _mm_set1_epi16((short)(2 * W | (2 * W + 1) << 8)));
+}
+
+template <DType T, int J>
+inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, int64_t m, __m128* acc) {
+  __m128i u0, u1;
+  Halves<T, J>(blk, &u0, &u1);
+  __m128i s0, s1;
+  if constexpr (kPer32<T>) {
+    s0 = s1 = Word<J>(k.sc[0]);
+  } else {
+    s0 = Word<(2 * J) % 8>(k.sc[J / 4]);
+    s1 = Word<(2 * J + 1) % 8>(k.sc[J / 4]);
+  }
+#pragma GCC unroll 4
+  for (int64_t i = 0; i < m; ++i) {
+    const BlockQ8X& x = xb[i][J];
+    const __m128i x0 = _mm_loadu_si128((const __m128i*)x.qs), x1 = _mm_loadu_si128((const __m128i*)(x.qs + 16));
+    __m128i p;
+    if constexpr (kPer32<T>) {  // u <= 31: the halves' pairs sum in int16 (<= 15748), one madd
+      p = _mm_madd_epi16(_mm_add_epi16(_mm_maddubs_epi16(u0, x0), _mm_maddubs_epi16(u1, x1)), s0);
+    } else {
+      p = _mm_add_epi32(_mm_madd_epi16(_mm_maddubs_epi16(u0, x0), s0), _mm_madd_epi16(_mm_maddubs_epi16(u1, x1), s1));
+    }
+    acc[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(p), _mm_set1_ps(k.d * x.d), acc[i]);
+  }
+}
+
+template <DType T, int... J>
+inline void KBlocks(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, int64_t m, __m128* acc,
+                    std::integer_sequence<int, J...>) {
+  (KBlock<T, J>(blk, k, xb, m, acc), ...);
+}
+
+template <DType T>
+void KGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
+            int64_t ldy) {
+  constexpr size_t kBB = (size_t)(T == DType::kQ2_K   ? sizeof(BlockQ2_K)
+                                  : T == DType::kQ3_K ? sizeof(BlockQ3_K)
+                                  : T == DType::kQ4_K ? sizeof(BlockQ4_K)
+                                  : T == DType::kQ5_K ? sizeof(BlockQ5_K)
+                                                      : sizeof(BlockQ6_K));
+  const int64_t nsb = K / 256, nxb = K / 32;
+  // The x side of the MN terms: per x block its s (per-32 types) or per half d * sum.
+  static thread_local std::vector<float> xs_buf;
+  const int64_t per_row = kPer32<T> ? nxb : 2 * nxb;
+  float* xs = Scratch(xs_buf, (size_t)(m * per_row));
+  for (int64_t i = 0; i < m * nxb; ++i) {
+    if constexpr (kPer32<T>) {
+      xs[i] = x[i].s;
+    } else {
+      const __m128i a = _mm_loadu_si128((const __m128i*)x[i].qs), b = _mm_loadu_si128((const __m128i*)(x[i].qs + 16));
+      const __m128i one8 = _mm_set1_epi8(1), one16 = _mm_set1_epi16(1);
+      __m128i sa = _mm_madd_epi16(_mm_maddubs_epi16(one8, a), one16);
+      __m128i sb = _mm_madd_epi16(_mm_maddubs_epi16(one8, b), one16);
+      sa = _mm_hadd_epi32(sa, sb);
+      sa = _mm_hadd_epi32(sa, sa);  // [sum a, sum b, ..]
+      xs[2 * i] = x[i].d * (float)_mm_cvtsi128_si32(sa);
+      xs[2 * i + 1] = x[i].d * (float)_mm_extract_epi32(sa, 1);
+    }
+  }
+  KSuper k;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * rb;
+    __m128 acc[4], accm[4];
+    for (int i = 0; i < 4; ++i) acc[i] = accm[i] = _mm_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = row + sb * kBB;
+      Prepare<T>(blk, &k);
+      const BlockQ8X* xb[4];
+      for (int64_t i = 0; i < m; ++i) xb[i] = x + i * nxb + sb * 8;
+      KBlocks<T>(blk, k, xb, m, acc, std::make_integer_sequence<int, 8>{});
+      for (int64_t i = 0; i < m; ++i) {
+        const float* xm = xs + i * per_row + sb * (kPer32<T> ? 8 : 16);
+        accm[i] = _mm_fmadd_ps(k.mn[0], _mm_loadu_ps(xm), accm[i]);
+        accm[i] = _mm_fmadd_ps(k.mn[1], _mm_loadu_ps(xm + 4), accm[i]);
+        if constexpr (!kPer32<T>) {
+          accm[i] = _mm_fmadd_ps(k.mn[2], _mm_loadu_ps(xm + 8), accm[i]);
+          accm[i] = _mm_fmadd_ps(k.mn[3], _mm_loadu_ps(xm + 12), accm[i]);
+        }
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) y[i * ldy + r] = Hsum4(_mm_sub_ps(acc[i], accm[i]));
+  }
+}
+
 }  // namespace
 
 void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
@@ -244,11 +451,11 @@ void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const Bl
   switch (t) {
     case DType::kQ5_0: return ExtGemvT<DType::kQ5_0>(w, rb, n_rows, x, m, K, y, ldy);
     case DType::kQ5_1: return ExtGemvT<DType::kQ5_1>(w, rb, n_rows, x, m, K, y, ldy);
-    case DType::kQ2_K: return ExtGemvT<DType::kQ2_K>(w, rb, n_rows, x, m, K, y, ldy);
-    case DType::kQ3_K: return ExtGemvT<DType::kQ3_K>(w, rb, n_rows, x, m, K, y, ldy);
-    case DType::kQ4_K: return ExtGemvT<DType::kQ4_K>(w, rb, n_rows, x, m, K, y, ldy);
-    case DType::kQ5_K: return ExtGemvT<DType::kQ5_K>(w, rb, n_rows, x, m, K, y, ldy);
-    case DType::kQ6_K: return ExtGemvT<DType::kQ6_K>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ2_K: return KGemvT<DType::kQ2_K>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ3_K: return KGemvT<DType::kQ3_K>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ4_K: return KGemvT<DType::kQ4_K>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ5_K: return KGemvT<DType::kQ5_K>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ6_K: return KGemvT<DType::kQ6_K>(w, rb, n_rows, x, m, K, y, ldy);
     default: LATHE_CHECK_MSG(false, "ExtQuantGemv: %s is not an extended block type", DTypeName(t));
   }
 }
