@@ -134,6 +134,8 @@ bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group,
 // too. Each row's result is the same for any m (1..4).
 void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
                   float* y, int64_t ldy);
+// One row of an IsExtQuant type dequantized, bit-identical to ref::DequantizeRow.
+void ExtQuantDequantRow(DType t, const uint8_t* row, int64_t K, float* out);
 }
 namespace avx512 {
 const KernelTable& Table();

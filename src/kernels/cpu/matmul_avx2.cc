@@ -9,7 +9,6 @@
 #include "core/check.h"
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/dispatch.h"
-#include "kernels/cpu/reference.h"
 #include "kernels/cpu/scratch.h"
 
 namespace lathe::kernels::cpu::avx2 {
@@ -501,7 +500,7 @@ void DequantRowF(const uint8_t* row, int64_t K, float* out) {
 }
 
 void DequantRow(DType t, const uint8_t* row, int64_t K, float* out) {
-  if (IsExtQuant(t)) return ref::DequantizeRow(t, row, K, out);
+  if (IsExtQuant(t)) return ExtQuantDequantRow(t, row, K, out);
   const int64_t nb = K / 32;
   switch (t) {
     case DType::kF32:

@@ -10,7 +10,6 @@
 #include "core/check.h"
 #include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/dispatch.h"
-#include "kernels/cpu/reference.h"
 
 namespace lathe::kernels::cpu::avx512 {
 
@@ -400,7 +399,7 @@ void DequantRowF(const uint8_t* row, int64_t K, float* out) {
 }
 
 void DequantRow(DType t, const uint8_t* row, int64_t K, float* out) {
-  if (IsExtQuant(t)) return ref::DequantizeRow(t, row, K, out);
+  if (IsExtQuant(t)) return avx2::ExtQuantDequantRow(t, row, K, out);
   const int64_t nb = K / 32;
   switch (t) {
     case DType::kF32:

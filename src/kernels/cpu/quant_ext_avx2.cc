@@ -444,6 +444,43 @@ void KGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
   }
 }
 
+// ---- dequantization (prefill panels, training) -----------------------------------------------
+// ref::DequantizeRow's values bit for bit: (d * sc) * q - (dmin * mn) in f32, two roundings (this
+// file is compiled without FMA contraction).
+template <DType T>
+void DequantRowT(const uint8_t* row, int64_t K, float* out) {
+  constexpr int kBS = T == DType::kQ5_0 || T == DType::kQ5_1 ? 32 : 256;
+  constexpr bool kMin16 = T == DType::kQ2_K, kMin32 = T == DType::kQ4_K || T == DType::kQ5_K;
+  const size_t bb = (size_t)GetDTypeInfo(T).block_bytes;
+  Decoded db;
+  alignas(32) float mn[16] = {};
+  for (int64_t b = 0; b < K / kBS; ++b) {
+    Decode<T>(row + b * bb, &db);
+    if constexpr (kMin16) {
+      _mm256_store_ps(mn, db.mn[0]);
+      _mm256_store_ps(mn + 8, db.mn[1]);
+    } else if constexpr (kMin32) {
+      _mm256_store_ps(mn, db.mn[0]);
+    }
+    float* o = out + b * kBS;
+    for (int j = 0; j < kBS / 32; ++j) {
+      const __m128i lo = _mm256_castsi256_si128(db.q[j]), hi = _mm256_extracti128_si256(db.q[j], 1);
+      const __m128i q8[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+      const int sc[2] = {(int16_t)_mm256_extract_epi16(db.s[j], 0), (int16_t)_mm256_extract_epi16(db.s[j], 8)};
+      for (int g = 0; g < 4; ++g) {
+        const int h = g / 2;  // 16-element half
+        float minv = 0.0f;
+        if constexpr (kMin16) minv = mn[2 * j + h];
+        if constexpr (kMin32) minv = mn[j];
+        if constexpr (T == DType::kQ5_1) minv = db.mn32;  // dmin * mn with mn = -1: -m
+        const __m256 scale = _mm256_set1_ps(db.d * (float)sc[h]);
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8[g]));
+        _mm256_storeu_ps(o + 32 * j + 8 * g, _mm256_sub_ps(_mm256_mul_ps(scale, q), _mm256_set1_ps(minv)));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
@@ -457,6 +494,23 @@ void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const Bl
     case DType::kQ5_K: return KGemvT<DType::kQ5_K>(w, rb, n_rows, x, m, K, y, ldy);
     case DType::kQ6_K: return KGemvT<DType::kQ6_K>(w, rb, n_rows, x, m, K, y, ldy);
     default: LATHE_CHECK_MSG(false, "ExtQuantGemv: %s is not an extended block type", DTypeName(t));
+  }
+}
+
+}  // namespace lathe::kernels::cpu::avx2
+
+namespace lathe::kernels::cpu::avx2 {
+
+void ExtQuantDequantRow(DType t, const uint8_t* row, int64_t K, float* out) {
+  switch (t) {
+    case DType::kQ5_0: return DequantRowT<DType::kQ5_0>(row, K, out);
+    case DType::kQ5_1: return DequantRowT<DType::kQ5_1>(row, K, out);
+    case DType::kQ2_K: return DequantRowT<DType::kQ2_K>(row, K, out);
+    case DType::kQ3_K: return DequantRowT<DType::kQ3_K>(row, K, out);
+    case DType::kQ4_K: return DequantRowT<DType::kQ4_K>(row, K, out);
+    case DType::kQ5_K: return DequantRowT<DType::kQ5_K>(row, K, out);
+    case DType::kQ6_K: return DequantRowT<DType::kQ6_K>(row, K, out);
+    default: LATHE_CHECK_MSG(false, "ExtQuantDequantRow: %s is not an extended block type", DTypeName(t));
   }
 }
 
