@@ -376,6 +376,41 @@ TEST(TrainModelQuantizedBase, GradientsThroughFrozenQ8_0AndQ4_1EqualTheDequantiz
   }
 }
 
+// The llama.cpp block types no quantizer of ours writes (Q5_0, Q5_1, Q2_K .. Q6_K): the model
+// llama-quantize made for the ggml_quant fixture, one type per tensor, trained frozen as stored vs
+// the same weights dequantized to f32 (the backward-input path decodes them inside its GEMM).
+TEST(TrainModelQuantizedBase, GradientsThroughFrozenLlamaQuantizeTypesEqualTheDequantizedModel) {
+  auto lm = LoadModel(Fixtures() + "ggml_quant/model.gguf");
+  ASSERT_TRUE(lm.ok()) << lm.status().message();
+  const ModelWeights& q = (*lm)->weights;
+  ASSERT_EQ(q.layers[0].wq.dtype, DType::kQ2_K);
+  ASSERT_EQ(q.layers[0].w_down.dtype, DType::kQ5_1);
+  ModelWeights d = q;
+  auto f32 = [&](const Tensor& src) {
+    std::vector<float> v(src.numel());
+    kernels::DequantizeRows(src, 0, src.shape[0], v.data());
+    return d.OwnF32(std::move(v), src.shape);
+  };
+  d.tok_embd = f32(q.tok_embd);
+  d.output = f32(q.output);
+  for (LayerWeights& L : d.layers)
+    for (Tensor* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) *m = f32(*m);
+  Fixture f("train_llama_gqa_tied");  // its token batch (vocab 256, as this model's)
+  Batch b = FixtureBatch(f);
+  ThreadPool pool(2);
+  for (TrainModelOptions o : {Lora(), Full()}) {
+    auto mq = Make(q, pool, o), md = Make(d, pool, o);
+    NonZeroB(*mq);
+    NonZeroB(*md);
+    Grads gq = RunSteps(*mq, {b}, 32), gd = RunSteps(*md, {b}, 32);
+    const double e = WorstErr(gq, gd);
+    std::printf("llama-quantize base (%s): loss %.7g vs dequantized f32 %.7g, worst grad normalized error %.3g\n",
+                o.method == FinetuneMethod::kLora ? "lora" : "full", gq.loss, gd.loss, e);
+    EXPECT_NEAR(gq.loss, gd.loss, 1e-5 * gd.loss);
+    EXPECT_LT(e, 1e-5);
+  }
+}
+
 TEST(TrainModelFreeze, LastLayerTrainsWithTheFullFineTuningGradients) {
   auto w = LoadBase("llama_gqa_tied");
   ASSERT_TRUE(w.ok());

@@ -57,11 +57,14 @@ TEST_P(TrainMatMul, BackwardInputMatchesReference) {
   const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
   const cpu::KernelTable& kt = cpu::KernelsFor(tier);
   ThreadPool pool(threads);
-  const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+  const DType dtypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                          DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K,
+                          DType::kQ6_K};
   for (DType dt : dtypes) {
     std::vector<Shape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
     if (dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16)
       shapes.insert(shapes.end(), std::begin(kF32Shapes), std::end(kF32Shapes));
+    if (IsKQuant(dt)) shapes = {{1, 1, 256}, {13, 300, 512}, {200, 37, 768}, {6, 16, 256}};  // whole 256-blocks
     for (const Shape& s : shapes) {
       const testing::TestWeight w = MakeWeight(dt, s.N, s.K, 21);
       const std::vector<double> wd = Dequantized(w.t);
