@@ -2,7 +2,8 @@
 # llama.cpp measured on this machine in the same run as lathe (issues "Foundation" and "Serving
 # engine"): llama-bench vs `lathe bench` (pp512 / tg128, 1 and 2 threads) on SmolLM2-135M in Q4_1
 # (as shipped), Q8_0, BF16 and F32 (made by `lathe convert`, so llama.cpp also reads lathe's GGUF
-# output) and stories260K; then llama-server vs `lathe serve` under `lathe bench serve` (the same
+# output), Q4_K_M (made by llama.cpp's llama-quantize, so lathe reads llama.cpp's K-quants) and
+# stories260K; then llama-server vs `lathe serve` under `lathe bench serve` (the same
 # seeded token-id workload) at concurrency 1, 8 and 32 on the Q8_0 file, a fresh server per level. llama.cpp comes from the
 # PyPI sdist llama-cpp-python==0.3.36 (bench/fetch-llamacpp.sh; built into the cache, never CI).
 # Usage: bench/llamacpp.sh [BUILD_DIR]
@@ -44,6 +45,13 @@ if [[ ",$parts," == *,inference,* ]]; then
     names+=("${d^^}")
     files+=("$out")
   done
+  # Q4_K_M, the file type most GGUFs on the Hub are: made by llama.cpp's own llama-quantize from the
+  # F32 file (SmolLM2's 576-wide rows are not whole 256-blocks, so most of it falls back to Q5_0;
+  # ffn_down is Q4_K / Q6_K, the embedding Q8_0).
+  kq="$dir/SmolLM2-135M-Instruct.q4_k_m.gguf"
+  [ -f "$kq" ] || "$bin/llama-quantize" "$dir/SmolLM2-135M-Instruct.f32.gguf" "$kq" Q4_K_M > "$tmp/quantize.log" 2>&1
+  names+=("Q4_K_M")
+  files+=("$kq")
   # stories260K through lathe's writer (an SPM vocab; the shared file was written by llama.cpp's
   # converter).
   st="$dir/stories260K.lathe.f32.gguf"
