@@ -1,11 +1,8 @@
-// AVX2 int8 GEMV for the extended GGML block types (Q5_0, Q5_1 and the K-quants Q2_K .. Q6_K): each
-// weight block is decoded to int8 values and int16 scales (ref::DecodeBlock's form), then dotted
-// with the int8 x blocks (BlockQ8X). Per 32-element x block: maddubs of the values against x (a
-// signed type through |q| and x signed by q), madd with the 16-element halves' scales, and one f32
-// FMA of the 8 int32 lanes with d * x.d; the mins (Q2_K, Q4_K, Q5_K, Q5_1) are f32 products with
-// the x block sums, kept apart and subtracted at the end. One weight row at a time (rows are read
-// in order: one long stream), all x rows (m <= 4) against each decoded block, so every row's
-// arithmetic is the same for any m.
+// AVX2 kernels for the extended GGML block types (Q5_0, Q5_1 and the K-quants Q2_K .. Q6_K): a
+// 256-bit block decoder (ref::DecodeBlock's form: int8 values, int16 scales, f32 mins) behind the
+// vectorized dequantization and the Q5 tail rows, and the K-quants' int8 GEMV in 128-bit vectors.
+// The GEMVs take one weight row at a time (rows are read in order: one long stream), all x rows
+// (m <= 4) against each block, so every row's arithmetic is the same for any m.
 #include <immintrin.h>
 
 #include <cstring>
@@ -23,7 +20,7 @@ namespace {
 
 // A decoded block: per 32-element x block j, the values q[j] and the int16 scale vector s[j]
 // (lanes 0-7 = the scale of elements 0-15, lanes 8-15 = of elements 16-31); d; mins as f32
-// dmin * mn per 32 (kMin32) or per 16 (kMin16) elements.
+// dmin * mn: per 32 elements in mn[0] (Q4_K, Q5_K), per 16 in mn[0..1] (Q2_K), Q5_1's in mn32.
 struct Decoded {
   __m256i q[8];
   __m256i s[8];
@@ -174,67 +171,36 @@ inline void Decode(const uint8_t* blk, Decoded* o) {
   }
 }
 
+// Q5_0 / Q5_1 rows one at a time: the N % 4 tail rows of a weight (the 4-row kernels in
+// matmul_avx2.cc take the rest; a given row always takes the same one). Per block: the 256-bit
+// decode above, maddubs against x (Q5_0 through |q| and x signed by q), madd with ones, one f32 FMA
+// with d * x.d; Q5_1's min times x.s kept apart and added at the end.
 template <DType T>
-void ExtGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
-              int64_t ldy) {
-  constexpr bool kSigned = T == DType::kQ5_0 || T == DType::kQ3_K || T == DType::kQ6_K;
-  constexpr bool kMin32 = T == DType::kQ4_K || T == DType::kQ5_K;  // a min per 32 elements
-  constexpr bool kMin16 = T == DType::kQ2_K;                       // a min per 16 elements
-  constexpr int kBS = T == DType::kQ5_0 || T == DType::kQ5_1 ? 32 : 256;
-  constexpr int kNJ = kBS / 32;
+void Q5RowsT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
+             int64_t ldy) {
+  static_assert(T == DType::kQ5_0 || T == DType::kQ5_1);
+  constexpr bool kSigned = T == DType::kQ5_0;
   const size_t bb = (size_t)GetDTypeInfo(T).block_bytes;
-  const int64_t nsb = K / kBS, nxb = K / 32;
-  // The x side of the mins: per x block its sum s (kMin32), or per 16-element half d * sum (kMin16).
-  static thread_local std::vector<float> xs_buf;
-  float* xs = nullptr;
-  if constexpr (kMin32) {
-    xs = Scratch(xs_buf, (size_t)(m * nxb));
-    for (int64_t i = 0; i < m * nxb; ++i) xs[i] = x[i].s;
-  } else if constexpr (kMin16) {
-    xs = Scratch(xs_buf, (size_t)(2 * m * nxb));
-    const __m256i one8 = _mm256_set1_epi8(1);
-    const __m256i one16 = _mm256_set1_epi16(1);
-    for (int64_t i = 0; i < m * nxb; ++i) {
-      const __m256i v = _mm256_loadu_si256((const __m256i*)x[i].qs);
-      const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, v), one16);
-      __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
-      lo = _mm_hadd_epi32(lo, hi);  // [l0+l1, l2+l3, h0+h1, h2+h3]
-      lo = _mm_hadd_epi32(lo, lo);  // [lo half, hi half, ..]
-      xs[2 * i] = x[i].d * (float)_mm_cvtsi128_si32(lo);
-      xs[2 * i + 1] = x[i].d * (float)_mm_extract_epi32(lo, 1);
-    }
-  }
+  const int64_t nb = K / 32;
   Decoded db;
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint8_t* row = w + r * rb;
-    __m256 acc[4], accm[4];
-    float accm32[4] = {0, 0, 0, 0};
-    for (int i = 0; i < 4; ++i) acc[i] = accm[i] = _mm256_setzero_ps();
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      Decode<T>(row + sb * bb, &db);
-      __m256i ua[kNJ];
-      for (int j = 0; j < kNJ; ++j) ua[j] = kSigned ? _mm256_sign_epi8(db.q[j], db.q[j]) : db.q[j];
+    __m256 acc[4];
+    float accm[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      Decode<T>(row + b * bb, &db);
+      const __m256i u = kSigned ? _mm256_sign_epi8(db.q[0], db.q[0]) : db.q[0];
       for (int64_t i = 0; i < m; ++i) {
-        const BlockQ8X* xb = x + i * nxb + sb * kNJ;
-#pragma GCC unroll 8
-        for (int j = 0; j < kNJ; ++j) {
-          __m256i xv = _mm256_loadu_si256((const __m256i*)xb[j].qs);
-          if constexpr (kSigned) xv = _mm256_sign_epi8(xv, db.q[j]);
-          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ua[j], xv), db.s[j]);
-          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(db.d * xb[j].d), acc[i]);
-        }
-        if constexpr (kMin32) {
-          accm[i] = _mm256_fmadd_ps(db.mn[0], _mm256_loadu_ps(xs + i * nxb + sb * 8), accm[i]);
-        } else if constexpr (kMin16) {
-          const float* xh = xs + 2 * (i * nxb + sb * 8);
-          accm[i] = _mm256_fmadd_ps(db.mn[0], _mm256_loadu_ps(xh), accm[i]);
-          accm[i] = _mm256_fmadd_ps(db.mn[1], _mm256_loadu_ps(xh + 8), accm[i]);
-        } else if constexpr (T == DType::kQ5_1) {
-          accm32[i] += db.mn32 * xb[0].s;
-        }
+        const BlockQ8X& xb = x[i * nb + b];
+        __m256i xv = _mm256_loadu_si256((const __m256i*)xb.qs);
+        if constexpr (kSigned) xv = _mm256_sign_epi8(xv, db.q[0]);
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), db.s[0]);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(db.d * xb.d), acc[i]);
+        if constexpr (!kSigned) accm[i] += db.mn32 * xb.s;
       }
     }
-    for (int64_t i = 0; i < m; ++i) y[i * ldy + r] = HsumPs(acc[i]) - (HsumPs(accm[i]) + accm32[i]);
+    for (int64_t i = 0; i < m; ++i) y[i * ldy + r] = HsumPs(acc[i]) - accm[i];
   }
 }
 
@@ -486,8 +452,8 @@ void DequantRowT(const uint8_t* row, int64_t K, float* out) {
 void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
                   float* y, int64_t ldy) {
   switch (t) {
-    case DType::kQ5_0: return ExtGemvT<DType::kQ5_0>(w, rb, n_rows, x, m, K, y, ldy);
-    case DType::kQ5_1: return ExtGemvT<DType::kQ5_1>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ5_0: return Q5RowsT<DType::kQ5_0>(w, rb, n_rows, x, m, K, y, ldy);
+    case DType::kQ5_1: return Q5RowsT<DType::kQ5_1>(w, rb, n_rows, x, m, K, y, ldy);
     case DType::kQ2_K: return KGemvT<DType::kQ2_K>(w, rb, n_rows, x, m, K, y, ldy);
     case DType::kQ3_K: return KGemvT<DType::kQ3_K>(w, rb, n_rows, x, m, K, y, ldy);
     case DType::kQ4_K: return KGemvT<DType::kQ4_K>(w, rb, n_rows, x, m, K, y, ldy);
