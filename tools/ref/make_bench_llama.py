@@ -3,8 +3,9 @@
 real small model does not have: SmolLM2-135M's 576-wide rows are not whole 256-element blocks, so
 llama-quantize's K-quant file types fall back to Q5_0 / Q8_0 for most of it; this model's widths
 are multiples of 256, so `llama-quantize OUT.gguf Q4_K_M` gives real Q4_K / Q6_K tensors (as a 7B
-model's Q4_K_M file has). Weights are seeded N(0, 0.02) (norms 1), so the text is noise: for
-speed only.
+model's Q4_K_M file has). Weights are seeded N(0, 0.02) (norms 1), the output head N(0, 0.5) so
+the logits are as peaked as a trained model's (with flat logits lathe's exact re-computation of the
+logits near the top would take every one of them); the text is noise: for speed only.
 
 Run: $LATHE_REF_VENV/bin/python tools/ref/make_bench_llama.py OUT.gguf [--dim 1024 --ffn 2816
      --layers 8 --heads 16 --kv-heads 4 --vocab 32000]
@@ -29,8 +30,8 @@ def main():
     rng = np.random.default_rng(a.seed)
     hd = a.dim // a.heads
 
-    def mat(rows, cols):
-        return (0.02 * rng.standard_normal((rows, cols), dtype=np.float32)).astype(np.float32)
+    def mat(rows, cols, std=0.02):
+        return (std * rng.standard_normal((rows, cols), dtype=np.float32)).astype(np.float32)
 
     w = GGUFWriter(a.out, "llama")
     w.add_name("lathe random bench llama")
@@ -66,7 +67,7 @@ def main():
         w.add_tensor(f"blk.{i}.ffn_up.weight", mat(a.ffn, a.dim))
         w.add_tensor(f"blk.{i}.ffn_down.weight", mat(a.dim, a.ffn))
     w.add_tensor("output_norm.weight", ones)
-    w.add_tensor("output.weight", mat(a.vocab, a.dim))
+    w.add_tensor("output.weight", mat(a.vocab, a.dim, 0.5))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -327,8 +327,8 @@ inline __m128i Word(__m128i v) {
   return _mm_shuffle_epi8(v, _mm_set1_epi16((short)(2 * W | (2 * W + 1) << 8)));
 }
 
-template <DType T, int J>
-inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, int64_t m, __m128* acc) {
+template <DType T, int M, int J>
+inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, __m128* acc) {
   __m128i u0, u1;
   Halves<T, J>(blk, &u0, &u1);
   __m128i s0, s1;
@@ -339,7 +339,7 @@ inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* x
     s1 = Word<(2 * J + 1) % 8>(k.sc[J / 4]);
   }
 #pragma GCC unroll 4
-  for (int64_t i = 0; i < m; ++i) {
+  for (int i = 0; i < M; ++i) {
     const BlockQ8X& x = xb[i][J];
     const __m128i x0 = _mm_loadu_si128((const __m128i*)x.qs), x1 = _mm_loadu_si128((const __m128i*)(x.qs + 16));
     __m128i p;
@@ -352,15 +352,16 @@ inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* x
   }
 }
 
-template <DType T, int... J>
-inline void KBlocks(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, int64_t m, __m128* acc,
+template <DType T, int M, int... J>
+inline void KBlocks(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, __m128* acc,
                     std::integer_sequence<int, J...>) {
-  (KBlock<T, J>(blk, k, xb, m, acc), ...);
+  (KBlock<T, M, J>(blk, k, xb, acc), ...);
 }
 
-template <DType T>
-void KGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
-            int64_t ldy) {
+// M x rows (1..4, a template parameter so the accumulators stay in registers).
+template <DType T, int M>
+void KGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t K, float* y, int64_t ldy) {
+  constexpr int64_t m = M;
   constexpr size_t kBB = (size_t)(T == DType::kQ2_K   ? sizeof(BlockQ2_K)
                                   : T == DType::kQ3_K ? sizeof(BlockQ3_K)
                                   : T == DType::kQ4_K ? sizeof(BlockQ4_K)
@@ -395,7 +396,7 @@ void KGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
       Prepare<T>(blk, &k);
       const BlockQ8X* xb[4];
       for (int64_t i = 0; i < m; ++i) xb[i] = x + i * nxb + sb * 8;
-      KBlocks<T>(blk, k, xb, m, acc, std::make_integer_sequence<int, 8>{});
+      KBlocks<T, M>(blk, k, xb, acc, std::make_integer_sequence<int, 8>{});
       for (int64_t i = 0; i < m; ++i) {
         const float* xm = xs + i * per_row + sb * (kPer32<T> ? 8 : 16);
         accm[i] = _mm_fmadd_ps(k.mn[0], _mm_loadu_ps(xm), accm[i]);
@@ -407,6 +408,17 @@ void KGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
       }
     }
     for (int64_t i = 0; i < m; ++i) y[i * ldy + r] = Hsum4(_mm_sub_ps(acc[i], accm[i]));
+  }
+}
+
+template <DType T>
+void KGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
+            int64_t ldy) {
+  switch (m) {
+    case 1: return KGemvM<T, 1>(w, rb, n_rows, x, K, y, ldy);
+    case 2: return KGemvM<T, 2>(w, rb, n_rows, x, K, y, ldy);
+    case 3: return KGemvM<T, 3>(w, rb, n_rows, x, K, y, ldy);
+    default: return KGemvM<T, 4>(w, rb, n_rows, x, K, y, ldy);
   }
 }
 
