@@ -375,7 +375,8 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, 
 
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
-  if (IsExtQuant(t)) return avx2::ExtQuantGemv(t, w, rb, n_rows, (const BlockQ8X*)x, m, K, y, ldy);
+  // Q5_0 / Q5_1 / K-quants: the AVX2 table's kernels (its 4-row Q5 GEMV, the 128-bit K-quant one).
+  if (IsExtQuant(t)) return avx2::Table().mm.gemv(t, w, rb, n_rows, x, m, K, y, ldy);
   switch (m) {
     case 1:
       return GemvM<1>(t, w, rb, n_rows, x, K, y, ldy);
