@@ -44,7 +44,12 @@ TEST(DType, Sizes) {
   DType t;
   EXPECT_TRUE(ParseDType("Q4_1", &t));
   EXPECT_EQ(t, DType::kQ4_1);
-  EXPECT_FALSE(ParseDType("q5_k", &t));
+  EXPECT_TRUE(ParseDType("q5_k", &t));
+  EXPECT_EQ(t, DType::kQ5_K);
+  EXPECT_EQ(DTypeBytes(DType::kQ4_K, 512), 288u);
+  EXPECT_EQ(DTypeBytes(DType::kQ6_K, 256), 210u);
+  EXPECT_EQ(DTypeBytes(DType::kQ5_0, 64), 44u);
+  EXPECT_FALSE(ParseDType("iq4_xs", &t));
 }
 
 }  // namespace

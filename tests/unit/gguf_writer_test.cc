@@ -155,10 +155,11 @@ TEST(GgufWriter, InputErrors) {
   EXPECT_FALSE(w.AddTensor("z", DType::kQ8_0, {2, 16}, a.data(), 34).ok());       // partial block
   EXPECT_FALSE(w.AddTensor("z", DType::kBool, {4}, a.data(), 4).ok());            // no GGML type
   EXPECT_FALSE(w.AddTensor(std::string(64, 'n'), DType::kF32, {1}, a.data(), 4).ok());
-  // Raw GGML types: a Q4_K row is 256 elements in 144 bytes.
-  std::vector<uint8_t> k(2 * 144);
-  EXPECT_TRUE(w.AddRawTensor("k", (uint32_t)GgmlType::kQ4_K, {2, 256}, k.data(), k.size()).ok());
-  EXPECT_FALSE(w.AddRawTensor("k2", (uint32_t)GgmlType::kQ4_K, {2, 128}, k.data(), 144).ok());
+  // Raw GGML types lathe does not compute with: an IQ4_XS row is 256 elements in 136 bytes.
+  constexpr uint32_t kIq4Xs = 23;
+  std::vector<uint8_t> k(2 * 136);
+  EXPECT_TRUE(w.AddRawTensor("k", kIq4Xs, {2, 256}, k.data(), k.size()).ok());
+  EXPECT_FALSE(w.AddRawTensor("k2", kIq4Xs, {2, 128}, k.data(), 136).ok());
   EXPECT_FALSE(w.AddRawTensor("k3", 99, {4}, k.data(), 4).ok());
   Status s = w.AddTensor("w", DType::kF32, {0, 4}, a.data(), 0);
   EXPECT_FALSE(s.ok());
@@ -171,10 +172,10 @@ TEST(GgufWriter, InputErrors) {
   ASSERT_NE(ki, nullptr);
   EXPECT_FALSE(ki->supported);
   EXPECT_TRUE(ki->known_size);
-  EXPECT_EQ(ki->nbytes, 288u);
-  EXPECT_STREQ(GgmlTypeName(ki->ggml_type), "Q4_K");
+  EXPECT_EQ(ki->nbytes, 272u);
+  EXPECT_STREQ(GgmlTypeName(ki->ggml_type), "IQ4_XS");
   EXPECT_FALSE((*gk)->GetTensor("k").ok());
-  // A truncated K-quant tensor is now caught at open time.
+  // A truncated tensor of such a type is caught at open time.
   auto cut = GgufFile::Parse(with_k->data(), with_k->size() - 200, "cut.gguf");
   EXPECT_FALSE(cut.ok());
   w.SetUint32("general.alignment", 48);
