@@ -42,7 +42,8 @@ struct MatMulKernels {
   // Largest m for which gemv on block types gives every x row bit-for-bit its m = 1 result (the
   // batched GEMV groups x rows by this); 0 or 1 = one row per call.
   int gemv_exact_m = 1;
-  // Register-blocked int8 GEMM for block types (null where a tier has none): y[i * ldy + r] for
+  // Register-blocked int8 GEMM for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 (null where a tier has none; the
+  // K-quants take the batched GEMV at every M): y[i * ldy + r] for
   // i < m (any m), r < n_rows (n_rows % 4 == 0), each with exactly the arithmetic gemv gives that
   // x row alone, so results do not depend on m or on the other rows.
   void (*qgemm)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
@@ -87,7 +88,7 @@ constexpr int64_t kGemvMaxM = 4;
 // kernels::MatMulShared with one tier's kernels.
 void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
                       std::span<const Tensor* const> ws, std::span<float* const> ys, bool exact_activations = false);
-// Block-quantized weights (q8_0, q4_0, q4_1) use the int8 GEMV up to this M (batched decode):
+// Block-quantized weights (every GGML block type) use the int8 GEMV up to this M (batched decode):
 // weight blocks stay hot in L2 while all x rows run over them with the per-row arithmetic of M = 1
 // (MatMulKernels::gemv_exact_m rows per call), so a row's result does not depend on M. Measured (bench batch/q8_0, 1536x576, 1 thread, AVX2, Zen 3 loaded): vs the
 // panel path M=4 114 vs 182 us, M=8 206 vs 265-294, M=16 426 vs 431 (tie), M=32 972 vs 825-1000.
