@@ -239,6 +239,7 @@ TEST_P(MatMulTier, SharedEqualsOneMatMulPerWeight) {
       {{DType::kQ4_1, DType::kQ4_0, DType::kQ8_0}, {67, 5, 130}, 96},
       {{DType::kBF16, DType::kF32}, {1536, 1536}, 64},
       {{DType::kF16, DType::kQ4_1, DType::kF32, DType::kQ8_0}, {3, 36, 2051, 4}, 32},
+      {{DType::kQ4_K, DType::kQ5_0, DType::kQ6_K, DType::kQ5_1}, {67, 5, 130, 36}, 512},  // a Q4_K_M file's mix
   };
   uint32_t seed = 1700;
   for (const Case& c : cases) {
