@@ -18,41 +18,15 @@ namespace lathe::kernels::cpu::avx2 {
 
 namespace {
 
-// A decoded block: per 32-element x block j, the values q[j] and the int16 scale vector s[j]
-// (lanes 0-7 = the scale of elements 0-15, lanes 8-15 = of elements 16-31); d; mins as f32
-// dmin * mn: per 32 elements in mn[0] (Q4_K, Q5_K), per 16 in mn[0..1] (Q2_K), Q5_1's in mn32.
+// A decoded block: per 32-element x block j the values q[j]; the int16 scale of each 16-element
+// half; d; mins as f32 dmin * mn: per 32 elements in mn[0] (Q4_K, Q5_K), per 16 in mn[0..1] (Q2_K),
+// Q5_1's in mn32.
 struct Decoded {
   __m256i q[8];
-  __m256i s[8];
+  int16_t sc[16];
   __m256 mn[2];
   float d, mn32;  // mn32: Q5_1's dmin * mn of its one 32-element block
 };
-
-// Scale vectors from 16 int16 scales (one per 16 elements): s[j] = [sc[2j] x 8 | sc[2j+1] x 8].
-inline void ScaleVectors16(__m256i sc16, __m256i* s) {
-  const __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);  // scales 0-7 in both lanes
-  const __m256i hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);  // scales 8-15
-  for (int j = 0; j < 4; ++j) {
-    const char a = (char)(4 * j), b = (char)(4 * j + 2);
-    const __m256i ctrl = _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
-                                          a + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1,
-                                          b, b + 1);
-    s[j] = _mm256_shuffle_epi8(lo, ctrl);
-    s[j + 4] = _mm256_shuffle_epi8(hi, ctrl);
-  }
-}
-
-// Scale vectors from 8 scales (one per 32 elements, bytes of sc8): s[j] = sc[j] in all 16 lanes.
-inline void ScaleVectors32(uint64_t sc8, __m256i* s) {
-  const __m128i w = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8));
-  const __m256i both = _mm256_broadcastsi128_si256(w);
-  for (int j = 0; j < 8; ++j) {
-    const char a = (char)(2 * j);
-    s[j] = _mm256_shuffle_epi8(both, _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
-                                                      a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
-                                                      a + 1, a, a + 1, a, a + 1, a, a + 1));
-  }
-}
 
 // Q4_K / Q5_K: the 8 scales and 8 mins (6 bits each) from 12 packed bytes, as 8 bytes each
 // (ref::KScaleMin, four at a time in 32-bit words).
@@ -84,19 +58,11 @@ inline void Decode(const uint8_t* blk, Decoded* o) {
   if constexpr (T == DType::kQ5_0 || T == DType::kQ5_1) {
     constexpr bool kQ51 = T == DType::kQ5_1;
     const uint16_t* h = (const uint16_t*)blk;
-    uint32_t qh;
-    std::memcpy(&qh, blk + (kQ51 ? 4 : 2), 4);
-    const __m256i q = UnpackNibbles(blk + (kQ51 ? 8 : 6));
-    // Bit e of qh to element e: byte e / 8 of qh to the 8 bytes of elements 8 (e / 8) .., then one
-    // bit per byte.
-    const __m256i bytes = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)qh),
-        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
-    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-    const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
-    const __m256i v = _mm256_or_si256(q, hb);
+    __m128i h0, h1;
+    FifthBits(blk + (kQ51 ? 4 : 2), &h0, &h1);
+    const __m256i v = _mm256_or_si256(UnpackNibbles(blk + (kQ51 ? 8 : 6)), _mm256_set_m128i(h1, h0));
     o->q[0] = kQ51 ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(16));
-    o->s[0] = _mm256_set1_epi16(1);
+    o->sc[0] = o->sc[1] = 1;
     o->d = _cvtsh_ss(h[0]);
     o->mn32 = kQ51 ? -_cvtsh_ss(h[1]) : 0.0f;  // dmin * mn with dmin = m, mn = -1
   } else if constexpr (T == DType::kQ4_K || T == DType::kQ5_K) {
@@ -105,7 +71,7 @@ inline void Decode(const uint8_t* blk, Decoded* o) {
     const uint8_t* qs = blk + (kQ5 ? 48 : 16);
     uint64_t sc, mn;
     KScaleMin8(blk + 4, &sc, &mn);
-    ScaleVectors32(sc, o->s);
+    for (int i = 0; i < 16; ++i) o->sc[i] = (int16_t)((sc >> (8 * (i / 2))) & 0xff);
     o->mn[0] = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[1])),
                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))));
     o->d = _cvtsh_ss(h[0]);
@@ -123,7 +89,7 @@ inline void Decode(const uint8_t* blk, Decoded* o) {
     }
   } else if constexpr (T == DType::kQ6_K) {
     const BlockQ6_K* b = (const BlockQ6_K*)blk;
-    ScaleVectors16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)b->scales)), o->s);
+    for (int i = 0; i < 16; ++i) o->sc[i] = b->scales[i];
     o->d = _cvtsh_ss(b->d);
     const __m256i off = _mm256_set1_epi8(32);
     for (int hf = 0; hf < 2; ++hf) {
@@ -140,8 +106,7 @@ inline void Decode(const uint8_t* blk, Decoded* o) {
     const BlockQ3_K* b = (const BlockQ3_K*)blk;
     uint8_t sc[16];
     ref::Q3KScales(b->scales, sc);
-    ScaleVectors16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)sc)), _mm256_set1_epi16(32)),
-                   o->s);
+    for (int i = 0; i < 16; ++i) o->sc[i] = (int16_t)(sc[i] - 32);
     o->d = _cvtsh_ss(b->d);
     const __m256i hm = _mm256_loadu_si256((const __m256i*)b->hmask);
     const __m256i four = _mm256_set1_epi8(4);
@@ -158,7 +123,7 @@ inline void Decode(const uint8_t* blk, Decoded* o) {
     const BlockQ2_K* b = (const BlockQ2_K*)blk;
     const __m128i sv = _mm_loadu_si128((const __m128i*)b->scales);
     const __m128i lo = _mm_set1_epi8(0x0f);
-    ScaleVectors16(_mm256_cvtepu8_epi16(_mm_and_si128(sv, lo)), o->s);
+    for (int i = 0; i < 16; ++i) o->sc[i] = b->scales[i] & 15;
     const __m128i mn = _mm_and_si128(_mm_srli_epi16(sv, 4), lo);
     const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(b->dmin));
     o->mn[0] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
@@ -195,7 +160,7 @@ void Q5RowsT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int
         const BlockQ8X& xb = x[i * nb + b];
         __m256i xv = _mm256_loadu_si256((const __m256i*)xb.qs);
         if constexpr (kSigned) xv = _mm256_sign_epi8(xv, db.q[0]);
-        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), db.s[0]);
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), _mm256_set1_epi16(1));
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(db.d * xb.d), acc[i]);
         if constexpr (!kSigned) accm[i] += db.mn32 * xb.s;
       }
@@ -444,7 +409,7 @@ void DequantRowT(const uint8_t* row, int64_t K, float* out) {
     for (int j = 0; j < kBS / 32; ++j) {
       const __m128i lo = _mm256_castsi256_si128(db.q[j]), hi = _mm256_extracti128_si256(db.q[j], 1);
       const __m128i q8[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-      const int sc[2] = {(int16_t)_mm256_extract_epi16(db.s[j], 0), (int16_t)_mm256_extract_epi16(db.s[j], 8)};
+      const int sc[2] = {db.sc[2 * j], db.sc[2 * j + 1]};
       for (int g = 0; g < 4; ++g) {
         const int h = g / 2;  // 16-element half
         float minv = 0.0f;
