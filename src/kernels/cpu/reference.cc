@@ -34,7 +34,6 @@ void Q3KScales(const uint8_t* p, uint8_t* sc) {
 void DecodeBlock(DType t, const uint8_t* blk, DecodedBlock* o) {
   o->dmin = 0;
   o->has_min = false;
-  o->is_signed = false;
   switch (t) {
     case DType::kQ5_0:
     case DType::kQ5_1: {
@@ -59,8 +58,6 @@ void DecodeBlock(DType t, const uint8_t* blk, DecodedBlock* o) {
       if (q51) {
         o->dmin = F16ToF32(h[1]);
         o->has_min = true;
-      } else {
-        o->is_signed = true;
       }
       return;
     }
@@ -92,7 +89,6 @@ void DecodeBlock(DType t, const uint8_t* blk, DecodedBlock* o) {
       }
       o->n = 256;
       o->d = F16ToF32(b->d);
-      o->is_signed = true;
       return;
     }
     case DType::kQ4_K:
@@ -133,7 +129,6 @@ void DecodeBlock(DType t, const uint8_t* blk, DecodedBlock* o) {
       }
       o->n = 256;
       o->d = F16ToF32(b->d);
-      o->is_signed = true;
       return;
     }
     default: LATHE_CHECK_MSG(false, "DecodeBlock: %s is not an extended block type", DTypeName(t));

@@ -26,7 +26,6 @@ struct DecodedBlock {
   float d, dmin;
   int n;
   bool has_min;  // any mn != 0 possible for this type
-  bool is_signed;
 };
 void DecodeBlock(DType t, const uint8_t* block, DecodedBlock* out);
 // The 6-bit scales and mins of Q4_K / Q5_K (8 each) from their 12 packed bytes.
