@@ -45,6 +45,7 @@
 namespace lathe::kernels {
 namespace {
 
+using testing::FitK;
 using testing::MakeWeight;
 using testing::NormalizedError;
 using testing::RandomVec;
@@ -107,11 +108,6 @@ std::vector<DType> WithExt(bool all_ext) {
     v.push_back(DType::kQ4_K);
   }
   return v;
-}
-// K rounded up to whole blocks of dt (256 for the K-quants).
-int64_t FitK(DType dt, int64_t K) {
-  const int64_t bs = GetDTypeInfo(dt).block_size;
-  return (K + bs - 1) / bs * bs;
 }
 
 // MatMulWith (one thread: the pool runs inline) on the GEMV, batched-GEMV and panel paths; block

@@ -13,6 +13,7 @@ namespace lathe::kernels {
 namespace {
 
 using testing::AllTiers;
+using testing::FitK;
 using testing::MakeWeight;
 using testing::NormalizedError;
 using testing::RandomVec;
@@ -21,11 +22,6 @@ const DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::k
                               DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
                               DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
-// K rounded up to whole blocks of dt (the K-quants' 256; GGUF rows are always whole blocks).
-int64_t FitK(DType dt, int64_t K) {
-  const int64_t bs = GetDTypeInfo(dt).block_size;
-  return (K + bs - 1) / bs * bs;
-}
 
 struct Shape {
   int64_t N, K;

@@ -79,6 +79,12 @@ inline void RandomExtBlocks(DType t, int64_t n, uint32_t seed, uint8_t* out) {
   }
 }
 
+// K rounded up to whole blocks of dt (the K-quants' 256; GGUF rows are always whole blocks).
+inline int64_t FitK(DType dt, int64_t K) {
+  const int64_t bs = GetDTypeInfo(dt).block_size;
+  return (K + bs - 1) / bs * bs;
+}
+
 inline TestWeight MakeWeight(DType dtype, int64_t N, int64_t K, uint32_t seed) {
   TestWeight w;
   if (IsExtQuant(dtype)) {
