@@ -11,6 +11,7 @@ int RunBench(int argc, char** argv);
 int RunBenchTrain(int argc, char** argv);  // `lathe bench train` (cli/bench_train.cc)
 int RunEval(int argc, char** argv);
 int RunConvert(int argc, char** argv);
+int RunQuantize(int argc, char** argv);  // llama-quantize's argument order (cli/convert.cc)
 int RunEstimate(int argc, char** argv);
 int RunTrain(int argc, char** argv);
 int RunServe(int argc, char** argv);

@@ -1,10 +1,15 @@
-// Converts a GGUF model to another weight dtype (f32, f16, bf16, q8_0, q4_0, q4_1), keeping its
-// metadata (tokenizer included). Follows llama-quantize's conventions: 1-D tensors stay f32; a
-// tied embedding under a 4-bit target is stored as q8_0, since it is also the output head; a
-// matrix whose rows are not whole quantization blocks (stories260K's FFN of 172) is kept in f16.
+// Converts a GGUF model to another weight type, keeping its metadata (tokenizer included), the way
+// llama.cpp's llama-quantize does (without an importance matrix): the same file types by the same
+// names, the same per-tensor choice of block type inside a mix (q4_k_m keeps attn_v / ffn_down of
+// some layers in q6_k, the output head in q6_k, ...), the same fallbacks when a row is not whole
+// blocks (q4_k -> q5_0 -> f16, ...), quantizers that give its bytes, and its tensor order: from an
+// f32/f16/bf16 source the output file is byte-identical to llama-quantize's (checked on SmolLM2 for
+// several file types). 1-D tensors become f32 (llama-quantize keeps their stored type; converters
+// from HF write them in f32, so the two agree on such files).
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -12,20 +17,46 @@
 
 namespace lathe::tools {
 
+// A `lathe convert --dtype` target: one of llama-quantize's file types.
+struct ConvertTarget {
+  std::string name;      // lower case: "q4_k_m"
+  DType dtype;           // the default block type of the mix (q4_k for q4_k_m)
+  uint32_t file_type;    // general.file_type (llama.cpp's llama_ftype)
+};
+// By name, case-insensitive: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_s q3_k_m q3_k_l q4_k_s
+// q4_k_m q5_k_s q5_k_m q6_k; q3_k, q4_k and q5_k name the _m mixes, as in llama-quantize.
+Result<ConvertTarget> ParseConvertTarget(const std::string& name);
+// Every name ParseConvertTarget accepts (for help and errors).
+const char* ConvertTargetNames();
+
+// What the per-tensor choice looks at: each tensor's name and shape (ne order reversed, i.e. the
+// row length last, as lathe stores shapes) and a few hyperparameters of the model.
+struct ConvertTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype;  // as stored in the source
+};
+struct ConvertModel {
+  std::string arch;  // general.architecture
+  int64_t n_layer = 0, n_head = 0, n_head_kv = 0;
+};
+// The dtype each tensor gets under `target`, in the order given.
+std::vector<DType> PlanConvertedDTypes(const ConvertTarget& target, const std::vector<ConvertTensor>& tensors,
+                                       const ConvertModel& model);
+
 struct ConvertStats {
   int64_t tensors = 0;
   int64_t params = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
-  int64_t f16_fallbacks = 0;  // matrices kept in f16 because their rows are not whole blocks
+  int64_t fallbacks = 0;  // matrices stored in another type than the mix asked for: rows not whole blocks
+  int64_t requantized = 0;  // quantized matrices quantized again to another type (precision lost twice)
 };
 
-// The dtype a tensor gets under `target` (see the header comment).
-DType ConvertedDType(const std::string& name, const std::vector<int64_t>& shape, DType target, bool tied_embedding);
-// llama.cpp's general.file_type for a target dtype.
-uint32_t GgufFileType(DType target);
-
-Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& out_path, DType target,
-                                 ThreadPool& pool);
+// Writes out_path (temp file + rename: an existing file is only replaced by a complete one). With
+// allow_requantize false, a matrix that is already quantized and would get another quantized type
+// is an error naming it (llama-quantize's rule; `lathe convert` allows it, `lathe quantize` asks).
+Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& out_path, const ConvertTarget& target,
+                                 ThreadPool& pool, bool allow_requantize = true);
 
 }  // namespace lathe::tools

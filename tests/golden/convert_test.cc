@@ -40,23 +40,28 @@ TEST(Convert, Stories260KToEveryDtype) {
   ASSERT_TRUE(in.ok());
   ThreadPool pool(2);
   // Relative logit error allowed per dtype: the weights' own quantization error, propagated.
-  struct Want { DType dtype; double rel; };
-  for (Want want : {Want{DType::kF32, 0}, Want{DType::kF16, 2e-3}, Want{DType::kBF16, 2e-2}, Want{DType::kQ8_0, 2e-2},
-                    Want{DType::kQ4_1, 0.15}, Want{DType::kQ4_0, 0.2}}) {
-    std::string out = ::testing::TempDir() + "/conv_" + DTypeName(want.dtype) + ".gguf";
-    auto st = ConvertGguf(src, out, want.dtype, pool);
+  // stories260K's rows are 64 and 172 wide: the K-quant mixes fall back to 32-block types and f16.
+  struct Want { const char* target; double rel; };
+  for (Want want : {Want{"f32", 0}, Want{"f16", 2e-3}, Want{"bf16", 2e-2}, Want{"q8_0", 2e-2}, Want{"q4_1", 0.15},
+                    Want{"q4_0", 0.2}, Want{"q5_0", 0.1}, Want{"q5_1", 0.1}, Want{"q4_k_m", 0.1}}) {
+    auto target = ParseConvertTarget(want.target);
+    ASSERT_TRUE(target.ok()) << target.status().message();
+    std::string out = ::testing::TempDir() + "/conv_" + want.target + ".gguf";
+    auto st = ConvertGguf(src, out, *target, pool);
     ASSERT_TRUE(st.ok()) << st.status().message();
     auto g = formats::GgufFile::Open(out);
     ASSERT_TRUE(g.ok()) << g.status().message();
-    EXPECT_EQ((*g)->GetInt("general.file_type").value(), GgufFileType(want.dtype));
+    EXPECT_EQ((*g)->GetInt("general.file_type").value(), target->file_type);
     EXPECT_EQ((*g)->Find("tokenizer.ggml.tokens")->strings.size(), 512u);
     EXPECT_EQ((*g)->tensors().size(), (*in)->tensors().size());
-    for (const auto& ti : (*in)->tensors()) {
-      const auto* o = (*g)->FindTensor(ti.name);
-      ASSERT_NE(o, nullptr) << ti.name;
-      EXPECT_EQ(o->shape, ti.shape);
-      bool tied = (*in)->FindTensor("output.weight") == nullptr;
-      EXPECT_EQ(o->dtype, ConvertedDType(ti.name, ti.shape, want.dtype, tied)) << ti.name;
+    std::vector<ConvertTensor> descs;
+    for (const auto& ti : (*in)->tensors()) descs.push_back({ti.name, ti.shape, ti.dtype});
+    std::vector<DType> planned = PlanConvertedDTypes(*target, descs, {"llama", 5, 8, 4});
+    for (size_t i = 0; i < descs.size(); ++i) {
+      const auto* o = (*g)->FindTensor(descs[i].name);
+      ASSERT_NE(o, nullptr) << descs[i].name;
+      EXPECT_EQ(o->shape, descs[i].shape);
+      EXPECT_EQ(o->dtype, planned[i]) << descs[i].name;
     }
     // A quantized matrix equals quantizing the original rows.
     Tensor orig = (*in)->GetTensor("blk.0.ffn_up.weight").value();
@@ -66,14 +71,14 @@ TEST(Convert, Stories260KToEveryDtype) {
     for (int64_t r = 0; r < orig.shape[0]; ++r) {
       kernels::QuantizeRow(conv.dtype, orig.as<float>() + r * K, K, expect.data() + r * conv.row_bytes());
     }
-    EXPECT_EQ(0, std::memcmp(expect.data(), conv.data, conv.nbytes())) << DTypeName(want.dtype);
+    EXPECT_EQ(0, std::memcmp(expect.data(), conv.data, conv.nbytes())) << want.target;
     std::vector<float> got = Logits(out, ids);
     double num = 0, den = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
       num += (got[i] - ref[i]) * (got[i] - ref[i]);
       den += ref[i] * ref[i];
     }
-    EXPECT_LE(std::sqrt(num / den), want.rel) << DTypeName(want.dtype);
+    EXPECT_LE(std::sqrt(num / den), want.rel) << want.target;
     if (want.rel == 0) {
       EXPECT_EQ(got, ref);
     }
@@ -85,9 +90,13 @@ TEST(Convert, RejectsBadRequests) {
   std::string src = lathe::testing::SharedPath("models/stories260K/stories260K.gguf");
   LATHE_REQUIRE_FILE(src);
   ThreadPool pool(1);
-  EXPECT_FALSE(ConvertGguf(src, src, DType::kQ8_0, pool).ok());
-  EXPECT_FALSE(ConvertGguf(src, ::testing::TempDir() + "/x.gguf", DType::kI32, pool).ok());
-  auto missing = ConvertGguf("/nonexistent.gguf", ::testing::TempDir() + "/x.gguf", DType::kQ8_0, pool);
+  ConvertTarget q8 = ParseConvertTarget("Q8_0").value();
+  EXPECT_FALSE(ConvertGguf(src, src, q8, pool).ok());
+  auto bad = ParseConvertTarget("iq4_xs");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("q4_k_m"), std::string::npos) << bad.status().message();
+  EXPECT_EQ(ParseConvertTarget("q4_k").value().name, "q4_k_m");  // llama-quantize's alias
+  auto missing = ConvertGguf("/nonexistent.gguf", ::testing::TempDir() + "/x.gguf", q8, pool);
   EXPECT_NE(missing.status().message().find("/nonexistent.gguf"), std::string::npos);
 }
 

@@ -10,7 +10,6 @@ import platform
 import sys
 
 import numpy as np
-import torch
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES_DIR = os.path.join(REPO_ROOT, "tests", "golden", "fixtures")
@@ -19,29 +18,26 @@ MANIFEST_PATH = os.path.join(FIXTURES_DIR, "MANIFEST.json")
 
 def setup_torch():
     """One thread (the machine is shared) and deterministic kernels."""
+    import torch
+
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def versions():
-    import safetensors
-    import transformers
+    """Versions of the packages the generator ran with (torch and transformers only where imported:
+    the generators that do not need them run without them)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    out = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "safetensors": safetensors.__version__,
-        "numpy": np.__version__,
-    }
-    try:
-        import gguf  # noqa: F401
-        from importlib.metadata import version
-
-        out["gguf"] = version("gguf")
-    except Exception:  # gguf is only needed by some generators
-        pass
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "safetensors", "numpy", "gguf"):
+        if pkg in ("torch", "transformers") and pkg not in sys.modules:
+            continue
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:  # gguf is only needed by some generators
+            pass
     return out
 
 
@@ -111,6 +107,8 @@ def update_manifest(entries, generator):
 
 def top_k(logits, k):
     """(values f32, indices i64) of the k largest along the last dim, ties broken by lower index."""
+    import torch
+
     # torch.topk's tie order is unspecified; sort by (-value, index) for a stable answer.
     vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)
     return vals[..., :k].contiguous(), idx[..., :k].contiguous()

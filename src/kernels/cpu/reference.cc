@@ -265,7 +265,10 @@ void QuantizeRow(DType t, const float* x, int64_t n, void* out) {
       }
       return;
     }
-    default: LATHE_CHECK_MSG(false, "QuantizeRow: unsupported dtype %s", DTypeName(t));
+    default:
+      LATHE_CHECK_MSG(IsExtQuant(t), "QuantizeRow: unsupported dtype %s", DTypeName(t));
+      QuantizeRowGgml(t, x, n, out);
+      return;
   }
 }
 

@@ -32,7 +32,11 @@ void DecodeBlock(DType t, const uint8_t* block, DecodedBlock* out);
 void KScaleMin(const uint8_t* packed, uint8_t* sc, uint8_t* mn);
 // The 6-bit scales of Q3_K (16, still offset by 32) from their 12 packed bytes.
 void Q3KScales(const uint8_t* packed, uint8_t* sc);
+// x (n floats, whole blocks) into a row of dtype t. Every quantized type follows llama.cpp's
+// reference quantizer (what llama-quantize does without an importance matrix), byte for byte.
 void QuantizeRow(DType t, const float* x, int64_t n, void* out);
+// QuantizeRow for the IsExtQuant types (quantize_ggml.cc).
+void QuantizeRowGgml(DType t, const float* x, int64_t n, void* out);
 void RmsNorm(const float* x, const float* w, float* out, int64_t T, int64_t C, float eps);
 void SiluMul(float* gate, const float* up, int64_t n);
 void Softmax(float* x, int64_t n);
