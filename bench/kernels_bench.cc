@@ -34,6 +34,11 @@ struct Shape {
 const Shape kShapes[] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
 const Shape kHead = {49152, 576};
 const DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1};
+// K-quant decode (the types of llama-quantize's Q*_K_M files) on 256-multiple rows (a 1B-class
+// Llama's attention and FFN), next to Q4_0 / Q8_0 on the same shapes.
+const Shape kKShapes[] = {{1024, 1024}, {2816, 1024}, {1024, 2816}};
+const DType kKTypes[] = {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ5_0,
+                         DType::kQ4_0, DType::kQ8_0};
 
 std::vector<float> RandomFloats(int64_t n, uint32_t seed) {
   std::vector<float> v(n);
@@ -343,6 +348,12 @@ void RegisterAll() {
         benchmark::RegisterBenchmark(Name("gemv", DTypeName(dt), s, threads).c_str(), BM_Gemv, dt, s, threads)
             ->UseRealTime();
     }
+  }
+  for (Shape s : kKShapes) {
+    for (DType dt : kKTypes)
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark(Name("kgemv", DTypeName(dt), s, threads).c_str(), BM_Gemv, dt, s, threads)
+            ->UseRealTime();
   }
   for (Shape s : kShapes) {
     if (s.N == 192) continue;

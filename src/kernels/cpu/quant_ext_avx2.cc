@@ -1,6 +1,7 @@
 // AVX2 kernels for the extended GGML block types (Q5_0, Q5_1 and the K-quants Q2_K .. Q6_K): a
 // 256-bit block decoder (ref::DecodeBlock's form: int8 values, int16 scales, f32 mins) behind the
-// vectorized dequantization and the Q5 tail rows, and the K-quants' int8 GEMV in 128-bit vectors.
+// vectorized dequantization and the Q5 tail rows, and the K-quants' int8 GEMV (one 256-bit vector
+// per 32-element block).
 // The GEMVs take one weight row at a time (rows are read in order: one long stream), all x rows
 // (m <= 4) against each block, so every row's arithmetic is the same for any m.
 #include <immintrin.h>
@@ -169,34 +170,60 @@ void Q5RowsT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int
   }
 }
 
-// ---- K-quant GEMV in 128-bit vectors (the form Zen 1 runs at full rate; no cross-lane ops) ----
+// ---- K-quant GEMV ------------------------------------------------------------------------------
 // Every K-quant value is d * sc * u - MN with u unsigned (<= 63) per 16-element half: Q2_K u = q,
 // MN = dmin * min; Q3_K u = q + 4, MN = 4 d sc; Q4_K / Q5_K u = q, MN = dmin * min (per 32);
-// Q6_K u = q + 32, MN = 32 d sc. Per x block j: int16 pair sums of u against x (maddubs), madd
-// with each half's scale, one f32 FMA with d * x.d; the MN terms per super-block against the x
-// sums (per 32 for Q4_K / Q5_K: BlockQ8X::s; per half otherwise: x.d * the half's sum).
+// Q6_K u = q + 32, MN = 32 d sc. Per x block j (32 elements, one 256-bit vector of u): int16 pair
+// sums of u against x (maddubs), madd with the halves' scales (lanes 0-7: elements 0-15), one f32
+// FMA with d * x.d; the MN terms per super-block against the x sums (per 32 for Q4_K / Q5_K:
+// BlockQ8X::s; per half otherwise: x.d * the half's sum).
 
 template <DType T>
 constexpr bool kPer32 = T == DType::kQ4_K || T == DType::kQ5_K;
 
 struct KSuper {
-  __m128i sc[2];  // int16 scales: per-16 types halves 0-7 / 8-15; per-32 types sc[0] = blocks 0-7
-  __m128 mn[4];   // MN of halves 4k .. 4k + 3 (per-32 types: mn[0], mn[1] = blocks 0-3, 4-7)
+  // int16 scales, the same 8 in both 128-bit lanes: per-32 types the 8 blocks' (lo); per-16 types
+  // halves 0-7 (lo) and 8-15 (hi). One in-lane shuffle then gives any block's lanes.
+  __m256i lo, hi;
+  __m128 mn[4];  // MN of halves 4k .. 4k + 3 (per-32 types: mn[0], mn[1] = blocks 0-3, 4-7)
   float d;
 };
 
-// v >> From << To, masked to `mask` (From, To compile-time: one shift and one and).
-template <int From, int To>
-inline __m128i Bits128(__m128i v, int mask) {
-  const __m128i m = _mm_set1_epi8((char)mask);
-  if constexpr (From == To) return _mm_and_si128(v, m);
-  else if constexpr (From < To) return _mm_and_si128(_mm_slli_epi16(v, To - From), m);
-  else return _mm_and_si128(_mm_srli_epi16(v, From - To), m);
+// 8 int16 (from 8 bytes, signed or not) in both lanes.
+inline __m256i Int16Twice(__m128i eight_bytes, bool is_signed) {
+  const __m128i w = is_signed ? _mm_cvtepi8_epi16(eight_bytes) : _mm_cvtepu8_epi16(eight_bytes);
+  return _mm256_broadcastsi128_si256(w);
 }
+
+// v >> From << To, masked to `mask` (From, To compile-time: one shift and one and). 16-bit shifts:
+// the mask keeps only bits that came from the same byte.
+template <int From, int To>
+inline __m256i Bits(__m256i v, int mask) {
+  const __m256i m = _mm256_set1_epi8((char)mask);
+  if constexpr (From == To) return _mm256_and_si256(v, m);
+  else if constexpr (From < To) return _mm256_and_si256(_mm256_slli_epi16(v, To - From), m);
+  else return _mm256_and_si256(_mm256_srli_epi16(v, From - To), m);
+}
+
+inline __m256i Load256(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
 
 inline __m128 CvtI8x4(int32_t four_bytes, bool is_signed) {
   const __m128i v = _mm_cvtsi32_si128(four_bytes);
   return _mm_cvtepi32_ps(is_signed ? _mm_cvtepi8_epi32(v) : _mm_cvtepu8_epi32(v));
+}
+
+// Q3_K's 16 scales (6 bits, ref::Q3KScales) minus their offset 32, as int8: low nibbles from bytes
+// 0-7, top 2 bits from bytes 8-11, eight at a time in 64-bit words.
+inline __m128i Q3KScales16(const uint8_t* p) {
+  uint64_t lo;
+  uint32_t h;
+  std::memcpy(&lo, p, 8);
+  std::memcpy(&h, p + 8, 4);
+  const uint64_t m2 = 0x03030303;
+  const uint64_t top0 = (h & m2) | (((h >> 2) & m2) << 32), top1 = ((h >> 4) & m2) | (((h >> 6) & m2) << 32);
+  const uint64_t s0 = (lo & 0x0f0f0f0f0f0f0f0full) | (top0 << 4);
+  const uint64_t s1 = ((lo >> 4) & 0x0f0f0f0f0f0f0f0full) | (top1 << 4);
+  return _mm_sub_epi8(_mm_set_epi64x((long long)s1, (long long)s0), _mm_set1_epi8(32));
 }
 
 template <DType T>
@@ -206,35 +233,35 @@ inline void Prepare(const uint8_t* blk, KSuper* k) {
     KScaleMin8(blk + 4, &sc, &mn);
     const uint16_t* h = (const uint16_t*)blk;
     k->d = _cvtsh_ss(h[0]);
-    k->sc[0] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc));
+    k->lo = Int16Twice(_mm_cvtsi64_si128((long long)sc), false);
     const __m128 dmin = _mm_set1_ps(_cvtsh_ss(h[1]));
     k->mn[0] = _mm_mul_ps(dmin, CvtI8x4((int32_t)mn, false));
     k->mn[1] = _mm_mul_ps(dmin, CvtI8x4((int32_t)(mn >> 32), false));
   } else {
-    alignas(16) int8_t sc[16];
     __m128 f;
+    __m128i sc8;  // the 16 int8 scales (Q3_K's offset removed)
     if constexpr (T == DType::kQ6_K) {
       const BlockQ6_K* b = (const BlockQ6_K*)blk;
-      std::memcpy(sc, b->scales, 16);
+      sc8 = _mm_loadu_si128((const __m128i*)b->scales);
       k->d = _cvtsh_ss(b->d);
       f = _mm_set1_ps(32.0f * k->d);
     } else if constexpr (T == DType::kQ3_K) {
       const BlockQ3_K* b = (const BlockQ3_K*)blk;
-      uint8_t u[16];
-      ref::Q3KScales(b->scales, u);
-      for (int i = 0; i < 16; ++i) sc[i] = (int8_t)(u[i] - 32);
+      sc8 = Q3KScales16(b->scales);
       k->d = _cvtsh_ss(b->d);
       f = _mm_set1_ps(4.0f * k->d);
     } else {
       static_assert(T == DType::kQ2_K);
       const BlockQ2_K* b = (const BlockQ2_K*)blk;
-      for (int i = 0; i < 16; ++i) sc[i] = (int8_t)(b->scales[i] & 15);
+      const __m128i v = _mm_loadu_si128((const __m128i*)b->scales);
+      sc8 = _mm_and_si128(v, _mm_set1_epi8(15));
       k->d = _cvtsh_ss(b->d);
       f = _mm_set1_ps(_cvtsh_ss(b->dmin));
     }
-    const __m128i v = _mm_load_si128((const __m128i*)sc);
-    k->sc[0] = _mm_cvtepi8_epi16(v);
-    k->sc[1] = _mm_cvtepi8_epi16(_mm_srli_si128(v, 8));
+    k->lo = Int16Twice(sc8, true);
+    k->hi = Int16Twice(_mm_srli_si128(sc8, 8), true);
+    alignas(16) int8_t sc[16];
+    _mm_store_si128((__m128i*)sc, sc8);
     for (int q = 0; q < 4; ++q) {
       int32_t four;
       if constexpr (T == DType::kQ2_K) {
@@ -251,76 +278,59 @@ inline void Prepare(const uint8_t* blk, KSuper* k) {
   }
 }
 
-// The unsigned values of x block J's halves (u0: elements 0-15, u1: 16-31).
+// The 32 unsigned values of x block J (each type stores a block's bits in 32 consecutive bytes).
 template <DType T, int J>
-inline void Halves(const uint8_t* blk, __m128i* u0, __m128i* u1) {
+inline __m256i Values(const uint8_t* blk) {
   if constexpr (kPer32<T>) {
     constexpr bool kQ5 = T == DType::kQ5_K;
-    const uint8_t* qs = blk + (kQ5 ? 48 : 16) + 32 * (J / 2);
-    const __m128i a = _mm_loadu_si128((const __m128i*)qs), b = _mm_loadu_si128((const __m128i*)(qs + 16));
-    *u0 = Bits128<4 * (J % 2), 0>(a, 0x0f);
-    *u1 = Bits128<4 * (J % 2), 0>(b, 0x0f);
-    if constexpr (kQ5) {
-      const __m128i ha = _mm_loadu_si128((const __m128i*)(blk + 16)), hb = _mm_loadu_si128((const __m128i*)(blk + 32));
-      *u0 = _mm_or_si128(*u0, Bits128<J, 4>(ha, 0x10));
-      *u1 = _mm_or_si128(*u1, Bits128<J, 4>(hb, 0x10));
-    }
+    __m256i u = Bits<4 * (J % 2), 0>(Load256(blk + (kQ5 ? 48 : 16) + 32 * (J / 2)), 0x0f);
+    if constexpr (kQ5) u = _mm256_or_si256(u, Bits<J, 4>(Load256(blk + 16), 0x10));
+    return u;
   } else if constexpr (T == DType::kQ6_K) {
     const BlockQ6_K* b = (const BlockQ6_K*)blk;
     constexpr int hf = J / 4, s = J % 4;
-    const uint8_t* ql = b->ql + 64 * hf + 32 * (s % 2);
-    const uint8_t* qh = b->qh + 32 * hf;
-    *u0 = _mm_or_si128(Bits128<4 * (s / 2), 0>(_mm_loadu_si128((const __m128i*)ql), 0x0f),
-                       Bits128<2 * s, 4>(_mm_loadu_si128((const __m128i*)qh), 0x30));
-    *u1 = _mm_or_si128(Bits128<4 * (s / 2), 0>(_mm_loadu_si128((const __m128i*)(ql + 16)), 0x0f),
-                       Bits128<2 * s, 4>(_mm_loadu_si128((const __m128i*)(qh + 16)), 0x30));
+    return _mm256_or_si256(Bits<4 * (s / 2), 0>(Load256(b->ql + 64 * hf + 32 * (s % 2)), 0x0f),
+                           Bits<2 * s, 4>(Load256(b->qh + 32 * hf), 0x30));
   } else {  // Q2_K, Q3_K: 2 low bits of qs[32 hf + l] at 2 s; Q3_K's third bit from hmask[l] bit J
     constexpr int hf = J / 4, s = J % 4;
-    const uint8_t* qs = blk + (T == DType::kQ3_K ? 32 : 16) + 32 * hf;
-    *u0 = Bits128<2 * s, 0>(_mm_loadu_si128((const __m128i*)qs), 0x03);
-    *u1 = Bits128<2 * s, 0>(_mm_loadu_si128((const __m128i*)(qs + 16)), 0x03);
-    if constexpr (T == DType::kQ3_K) {
-      *u0 = _mm_or_si128(*u0, Bits128<J, 2>(_mm_loadu_si128((const __m128i*)blk), 0x04));
-      *u1 = _mm_or_si128(*u1, Bits128<J, 2>(_mm_loadu_si128((const __m128i*)(blk + 16)), 0x04));
-    }
+    __m256i u = Bits<2 * s, 0>(Load256(blk + (T == DType::kQ3_K ? 32 : 16) + 32 * hf), 0x03);
+    if constexpr (T == DType::kQ3_K) u = _mm256_or_si256(u, Bits<J, 2>(Load256(blk), 0x04));
+    return u;
   }
 }
 
-// Word w of v in all 8 lanes.
-template <int W>
-inline __m128i Word(__m128i v) {
-  return _mm_shuffle_epi8(v, _mm_set1_epi16((short)(2 * W | (2 * W + 1) << 8)));
-}
-
-template <DType T, int M, int J>
-inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, __m128* acc) {
-  __m128i u0, u1;
-  Halves<T, J>(blk, &u0, &u1);
-  __m128i s0, s1;
+// x block J's scales as 16 int16 lanes: lanes 0-7 for elements 0-15, lanes 8-15 for 16-31.
+template <DType T, int J>
+inline __m256i Scales(const KSuper& k) {
+  // pshufb index that repeats int16 word a in the low lane and word b in the high lane.
+  constexpr auto word = [](int w) { return (long long)(0x0100010001000100ull + 0x0202020202020202ull * w); };
   if constexpr (kPer32<T>) {
-    s0 = s1 = Word<J>(k.sc[0]);
+    return _mm256_shuffle_epi8(k.lo, _mm256_set1_epi64x(word(J)));
   } else {
-    s0 = Word<(2 * J) % 8>(k.sc[J / 4]);
-    s1 = Word<(2 * J + 1) % 8>(k.sc[J / 4]);
+    constexpr long long a = word((2 * J) % 8), b = word((2 * J + 1) % 8);
+    return _mm256_shuffle_epi8(J < 4 ? k.lo : k.hi, _mm256_setr_epi64x(a, a, b, b));
   }
+}
+
+// dx[i]: d * x.d of x row i's 8 blocks of this super-block.
+template <DType T, int M, int J>
+inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, const __m256* dx, __m256* acc) {
+  const __m256i u = Values<T, J>(blk);
+  const __m256i sc = Scales<T, J>(k);
 #pragma GCC unroll 4
   for (int i = 0; i < M; ++i) {
-    const BlockQ8X& x = xb[i][J];
-    const __m128i x0 = _mm_loadu_si128((const __m128i*)x.qs), x1 = _mm_loadu_si128((const __m128i*)(x.qs + 16));
-    __m128i p;
-    if constexpr (kPer32<T>) {  // u <= 31: the halves' pairs sum in int16 (<= 15748), one madd
-      p = _mm_madd_epi16(_mm_add_epi16(_mm_maddubs_epi16(u0, x0), _mm_maddubs_epi16(u1, x1)), s0);
-    } else {
-      p = _mm_add_epi32(_mm_madd_epi16(_mm_maddubs_epi16(u0, x0), s0), _mm_madd_epi16(_mm_maddubs_epi16(u1, x1), s1));
-    }
-    acc[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(p), _mm_set1_ps(k.d * x.d), acc[i]);
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i*)xb[i][J].qs)), sc);
+    // Two accumulators per x row (even / odd blocks): one FMA chain would bound a row at 4-5 cycles
+    // per block.
+    const __m256 d = _mm256_permutevar8x32_ps(dx[i], _mm256_set1_epi32(J));
+    acc[2 * i + J % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[2 * i + J % 2]);
   }
 }
 
 template <DType T, int M, int... J>
-inline void KBlocks(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, __m128* acc,
+inline void KBlocks(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, const __m256* dx, __m256* acc,
                     std::integer_sequence<int, J...>) {
-  (KBlock<T, M, J>(blk, k, xb, acc), ...);
+  (KBlock<T, M, J>(blk, k, xb, dx, acc), ...);
 }
 
 // M x rows (1..4, a template parameter so the accumulators stay in registers).
@@ -336,8 +346,10 @@ void KGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
   // The x side of the MN terms: per x block its s (per-32 types) or per half d * sum.
   static thread_local std::vector<float> xs_buf;
   const int64_t per_row = kPer32<T> ? nxb : 2 * nxb;
-  float* xs = Scratch(xs_buf, (size_t)(m * per_row));
+  float* xs = Scratch(xs_buf, (size_t)(m * (per_row + nxb)));
+  float* xd = xs + m * per_row;  // x.d of every block, contiguous
   for (int64_t i = 0; i < m * nxb; ++i) {
+    xd[i] = x[i].d;
     if constexpr (kPer32<T>) {
       xs[i] = x[i].s;
     } else {
@@ -354,14 +366,22 @@ void KGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
   KSuper k;
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint8_t* row = w + r * rb;
-    __m128 acc[4], accm[4];
-    for (int i = 0; i < 4; ++i) acc[i] = accm[i] = _mm_setzero_ps();
+    __m256 acc[8];
+    __m128 accm[4];
+    for (int i = 0; i < 4; ++i) {
+      acc[2 * i] = acc[2 * i + 1] = _mm256_setzero_ps();
+      accm[i] = _mm_setzero_ps();
+    }
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = row + sb * kBB;
       Prepare<T>(blk, &k);
       const BlockQ8X* xb[4];
-      for (int64_t i = 0; i < m; ++i) xb[i] = x + i * nxb + sb * 8;
-      KBlocks<T, M>(blk, k, xb, acc, std::make_integer_sequence<int, 8>{});
+      __m256 dx[4];
+      for (int64_t i = 0; i < m; ++i) {
+        xb[i] = x + i * nxb + sb * 8;
+        dx[i] = _mm256_mul_ps(_mm256_set1_ps(k.d), _mm256_loadu_ps(xd + i * nxb + sb * 8));
+      }
+      KBlocks<T, M>(blk, k, xb, dx, acc, std::make_integer_sequence<int, 8>{});
       for (int64_t i = 0; i < m; ++i) {
         const float* xm = xs + i * per_row + sb * (kPer32<T> ? 8 : 16);
         accm[i] = _mm_fmadd_ps(k.mn[0], _mm_loadu_ps(xm), accm[i]);
@@ -372,7 +392,11 @@ void KGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
         }
       }
     }
-    for (int64_t i = 0; i < m; ++i) y[i * ldy + r] = Hsum4(_mm_sub_ps(acc[i], accm[i]));
+    for (int64_t i = 0; i < m; ++i) {
+      const __m256 a8 = _mm256_add_ps(acc[2 * i], acc[2 * i + 1]);
+      const __m128 a = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+      y[i * ldy + r] = Hsum4(_mm_sub_ps(a, accm[i]));
+    }
   }
 }
 
