@@ -39,6 +39,7 @@
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/train_dispatch.h"
 #include "kernels/quant.h"
 #include "../ops/ops_test_util.h"
 
@@ -378,6 +379,44 @@ void AddPackedCases() {
   }
 }
 
+// The training GEMM with the tier's train table (AVX-512: two-strip micro-kernels) equals the AVX2
+// table's bit for bit (the same FMAs per element): forward, input and weight gradients, odd shapes.
+void AddTrainGemmCases() {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{5, 7, 19}, {13, 70, 33}, {20, 53, 2}, {9, 3, 40}};
+  uint32_t seed = 90;
+  for (const Shape s : shapes) {
+    auto w = std::make_shared<TestWeight>(MakeWeight(DType::kF32, s.N, s.K, seed++));
+    auto x = std::make_shared<std::vector<float>>(RandomVec(s.M * s.K, seed++));
+    auto dy = std::make_shared<std::vector<float>>(RandomVec(s.M * s.N, seed++));
+    auto dw0 = std::make_shared<std::vector<float>>(RandomVec(s.N * s.K, seed++));
+    Case c;
+    c.name = "train gemm M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
+    auto y = NewOut(c, s.M * s.N), dx = NewOut(c, s.M * s.K), dw = NewOut(c, s.N * s.K);
+    auto run = [=](IsaTier tier, float* yo, float* dxo, float* dwo) {
+      ThreadPool pool(1);
+      const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
+      const cpu::KernelTable& kt = cpu::KernelsFor(IsaTier::kAvx2);
+      cpu::MatMulForwardWith(tk, kt, pool, yo, x->data(), s.M, w->t);
+      cpu::MatMulBackwardInputWith(tk, kt, pool, dxo, dy->data(), s.M, w->t, false);
+      std::copy(dw0->begin(), dw0->end(), dwo);
+      cpu::MatMulBackwardWeightWith(tk, pool, dwo, dy->data(), x->data(), s.M, s.N, s.K);
+    };
+    c.run = [=] { run(g_tier, y->v.data(), dx->v.data(), dw->v.data()); };
+    c.check = [=]() -> std::string {
+      std::vector<float> y2(s.M * s.N), dx2(s.M * s.K), dw2(s.N * s.K);
+      run(IsaTier::kAvx2, y2.data(), dx2.data(), dw2.data());
+      if (y->v != y2) return "forward differs from the AVX2 train table";
+      if (dx->v != dx2) return "input gradient differs from the AVX2 train table";
+      if (dw->v != dw2) return "weight gradient differs from the AVX2 train table";
+      return "";
+    };
+    Cases().push_back(std::move(c));
+  }
+}
+
 // stories260K through the whole inference path with the process's best tier (the emulated CPU's
 // CPUID decides it, so the model runs on AVX-512 there): greedy tokens from BOS and per-prompt equal to
 // the float64 reference in ../shared/models/stories260K/reference, top-5 logits of one prefill within
@@ -495,6 +534,7 @@ int main(int argc, char** argv) {
   AddElementwiseCases();
   AddAttentionCases();
   AddPackedCases();
+  AddTrainGemmCases();
   std::vector<Case>& cases = Cases();
 
   if (native) {

@@ -1,5 +1,5 @@
-// FlashAttentionForward/Backward (causal, grouped-query, optional segment ids and sliding window) on the scalar and
-// AVX2 tiers with 1 and 2 threads: against a naive double reference that builds the full T x T
+// FlashAttentionForward/Backward (causal, grouped-query, optional segment ids and sliding window) on the scalar,
+// AVX2 and AVX-512 tiers with 1 and 2 threads: against a naive double reference that builds the full T x T
 // softmax, and the backward against double finite differences of that reference.
 #include <gtest/gtest.h>
 
@@ -197,12 +197,17 @@ TEST_P(TrainAttention, BackwardMatchesFiniteDifferences) {
 
 // The backward's tasks (a run of key tiles of one query head each, runs fixed by T: 3 at T = 301)
 // own their dQ rows or dQ partials (summed in run order) and per-head dK / dV parts (summed in head
-// order): 1, 2 and 3 threads give the same bits (TrainModelDeterminism relies on it).
+// order): 1, 2 and 3 threads give the same bits (TrainModelDeterminism relies on it). The AVX-512
+// train table (the AVX2 arithmetic, two strips per micro-kernel call) gives the AVX2 tier's bits.
 TEST(TrainAttentionThreads, BackwardBitsDoNotDependOnThreads) {
-  for (IsaTier tier : {IsaTier::kScalar, IsaTier::kAvx2}) {
+  std::vector<std::vector<float>> avx2_grads[2];
+  for (IsaTier tier : {IsaTier::kScalar, IsaTier::kAvx2, IsaTier::kAvx512}) {
     if (!testing::CpuHasTier(tier)) continue;
     const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
-    const cpu::KernelTable& kt = cpu::KernelsFor(tier);
+    // The AVX-512 train table with the AVX2 inference kernels (the row dot products), so the
+    // comparison with the AVX2 tier isolates the train table's GEMM tiles.
+    const cpu::KernelTable& kt = cpu::KernelsFor(tier == IsaTier::kAvx512 ? IsaTier::kAvx2 : tier);
+    int ci = 0;
     for (const Cfg& c : {Cfg{301, 6, 2, 64}, Cfg{230, 3, 1, 17}}) {
       std::vector<int32_t> seg(c.T);
       for (int64_t t = 0; t < c.T; ++t) seg[t] = (int32_t)(t < 40 ? 0 : t < 200 ? 1 : 2);
@@ -227,12 +232,17 @@ TEST(TrainAttentionThreads, BackwardBitsDoNotDependOnThreads) {
           EXPECT_EQ(0, std::memcmp(grads[0][i].data(), grads[threads - 1][i].data(),
                                    sizeof(float) * grads[0][i].size()))
               << IsaTierName(tier) << " D=" << c.D << " threads=" << threads << " grad " << i;
+      if (tier == IsaTier::kAvx2) avx2_grads[ci] = grads[0];
+      if (tier == IsaTier::kAvx512) {
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(grads[0][i], avx2_grads[ci][i]) << "avx512 vs avx2 D=" << c.D << " grad " << i;
+      }
+      ++ci;
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(TiersThreads, TrainAttention,
-                         ::testing::Combine(::testing::Values(IsaTier::kScalar, IsaTier::kAvx2),
+                         ::testing::Combine(::testing::Values(IsaTier::kScalar, IsaTier::kAvx2, IsaTier::kAvx512),
                                             ::testing::Values(1, 2)),
                          [](const ::testing::TestParamInfo<std::tuple<IsaTier, int>>& info) {
                            return std::string(IsaTierName(std::get<0>(info.param))) + "_t" +

@@ -1,4 +1,4 @@
-// MatMulBackwardInput (every weight dtype) and MatMulBackwardWeight on the scalar and AVX2 tiers
+// MatMulBackwardInput (every weight dtype) and MatMulBackwardWeight on the scalar, AVX2 and AVX-512 tiers
 // with 1 and 2 threads, against a double reference and double finite differences; odd shapes
 // cross every block edge. LATHE_PERF=1 also prints GFLOP/s at M = 2048.
 #include <gtest/gtest.h>
@@ -174,6 +174,76 @@ TEST(TrainGemmTile, KernelsMatchScalar) {
     }
 }
 
+// The two-strip kernels (AVX-512) give every C element the bits the AVX2 one-strip kernels give it:
+// every row count, column counts 17..32, both modes, B packed (two strips ldb 16 apart in memory as
+// separate arrays) or read in place (ldb 37, the second strip 16 columns on).
+TEST(TrainGemmTile, TwoStripKernelsEqualOneStripAvx2) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::TrainKernelTable& tw = cpu::TrainKernelsFor(IsaTier::kAvx512);
+  const cpu::TrainKernelTable& t2 = cpu::TrainKernelsFor(IsaTier::kAvx2);
+  ASSERT_TRUE(tw.gemm_tile2 && tw.gemm_tile_rows2);
+  const int64_t lda = 67, ldc = 37;
+  for (int64_t ldb : {(int64_t)cpu::kGemmTileC, (int64_t)37})
+    for (int64_t L : {1, 2, 17, 64}) {
+      const std::vector<float> a = RandomVec(6 * lda, 60), ap = RandomVec(L * cpu::kGemmTileR, 61);
+      const std::vector<float> bb = RandomVec(L * ldb + 16, 62), bb2 = RandomVec(L * ldb, 63);
+      const float* b = bb.data();
+      const float* b2 = ldb == cpu::kGemmTileC ? bb2.data() : b + cpu::kGemmTileC;
+      for (int mr = 1; mr <= cpu::kGemmTileR; ++mr)
+        for (int nc = cpu::kGemmTileC + 1; nc <= 2 * cpu::kGemmTileC; ++nc)
+          for (bool overwrite : {false, true}) {
+            const std::string where = "ldb " + std::to_string(ldb) + " L " + std::to_string(L) + " mr " +
+                                      std::to_string(mr) + " nc " + std::to_string(nc);
+            const std::vector<float> c0 = RandomVec(6 * ldc, 64);
+            std::vector<float> c = c0, c2 = c0;
+            tw.gemm_tile_rows2(a.data(), lda, b, b2, ldb, L, c.data(), ldc, mr, nc, overwrite);
+            t2.gemm_tile_rows(a.data(), lda, b, ldb, L, c2.data(), ldc, mr, 16, overwrite);
+            t2.gemm_tile_rows(a.data(), lda, b2, ldb, L, c2.data() + 16, ldc, mr, nc - 16, overwrite);
+            ASSERT_EQ(c, c2) << "rows " << where << (overwrite ? " overwrite" : "");
+            if (overwrite) continue;
+            c = c0, c2 = c0;
+            tw.gemm_tile2(ap.data(), b, b2, ldb, L, c.data(), ldc, mr, nc);
+            t2.gemm_tile(ap.data(), b, ldb, L, c2.data(), ldc, mr, 16);
+            t2.gemm_tile(ap.data(), b2, ldb, L, c2.data() + 16, ldc, mr, nc - 16);
+            ASSERT_EQ(c, c2) << "packed " << where;
+          }
+    }
+}
+
+// The GEMM driver with the AVX-512 table (strips in pairs where they can be) gives the AVX2 tier's
+// results bit for bit: forward, input and weight gradients (both forms), odd shapes and two threads.
+TEST(TrainGemmTile, Avx512DriverEqualsAvx2) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::TrainKernelTable& tw = cpu::TrainKernelsFor(IsaTier::kAvx512);
+  const cpu::TrainKernelTable& t2 = cpu::TrainKernelsFor(IsaTier::kAvx2);
+  const cpu::KernelTable& kt = cpu::KernelsFor(IsaTier::kAvx2);
+  ThreadPool pool(2);
+  for (const Shape& s : kF32Shapes) {
+    const std::string where = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
+    const testing::TestWeight w = MakeWeight(DType::kF32, s.N, s.K, 70);
+    const std::vector<float> x = RandomVec(s.M * s.K, 71), dy = RandomVec(s.M * s.N, 72);
+    std::vector<float> y(s.M * s.N), y2(s.M * s.N);
+    cpu::MatMulForwardWith(tw, kt, pool, y.data(), x.data(), s.M, w.t);
+    cpu::MatMulForwardWith(t2, kt, pool, y2.data(), x.data(), s.M, w.t);
+    EXPECT_EQ(y, y2) << "forward " << where;
+    std::vector<float> dx(s.M * s.K), dx2(s.M * s.K);
+    cpu::MatMulBackwardInputWith(tw, kt, pool, dx.data(), dy.data(), s.M, w.t, false);
+    cpu::MatMulBackwardInputWith(t2, kt, pool, dx2.data(), dy.data(), s.M, w.t, false);
+    EXPECT_EQ(dx, dx2) << "input grad " << where;
+    std::vector<float> dw = RandomVec(s.N * s.K, 73), dw2 = dw;
+    cpu::MatMulBackwardWeightWith(tw, pool, dw.data(), dy.data(), x.data(), s.M, s.N, s.K);
+    cpu::MatMulBackwardWeightWith(t2, pool, dw2.data(), dy.data(), x.data(), s.M, s.N, s.K);
+    EXPECT_EQ(dw, dw2) << "weight grad " << where;
+    std::vector<float> dyT(s.N * s.M);
+    for (int64_t m = 0; m < s.M; ++m)
+      for (int64_t n = 0; n < s.N; ++n) dyT[n * s.M + m] = dy[m * s.N + n];
+    dw = dw2 = RandomVec(s.N * s.K, 74);
+    cpu::MatMulBackwardWeightTWith(tw, pool, dw.data(), dyT.data(), x.data(), s.M, s.N, s.K);
+    cpu::MatMulBackwardWeightTWith(t2, pool, dw2.data(), dyT.data(), x.data(), s.M, s.N, s.K);
+    EXPECT_EQ(dw, dw2) << "weight grad, transposed dY " << where;
+  }
+}
+
 TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
   const auto [tier, threads] = GetParam();
   LATHE_REQUIRE_TIER(tier);
@@ -231,7 +301,7 @@ TEST_P(TrainMatMul, BackwardMatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TiersThreads, TrainMatMul,
-                         ::testing::Combine(::testing::Values(IsaTier::kScalar, IsaTier::kAvx2),
+                         ::testing::Combine(::testing::Values(IsaTier::kScalar, IsaTier::kAvx2, IsaTier::kAvx512),
                                             ::testing::Values(1, 2)),
                          [](const ::testing::TestParamInfo<std::tuple<IsaTier, int>>& info) {
                            return std::string(IsaTierName(std::get<0>(info.param))) + "_t" +

@@ -1,5 +1,5 @@
-// Chunked cross-entropy (CrossEntropyForward/Backward) on the scalar and AVX2 tiers, 1 and 2
-// threads, several head dtypes and chunk sizes, against a double reference over the full logits
+// Chunked cross-entropy (CrossEntropyForward/Backward) on the scalar, AVX2 and AVX-512 tiers, 1
+// and 2 threads, several head dtypes and chunk sizes, against a double reference over the full logits
 // and against double finite differences.
 #include <gtest/gtest.h>
 
@@ -153,7 +153,7 @@ TEST_P(TrainXent, BackwardMatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TiersThreads, TrainXent,
-                         ::testing::Combine(::testing::Values(IsaTier::kScalar, IsaTier::kAvx2),
+                         ::testing::Combine(::testing::Values(IsaTier::kScalar, IsaTier::kAvx2, IsaTier::kAvx512),
                                             ::testing::Values(1, 2)),
                          [](const ::testing::TestParamInfo<std::tuple<IsaTier, int>>& info) {
                            return std::string(IsaTierName(std::get<0>(info.param))) + "_t" +

@@ -186,9 +186,11 @@ void RowsTimesStrips(const TrainKernelTable& tk, float* c, int64_t ldc, int64_t 
     if (cols) j_lo = cols->clo[rt], j_hi = cols->chi[rt];
     if (inner) l_lo = inner->clo[rt], l_hi = inner->chi[rt];
     if (l_hi <= l_lo) continue;
-    for (int64_t j0 = j_lo; j0 < j_hi; j0 += kGemmTileC)
-      tk.gemm_tile_rows(a + r0 * lda + l_lo, lda, b.At(l_lo, j0 / kGemmTileC), b.ldb, l_hi - l_lo, c + r0 * ldc + j0,
-                        ldc, mr, (int)std::min<int64_t>(kGemmTileC, N - j0), overwrite);
+    if (j_hi <= j_lo) continue;
+    // Whole strips from j_lo (a multiple of 16) on, as far as N.
+    const int64_t nc = std::min(N - j_lo, (j_hi - j_lo + kGemmTileC - 1) / kGemmTileC * kGemmTileC);
+    GemmStripsRows(tk, a + r0 * lda + l_lo, lda, b.At(l_lo, j_lo / kGemmTileC), b.stride, b.ldb, l_hi - l_lo,
+                   c + r0 * ldc + j_lo, ldc, mr, nc, overwrite);
   }
 }
 
@@ -210,9 +212,7 @@ void KeyRowsProduct(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64
       for (int64_t l = l0; l < l1; ++l)
         for (int i = 0; i < kGemmTileR; ++i) ap[(l - l0) * kGemmTileR + i] = i < mr ? at[l * ld + r0 + i] : 0.0f;
     }
-    for (int64_t j0 = 0; j0 < N; j0 += kGemmTileC)
-      tk.gemm_tile(ap, b.At(l0, j0 / kGemmTileC), b.ldb, l1 - l0, c + r0 * ldc + j0, ldc, mr,
-                   (int)std::min<int64_t>(kGemmTileC, N - j0));
+    GemmStrips(tk, ap, b.At(l0, 0), b.stride, b.ldb, l1 - l0, c + r0 * ldc, ldc, mr, N);
   }
 }
 

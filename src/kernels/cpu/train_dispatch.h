@@ -2,6 +2,7 @@
 // drivers directly so the scalar and AVX2 paths are both exercised on one machine.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/cpu.h"
@@ -65,9 +66,42 @@ struct TrainKernelTable {
   void (*col_exp_scale)(float* row, const float* shift, float scale, int64_t n);
   // AdamWUpdate (train_ops.h), n elements.
   void (*adamw_update)(float* p, float* m, float* v, const float* g, int64_t n, const AdamWCoefs& k);
+  // gemm_tile / gemm_tile_rows two strips wide (null on tiers without them: GemmStrips below then
+  // calls the one-strip kernels): columns 0-15 from b, 16-31 from b2, 16 < nc <= 32. Every C element
+  // gets the same FMAs in the same order as in the one-strip kernels of the AVX2 tier.
+  void (*gemm_tile2)(const float* a, const float* b, const float* b2, int64_t ldb, int64_t L, float* c, int64_t ldc,
+                     int mr, int nc) = nullptr;
+  void (*gemm_tile_rows2)(const float* a, int64_t lda, const float* b, const float* b2, int64_t ldb, int64_t L,
+                          float* c, int64_t ldc, int mr, int nc, bool overwrite) = nullptr;
 };
 
-// The table for a tier (AVX-512 machines use the AVX2 table). REQUIRES CPU support.
+// c(mr, nc) (+)= a tile times the B strips covering columns [0, nc) (strip s at b + s * stride, rows
+// ldb apart): two strips per call where the tier has gemm_tile2, else one (same results either way).
+inline void GemmStrips(const TrainKernelTable& tk, const float* a, const float* b, int64_t stride, int64_t ldb,
+                       int64_t L, float* c, int64_t ldc, int mr, int64_t nc) {
+  int64_t j0 = 0, s = 0;
+  if (tk.gemm_tile2)
+    for (; j0 + kGemmTileC < nc; j0 += 2 * kGemmTileC, s += 2)
+      tk.gemm_tile2(a, b + s * stride, b + (s + 1) * stride, ldb, L, c + j0, ldc, mr,
+                    (int)std::min<int64_t>(2 * kGemmTileC, nc - j0));
+  for (; j0 < nc; j0 += kGemmTileC, ++s)
+    tk.gemm_tile(a, b + s * stride, ldb, L, c + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, nc - j0));
+}
+
+// The same with A's rows read in place (gemm_tile_rows).
+inline void GemmStripsRows(const TrainKernelTable& tk, const float* a, int64_t lda, const float* b, int64_t stride,
+                           int64_t ldb, int64_t L, float* c, int64_t ldc, int mr, int64_t nc, bool overwrite) {
+  int64_t j0 = 0, s = 0;
+  if (tk.gemm_tile_rows2)
+    for (; j0 + kGemmTileC < nc; j0 += 2 * kGemmTileC, s += 2)
+      tk.gemm_tile_rows2(a, lda, b + s * stride, b + (s + 1) * stride, ldb, L, c + j0, ldc, mr,
+                         (int)std::min<int64_t>(2 * kGemmTileC, nc - j0), overwrite);
+  for (; j0 < nc; j0 += kGemmTileC, ++s)
+    tk.gemm_tile_rows(a, lda, b + s * stride, ldb, L, c + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, nc - j0),
+                      overwrite);
+}
+
+// The table for a tier. REQUIRES CPU support.
 const TrainKernelTable& TrainKernelsFor(IsaTier tier);
 const TrainKernelTable& TrainBest();
 
@@ -116,6 +150,10 @@ namespace scalar {
 const TrainKernelTable& TrainTable();
 }
 namespace avx2 {
+const TrainKernelTable& TrainTable();
+}
+namespace avx512 {
+// The AVX2 table with the two-strip GEMM tiles on zmm registers.
 const TrainKernelTable& TrainTable();
 }
 

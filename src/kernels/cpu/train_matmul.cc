@@ -136,10 +136,8 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
             const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
             float* crow = c + ri * ldc + k0;
             if (rows_kernel) {
-              const float* ar = a + ri * a_rs + l0;
-              for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
-                tk.gemm_tile_rows(ar, a_rs, panel + j0 * per_col, kGemmTileC, nl, crow + j0, ldc, mr,
-                                  (int)std::min<int64_t>(kGemmTileC, nk - j0), overwrite);
+              GemmStripsRows(tk, a + ri * a_rs + l0, a_rs, panel, kGemmTileC * per_col, kGemmTileC, nl, crow, ldc, mr,
+                             nk, overwrite);
               continue;
             }
             // apack(l, i) = a(ri + i, l0 + l), rows past mr zero.
@@ -152,8 +150,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
                 for (int i = 0; i < kGemmTileR; ++i) apack[l * kGemmTileR + i] = i < mr ? al[i * a_rs] : 0.0f;
               }
             }
-            for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
-              tk.gemm_tile(apack, panel + j0 * per_col, kGemmTileC, nl, crow + j0, ldc, mr, (int)std::min<int64_t>(kGemmTileC, nk - j0));
+            GemmStrips(tk, apack, panel, kGemmTileC * per_col, kGemmTileC, nl, crow, ldc, mr, nk);
           }
         }
       }
@@ -297,8 +294,7 @@ void WeightGradFewRows(const TrainKernelTable& tk, ThreadPool& pool, float* dw, 
             for (int i = 0; i < kGemmTileR; ++i) apack[l * kGemmTileR + i] = i < mr ? al[i] : 0.0f;
           }
           float* crow = dw + ri * K + k0;
-          for (int64_t j0 = 0; j0 < full; j0 += kGemmTileC)
-            tk.gemm_tile(apack, x + l0 * K + k0 + j0, K, nl, crow + j0, K, mr, kGemmTileC);
+          GemmStrips(tk, apack, x + l0 * K + k0, kGemmTileC, K, nl, crow, K, mr, full);
           if (full < nk) tk.gemm_tile(apack, edge, kGemmTileC, nl, crow + full, K, mr, (int)(nk - full));
         }
       }

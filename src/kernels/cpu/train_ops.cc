@@ -123,7 +123,14 @@ const TrainKernelTable& TrainTable() {
 }  // namespace scalar
 
 const TrainKernelTable& TrainKernelsFor(IsaTier tier) {
-  return tier == IsaTier::kScalar ? scalar::TrainTable() : avx2::TrainTable();
+  switch (tier) {
+    case IsaTier::kAvx512:
+      return avx512::TrainTable();
+    case IsaTier::kAvx2:
+      return avx2::TrainTable();
+    default:
+      return scalar::TrainTable();
+  }
 }
 
 const TrainKernelTable& TrainBest() {

@@ -1,0 +1,81 @@
+// AVX-512 training kernels: the GEMM micro-kernels two 16-column strips wide (6 x 32, 12 zmm
+// accumulators, enough independent FMA chains for two 512-bit FMA pipes); every other op is the AVX2
+// table's. Per C element the FMAs and their order are those of the AVX2 6 x 16 tile, so the results
+// are bit-identical to the AVX2 tier's.
+// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/train_dispatch.h"
+
+namespace lathe::kernels::cpu::avx512 {
+
+namespace {
+
+// acc[i][h] (row i, columns 16 h .. 16 h + 15) over l < L: A(i, l) from a_at(i, l), B row l from b
+// (columns 0-15) and b2 (16-31).
+template <typename AAt>
+__attribute__((always_inline)) inline void Tile2(const AAt& a_at, const float* b, const float* b2, int64_t ldb,
+                                                 int64_t L, __m512 (&acc)[kGemmTileR][2]) {
+  for (int i = 0; i < kGemmTileR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < L; ++l, b += ldb, b2 += ldb) {
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b2);
+#pragma GCC unroll 6
+    for (int i = 0; i < kGemmTileR; ++i) {
+      const __m512 av = _mm512_set1_ps(a_at(i, l));
+      acc[i][0] = _mm512_fmadd_ps(av, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(av, b1, acc[i][1]);
+    }
+  }
+}
+
+// c (mr x nc, 16 < nc <= 32) += acc, or = acc with overwrite.
+inline void Store2(const __m512 (&acc)[kGemmTileR][2], float* c, int64_t ldc, int mr, int nc, bool overwrite) {
+  const __mmask16 m1 = (__mmask16)((1u << (nc - 16)) - 1);
+  for (int i = 0; i < mr; ++i) {
+    float* ci = c + i * ldc;
+    if (overwrite) {
+      _mm512_storeu_ps(ci, acc[i][0]);
+      _mm512_mask_storeu_ps(ci + 16, m1, acc[i][1]);
+    } else {
+      _mm512_storeu_ps(ci, _mm512_add_ps(_mm512_loadu_ps(ci), acc[i][0]));
+      _mm512_mask_storeu_ps(ci + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + 16), acc[i][1]));
+    }
+  }
+}
+
+// A packed: a[l * 6 + i].
+void GemmTile2(const float* a, const float* b, const float* b2, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
+               int nc) {
+  __m512 acc[kGemmTileR][2];
+  Tile2([a](int i, int64_t l) { return a[l * kGemmTileR + i]; }, b, b2, ldb, L, acc);
+  Store2(acc, c, ldc, mr, nc, false);
+}
+
+// A read in place: row i at a + i * lda (rows past mr alias row mr - 1 and are not stored).
+void GemmTileRows2(const float* a, int64_t lda, const float* b, const float* b2, int64_t ldb, int64_t L, float* c,
+                   int64_t ldc, int mr, int nc, bool overwrite) {
+  const float* ar[kGemmTileR];
+  for (int i = 0; i < kGemmTileR; ++i) ar[i] = a + std::min(i, mr - 1) * lda;
+  __m512 acc[kGemmTileR][2];
+  Tile2([&ar](int i, int64_t l) { return ar[i][l]; }, b, b2, ldb, L, acc);
+  Store2(acc, c, ldc, mr, nc, overwrite);
+}
+
+}  // namespace
+
+const TrainKernelTable& TrainTable() {
+  static const TrainKernelTable t = [] {
+    TrainKernelTable k = avx2::TrainTable();
+    k.tier = IsaTier::kAvx512;
+    k.gemm_tile2 = GemmTile2;
+    k.gemm_tile_rows2 = GemmTileRows2;
+    return k;
+  }();
+  return t;
+}
+
+}  // namespace lathe::kernels::cpu::avx512
