@@ -1,5 +1,5 @@
 // Baseline and machine-limit probes for bench/kernels_bench.cc: naive auto-vectorized f32 matmul
-// over a dequantized copy, and one-core FMA-peak and DRAM-read measurements.
+// over a dequantized copy, and a one-core DRAM-read measurement (the FMA peak: core/cpu.h).
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,6 @@ void BaselineMatMulF32(const float* x, int64_t M, const float* w, int64_t N, int
 
 namespace lathe::bench {
 
-// Peak f32 FMA throughput of one core with 256-bit FMAs (12 independent chains), GFLOP/s.
-double MeasurePeakFmaGflops();
 // Read bandwidth of one core summing a buffer much larger than the caches, GB/s.
 double MeasureReadBandwidthGBs();
 

@@ -445,8 +445,9 @@ int main(int argc, char** argv) {
   std::printf("lathe kernels bench: ISA tier %s (cpu: %s)\n", lathe::IsaTierName(lathe::BestIsaTier()),
               f.ToString().c_str());
   if (f.HasAvx2Tier() && !std::getenv("LATHE_BENCH_NO_PEAK"))
-    std::printf("measured 1-core peaks: f32 FMA (ymm) %.1f GFLOP/s, DRAM read %.1f GB/s\n",
-                lathe::bench::MeasurePeakFmaGflops(), lathe::bench::MeasureReadBandwidthGBs());
+    std::printf("measured 1-core peaks: f32 FMA (%s) %.1f GFLOP/s, DRAM read %.1f GB/s\n",
+                lathe::BestIsaTier() == lathe::IsaTier::kAvx512 ? "zmm" : "ymm", lathe::MeasureFmaPeakGflops(),
+                lathe::bench::MeasureReadBandwidthGBs());
   lathe::bench::RegisterAll();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -38,40 +38,14 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// One core's f32 FMA throughput (GFLOP/s): 12 independent ymm FMA chains kept in registers.
-__attribute__((target("avx2,fma"))) double FmaProbeGflops(int64_t iters) {
-  __m256 a0 = _mm256_set1_ps(1), a1 = _mm256_set1_ps(2), a2 = _mm256_set1_ps(3), a3 = _mm256_set1_ps(4);
-  __m256 a4 = _mm256_set1_ps(5), a5 = _mm256_set1_ps(6), a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8);
-  __m256 a8 = _mm256_set1_ps(9), a9 = _mm256_set1_ps(10), a10 = _mm256_set1_ps(11), a11 = _mm256_set1_ps(12);
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-  auto t0 = Clock::now();
-  for (int64_t it = 0; it < iters; ++it) {
-    a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c), a2 = _mm256_fmadd_ps(a2, m, c);
-    a3 = _mm256_fmadd_ps(a3, m, c), a4 = _mm256_fmadd_ps(a4, m, c), a5 = _mm256_fmadd_ps(a5, m, c);
-    a6 = _mm256_fmadd_ps(a6, m, c), a7 = _mm256_fmadd_ps(a7, m, c), a8 = _mm256_fmadd_ps(a8, m, c);
-    a9 = _mm256_fmadd_ps(a9, m, c), a10 = _mm256_fmadd_ps(a10, m, c), a11 = _mm256_fmadd_ps(a11, m, c);
-    // Keeps the 12 chains in registers and live.
-    __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5));
-    __asm__ volatile("" : "+x"(a6), "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
-  }
-  double s = Seconds(t0, Clock::now());
-  __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-  sum = _mm256_add_ps(sum, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-  volatile float sink = _mm256_cvtss_f32(sum);
-  (void)sink;
-  return (double)iters * 12 * 8 * 2 / s * 1e-9;
-}
-
 // Peak f32 GFLOP/s of `threads` cores running the probe at once (best of 3).
 double MeasurePeak(int threads) {
-  if (!GetCpuFeatures().avx2 || !GetCpuFeatures().fma) return 0;
   ThreadPool pool(threads);
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<double> g(threads * 8, 0);
     pool.ParallelFor(threads, 1, [&](int64_t b, int64_t e, int t) {
-      for (int64_t i = b; i < e; ++i) g[i * 8] = FmaProbeGflops(30'000'000);
+      for (int64_t i = b; i < e; ++i) g[i * 8] = MeasureFmaPeakGflops();
     });
     double sum = 0;
     for (int i = 0; i < threads; ++i) sum += g[i * 8];

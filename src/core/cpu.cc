@@ -2,6 +2,9 @@
 #include "core/cpu.h"
 
 #include <cpuid.h>
+#include <immintrin.h>
+
+#include <chrono>
 
 #include <cstdlib>
 #include <cstring>
@@ -126,6 +129,49 @@ const char* IsaTierName(IsaTier t) {
     case IsaTier::kAvx512: return "avx512";
   }
   return "?";
+}
+
+namespace {
+
+// 12 FMA chains of vector type V (a0 = a0 * m + c each), kept in registers and live by empty asm; a
+// macro, not a template: compilers check the register constraints where the body is, and only the
+// target-attributed functions below can hold V in a register.
+#define LATHE_FMA_CHAINS(V, iters)                                                                              \
+  V a0 = V{} + 1, a1 = a0 + 1, a2 = a0 + 2, a3 = a0 + 3, a4 = a0 + 4, a5 = a0 + 5, a6 = a0 + 6, a7 = a0 + 7,      \
+    a8 = a0 + 8, a9 = a0 + 9, a10 = a0 + 10, a11 = a0 + 11;                                                    \
+  const V m = V{} + 0.999999f, c = V{} + 1e-7f;                                                                \
+  const auto t0 = std::chrono::steady_clock::now();                                                            \
+  for (long long it = 0; it < (iters); ++it) {                                                                 \
+    a0 = a0 * m + c, a1 = a1 * m + c, a2 = a2 * m + c, a3 = a3 * m + c, a4 = a4 * m + c, a5 = a5 * m + c;       \
+    a6 = a6 * m + c, a7 = a7 * m + c, a8 = a8 * m + c, a9 = a9 * m + c, a10 = a10 * m + c, a11 = a11 * m + c;   \
+    __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5));                         \
+    __asm__ volatile("" : "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));                       \
+  }                                                                                                            \
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();               \
+  volatile float sink = (a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11)[0];                      \
+  (void)sink;                                                                                                  \
+  return (double)(iters) * 12 * (sizeof(V) / sizeof(float)) * 2 / s * 1e-9;
+
+typedef float V8 __attribute__((vector_size(32)));
+typedef float V16 __attribute__((vector_size(64)));
+
+__attribute__((target("avx2,fma"))) double FmaPeakYmm(long long iters) { LATHE_FMA_CHAINS(V8, iters) }
+
+__attribute__((target("avx512f,fma"))) double FmaPeakZmm(long long iters) { LATHE_FMA_CHAINS(V16, iters) }
+
+#undef LATHE_FMA_CHAINS
+
+}  // namespace
+
+double MeasureFmaPeakGflops(long long iters) {
+  switch (BestIsaTier()) {
+    case IsaTier::kAvx512:
+      return FmaPeakZmm(iters);
+    case IsaTier::kAvx2:
+      return FmaPeakYmm(iters);
+    default:
+      return 0;
+  }
 }
 
 }  // namespace lathe

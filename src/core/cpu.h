@@ -42,4 +42,10 @@ enum class IsaTier { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 IsaTier BestIsaTier();  // highest tier the CPU has, capped by LATHE_ISA
 const char* IsaTierName(IsaTier t);
 
+// One core's f32 FMA throughput in GFLOP/s (the peak that benchmarks' MFU and "% of peak" divide
+// by), measured with 12 independent FMA chains in registers at the vector width of BestIsaTier():
+// zmm on the AVX-512 tier, ymm on AVX2 (on CPUs with two 512-bit FMA pipes zmm is ~2x ymm). 0 on
+// the scalar tier. Takes iters x 12 FMAs (30M: ~0.1-0.2 s).
+double MeasureFmaPeakGflops(long long iters = 30'000'000);
+
 }  // namespace lathe

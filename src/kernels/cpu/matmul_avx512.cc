@@ -162,8 +162,12 @@ inline __m512 Load16(const uint8_t* row, int64_t k, __mmask16 m = 0xffff) {
 template <DType T, int MR, int NR>
 __attribute__((always_inline)) inline void DotTile(const float* x, int64_t ldx, const uint8_t* w, size_t w_stride,
                                                    int64_t K, float* y, int64_t ldy, int64_t y_step) {
+  // Every loop over the tile fully unrolled: a rolled one (the reduce) made GCC keep acc in memory
+  // and store all 24 accumulators every k step (measured 2.5x slower on a Xeon).
   __m512 acc[MR][NR];
+#pragma GCC unroll 6
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
@@ -180,13 +184,18 @@ __attribute__((always_inline)) inline void DotTile(const float* x, int64_t ldx, 
   if (k < K) {
     const __mmask16 m = Mask16(K - k);
     __m512 wv[NR];
+#pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) wv[j] = Load16<T>(w + j * w_stride, k, m);
+#pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+#pragma GCC unroll 4
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
+#pragma GCC unroll 6
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) y[i * ldy + j * y_step] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
