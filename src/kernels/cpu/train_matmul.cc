@@ -121,7 +121,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     }
     const int64_t n_rb = (R + row_block - 1) / row_block;
     pool.ParallelFor(n_rb * n_cb, 1, [&](int64_t tb, int64_t te, int) {
-      float* apack = rows_kernel ? nullptr : ThreadATile((size_t)(kInner * kGemmTileR));
+      float* apack = rows_kernel ? nullptr : ThreadATile((size_t)(kInner * row_block));
       for (int64_t task = tb; task < te; ++task) {
         const int64_t r0 = task / n_cb * row_block, r1 = std::min(R, r0 + row_block);
         const int64_t cb = task % n_cb;
@@ -132,25 +132,39 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
           const float* panel = bpre ? bpre + k0 * L + l0 * kGemmTileC : bpack + (cb * n_lc + lc) * kInner * kColBlock;
           const int64_t per_col = bpre ? L : nl;
           const bool overwrite = c0 + lc == 0 && !accumulate;
-          for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
-            const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
-            float* crow = c + ri * ldc + k0;
-            if (rows_kernel) {
-              GemmStripsRows(tk, a + ri * a_rs + l0, a_rs, panel, kGemmTileC * per_col, kGemmTileC, nl, crow, ldc, mr,
-                             nk, overwrite);
-              continue;
-            }
-            // apack(l, i) = a(ri + i, l0 + l), rows past mr zero.
-            if (a_rs == 1 && mr == kGemmTileR) {
-              for (int64_t l = 0; l < nl; ++l)
-                std::memcpy(apack + l * kGemmTileR, a + ri + (l0 + l) * a_is, sizeof(float) * kGemmTileR);
-            } else {
-              for (int64_t l = 0; l < nl; ++l) {
-                const float* al = a + ri * a_rs + (l0 + l) * a_is;
-                for (int i = 0; i < kGemmTileR; ++i) apack[l * kGemmTileR + i] = i < mr ? al[i * a_rs] : 0.0f;
+          if (!rows_kernel) {
+            // apack tile t (rows r0 + 6 t ..): apack + t * nl * 6, (l, i) = a(r0 + 6 t + i, l0 + l), rows past R zero.
+            for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
+              const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
+              float* at = apack + (ri - r0) * nl;
+              if (a_rs == 1 && mr == kGemmTileR) {
+                for (int64_t l = 0; l < nl; ++l)
+                  std::memcpy(at + l * kGemmTileR, a + ri + (l0 + l) * a_is, sizeof(float) * kGemmTileR);
+              } else {
+                for (int64_t l = 0; l < nl; ++l) {
+                  const float* al = a + ri * a_rs + (l0 + l) * a_is;
+                  for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? al[i * a_rs] : 0.0f;
+                }
               }
             }
-            GemmStrips(tk, apack, panel, kGemmTileC * per_col, kGemmTileC, nl, crow, ldc, mr, nk);
+          }
+          // Strip groups outer, row tiles inner: a group's B strips (2 x 16 KiB at kInner) stay in L1
+          // while every row tile of the task runs over them (row tiles outer streamed the whole
+          // 256 KiB panel from L2 per tile). Each C element sees the same micro-kernel calls.
+          const int64_t step = (tk.gemm_tile2 ? 2 : 1) * kGemmTileC;
+          for (int64_t j0 = 0; j0 < nk; j0 += step) {
+            const int64_t nc = std::min(step, nk - j0);
+            const float* bj = panel + j0 * per_col;
+            for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
+              const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
+              float* cj = c + ri * ldc + k0 + j0;
+              if (rows_kernel) {
+                GemmStripsRows(tk, a + ri * a_rs + l0, a_rs, bj, kGemmTileC * per_col, kGemmTileC, nl, cj, ldc, mr, nc,
+                               overwrite);
+              } else {
+                GemmStrips(tk, apack + (ri - r0) * nl, bj, kGemmTileC * per_col, kGemmTileC, nl, cj, ldc, mr, nc);
+              }
+            }
           }
         }
       }
