@@ -31,7 +31,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores;" \
-  "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx|avx2|fma|f16c|avx512f|avx512bw|avx512vnni|avx_vnni|amx_tile' | xargs)"
+  "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE "avx|avx2|fma|f16c|avx512f|avx512bw|avx512_vnni|avx512_bf16|avx_vnni|amx_tile" | xargs)"
 echo "lathe commit $(git rev-parse --short HEAD); llama.cpp: llama-cpp-python 0.3.36's vendored copy" \
   "(ggml-org/llama.cpp@0c1e57098 per its CHANGELOG; ggml 0.25.3), CPU backend built with GGML_NATIVE=ON"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); rounds per side: $rounds (best kept)"
