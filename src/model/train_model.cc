@@ -57,6 +57,12 @@ float* TrainModelImpl::NewGrad(int64_t n) {
   return grads_.back().data();
 }
 
+// madvise over the whole 4 KiB pages inside [p, p + n) (none if the buffer spans no whole page).
+static void AdviseWholePages(float* p, int64_t n, int advice) {
+  const uintptr_t page = 4096, b = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)(p + n)) & ~(page - 1);
+  if (e > b) madvise((void*)b, e - b, advice);
+}
+
 // Makes a gradient's whole pages resident and writable before a kernel read-modify-writes it. After
 // GradBuffer::Zero a page's first read maps the shared zero page, and the write that follows copies
 // it and flushes that TLB entry on every CPU running the process: one inter-processor interrupt per
@@ -68,16 +74,12 @@ static void ReadyToWrite(float* p, int64_t n) {
 #ifndef MADV_POPULATE_WRITE
   constexpr int MADV_POPULATE_WRITE = 23;
 #endif
-  const uintptr_t page = 4096, b = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)(p + n)) & ~(page - 1);
-  if (e > b) madvise((void*)b, e - b, MADV_POPULATE_WRITE);
+  AdviseWholePages(p, n, MADV_POPULATE_WRITE);
 }
 
 // Hands a buffer's whole pages back to the OS (anonymous memory: they read as zero next time);
 // for saved activations whose backward is done, rewritten by the next forward.
-static void DropPages(float* p, int64_t n) {
-  const uintptr_t page = 4096, b = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)(p + n)) & ~(page - 1);
-  if (e > b) madvise((void*)b, e - b, MADV_DONTNEED);
-}
+static void DropPages(float* p, int64_t n) { AdviseWholePages(p, n, MADV_DONTNEED); }
 
 void TrainModelImpl::AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad,
                               bool decay) {
