@@ -18,9 +18,9 @@ namespace lathe::kernels {
 // a few rows at a time into a per-thread buffer).
 // Accuracy: for a block-quantized W, x is quantized to int8 blocks of 32 (as llama.cpp does), ~0.6 %
 // relative error vs the f32 reference, unless exact_activations (then, and for float W, f32
-// arithmetic; only the summation order differs). With int8 x on AVX2, every row of y is identical to that
-// row computed alone (M = 1), for any M: batch composition does not change a row. (Tiers without
-// the int8 GEMM, scalar and AVX-512, keep int8 x only for M <= 16 and f32 above.)
+// arithmetic; only the summation order differs). With int8 x, every row of y is identical to that
+// row computed alone (M = 1), for any M: batch composition does not change a row (AVX2 and AVX-512:
+// the GEMV up to 16 rows and the int8 GEMM above; scalar: the batched GEMV at every M).
 // Reuses per-thread scratch buffers: no heap allocation after the first call at a given size.
 void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
             bool exact_activations = false);

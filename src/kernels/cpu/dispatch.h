@@ -94,9 +94,9 @@ void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, 
 // panel path M=4 114 vs 182 us, M=8 206 vs 265-294, M=16 426 vs 431 (tie), M=32 972 vs 825-1000.
 constexpr int64_t kGemvQuantMaxM = 16;
 // Above kGemvQuantMaxM, block-quantized weights (without exact_activations) go through
-// MatMulKernels::qgemm where the tier has one (AVX2): int8 x rows, each row bit-identical to its
-// M = 1 result; tiers without it (scalar, AVX-512) keep the batched GEMV, so there too a decode
-// row's logits never depend on the batch size.
+// MatMulKernels::qgemm where the tier has one (AVX2, and AVX-512 through the AVX2 kernels): int8 x
+// rows, each row bit-identical to its M = 1 result; the scalar tier keeps the batched GEMV, so there
+// too a decode row's logits never depend on the batch size.
 
 // kernels::Attention with one tier's Dot/Softmax/Axpy (attention.cc).
 void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int64_t q_stride, const float* k,
@@ -131,8 +131,8 @@ bool GroupAttend(const float* q, int group, const float* k, const float* v, cons
 bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
                      const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
                      float* scores);
-// MatMulKernels::gemv for the IsExtQuant block types (quant_ext_avx2.cc); the AVX-512 table uses it
-// too. Each row's result is the same for any m (1..4).
+// MatMulKernels::gemv for the IsExtQuant block types (quant_ext_avx2.cc; the AVX-512 table runs
+// every block type through the AVX2 table). Each row's result is the same for any m (1..4).
 void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
                   float* y, int64_t ldy);
 // One row of an IsExtQuant type dequantized, bit-identical to ref::DequantizeRow.
