@@ -2,7 +2,6 @@
 // bf16; memory-saving rows: QLoRA NF4+DQ / int8 base, 8-bit and paged AdamW) — tokens/s, step time,
 // peak RSS (one subprocess per row) with its breakdown by memory category, and model-FLOPs
 // utilization against the f32 FMA peak measured in the same run.
-#include <immintrin.h>
 #include <sys/resource.h>
 #include <unistd.h>
 

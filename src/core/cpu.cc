@@ -2,10 +2,8 @@
 #include "core/cpu.h"
 
 #include <cpuid.h>
-#include <immintrin.h>
 
 #include <chrono>
-
 #include <cstdlib>
 #include <cstring>
 

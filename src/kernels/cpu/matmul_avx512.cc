@@ -124,7 +124,6 @@ void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, i
   }
 }
 
-
 // ---- dequantization -------------------------------------------------------------------------------
 
 template <DType T>
