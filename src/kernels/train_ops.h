@@ -119,6 +119,12 @@ struct PackedBackwardB {
 void PackForBackwardInput(ThreadPool& pool, const Tensor& w, PackedBackwardB* out);
 int64_t PackedBackwardBBytes(int64_t N, int64_t K);
 
+// Floats of the A micro-panels the calling thread packs for one training GEMM with this process's
+// kernels (0 on tiers without a panel tile; at most 1 Mi): C (R x Kd) = A (R x L) . B, A's rows
+// contiguous (the forward and input gradient) or not (the weight gradient, A = dY^T); prepacked_b:
+// B given packed (the frozen head's input gradient). For the memory plan.
+int64_t TrainGemmAPanelFloats(int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous, bool prepacked_b);
+
 // ---- Cross-entropy over the output head ----
 // logits[t] = x[t] . W_head^T is computed chunk_tokens rows at a time and never stored whole.
 // Tokens with labels[t] == kIgnoreLabel are skipped entirely (no logits computed for them).

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/strings.h"
+#include "kernels/train_ops.h"
 #include "model/train_model.h"
 
 namespace lathe::train {
@@ -307,6 +308,29 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add("temporary", W * 4 * panels,
       StrFormat("matmul B panels packed by the calling thread: %.0f x 256 x 256 floats (the step's largest GEMM)%s",
                 panels / 65536, W > 1 ? " x each worker's thread" : ""));
+  // CPUs whose kernels have a panel tile (AVX-512) also pack A once per GEMM round: (R, Kd, L, A's rows
+  // contiguous, B prepacked) of the same products.
+  double apanels = 0;
+  auto a_gemm = [&](double R, int64_t Kd, int64_t L, bool rows, bool pre) {
+    apanels = std::max(apanels, (double)kernels::TrainGemmAPanelFloats((int64_t)R, Kd, L, rows, pre));
+  };
+  a_gemm(V, (int64_t)chunk, dim, true, false);  // the loss's logits^T chunk
+  a_gemm(chunk, dim, V, false, lora);           // its input gradient
+  if (!lora) a_gemm(V, dim, (int64_t)chunk, true, false);
+  for (const auto& l : Linears(c)) {
+    a_gemm(N, l.out, l.in, true, false);
+    a_gemm(N, l.in, l.out, true, false);
+    if (!lora) a_gemm(l.out, l.in, (int64_t)N, false, false);
+    if (lora) {
+      a_gemm(N, l.out, r, true, false);
+      a_gemm(N, l.in, r, true, false);
+      a_gemm(l.out, r, (int64_t)N, false, false);
+    }
+  }
+  if (apanels > 0)
+    add("temporary", W * 4 * apanels,
+        StrFormat("matmul A micro-panels packed by the calling thread: %.0f floats (the step's largest GEMM)%s",
+                  apanels, W > 1 ? " x each worker's thread" : ""));
   // Per thread: a 256 x 256 dequantization tile and 256 x 192 A tiles (train_matmul.cc), 96 x 128
   // score tiles (train_attention.cc, two in the backward).
   const double per_thread = 4.0 * (256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);

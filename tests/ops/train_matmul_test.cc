@@ -210,6 +210,54 @@ TEST(TrainGemmTile, TwoStripKernelsEqualOneStripAvx2) {
     }
 }
 
+// The AVX-512 panel tile (8 rows x up to 3 strips over a packed A micro-panel) and its packing:
+// every mr / nc / overwrite gives the AVX2 rows tile's bits (same FMAs in the same order per element),
+// B read both from packed strips and in place with a row stride; rows >= mr and lanes >= nc untouched.
+TEST(TrainGemmTile, PanelKernelEqualsAvx2Tiles) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::TrainKernelTable& tw = cpu::TrainKernelsFor(IsaTier::kAvx512);
+  const cpu::TrainKernelTable& t2 = cpu::TrainKernelsFor(IsaTier::kAvx2);
+  ASSERT_TRUE(tw.gemm_panel && tw.pack_panel_rows);
+  const int pr = tw.panel_rows;
+  ASSERT_EQ(pr, 8);
+  ASSERT_EQ(tw.panel_cols, 3 * cpu::kGemmTileC);
+  const int64_t lda = 70, ldc = 53;
+  for (int64_t L : {1, 2, 7, 8, 17, 64}) {
+    const std::vector<float> a = RandomVec(pr * lda, 80);
+    // Packing: out[l * pr + i] = a[i * lda + l] for i < mr, zero above.
+    std::vector<float> ap(L * pr);
+    for (int mr = 1; mr <= pr; ++mr) {
+      std::fill(ap.begin(), ap.end(), -1.0f);
+      tw.pack_panel_rows(ap.data(), a.data(), lda, L, mr);
+      for (int64_t l = 0; l < L; ++l)
+        for (int i = 0; i < pr; ++i)
+          ASSERT_EQ(ap[l * pr + i], i < mr ? a[i * lda + l] : 0.0f) << "pack L " << L << " mr " << mr;
+    }
+    tw.pack_panel_rows(ap.data(), a.data(), lda, L, pr);
+    for (bool packed_b : {true, false}) {
+      // Packed: strip s at b + s * L * 16, rows 16 apart. In place: rows 50 floats apart, strip s at 16 s.
+      const int64_t ldb = packed_b ? cpu::kGemmTileC : 50, stride = packed_b ? L * cpu::kGemmTileC : cpu::kGemmTileC;
+      const std::vector<float> bb = RandomVec(3 * L * 50 + 64, 81);
+      for (int mr = 1; mr <= pr; ++mr)
+        for (int nc = 1; nc <= tw.panel_cols; ++nc)
+          for (bool overwrite : {false, true}) {
+            const std::string where = std::string(packed_b ? "packed" : "in place") + " L " + std::to_string(L) +
+                                      " mr " + std::to_string(mr) + " nc " + std::to_string(nc) +
+                                      (overwrite ? " overwrite" : "");
+            const std::vector<float> c0 = RandomVec(pr * ldc, 82);
+            std::vector<float> c = c0, c2 = c0;
+            tw.gemm_panel(ap.data(), bb.data(), stride, ldb, L, c.data(), ldc, mr, nc, overwrite);
+            for (int i0 = 0; i0 < mr; i0 += cpu::kGemmTileR)
+              for (int j0 = 0; j0 < nc; j0 += cpu::kGemmTileC)
+                t2.gemm_tile_rows(a.data() + i0 * lda, lda, bb.data() + j0 / cpu::kGemmTileC * stride, ldb, L,
+                                  c2.data() + i0 * ldc + j0, ldc, std::min(cpu::kGemmTileR, mr - i0),
+                                  std::min(cpu::kGemmTileC, nc - j0), overwrite);
+            ASSERT_EQ(c, c2) << where;
+          }
+    }
+  }
+}
+
 // The GEMM driver with the AVX-512 table (strips in pairs where they can be) gives the AVX2 tier's
 // results bit for bit: forward, input and weight gradients (both forms), odd shapes and two threads.
 TEST(TrainGemmTile, Avx512DriverEqualsAvx2) {

@@ -73,6 +73,18 @@ struct TrainKernelTable {
                      int mr, int nc) = nullptr;
   void (*gemm_tile_rows2)(const float* a, int64_t lda, const float* b, const float* b2, int64_t ldb, int64_t L,
                           float* c, int64_t ldc, int mr, int nc, bool overwrite) = nullptr;
+  // A larger register tile over a packed A micro-panel of panel_rows rows (null / 0 on tiers without
+  // one; the GEMM driver then runs the 6 x 16 tiles): c[i * ldc + j] (+)= sum_l a[l * panel_rows + i] *
+  // B(l, j) for i < mr <= panel_rows, j < nc <= panel_cols, B(l, j) = b[(j / 16) * stride + l * ldb +
+  // j % 16] (16-column strips, whole strips read: padding lanes may hold anything); overwrite stores
+  // instead of adding. Per C element the FMAs and their order are those of gemm_tile, so the driver's
+  // results do not depend on which kernel ran.
+  void (*gemm_panel)(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc,
+                     int mr, int nc, bool overwrite) = nullptr;
+  // out[l * panel_rows + i] = a[i * lda + l] for i < mr, l < nl; 0 for mr <= i < panel_rows.
+  void (*pack_panel_rows)(float* out, const float* a, int64_t lda, int64_t nl, int mr) = nullptr;
+  int panel_rows = 0;
+  int panel_cols = 0;
 };
 
 // c(mr, nc) (+)= a tile times the B strips covering columns [0, nc) (strip s at b + s * stride, rows
@@ -121,6 +133,9 @@ void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt,
                               const float* packed = nullptr);
 void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, const Tensor& w,
                               float* out);
+// TrainGemmAPanelFloats (train_ops.h) for one tier's table.
+int64_t GemmAPanelFloatsWith(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous,
+                             bool prepacked_b);
 // y = x . W^T (M x N) for f32/f16/bf16 W (N, K) through the same GEMM (train_matmul.cc).
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
                        const float* x, int64_t M, const Tensor& w);
@@ -153,7 +168,7 @@ namespace avx2 {
 const TrainKernelTable& TrainTable();
 }
 namespace avx512 {
-// The AVX2 table with the two-strip GEMM tiles on zmm registers.
+// The AVX2 table with the two-strip GEMM tiles and an 8 x 48 panel tile on zmm registers.
 const TrainKernelTable& TrainTable();
 }
 

@@ -16,17 +16,30 @@ namespace {
 // Task = (kRowBlock rows of C) x (kColBlock columns of C); the inner dimension goes in kInner
 // chunks. A packed B chunk (kInner x kColBlock floats, 256 KiB) stays in L2 while every row tile
 // of the task streams 16-column strips of it (16 KiB, L1) through the micro-kernel.
-constexpr int64_t kRowBlock = 32 * kGemmTileR;  // 192
-constexpr int64_t kColBlock = 256;              // multiple of 32 (quant blocks) and of kGemmTileC
+constexpr int64_t kRowBlock = 192;   // multiple of kGemmTileR and of every tier's panel_rows
+constexpr int64_t kColBlock = 256;   // multiple of 256 (K-quant blocks) and of kGemmTileC
 constexpr int64_t kInner = 256;
 // B is packed once per call for all rows (and shared by the threads) in column groups of at most
 // this many floats: 4 MiB holds every SmolLM2-135M linear whole; a 7B FFN goes in a few groups.
 constexpr int64_t kSharedBFloats = (int64_t)1 << 20;
+// The panel path (tiers with gemm_panel) packs A once per round for all rows, shared like B: at most
+// this many floats (rows in superblocks beyond it). Only for products at least kPanelMinCols wide
+// when A's rows are contiguous: each packed A element serves Kd columns, and narrower products (LoRA's
+// rank-r outputs, the loss's 128-token logits^T chunks over the whole head) measured slower packed.
+constexpr int64_t kSharedAFloats = (int64_t)1 << 20;
+constexpr int64_t kPanelMinCols = 192;
+// Rows per A superblock before a round takes fewer inner chunks instead (fewer chunks per round
+// means C read and written once more per round; fewer rows, B streamed once more per superblock).
+constexpr int64_t kPanelMinRows = 256;
 
-// The caller's shared panel buffer and each thread's B conversion / A tile buffers, one set for
+// The caller's shared panel buffers and each thread's B conversion / A tile buffers, one set for
 // every instantiation of Gemm (a static inside the template would be one per fill type).
 float* SharedPanels(size_t n) {
   static thread_local std::vector<float> buf;  // the caller's; the workers only read it
+  return Scratch(buf, n);
+}
+float* SharedAPanels(size_t n) {
+  static thread_local std::vector<float> buf;
   return Scratch(buf, n);
 }
 float* ThreadTmp(size_t n) {
@@ -38,18 +51,43 @@ float* ThreadATile(size_t n) {
   return Scratch(buf, n);
 }
 
+// Rows of A in the panel path (0: no panel path) and the rounds' shapes, shared with the memory plan.
+struct GemmPlan {
+  int panel_rows = 0;     // rows per packed A micro-panel; 0 = the 6 x 16 tiles
+  int64_t chunks = 0;     // kInner chunks per round
+  int64_t sb_rows = 0;    // rows per A superblock (all of R unless the panel path's A would not fit)
+};
+
+GemmPlan PlanGemm(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, int64_t a_is, bool bpre) {
+  GemmPlan p;
+  const int64_t n_lc_all = (L + kInner - 1) / kInner;
+  p.panel_rows = tk.gemm_panel && (a_is != 1 || Kd >= kPanelMinCols) ? tk.panel_rows : 0;
+  p.chunks = bpre ? n_lc_all : std::min(n_lc_all, std::max<int64_t>(1, kSharedBFloats / (kInner * kColBlock)));
+  p.sb_rows = R;
+  if (p.panel_rows) {
+    const int64_t pr = p.panel_rows, r_pad = (R + pr - 1) / pr * pr;
+    const int64_t want_rows = std::min(r_pad, kPanelMinRows);
+    if (p.chunks * kInner * want_rows > kSharedAFloats)
+      p.chunks = std::max<int64_t>(1, kSharedAFloats / (want_rows * kInner));
+    p.sb_rows = std::min(r_pad, std::max<int64_t>(pr, kSharedAFloats / (p.chunks * kInner) / pr * pr));
+  }
+  return p;
+}
+
 // C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
 // fill_b(l0, nl, k0, nk, tmp, panel, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
 // either into the source or into tmp (nl x nk floats) after converting; or nullptr after writing the
 // packed panel itself (strip s at panel + s * nl * kGemmTileC, zero past nk).
-// Per call: B is packed once (in parallel, into a buffer the threads share) into 16-column strips
-// per (kColBlock, kInner) panel; then each task runs its row tiles over the panels. A with
-// contiguous rows (a_is == 1: the forward and the input gradient) is read in place by the rows
-// micro-kernel; otherwise (the weight gradient, A = dY^T) a 6 x kInner tile is packed per use.
-// Each C element sums its kInner chunks in order, so the result does not depend on the threads.
+// Per round of inner chunks: B is packed once (in parallel, into a buffer the threads share) into
+// 16-column strips per (kColBlock, kInner) panel; then each task runs its row tiles over the panels.
+// A: on tiers with a panel tile (gemm_panel) packed once per round into micro-panels shared by the
+// tasks; otherwise, with contiguous rows (a_is == 1: the forward and the input gradient), read in
+// place by the rows micro-kernel, else (the weight gradient, A = dY^T) a 6 x kInner tile packed per use.
+// Each C element sums its kInner chunks in order with the same FMAs whichever micro-kernel runs, so
+// the result depends neither on the threads nor on the tier.
 // With bpre (B already packed for every column and inner row, PackForBackwardInput's layout: strip
-// s over all L rows at bpre + s * L * kGemmTileC) nothing is packed and one round covers everything;
-// the micro-kernel calls and their order are the same, so the result is bit-identical.
+// s over all L rows at bpre + s * L * kGemmTileC) nothing is packed and the micro-kernel calls and
+// their order are the same, so the result is bit-identical.
 template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
           const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b,
@@ -63,8 +101,9 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
   const int64_t n_lc_all = (L + kInner - 1) / kInner;
   // Inner chunks per round (all of them unless L > 4096, e.g. the head's input gradient) and
   // columns per round (whole kColBlocks, at least one): a round's panels fit kSharedBFloats.
-  const int64_t chunks =
-      bpre ? n_lc_all : std::min(n_lc_all, std::max<int64_t>(1, kSharedBFloats / (kInner * kColBlock)));
+  const GemmPlan plan = PlanGemm(tk, R, Kd, L, a_is, bpre != nullptr);
+  const int64_t pr = plan.panel_rows, MR = pr ? pr : kGemmTileR;
+  const int64_t chunks = plan.chunks;
   const int64_t group =
       bpre ? Kd : std::max<int64_t>(1, kSharedBFloats / (chunks * kInner * kColBlock)) * kColBlock;
   // Column block: kColBlock; with bpre (nothing to pack per block) up to 20 strips, the block count
@@ -76,14 +115,38 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     n = std::min(strips, (n + th - 1) / th * th);
     col_block = (strips + n - 1) / n * kGemmTileC;
   }
-  const bool rows_kernel = a_is == 1;
-  if (!rows_kernel && !accumulate)
+  const bool rows_kernel = !pr && a_is == 1;
+  if (a_is != 1 && !accumulate)
     for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
-  for (int64_t g0 = 0; g0 < Kd; g0 += group)
-  for (int64_t c0 = 0; c0 < n_lc_all; c0 += chunks) {
+  for (int64_t c0 = 0; c0 < n_lc_all; c0 += chunks)
+  for (int64_t s0 = 0; s0 < R; s0 += plan.sb_rows) {
+    const int64_t n_lc = std::min(chunks, n_lc_all - c0);  // chunks c0 .. c0 + n_lc - 1 this round
+    const int64_t s1 = std::min(R, s0 + plan.sb_rows);
+    // Panel path: A micro-panel t (rows s0 + pr t ..) of chunk lc at apanels + (lc * n_tiles + t) * pr
+    // * kInner, (l, i) at [l * pr + i], rows past s1 zero.
+    const int64_t n_tiles = (s1 - s0 + MR - 1) / MR;
+    float* apanels = pr ? SharedAPanels((size_t)(n_lc * n_tiles * pr * kInner)) : nullptr;
+    if (pr) pool.ParallelFor(n_lc * n_tiles, 1, [&](int64_t tb, int64_t te, int) {
+      for (int64_t u = tb; u < te; ++u) {
+        const int64_t lc = u / n_tiles, ri = s0 + u % n_tiles * pr;
+        const int64_t l0 = (c0 + lc) * kInner, nl = std::min(kInner, L - l0);
+        const int mr = (int)std::min<int64_t>(pr, s1 - ri);
+        float* out = apanels + u * pr * kInner;
+        if (a_is == 1) {
+          tk.pack_panel_rows(out, a + ri * a_rs + l0, a_rs, nl, mr);
+        } else if (a_rs == 1 && mr == pr) {
+          for (int64_t l = 0; l < nl; ++l) std::memcpy(out + l * pr, a + ri + (l0 + l) * a_is, sizeof(float) * pr);
+        } else {
+          for (int64_t l = 0; l < nl; ++l) {
+            const float* al = a + ri * a_rs + (l0 + l) * a_is;
+            for (int64_t i = 0; i < pr; ++i) out[l * pr + i] = i < mr ? al[i * a_rs] : 0.0f;
+          }
+        }
+      }
+    });
+    for (int64_t g0 = 0; g0 < Kd; g0 += group) {
     const int64_t gk = std::min(group, Kd - g0);
     const int64_t n_cb = (gk + col_block - 1) / col_block;
-    const int64_t n_lc = std::min(chunks, n_lc_all - c0);  // chunks c0 .. c0 + n_lc - 1 this round
     // Panel (cb, lc) at bpack + (cb * n_lc + lc) * kInner * kColBlock; strip s of it s * nl * 16 on.
     float* bpack = bpre ? nullptr : SharedPanels((size_t)(n_cb * n_lc * kInner * kColBlock));
     if (!bpre) pool.ParallelFor(n_cb * n_lc, 1, [&](int64_t tb, int64_t te, int) {
@@ -113,17 +176,18 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     // head's input gradient per round: 1) -> smaller row blocks, at least 2 tasks per thread (with bpre,
     // whose column blocks already come in a multiple of the threads, 1). Every C element still sees
     // the same micro-kernel calls, so the split never changes the result.
+    const int64_t rows = s1 - s0;
     int64_t row_block = kRowBlock;
     const int64_t want = pool.size() > 1 ? (bpre ? 1 : 2) * (int64_t)pool.size() : 1;
-    if ((R + kRowBlock - 1) / kRowBlock * n_cb < want) {
+    if ((rows + kRowBlock - 1) / kRowBlock * n_cb < want) {
       const int64_t parts = (want + n_cb - 1) / n_cb;
-      row_block = std::max<int64_t>(kGemmTileR, ((R + parts - 1) / parts + kGemmTileR - 1) / kGemmTileR * kGemmTileR);
+      row_block = std::max<int64_t>(MR, ((rows + parts - 1) / parts + MR - 1) / MR * MR);
     }
-    const int64_t n_rb = (R + row_block - 1) / row_block;
+    const int64_t n_rb = (rows + row_block - 1) / row_block;
     pool.ParallelFor(n_rb * n_cb, 1, [&](int64_t tb, int64_t te, int) {
-      float* apack = rows_kernel ? nullptr : ThreadATile((size_t)(kInner * row_block));
+      float* apack = rows_kernel || pr ? nullptr : ThreadATile((size_t)(kInner * row_block));
       for (int64_t task = tb; task < te; ++task) {
-        const int64_t r0 = task / n_cb * row_block, r1 = std::min(R, r0 + row_block);
+        const int64_t r0 = s0 + task / n_cb * row_block, r1 = std::min(s1, r0 + row_block);
         const int64_t cb = task % n_cb;
         const int64_t k0 = g0 + cb * col_block, nk = std::min(col_block, Kd - k0);
         for (int64_t lc = 0; lc < n_lc; ++lc) {
@@ -131,7 +195,18 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
           // Strip j0 / 16 of this (column block, inner chunk) starts at panel + j0 * per_col.
           const float* panel = bpre ? bpre + k0 * L + l0 * kGemmTileC : bpack + (cb * n_lc + lc) * kInner * kColBlock;
           const int64_t per_col = bpre ? L : nl;
-          const bool overwrite = c0 + lc == 0 && !accumulate;
+          const bool overwrite = c0 + lc == 0 && !accumulate && a_is == 1;
+          if (pr) {
+            const float* ap = apanels + lc * n_tiles * pr * kInner;
+            for (int64_t j0 = 0; j0 < nk; j0 += tk.panel_cols) {
+              const int nc = (int)std::min<int64_t>(tk.panel_cols, nk - j0);
+              const float* bj = panel + j0 * per_col;
+              for (int64_t ri = r0; ri < r1; ri += pr)
+                tk.gemm_panel(ap + (ri - s0) / pr * pr * kInner, bj, kGemmTileC * per_col, kGemmTileC, nl,
+                              c + ri * ldc + k0 + j0, ldc, (int)std::min<int64_t>(pr, r1 - ri), nc, overwrite);
+            }
+            continue;
+          }
           if (!rows_kernel) {
             // apack tile t (rows r0 + 6 t ..): apack + t * nl * 6, (l, i) = a(r0 + 6 t + i, l0 + l), rows past R zero.
             for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
@@ -150,7 +225,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
           }
           // Strip groups outer, row tiles inner: a group's B strips (2 x 16 KiB at kInner) stay in L1
           // while every row tile of the task runs over them (row tiles outer streamed the whole
-          // 256 KiB panel from L2 per tile). Each C element sees the same micro-kernel calls.
+          // panel from L2 per tile). Each C element sees the same micro-kernel calls.
           const int64_t step = (tk.gemm_tile2 ? 2 : 1) * kGemmTileC;
           for (int64_t j0 = 0; j0 < nk; j0 += step) {
             const int64_t nc = std::min(step, nk - j0);
@@ -169,6 +244,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         }
       }
     });
+    }
   }
 }
 
@@ -222,6 +298,15 @@ void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt,
   const int64_t N = w.shape[0], K = w.shape[1];
   // A(i, l) = dyT[l * M + i]: the packed-A path, 6 contiguous floats per inner row.
   WithBackwardInputFill(tk, kt, w, [&](const auto& fill) { Gemm(tk, pool, dx, K, M, K, N, dyT, 1, M, accumulate, fill, packed); });
+}
+
+int64_t GemmAPanelFloatsWith(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous,
+                             bool prepacked_b) {
+  if (R <= 0 || Kd <= 0 || L <= 0) return 0;
+  const GemmPlan p = PlanGemm(tk, R, Kd, L, a_rows_contiguous ? 1 : 2, prepacked_b);
+  if (!p.panel_rows) return 0;
+  const int64_t n_lc = std::min(p.chunks, (L + kInner - 1) / kInner);
+  return n_lc * (p.sb_rows + p.panel_rows - 1) / p.panel_rows * p.panel_rows * kInner;
 }
 
 int64_t PackedBackwardInputFloats(int64_t N, int64_t K) {

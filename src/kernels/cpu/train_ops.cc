@@ -251,6 +251,10 @@ void PackForBackwardInput(ThreadPool& pool, const Tensor& w, PackedBackwardB* ou
   out->src = w.data;
 }
 
+int64_t TrainGemmAPanelFloats(int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous, bool prepacked_b) {
+  return cpu::GemmAPanelFloatsWith(cpu::TrainBest(), R, Kd, L, a_rows_contiguous, prepacked_b);
+}
+
 int64_t PackedBackwardBBytes(int64_t N, int64_t K) { return cpu::PackedBackwardInputFloats(N, K) * (int64_t)sizeof(float); }
 
 float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, const float* x, int64_t T,

@@ -1,7 +1,7 @@
 // AVX-512 training kernels: the GEMM micro-kernels two 16-column strips wide (6 x 32, 12 zmm
-// accumulators, enough independent FMA chains for two 512-bit FMA pipes); every other op is the AVX2
-// table's. Per C element the FMAs and their order are those of the AVX2 6 x 16 tile, so the results
-// are bit-identical to the AVX2 tier's.
+// accumulators, enough independent FMA chains for two 512-bit FMA pipes) and an 8 x 48 tile over
+// packed A micro-panels (24 accumulators); every other op is the AVX2 table's. Per C element the FMAs
+// and their order are those of the AVX2 6 x 16 tile, so the results are bit-identical to the AVX2 tier's.
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -65,6 +65,86 @@ void GemmTileRows2(const float* a, int64_t lda, const float* b, const float* b2,
   Store2(acc, c, ldc, mr, nc, overwrite);
 }
 
+// The panel tile: kPanelR rows x NS strips (NS <= 3: 24 zmm accumulators, 3 B loads and 8 broadcasts
+// per 24 FMAs, against 2 + 6 per 12 in the 6 x 32 tile), A from a packed micro-panel (one sequential
+// stream; six in-place rows were six streams).
+constexpr int kPanelR = 8;
+constexpr int kPanelStrips = 3;
+
+template <int NS>
+void PanelTile(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
+               int nc, bool overwrite) {
+  __m512 acc[kPanelR][NS];
+#pragma GCC unroll 8
+  for (int i = 0; i < kPanelR; ++i)
+#pragma GCC unroll 3
+    for (int s = 0; s < NS; ++s) acc[i][s] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < L; ++l, a += kPanelR, b += ldb) {
+    __m512 bv[NS];
+#pragma GCC unroll 3
+    for (int s = 0; s < NS; ++s) bv[s] = _mm512_loadu_ps(b + s * stride);
+#pragma GCC unroll 8
+    for (int i = 0; i < kPanelR; ++i) {
+      const __m512 av = _mm512_set1_ps(a[i]);
+#pragma GCC unroll 3
+      for (int s = 0; s < NS; ++s) acc[i][s] = _mm512_fmadd_ps(av, bv[s], acc[i][s]);
+    }
+  }
+  const __mmask16 last = (__mmask16)((1u << (nc - 16 * (NS - 1))) - 1);
+#pragma GCC unroll 8
+  for (int i = 0; i < kPanelR; ++i) {
+    if (i >= mr) break;
+    float* ci = c + i * ldc;
+#pragma GCC unroll 3
+    for (int s = 0; s < NS; ++s) {
+      const __mmask16 m = s == NS - 1 ? last : (__mmask16)0xffff;
+      const __m512 v = overwrite ? acc[i][s] : _mm512_add_ps(_mm512_maskz_loadu_ps(m, ci + 16 * s), acc[i][s]);
+      _mm512_mask_storeu_ps(ci + 16 * s, m, v);
+    }
+  }
+}
+
+void GemmPanel(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
+               int nc, bool overwrite) {
+  if (nc > 32)
+    PanelTile<3>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+  else if (nc > 16)
+    PanelTile<2>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+  else
+    PanelTile<1>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+}
+
+// 8 x 8 blocks (rows i of a, columns l .. l + 7) transposed in registers; the nl % 8 tail one by one.
+void PackPanelRows(float* out, const float* a, int64_t lda, int64_t nl, int mr) {
+  const float* r[kPanelR];
+  for (int i = 0; i < kPanelR; ++i) r[i] = a + std::min(i, mr - 1) * lda;
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t l = 0;
+  for (; l + 8 <= nl; l += 8) {
+    __m256 v[8];
+    for (int i = 0; i < 8; ++i) v[i] = i < mr ? _mm256_loadu_ps(r[i] + l) : zero;
+    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    float* o = out + l * kPanelR;
+    _mm256_storeu_ps(o + 0 * kPanelR, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(o + 1 * kPanelR, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(o + 2 * kPanelR, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(o + 3 * kPanelR, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(o + 4 * kPanelR, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(o + 5 * kPanelR, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(o + 6 * kPanelR, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(o + 7 * kPanelR, _mm256_permute2f128_ps(u3, u7, 0x31));
+  }
+  for (; l < nl; ++l)
+    for (int i = 0; i < kPanelR; ++i) out[l * kPanelR + i] = i < mr ? r[i][l] : 0.0f;
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
@@ -73,6 +153,10 @@ const TrainKernelTable& TrainTable() {
     k.tier = IsaTier::kAvx512;
     k.gemm_tile2 = GemmTile2;
     k.gemm_tile_rows2 = GemmTileRows2;
+    k.gemm_panel = GemmPanel;
+    k.pack_panel_rows = PackPanelRows;
+    k.panel_rows = kPanelR;
+    k.panel_cols = kPanelStrips * kGemmTileC;
     return k;
   }();
   return t;
