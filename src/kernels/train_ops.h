@@ -86,12 +86,13 @@ void EmbeddingBackward(float* dwte_accum,       // (V, C)
 // ---- Linear layer y = x . W^T (kernels::MatMul) ----
 // y = x . W^T for the trainer: f32/f16/bf16 W through the training GEMM (W packed once per call for
 // all M rows; also fast for the skinny LoRA shapes, K or N = rank), other dtypes through MatMul
-// with exact activations. y is overwritten.
+// with exact activations. y is overwritten, or added to with accumulate (f32/f16/bf16 W only).
 void LinearForward(ThreadPool& pool,
                    float* y,          // (M, N)
                    const float* x,    // (M, K)
                    int64_t M,
-                   const Tensor& w);  // (N, K)
+                   const Tensor& w,   // (N, K)
+                   bool accumulate = false);
 // dx = dy . W with W read in its stored dtype (f32, f16, bf16, q8_0, q4_0, q4_1): a 256 x 256
 // block of W is dequantized at a time into a per-thread buffer, never the whole matrix.
 // REQUIRES K % 32 == 0 for the block-quantized dtypes. dx is overwritten unless accumulate.

@@ -530,12 +530,15 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
   // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
   kernels::LinearForward(*pool_, mid, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff);  // (N, r)
-  ltmp_.resize(N * p.out);
-  kernels::LinearForward(*pool_, ltmp_.data(), Round(mid, N * p.r, rmid_), N, p.b_eff);  // (N, out)
-  const float* t = ltmp_.data();
-  Par(N, 16, [&](int64_t b, int64_t e, int) {
-    kernels::Axpy(y + b * p.out, p.scale, t + b * p.out, (e - b) * p.out);
+  // y += (scale * mid) B^T straight into y: the scale on the rank-r side (as in the backward), no
+  // (N, out) product buffer and no pass over y to add it.
+  const float* mr = Round(mid, N * p.r, rmid_);
+  lscr_.resize(N * p.r);
+  float* smid = lscr_.data();
+  Par(N, 64, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b * p.r; i < e * p.r; ++i) smid[i] = p.scale * mr[i];
   });
+  kernels::LinearForward(*pool_, y, smid, N, p.b_eff, /*accumulate=*/true);  // (N, out)
 }
 
 void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,

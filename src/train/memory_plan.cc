@@ -263,19 +263,18 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                   dropped, layer_grads, (long long)layers));
   }
   // Backward scratch of one block and the matmul input roundings (bf16) / LoRA buffers.
-  int64_t max_in = 0, max_out = 0;
+  int64_t max_in = 0;
   for (const auto& l : Linears(c)) {
     if (!lora || std::find(s.lora_targets.begin(), s.lora_targets.end(), l.name) != s.lora_targets.end()) {
       max_in = std::max(max_in, l.in);
-      max_out = std::max(max_out, l.out);
     }
   }
   double scratch = (6.0 + (s.grad_checkpointing ? 1 : 0)) * dim + 2.0 * qd + 2.0 * kvd + 4.0 * ffn;
   if (bf16) scratch += 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
   const bool dropout = s.lora_dropout > 0;
   if (lora) {
-    // scale * mid, dmid and rounded mid (r each), the B product / dropped-input gradient (max of in, out).
-    scratch += 3.0 * r + std::max(max_in, max_out) + (dropout ? max_in : 0);
+    // scale * mid, dmid and rounded mid (r each); with dropout the dropped input and its gradient.
+    scratch += 3.0 * r + (dropout ? 2.0 * max_in : 0);
     if (bf16) scratch += r + (dropout ? max_in : 0);  // rounded x A^T; the dropped input rounded
   }
   const double chunk = std::min<double>(s.loss_chunk_tokens, N);

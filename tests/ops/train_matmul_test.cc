@@ -125,6 +125,13 @@ TEST_P(TrainMatMul, ForwardMatchesReference) {
       std::vector<float> y(s.M * s.N, 123.0f);
       cpu::MatMulForwardWith(tk, kt, pool, y.data(), x.data(), s.M, w.t);
       EXPECT_LE(RelErr(y, ref), kRefLimit) << DTypeName(dt) << " " << s.M << "x" << s.N << "x" << s.K;
+      // accumulate: y0 + x . W^T (LoRA's scaled product added straight into the base output).
+      const std::vector<float> y0 = RandomVec(s.M * s.N, 43);
+      std::vector<float> ya = y0;
+      std::vector<double> refa = ref;
+      for (size_t i = 0; i < refa.size(); ++i) refa[i] += y0[i];
+      cpu::MatMulForwardWith(tk, kt, pool, ya.data(), x.data(), s.M, w.t, /*accumulate=*/true);
+      EXPECT_LE(RelErr(ya, refa), kRefLimit) << DTypeName(dt) << " accumulate " << s.M << "x" << s.N << "x" << s.K;
     }
   }
 }

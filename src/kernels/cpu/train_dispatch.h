@@ -136,9 +136,10 @@ void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt,
 // TrainGemmAPanelFloats (train_ops.h) for one tier's table.
 int64_t GemmAPanelFloatsWith(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous,
                              bool prepacked_b);
-// y = x . W^T (M x N) for f32/f16/bf16 W (N, K) through the same GEMM (train_matmul.cc).
+// y (=, or += with accumulate) x . W^T (M x N) for f32/f16/bf16 W (N, K) through the same GEMM
+// (train_matmul.cc).
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
-                       const float* x, int64_t M, const Tensor& w);
+                       const float* x, int64_t M, const Tensor& w, bool accumulate = false);
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K);
 // dw (N, K) += dyT . x with dY given transposed, dyT (N, M): dyT's rows are read in place.

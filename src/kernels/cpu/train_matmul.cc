@@ -339,7 +339,7 @@ void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt,
 }
 
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
-                       const float* x, int64_t M, const Tensor& w) {
+                       const float* x, int64_t M, const Tensor& w, bool accumulate) {
   LATHE_CHECK(w.ndim() == 2);
   const int64_t N = w.shape[0], K = w.shape[1];
   const DType t = w.dtype;
@@ -362,7 +362,7 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
       tk.pack_strip_t(panel + j0 * nl, src + j0 * src_ld, src_ld, nl, (int)std::min<int64_t>(kGemmTileC, nk - j0));
     return nullptr;
   };
-  Gemm(tk, pool, y, N, M, N, K, x, K, 1, /*accumulate=*/false, fill);
+  Gemm(tk, pool, y, N, M, N, K, x, K, 1, accumulate, fill);
 }
 
 // dw (N, K) += dy^T . x for few output rows (N <= kFewRows: the LoRA A gradient, N = rank): B = x

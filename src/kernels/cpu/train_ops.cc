@@ -219,11 +219,12 @@ void EmbeddingBackward(float* dwte_accum, const float* dout, const int32_t* toke
   }
 }
 
-void LinearForward(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w) {
+void LinearForward(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate) {
   if (w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16) {
-    cpu::MatMulForwardWith(cpu::TrainBest(), cpu::Best(), pool, y, x, M, w);
+    cpu::MatMulForwardWith(cpu::TrainBest(), cpu::Best(), pool, y, x, M, w, accumulate);
     return;
   }
+  LATHE_CHECK_MSG(!accumulate, "LinearForward: accumulate needs an f32/f16/bf16 weight, not %s", DTypeName(w.dtype));
   MatMul(pool, x, M, w, y, /*exact_activations=*/true);
 }
 
