@@ -365,37 +365,70 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   Gemm(tk, pool, y, N, M, N, K, x, K, 1, accumulate, fill);
 }
 
-// dw (N, K) += dy^T . x for few output rows (N <= kFewRows: the LoRA A gradient, N = rank): B = x
-// is read in place, rows K floats apart, instead of packed. With 3 row tiles a packed strip would be
-// used 3 times, so packing x (as much memory traffic as the product's arithmetic at rank 16) cannot
-// pay off. Same micro-kernel calls in the same order as Gemm's packed path: bit-identical.
+// P(n, k) = sum_m a[m * a_ld + n] * x[m * ldx + k] for n < N <= kFewRows (the LoRA rank), k < K, added
+// to c[n * ldc + k], or with transposed to c[k * ldc + n] (then each kInner chunk's sums go through a
+// per-thread buffer first). B = x is packed per (kColBlock, kInner) block into a per-thread buffer
+// (256 KiB, L2), then strips outer, row tiles inner (a strip pair, 32 KiB, stays in L1 for the row
+// tiles). Per C element the micro-kernel calls are those of Gemm's
+// packed path (one chunk's FMA chain, then one add per chunk), so either form is bit-identical to it.
 constexpr int64_t kFewRows = 3 * kGemmTileR;
-void WeightGradFewRows(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy, const float* x,
-                       int64_t M, int64_t N, int64_t K) {
-  const int64_t n_cb = (K + kColBlock - 1) / kColBlock;
+void FewRowsGemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, bool transposed, const float* a,
+                 int64_t a_ld, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K) {
+  const int64_t n_cb = (K + kColBlock - 1) / kColBlock, n_rt = (N + kGemmTileR - 1) / kGemmTileR;
   pool.ParallelFor(n_cb, 1, [&](int64_t tb, int64_t te, int) {
-    float* apack = ThreadATile((size_t)(kInner * kGemmTileR));
-    alignas(32) float edge[kInner * kGemmTileC];  // the last partial strip, zero-padded
+    float* apack = ThreadATile((size_t)(kInner * kGemmTileR * n_rt));
+    static thread_local std::vector<float> tbuf;
+    float* tmp = transposed ? Scratch(tbuf, (size_t)(kFewRows * kColBlock)) : nullptr;
+    alignas(64) float edge[kInner * kGemmTileC];  // the last partial strip, zero-padded
+    float* bstrips = ThreadTmp((size_t)((kInner + 1) * kColBlock));  // the block's whole strips, packed
     for (int64_t cb = tb; cb < te; ++cb) {
       const int64_t k0 = cb * kColBlock, nk = std::min(kColBlock, K - k0);
+      // Row tile t's sums go to ct + t * 6 * ldt (+ column j).
+      float* ct = transposed ? tmp : c + k0;
+      const int64_t ldt = transposed ? kColBlock : ldc;
       for (int64_t l0 = 0; l0 < M; l0 += kInner) {
         const int64_t nl = std::min(kInner, M - l0);
         const int64_t full = nk / kGemmTileC * kGemmTileC;
+        if (transposed) std::fill(tmp, tmp + N * kColBlock, 0.0f);
         if (full < nk) {
           const int nj = (int)(nk - full);
           for (int64_t l = 0; l < nl; ++l)
-            for (int j = 0; j < kGemmTileC; ++j) edge[l * kGemmTileC + j] = j < nj ? x[(l0 + l) * K + k0 + full + j] : 0.0f;
+            for (int j = 0; j < kGemmTileC; ++j) edge[l * kGemmTileC + j] = j < nj ? x[(l0 + l) * ldx + k0 + full + j] : 0.0f;
         }
-        for (int64_t ri = 0; ri < N; ri += kGemmTileR) {
+        for (int64_t t = 0; t < n_rt; ++t) {
+          const int64_t ri = t * kGemmTileR;
           const int mr = (int)std::min<int64_t>(kGemmTileR, N - ri);
+          float* at = apack + t * kInner * kGemmTileR;
           for (int64_t l = 0; l < nl; ++l) {
-            const float* al = dy + (l0 + l) * N + ri;
-            for (int i = 0; i < kGemmTileR; ++i) apack[l * kGemmTileR + i] = i < mr ? al[i] : 0.0f;
+            const float* al = a + (l0 + l) * a_ld + ri;
+            for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? al[i] : 0.0f;
           }
-          float* crow = dw + ri * K + k0;
-          GemmStrips(tk, apack, x + l0 * K + k0, kGemmTileC, K, nl, crow, K, mr, full);
-          if (full < nk) tk.gemm_tile(apack, edge, kGemmTileC, nl, crow + full, K, mr, (int)(nk - full));
         }
+        // The block's whole strips packed first, row by row (x's rows read in order: strip by strip,
+        // every row a new line at a large stride, the reads waited on memory latency; read in place
+        // by the micro-kernel, the rows of a strip fell in a few L1 sets at strides like 576 or 1536).
+        // Strips sstride floats apart: one cache line more than a strip, or the row-by-row writes (16
+        // KiB apart at nl = 256) all fell in one L1 set.
+        const int64_t sstride = nl * kGemmTileC + kGemmTileC;
+        for (int64_t l = 0; l < nl; ++l) {
+          const float* xl = x + (l0 + l) * ldx + k0;
+          for (int64_t j = 0; j < full; j += kGemmTileC)
+            std::memcpy(bstrips + j / kGemmTileC * sstride + l * kGemmTileC, xl + j, sizeof(float) * kGemmTileC);
+        }
+        const int64_t step = (tk.gemm_tile2 ? 2 : 1) * kGemmTileC;
+        for (int64_t j0 = 0; j0 < full; j0 += step) {
+          const int64_t nc = std::min(step, full - j0);
+          for (int64_t t = 0; t < n_rt; ++t)
+            GemmStrips(tk, apack + t * kInner * kGemmTileR, bstrips + j0 / kGemmTileC * sstride, sstride, kGemmTileC, nl,
+                       ct + t * kGemmTileR * ldt + j0, ldt, (int)std::min<int64_t>(kGemmTileR, N - t * kGemmTileR), nc);
+        }
+        if (full < nk)
+          for (int64_t t = 0; t < n_rt; ++t)
+            tk.gemm_tile(apack + t * kInner * kGemmTileR, edge, kGemmTileC, nl, ct + t * kGemmTileR * ldt + full, ldt,
+                         (int)std::min<int64_t>(kGemmTileR, N - t * kGemmTileR), (int)(nk - full));
+        if (transposed)
+          for (int64_t j = 0; j < nk; ++j)
+            for (int64_t n = 0; n < N; ++n) c[(k0 + j) * ldc + n] += tmp[n * kColBlock + j];
       }
     }
   });
@@ -414,8 +447,13 @@ void WeightGrad(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const f
 
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K) {
-  if (N <= kFewRows && M > 0 && K > 0) {
-    WeightGradFewRows(tk, pool, dw, dy, x, M, N, K);
+  if (M <= 0 || K <= 0 || N <= 0) return;
+  if (N <= kFewRows) {  // dw (N, K), N = rank: the LoRA A gradient
+    FewRowsGemm(tk, pool, dw, K, /*transposed=*/false, dy, N, N, x, K, M, K);
+    return;
+  }
+  if (K <= kFewRows) {  // dw (N, K), K = rank: the LoRA B gradient, as dw^T = x^T . dy
+    FewRowsGemm(tk, pool, dw, K, /*transposed=*/true, x, K, K, dy, N, M, N);
     return;
   }
   WeightGrad(tk, pool, dw, dy, 1, N, x, M, N, K);
