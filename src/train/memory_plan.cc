@@ -330,9 +330,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     add("temporary", W * 4 * apanels,
         StrFormat("matmul A micro-panels packed by the calling thread: %.0f floats (the step's largest GEMM)%s",
                   apanels, W > 1 ? " x each worker's thread" : ""));
-  // Per thread: a 256 x 256 dequantization tile and 256 x 192 A tiles (train_matmul.cc), 96 x 128
+  // Per thread: a 257 x 256 dequantization / few-rows B tile and 256 x 192 A tiles (train_matmul.cc), 96 x 128
   // score tiles (train_attention.cc, two in the backward).
-  const double per_thread = 4.0 * (256 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
+  const double per_thread = 4.0 * (257 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
   // (at most 3 more runs of 128 keys; train_attention.cc).
   const double dq_runs = (double)std::min<int64_t>((s.seq_len + 127) / 128, 4) - 1;
