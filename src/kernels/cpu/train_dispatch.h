@@ -167,6 +167,8 @@ const TrainKernelTable& TrainTable();
 }
 namespace avx2 {
 const TrainKernelTable& TrainTable();
+// pack_panel_rows for 8-row panels (the AVX-512 table's; AVX2 code, so any tier with AVX2 may call it).
+void PackPanelRows8(float* out, const float* a, int64_t lda, int64_t nl, int mr);
 }
 namespace avx512 {
 // The AVX2 table with the two-strip GEMM tiles and an 8 x 48 panel tile on zmm registers.

@@ -285,6 +285,26 @@ void RoundBf16(float* out, const float* x, int64_t n) {
   for (; i < n; ++i) out[i] = BF16ToF32(F32ToBF16(x[i]));
 }
 
+// Stores the transpose of the 8 x 8 block r (row i = r[i]): o[k * ld + i] = r[i][k].
+inline void Transpose8x8(const __m256 (&r)[8], float* o, int64_t ld) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+  _mm256_storeu_ps(o + 0 * ld, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(o + 1 * ld, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(o + 2 * ld, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(o + 3 * ld, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(o + 4 * ld, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(o + 5 * ld, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(o + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(o + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
 // 8 x 8 blocks: rows j0 .. j0 + 7 of src (zero past nj), columns l .. l + 7, transposed in registers
 // into rows l .. l + 7 of the strip; the nl % 8 tail element by element.
 void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
@@ -293,28 +313,30 @@ void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
     for (; l + 8 <= nl; l += 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) r[i] = j0 + i < nj ? _mm256_loadu_ps(src + (j0 + i) * ld + l) : _mm256_setzero_ps();
-      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-      float* o = bs + l * kGemmTileC + j0;
-      _mm256_storeu_ps(o + 0 * kGemmTileC, _mm256_permute2f128_ps(u0, u4, 0x20));
-      _mm256_storeu_ps(o + 1 * kGemmTileC, _mm256_permute2f128_ps(u1, u5, 0x20));
-      _mm256_storeu_ps(o + 2 * kGemmTileC, _mm256_permute2f128_ps(u2, u6, 0x20));
-      _mm256_storeu_ps(o + 3 * kGemmTileC, _mm256_permute2f128_ps(u3, u7, 0x20));
-      _mm256_storeu_ps(o + 4 * kGemmTileC, _mm256_permute2f128_ps(u0, u4, 0x31));
-      _mm256_storeu_ps(o + 5 * kGemmTileC, _mm256_permute2f128_ps(u1, u5, 0x31));
-      _mm256_storeu_ps(o + 6 * kGemmTileC, _mm256_permute2f128_ps(u2, u6, 0x31));
-      _mm256_storeu_ps(o + 7 * kGemmTileC, _mm256_permute2f128_ps(u3, u7, 0x31));
+      Transpose8x8(r, bs + l * kGemmTileC + j0, kGemmTileC);
     }
     for (; l < nl; ++l)
       for (int j = j0; j < j0 + 8; ++j) bs[l * kGemmTileC + j] = j < nj ? src[j * ld + l] : 0.0f;
   }
 }
+
+}  // namespace
+
+// 8 x 8 blocks (rows i of a, columns l .. l + 7) transposed in registers; the nl % 8 tail one by one.
+void PackPanelRows8(float* out, const float* a, int64_t lda, int64_t nl, int mr) {
+  const float* r[8];
+  for (int i = 0; i < 8; ++i) r[i] = a + std::min(i, mr - 1) * lda;
+  int64_t l = 0;
+  for (; l + 8 <= nl; l += 8) {
+    __m256 v[8];
+    for (int i = 0; i < 8; ++i) v[i] = i < mr ? _mm256_loadu_ps(r[i] + l) : _mm256_setzero_ps();
+    Transpose8x8(v, out + l * 8, 8);
+  }
+  for (; l < nl; ++l)
+    for (int i = 0; i < 8; ++i) out[l * 8 + i] = i < mr ? r[i][l] : 0.0f;
+}
+
+namespace {
 
 void ColMax(float* m, const float* row, int64_t n) {
   int64_t j = 0;

@@ -114,37 +114,6 @@ void GemmPanel(const float* a, const float* b, int64_t stride, int64_t ldb, int6
     PanelTile<1>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
 }
 
-// 8 x 8 blocks (rows i of a, columns l .. l + 7) transposed in registers; the nl % 8 tail one by one.
-void PackPanelRows(float* out, const float* a, int64_t lda, int64_t nl, int mr) {
-  const float* r[kPanelR];
-  for (int i = 0; i < kPanelR; ++i) r[i] = a + std::min(i, mr - 1) * lda;
-  const __m256 zero = _mm256_setzero_ps();
-  int64_t l = 0;
-  for (; l + 8 <= nl; l += 8) {
-    __m256 v[8];
-    for (int i = 0; i < 8; ++i) v[i] = i < mr ? _mm256_loadu_ps(r[i] + l) : zero;
-    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-    float* o = out + l * kPanelR;
-    _mm256_storeu_ps(o + 0 * kPanelR, _mm256_permute2f128_ps(u0, u4, 0x20));
-    _mm256_storeu_ps(o + 1 * kPanelR, _mm256_permute2f128_ps(u1, u5, 0x20));
-    _mm256_storeu_ps(o + 2 * kPanelR, _mm256_permute2f128_ps(u2, u6, 0x20));
-    _mm256_storeu_ps(o + 3 * kPanelR, _mm256_permute2f128_ps(u3, u7, 0x20));
-    _mm256_storeu_ps(o + 4 * kPanelR, _mm256_permute2f128_ps(u0, u4, 0x31));
-    _mm256_storeu_ps(o + 5 * kPanelR, _mm256_permute2f128_ps(u1, u5, 0x31));
-    _mm256_storeu_ps(o + 6 * kPanelR, _mm256_permute2f128_ps(u2, u6, 0x31));
-    _mm256_storeu_ps(o + 7 * kPanelR, _mm256_permute2f128_ps(u3, u7, 0x31));
-  }
-  for (; l < nl; ++l)
-    for (int i = 0; i < kPanelR; ++i) out[l * kPanelR + i] = i < mr ? r[i][l] : 0.0f;
-}
-
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
@@ -154,7 +123,7 @@ const TrainKernelTable& TrainTable() {
     k.gemm_tile2 = GemmTile2;
     k.gemm_tile_rows2 = GemmTileRows2;
     k.gemm_panel = GemmPanel;
-    k.pack_panel_rows = PackPanelRows;
+    k.pack_panel_rows = avx2::PackPanelRows8;  // 256-bit transposes: nothing to gain from zmm
     k.panel_rows = kPanelR;
     k.panel_cols = kPanelStrips * kGemmTileC;
     return k;
