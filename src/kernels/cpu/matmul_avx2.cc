@@ -186,6 +186,20 @@ inline __m256 Load8Tail(const uint8_t* row, int64_t k, int64_t n) {
   }
 }
 
+// {HsumPs(v[0]), .., HsumPs(v[3])} bit for bit: the same pairs of lanes added in the same order ((k, k +
+// 4), then (0, 2) and (1, 3), then (0, 1)), the last two levels for the four vectors at once (17
+// operations instead of 4 x 6). 128-bit shuffles only (cross-lane 256-bit ones are slow on Zen 1).
+__attribute__((always_inline)) inline __m128 Hsum4Ps(const __m256 (&v)[4]) {
+  __m128 t[4];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) t[p] = _mm_add_ps(_mm256_castps256_ps128(v[p]), _mm256_extractf128_ps(v[p], 1));
+  const __m128 q0 = _mm_add_ps(_mm_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m128 q1 = _mm_add_ps(_mm_shuffle_ps(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm_shuffle_ps(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm_add_ps(_mm_shuffle_ps(q0, q1, _MM_SHUFFLE(2, 0, 2, 0)), _mm_shuffle_ps(q0, q1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 // MR x rows times NR weight rows (dtype T, w_stride bytes apart; outputs y[i * ldy + j * y_step]),
 // dot-product form: one 8-lane accumulator per output over k in steps of 8 from k0 (continuing
 // `acc`), the K tail as one masked step, HsumPs. The prefill panel (f32 rows, from k0 = 0) and the
@@ -216,8 +230,24 @@ __attribute__((always_inline)) inline void DotTile(__m256 (&acc)[MR][NR], int64_
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[i * ldy + j * y_step] = HsumPs(acc[i][j]);
+  constexpr int kN = MR * NR;
+  if constexpr (kN < 4) {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) y[i * ldy + j * y_step] = HsumPs(acc[i][j]);
+  } else {
+    // Accumulators in groups of 4 (the last padded with zeros) through Hsum4Ps; the same sums.
+#pragma GCC unroll 4
+    for (int g = 0; g < (kN + 3) / 4; ++g) {
+      __m256 v[4];
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) v[u] = g * 4 + u < kN ? acc[(g * 4 + u) / NR][(g * 4 + u) % NR] : _mm256_setzero_ps();
+      alignas(16) float s4[4];
+      _mm_store_ps(s4, Hsum4Ps(v));
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u)
+        if (g * 4 + u < kN) y[(g * 4 + u) / NR * ldy + (g * 4 + u) % NR * y_step] = s4[u];
+    }
+  }
 }
 
 // Float weights, R weight rows (`step` rows apart, outputs y + j * step) x M x rows per pass with
