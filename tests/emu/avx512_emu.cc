@@ -345,6 +345,45 @@ void AddAttentionCases() {
   }
 }
 
+// A run of prompt tokens over paged K/V (GroupAttentionRows: the AVX-512 zmm kernel for head sizes
+// 32..128), bit for bit the AVX2 table's (which equals decode's GroupAttention per token): from
+// position 0 and mid-context, across the 64-position blocks, 4-row batches with a partial last one.
+void AddAttentionRowsCases() {
+  struct A {
+    int64_t n_pos0, n_tok;
+    int group, head_dim;
+  };
+  const A cases[] = {{0, 9, 3, 64}, {61, 6, 2, 128}, {5, 3, 3, 32}};
+  uint32_t seed = 120;
+  for (const A& a : cases) {
+    const int64_t n_pos = a.n_pos0 + a.n_tok, hd = a.head_dim;
+    auto off = std::make_shared<std::vector<int64_t>>(n_pos);
+    for (int64_t p = 0; p < n_pos; ++p) (*off)[p] = (n_pos - 1 - p) * hd;  // rows in reverse: a real gather
+    auto k = std::make_shared<std::vector<float>>(RandomVec(n_pos * hd, seed++));
+    auto v = std::make_shared<std::vector<float>>(RandomVec(n_pos * hd, seed++));
+    const int64_t qs = a.group * hd + 3;
+    auto q = std::make_shared<std::vector<float>>(RandomVec(a.n_tok * qs, seed++, 2.0f));
+    const float scale = 1.0f / std::sqrt((float)hd);
+    Case c;
+    c.name = "attention rows n_pos0=" + std::to_string(a.n_pos0) + " n_tok=" + std::to_string(a.n_tok) +
+             " head_dim=" + std::to_string(hd);
+    auto out = NewOut(c, a.n_tok * qs);
+    auto scores = NewOut(c, a.n_tok * a.group * n_pos);
+    auto run = [=](const cpu::KernelTable& kt, float* o, float* sc) {
+      std::memset(o, 0, sizeof(float) * a.n_tok * qs);
+      cpu::GroupAttentionRowsWith(kt, q->data(), qs, a.n_tok, a.group, k->data(), v->data(), off->data(), a.n_pos0,
+                                  (int)hd, scale, o, qs, sc, 0);
+    };
+    c.run = [=] { run(Tier(), out->v.data(), scores->v.data()); };
+    c.check = [=]() -> std::string {
+      std::vector<float> o2(a.n_tok * qs), sc2(a.n_tok * a.group * n_pos);
+      run(cpu::KernelsFor(IsaTier::kAvx2), o2.data(), sc2.data());
+      return out->v == o2 ? "" : "differs from the AVX2 table";
+    };
+    Cases().push_back(std::move(c));
+  }
+}
+
 // Packed NF4/FP4 (+ double quant) and LLM.int8 weights: the decode kernels (M < 4) and the
 // dequantized panels, vs a double-precision product with the reference dequantization.
 void AddPackedCases() {
@@ -535,6 +574,7 @@ int main(int argc, char** argv) {
   AddDequantCases();
   AddElementwiseCases();
   AddAttentionCases();
+  AddAttentionRowsCases();
   AddPackedCases();
   AddTrainGemmCases();
   std::vector<Case>& cases = Cases();

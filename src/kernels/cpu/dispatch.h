@@ -140,6 +140,12 @@ void ExtQuantDequantRow(DType t, const uint8_t* row, int64_t K, float* out);
 }
 namespace avx512 {
 const KernelTable& Table();
+// KernelTable::group_attend_rows of the AVX-512 table (attention_avx512.cc): bit-identical to
+// avx2::GroupAttendRows (and so, per token, to avx2::GroupAttend); head sizes 32..128 (even 8-float
+// chunk counts) with zmm kernels, the others through the AVX2 one.
+bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
+                     const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
+                     float* scores);
 }
 
 }  // namespace lathe::kernels::cpu

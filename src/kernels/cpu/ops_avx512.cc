@@ -97,7 +97,7 @@ const KernelTable& Table() {
     // Grouped attention: the AVX2 kernels (head sizes 8..128); without them this tier took the
     // per-position Dot / Softmax / Axpy path, ~2.5x slower where measured (AVX2, Zen 1).
     k.group_attend = avx2::GroupAttend;
-    k.group_attend_rows = avx2::GroupAttendRows;
+    k.group_attend_rows = GroupAttendRows;  // the AVX2 arithmetic, K / V rows shared by 4 queries
     return k;
   }();
   return t;

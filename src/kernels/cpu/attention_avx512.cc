@@ -1,0 +1,222 @@
+// AVX-512 attention of a run of consecutive tokens over a paged KV cache (prefill): the AVX2 kernel's
+// arithmetic (attention_avx2.cc), bit for bit, with every K and V row read once for up to four query
+// rows (a token's query heads and the next token's) instead of once per query. Per query the operations
+// and their order are those of avx2::GroupAttend, so a prompt token's output equals the one a decode
+// step would give it (the batch invariance the engine relies on).
+// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/dispatch.h"
+
+namespace lathe::kernels::cpu::avx512 {
+
+namespace {
+
+// The AVX2 kernel's position blocks: scores group positions by 4 from each block's start.
+constexpr int64_t kPosBlock = 64;
+constexpr int kMaxRows = 4;
+
+// avx2_util.h's HsumPs, the same operations (that header must not be compiled with these flags).
+inline float HsumPs(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Scores of R query rows (head_dim = 8 C, C even) for the position groups [g0, g1) (positions 4 g ..
+// 4 g + 3 of the block). Per position the AVX2 kernel keeps two 8-lane chains, even and odd 8-float
+// chunks, started by a multiply: here the low and high halves of one zmm chain over 16-float chunks,
+// the same multiply and FMAs lane for lane; then a + b, two rounds of hadd over the 4 positions, the
+// 128-bit halves added, times scale.
+template <int C, int R>
+void Scores4(const float* const* q, const float* k, const int64_t* off, int64_t g0, int64_t g1, float scale,
+             float* const* sc) {
+  static_assert(C % 2 == 0);
+  constexpr int Z = C / 2;
+  const __m128 sv = _mm_set1_ps(scale);
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t p = 4 * g;
+    const float* kr[4] = {k + off[p], k + off[p + 1], k + off[p + 2], k + off[p + 3]};
+    __m512 acc[R][4];
+#pragma GCC unroll 8
+    for (int z = 0; z < Z; ++z) {
+      __m512 kv[4];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) kv[j] = _mm512_loadu_ps(kr[j] + 16 * z);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512 qv = _mm512_loadu_ps(q[r] + 16 * z);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) acc[r][j] = z == 0 ? _mm512_mul_ps(qv, kv[j]) : _mm512_fmadd_ps(qv, kv[j], acc[r][j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      __m256 a[4];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j)
+        a[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[r][j]), _mm512_extractf32x8_ps(acc[r][j], 1));
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+      const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_storeu_ps(sc[r] + p, _mm_mul_ps(s, sv));
+    }
+  }
+}
+
+// The last n % 4 positions of a row's block, as the AVX2 kernel: one 8-lane chain over the chunks in
+// order, HsumPs, times scale.
+template <int C>
+void ScoresTail(const float* q, const float* k, const int64_t* off, int64_t p0, int64_t p1, float scale, float* sc) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* kr = k + off[p];
+    __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kr));
+#pragma GCC unroll 16
+    for (int c = 1; c < C; ++c) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), _mm256_loadu_ps(kr + 8 * c), a);
+    sc[p] = HsumPs(a) * scale;
+  }
+}
+
+// o_r (+)= sum over positions [p0, p1) of sc_r[p] * v[off[p]] for R rows: per lane one FMA chain in
+// position order (the AVX2 kernel's, from head_dim 32 on), 16 lanes per zmm, each V row read once.
+template <int C, int R>
+void MixRows(const float* v, const int64_t* off, int64_t p0, int64_t p1, const float* const* sc, __m512 (&acc)[R][C / 2]) {
+  constexpr int Z = C / 2;
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* vr = v + off[p];
+    __m512 vv[Z];
+#pragma GCC unroll 8
+    for (int z = 0; z < Z; ++z) vv[z] = _mm512_loadu_ps(vr + 16 * z);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 w = _mm512_set1_ps(sc[r][p]);
+#pragma GCC unroll 8
+      for (int z = 0; z < Z; ++z) acc[r][z] = _mm512_fmadd_ps(w, vv[z], acc[r][z]);
+    }
+  }
+}
+
+struct Row {
+  const float* q;
+  float* sc;   // the row's scores, indexed by position
+  float* out;
+  int64_t len;  // positions of the current block this row sees
+};
+
+// Rows of one position block in batches of up to R (kMaxRows, or 2 for 128-float heads in the mix):
+// the part every row of a batch sees together, then each row's remainder alone.
+template <int C>
+void ScoresBlock(const Row* rows, int n, const float* k, const int64_t* off, float scale) {
+  for (int i0 = 0; i0 < n; i0 += kMaxRows) {
+    const int m = std::min(kMaxRows, n - i0);
+    int64_t common = rows[i0].len;
+    for (int i = 1; i < m; ++i) common = std::min(common, rows[i0 + i].len);
+    const float* qs[kMaxRows];
+    float* scs[kMaxRows];
+    for (int i = 0; i < m; ++i) qs[i] = rows[i0 + i].q, scs[i] = rows[i0 + i].sc;
+    const int64_t g_common = common / 4;
+    switch (m) {
+      case 4: Scores4<C, 4>(qs, k, off, 0, g_common, scale, scs); break;
+      case 3: Scores4<C, 3>(qs, k, off, 0, g_common, scale, scs); break;
+      case 2: Scores4<C, 2>(qs, k, off, 0, g_common, scale, scs); break;
+      default: Scores4<C, 1>(qs, k, off, 0, g_common, scale, scs); break;
+    }
+    for (int i = 0; i < m; ++i) {
+      const Row& r = rows[i0 + i];
+      Scores4<C, 1>(&qs[i], k, off, g_common, r.len / 4, scale, &scs[i]);
+      ScoresTail<C>(r.q, k, off, r.len / 4 * 4, r.len, scale, r.sc);
+    }
+  }
+}
+
+template <int C>
+void MixBlock(const Row* rows, int n, const float* v, const int64_t* off, bool accumulate) {
+  constexpr int Z = C / 2;
+  constexpr int R = Z <= 4 ? 4 : 2;  // R x Z accumulators in at most 16 zmm
+  for (int i0 = 0; i0 < n; i0 += R) {
+    const int m = std::min(R, n - i0);
+    __m512 acc[R][Z];
+    const float* scs[R];
+    int64_t common = rows[i0].len;
+    for (int i = 0; i < R; ++i) {
+      const Row& r = rows[i0 + std::min(i, m - 1)];
+      scs[i] = r.sc;
+      if (i < m) common = std::min(common, r.len);
+#pragma GCC unroll 8
+      for (int z = 0; z < Z; ++z) acc[i][z] = accumulate ? _mm512_loadu_ps(r.out + 16 * z) : _mm512_setzero_ps();
+    }
+    // Rows past m repeat the last one (their sums are not stored).
+    MixRows<C, R>(v, off, 0, common, scs, acc);
+    for (int i = 0; i < m; ++i) {
+      const Row& r = rows[i0 + i];
+      __m512 one[1][Z];
+#pragma GCC unroll 8
+      for (int z = 0; z < Z; ++z) one[0][z] = acc[i][z];
+      const float* s1[1] = {r.sc};
+      MixRows<C, 1>(v, off, common, r.len, s1, one);
+#pragma GCC unroll 8
+      for (int z = 0; z < Z; ++z) _mm512_storeu_ps(r.out + 16 * z, one[0][z]);
+    }
+  }
+}
+
+// avx2 GroupAttendRowsC's passes: every query's scores block by block, each row's softmax (the AVX2
+// table's, as avx2::GroupAttend), then V mixed block by block.
+template <int C>
+void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
+                      const int64_t* off, int64_t n_pos0, float scale, float* out, int64_t out_stride, float* sc) {
+  constexpr int64_t hd = 8 * C;
+  const int64_t n_max = n_pos0 + n_tok;  // scores row stride
+  static thread_local std::vector<Row> rows;
+  rows.resize((size_t)(n_tok * group));
+  auto fill = [&](int64_t p0) {
+    int n = 0;
+    for (int64_t t = std::max<int64_t>(0, p0 - n_pos0); t < n_tok; ++t) {
+      const int64_t len = std::min(kPosBlock, n_pos0 + t + 1 - p0);
+      for (int h = 0; h < group; ++h)
+        rows[n++] = {q + t * q_stride + h * hd, sc + (t * group + h) * n_max + p0, out + t * out_stride + h * hd, len};
+    }
+    return n;
+  };
+  for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
+    const int n = fill(p0);  // positions below relative to the block: off + p0, each row's sc + p0
+    ScoresBlock<C>(rows.data(), n, k, off + p0, scale);
+  }
+  const KernelTable& t2 = avx2::Table();
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int h = 0; h < group; ++h) t2.softmax(sc + (t * group + h) * n_max, n_pos0 + t + 1);
+  for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
+    const int n = fill(p0);
+    MixBlock<C>(rows.data(), n, v, off + p0, p0 > 0);
+  }
+}
+
+}  // namespace
+
+bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
+                     const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
+                     float* scores) {
+  auto run = [&](auto c) {
+    GroupAttendRowsC<decltype(c)::value>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride, scores);
+    return true;
+  };
+  switch (head_dim) {  // even chunk counts from head_dim 32 on (the AVX2 kernel's one-chain mix)
+    case 32: return run(std::integral_constant<int, 4>{});
+    case 48: return run(std::integral_constant<int, 6>{});
+    case 64: return run(std::integral_constant<int, 8>{});
+    case 80: return run(std::integral_constant<int, 10>{});
+    case 96: return run(std::integral_constant<int, 12>{});
+    case 128: return run(std::integral_constant<int, 16>{});
+    default:
+      return avx2::GroupAttendRows(q, q_stride, n_tok, group, k, v, off, n_pos0, head_dim, scale, out, out_stride,
+                                   scores);
+  }
+}
+
+}  // namespace lathe::kernels::cpu::avx512
