@@ -134,6 +134,8 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         float* out = apanels + u * pr * kInner;
         if (a_is == 1) {
           tk.pack_panel_rows(out, a + ri * a_rs + l0, a_rs, nl, mr);
+        } else if (a_rs == 1 && mr == pr && pr == 8) {  // constant size: no libc call per 32 bytes
+          for (int64_t l = 0; l < nl; ++l) std::memcpy(out + l * 8, a + ri + (l0 + l) * a_is, sizeof(float) * 8);
         } else if (a_rs == 1 && mr == pr) {
           for (int64_t l = 0; l < nl; ++l) std::memcpy(out + l * pr, a + ri + (l0 + l) * a_is, sizeof(float) * pr);
         } else {
