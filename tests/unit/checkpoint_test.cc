@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "train/loss_scaler.h"
 #include "train/optimizer_bnb.h"
@@ -22,11 +23,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Every directory TempDir made, removed when the test binary exits (pass or fail).
+struct TempDirs {
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const auto& d : dirs) fs::remove_all(d, ec);
+  }
+};
+TempDirs g_temp_dirs;
+
 std::string TempDir(const std::string& name) {
   std::string d =
       (fs::temp_directory_path() / ("lathe_ckpt_" + name + "_" + std::to_string(getpid()))).string();
   fs::remove_all(d);
   fs::create_directories(d);
+  g_temp_dirs.dirs.push_back(d);
   return d;
 }
 

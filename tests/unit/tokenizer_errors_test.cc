@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -22,10 +23,21 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-std::string WriteTemp(const std::string& name, const std::string& bytes) {
+// The directory WriteTemp writes into, removed when the test binary exits (pass or fail).
+struct TempFiles {
   std::string dir = ::testing::TempDir() + "lathe_tok_" + std::to_string(::getpid());
-  std::string cmd = "mkdir -p " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  ~TempFiles() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+TempFiles g_temp_files;
+
+std::string WriteTemp(const std::string& name, const std::string& bytes) {
+  const std::string& dir = g_temp_files.dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  EXPECT_FALSE(ec) << dir << ": " << ec.message();
   std::string path = dir + "/" + name;
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
