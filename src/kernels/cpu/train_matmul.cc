@@ -51,6 +51,29 @@ float* ThreadATile(size_t n) {
   return Scratch(buf, n);
 }
 
+// Rows of A as one packed tile: out[l * W + i] = A(i, l) = a[i * a_rs + l * a_is] for l < nl, rows past
+// mr zero. A constant W makes the contiguous case (a_rs == 1, a full tile) inline copies, not a libc call
+// per 24 or 32 bytes.
+template <int W>
+void PackATileW(float* out, const float* a, int64_t a_rs, int64_t a_is, int64_t nl, int mr) {
+  if (a_rs == 1 && mr == W) {
+    for (int64_t l = 0; l < nl; ++l) std::memcpy(out + l * W, a + l * a_is, sizeof(float) * W);
+    return;
+  }
+  for (int64_t l = 0; l < nl; ++l) {
+    const float* al = a + l * a_is;
+    for (int i = 0; i < W; ++i) out[l * W + i] = i < mr ? al[i * a_rs] : 0.0f;
+  }
+}
+void PackATile(float* out, const float* a, int64_t a_rs, int64_t a_is, int64_t nl, int mr, int w) {
+  if (w == 8) return PackATileW<8>(out, a, a_rs, a_is, nl, mr);
+  if (w == kGemmTileR) return PackATileW<kGemmTileR>(out, a, a_rs, a_is, nl, mr);
+  for (int64_t l = 0; l < nl; ++l) {
+    const float* al = a + l * a_is;
+    for (int i = 0; i < w; ++i) out[l * w + i] = i < mr ? al[i * a_rs] : 0.0f;
+  }
+}
+
 // Rows of A in the panel path (0: no panel path) and the rounds' shapes, shared with the memory plan.
 struct GemmPlan {
   int panel_rows = 0;     // rows per packed A micro-panel; 0 = the 6 x 16 tiles
@@ -134,15 +157,8 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         float* out = apanels + u * pr * kInner;
         if (a_is == 1) {
           tk.pack_panel_rows(out, a + ri * a_rs + l0, a_rs, nl, mr);
-        } else if (a_rs == 1 && mr == pr && pr == 8) {  // constant size: no libc call per 32 bytes
-          for (int64_t l = 0; l < nl; ++l) std::memcpy(out + l * 8, a + ri + (l0 + l) * a_is, sizeof(float) * 8);
-        } else if (a_rs == 1 && mr == pr) {
-          for (int64_t l = 0; l < nl; ++l) std::memcpy(out + l * pr, a + ri + (l0 + l) * a_is, sizeof(float) * pr);
         } else {
-          for (int64_t l = 0; l < nl; ++l) {
-            const float* al = a + ri * a_rs + (l0 + l) * a_is;
-            for (int64_t i = 0; i < pr; ++i) out[l * pr + i] = i < mr ? al[i * a_rs] : 0.0f;
-          }
+          PackATile(out, a + ri * a_rs + l0 * a_is, a_rs, a_is, nl, mr, (int)pr);
         }
       }
     });
@@ -213,16 +229,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
             // apack tile t (rows r0 + 6 t ..): apack + t * nl * 6, (l, i) = a(r0 + 6 t + i, l0 + l), rows past R zero.
             for (int64_t ri = r0; ri < r1; ri += kGemmTileR) {
               const int mr = (int)std::min<int64_t>(kGemmTileR, r1 - ri);
-              float* at = apack + (ri - r0) * nl;
-              if (a_rs == 1 && mr == kGemmTileR) {
-                for (int64_t l = 0; l < nl; ++l)
-                  std::memcpy(at + l * kGemmTileR, a + ri + (l0 + l) * a_is, sizeof(float) * kGemmTileR);
-              } else {
-                for (int64_t l = 0; l < nl; ++l) {
-                  const float* al = a + ri * a_rs + (l0 + l) * a_is;
-                  for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? al[i * a_rs] : 0.0f;
-                }
-              }
+              PackATileW<kGemmTileR>(apack + (ri - r0) * nl, a + ri * a_rs + l0 * a_is, a_rs, a_is, nl, mr);
             }
           }
           // Strip groups outer, row tiles inner: a group's B strips (2 x 16 KiB at kInner) stay in L1
@@ -400,11 +407,7 @@ void FewRowsGemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t
         for (int64_t t = 0; t < n_rt; ++t) {
           const int64_t ri = t * kGemmTileR;
           const int mr = (int)std::min<int64_t>(kGemmTileR, N - ri);
-          float* at = apack + t * kInner * kGemmTileR;
-          for (int64_t l = 0; l < nl; ++l) {
-            const float* al = a + (l0 + l) * a_ld + ri;
-            for (int i = 0; i < kGemmTileR; ++i) at[l * kGemmTileR + i] = i < mr ? al[i] : 0.0f;
-          }
+          PackATileW<kGemmTileR>(apack + t * kInner * kGemmTileR, a + l0 * a_ld + ri, 1, a_ld, nl, mr);
         }
         // The block's whole strips packed first, row by row (x's rows read in order: strip by strip,
         // every row a new line at a large stride, the reads waited on memory latency; read in place
