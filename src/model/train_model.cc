@@ -532,13 +532,18 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   kernels::LinearForward(*pool_, mid, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff);  // (N, r)
   // y += (scale * mid) B^T straight into y: the scale on the rank-r side (as in the backward), no
   // (N, out) product buffer and no pass over y to add it.
+  kernels::LinearForward(*pool_, y, ScaledMid(p, mid), N, p.b_eff, /*accumulate=*/true);  // (N, out)
+}
+
+const float* RowGroupWorker::ScaledMid(const LoraParam& p, const float* mid) {
+  const int64_t N = N_;
   const float* mr = Round(mid, N * p.r, rmid_);
   lscr_.resize(N * p.r);
   float* smid = lscr_.data();
   Par(N, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b * p.r; i < e * p.r; ++i) smid[i] = p.scale * mr[i];
   });
-  kernels::LinearForward(*pool_, y, smid, N, p.b_eff, /*accumulate=*/true);  // (N, out)
+  return smid;
 }
 
 void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
@@ -566,12 +571,7 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const LoraParam& p = L.lora;
   // out = scale * mid B^T, mid = drop(x) A^T: gB += dy^T (scale mid), dmid = scale (dy B); the scale
   // goes on the rank-r side (N x r floats) instead of a pass over dy (N x out).
-  lscr_.resize(N * p.r);
-  float* smid = lscr_.data();
-  Par(N, 64, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b * p.r; i < e * p.r; ++i) smid[i] = p.scale * mid[i];
-  });
-  kernels::MatMulBackwardWeight(*pool_, GradB(L, layer, mod), dyr, Round(smid, N * p.r, rmid_), N, p.out, p.r);
+  kernels::MatMulBackwardWeight(*pool_, GradB(L, layer, mod), dyr, ScaledMid(p, mid), N, p.out, p.r);
   dmid_.resize(N * p.r);
   kernels::MatMulBackwardInput(*pool_, dmid_.data(), dyr, N, p.b_eff);  // (N, r)
   float* dm = dmid_.data();

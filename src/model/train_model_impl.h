@@ -108,6 +108,9 @@ class RowGroupWorker {
   void LinBackward(const Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
                    bool need_dx, int64_t layer, int mod);
   const float* Round(const float* x, int64_t n, std::vector<float>& scratch);
+  // scale * Round(mid) (N x r, into lscr_): the left operand of the LoRA B product in the forward and of
+  // B's weight gradient in the backward, so the gradient is that of the product the forward computed.
+  const float* ScaledMid(const LoraParam& p, const float* mid);
   const float* Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& scratch);
   void RmsFwd(float* out, float* rstd, const float* x, const float* w);
   void RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd);
