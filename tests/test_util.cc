@@ -4,6 +4,9 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
+#include <vector>
 
 namespace lathe::testing {
 
@@ -32,6 +35,22 @@ bool FileExists(const std::string& path) {
 bool RequireAllInputs() {
   const char* e = std::getenv("LATHE_REQUIRE_ALL");
   return e && e[0] == '1';
+}
+
+ScopedTempDir::ScopedTempDir(const std::string& prefix) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!mkdtemp(buf.data())) {
+    ADD_FAILURE() << "mkdtemp " << tmpl << " failed";
+    return;
+  }
+  path = buf.data();
+}
+
+ScopedTempDir::~ScopedTempDir() {
+  std::error_code ec;
+  if (!path.empty()) std::filesystem::remove_all(path, ec);
 }
 
 }  // namespace lathe::testing

@@ -20,6 +20,16 @@ bool FileExists(const std::string& path);
 // True when a missing optional input must fail the test instead of skipping it (CI sets it).
 bool RequireAllInputs();
 
+// A new directory under the system temp directory (prefix + a unique suffix, mkdtemp), removed with
+// everything in it when the object is destroyed: a test's files never outlive its binary.
+struct ScopedTempDir {
+  std::string path;
+  explicit ScopedTempDir(const std::string& prefix = "lathe_test_");
+  ~ScopedTempDir();
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+};
+
 }  // namespace lathe::testing
 
 // Skips (or, with LATHE_REQUIRE_ALL=1, fails) the current test when `path` does not exist.

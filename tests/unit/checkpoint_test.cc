@@ -5,17 +5,16 @@
 #include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
-#include <vector>
 
 #include "train/loss_scaler.h"
 #include "train/optimizer_bnb.h"
+#include "test_util.h"
 #include "train/train_outputs.h"
 
 namespace lathe::train {
@@ -23,22 +22,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Every directory TempDir made, removed when the test binary exits (pass or fail).
-struct TempDirs {
-  std::vector<std::string> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const auto& d : dirs) fs::remove_all(d, ec);
-  }
-};
-TempDirs g_temp_dirs;
+// One directory per test binary, removed (with everything in it) when the binary exits.
+::lathe::testing::ScopedTempDir g_temp_root("lathe_ckpt_");
 
+// An empty directory `name` under it.
 std::string TempDir(const std::string& name) {
-  std::string d =
-      (fs::temp_directory_path() / ("lathe_ckpt_" + name + "_" + std::to_string(getpid()))).string();
+  std::string d = (fs::path(g_temp_root.path) / name).string();
   fs::remove_all(d);
   fs::create_directories(d);
-  g_temp_dirs.dirs.push_back(d);
   return d;
 }
 

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -23,22 +22,11 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-// The directory WriteTemp writes into, removed when the test binary exits (pass or fail).
-struct TempFiles {
-  std::string dir = ::testing::TempDir() + "lathe_tok_" + std::to_string(::getpid());
-  ~TempFiles() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
-TempFiles g_temp_files;
+// The directory WriteTemp writes into, removed when the test binary exits.
+::lathe::testing::ScopedTempDir g_temp_dir("lathe_tok_");
 
 std::string WriteTemp(const std::string& name, const std::string& bytes) {
-  const std::string& dir = g_temp_files.dir;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  EXPECT_FALSE(ec) << dir << ": " << ec.message();
-  std::string path = dir + "/" + name;
+  std::string path = g_temp_dir.path + "/" + name;
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
 }

@@ -2,12 +2,12 @@
 // accumulation, exact accumulation (bs 1 x accum 4 == bs 4), logging / eval / checkpoint cadence,
 // the files in output_dir, determinism, and config errors that name their key.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "core/mapped_file.h"
+#include "test_util.h"
 #include "train/trainer.h"
 #include "trainer_fake_model.h"
 
@@ -18,13 +18,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::FakeTrainModel;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/lathe_trainer_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : ::lathe::testing::ScopedTempDir {
+  TempDir() : ScopedTempDir("lathe_trainer_") {}
 };
 
 // n samples of varying length over a vocabulary of 16 where token 3 dominates, so the unigram

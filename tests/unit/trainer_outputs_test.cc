@@ -1,13 +1,13 @@
 // Trainer outputs: trainer_state.json in HF's schema, JSONL log lines, atomic checkpoints,
 // save_total_limit rotation and the output_dir overwrite guard.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "core/mapped_file.h"
 #include "monitor/progress.h"
+#include "test_util.h"
 #include "train/train_outputs.h"
 
 namespace lathe::train {
@@ -16,13 +16,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/lathe_trainer_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : ::lathe::testing::ScopedTempDir {
+  TempDir() : ScopedTempDir("lathe_trainer_") {}
 };
 
 TEST(TrainerState, HfSchemaKeysAndTypes) {
