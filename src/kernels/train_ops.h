@@ -93,8 +93,8 @@ void LinearForward(ThreadPool& pool,
                    int64_t M,
                    const Tensor& w,   // (N, K)
                    bool accumulate = false);
-// dx = dy . W with W read in its stored dtype (f32, f16, bf16, q8_0, q4_0, q4_1): a 256 x 256
-// block of W is dequantized at a time into a per-thread buffer, never the whole matrix.
+// dx = dy . W with W read in its stored dtype (f32, f16, bf16, q8_0, q4_0, q4_1): one GEMM panel of
+// W (at most 768 x 768) is dequantized at a time into a per-thread buffer, never the whole matrix.
 // REQUIRES K % 32 == 0 for the block-quantized dtypes. dx is overwritten unless accumulate.
 void MatMulBackwardInput(ThreadPool& pool,
                          float* dx,         // (M, K)
@@ -125,6 +125,14 @@ int64_t PackedBackwardBBytes(int64_t N, int64_t K);
 // contiguous (the forward and input gradient) or not (the weight gradient, A = dY^T); prepacked_b:
 // B given packed (the frozen head's input gradient). For the memory plan.
 int64_t TrainGemmAPanelFloats(int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous, bool prepacked_b);
+// Floats of the B panels the calling thread packs for such a GEMM, C (. x Kd) over an inner dimension
+// L, whichever path takes it (0 when B comes prepacked; at most 1 Mi); col_align: the quantization
+// block of a W whose columns are B's (the input gradient through a quantized weight), else 1.
+int64_t TrainGemmBPanelFloats(int64_t Kd, int64_t L, int64_t col_align);
+// Floats of each thread's own GEMM buffers at most (few-rows strips, A tiles, converted B panels and
+// W rows) over products whose inner dimensions are at most max_inner; converts_w: some W is not f32
+// (f16 / bf16 / quantized) and is converted panel by panel, its columns aligned to col_align.
+int64_t TrainGemmThreadFloats(int64_t max_inner, bool converts_w, int64_t col_align);
 
 // ---- Cross-entropy over the output head ----
 // logits[t] = x[t] . W_head^T is computed chunk_tokens rows at a time and never stored whole.

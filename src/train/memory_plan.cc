@@ -34,13 +34,15 @@ int64_t LinearParamsPerLayer(const model::ModelConfig& c) {
 int64_t OtherParams(const model::ModelConfig& c) { return c.ParamCount() - c.n_layers * LinearParamsPerLayer(c); }
 
 // kernels/cpu/train_matmul.cc Gemm: the calling thread packs the B operand of a GEMM with inner
-// dimension L and Kd output columns into 256 x 256-float panels, ceil(L / 256) inner chunks (at
-// most 16 per round) times the column blocks of a round: at most 16 panels (4 MiB). The buffer
-// grows to the largest GEMM of the step.
-double SharedPanelFloats(int64_t L, int64_t Kd) {
-  const int64_t chunks = std::min<int64_t>((L + 255) / 256, 16);
-  const int64_t blocks = std::min<int64_t>(std::max<int64_t>(1, 16 / chunks), (Kd + 255) / 256);
-  return (double)chunks * blocks * 256 * 256;
+// dimension L and Kd output columns into panels (at most 4 MiB a round); the buffer grows to the
+// largest GEMM of the step. col_align: the block of a quantized W whose columns are B's.
+double SharedPanelFloats(int64_t L, int64_t Kd, int64_t col_align = 1) {
+  return (double)kernels::TrainGemmBPanelFloats(Kd, L, col_align);
+}
+// The quantization block of the frozen base linears (1 for plain types).
+int64_t BaseColAlign(const TrainSetup& s) {
+  if (s.base_quant != "none") return kQuant4Block;
+  return GetDTypeInfo(s.base_dtype).block_size;
 }
 
 bool Is16Bit(const std::string& p) { return p == "bf16" || p == "fp16" || p == "pure_bf16"; }
@@ -296,7 +298,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)chunk, dim));
   for (const auto& l : Linears(c)) {
     if (s.base_quant == "none") panels = std::max(panels, SharedPanelFloats(l.in, l.out));
-    panels = std::max(panels, SharedPanelFloats(l.out, l.in));
+    panels = std::max(panels, SharedPanelFloats(l.out, l.in, BaseColAlign(s)));
     if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)N, l.in));
     if (lora && std::find(s.lora_targets.begin(), s.lora_targets.end(), l.name) != s.lora_targets.end()) {
       for (auto [L2, K2] : {std::pair<int64_t, int64_t>{l.in, r}, {r, l.out}, {(int64_t)N, r}, {l.out, r},
@@ -305,8 +307,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     }
   }
   add("temporary", W * 4 * panels,
-      StrFormat("matmul B panels packed by the calling thread: %.0f x 256 x 256 floats (the step's largest GEMM)%s",
-                panels / 65536, W > 1 ? " x each worker's thread" : ""));
+      StrFormat("matmul B panels packed by the calling thread: %.0f floats (the step's largest GEMM)%s", panels,
+                W > 1 ? " x each worker's thread" : ""));
   // CPUs whose kernels have a panel tile (AVX-512) also pack A once per GEMM round: (R, Kd, L, A's rows
   // contiguous, B prepacked) of the same products.
   double apanels = 0;
@@ -330,9 +332,15 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     add("temporary", W * 4 * apanels,
         StrFormat("matmul A micro-panels packed by the calling thread: %.0f floats (the step's largest GEMM)%s",
                   apanels, W > 1 ? " x each worker's thread" : ""));
-  // Per thread: a 257 x 256 dequantization / few-rows B tile and 256 x 192 A tiles (train_matmul.cc), 96 x 128
+  // Per thread: the GEMM's conversion / few-rows B strips and A tiles (train_matmul.cc), 96 x 128
   // score tiles (train_attention.cc, two in the backward).
-  const double per_thread = 4.0 * (257 * 256 + 256 * 192 + 3 * 96 * 128 + 2 * 128 * c.head_dim);
+  // GEMM inner dimensions: the linears' in / out, the group's tokens (weight gradients), the vocabulary
+  // (the head's input gradient); weights converted per panel unless the frozen base is f32.
+  const int64_t max_inner = std::max({(int64_t)N, V, dim, qd, ffn});
+  const bool converts_w = s.base_quant != "none" || s.base_dtype != DType::kF32;
+  const double per_thread =
+      4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 +
+             2 * 128 * c.head_dim);
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
   // (at most 3 more runs of 128 keys; train_attention.cc).
   const double dq_runs = (double)std::min<int64_t>((s.seq_len + 127) / 128, 4) - 1;

@@ -38,6 +38,8 @@ struct TrainSetup {
   bool lathe = false;
   double base_weight_bytes = 0;       // lathe: > 0 = bytes of the loaded base weights as stored
                                       // (GGUF quant types, bf16 safetensors, ...)
+  DType base_dtype = DType::kF32;     // lathe: the decoder linears' dtype as loaded (how the GEMMs
+                                      // convert and align them)
   double base_released_bytes = -1;    // lathe: >= 0 = of those, the bytes TrainModel made non-
                                       // resident (TrainMemory::base_released); < 0 = assume a
                                       // file-backed base: every trainable tensor's pages dropped

@@ -189,6 +189,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   ts.row_group_tokens = mo.row_group_tokens;
   ts.row_group_workers = mo.row_group_workers;
   ts.base_weight_bytes = base_bytes;
+  if (!lm.weights.layers.empty()) ts.base_dtype = lm.weights.layers[0].wq.dtype;
   ts.threads = o.threads;
   const double rss_data = (double)monitor::ProcessRssBytes();
   ts.baseline_bytes =

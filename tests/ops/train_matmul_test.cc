@@ -41,13 +41,15 @@ std::vector<double> Dequantized(const Tensor& w) {
 struct Shape {
   int64_t M, N, K;
 };
-// Cross kRowBlock (192), kColBlock (256), kInner (256) and the 6 x 16 tile edges.
+// Cross kRowBlock (192), kColBlock (256), the 6 x 16 tile edges and (K-quants' 768-column blocks on
+// AVX-512) the panel path's column blocks.
 const Shape kQuantShapes[] = {{1, 1, 32}, {7, 13, 64}, {13, 300, 96}, {200, 37, 288}, {6, 16, 256}};
-// Plus LoRA-like skinny shapes (rank 1 and 16 on either side), K = 1, inner > 2 * kInner and inner
-// > 16 * kInner (the GEMM packs B in several rounds then).
+// Plus LoRA-like skinny shapes (rank 1 and 16 on either side), K = 1, inner dimensions in one chunk
+// (<= 768), in 3 (1700 and the weight gradient's 900 tokens: uneven last chunk) and in several rounds
+// of chunks (4200, 4300: the GEMM packs B round by round then), on the panel path (>= 192 columns) too.
 const Shape kF32Shapes[] = {{1, 1, 1},   {5, 7, 19},    {197, 261, 263}, {2, 259, 17}, {37, 16, 1},
                             {9, 1, 40},  {193, 600, 16}, {193, 16, 600}, {61, 3, 520}, {20, 530, 2},
-                            {3, 4200, 40}, {4200, 3, 20}, {128, 4300, 72}};
+                            {3, 4200, 40}, {4200, 3, 20}, {128, 4300, 72}, {70, 200, 1700}, {900, 250, 300}};
 
 class TrainMatMul : public ::testing::TestWithParam<std::tuple<IsaTier, int>> {};
 
@@ -64,7 +66,7 @@ TEST_P(TrainMatMul, BackwardInputMatchesReference) {
     std::vector<Shape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
     if (dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16)
       shapes.insert(shapes.end(), std::begin(kF32Shapes), std::end(kF32Shapes));
-    if (IsKQuant(dt)) shapes = {{1, 1, 256}, {13, 300, 512}, {200, 37, 768}, {6, 16, 256}};  // whole 256-blocks
+    if (IsKQuant(dt)) shapes = {{1, 1, 256}, {13, 300, 512}, {200, 37, 768}, {6, 16, 256}, {9, 20, 1024}};  // whole 256-blocks
     for (const Shape& s : shapes) {
       const testing::TestWeight w = MakeWeight(dt, s.N, s.K, 21);
       const std::vector<double> wd = Dequantized(w.t);

@@ -136,6 +136,9 @@ void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt,
 // TrainGemmAPanelFloats (train_ops.h) for one tier's table.
 int64_t GemmAPanelFloatsWith(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous,
                              bool prepacked_b);
+// TrainGemmBPanelFloats / TrainGemmThreadFloats (train_ops.h).
+int64_t GemmBPanelFloatsWith(const TrainKernelTable& tk, int64_t Kd, int64_t L, int64_t col_align);
+int64_t GemmThreadFloats(const TrainKernelTable& tk, int64_t max_inner, bool converts_w, int64_t col_align);
 // y (=, or += with accumulate) x . W^T (M x N) for f32/f16/bf16 W (N, K) through the same GEMM
 // (train_matmul.cc).
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,

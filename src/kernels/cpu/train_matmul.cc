@@ -13,12 +13,30 @@ namespace lathe::kernels::cpu {
 
 namespace {
 
-// Task = (kRowBlock rows of C) x (kColBlock columns of C); the inner dimension goes in kInner
-// chunks. A packed B chunk (kInner x kColBlock floats, 256 KiB) stays in L2 while every row tile
-// of the task streams 16-column strips of it (16 KiB, L1) through the micro-kernel.
+// Task = (kRowBlock rows of C) x (a column block of C); the inner dimension goes in chunks of
+// InnerChunk(L) <= kMaxInner. A packed B chunk (chunk x kColBlock floats, <= 768 KiB) stays in L2
+// while every row tile of the task streams 16-column strips of it through the micro-kernel.
 constexpr int64_t kRowBlock = 192;   // multiple of kGemmTileR and of every tier's panel_rows
 constexpr int64_t kColBlock = 256;   // multiple of 256 (K-quant blocks) and of kGemmTileC
-constexpr int64_t kInner = 256;
+constexpr int64_t kMaxInner = 768;
+// Each C element is the sum of its inner chunks, in order, each one FMA chain: the chunk length is
+// the one thing every path (tiers, threads, packed or prepacked B, the few-rows product) must agree
+// on. Whole inner dimensions up to kMaxInner (SmolLM2's 576 in one chunk: C read and written once,
+// not three times as with 256), longer ones in equal chunks (1536: 2 x 768), multiples of 16.
+int64_t InnerChunk(int64_t L) {
+  const int64_t n = std::max<int64_t>(1, (L + kMaxInner - 1) / kMaxInner);
+  return std::min(kMaxInner, ((L + n - 1) / n + 15) / 16 * 16);
+}
+// Column blocks on tiers with a panel tile: whole micro-panels (192 = 4 x 48, so SmolLM2's 576, 1536
+// and 192 columns leave no edge tiles), or 768 where the B fill needs 256-column alignment (K-quants).
+constexpr int64_t kPanelColBlock = 192;
+constexpr int64_t kPanelColBlockAligned = 768;
+// Products with at most this many rows (the LoRA rank) go through FewRowsGemm.
+constexpr int64_t kFewRows = 3 * kGemmTileR;
+// A task's rows on those tiers: their A micro-panels (rows x chunk) at most this many floats (1 MiB,
+// half an L2), so a micro-panel pair's task streams A from L2, not L3 (the weight gradient's 1536
+// rows x 512 tokens did).
+constexpr int64_t kPanelABlockFloats = (int64_t)1 << 18;
 // B is packed once per call for all rows (and shared by the threads) in column groups of at most
 // this many floats: 4 MiB holds every SmolLM2-135M linear whole; a 7B FFN goes in a few groups.
 constexpr int64_t kSharedBFloats = (int64_t)1 << 20;
@@ -77,36 +95,60 @@ void PackATile(float* out, const float* a, int64_t a_rs, int64_t a_is, int64_t n
 // Rows of A in the panel path (0: no panel path) and the rounds' shapes, shared with the memory plan.
 struct GemmPlan {
   int panel_rows = 0;     // rows per packed A micro-panel; 0 = the 6 x 16 tiles
-  int64_t chunks = 0;     // kInner chunks per round
+  int64_t inner = 0;      // InnerChunk(L)
+  int64_t n_lc_all = 0;   // inner chunks in all
+  int64_t chunks = 0;     // inner chunks per round
   int64_t sb_rows = 0;    // rows per A superblock (all of R unless the panel path's A would not fit)
+  int64_t col_block = 0;  // columns per packed B panel (and per task)
+  int64_t group = 0;      // columns per round's packed B (whole col_blocks)
 };
 
-GemmPlan PlanGemm(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, int64_t a_is, bool bpre) {
+// col_align: the B fill's column alignment (a quantized W's block; 1 for plain types).
+GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64_t Kd, int64_t L, int64_t a_is,
+                  bool bpre, int64_t col_align) {
   GemmPlan p;
-  const int64_t n_lc_all = (L + kInner - 1) / kInner;
+  p.inner = InnerChunk(L);
+  p.n_lc_all = (L + p.inner - 1) / p.inner;
   p.panel_rows = tk.gemm_panel && (a_is != 1 || Kd >= kPanelMinCols) ? tk.panel_rows : 0;
-  p.chunks = bpre ? n_lc_all : std::min(n_lc_all, std::max<int64_t>(1, kSharedBFloats / (kInner * kColBlock)));
+  p.col_block = !p.panel_rows                        ? kColBlock
+                : kPanelColBlock % col_align == 0 ? kPanelColBlock
+                                                    : kPanelColBlockAligned;
+  LATHE_CHECK(p.col_block % col_align == 0);
+  const int64_t panel = p.inner * p.col_block;
+  p.chunks = bpre ? p.n_lc_all : std::min(p.n_lc_all, std::max<int64_t>(1, kSharedBFloats / panel));
   p.sb_rows = R;
   if (p.panel_rows) {
     const int64_t pr = p.panel_rows, r_pad = (R + pr - 1) / pr * pr;
     const int64_t want_rows = std::min(r_pad, kPanelMinRows);
-    if (p.chunks * kInner * want_rows > kSharedAFloats)
-      p.chunks = std::max<int64_t>(1, kSharedAFloats / (want_rows * kInner));
-    p.sb_rows = std::min(r_pad, std::max<int64_t>(pr, kSharedAFloats / (p.chunks * kInner) / pr * pr));
+    if (p.chunks * p.inner * want_rows > kSharedAFloats)
+      p.chunks = std::max<int64_t>(1, kSharedAFloats / (want_rows * p.inner));
+    p.sb_rows = std::min(r_pad, std::max<int64_t>(pr, kSharedAFloats / (p.chunks * p.inner) / pr * pr));
+  }
+  p.group = bpre ? Kd : std::max<int64_t>(1, kSharedBFloats / (p.chunks * panel)) * p.col_block;
+  // With bpre (nothing to pack per block) up to 20 strips per column block, the block count a multiple
+  // of the threads, so a small-R product (the head's 128-row chunks) still splits evenly.
+  if (bpre && pool) {
+    const int64_t strips = (Kd + kGemmTileC - 1) / kGemmTileC, th = pool->size();
+    int64_t n = (strips + 19) / 20;
+    n = std::min(strips, (n + th - 1) / th * th);
+    p.col_block = (strips + n - 1) / n * kGemmTileC;
   }
   return p;
 }
 
 // C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
-// fill_b(l0, nl, k0, nk, tmp, panel, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
-// either into the source or into tmp (nl x nk floats) after converting; or nullptr after writing the
-// packed panel itself (strip s at panel + s * nl * kGemmTileC, zero past nk).
+// fill_b(l0, nl, k0, nk, panel, &ld) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
+// either into the source or into ThreadTmp (nl x nk floats) after converting; or nullptr after writing the
+// packed panel itself (strip s at panel + s * nl * kGemmTileC, zero past nk). k0 is a multiple of
+// col_align.
 // Per round of inner chunks: B is packed once (in parallel, into a buffer the threads share) into
-// 16-column strips per (kColBlock, kInner) panel; then each task runs its row tiles over the panels.
-// A: on tiers with a panel tile (gemm_panel) packed once per round into micro-panels shared by the
-// tasks; otherwise, with contiguous rows (a_is == 1: the forward and the input gradient), read in
-// place by the rows micro-kernel, else (the weight gradient, A = dY^T) a 6 x kInner tile packed per use.
-// Each C element sums its kInner chunks in order with the same FMAs whichever micro-kernel runs, so
+// 16-column strips per (column block, inner chunk) panel; then each task runs its row tiles over the
+// panels. A: on tiers with a panel tile (gemm_panel) packed once per round into micro-panels shared by
+// the tasks, each row tile then run over two micro-panels (96 columns) at a time, rows inner (the two
+// micro-panels' B stays in L2, the A micro-panel in L1); otherwise, with contiguous rows (a_is == 1:
+// the forward and the input gradient), read in place by the rows micro-kernel, else (the weight
+// gradient, A = dY^T) a 6-row tile packed per use.
+// Each C element sums its inner chunks in order with the same FMAs whichever micro-kernel runs, so
 // the result depends neither on the threads nor on the tier.
 // With bpre (B already packed for every column and inner row, PackForBackwardInput's layout: strip
 // s over all L rows at bpre + s * L * kGemmTileC) nothing is packed and the micro-kernel calls and
@@ -114,30 +156,19 @@ GemmPlan PlanGemm(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, 
 template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
           const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b,
-          const float* bpre = nullptr) {
+          const float* bpre = nullptr, int64_t col_align = 1) {
   if (R <= 0 || Kd <= 0) return;
   if (L <= 0) {
     if (!accumulate)
       for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
     return;
   }
-  const int64_t n_lc_all = (L + kInner - 1) / kInner;
-  // Inner chunks per round (all of them unless L > 4096, e.g. the head's input gradient) and
-  // columns per round (whole kColBlocks, at least one): a round's panels fit kSharedBFloats.
-  const GemmPlan plan = PlanGemm(tk, R, Kd, L, a_is, bpre != nullptr);
+  // Inner chunks per round (all of them unless the round's B would pass kSharedBFloats, e.g. the
+  // head's input gradient) and columns per round (whole column blocks, at least one).
+  const GemmPlan plan = PlanGemm(tk, &pool, R, Kd, L, a_is, bpre != nullptr, col_align);
   const int64_t pr = plan.panel_rows, MR = pr ? pr : kGemmTileR;
-  const int64_t chunks = plan.chunks;
-  const int64_t group =
-      bpre ? Kd : std::max<int64_t>(1, kSharedBFloats / (chunks * kInner * kColBlock)) * kColBlock;
-  // Column block: kColBlock; with bpre (nothing to pack per block) up to 20 strips, the block count
-  // a multiple of the threads, so a small-R product (the head's 128-row chunks) still splits evenly.
-  int64_t col_block = kColBlock;
-  if (bpre) {
-    const int64_t strips = (Kd + kGemmTileC - 1) / kGemmTileC, th = pool.size();
-    int64_t n = (strips + 19) / 20;
-    n = std::min(strips, (n + th - 1) / th * th);
-    col_block = (strips + n - 1) / n * kGemmTileC;
-  }
+  const int64_t inner = plan.inner, n_lc_all = plan.n_lc_all, chunks = plan.chunks;
+  const int64_t col_block = plan.col_block, group = plan.group, panel_floats = inner * col_block;
   const bool rows_kernel = !pr && a_is == 1;
   if (a_is != 1 && !accumulate)
     for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
@@ -146,15 +177,15 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     const int64_t n_lc = std::min(chunks, n_lc_all - c0);  // chunks c0 .. c0 + n_lc - 1 this round
     const int64_t s1 = std::min(R, s0 + plan.sb_rows);
     // Panel path: A micro-panel t (rows s0 + pr t ..) of chunk lc at apanels + (lc * n_tiles + t) * pr
-    // * kInner, (l, i) at [l * pr + i], rows past s1 zero.
+    // * inner, (l, i) at [l * pr + i], rows past s1 zero.
     const int64_t n_tiles = (s1 - s0 + MR - 1) / MR;
-    float* apanels = pr ? SharedAPanels((size_t)(n_lc * n_tiles * pr * kInner)) : nullptr;
+    float* apanels = pr ? SharedAPanels((size_t)(n_lc * n_tiles * pr * inner)) : nullptr;
     if (pr) pool.ParallelFor(n_lc * n_tiles, 1, [&](int64_t tb, int64_t te, int) {
       for (int64_t u = tb; u < te; ++u) {
         const int64_t lc = u / n_tiles, ri = s0 + u % n_tiles * pr;
-        const int64_t l0 = (c0 + lc) * kInner, nl = std::min(kInner, L - l0);
+        const int64_t l0 = (c0 + lc) * inner, nl = std::min(inner, L - l0);
         const int mr = (int)std::min<int64_t>(pr, s1 - ri);
-        float* out = apanels + u * pr * kInner;
+        float* out = apanels + u * pr * inner;
         if (a_is == 1) {
           tk.pack_panel_rows(out, a + ri * a_rs + l0, a_rs, nl, mr);
         } else {
@@ -165,17 +196,16 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     for (int64_t g0 = 0; g0 < Kd; g0 += group) {
     const int64_t gk = std::min(group, Kd - g0);
     const int64_t n_cb = (gk + col_block - 1) / col_block;
-    // Panel (cb, lc) at bpack + (cb * n_lc + lc) * kInner * kColBlock; strip s of it s * nl * 16 on.
-    float* bpack = bpre ? nullptr : SharedPanels((size_t)(n_cb * n_lc * kInner * kColBlock));
+    // Panel (cb, lc) at bpack + (cb * n_lc + lc) * panel_floats; strip s of it s * nl * 16 on.
+    float* bpack = bpre ? nullptr : SharedPanels((size_t)(n_cb * n_lc * panel_floats));
     if (!bpre) pool.ParallelFor(n_cb * n_lc, 1, [&](int64_t tb, int64_t te, int) {
-      float* tmp = ThreadTmp((size_t)(kInner * kColBlock));
       for (int64_t u = tb; u < te; ++u) {
         const int64_t cb = u / n_lc, lc = u % n_lc;
-        const int64_t k0 = g0 + cb * kColBlock, nk = std::min(kColBlock, Kd - k0);
-        const int64_t l0 = (c0 + lc) * kInner, nl = std::min(kInner, L - l0);
+        const int64_t k0 = g0 + cb * col_block, nk = std::min(col_block, Kd - k0);
+        const int64_t l0 = (c0 + lc) * inner, nl = std::min(inner, L - l0);
         int64_t ld = 0;
-        float* panel = bpack + u * kInner * kColBlock;
-        const float* p = fill_b(l0, nl, k0, nk, tmp, panel, &ld);
+        float* panel = bpack + u * panel_floats;
+        const float* p = fill_b(l0, nl, k0, nk, panel, &ld);
         if (!p) continue;
         for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
           const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
@@ -190,38 +220,47 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         }
       }
     });
-    // Too few tasks for the threads to share evenly (k / v's 192 columns over 512 rows: 3 tasks; the
-    // head's input gradient per round: 1) -> smaller row blocks, at least 2 tasks per thread (with bpre,
-    // whose column blocks already come in a multiple of the threads, 1). Every C element still sees
-    // the same micro-kernel calls, so the split never changes the result.
+    // Too few tasks for the threads to share evenly (k / v's 192 columns over 512 rows; the head's
+    // input gradient per round: 1) -> smaller row blocks, at least 2 tasks per thread (with bpre,
+    // whose column blocks already come in a multiple of the threads, 1). The panel path's row blocks
+    // are as tall as L2 allows (a micro-panel pair's B is read from L2 once per task).
+    // Every C element still sees the same micro-kernel calls, so the split never changes the result.
     const int64_t rows = s1 - s0;
     int64_t row_block = kRowBlock;
+    if (pr) {  // equal row blocks whose A micro-panels fit kPanelABlockFloats
+      const int64_t n = std::max<int64_t>(1, (rows * inner + kPanelABlockFloats - 1) / kPanelABlockFloats);
+      row_block = ((rows + n - 1) / n + MR - 1) / MR * MR;
+    }
     const int64_t want = pool.size() > 1 ? (bpre ? 1 : 2) * (int64_t)pool.size() : 1;
-    if ((rows + kRowBlock - 1) / kRowBlock * n_cb < want) {
+    if ((rows + row_block - 1) / row_block * n_cb < want) {
       const int64_t parts = (want + n_cb - 1) / n_cb;
       row_block = std::max<int64_t>(MR, ((rows + parts - 1) / parts + MR - 1) / MR * MR);
     }
     const int64_t n_rb = (rows + row_block - 1) / row_block;
     pool.ParallelFor(n_rb * n_cb, 1, [&](int64_t tb, int64_t te, int) {
-      float* apack = rows_kernel || pr ? nullptr : ThreadATile((size_t)(kInner * row_block));
+      float* apack = rows_kernel || pr ? nullptr : ThreadATile((size_t)(inner * row_block));
       for (int64_t task = tb; task < te; ++task) {
         const int64_t r0 = s0 + task / n_cb * row_block, r1 = std::min(s1, r0 + row_block);
         const int64_t cb = task % n_cb;
         const int64_t k0 = g0 + cb * col_block, nk = std::min(col_block, Kd - k0);
         for (int64_t lc = 0; lc < n_lc; ++lc) {
-          const int64_t l0 = (c0 + lc) * kInner, nl = std::min(kInner, L - l0);
+          const int64_t l0 = (c0 + lc) * inner, nl = std::min(inner, L - l0);
           // Strip j0 / 16 of this (column block, inner chunk) starts at panel + j0 * per_col.
-          const float* panel = bpre ? bpre + k0 * L + l0 * kGemmTileC : bpack + (cb * n_lc + lc) * kInner * kColBlock;
+          const float* panel = bpre ? bpre + k0 * L + l0 * kGemmTileC : bpack + (cb * n_lc + lc) * panel_floats;
           const int64_t per_col = bpre ? L : nl;
           const bool overwrite = c0 + lc == 0 && !accumulate && a_is == 1;
           if (pr) {
-            const float* ap = apanels + lc * n_tiles * pr * kInner;
-            for (int64_t j0 = 0; j0 < nk; j0 += tk.panel_cols) {
-              const int nc = (int)std::min<int64_t>(tk.panel_cols, nk - j0);
-              const float* bj = panel + j0 * per_col;
-              for (int64_t ri = r0; ri < r1; ri += pr)
-                tk.gemm_panel(ap + (ri - s0) / pr * pr * kInner, bj, kGemmTileC * per_col, kGemmTileC, nl,
-                              c + ri * ldc + k0 + j0, ldc, (int)std::min<int64_t>(pr, r1 - ri), nc, overwrite);
+            const float* ap = apanels + lc * n_tiles * pr * inner;
+            const int64_t pc = tk.panel_cols;
+            for (int64_t j0 = 0; j0 < nk; j0 += 2 * pc) {
+              const int64_t j1 = std::min(nk, j0 + 2 * pc);
+              for (int64_t ri = r0; ri < r1; ri += pr) {
+                const float* apr = ap + (ri - s0) / pr * pr * inner;
+                const int mr = (int)std::min<int64_t>(pr, r1 - ri);
+                for (int64_t j = j0; j < j1; j += pc)
+                  tk.gemm_panel(apr, panel + j * per_col, kGemmTileC * per_col, kGemmTileC, nl, c + ri * ldc + k0 + j,
+                                ldc, mr, (int)std::min<int64_t>(pc, j1 - j), overwrite);
+              }
             }
             continue;
           }
@@ -232,9 +271,9 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
               PackATileW<kGemmTileR>(apack + (ri - r0) * nl, a + ri * a_rs + l0 * a_is, a_rs, a_is, nl, mr);
             }
           }
-          // Strip groups outer, row tiles inner: a group's B strips (2 x 16 KiB at kInner) stay in L1
-          // while every row tile of the task runs over them (row tiles outer streamed the whole
-          // panel from L2 per tile). Each C element sees the same micro-kernel calls.
+          // Strip groups outer, row tiles inner: a group's B strips (2 x 16 columns of the chunk) stay
+          // in L1 / L2 while every row tile of the task runs over them (row tiles outer streamed the
+          // whole panel per tile). Each C element sees the same micro-kernel calls.
           const int64_t step = (tk.gemm_tile2 ? 2 : 1) * kGemmTileC;
           for (int64_t j0 = 0; j0 < nk; j0 += step) {
             const int64_t nc = std::min(step, nk - j0);
@@ -261,8 +300,9 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
 
 namespace {
 
-// Calls body(fill) with the B fill of dX = dY . W for W's dtype: B(l, k) = W(l, k), f32 read in
-// place, other dtypes dequantized 256 x 256 at a time into the caller's tmp.
+// Calls body(fill, col_align) with the B fill of dX = dY . W for W's dtype: B(l, k) = W(l, k), f32 read
+// in place, other dtypes dequantized one panel at a time into the thread's ThreadTmp; columns from a
+// multiple of col_align (W's quantization block).
 template <typename Body>
 void WithBackwardInputFill(const TrainKernelTable& tk, const KernelTable& kt, const Tensor& w, const Body& body) {
   LATHE_CHECK(w.ndim() == 2);
@@ -270,26 +310,28 @@ void WithBackwardInputFill(const TrainKernelTable& tk, const KernelTable& kt, co
   if (IsPackedQuant(w.dtype)) {  // NF4/FP4/int8: B chunks dequantized straight from the packed buffer
     if (IsPacked4Bit(w.dtype)) LATHE_CHECK(K % kQuant4Block == 0);
     const quant::QuantKernels& qk = quant::QuantKernelsFor(tk.tier);
-    body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
+    body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld) -> const float* {
+      float* tmp = ThreadTmp((size_t)(nl * nk));
       quant::DequantPackedBlock(qk, w, l0, nl, k0, nk, tmp, nk);
       *ld = nk;
       return tmp;
-    });
+    }, (int64_t)kQuant4Block);
     return;
   }
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
   const DType t = w.dtype;
   if (IsQuantized(t)) LATHE_CHECK(K % 32 == 0);
-  body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* tmp, float*, int64_t* ld) -> const float* {
+  body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld) -> const float* {
     if (t == DType::kF32) {
       *ld = K;
       return (const float*)w.data + l0 * K + k0;
     }
+    float* tmp = ThreadTmp((size_t)(nl * nk));
     kt.mm.dequant_rows(t, wd + l0 * rb + DTypeBytes(t, k0), rb, nl, nk, tmp, nk);
     *ld = nk;
     return tmp;
-  });
+  }, (int64_t)GetDTypeInfo(t).block_size);
 }
 
 }  // namespace
@@ -298,7 +340,9 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
                              const float* dy, int64_t M, const Tensor& w, bool accumulate, const float* packed) {
   LATHE_CHECK(w.ndim() == 2);
   const int64_t N = w.shape[0], K = w.shape[1];
-  WithBackwardInputFill(tk, kt, w, [&](const auto& fill) { Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill, packed); });
+  WithBackwardInputFill(tk, kt, w, [&](const auto& fill, int64_t col_align) {
+    Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill, packed, col_align);
+  });
 }
 
 void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
@@ -306,16 +350,43 @@ void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt,
   LATHE_CHECK(w.ndim() == 2);
   const int64_t N = w.shape[0], K = w.shape[1];
   // A(i, l) = dyT[l * M + i]: the packed-A path, 6 contiguous floats per inner row.
-  WithBackwardInputFill(tk, kt, w, [&](const auto& fill) { Gemm(tk, pool, dx, K, M, K, N, dyT, 1, M, accumulate, fill, packed); });
+  WithBackwardInputFill(tk, kt, w, [&](const auto& fill, int64_t col_align) {
+    Gemm(tk, pool, dx, K, M, K, N, dyT, 1, M, accumulate, fill, packed, col_align);
+  });
 }
 
 int64_t GemmAPanelFloatsWith(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous,
                              bool prepacked_b) {
   if (R <= 0 || Kd <= 0 || L <= 0) return 0;
-  const GemmPlan p = PlanGemm(tk, R, Kd, L, a_rows_contiguous ? 1 : 2, prepacked_b);
+  const GemmPlan p = PlanGemm(tk, nullptr, R, Kd, L, a_rows_contiguous ? 1 : 2, prepacked_b, 1);
   if (!p.panel_rows) return 0;
-  const int64_t n_lc = std::min(p.chunks, (L + kInner - 1) / kInner);
-  return n_lc * (p.sb_rows + p.panel_rows - 1) / p.panel_rows * p.panel_rows * kInner;
+  const int64_t n_lc = std::min(p.chunks, p.n_lc_all);
+  return n_lc * (p.sb_rows + p.panel_rows - 1) / p.panel_rows * p.panel_rows * p.inner;
+}
+
+int64_t GemmBPanelFloatsWith(const TrainKernelTable& tk, int64_t Kd, int64_t L, int64_t col_align) {
+  if (Kd <= 0 || L <= 0) return 0;
+  int64_t most = 0;
+  for (int64_t a_is : {1, 2}) {  // the panel path's column blocks, and the 6 x 16 tiles'
+    const GemmPlan p = PlanGemm(tk, nullptr, 1, Kd, L, a_is, false, col_align);
+    const int64_t n_cb = (std::min(p.group, Kd) + p.col_block - 1) / p.col_block;
+    most = std::max(most, n_cb * std::min(p.chunks, p.n_lc_all) * p.inner * p.col_block);
+  }
+  return most;
+}
+
+int64_t GemmThreadFloats(const TrainKernelTable& tk, int64_t max_inner, bool converts_w, int64_t col_align) {
+  const int64_t inner = InnerChunk(std::max<int64_t>(1, max_inner));
+  // ThreadTmp: FewRowsGemm's strips, or a converted (dequantized) B panel (a panel path column block
+  // of 192, or 768 for K-quants); ThreadATile: FewRowsGemm's A tiles, or on tiers without a panel tile the weight
+  // gradient's 6-row tiles of a row block; FewRowsGemm's edge strip and transposed sums; the
+  // forward's converted W rows (f16 / bf16).
+  const int64_t panel_cols = !tk.gemm_panel                          ? kColBlock
+                             : kPanelColBlock % std::max<int64_t>(1, col_align) == 0 ? kPanelColBlock
+                                                                               : kPanelColBlockAligned;
+  const int64_t tmp = std::max((inner + 1) * kColBlock, converts_w ? inner * std::max(kColBlock, panel_cols) : 0);
+  const int64_t atile = std::max(inner * kFewRows, tk.gemm_panel ? 0 : inner * kRowBlock);
+  return tmp + atile + inner * kGemmTileC + kFewRows * kColBlock + (converts_w ? inner * kColBlock : 0);
 }
 
 int64_t PackedBackwardInputFloats(int64_t N, int64_t K) {
@@ -327,15 +398,16 @@ void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt,
   LATHE_CHECK(w.ndim() == 2);
   const int64_t N = w.shape[0], K = w.shape[1];
   // Strip s (columns 16 s ..) of W over all N rows at out + s * N * 16, row l at + l * 16; zero past K.
-  WithBackwardInputFill(tk, kt, w, [&](const auto& fill) {
-    const int64_t n_lc = (N + kInner - 1) / kInner, n_cb = (K + kColBlock - 1) / kColBlock;
+  // (Packed in 256 x 256 pieces; the layout does not depend on the piece size.)
+  constexpr int64_t kPiece = 256;
+  WithBackwardInputFill(tk, kt, w, [&](const auto& fill, int64_t) {
+    const int64_t n_lc = (N + kPiece - 1) / kPiece, n_cb = (K + kColBlock - 1) / kColBlock;
     pool.ParallelFor(n_lc * n_cb, 1, [&](int64_t tb, int64_t te, int) {
-      float* tmp = ThreadTmp((size_t)(kInner * kColBlock));
       for (int64_t u = tb; u < te; ++u) {
-        const int64_t l0 = u / n_cb * kInner, nl = std::min(kInner, N - l0);
+        const int64_t l0 = u / n_cb * kPiece, nl = std::min(kPiece, N - l0);
         const int64_t k0 = u % n_cb * kColBlock, nk = std::min(kColBlock, K - k0);
         int64_t ld = 0;
-        const float* p = fill(l0, nl, k0, nk, tmp, nullptr, &ld);
+        const float* p = fill(l0, nl, k0, nk, nullptr, &ld);
         for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
           const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
           float* bs = out + (k0 + j0) * N + l0 * kGemmTileC;
@@ -357,7 +429,7 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   const uint8_t* wd = (const uint8_t*)w.data;
   // B(l, k) = W(k, l): W rows k0.. (converted to f32 first unless f32) written transposed straight
   // into the panel's 16-column strips (each W row's run of nl floats becomes one strip column).
-  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, float* panel, int64_t*) -> const float* {
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*) -> const float* {
     static thread_local std::vector<float> rows_buf;
     const float* src = (const float*)w.data + k0 * K + l0;
     int64_t src_ld = K;
@@ -375,28 +447,28 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
 }
 
 // P(n, k) = sum_m a[m * a_ld + n] * x[m * ldx + k] for n < N <= kFewRows (the LoRA rank), k < K, added
-// to c[n * ldc + k], or with transposed to c[k * ldc + n] (then each kInner chunk's sums go through a
-// per-thread buffer first). B = x is packed per (kColBlock, kInner) block into a per-thread buffer
-// (256 KiB, L2), then strips outer, row tiles inner (a strip pair, 32 KiB, stays in L1 for the row
-// tiles). Per C element the micro-kernel calls are those of Gemm's
-// packed path (one chunk's FMA chain, then one add per chunk), so either form is bit-identical to it.
-constexpr int64_t kFewRows = 3 * kGemmTileR;
+// to c[n * ldc + k], or with transposed to c[k * ldc + n] (then each inner chunk's sums go through a
+// per-thread buffer first). B = x is packed per (kColBlock, InnerChunk(M)) block into a per-thread
+// buffer (L2), then strips outer, row tiles inner (a strip pair stays in L1 / L2 for the row tiles).
+// Per C element the micro-kernel calls are those of Gemm's packed path (one chunk's FMA chain, then
+// one add per chunk), so either form is bit-identical to it.
 void FewRowsGemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, bool transposed, const float* a,
                  int64_t a_ld, int64_t N, const float* x, int64_t ldx, int64_t M, int64_t K) {
   const int64_t n_cb = (K + kColBlock - 1) / kColBlock, n_rt = (N + kGemmTileR - 1) / kGemmTileR;
+  const int64_t inner = InnerChunk(M);
   pool.ParallelFor(n_cb, 1, [&](int64_t tb, int64_t te, int) {
-    float* apack = ThreadATile((size_t)(kInner * kGemmTileR * n_rt));
-    static thread_local std::vector<float> tbuf;
+    float* apack = ThreadATile((size_t)(inner * kGemmTileR * n_rt));
+    static thread_local std::vector<float> tbuf, ebuf;
     float* tmp = transposed ? Scratch(tbuf, (size_t)(kFewRows * kColBlock)) : nullptr;
-    alignas(64) float edge[kInner * kGemmTileC];  // the last partial strip, zero-padded
-    float* bstrips = ThreadTmp((size_t)((kInner + 1) * kColBlock));  // the block's whole strips, packed
+    float* edge = Scratch(ebuf, (size_t)(inner * kGemmTileC));  // the last partial strip, zero-padded
+    float* bstrips = ThreadTmp((size_t)((inner + 1) * kColBlock));  // the block's whole strips, packed
     for (int64_t cb = tb; cb < te; ++cb) {
       const int64_t k0 = cb * kColBlock, nk = std::min(kColBlock, K - k0);
       // Row tile t's sums go to ct + t * 6 * ldt (+ column j).
       float* ct = transposed ? tmp : c + k0;
       const int64_t ldt = transposed ? kColBlock : ldc;
-      for (int64_t l0 = 0; l0 < M; l0 += kInner) {
-        const int64_t nl = std::min(kInner, M - l0);
+      for (int64_t l0 = 0; l0 < M; l0 += inner) {
+        const int64_t nl = std::min(inner, M - l0);
         const int64_t full = nk / kGemmTileC * kGemmTileC;
         if (transposed) std::fill(tmp, tmp + N * kColBlock, 0.0f);
         if (full < nk) {
@@ -407,7 +479,7 @@ void FewRowsGemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t
         for (int64_t t = 0; t < n_rt; ++t) {
           const int64_t ri = t * kGemmTileR;
           const int mr = (int)std::min<int64_t>(kGemmTileR, N - ri);
-          PackATileW<kGemmTileR>(apack + t * kInner * kGemmTileR, a + l0 * a_ld + ri, 1, a_ld, nl, mr);
+          PackATileW<kGemmTileR>(apack + t * inner * kGemmTileR, a + l0 * a_ld + ri, 1, a_ld, nl, mr);
         }
         // The block's whole strips packed first, row by row (x's rows read in order: strip by strip,
         // every row a new line at a large stride, the reads waited on memory latency; read in place
@@ -424,12 +496,12 @@ void FewRowsGemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t
         for (int64_t j0 = 0; j0 < full; j0 += step) {
           const int64_t nc = std::min(step, full - j0);
           for (int64_t t = 0; t < n_rt; ++t)
-            GemmStrips(tk, apack + t * kInner * kGemmTileR, bstrips + j0 / kGemmTileC * sstride, sstride, kGemmTileC, nl,
+            GemmStrips(tk, apack + t * inner * kGemmTileR, bstrips + j0 / kGemmTileC * sstride, sstride, kGemmTileC, nl,
                        ct + t * kGemmTileR * ldt + j0, ldt, (int)std::min<int64_t>(kGemmTileR, N - t * kGemmTileR), nc);
         }
         if (full < nk)
           for (int64_t t = 0; t < n_rt; ++t)
-            tk.gemm_tile(apack + t * kInner * kGemmTileR, edge, kGemmTileC, nl, ct + t * kGemmTileR * ldt + full, ldt,
+            tk.gemm_tile(apack + t * inner * kGemmTileR, edge, kGemmTileC, nl, ct + t * kGemmTileR * ldt + full, ldt,
                          (int)std::min<int64_t>(kGemmTileR, N - t * kGemmTileR), (int)(nk - full));
         if (transposed)
           for (int64_t j = 0; j < nk; ++j)
@@ -443,7 +515,7 @@ void FewRowsGemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t
 // transposed: a_rs = M, a_is = 1), B = x (M, K) rows.
 void WeightGrad(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* a, int64_t a_rs, int64_t a_is,
                 const float* x, int64_t M, int64_t N, int64_t K) {
-  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, float*, int64_t* ld) -> const float* {
+  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, int64_t* ld) -> const float* {
     *ld = K;
     return x + l0 * K + k0;
   };

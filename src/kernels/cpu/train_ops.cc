@@ -256,6 +256,14 @@ int64_t TrainGemmAPanelFloats(int64_t R, int64_t Kd, int64_t L, bool a_rows_cont
   return cpu::GemmAPanelFloatsWith(cpu::TrainBest(), R, Kd, L, a_rows_contiguous, prepacked_b);
 }
 
+int64_t TrainGemmBPanelFloats(int64_t Kd, int64_t L, int64_t col_align) {
+  return cpu::GemmBPanelFloatsWith(cpu::TrainBest(), Kd, L, col_align);
+}
+
+int64_t TrainGemmThreadFloats(int64_t max_inner, bool converts_w, int64_t col_align) {
+  return cpu::GemmThreadFloats(cpu::TrainBest(), max_inner, converts_w, col_align);
+}
+
 int64_t PackedBackwardBBytes(int64_t N, int64_t K) { return cpu::PackedBackwardInputFloats(N, K) * (int64_t)sizeof(float); }
 
 float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, const float* x, int64_t T,
