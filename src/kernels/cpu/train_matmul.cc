@@ -231,10 +231,20 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
       const int64_t n = std::max<int64_t>(1, (rows * inner + kPanelABlockFloats - 1) / kPanelABlockFloats);
       row_block = ((rows + n - 1) / n + MR - 1) / MR * MR;
     }
-    const int64_t want = pool.size() > 1 ? (bpre ? 1 : 2) * (int64_t)pool.size() : 1;
+    const int64_t th = pool.size();
+    const int64_t want = th > 1 ? (bpre ? 1 : 2) * th : 1;
     if ((rows + row_block - 1) / row_block * n_cb < want) {
       const int64_t parts = (want + n_cb - 1) / n_cb;
       row_block = std::max<int64_t>(MR, ((rows + parts - 1) / parts + MR - 1) / MR * MR);
+    }
+    // A few tasks that the threads cannot share evenly (the FFN weight gradients' 3 x 3 on 2 threads:
+    // one thread ran 5 of 9) -> one more row block at a time until they can.
+    for (int64_t n = (rows + row_block - 1) / row_block; th > 1 && n * n_cb < 8 * th && (n * n_cb) % th != 0;) {
+      ++n;
+      const int64_t rb = std::max<int64_t>(MR, ((rows + n - 1) / n + MR - 1) / MR * MR);
+      if (rb >= row_block) break;  // no taller than MR rows left to split
+      row_block = rb;
+      n = (rows + row_block - 1) / row_block;
     }
     const int64_t n_rb = (rows + row_block - 1) / row_block;
     pool.ParallelFor(n_rb * n_cb, 1, [&](int64_t tb, int64_t te, int) {
