@@ -335,9 +335,10 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // Per thread: the GEMM's conversion / few-rows B strips and A tiles (train_matmul.cc), 96 x 128
   // score tiles (train_attention.cc, two in the backward).
   // GEMM inner dimensions: the linears' in / out, the group's tokens (weight gradients), the vocabulary
-  // (the head's input gradient); weights converted per panel unless the frozen base is f32.
+  // (the head's input gradient); weights converted per panel when the frozen base is not f32 or the
+  // trained weights have bf16 / fp16 shadows.
   const int64_t max_inner = std::max({(int64_t)N, V, dim, qd, ffn});
-  const bool converts_w = s.base_quant != "none" || s.base_dtype != DType::kF32;
+  const bool converts_w = bf16 || s.base_quant != "none" || s.base_dtype != DType::kF32;
   const double per_thread =
       4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 +
              2 * 128 * c.head_dim);
