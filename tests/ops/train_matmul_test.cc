@@ -219,14 +219,15 @@ TEST(TrainGemmTile, TwoStripKernelsEqualOneStripAvx2) {
     }
 }
 
-// The AVX-512 panel tile (8 rows x up to 3 strips over a packed A micro-panel) and its packing:
-// every mr / nc / overwrite gives the AVX2 rows tile's bits (same FMAs in the same order per element),
-// B read both from packed strips and in place with a row stride; rows >= mr and lanes >= nc untouched.
+// The AVX-512 panel tile (8 rows x up to 3 strips over a packed A micro-panel, or over A's rows read
+// in place) and its packing: every mr / nc / overwrite gives the AVX2 rows tile's bits (same FMAs in
+// the same order per element), B read both from packed strips and in place with a row stride; rows >=
+// mr and lanes >= nc untouched.
 TEST(TrainGemmTile, PanelKernelEqualsAvx2Tiles) {
   LATHE_REQUIRE_TIER(IsaTier::kAvx512);
   const cpu::TrainKernelTable& tw = cpu::TrainKernelsFor(IsaTier::kAvx512);
   const cpu::TrainKernelTable& t2 = cpu::TrainKernelsFor(IsaTier::kAvx2);
-  ASSERT_TRUE(tw.gemm_panel && tw.pack_panel_rows);
+  ASSERT_TRUE(tw.gemm_panel && tw.gemm_panel_rows && tw.pack_panel_rows);
   const int pr = tw.panel_rows;
   ASSERT_EQ(pr, 8);
   ASSERT_EQ(tw.panel_cols, 3 * cpu::kGemmTileC);
@@ -254,14 +255,16 @@ TEST(TrainGemmTile, PanelKernelEqualsAvx2Tiles) {
                                       " mr " + std::to_string(mr) + " nc " + std::to_string(nc) +
                                       (overwrite ? " overwrite" : "");
             const std::vector<float> c0 = RandomVec(pr * ldc, 82);
-            std::vector<float> c = c0, c2 = c0;
+            std::vector<float> c = c0, c2 = c0, c3 = c0;
             tw.gemm_panel(ap.data(), bb.data(), stride, ldb, L, c.data(), ldc, mr, nc, overwrite);
+            tw.gemm_panel_rows(a.data(), lda, bb.data(), stride, ldb, L, c3.data(), ldc, mr, nc, overwrite);
             for (int i0 = 0; i0 < mr; i0 += cpu::kGemmTileR)
               for (int j0 = 0; j0 < nc; j0 += cpu::kGemmTileC)
                 t2.gemm_tile_rows(a.data() + i0 * lda, lda, bb.data() + j0 / cpu::kGemmTileC * stride, ldb, L,
                                   c2.data() + i0 * ldc + j0, ldc, std::min(cpu::kGemmTileR, mr - i0),
                                   std::min(cpu::kGemmTileC, nc - j0), overwrite);
             ASSERT_EQ(c, c2) << where;
+            ASSERT_EQ(c3, c2) << "rows in place, " << where;
           }
     }
   }

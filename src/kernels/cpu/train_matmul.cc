@@ -166,7 +166,10 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
   // Inner chunks per round (all of them unless the round's B would pass kSharedBFloats, e.g. the
   // head's input gradient) and columns per round (whole column blocks, at least one).
   const GemmPlan plan = PlanGemm(tk, &pool, R, Kd, L, a_is, bpre != nullptr, col_align);
-  const int64_t pr = plan.panel_rows, MR = pr ? pr : kGemmTileR;
+  const int64_t pr = plan.panel_rows;
+  // Rows read in place (a_is == 1, A not packed) by the tier's panel tile where it has that form.
+  const bool panel_in_place = !pr && a_is == 1 && tk.gemm_panel_rows;
+  const int64_t MR = pr ? pr : panel_in_place ? tk.panel_rows : kGemmTileR;
   const int64_t inner = plan.inner, n_lc_all = plan.n_lc_all, chunks = plan.chunks;
   const int64_t col_block = plan.col_block, group = plan.group, panel_floats = inner * col_block;
   const bool rows_kernel = !pr && a_is == 1;
@@ -259,17 +262,25 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
           const float* panel = bpre ? bpre + k0 * L + l0 * kGemmTileC : bpack + (cb * n_lc + lc) * panel_floats;
           const int64_t per_col = bpre ? L : nl;
           const bool overwrite = c0 + lc == 0 && !accumulate && a_is == 1;
-          if (pr) {
-            const float* ap = apanels + lc * n_tiles * pr * inner;
+          if (pr || panel_in_place) {
+            const float* ap = pr ? apanels + lc * n_tiles * pr * inner : nullptr;
             const int64_t pc = tk.panel_cols;
             for (int64_t j0 = 0; j0 < nk; j0 += 2 * pc) {
               const int64_t j1 = std::min(nk, j0 + 2 * pc);
-              for (int64_t ri = r0; ri < r1; ri += pr) {
-                const float* apr = ap + (ri - s0) / pr * pr * inner;
-                const int mr = (int)std::min<int64_t>(pr, r1 - ri);
-                for (int64_t j = j0; j < j1; j += pc)
-                  tk.gemm_panel(apr, panel + j * per_col, kGemmTileC * per_col, kGemmTileC, nl, c + ri * ldc + k0 + j,
-                                ldc, mr, (int)std::min<int64_t>(pc, j1 - j), overwrite);
+              for (int64_t ri = r0; ri < r1; ri += MR) {
+                const int mr = (int)std::min<int64_t>(MR, r1 - ri);
+                for (int64_t j = j0; j < j1; j += pc) {
+                  const float* bj = panel + j * per_col;
+                  float* cj = c + ri * ldc + k0 + j;
+                  const int nc = (int)std::min<int64_t>(pc, j1 - j);
+                  if (pr) {
+                    tk.gemm_panel(ap + (ri - s0) / pr * pr * inner, bj, kGemmTileC * per_col, kGemmTileC, nl, cj, ldc,
+                                  mr, nc, overwrite);
+                  } else {
+                    tk.gemm_panel_rows(a + ri * a_rs + l0, a_rs, bj, kGemmTileC * per_col, kGemmTileC, nl, cj, ldc,
+                                       mr, nc, overwrite);
+                  }
+                }
               }
             }
             continue;

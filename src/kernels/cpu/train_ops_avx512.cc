@@ -71,21 +71,24 @@ void GemmTileRows2(const float* a, int64_t lda, const float* b, const float* b2,
 constexpr int kPanelR = 8;
 constexpr int kPanelStrips = 3;
 
-template <int NS>
-void PanelTile(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
-               int nc, bool overwrite) {
+// acc[i][s] (row i, columns 16 s ..) over l < L: A(i, l) from a_at(i, l), B strip s's row l at
+// b + s * stride + l * ldb; then c (mr x nc, 16 (NS - 1) < nc <= 16 NS) (+)= acc.
+template <int NS, typename AAt>
+__attribute__((always_inline)) inline void PanelTileT(const AAt& a_at, const float* b, int64_t stride, int64_t ldb,
+                                                      int64_t L, float* c, int64_t ldc, int mr, int nc,
+                                                      bool overwrite) {
   __m512 acc[kPanelR][NS];
 #pragma GCC unroll 8
   for (int i = 0; i < kPanelR; ++i)
 #pragma GCC unroll 3
     for (int s = 0; s < NS; ++s) acc[i][s] = _mm512_setzero_ps();
-  for (int64_t l = 0; l < L; ++l, a += kPanelR, b += ldb) {
+  for (int64_t l = 0; l < L; ++l, b += ldb) {
     __m512 bv[NS];
 #pragma GCC unroll 3
     for (int s = 0; s < NS; ++s) bv[s] = _mm512_loadu_ps(b + s * stride);
 #pragma GCC unroll 8
     for (int i = 0; i < kPanelR; ++i) {
-      const __m512 av = _mm512_set1_ps(a[i]);
+      const __m512 av = _mm512_set1_ps(a_at(i, l));
 #pragma GCC unroll 3
       for (int s = 0; s < NS; ++s) acc[i][s] = _mm512_fmadd_ps(av, bv[s], acc[i][s]);
     }
@@ -102,6 +105,32 @@ void PanelTile(const float* a, const float* b, int64_t stride, int64_t ldb, int6
       _mm512_mask_storeu_ps(ci + 16 * s, m, v);
     }
   }
+}
+
+// A from a packed micro-panel: a[l * kPanelR + i].
+template <int NS>
+void PanelTile(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
+               int nc, bool overwrite) {
+  PanelTileT<NS>([a](int i, int64_t l) { return a[l * kPanelR + i]; }, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+}
+
+// A's rows read in place: row i at a + i * lda (rows past mr alias row mr - 1 and are not stored).
+template <int NS>
+void PanelRowsTile(const float* a, int64_t lda, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c,
+                   int64_t ldc, int mr, int nc, bool overwrite) {
+  const float* ar[kPanelR];
+  for (int i = 0; i < kPanelR; ++i) ar[i] = a + std::min(i, mr - 1) * lda;
+  PanelTileT<NS>([&ar](int i, int64_t l) { return ar[i][l]; }, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+}
+
+void GemmPanelRows(const float* a, int64_t lda, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c,
+                   int64_t ldc, int mr, int nc, bool overwrite) {
+  if (nc > 32)
+    PanelRowsTile<3>(a, lda, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+  else if (nc > 16)
+    PanelRowsTile<2>(a, lda, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+  else
+    PanelRowsTile<1>(a, lda, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
 }
 
 void GemmPanel(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
@@ -123,6 +152,7 @@ const TrainKernelTable& TrainTable() {
     k.gemm_tile2 = GemmTile2;
     k.gemm_tile_rows2 = GemmTileRows2;
     k.gemm_panel = GemmPanel;
+    k.gemm_panel_rows = GemmPanelRows;
     k.pack_panel_rows = avx2::PackPanelRows8;  // 256-bit transposes: nothing to gain from zmm
     k.panel_rows = kPanelR;
     k.panel_cols = kPanelStrips * kGemmTileC;
