@@ -31,6 +31,9 @@ int64_t InnerChunk(int64_t L) {
 // and 192 columns leave no edge tiles), or 768 where the B fill needs 256-column alignment (K-quants).
 constexpr int64_t kPanelColBlock = 192;
 constexpr int64_t kPanelColBlockAligned = 768;
+int64_t PanelColBlock(int64_t col_align) {
+  return kPanelColBlock % col_align == 0 ? kPanelColBlock : kPanelColBlockAligned;
+}
 // Products with at most this many rows (the LoRA rank) go through FewRowsGemm.
 constexpr int64_t kFewRows = 3 * kGemmTileR;
 // A task's rows on those tiers: their A micro-panels (rows x chunk) at most this many floats (1 MiB,
@@ -110,9 +113,7 @@ GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64
   p.inner = InnerChunk(L);
   p.n_lc_all = (L + p.inner - 1) / p.inner;
   p.panel_rows = tk.gemm_panel && (a_is != 1 || Kd >= kPanelMinCols) ? tk.panel_rows : 0;
-  p.col_block = !p.panel_rows                        ? kColBlock
-                : kPanelColBlock % col_align == 0 ? kPanelColBlock
-                                                    : kPanelColBlockAligned;
+  p.col_block = p.panel_rows ? PanelColBlock(col_align) : kColBlock;
   LATHE_CHECK(p.col_block % col_align == 0);
   const int64_t panel = p.inner * p.col_block;
   p.chunks = bpre ? p.n_lc_all : std::min(p.n_lc_all, std::max<int64_t>(1, kSharedBFloats / panel));
@@ -167,12 +168,12 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
   // head's input gradient) and columns per round (whole column blocks, at least one).
   const GemmPlan plan = PlanGemm(tk, &pool, R, Kd, L, a_is, bpre != nullptr, col_align);
   const int64_t pr = plan.panel_rows;
-  // Rows read in place (a_is == 1, A not packed) by the tier's panel tile where it has that form.
-  const bool panel_in_place = !pr && a_is == 1 && tk.gemm_panel_rows;
+  const bool rows_kernel = !pr && a_is == 1;
+  // Rows read in place by the tier's panel tile where it has that form.
+  const bool panel_in_place = rows_kernel && tk.gemm_panel_rows;
   const int64_t MR = pr ? pr : panel_in_place ? tk.panel_rows : kGemmTileR;
   const int64_t inner = plan.inner, n_lc_all = plan.n_lc_all, chunks = plan.chunks;
   const int64_t col_block = plan.col_block, group = plan.group, panel_floats = inner * col_block;
-  const bool rows_kernel = !pr && a_is == 1;
   if (a_is != 1 && !accumulate)
     for (int64_t r = 0; r < R; ++r) std::memset(c + r * ldc, 0, sizeof(float) * Kd);
   for (int64_t c0 = 0; c0 < n_lc_all; c0 += chunks)
@@ -402,10 +403,9 @@ int64_t GemmThreadFloats(const TrainKernelTable& tk, int64_t max_inner, bool con
   // of 192, or 768 for K-quants); ThreadATile: FewRowsGemm's A tiles, or on tiers without a panel tile the weight
   // gradient's 6-row tiles of a row block; FewRowsGemm's edge strip and transposed sums; the
   // forward's converted W rows (f16 / bf16).
-  const int64_t panel_cols = !tk.gemm_panel                          ? kColBlock
-                             : kPanelColBlock % std::max<int64_t>(1, col_align) == 0 ? kPanelColBlock
-                                                                               : kPanelColBlockAligned;
-  const int64_t tmp = std::max((inner + 1) * kColBlock, converts_w ? inner * std::max(kColBlock, panel_cols) : 0);
+  const int64_t panel_cols =
+      tk.gemm_panel ? std::max(kColBlock, PanelColBlock(std::max<int64_t>(1, col_align))) : kColBlock;
+  const int64_t tmp = std::max((inner + 1) * kColBlock, converts_w ? inner * panel_cols : 0);
   const int64_t atile = std::max(inner * kFewRows, tk.gemm_panel ? 0 : inner * kRowBlock);
   return tmp + atile + inner * kGemmTileC + kFewRows * kColBlock + (converts_w ? inner * kColBlock : 0);
 }
