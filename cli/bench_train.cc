@@ -176,6 +176,15 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
   o.bf16 = row.bf16;
   o.row_group_tokens = row_group_tokens;
   o.row_group_workers = row_group_workers;
+  {  // whether pages go back to the OS each step, as `lathe train` decides it for this shape
+    train::TrainSetup ts;
+    ts.lathe = true;
+    ts.method = row.lora ? "lora" : "full";
+    ts.batch_size = B;
+    ts.seq_len = T;
+    ts.row_group_tokens = row_group_tokens;
+    o.hand_back_pages = train::LatheHandsBackPages(ts);
+  }
   o.profiler = profiler.get();  // events of earlier steps are cleared before the last one
   auto m = model::TrainModel::CreateInPlace(w, pool, o);
   if (!m.ok()) return Fail("bench train", m.status());
@@ -211,7 +220,7 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
     auto t0 = Clock::now();
     {
       ScopedOp op(profiler.get(), "zero_grad");
-      (*m)->ZeroGrad();
+      (*m)->ZeroGrad(o.hand_back_pages);
     }
     auto l = (*m)->ForwardBackward(batch, (double)(B * T));
     if (!l.ok()) return Fail("bench train", l.status());

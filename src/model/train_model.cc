@@ -50,7 +50,13 @@ GradBuffer::GradBuffer(int64_t n) : bytes_((size_t)n * sizeof(float)) {
 
 GradBuffer::~GradBuffer() { munmap(p_, bytes_); }
 
-void GradBuffer::Zero() { LATHE_CHECK(madvise(p_, bytes_, MADV_DONTNEED) == 0); }
+void GradBuffer::Zero(bool hand_back_pages) {
+  if (hand_back_pages) {
+    LATHE_CHECK(madvise(p_, bytes_, MADV_DONTNEED) == 0);
+  } else {
+    std::memset(p_, 0, bytes_);
+  }
+}
 
 float* TrainModelImpl::NewGrad(int64_t n) {
   grads_.emplace_back(n);
@@ -354,8 +360,8 @@ void RowGroupWorker::AddGradsTo(ThreadPool& pool) {
     }
 }
 
-void TrainModelImpl::ZeroGrad() {
-  for (GradBuffer& g : grads_) g.Zero();
+void TrainModelImpl::ZeroGrad(bool hand_back_pages) {
+  for (GradBuffer& g : grads_) g.Zero(hand_back_pages);
 }
 
 Status TrainModelImpl::CheckBatch(const TrainBatch& b) const {
@@ -879,11 +885,12 @@ double RowGroupWorker::ForwardBackward(double normalizer, bool last_group) {
       BlockForward(l, &res_[l * N * dim], ckpt_out_.data(), *a, true);
     }
     BlockBackward(l, *a, dres_.data(), l > lowest_trainable_layer_ || embed_trainable_);
-    if (opt_.method != FinetuneMethod::kLora && !opt_.gradient_checkpointing && last_group) {
+    if (opt_.method != FinetuneMethod::kLora && !opt_.gradient_checkpointing && opt_.hand_back_pages &&
+        last_group) {
       // Full / freeze: this layer's saved tensors and its output are dead; giving their pages back
       // makes room for the gradients the remaining layers write (the forward faults them in again).
       // Not before the last group: the next group's forward would fault them straight back in
-      // while the gradients written so far stay resident.
+      // while the gradients written so far stay resident (TrainModelOptions::hand_back_pages).
       for (auto* v : {&a->q, &a->k, &a->v, &a->att, &a->xmid, &a->gate, &a->up}) DropPages(v->data(), (int64_t)v->size());
       DropPages(&res_[(l + 1) * N * dim], N * dim);
     }

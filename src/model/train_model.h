@@ -78,6 +78,13 @@ struct TrainModelOptions {
   // use 1 (a second full gradient would cost more memory than the speed is worth). The result
   // depends on the worker count (gradient summation order) but not on the threads or timing.
   int64_t row_group_workers = 0;
+  // Full / freeze: the last row group of a call hands each trained layer's saved tensors back to the
+  // OS once its backward is done, making room for the gradients the remaining layers write (with
+  // ZeroGrad(true), which hands the gradients' pages back). That lowers the peak only when an
+  // optimizer step is one row group (train::LatheHandsBackPages, the memory plan's "overlap"); with
+  // more groups or accumulated micro-batches the next forward holds the activations next to every
+  // gradient anyway, and faulting the pages back in each step costs time (~1.4 GB/s under KVM).
+  bool hand_back_pages = true;
   Profiler* profiler = nullptr;     // when set, the big ops of each call are recorded
 };
 
@@ -153,7 +160,9 @@ class TrainModel {
   // Every trainable tensor, in a fixed order (the same on every call).
   virtual std::span<const TrainableTensor> params() const = 0;
   virtual int64_t trainable_count() const = 0;
-  virtual void ZeroGrad() = 0;
+  // Zeroes every gradient. hand_back_pages: their pages go back to the OS (they read as zero and the
+  // backward faults them in as it writes them); else they are zeroed in place and stay resident.
+  virtual void ZeroGrad(bool hand_back_pages = true) = 0;
   // Forward + backward over one micro-batch; accumulates gradients scaled by 1 / normalizer and
   // returns the sum of token losses (nats, unnormalized). Errors for token ids out of range or
   // T > max_seq_len.

@@ -57,10 +57,10 @@ struct Acts {
   std::array<std::vector<float>, kMods> mid;  // LoRA x A^T, (N, r)
 };
 
-// Gradient storage: anonymous mmapped pages. Zero() hands them back to the OS (they read as zero
+// Gradient storage: anonymous mmapped pages. Zero(true) hands them back to the OS (they read as zero
 // until written again), so between steps and during the forward no full/freeze gradient is
 // resident; the backward brings each tensor's pages in as it writes them (as PyTorch's
-// zero_grad(set_to_none=True) frees its .grad tensors).
+// zero_grad(set_to_none=True) frees its .grad tensors). Zero(false) writes zeros in place.
 class GradBuffer {
  public:
   explicit GradBuffer(int64_t n);
@@ -68,7 +68,7 @@ class GradBuffer {
   GradBuffer(const GradBuffer&) = delete;
   GradBuffer& operator=(const GradBuffer&) = delete;
   float* data() const { return p_; }
-  void Zero();
+  void Zero(bool hand_back_pages);
 
  private:
   float* p_ = nullptr;
@@ -169,7 +169,7 @@ class TrainModelImpl final : public TrainModel {
   Profiler* profiler() const override { return opt_.profiler; }
   std::span<const TrainableTensor> params() const override { return params_; }
   int64_t trainable_count() const override { return trainable_count_; }
-  void ZeroGrad() override;
+  void ZeroGrad(bool hand_back_pages = true) override;
   Result<double> ForwardBackward(const TrainBatch& batch, double normalizer) override;
   Result<double> Loss(const TrainBatch& batch, int64_t* n_targets) override;
   TrainMemory AllocatedBytes() const override;

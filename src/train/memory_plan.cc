@@ -120,6 +120,12 @@ int64_t LatheWorkers(const TrainSetup& s) {
                                 s.row_group_workers, s.threads);
 }
 
+bool LatheHandsBackPages(const TrainSetup& s) {
+  const bool lora = s.method == "lora" || s.method == "qlora";
+  return !lora && !s.grad_checkpointing && s.grad_accum == 1 &&
+         LatheGroupTokens(s) >= s.batch_size * s.seq_len;
+}
+
 int64_t LatheGroupTokens(const TrainSetup& s) {
   // Batches are padded to their longest row, so T is anything up to seq_len: take the largest
   // group over every T (a shorter T can pack more rows, e.g. 2 x 256 > 1 x 300 tokens).
@@ -155,7 +161,6 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const double N = (double)LatheGroupTokens(s);  // tokens of one row group
   const double W = (double)LatheWorkers(s);       // row-group workers, each with its own group's buffers
   const std::string per_worker = W > 1 ? StrFormat(" x %.0f row-group workers", W) : std::string();
-  const bool one_group = N >= (double)s.batch_size * s.seq_len;
   p.total_params = P;
   auto add = [&](std::string cat, double bytes, std::string formula) {
     p.lines.push_back({std::move(cat), "device", bytes, std::move(formula)});
@@ -249,13 +254,14 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       StrFormat("%.0f tokens (one row group)%s x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 "
                 "q_dim + 2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
                 N, per_worker.c_str(), (long long)L, sets, r ? " + 7 r" : ""));
-  if (!lora && !s.grad_checkpointing && one_group) {
-    // Full / freeze: gradients are paged in as the backward writes them (ZeroGrad hands their pages
-    // back) and each trained layer's saved tensors (q, k, v, att, xmid, gate, up and its output in
-    // the residual stream) are dropped once its backward is done. Going down the layers one set
-    // shrinks as the other grows, so the peak is at one end: all those activations or all those
-    // gradients, never both. With several row groups the second group's forward holds its
-    // activations next to the gradients the first wrote: no overlap.
+  if (LatheHandsBackPages(s)) {
+    // Full / freeze, one row group per optimizer step: gradients are paged in as the backward writes
+    // them (ZeroGrad hands their pages back) and each trained layer's saved tensors (q, k, v, att,
+    // xmid, gate, up and its output in the residual stream) are dropped once its backward is done.
+    // Going down the layers one set shrinks as the other grows, so the peak is at one end: all those
+    // activations or all those gradients, never both. With several row groups (or accumulated
+    // micro-batches) the second forward holds its activations next to the gradients the first
+    // wrote: no overlap, and the pages stay resident.
     const int64_t layers = s.method == "full" ? L : std::min(s.freeze_trainable_layers, L);
     const double dropped = 4 * N * layers * (2.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn);
     const double layer_grads = 4.0 * layers * (LinearParamsPerLayer(c) + 2 * dim + bias);

@@ -20,7 +20,8 @@ struct TrainSetup {
   std::string optimizer = "adamw";    // adamw | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit | sgd
   int64_t batch_size = 1;             // per device micro-batch
   int64_t seq_len = 512;
-  int64_t grad_accum = 1;             // does not change peak memory (grads are accumulated in place)
+  int64_t grad_accum = 1;             // grads are accumulated in place; > 1 rules out lathe's
+                                      // activation / gradient overlap (LatheHandsBackPages)
   bool grad_checkpointing = false;
   int64_t lora_rank = 8;
   double lora_dropout = 0;            // lathe: dropout keeps a dropped copy of each LoRA input
@@ -91,6 +92,11 @@ double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s);
 int64_t LatheGroupTokens(const TrainSetup& s);
 // lathe: the row-group workers a micro-batch runs on (model::RowGroupWorkers at the longest length).
 int64_t LatheWorkers(const TrainSetup& s);
+// lathe: whether the run hands gradient and activation pages back to the OS each step
+// (model::TrainModelOptions::hand_back_pages): full / freeze without gradient checkpointing whose
+// optimizer step is one row group (one micro-batch, no accumulation). Only then do the two overlap
+// (the plan's "overlap" line); otherwise they are zeroed and rewritten in place.
+bool LatheHandsBackPages(const TrainSetup& s);
 
 // lathe mode, with a measured baseline: what a training process holds beyond the baseline and the
 // planned buffers — malloc arenas of the pool threads, code and library pages first touched by the

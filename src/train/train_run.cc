@@ -188,6 +188,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   ts.loss_chunk_tokens = mo.loss_chunk_tokens;
   ts.row_group_tokens = mo.row_group_tokens;
   ts.row_group_workers = mo.row_group_workers;
+  ts.grad_accum = c.gradient_accumulation_steps;
   ts.base_weight_bytes = base_bytes;
   if (!lm.weights.layers.empty()) ts.base_dtype = lm.weights.layers[0].wq.dtype;
   ts.threads = o.threads;
@@ -195,6 +196,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   ts.baseline_bytes =
       rss_start + std::max(0.0, rss_loaded - rss_start - base_bytes) + std::max(0.0, rss_data - rss_loaded);
 
+  mo.hand_back_pages = LatheHandsBackPages(ts);  // the plan's overlap line decides the same way
   ThreadPool pool(o.threads);
   if (profiler) pool.SetProfiler(profiler.get());
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<model::TrainModel> tm,
@@ -223,6 +225,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   env.base_weight_bytes = base_bytes;
   env.monitor = o.monitor;
   env.pool = &pool;
+  env.hand_back_pages = mo.hand_back_pages;
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(c, *tm, std::move(data), env));
   LATHE_ASSIGN_OR_RETURN(TrainSummary s, trainer->Run());
   pool.SetProfiler(nullptr);

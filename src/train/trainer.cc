@@ -441,7 +441,10 @@ Result<TrainSummary> Trainer::Run() {
         opt->Step(params, sched.At(state_.global_step - scaler.skipped_steps));
       }
       json mem = UpdateMemory((int64_t)(opt->StateBytesPerParam() * (double)trainable));
-      model_.ZeroGrad();
+      // A save follows this step: hand the gradients' pages back for its copy (the memory plan's
+      // save overlap) even where they are otherwise zeroed in place.
+      const int64_t next_step = state_.global_step + 1;
+      model_.ZeroGrad(env_.hand_back_pages || next_step % c.save_steps == 0 || next_step >= total);
       state_.global_step++;
       // As the HF Trainer: the logged learning rate is the scheduler's value after its step.
       last_lr = sched.At(state_.global_step - scaler.skipped_steps);

@@ -48,6 +48,9 @@ struct TrainerEnv {
   double base_weight_bytes = 0;
   bool monitor = false;
   ThreadPool* pool = nullptr;  // the optimizer's elementwise updates run on it (the model's pool)
+  // The model's TrainModelOptions::hand_back_pages: ZeroGrad after each step hands the gradients'
+  // pages back (else zeroes them in place, except before a save, whose copy the plan lets reuse them).
+  bool hand_back_pages = true;
 };
 
 struct TrainSummary {

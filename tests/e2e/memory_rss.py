@@ -102,6 +102,10 @@ def settings():
                                                             "cutoff_len": 256}, ["--tokenizer", tok]),
          ("smollm2-shaped(2L) full fp32 b2 s64", smol, {"finetuning_type": "full", "cutoff_len": 64,
                                                        "per_device_train_batch_size": 2, "max_steps": 2}, ["--tokenizer", tok]),
+         # Accumulated micro-batches: gradients stay resident (zeroed in place), no activation overlap.
+         ("smollm2-shaped(2L) full fp32 b2 s64 accum 2", smol, {"finetuning_type": "full", "cutoff_len": 64,
+                                                               "per_device_train_batch_size": 2, "max_steps": 2,
+                                                               "gradient_accumulation_steps": 2}, ["--tokenizer", tok]),
          ("smollm2-shaped(2L) full bf16 ckpt b4 s128", smol, {"finetuning_type": "full", "bf16": "true",
                                                              "gradient_checkpointing": "true", "max_steps": 2},
           ["--tokenizer", tok])]

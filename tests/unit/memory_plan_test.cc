@@ -387,6 +387,23 @@ TEST(MemoryPlanLathe, ActivationsForOneRowGroup) {
   const double layer_grads = 4.0 * 30 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536 + 2 * 576);
   EXPECT_DOUBLE_EQ(whole.Bytes("overlap") - rows.Bytes("overlap"), -layer_grads);
   EXPECT_LT(rows.Total(), whole.Total());
+  // The run hands pages back exactly when the plan counts that overlap: not with accumulated
+  // micro-batches (the second one's forward holds every gradient), LoRA or checkpointing.
+  s.row_group_tokens = 0;
+  EXPECT_TRUE(LatheHandsBackPages(s));
+  s.grad_accum = 2;
+  EXPECT_FALSE(LatheHandsBackPages(s));
+  EXPECT_DOUBLE_EQ(PlanTraining(c, s).value().Bytes("overlap") - whole.Bytes("overlap"), layer_grads);
+  s.grad_accum = 1;
+  s.row_group_tokens = 512;
+  EXPECT_FALSE(LatheHandsBackPages(s));
+  s.batch_size = 1;
+  EXPECT_TRUE(LatheHandsBackPages(s));
+  s.grad_checkpointing = true;
+  EXPECT_FALSE(LatheHandsBackPages(s));
+  s.grad_checkpointing = false;
+  s.method = "lora";
+  EXPECT_FALSE(LatheHandsBackPages(s));
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ class FakeTrainModel final : public model::TrainModel {
   const model::ModelConfig& config() const override { return config_; }
   std::span<const model::TrainableTensor> params() const override { return params_; }
   int64_t trainable_count() const override { return (int64_t)w_.size() + 4; }
-  void ZeroGrad() override {
+  void ZeroGrad(bool hand_back_pages = true) override {
+    zero_grad_hand_back.push_back(hand_back_pages);
     std::fill(gw_.begin(), gw_.end(), 0.f);
     std::fill(gn_.begin(), gn_.end(), 0.f);
   }
@@ -65,6 +66,7 @@ class FakeTrainModel final : public model::TrainModel {
   std::vector<float> weights() const { return w_; }
 
   std::vector<Seen> seen;
+  std::vector<bool> zero_grad_hand_back;  // ZeroGrad's argument per call
   int eval_calls = 0;
   mutable int saves = 0;
 

@@ -53,10 +53,12 @@ TrainConfig BaseConfig(const std::string& out) {
 
 json ReadJson(const std::string& path) { return json::parse(ReadFileToString(path).value()); }
 
-Result<TrainSummary> Train(const TrainConfig& c, FakeTrainModel& m, DatasetSplit data) {
+Result<TrainSummary> Train(const TrainConfig& c, FakeTrainModel& m, DatasetSplit data,
+                           bool hand_back_pages = true) {
   LATHE_RETURN_IF_ERROR(PrepareOutputDir(c.output_dir, c.overwrite_output_dir));
   TrainerEnv env;
   env.log = nullptr;
+  env.hand_back_pages = hand_back_pages;
   env.flops_params = 100;
   LATHE_ASSIGN_OR_RETURN(auto t, Trainer::Create(c, m, std::move(data), env));
   return t->Run();
@@ -87,6 +89,24 @@ TEST(TrainerLoop, StepsMicroBatchesAndNormalizers) {
   }
   EXPECT_EQ(m.seen[3].B, 1);  // the epoch's last micro-batch holds the remainder
   EXPECT_DOUBLE_EQ(s->epoch, 2.0);
+}
+
+TEST(TrainerLoop, GradientPagesGoBackBeforeSavesOnly) {
+  // A run whose gradients are zeroed in place (TrainerEnv::hand_back_pages false) still hands their
+  // pages back before each save (steps 3 and 6) and the final one (step 7): the memory plan lets the
+  // save's copy reuse them. The first call zeroes the never-written gradients before step 1.
+  for (bool hand_back : {false, true}) {
+    TempDir d;
+    TrainConfig c = BaseConfig(d.path + "/out");
+    c.max_steps = 7;
+    c.save_steps = 3;
+    FakeTrainModel m(16);
+    auto s = Train(c, m, MakeData(6, 0), hand_back);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    std::vector<bool> want(8, true);
+    if (!hand_back) want = {true, false, false, true, false, false, true, true};
+    EXPECT_EQ(m.zero_grad_hand_back, want) << "hand_back_pages " << hand_back;
+  }
 }
 
 TEST(TrainerLoop, MaxStepsOverridesEpochsAndWrapsData) {
