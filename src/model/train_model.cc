@@ -310,8 +310,30 @@ Status TrainModelImpl::Init() {
   for (const Layer& Ly : layers_)
     for (const Lin& L : Ly.lin) quantized_base_ = quantized_base_ || IsPackedQuant(L.base.dtype);
   if (opt_.row_group_workers < 0) return Status::Error("row_group_workers: must be >= 0 (0 = one per pool thread)");
+  for (const TrainableTensor& t : params_) order_.Register(t.grad);
   workers_.push_back(std::make_unique<RowGroupWorker>(*this, pool_));
   return Status::Ok();
+}
+
+void GradOrder::Register(const float* grad) {
+  if (grad && !turns_.count(grad)) turns_.emplace(grad, std::make_unique<std::atomic<int64_t>>(0));
+}
+
+void GradOrder::Start(bool on) {
+  on_ = on;
+  for (auto& [g, t] : turns_) t->store(0, std::memory_order_relaxed);
+}
+
+void GradOrder::Pass(std::atomic<int64_t>& t, int64_t group) {
+  int64_t v = t.load(std::memory_order_relaxed);
+  while (v < group + 1 && !t.compare_exchange_weak(v, group + 1, std::memory_order_release)) {
+  }
+  t.notify_all();
+}
+
+void GradOrder::Finish(int64_t group) {
+  if (!on_) return;
+  for (auto& [g, t] : turns_) Pass(*t, group);
 }
 
 RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
@@ -319,7 +341,7 @@ RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
       embed_master_(m.embed_master_), g_embed_(m.g_embed_), g_head_(m.g_head_), final_norm_(m.final_norm_),
       lowest_trainable_layer_(m.lowest_trainable_layer_), embed_trainable_(m.embed_trainable_),
       pos_cos_(m.pos_cos_), pos_sin_(m.pos_sin_), step_(m.step_), head_packed_(m.head_packed_use_),
-      shared_pool_(shared_pool), pool_(&shared_pool) {
+      order_(m.order_), embed_rows_(m.embed_rows_), shared_pool_(shared_pool), pool_(&shared_pool) {
   // Layers below the lowest trainable one have no backward: their forward borrows set 0, which
   // that layer's own forward then overwrites.
   acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c_.n_layers - lowest_trainable_layer_, 1));
@@ -512,8 +534,10 @@ void RowGroupWorker::RmsBwd(float* dx, float* dw, const float* dout, const float
     kernels::RmsNormBackward(dx + b * C, tdw, dout + b * C, x + b * C, w, rstd + b, e - b, C);
   });
   if (dw) {
-    for (int64_t p = 0; p < parts; ++p)
-      for (int64_t i = 0; i < C; ++i) dw[i] += normdw_[p * C + i];
+    order_.Add(dw, group_, [&] {
+      for (int64_t p = 0; p < parts; ++p)
+        for (int64_t i = 0; i < C; ++i) dw[i] += normdw_[p * C + i];
+    });
   }
 }
 
@@ -564,13 +588,18 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const float* dyr = Round(dy, N * L.out, rdy_);
   if (need_dx) kernels::MatMulBackwardInput(*pool_, dx, dyr, N, L.eff, accumulate);
   if (L.grad) {
-    ReadyToWrite(L.grad, L.in * L.out);
-    kernels::MatMulBackwardWeight(*pool_, L.grad, dyr, Round(x, N * L.in, rx_), N, L.out, L.in);
+    const float* xr = Round(x, N * L.in, rx_);
+    order_.Add(L.grad, group_, [&] {
+      ReadyToWrite(L.grad, L.in * L.out);
+      kernels::MatMulBackwardWeight(*pool_, L.grad, dyr, xr, N, L.out, L.in);
+    });
   }
   if (L.gbias) {
-    Par(L.out, 64, [&](int64_t b, int64_t e, int) {
-      for (int64_t r = 0; r < N; ++r)
-        for (int64_t j = b; j < e; ++j) L.gbias[j] += dy[r * L.out + j];
+    order_.Add(L.gbias, group_, [&] {
+      Par(L.out, 64, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = 0; r < N; ++r)
+          for (int64_t j = b; j < e; ++j) L.gbias[j] += dy[r * L.out + j];
+      });
     });
   }
   if (!L.lora.on) return;
@@ -816,13 +845,19 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
   const int64_t n = (int64_t)starts.size();
   std::vector<double> losses(n, 0.0);
   const int W = Workers(n);
-  // Worker w runs groups w, w + W, ...: which groups add into which gradients is fixed by W alone,
-  // so the result does not depend on the threads or their timing.
+  const bool lora = opt_.method == FinetuneMethod::kLora;
+  // Worker w runs groups w, w + W, ...: which groups add into which gradients is fixed by W alone
+  // (LoRA) or not at all (full / freeze add in group order), so the result does not depend on the
+  // threads or their timing.
+  order_.Start(W > 1 && !lora);
+  const bool tied_rows = g_embed_ && g_embed_ == g_head_;
+  if (tied_rows) embed_rows_.resize(batch.B * batch.T * c_.dim);
   auto run = [&](int w) {
     RowGroupWorker& k = Worker(w);
     for (int64_t i = w; i < n; i += W) {
       k.Prepare(RowsOf(batch, starts[i], std::min(G, batch.B - starts[i])), starts[i]);
-      losses[i] = k.ForwardBackward(normalizer, i == n - 1);
+      losses[i] = k.ForwardBackward(normalizer, i, i == n - 1);
+      order_.Finish(i);
     }
   };
   if (W == 1) {
@@ -831,12 +866,25 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
   } else {
     for (int w = 0; w < W; ++w) {
       Worker(w).SetSolo(true);
-      if (w > 0) Worker(w).UsePrivateGrads();
+      if (w > 0 && lora) Worker(w).UsePrivateGrads();
     }
+    // Full / freeze: a group waits for the one before it, so each worker needs a thread of its own
+    // (RowGroupWorkers keeps W <= threads); the pool's idle threads claim the workers' chunks.
     pool_.ParallelFor(W, 1, [&](int64_t b, int64_t e, int) {
       for (int64_t w = b; w < e; ++w) run((int)w);
     });
-    for (int w = 1; w < W; ++w) Worker(w).AddGradsTo(pool_);
+    if (lora)
+      for (int w = 1; w < W; ++w) Worker(w).AddGradsTo(pool_);
+  }
+  if (tied_rows) {
+    // The embedding's share of the tied gradient, after every group's loss: the same order on any
+    // worker count.
+    ScopedOp op(opt_.profiler, "embedding_bwd", 0, 12.0 * (double)batch.B * batch.T * c_.dim);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t rows = std::min(G, batch.B - starts[i]), t0 = starts[i] * batch.T;
+      kernels::EmbeddingBackward(g_embed_, embed_rows_.data() + t0 * c_.dim, batch.input_ids.data() + t0,
+                                 rows * batch.T, c_.dim);
+    }
   }
   double loss = 0;
   for (double l : losses) loss += l;
@@ -862,7 +910,8 @@ void TrainModelImpl::PackHead() {
   head_packed_use_ = &head_packed_;
 }
 
-double RowGroupWorker::ForwardBackward(double normalizer, bool last_group) {
+double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool last_group) {
+  group_ = group;
   Forward(/*train=*/true);
   const int64_t N = N_, dim = c_.dim;
   dxf_.resize(N * dim);
@@ -871,9 +920,16 @@ double RowGroupWorker::ForwardBackward(double normalizer, bool last_group) {
   {
     ScopedOp ce_op(opt_.profiler, "cross_entropy_fwd_bwd", 6.0 * N * dim * c_.vocab_size,
                    (double)head_eff_.nbytes() * 2 + 8.0 * N * dim);
-    if (g_head_) ReadyToWrite(g_head_, head_eff_.numel());  // every vocab row is written
-    loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
-                                               (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_);
+    auto ce = [&] {
+      if (g_head_) ReadyToWrite(g_head_, head_eff_.numel());  // every vocab row is written
+      loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
+                                           (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_);
+    };
+    if (g_head_) {
+      order_.Add(g_head_, group_, ce);
+    } else {
+      ce();
+    }
   }
   dres_.resize(N * dim);
   RmsBwd(dres_.data(), final_norm_.g, dxf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w, rstdf_.data());
@@ -895,9 +951,14 @@ double RowGroupWorker::ForwardBackward(double normalizer, bool last_group) {
       DropPages(&res_[(l + 1) * N * dim], N * dim);
     }
   }
-  if (g_embed_) {
-    ScopedOp op(opt_.profiler, "embedding_bwd", 0, 12.0 * N * dim);
-    kernels::EmbeddingBackward(g_embed_, dres_.data(), ids_, N, dim);
+  if (g_embed_ && g_embed_ == g_head_) {
+    // Tied: the loss of a later group adds into this gradient too; the rows wait for every loss.
+    std::copy(dres_.begin(), dres_.begin() + N * dim, embed_rows_.begin() + tok0_ * dim);
+  } else if (g_embed_) {
+    order_.Add(g_embed_, group_, [&] {
+      ScopedOp op(opt_.profiler, "embedding_bwd", 0, 12.0 * N * dim);
+      kernels::EmbeddingBackward(g_embed_, dres_.data(), ids_, N, dim);
+    });
   }
   return (double)loss;
 }
@@ -965,8 +1026,10 @@ int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens) {
 }
 
 int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads) {
-  if (!lora || groups < 2) return 1;
-  return std::clamp<int64_t>(row_group_workers > 0 ? row_group_workers : threads, 1, groups);
+  if (groups < 2) return 1;
+  // Full / freeze workers wait for each other (GradOrder): at most one per thread.
+  const int64_t most = lora ? groups : std::min<int64_t>(groups, std::max(threads, 1));
+  return std::clamp<int64_t>(row_group_workers > 0 ? row_group_workers : threads, 1, most);
 }
 
 Result<std::unique_ptr<TrainModel>> TrainModel::Create(const ModelWeights& base, ThreadPool& pool,
@@ -998,6 +1061,7 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage + shadows + in_place_bytes_;
   m.weights += cap(head_packed_.data);  // a copy of a frozen base tensor, whatever the method
   for (const auto& w : workers_) w->AddAllocatedBytes(m);
+  m.activations += cap(embed_rows_);
   for (const auto* v : {&inv_freq_, &pos_cos_, &pos_sin_}) m.temporary += cap(*v);
   m.base_released = base_released_;
   return m;

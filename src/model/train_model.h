@@ -70,13 +70,15 @@ struct TrainModelOptions {
   // the weight gradients over tokens depends on it (dropout masks are keyed by the row's position
   // in the micro-batch). 512 tokens keep every GEMM at M >= 512 rows (short rows are grouped).
   int64_t row_group_tokens = 512;
-  // LoRA: row groups run data-parallel on this many workers, each with its own activations and
-  // scratch on a 1-thread pool (side by side on the pool's threads), workers > 0 adding into
-  // private LoRA gradients summed in worker order after the groups. Two 1-thread GEMMs side by
-  // side keep their 1-thread rate; one GEMM split over two threads does not (bench/RESULTS.md).
-  // 0 = one per pool thread. At most the micro-batch's row groups are used; full / freeze always
-  // use 1 (a second full gradient would cost more memory than the speed is worth). The result
-  // depends on the worker count (gradient summation order) but not on the threads or timing.
+  // Row groups run data-parallel on this many workers, each with its own activations and scratch on
+  // a 1-thread pool (side by side on the pool's threads). Two 1-thread GEMMs side by side keep
+  // their 1-thread rate; one GEMM split over two threads does not (bench/RESULTS.md). 0 = one per
+  // pool thread; at most the micro-batch's row groups. LoRA: workers > 0 add into private LoRA
+  // gradients summed in worker order after the groups, so the result depends on the worker count
+  // (summation order) but not on the threads or timing. Full / freeze (at most one worker per
+  // thread; a private full gradient would cost more memory than the speed is worth): every worker
+  // adds into the shared gradients in group order, each tensor in turn, so the result is that of
+  // one worker; the cost is a second group's activations.
   int64_t row_group_workers = 0;
   // Full / freeze: the last row group of a call hands each trained layer's saved tensors back to the
   // OS once its backward is done, making room for the gradients the remaining layers write (with
@@ -119,8 +121,8 @@ constexpr int64_t kNormGradParts = 8;
 // B when row_group_tokens is 0. The memory plan (train/memory_plan.cc) sizes activations with it.
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens);
 // Workers that run a micro-batch of `groups` row groups (TrainModelOptions::row_group_workers,
-// 0 = `threads`): 1 unless LoRA, at most `groups`. The memory plan counts activations, scratch and
-// private LoRA gradients per worker with it.
+// 0 = `threads`): at most `groups`, and for full / freeze at most `threads` (their workers wait for
+// each other). The memory plan counts activations, scratch and private LoRA gradients per worker.
 int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads);
 
 // One micro-batch: B rows of T tokens (row-major), padded rows use label -100 beyond their end.

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/train_ops.h"
@@ -77,12 +79,45 @@ class GradBuffer {
 
 class TrainModelImpl;
 
+// Full / freeze on W > 1 row-group workers: the groups add into each shared gradient tensor in
+// group order (group i waits until every earlier group has added into it or finished), so each
+// gradient is the same sum in the same order as one worker running the groups one after another:
+// the bits do not depend on the worker or thread count. Keyed by the gradient's pointer.
+class GradOrder {
+ public:
+  void Register(const float* grad);
+  // A micro-batch starts (turns back to group 0); off = one worker, nothing to wait for.
+  void Start(bool on);
+  // Runs add() as group `group`'s addition into `grad` (registered), after every earlier group's.
+  template <class F>
+  void Add(const float* grad, int64_t group, const F& add) {
+    if (!on_) {
+      add();
+      return;
+    }
+    std::atomic<int64_t>& t = *turns_.at(grad);
+    for (int64_t v = t.load(std::memory_order_acquire); v < group; v = t.load(std::memory_order_acquire))
+      t.wait(v, std::memory_order_acquire);
+    add();
+    Pass(t, group);
+  }
+  // Group `group` is done: no later addition of it will come (one that skipped a tensor does not
+  // hold the next group back).
+  void Finish(int64_t group);
+
+ private:
+  static void Pass(std::atomic<int64_t>& t, int64_t group);
+  bool on_ = false;
+  std::unordered_map<const float*, std::unique_ptr<std::atomic<int64_t>>> turns_;
+};
+
 // One worker's share of a micro-batch's row groups: the activations and scratch of the group it
 // runs (sized by the largest group seen, reused across steps), the pool its kernels use and where
-// its LoRA gradients go. Worker 0 alone (row_group_workers 1, full / freeze) runs every group on
-// the model's pool and adds into the model's gradients. With W > 1 workers (LoRA) each runs its
-// groups (w, w + W, ...) on a 1-thread pool of its own, side by side on the model pool's threads;
-// workers > 0 add into private gradients the model sums into its own in worker order afterwards.
+// its LoRA gradients go. Worker 0 alone (row_group_workers 1) runs every group on the model's pool
+// and adds into the model's gradients. With W > 1 workers each runs its groups (w, w + W, ...) on a
+// 1-thread pool of its own, side by side on the model pool's threads; under LoRA workers > 0 add
+// into private gradients the model sums into its own in worker order afterwards, under full /
+// freeze every worker adds into the model's gradients in group order (GradOrder).
 class RowGroupWorker {
  public:
   RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool);
@@ -93,8 +128,9 @@ class RowGroupWorker {
   void AddGradsTo(ThreadPool& pool);
   // Rope tables, targets and buffers for one row group (rows [row0, row0 + g.B) of the micro-batch).
   void Prepare(const TrainBatch& g, int64_t row0);
-  // Forward + backward of the prepared row group; returns its share of the loss (sum / normalizer).
-  double ForwardBackward(double normalizer, bool last_group);
+  // Forward + backward of the prepared row group, the micro-batch's group-th with targets; returns
+  // its share of the loss (sum / normalizer).
+  double ForwardBackward(double normalizer, int64_t group, bool last_group);
   // Forward of the prepared group; returns its summed token loss, counting targets into *n.
   double Loss(int64_t* n);
   void AddAllocatedBytes(TrainMemory& m) const;
@@ -130,6 +166,11 @@ class RowGroupWorker {
   const std::vector<float>&pos_cos_, &pos_sin_;
   const uint64_t& step_;
   const kernels::PackedBackwardB* const& head_packed_;  // null: the loss packs per chunk
+  GradOrder& order_;
+  // Tied full: the input gradient of every row of the micro-batch, for the embedding's share of the
+  // tied gradient, added after every group's loss (TrainModelImpl::ForwardBackward).
+  std::vector<float>& embed_rows_;
+  int64_t group_ = 0;  // the group running, for order_
 
   ThreadPool& shared_pool_;
   ThreadPool solo_pool_{1};
@@ -226,6 +267,8 @@ class TrainModelImpl final : public TrainModel {
   std::vector<float> inv_freq_, pos_cos_, pos_sin_;  // (max_seq_len, half)
   uint64_t step_ = 0;  // dropout stream counter
   std::vector<std::unique_ptr<RowGroupWorker>> workers_;
+  GradOrder order_;
+  std::vector<float> embed_rows_;  // tied full: (B * T, dim), see RowGroupWorker::embed_rows_
 };
 
 }  // namespace lathe::model::internal

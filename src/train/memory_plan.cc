@@ -229,7 +229,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                   (long long)dim));
   }
   add("gradients", trainable * 4.0, StrFormat("%lld trainable params x 4 B (f32)", (long long)trainable));
-  if (W > 1) {
+  if (W > 1 && lora) {  // full / freeze workers add into the shared gradients in turn
     add("gradients", (W - 1) * trainable * 4.0,
         StrFormat("%.0f more row-group worker(s) x %lld LoRA params x 4 B (private gradients, summed after the groups)",
                   W - 1, (long long)trainable));
@@ -254,6 +254,13 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       StrFormat("%.0f tokens (one row group)%s x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 "
                 "q_dim + 2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
                 N, per_worker.c_str(), (long long)L, sets, r ? " + 7 r" : ""));
+  if (s.method == "full" && c.tied_embeddings) {
+    // The loss of every group adds into the tied embedding / head gradient before the embedding's
+    // share does (the same order on any worker count): each row's input gradient waits.
+    add("activations", 4.0 * s.batch_size * s.seq_len * dim,
+        StrFormat("tied embedding: %lld x %lld tokens x dim x 4 B of input gradient, added after every group's loss",
+                  (long long)s.batch_size, (long long)s.seq_len));
+  }
   if (LatheHandsBackPages(s)) {
     // Full / freeze, one row group per optimizer step: gradients are paged in as the backward writes
     // them (ZeroGrad hands their pages back) and each trained layer's saved tensors (q, k, v, att,

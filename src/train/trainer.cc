@@ -369,7 +369,7 @@ Result<TrainSummary> Trainer::Run() {
     }
     // LoRA runs its row groups on up to one worker per thread (TrainModelOptions::row_group_workers),
     // summing their gradients in that grouping: another worker count continues the run, not
-    // bit-identically. Full / freeze use one worker on any thread count. (Checkpoints written before
+    // bit-identically. Full / freeze workers add in group order: the same bits on any count. (Checkpoints written before
     // "row_group_workers" was recorded name only their thread count, which was the worker count of
     // a LoRA run.)
     const int threads = env_.pool ? env_.pool->size() : 1;
@@ -380,7 +380,7 @@ Result<TrainSummary> Trainer::Run() {
     } else if (j.contains("threads") && j["threads"].is_number_integer() && c.finetuning_type == "lora") {
       saved_workers = std::clamp<int64_t>(j["threads"].get<int64_t>(), 1, c.per_device_train_batch_size);
     }
-    if (saved_workers > 0 && saved_workers != workers) {
+    if (c.finetuning_type == "lora" && saved_workers > 0 && saved_workers != workers) {
       const std::string saved_threads =
           j.contains("threads") && j["threads"].is_number_integer() ? j["threads"].dump() : "?";
       Say(StrFormat("warning: resuming with %lld LoRA row-group worker(s) (%d thread(s)), the checkpointed run used "

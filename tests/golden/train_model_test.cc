@@ -240,12 +240,17 @@ TEST(TrainModelRowGroups, GroupsOfRowsEqualTheWholeBatch) {
           EXPECT_NEAR(g->Loss(b.View(), &n_got).value(), eval_ref, 1e-6 * eval_ref);
           EXPECT_EQ(n_got, n_eval);
           // Activations are held for one group per worker: 6 rows in groups of 4 on 2 workers hold
-          // all 6 rows (4 + 2).
-          if (workers == 1 || o.method != FinetuneMethod::kLora) {
+          // all 6 rows (4 + 2). LoRA's workers > 0 have private gradients; full / freeze workers
+          // share the model's.
+          if (workers == 1) {
             EXPECT_LT(g->AllocatedBytes().activations, whole->AllocatedBytes().activations);
           } else {
             EXPECT_LE(g->AllocatedBytes().activations, whole->AllocatedBytes().activations);
-            EXPECT_GT(g->AllocatedBytes().gradients, whole->AllocatedBytes().gradients);  // private ones
+            if (o.method == FinetuneMethod::kLora) {
+              EXPECT_GT(g->AllocatedBytes().gradients, whole->AllocatedBytes().gradients);
+            } else {
+              EXPECT_EQ(g->AllocatedBytes().gradients, whole->AllocatedBytes().gradients);
+            }
           }
         }
     }
@@ -254,9 +259,11 @@ TEST(TrainModelRowGroups, GroupsOfRowsEqualTheWholeBatch) {
 
 // LoRA row groups on two workers: which group adds into which gradient buffer is fixed by the
 // worker count alone, so a 1-thread pool (the workers one after another) and a 2-thread pool (side
-// by side) give the same bits, step after step (dropout and bf16 included). Full and freeze (one
-// worker) likewise: no reduction follows the thread count (the RMSNorm weight gradients' partial
-// sums once did, so a full run resumed on another thread count drifted in the last bits).
+// by side) give the same bits, step after step (dropout and bf16 included). Full and freeze run one
+// worker per thread (at most row_group_workers) and add into the shared gradients in group order,
+// so one worker on one thread and two on two threads give the same bits too (no reduction follows
+// the thread count: the RMSNorm weight gradients' partial sums once did, so a full run resumed on
+// another thread count drifted in the last bits).
 TEST(TrainModelRowGroups, WorkersGiveTheSameBitsOnAnyThreadCount) {
   auto w = LoadBase("llama_gqa_tied");
   ASSERT_TRUE(w.ok());
@@ -287,11 +294,52 @@ TEST(TrainModelRowGroups, WorkersGiveTheSameBitsOnAnyThreadCount) {
           for (int64_t i = 0; i < t.n; ++i) t.data[i] -= 0.5f * t.grad[i];
       }
       for (const TrainableTensor& t : m->params()) params[threads - 1].emplace_back(t.data, t.data + t.n);
-      EXPECT_EQ(m->MaxRowGroupWorkers(b.B), o.method == FinetuneMethod::kLora ? 2 : 1);
+      EXPECT_EQ(m->MaxRowGroupWorkers(b.B), o.method == FinetuneMethod::kLora ? 2 : threads);
     }
     ASSERT_EQ(params[0].size(), params[1].size());
     for (size_t i = 0; i < params[0].size(); ++i)
       EXPECT_EQ(std::memcmp(params[0][i].data(), params[1][i].data(), params[0][i].size() * 4), 0) << i;
+  }
+}
+
+// Full / freeze workers on the other shared gradients: an untied head and embedding (each in group
+// order, the embedding at each group's end) and qwen2's q/k/v biases. Two workers on two threads,
+// three groups (the third runs on worker 0 after worker 1's), give one worker's bits.
+TEST(TrainModelRowGroups, FullWorkersOnUntiedAndBiasModelsGiveOneWorkersBits) {
+  for (const char* name : {"llama_gqa4_untied", "qwen2_bias"}) {
+    auto w = LoadBase(name);
+    ASSERT_TRUE(w.ok()) << name;
+    Batch b;
+    b.B = 3;
+    b.T = 20;
+    std::mt19937 rng(11);
+    for (int64_t i = 0; i < b.B * b.T; ++i) b.ids.push_back((int32_t)(rng() % w->config.vocab_size));
+    b.labels = b.ids;
+    for (int64_t t = 0; t < 5; ++t) b.labels[t] = -100;  // a prompt
+    const double n = (double)Targets(b);
+    TrainModelOptions freeze = Full();
+    freeze.method = FinetuneMethod::kFreeze;
+    freeze.freeze_trainable_layers = 1;
+    for (TrainModelOptions o : {Full(), freeze}) {
+      SCOPED_TRACE(StrFormat("%s, %s", name, o.method == FinetuneMethod::kFull ? "full" : "freeze"));
+      o.row_group_tokens = b.T;
+      o.row_group_workers = 2;
+      std::vector<std::vector<float>> params[2];
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        auto m = Make(*w, pool, o);
+        EXPECT_EQ(m->MaxRowGroupWorkers(b.B), threads);
+        for (int step = 0; step < 3; ++step) {
+          RunSteps(*m, {b}, n, /*hand_back_pages=*/false);
+          for (const TrainableTensor& t : m->params())
+            for (int64_t i = 0; i < t.n; ++i) t.data[i] -= 0.5f * t.grad[i];
+        }
+        for (const TrainableTensor& t : m->params()) params[threads - 1].emplace_back(t.data, t.data + t.n);
+      }
+      ASSERT_EQ(params[0].size(), params[1].size());
+      for (size_t i = 0; i < params[0].size(); ++i)
+        EXPECT_EQ(std::memcmp(params[0][i].data(), params[1][i].data(), params[0][i].size() * 4), 0) << i;
+    }
   }
 }
 
