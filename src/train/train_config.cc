@@ -161,6 +161,7 @@ const std::map<std::string, Setter>& Table() {
       {"fp16", Bool(&TrainConfig::fp16)},
       {"pure_bf16", Bool(&TrainConfig::pure_bf16)},
       {"gradient_checkpointing", Bool(&TrainConfig::gradient_checkpointing)},
+      {"row_group_workers", Int(&TrainConfig::row_group_workers, 0)},
       {"logging_steps", Int(&TrainConfig::logging_steps, 1)},
       {"save_steps", Int(&TrainConfig::save_steps, 1)},
       {"save_total_limit", Int(&TrainConfig::save_total_limit, 0)},

@@ -142,6 +142,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
     LATHE_ASSIGN_OR_RETURN(mo.lora_targets, ParseLoraTargets(c.lora_target));
   }
   mo.freeze_trainable_layers = c.freeze_trainable_layers;
+  mo.row_group_workers = c.row_group_workers;
   mo.bf16 = c.bf16;
   mo.fp16 = c.fp16;
   mo.gradient_checkpointing = c.gradient_checkpointing;

@@ -125,9 +125,17 @@ check "resume on 1 thread exit" test $? -eq 0
 check "resume on 1 thread warns" grep -q \
   "warning: resuming with 1 LoRA row-group worker(s) (1 thread(s)), the checkpointed run used 2 (2 thread(s))" \
   "$tmp/t.log"
+# The row_group_workers key reaches the model: 2 threads, one worker.
+b="$tmp/one_worker"
+from_checkpoint4 "$tmp/a_adamw_torch" "$b"
+"$LATHE" train "$tmp/r.yaml" --output_dir "$b" --resume_from_checkpoint last --row_group_workers 1 -t 2 > /dev/null \
+  2> "$tmp/w.log"
+check "row_group_workers 1 on 2 threads warns" grep -q \
+  "warning: resuming with 1 LoRA row-group worker(s) (2 thread(s)), the checkpointed run used 2 (2 thread(s))" \
+  "$tmp/w.log"
 
-# Full fine-tuning sums its gradients on one worker whatever the thread count: a run checkpointed
-# on 2 threads resumes on 1 without a warning, to the same losses bit for bit.
+# Full fine-tuning's row-group workers add into the gradients in group order: a run checkpointed on
+# 2 threads (2 workers) resumes on 1 without a warning, to the same losses bit for bit.
 sed -e 's/^finetuning_type: lora/finetuning_type: full/' -e '/^lora_/d' -e 's/^learning_rate: .*/learning_rate: 1.0e-3/' \
   "$tmp/r.yaml" > "$tmp/full.yaml"
 "$LATHE" train "$tmp/full.yaml" --output_dir "$tmp/full_a" -t 2 > /dev/null 2> "$tmp/fa.log"

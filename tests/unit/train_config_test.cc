@@ -75,6 +75,10 @@ TEST(TrainConfig, YamlListsAndOverrides) {
   ASSERT_TRUE(ApplyOverrides(&*c, {{"--learning-rate", "3e-4"}, {"--max_steps", "20"}}).ok());
   EXPECT_DOUBLE_EQ(c->learning_rate, 3e-4);
   EXPECT_EQ(c->max_steps, 20);
+  EXPECT_EQ(c->row_group_workers, 0);
+  ASSERT_TRUE(ApplyOverrides(&*c, {{"--row_group_workers", "1"}}).ok());
+  EXPECT_EQ(c->row_group_workers, 1);
+  EXPECT_FALSE(ParseTrainConfig("row_group_workers: -1\n", "x.yaml").ok());
 }
 
 TEST(TrainConfig, ErrorsNameKeyAndSuggest) {
