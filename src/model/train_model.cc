@@ -333,7 +333,13 @@ void GradOrder::Pass(std::atomic<int64_t>& t, int64_t group) {
 
 void GradOrder::Finish(int64_t group) {
   if (!on_) return;
-  for (auto& [g, t] : turns_) Pass(*t, group);
+  // A tensor this group added into is past it already; one it skipped waits for the earlier groups
+  // (so a later group never adds next to an earlier one).
+  for (auto& [g, t] : turns_) {
+    for (int64_t v = t->load(std::memory_order_acquire); v < group; v = t->load(std::memory_order_acquire))
+      t->wait(v, std::memory_order_acquire);
+    Pass(*t, group);
+  }
 }
 
 RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)

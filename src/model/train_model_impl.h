@@ -101,8 +101,8 @@ class GradOrder {
     add();
     Pass(t, group);
   }
-  // Group `group` is done: no later addition of it will come (one that skipped a tensor does not
-  // hold the next group back).
+  // Group `group` is done: no later addition of it will come (a tensor it skipped is passed on once
+  // the earlier groups are past it, so the next group is not held back forever).
   void Finish(int64_t group);
 
  private:
