@@ -41,6 +41,13 @@ TrainModelOptions Full() {
   return o;
 }
 
+TrainModelOptions Freeze() {  // the last layer trains
+  TrainModelOptions o;
+  o.method = FinetuneMethod::kFreeze;
+  o.freeze_trainable_layers = 1;
+  return o;
+}
+
 // Gives every LoRA B a deterministic non-zero value (PEFT's B = 0 would make dA zero).
 void NonZeroB(TrainModel& m) {
   int64_t k = 0;
@@ -136,10 +143,7 @@ TEST(TrainModelPages, ZeroingInPlaceGivesTheSameBits) {
   Batch four = FourRows(f);
   const double n = (double)Targets(four);
   ThreadPool pool(2);
-  TrainModelOptions freeze = Full();
-  freeze.method = FinetuneMethod::kFreeze;
-  freeze.freeze_trainable_layers = 1;
-  for (TrainModelOptions o : {Full(), freeze, Lora()}) {
+  for (TrainModelOptions o : {Full(), Freeze(), Lora()}) {
     for (int64_t group_tokens : {0L, four.T}) {  // one group; a group per row
       o.row_group_tokens = group_tokens;
       std::vector<Grads> got[2];
@@ -202,14 +206,12 @@ TEST(TrainModelRowGroups, GroupsOfRowsEqualTheWholeBatch) {
   ASSERT_TRUE(w.ok());
   Fixture f("train_llama_gqa_tied");
   ThreadPool pool(2);
-  TrainModelOptions bf16 = Lora(0.1), ckpt = Full(), freeze = Full();
+  TrainModelOptions bf16 = Lora(0.1), ckpt = Full();
   bf16.bf16 = true;
   ckpt.gradient_checkpointing = true;
   ckpt.lora_dropout = 0;
-  freeze.method = FinetuneMethod::kFreeze;
-  freeze.freeze_trainable_layers = 1;
   const char* names[] = {"lora dropout 0.1", "lora bf16 dropout 0.1", "full", "full ckpt", "freeze"};
-  const TrainModelOptions opts[] = {Lora(0.1), bf16, Full(), ckpt, freeze};
+  const TrainModelOptions opts[] = {Lora(0.1), bf16, Full(), ckpt, Freeze()};
   for (bool segments : {false, true}) {
     const Batch b = SixRows(f, segments);
     const double n = (double)Targets(b);
@@ -226,7 +228,7 @@ TEST(TrainModelRowGroups, GroupsOfRowsEqualTheWholeBatch) {
           SCOPED_TRACE(StrFormat("%s, segments %d, %lld rows per group, %lld workers", names[i], segments,
                                  (long long)rows, (long long)workers));
           o.row_group_tokens = rows * b.T;
-          o.row_group_workers = workers;  // LoRA only: full / freeze always run one group at a time
+          o.row_group_workers = workers;  // full / freeze: at most one per thread (2 here)
           auto g = Make(*w, pool, o);
           NonZeroB(*g);
           const Grads got = RunSteps(*g, {b}, n);
@@ -270,14 +272,12 @@ TEST(TrainModelRowGroups, WorkersGiveTheSameBitsOnAnyThreadCount) {
   Fixture f("train_llama_gqa_tied");
   const Batch b = SixRows(f, /*segments=*/true);
   const double n = (double)Targets(b);
-  TrainModelOptions lora_bf16 = Lora(0.1), full_bf16_ckpt = Full(), freeze = Full();
+  TrainModelOptions lora_bf16 = Lora(0.1), full_bf16_ckpt = Full();
   lora_bf16.bf16 = true;
   full_bf16_ckpt.bf16 = true;
   full_bf16_ckpt.gradient_checkpointing = true;
-  freeze.method = FinetuneMethod::kFreeze;
-  freeze.freeze_trainable_layers = 1;
   const char* names[] = {"lora f32", "lora bf16", "full f32", "full bf16 checkpointing", "freeze"};
-  const TrainModelOptions opts[] = {Lora(0.1), lora_bf16, Full(), full_bf16_ckpt, freeze};
+  const TrainModelOptions opts[] = {Lora(0.1), lora_bf16, Full(), full_bf16_ckpt, Freeze()};
   for (int c = 0; c < 5; ++c) {
     SCOPED_TRACE(names[c]);
     TrainModelOptions o = opts[c];
@@ -317,10 +317,7 @@ TEST(TrainModelRowGroups, FullWorkersOnUntiedAndBiasModelsGiveOneWorkersBits) {
     b.labels = b.ids;
     for (int64_t t = 0; t < 5; ++t) b.labels[t] = -100;  // a prompt
     const double n = (double)Targets(b);
-    TrainModelOptions freeze = Full();
-    freeze.method = FinetuneMethod::kFreeze;
-    freeze.freeze_trainable_layers = 1;
-    for (TrainModelOptions o : {Full(), freeze}) {
+    for (TrainModelOptions o : {Full(), Freeze()}) {
       SCOPED_TRACE(StrFormat("%s, %s", name, o.method == FinetuneMethod::kFull ? "full" : "freeze"));
       o.row_group_tokens = b.T;
       o.row_group_workers = 2;
@@ -500,9 +497,7 @@ TEST(TrainModelFreeze, LastLayerTrainsWithTheFullFineTuningGradients) {
   ASSERT_TRUE(w.ok());
   Fixture f("train_full_llama_gqa_tied");
   ThreadPool pool(2);
-  TrainModelOptions o;
-  o.method = FinetuneMethod::kFreeze;
-  o.freeze_trainable_layers = 1;
+  TrainModelOptions o = Freeze();
   auto m = Make(*w, pool, o);
   ASSERT_EQ(m->params().size(), 9u);  // 7 linear weights + 2 norms of layer 1
   const ModelConfig& c = w->config;
