@@ -1,11 +1,13 @@
 // MatMul and DequantizeRows on every ISA tier and weight dtype against the scalar reference, over
-// odd shapes, on both the GEMV (M < cpu::kGemvMaxM) and panel paths, single- and multi-threaded.
+// odd shapes, on the GEMV, panel, chain GEMV and GEMM paths (cpu::kGemvMaxM, cpu::kChainGemvMaxM),
+// single- and multi-threaded.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/cpu/train_dispatch.h"
 #include "kernels/kernels.h"
 #include "ops_test_util.h"
 
@@ -216,6 +218,63 @@ TEST_P(MatMulTier, BatchedRowsBitIdenticalToSingleRow) {
                 << " N=" << s.N << " K=" << s.K << " threads=" << threads;
           }
         }
+      }
+    }
+  }
+}
+
+// The chain GEMV kernel (MatMulWith's path for block types' f32 rows below kChainGemvMaxM) gives every
+// element the bits of the GEMM driver's y = x W^T (MatMulForwardWith: the path from kChainGemvMaxM rows
+// on, and the trainer's forward): K tails of every length, several inner chunks (K > 768, and 1537: chunks of 528,
+// 528, 481), N not a multiple of the kernel's 8 / 16 rows, 1 to 4 x rows with strided x and y.
+TEST_P(MatMulTier, ChainGemvEqualsTheGemmPerElement) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  ASSERT_NE(tk.chain_gemv, nullptr);
+  uint32_t seed = 2100;
+  ThreadPool pool(1);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (Shape s : {Shape{1, 1}, Shape{3, 7}, Shape{17, 37}, Shape{9, 33}, Shape{40, 100}, Shape{33, 576},
+                    Shape{21, 1536}, Shape{16, 1537}, Shape{7, 63}}) {
+      testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
+      for (int m = 1; m <= 4; ++m) {
+        const int64_t ldx = s.K + 3, ldy = s.N + 5;
+        const std::vector<float> xs = RandomVec(m * ldx, seed++);
+        std::vector<float> x(m * s.K), ref(m * s.N, -1.0f), yk(m * ldy, -2.0f), y(m * s.N);
+        for (int i = 0; i < m; ++i) std::copy_n(xs.begin() + i * ldx, s.K, x.begin() + i * s.K);
+        cpu::MatMulForwardWith(tk, kt, pool, ref.data(), x.data(), m, w.t);
+        tk.chain_gemv(dt, w.bytes.data(), w.t.row_bytes(), s.N, xs.data(), ldx, m, s.K,
+                      cpu::GemmInnerChunk(s.K), yk.data(), ldy);
+        for (int i = 0; i < m; ++i)
+          for (int64_t n = 0; n < s.N; ++n) y[i * s.N + n] = yk[i * ldy + n];
+        ASSERT_EQ(y, ref) << IsaTierName(GetParam()) << " " << DTypeName(dt) << " N=" << s.N << " K=" << s.K
+                          << " m=" << m;
+        for (int i = 0; i < m; ++i)  // nothing written past N in y's rows
+          for (int64_t n = s.N; n < ldy; ++n) ASSERT_EQ(yk[i * ldy + n], -2.0f);
+      }
+    }
+  }
+}
+
+// Block-quantized weights with f32 activations (prompt rows, exact_activations) take the float path
+// on dequantized rows: a row's result does not depend on M either (chunked prefill, prefix caching).
+TEST_P(MatMulTier, ExactRowsBitIdenticalToSingleRow) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  uint32_t seed = 2300;
+  for (DType dt : {DType::kQ8_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K}) {
+    const Shape s = IsKQuant(dt) ? Shape{37, 512} : Shape{70, 576};
+    for (int64_t M : {int64_t{2}, int64_t{5}, cpu::kChainGemvMaxM - 1, cpu::kChainGemvMaxM, int64_t{34}}) {
+      testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
+      const std::vector<float> x = RandomVec(M * s.K, seed++);
+      ThreadPool pool(2);
+      std::vector<float> y(M * s.N, -1.0f), y1(s.N, -2.0f);
+      cpu::MatMulWith(kt.mm, pool, x.data(), M, w.t, y.data(), /*exact_activations=*/true);
+      for (int64_t m = 0; m < M; ++m) {
+        cpu::MatMulWith(kt.mm, pool, x.data() + m * s.K, 1, w.t, y1.data(), /*exact_activations=*/true);
+        ASSERT_TRUE(std::equal(y1.begin(), y1.end(), y.begin() + m * s.N))
+            << IsaTierName(GetParam()) << " " << DTypeName(dt) << " M=" << M << " row " << m;
       }
     }
   }

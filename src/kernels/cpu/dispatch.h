@@ -78,13 +78,18 @@ const KernelTable& Best();
 // y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. Block-quantized weights without
 // exact_activations take int8 activations for any M, every row with its M = 1 arithmetic: the GEMV
 // kernels up to kGemvQuantMaxM rows, above it the int8 GEMM (k.qgemm) where the tier has one, else
-// the batched GEMV. Float weights use the GEMV kernels for M < kGemvMaxM; the rest (and block types
-// with exact_activations) the dequantize-panel + FMA path. Float-weight crossover, measured (bench
-// batch/*, 1536x576 on Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32 M=4 101 vs 157 us, q4_0 179 vs
-// 234 us); at M = 2 GEMV is 1.5-2x faster.
+// the batched GEMV. Float weights use the GEMV kernels for M < kGemvMaxM, the dot-product panel for
+// the rest (one per-row arithmetic: a float row's result does not depend on M). Float-weight crossover,
+// measured (bench batch/*, 1536x576 on Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32
+// M=4 101 vs 157 us); at M = 2 GEMV is 1.5-2x faster. Block types with exact_activations (prompt rows)
+// take f32 activations with the training GEMM's arithmetic (per element one FMA chain per inner chunk,
+// the chunks added in order; W dequantized): below kChainGemvMaxM rows straight from W's rows
+// (TrainKernelTable::chain_gemv), from it on through the GEMM (MatMulForwardMm), so there too a row's
+// result does not depend on M (chunked prefill, prefix caching).
 void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
                 float* y, bool exact_activations = false);
 constexpr int64_t kGemvMaxM = 4;
+constexpr int64_t kChainGemvMaxM = 20;
 // kernels::MatMulShared with one tier's kernels.
 void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
                       std::span<const Tensor* const> ws, std::span<float* const> ys, bool exact_activations = false);

@@ -8,6 +8,7 @@
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/train_dispatch.h"
 
 namespace lathe::kernels::cpu {
 
@@ -119,6 +120,40 @@ void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t
   }, 2.0 * M * N * K);
 }
 
+// W rows per ChainGemv block: every x row (4 per kernel call) runs over a block while it is in L1 / L2.
+constexpr int64_t kChainRows = 64;
+
+// Block-type products with f32 activations below kChainGemvMaxM rows: tk.chain_gemv over W's rows,
+// dequantized kChainRows rows at a time into a per-thread buffer (f32 / f16 / bf16 W would be read as
+// stored), each element the GEMM's arithmetic (MatMulForwardMm), whatever M.
+void ChainGemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+  const TrainKernelTable& tk = TrainKernelsFor(k.tier);
+  const int64_t N = w.shape[0], K = w.shape[1], inner = GemmInnerChunk(K);
+  const DType t = w.dtype;
+  const bool native = t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  pool.ParallelFor(N, GemvGrain(pool.size(), N), [&](int64_t b, int64_t e, int) {
+    static thread_local std::vector<float> rows_buf;
+    float* rows = native ? nullptr : Scratch(rows_buf, (size_t)(kChainRows * K));
+    for (int64_t r0 = b; r0 < e; r0 += kChainRows) {
+      const int64_t nr = std::min(kChainRows, e - r0);
+      const uint8_t* src = wd + r0 * rb;
+      size_t src_rb = rb;
+      DType st = t;
+      if (!native) {
+        k.dequant_rows(t, src, rb, nr, K, rows, K);
+        src = (const uint8_t*)rows;
+        src_rb = sizeof(float) * K;
+        st = DType::kF32;
+      }
+      for (int64_t m0 = 0; m0 < M; m0 += 4)
+        tk.chain_gemv(st, src, src_rb, nr, x + m0 * K, K, (int)std::min<int64_t>(4, M - m0), K, inner,
+                      y + m0 * N + r0, N);
+    }
+  }, 2.0 * M * N * K);
+}
+
 void Prefill(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
   const int64_t N = w.shape[0], K = w.shape[1];
   const size_t rb = w.row_bytes();
@@ -178,8 +213,12 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
     }
   } else if (!quant && M < kGemvMaxM) {
     Gemv(k, pool, x, M, w, y);
-  } else {
+  } else if (!quant) {
     Prefill(k, pool, x, M, w, y);
+  } else if (M < kChainGemvMaxM) {
+    ChainGemv(k, pool, x, M, w, y);
+  } else {
+    MatMulForwardMm(TrainKernelsFor(k.tier), k, pool, y, x, M, w);
   }
 }
 

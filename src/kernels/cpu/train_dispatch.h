@@ -89,6 +89,14 @@ struct TrainKernelTable {
   void (*pack_panel_rows)(float* out, const float* a, int64_t lda, int64_t nl, int mr) = nullptr;
   int panel_rows = 0;
   int panel_cols = 0;
+  // The forward's product for a few x rows straight from W's rows (decode; MatMulWith below the GEMM's
+  // rows): y[i * ldy + r] = sum over W's inner chunks of `inner` columns (GemmInnerChunk(K)), in order,
+  // of one chain per chunk over l of x[i * ldx + l] * W(r, l), for r < n_rows, i < m (1 <= m <= 4);
+  // W rows at w, rb bytes apart, dtype t in {f32, f16, bf16}. Per element the same multiplies, adds and
+  // their order as the GEMM driver's y = x W^T (MatMulForwardWith) on the same tier, so a row's result
+  // does not depend on how many rows went with it or which path took them.
+  void (*chain_gemv)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int m,
+                     int64_t K, int64_t inner, float* y, int64_t ldy) = nullptr;
 };
 
 // c(mr, nc) (+)= a tile times the B strips covering columns [0, nc) (strip s at b + s * stride, rows
@@ -143,10 +151,15 @@ int64_t GemmAPanelFloatsWith(const TrainKernelTable& tk, int64_t R, int64_t Kd, 
 // TrainGemmBPanelFloats / TrainGemmThreadFloats (train_ops.h).
 int64_t GemmBPanelFloatsWith(const TrainKernelTable& tk, int64_t Kd, int64_t L, int64_t col_align);
 int64_t GemmThreadFloats(const TrainKernelTable& tk, int64_t max_inner, bool converts_w, int64_t col_align);
-// y (=, or += with accumulate) x . W^T (M x N) for f32/f16/bf16 W (N, K) through the same GEMM
-// (train_matmul.cc).
+// y (=, or += with accumulate) x . W^T (M x N) for W (N, K) in f32 / f16 / bf16 or a GGML block type
+// (dequantized into the packed strips) through the same GEMM (train_matmul.cc).
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
                        const float* x, int64_t M, const Tensor& w, bool accumulate = false);
+void MatMulForwardMm(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
+                     const float* x, int64_t M, const Tensor& w, bool accumulate = false);
+// The length of the inner chunks the GEMM driver sums an inner dimension L in (each chunk one FMA chain
+// per C element, the chunks added in order): L itself up to 768, longer ones in equal chunks.
+int64_t GemmInnerChunk(int64_t L);
 void MatMulBackwardWeightWith(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* dy,
                               const float* x, int64_t M, int64_t N, int64_t K);
 // dw (N, K) += dyT . x with dY given transposed, dyT (N, M): dyT's rows are read in place.
@@ -176,6 +189,9 @@ namespace avx2 {
 const TrainKernelTable& TrainTable();
 // pack_panel_rows for 8-row panels (the AVX-512 table's; AVX2 code, so any tier with AVX2 may call it).
 void PackPanelRows8(float* out, const float* a, int64_t lda, int64_t nl, int mr);
+// TrainKernelTable::chain_gemv on ymm registers (8 W rows per block).
+void ChainGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int m, int64_t K,
+               int64_t inner, float* y, int64_t ldy);
 }
 namespace avx512 {
 // The AVX2 table with the two-strip GEMM tiles and an 8 x 48 panel tile on zmm registers.

@@ -440,12 +440,23 @@ void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt,
   });
 }
 
+int64_t GemmInnerChunk(int64_t L) { return InnerChunk(L); }
+
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
                        const float* x, int64_t M, const Tensor& w, bool accumulate) {
+  MatMulForwardMm(tk, kt.mm, pool, y, x, M, w, accumulate);
+}
+
+void MatMulForwardMm(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
+                     const float* x, int64_t M, const Tensor& w, bool accumulate) {
   LATHE_CHECK(w.ndim() == 2);
   const int64_t N = w.shape[0], K = w.shape[1];
   const DType t = w.dtype;
-  LATHE_CHECK(t == DType::kF32 || t == DType::kF16 || t == DType::kBF16);
+  LATHE_CHECK(!IsPackedQuant(t));
+  // Block types are dequantized from the whole blocks around each inner chunk (chunks need not start
+  // on a block: K = 2048 goes in 3 x 688).
+  const int64_t bs = GetDTypeInfo(t).block_size;
+  LATHE_CHECK(K % bs == 0);
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
   // B(l, k) = W(k, l): W rows k0.. (converted to f32 first unless f32) written transposed straight
@@ -455,10 +466,11 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     const float* src = (const float*)w.data + k0 * K + l0;
     int64_t src_ld = K;
     if (t != DType::kF32) {
-      float* rows = Scratch(rows_buf, (size_t)(nk * nl));
-      kt.mm.dequant_rows(t, wd + k0 * rb + DTypeBytes(t, l0), rb, nk, nl, rows, nl);
-      src = rows;
-      src_ld = nl;
+      const int64_t b0 = l0 / bs * bs, b1 = std::min(K, (l0 + nl + bs - 1) / bs * bs);
+      float* rows = Scratch(rows_buf, (size_t)(nk * (b1 - b0)));
+      mm.dequant_rows(t, wd + k0 * rb + DTypeBytes(t, b0), rb, nk, b1 - b0, rows, b1 - b0);
+      src = rows + (l0 - b0);
+      src_ld = b1 - b0;
     }
     for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
       tk.pack_strip_t(panel + j0 * nl, src + j0 * src_ld, src_ld, nl, (int)std::min<int64_t>(kGemmTileC, nk - j0));

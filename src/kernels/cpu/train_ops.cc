@@ -110,13 +110,41 @@ LATHE_NO_FP_CONTRACT void AdamWUpdate(float* p, float* m, float* v, const float*
   }
 }
 
+// GemmTileRows' arithmetic for one C element at a time: a chunk's products added in order from 0,
+// then 0 + the first chunk (the overwrite store) and + each later one.
+void ChainGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int m, int64_t K,
+               int64_t inner, float* y, int64_t ldy) {
+  auto at = [t](const uint8_t* row, int64_t l) {
+    if (t == DType::kF32) return ((const float*)row)[l];
+    const uint16_t h = ((const uint16_t*)row)[l];
+    return t == DType::kBF16 ? BF16ToF32(h) : F16ToF32(h);
+  };
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * rb;
+    for (int i = 0; i < m; ++i) {
+      const float* xi = x + i * ldx;
+      float total = 0.0f;
+      for (int64_t l0 = 0; l0 < K; l0 += inner) {
+        float acc = 0.0f;
+        for (int64_t l = l0; l < std::min(K, l0 + inner); ++l) acc += xi[l] * at(row, l);
+        total = total + acc;
+      }
+      y[i * ldy + r] = total;
+    }
+  }
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
-  static const TrainKernelTable t = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
-                                     ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
-                                     ColExpScale, AdamWUpdate};
+  static const TrainKernelTable t = [] {
+    TrainKernelTable k = {IsaTier::kScalar, RmsNormForward, RmsNormBackward, SwiGluForward,
+                          SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
+                          ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
+                          ColExpScale, AdamWUpdate};
+    k.chain_gemv = ChainGemv;
+    return k;
+  }();
   return t;
 }
 

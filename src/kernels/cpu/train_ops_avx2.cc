@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/check.h"
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/train_dispatch.h"
 
@@ -338,6 +339,140 @@ void PackPanelRows8(float* out, const float* a, int64_t lda, int64_t nl, int mr)
 
 namespace {
 
+// In-register transpose of the 8 x 8 block r (row i = r[i]): afterwards r[k] = column k.
+__attribute__((always_inline)) inline void Transpose8(__m256 (&r)[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// 8 elements of a W row from element l, as f32.
+template <DType T>
+__attribute__((always_inline)) inline __m256 Load8(const uint8_t* row, int64_t l) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_loadu_ps((const float*)row + l);
+  } else {
+    const __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)row + l));
+    if constexpr (T == DType::kBF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+  }
+}
+
+// acc[i] = fma(x_i[l + j], col[j], acc[i]) for j < n, in order (x_i = xr[i]).
+// acc[i] = fma(x_i[l + j], col[j], acc[i]) for j < n, in order (N: n known at compile time, so col
+// stays in registers; N = 0: n at run time).
+template <int M, int N = 0>
+__attribute__((always_inline)) inline void ChainCols(const __m256* col, int n, const float* const (&xr)[4], int64_t l,
+                                                     __m256 (&acc)[4]) {
+  if constexpr (N > 0) {
+#pragma GCC unroll 32
+    for (int j = 0; j < N; ++j)
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(xr[i][l + j]), col[j], acc[i]);
+  } else {
+    for (int j = 0; j < n; ++j)
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(xr[i][l + j]), col[j], acc[i]);
+  }
+}
+
+// chain_gemv for 8 W rows at a time: 8 x 8 blocks transposed in registers, so each lane is one output's
+// FMA chain, as in the GEMM tiles (bf16: 8 x 16 blocks transposed as 32-bit pairs, then split into even
+// and odd elements; the tail of a chunk through a zero-padded copy).
+template <DType T, int M>
+void ChainGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int64_t K, int64_t inner,
+                float* y, int64_t ldy) {
+  const float* xr[4];
+  for (int i = 0; i < 4; ++i) xr[i] = x + std::min(i, M - 1) * ldx;
+  constexpr size_t kEl = T == DType::kF32 ? 4 : 2;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += 8) {
+    const int nr = (int)std::min<int64_t>(8, n_rows - r0);
+    const uint8_t* row[8];
+    for (int i = 0; i < 8; ++i) row[i] = w + (r0 + std::min(i, nr - 1)) * rb;
+    __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t l0 = 0; l0 < K; l0 += inner) {
+      const int64_t le = std::min(K, l0 + inner);
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      int64_t l = l0;
+      if constexpr (T == DType::kBF16) {
+        const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+        for (; l + 16 <= le; l += 16) {
+          __m256 c[8];
+          for (int i = 0; i < 8; ++i) c[i] = _mm256_loadu_ps((const float*)(row[i] + l * kEl));
+          Transpose8(c);  // c[k]: elements l + 2k, l + 2k + 1 of each row
+          __m256 col[16];
+          for (int k = 0; k < 8; ++k) {
+            const __m256i v = _mm256_castps_si256(c[k]);
+            col[2 * k] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+            col[2 * k + 1] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+          }
+          ChainCols<M, 16>(col, 16, xr, l, acc);
+        }
+      }
+      for (; l + 8 <= le; l += 8) {
+        __m256 c[8];
+        for (int i = 0; i < 8; ++i) c[i] = Load8<T>(row[i], l);
+        Transpose8(c);
+        ChainCols<M, 8>(c, 8, xr, l, acc);
+      }
+      if (l < le) {
+        const int n = (int)(le - l);
+        alignas(32) uint8_t pad[8][32] = {};
+        __m256 c[8];
+        for (int i = 0; i < 8; ++i) {
+          std::memcpy(pad[i], row[i] + l * kEl, n * kEl);
+          c[i] = Load8<T>(pad[i], 0);
+        }
+        Transpose8(c);
+        ChainCols<M>(c, n, xr, l, acc);
+      }
+      for (int i = 0; i < M; ++i) tot[i] = l0 == 0 ? acc[i] : _mm256_add_ps(tot[i], acc[i]);
+    }
+    for (int i = 0; i < M; ++i) {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, tot[i]);
+      std::memcpy(y + i * ldy + r0, t, sizeof(float) * nr);
+    }
+  }
+}
+
+template <DType T>
+void ChainGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int m, int64_t K,
+                int64_t inner, float* y, int64_t ldy) {
+  switch (m) {
+    case 1: return ChainGemvT<T, 1>(w, rb, n_rows, x, ldx, K, inner, y, ldy);
+    case 2: return ChainGemvT<T, 2>(w, rb, n_rows, x, ldx, K, inner, y, ldy);
+    case 3: return ChainGemvT<T, 3>(w, rb, n_rows, x, ldx, K, inner, y, ldy);
+    default: return ChainGemvT<T, 4>(w, rb, n_rows, x, ldx, K, inner, y, ldy);
+  }
+}
+
+}  // namespace
+
+void ChainGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int m, int64_t K,
+               int64_t inner, float* y, int64_t ldy) {
+  LATHE_CHECK(m >= 1 && m <= 4);
+  if (t == DType::kF32) return ChainGemvM<DType::kF32>(w, rb, n_rows, x, ldx, m, K, inner, y, ldy);
+  if (t == DType::kBF16) return ChainGemvM<DType::kBF16>(w, rb, n_rows, x, ldx, m, K, inner, y, ldy);
+  LATHE_CHECK(t == DType::kF16);
+  ChainGemvM<DType::kF16>(w, rb, n_rows, x, ldx, m, K, inner, y, ldy);
+}
+
+namespace {
+
 void ColMax(float* m, const float* row, int64_t n) {
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) _mm256_storeu_ps(m + j, _mm256_max_ps(_mm256_loadu_ps(m + j), _mm256_loadu_ps(row + j)));
@@ -403,10 +538,14 @@ LATHE_NO_FP_CONTRACT void AdamWUpdate(float* p, float* m, float* v, const float*
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
-  static const TrainKernelTable t = {IsaTier::kAvx2, RmsNormForward, RmsNormBackward, SwiGluForward,
-                                     SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
-                                     ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
-                                     ColExpScale, AdamWUpdate};
+  static const TrainKernelTable t = [] {
+    TrainKernelTable k = {IsaTier::kAvx2, RmsNormForward, RmsNormBackward, SwiGluForward,
+                          SwiGluBackward, GemmTile, GemmTileRows, LogSumExp, ExpShiftScale, RowMax,
+                          ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
+                          ColExpScale, AdamWUpdate};
+    k.chain_gemv = ChainGemv;
+    return k;
+  }();
   return t;
 }
 
