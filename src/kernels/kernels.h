@@ -32,6 +32,24 @@ void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float*
 void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const Tensor* const> ws,
                   std::span<float* const> ys, bool exact_activations = false);
 
+// A float weight W (N, K) (f32, f16 or bf16) repacked for y = x . W^T: 16-row strips, each stored
+// l-major (strip s's element (l, j) = W(16 s + j, l) at element (s * K + l) * 16 + j; rows past N zero),
+// in W's dtype. Decode reads a strip as one sequential stream with no transposes, and the GEMM takes
+// f32 strips as its packed operand (nothing packed per call).
+struct StripWeight {
+  DType dtype = DType::kF32;
+  int64_t N = 0, K = 0;
+  const void* data = nullptr;
+};
+size_t StripWeightBytes(DType t, int64_t N, int64_t K);
+// Packs w (2-D, f32 / f16 / bf16) into out (StripWeightBytes bytes) and returns the view of it.
+StripWeight PackStripWeight(ThreadPool& pool, const Tensor& w, void* out);
+// y(M, N) = x(M, K) . W^T from the strips, every element with the training GEMM's arithmetic (one
+// FMA chain per inner chunk, chunks added in order: LinearForward on the unpacked W gives the same
+// bits), whatever M: a row's result does not depend on what it is batched with (below
+// cpu::kStripGemvMaxM rows the strip GEMV, from it on the GEMM).
+void MatMulStrips(ThreadPool& pool, const float* x, int64_t M, const StripWeight& w, float* y);
+
 // out(n_rows, K) = dequantize(w[row_begin : row_begin + n_rows]) for a 2-D w of any dtype.
 void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out);
 

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/check.h"
+#include "core/mapped_file.h"
 #include "kernels/kernels.h"
 
 namespace lathe::model {
@@ -81,6 +82,29 @@ Transformer::Transformer(const ModelWeights& weights, ThreadPool& pool, Transfor
     : w_(weights), pool_(pool), options_(options) {
   inv_freq_ = RopeInvFreq(w_.config, w_.rope_freqs.data ? w_.rope_freqs.as<float>() : nullptr);
   scores_.resize(pool.size());
+  if (options_.strip_float_weights) {
+    std::vector<const Tensor*> linears = {&w_.output};
+    for (const LayerWeights& L : w_.layers)
+      for (const Tensor* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) linears.push_back(t);
+    for (const Tensor* t : linears) {
+      const DType dt = t->dtype;
+      if (!t->data || t->ndim() != 2 || strips_.count(t->data) ||
+          !(dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16))
+        continue;
+      const size_t bytes = kernels::StripWeightBytes(dt, t->shape[0], t->shape[1]);
+      strip_bufs_.push_back(std::make_unique_for_overwrite<uint8_t[]>(bytes));
+      strips_[t->data] = kernels::PackStripWeight(pool_, *t, strip_bufs_.back().get());
+      // The stored copy is now read only for embedding rows (a tied head): its file pages go back, and
+      // the few rows looked up fault in again.
+      DropFilePages(t->data, t->nbytes());
+    }
+  }
+}
+
+const kernels::StripWeight* Transformer::Strips(const Tensor& w) const {
+  if (strips_.empty()) return nullptr;
+  auto it = strips_.find(w.data);
+  return it == strips_.end() ? nullptr : &it->second;
 }
 
 void Transformer::EnsureRopeTable(int64_t n_pos) {
@@ -384,7 +408,9 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
                 options_.profiler ? OpShape(M, w) : std::string());
     // Layer matmuls take the T token rows, the head (layer < 0) the output rows.
     const std::vector<PrecisionRun>& runs = layer >= 0 ? token_runs_ : out_runs_;
-    if (options_.exact_activations || !IsQuantized(w.dtype) || runs.size() < 2) {
+    if (const kernels::StripWeight* sw = Strips(w)) {
+      kernels::MatMulStrips(pool_, x, M, *sw, y);
+    } else if (options_.exact_activations || !IsQuantized(w.dtype) || runs.size() < 2) {
       const bool exact = options_.exact_activations || (runs.size() == 1 && runs.front().exact);
       kernels::MatMul(pool_, x, M, w, y, exact);
     } else {
@@ -403,7 +429,9 @@ void Transformer::LinearShared(const char* name, const float* x, int64_t M, int6
                                std::initializer_list<SharedPart> parts) {
   // One kernels::MatMulShared for a decode step (one token row: one precision run), where it joins
   // the weights on the GEMV path; otherwise one Linear (one profile op) per weight.
-  if (M != 1) {
+  bool stripped = false;
+  for (const SharedPart& p : parts) stripped = stripped || Strips(*p.w);
+  if (M != 1 || stripped) {
     for (const SharedPart& p : parts) Linear(p.name, x, M, *p.w, p.y, layer, p.module);
     return;
   }

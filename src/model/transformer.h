@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -108,6 +110,12 @@ struct TransformerOptions {
   Profiler* profiler = nullptr;
   // When set, its LoRA deltas are added to the adapted linear layers. Not owned.
   const LoraAdapter* adapter = nullptr;
+  // Float (f32 / f16 / bf16) linear weights are repacked at construction into 16-row strips
+  // (kernels::StripWeight, same bytes as stored) and their file pages dropped (a file-mapped weight is
+  // not resident twice): decode streams each strip, prefill runs the training GEMM on them without
+  // packing, and a row's result still does not depend on its batch. Off: the weights are read as
+  // stored (the dot-product GEMV and panel).
+  bool strip_float_weights = true;
 };
 
 class Transformer {
@@ -178,6 +186,10 @@ class Transformer {
   };
   std::vector<LoraRun> lora_runs_;
   std::vector<std::vector<float>> scores_;  // per thread
+  // Strip copies of the float linear weights (strip_float_weights), by the stored tensor's data.
+  const kernels::StripWeight* Strips(const Tensor& w) const;
+  std::unordered_map<const void*, kernels::StripWeight> strips_;
+  std::vector<std::unique_ptr<uint8_t[]>> strip_bufs_;
 };
 
 // Rope inverse frequencies for a config (theta, rope_dim, linear or llama3 scaling, or the

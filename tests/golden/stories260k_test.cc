@@ -1,5 +1,6 @@
 // stories260K (a real pretrained TinyStories model) against the float64 reference in
-// ../shared/models/stories260K/reference: greedy tokens exactly, top-5 logits within 1e-4.
+// ../shared/models/stories260K/reference: greedy tokens exactly, top-5 logits within 1e-4, with the
+// float weights in strips (the default) and as stored.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -51,36 +52,42 @@ TEST_P(Stories260K, GgufGreedyAndLogitsMatchReference) {
   auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
   ASSERT_TRUE(w.ok()) << w.status().message();
   ThreadPool pool(GetParam());
-  Transformer tf(*w, pool);
   nlohmann::json ref = LoadReference();
+  // The float weights repacked in strips (the default) and read as stored: both match the reference.
+  for (bool strips : {true, false}) {
+    SCOPED_TRACE(strips ? "strip weights" : "weights as stored");
+    TransformerOptions opts;
+    opts.strip_float_weights = strips;
+    Transformer tf(*w, pool, opts);
 
-  std::vector<int32_t> want = ref["greedy_from_bos"]["tokens"].get<std::vector<int32_t>>();
-  EXPECT_EQ(Greedy(tf, {1}, want.size()), want);
-  for (const auto& p : ref["greedy_prompts"]) {
-    std::vector<int32_t> pw = p["tokens"].get<std::vector<int32_t>>();
-    EXPECT_EQ(Greedy(tf, p["prompt_ids_with_bos"].get<std::vector<int32_t>>(), pw.size()), pw) << p["prompt"];
-  }
-
-  // All-position logits in one prefill call.
-  std::vector<int32_t> ids = ref["logits_check"]["input_ids"].get<std::vector<int32_t>>();
-  KvCache cache(tf.config(), 1, 64);
-  std::vector<float> logits;
-  SeqInput in{0, std::span<const int32_t>(ids), true};
-  ASSERT_TRUE(tf.Forward(cache, std::span<const SeqInput>(&in, 1), &logits).ok());
-  int64_t V = tf.config().vocab_size;
-  for (const auto& pp : ref["logits_check"]["per_position"]) {
-    int pos = pp["pos"];
-    const float* row = &logits[pos * V];
-    std::vector<int> order(V);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + 5, order.end(), [&](int a, int b) { return row[a] > row[b]; });
-    for (int k = 0; k < 5; ++k) {
-      EXPECT_EQ(order[k], pp["top5_ids"][k].get<int>()) << "pos " << pos << " rank " << k;
-      EXPECT_NEAR(row[pp["top5_ids"][k].get<int>()], pp["top5_logits"][k].get<double>(), 1e-4) << "pos " << pos;
+    std::vector<int32_t> want = ref["greedy_from_bos"]["tokens"].get<std::vector<int32_t>>();
+    EXPECT_EQ(Greedy(tf, {1}, want.size()), want);
+    for (const auto& p : ref["greedy_prompts"]) {
+      std::vector<int32_t> pw = p["tokens"].get<std::vector<int32_t>>();
+      EXPECT_EQ(Greedy(tf, p["prompt_ids_with_bos"].get<std::vector<int32_t>>(), pw.size()), pw) << p["prompt"];
     }
-    double sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += row[v];
-    EXPECT_NEAR(sum, pp["logit_sum"].get<double>(), 1e-2) << "pos " << pos;
+
+    // All-position logits in one prefill call.
+    std::vector<int32_t> ids = ref["logits_check"]["input_ids"].get<std::vector<int32_t>>();
+    KvCache cache(tf.config(), 1, 64);
+    std::vector<float> logits;
+    SeqInput in{0, std::span<const int32_t>(ids), true};
+    ASSERT_TRUE(tf.Forward(cache, std::span<const SeqInput>(&in, 1), &logits).ok());
+    int64_t V = tf.config().vocab_size;
+    for (const auto& pp : ref["logits_check"]["per_position"]) {
+      int pos = pp["pos"];
+      const float* row = &logits[pos * V];
+      std::vector<int> order(V);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + 5, order.end(), [&](int a, int b) { return row[a] > row[b]; });
+      for (int k = 0; k < 5; ++k) {
+        EXPECT_EQ(order[k], pp["top5_ids"][k].get<int>()) << "pos " << pos << " rank " << k;
+        EXPECT_NEAR(row[pp["top5_ids"][k].get<int>()], pp["top5_logits"][k].get<double>(), 1e-4) << "pos " << pos;
+      }
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += row[v];
+      EXPECT_NEAR(sum, pp["logit_sum"].get<double>(), 1e-2) << "pos " << pos;
+    }
   }
 }
 

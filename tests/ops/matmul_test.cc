@@ -257,6 +257,38 @@ TEST_P(MatMulTier, ChainGemvEqualsTheGemmPerElement) {
   }
 }
 
+// Float weights packed in strips (kernels::StripWeight): MatMulStrips gives every element the bits of
+// the GEMM driver's y = x W^T on the unpacked W (MatMulForwardWith) at every M, on both of its paths
+// (strip GEMV below kStripGemvMaxM rows, the GEMM from it on) and any thread count: N not a multiple
+// of 16 (zero-padded strips), K tails, several inner chunks, more strips than one GEMV block.
+TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  uint32_t seed = 2500;
+  ThreadPool pool1(1);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (Shape s : {Shape{1, 5}, Shape{17, 37}, Shape{40, 100}, Shape{200, 576}, Shape{33, 1537}}) {
+      testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
+      std::vector<uint8_t> packed(StripWeightBytes(dt, s.N, s.K));
+      const StripWeight sw = cpu::PackStripWeightWith(kt.mm, pool1, w.t, packed.data());
+      for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, cpu::kStripGemvMaxM - 1,
+                        cpu::kStripGemvMaxM, int64_t{41}}) {
+        const std::vector<float> x = RandomVec(M * s.K, seed++);
+        std::vector<float> ref(M * s.N, -1.0f);
+        cpu::MatMulForwardWith(tk, kt, pool1, ref.data(), x.data(), M, w.t);
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          std::vector<float> y(M * s.N, -2.0f);
+          cpu::MatMulStripsWith(kt.mm, pool, x.data(), M, sw, y.data());
+          ASSERT_EQ(y, ref) << IsaTierName(GetParam()) << " " << DTypeName(dt) << " N=" << s.N << " K=" << s.K
+                            << " M=" << M << " threads=" << threads;
+        }
+      }
+    }
+  }
+}
+
 // Block-quantized weights with f32 activations (prompt rows, exact_activations) take the float path
 // on dequantized rows: a row's result does not depend on M either (chunked prefill, prefix caching).
 TEST_P(MatMulTier, ExactRowsBitIdenticalToSingleRow) {

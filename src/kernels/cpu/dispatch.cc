@@ -37,6 +37,18 @@ void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const T
   cpu::MatMulSharedWith(cpu::Best().mm, pool, x, M, ws, ys, exact_activations);
 }
 
+size_t StripWeightBytes(DType t, int64_t N, int64_t K) {
+  return (size_t)((N + 15) / 16) * 16 * (size_t)K * (t == DType::kF32 ? 4 : 2);
+}
+
+StripWeight PackStripWeight(ThreadPool& pool, const Tensor& w, void* out) {
+  return cpu::PackStripWeightWith(cpu::Best().mm, pool, w, out);
+}
+
+void MatMulStrips(ThreadPool& pool, const float* x, int64_t M, const StripWeight& w, float* y) {
+  cpu::MatMulStripsWith(cpu::Best().mm, pool, x, M, w, y);
+}
+
 void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out) {
   const int64_t K = w.shape.back();
   if (IsPackedQuant(w.dtype)) {

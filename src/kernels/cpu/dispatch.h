@@ -9,6 +9,7 @@
 #include "core/cpu.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/kernels.h"
 
 namespace lathe::kernels::cpu {
 
@@ -90,6 +91,11 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
                 float* y, bool exact_activations = false);
 constexpr int64_t kGemvMaxM = 4;
 constexpr int64_t kChainGemvMaxM = 20;
+// kernels::MatMulStrips / PackStripWeight with one tier's kernels (matmul.cc).
+void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const StripWeight& w,
+                      float* y);
+StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const Tensor& w, void* out);
+constexpr int64_t kStripGemvMaxM = 20;
 // kernels::MatMulShared with one tier's kernels.
 void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
                       std::span<const Tensor* const> ws, std::span<float* const> ys, bool exact_activations = false);

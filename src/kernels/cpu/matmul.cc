@@ -222,6 +222,60 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   }
 }
 
+StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const Tensor& w, void* out) {
+  LATHE_CHECK(w.ndim() == 2);
+  const DType t = w.dtype;
+  LATHE_CHECK(t == DType::kF32 || t == DType::kF16 || t == DType::kBF16);
+  const int64_t N = w.shape[0], K = w.shape[1], n_strips = (N + 15) / 16;
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  if (t == DType::kF32) {  // the tier's strip transposes (8 x 8 blocks in registers)
+    const TrainKernelTable& tk = TrainKernelsFor(k.tier);
+    pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t s = b; s < e; ++s)
+        tk.pack_strip_t((float*)out + s * K * 16, (const float*)(wd + s * 16 * rb), K, K,
+                        (int)std::min<int64_t>(16, N - 16 * s));
+    }, 2.0 * N * K);
+  } else {
+    pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t s = b; s < e; ++s) {
+        uint16_t* o = (uint16_t*)out + s * K * 16;
+        const int nj = (int)std::min<int64_t>(16, N - 16 * s);
+        for (int j = 0; j < 16; ++j) {
+          const uint16_t* row = j < nj ? (const uint16_t*)(wd + (16 * s + j) * rb) : nullptr;
+          for (int64_t l = 0; l < K; ++l) o[l * 16 + j] = row ? row[l] : 0;
+        }
+      }
+    }, 2.0 * N * K);
+  }
+  return StripWeight{t, N, K, out};
+}
+
+void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const StripWeight& w,
+                      float* y) {
+  if (M <= 0 || w.N <= 0) return;
+  const TrainKernelTable& tk = TrainKernelsFor(k.tier);
+  if (M >= kStripGemvMaxM) {
+    MatMulForwardStrips(tk, k, pool, y, x, M, w.dtype, w.data, w.N, w.K);
+    return;
+  }
+  const int64_t n_strips = (w.N + 15) / 16, inner = GemmInnerChunk(w.K);
+  const size_t strip_bytes = (size_t)w.K * 16 * (w.dtype == DType::kF32 ? 4 : 2);
+  const uint8_t* sd = (const uint8_t*)w.data;
+  // Tasks of whole strips; within a task, blocks of kBlock strips (L2-sized) run every group of 4 x rows.
+  constexpr int64_t kBlock = 8;
+  const int64_t grain = std::max<int64_t>(1, (n_strips + 4 * pool.size() - 1) / (4 * pool.size()));
+  pool.ParallelFor(n_strips, pool.size() == 1 ? n_strips : grain, [&](int64_t b, int64_t e, int) {
+    for (int64_t s0 = b; s0 < e; s0 += kBlock) {
+      const int64_t ns = std::min(kBlock, e - s0);
+      const int64_t n_cols = std::min(w.N - 16 * s0, 16 * ns);
+      for (int64_t m0 = 0; m0 < M; m0 += 4)
+        tk.strip_gemv(w.dtype, sd + s0 * strip_bytes, ns, w.K, inner, x + m0 * w.K, w.K,
+                      (int)std::min<int64_t>(4, M - m0), y + m0 * w.N + 16 * s0, w.N, n_cols);
+    }
+  }, 2.0 * M * w.N * w.K);
+}
+
 void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
                       std::span<const Tensor* const> ws, std::span<float* const> ys, bool exact_activations) {
   LATHE_CHECK(ws.size() == ys.size());

@@ -97,6 +97,12 @@ struct TrainKernelTable {
   // does not depend on how many rows went with it or which path took them.
   void (*chain_gemv)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int m,
                      int64_t K, int64_t inner, float* y, int64_t ldy) = nullptr;
+  // The same products from W packed in 16-row strips (kernels::StripWeight: strip s's element (l, j) =
+  // W(16 s + j, l) at ((s * K + l) * 16 + j) elements from `strips`, dtype t in {f32, f16, bf16}): one
+  // sequential stream per strip, no transposes. y[i * ldy + 16 s + j] for 16 s + j < n_cols,
+  // s < n_strips, i < m (1 <= m <= 4); the GEMM's arithmetic per element, as chain_gemv.
+  void (*strip_gemv)(DType t, const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x,
+                     int64_t ldx, int m, float* y, int64_t ldy, int64_t n_cols) = nullptr;
 };
 
 // c(mr, nc) (+)= a tile times the B strips covering columns [0, nc) (strip s at b + s * stride, rows
@@ -157,6 +163,11 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
                        const float* x, int64_t M, const Tensor& w, bool accumulate = false);
 void MatMulForwardMm(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
                      const float* x, int64_t M, const Tensor& w, bool accumulate = false);
+// y = x . W^T (M x N) from W in 16-row strips (kernels::StripWeight) through the same GEMM: f32 strips
+// are its packed B as they are, f16 / bf16 ones converted a panel at a time. Bit-identical to
+// MatMulForwardWith on the unpacked W.
+void MatMulForwardStrips(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
+                         const float* x, int64_t M, DType t, const void* strips, int64_t N, int64_t K);
 // The length of the inner chunks the GEMM driver sums an inner dimension L in (each chunk one FMA chain
 // per C element, the chunks added in order): L itself up to 768, longer ones in equal chunks.
 int64_t GemmInnerChunk(int64_t L);
@@ -189,6 +200,9 @@ namespace avx2 {
 const TrainKernelTable& TrainTable();
 // pack_panel_rows for 8-row panels (the AVX-512 table's; AVX2 code, so any tier with AVX2 may call it).
 void PackPanelRows8(float* out, const float* a, int64_t lda, int64_t nl, int mr);
+// TrainKernelTable::strip_gemv on ymm registers (two 8-lane halves per strip).
+void StripGemv(DType t, const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x,
+               int64_t ldx, int m, float* y, int64_t ldy, int64_t n_cols);
 // TrainKernelTable::chain_gemv on ymm registers (8 W rows per block).
 void ChainGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int m, int64_t K,
                int64_t inner, float* y, int64_t ldy);

@@ -442,6 +442,26 @@ void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt,
 
 int64_t GemmInnerChunk(int64_t L) { return InnerChunk(L); }
 
+void MatMulForwardStrips(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
+                         const float* x, int64_t M, DType t, const void* strips, int64_t N, int64_t K) {
+  LATHE_CHECK(t == DType::kF32 || t == DType::kF16 || t == DType::kBF16);
+  if (t == DType::kF32) {  // the strips are the forward's B packed for every column and inner row
+    Gemm(tk, pool, y, N, M, N, K, x, K, 1, false, [](int64_t, int64_t, int64_t, int64_t, float*, int64_t*) {
+      return (const float*)nullptr;
+    }, (const float*)strips);
+    return;
+  }
+  const uint16_t* s16 = (const uint16_t*)strips;
+  // Strip (k0 + j0) / 16's rows l0 .. l0 + nl - 1 are nl * 16 consecutive elements: one "row" to convert.
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*) -> const float* {
+    for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC)
+      mm.dequant_rows(t, (const uint8_t*)(s16 + (((k0 + j0) / kGemmTileC) * K + l0) * kGemmTileC), 0, 1,
+                      nl * kGemmTileC, panel + j0 * nl, 0);
+    return nullptr;
+  };
+  Gemm(tk, pool, y, N, M, N, K, x, K, 1, false, fill);
+}
+
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
                        const float* x, int64_t M, const Tensor& w, bool accumulate) {
   MatMulForwardMm(tk, kt.mm, pool, y, x, M, w, accumulate);

@@ -134,6 +134,31 @@ void ChainGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float
   }
 }
 
+void StripGemv(DType t, const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x,
+               int64_t ldx, int m, float* y, int64_t ldy, int64_t n_cols) {
+  const size_t el = t == DType::kF32 ? 4 : 2;
+  auto at = [t](const uint8_t* p) {
+    if (t == DType::kF32) return *(const float*)p;
+    const uint16_t h = *(const uint16_t*)p;
+    return t == DType::kBF16 ? BF16ToF32(h) : F16ToF32(h);
+  };
+  for (int64_t s = 0; s < n_strips; ++s) {
+    const uint8_t* strip = strips + (size_t)s * K * kGemmTileC * el;
+    for (int j = 0; j < kGemmTileC && s * kGemmTileC + j < n_cols; ++j) {
+      for (int i = 0; i < m; ++i) {
+        const float* xi = x + i * ldx;
+        float total = 0.0f;
+        for (int64_t l0 = 0; l0 < K; l0 += inner) {
+          float acc = 0.0f;
+          for (int64_t l = l0; l < std::min(K, l0 + inner); ++l) acc += xi[l] * at(strip + (l * kGemmTileC + j) * el);
+          total = total + acc;
+        }
+        y[i * ldy + s * kGemmTileC + j] = total;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
@@ -143,6 +168,7 @@ const TrainKernelTable& TrainTable() {
                           ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
                           ColExpScale, AdamWUpdate};
     k.chain_gemv = ChainGemv;
+    k.strip_gemv = StripGemv;
     return k;
   }();
   return t;

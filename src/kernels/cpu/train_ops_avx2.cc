@@ -460,7 +460,97 @@ void ChainGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int
   }
 }
 
+// 16 elements of a strip row at p as two 8-lane f32 halves.
+template <DType T>
+__attribute__((always_inline)) inline void LoadStrip16(const uint8_t* p, __m256& lo, __m256& hi) {
+  if constexpr (T == DType::kF32) {
+    lo = _mm256_loadu_ps((const float*)p);
+    hi = _mm256_loadu_ps((const float*)p + 8);
+  } else {
+    lo = Load8<T>(p, 0);
+    hi = Load8<T>(p, 8);
+  }
+}
+
+// strip_gemv for S strips side by side (S x M x 2 accumulators, S independent chains per x row).
+template <DType T, int M, int S>
+__attribute__((always_inline)) inline void StripsT(const uint8_t* strips, int64_t K, int64_t inner,
+                                                   const float* const (&xr)[4], float* y, int64_t ldy,
+                                                   int64_t n_cols) {
+  constexpr size_t kRow = 16 * (T == DType::kF32 ? 4 : 2);  // bytes per strip row
+  __m256 tot[S][4][2];
+  for (int64_t l0 = 0; l0 < K; l0 += inner) {
+    const int64_t le = std::min(K, l0 + inner);
+    __m256 acc[S][4][2];
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) acc[s][i][0] = acc[s][i][1] = _mm256_setzero_ps();
+    for (int64_t l = l0; l < le; ++l) {
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        __m256 lo, hi;
+        LoadStrip16<T>(strips + ((size_t)s * K + l) * kRow, lo, hi);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; ++i) {
+          const __m256 xv = _mm256_set1_ps(xr[i][l]);
+          acc[s][i][0] = _mm256_fmadd_ps(xv, lo, acc[s][i][0]);
+          acc[s][i][1] = _mm256_fmadd_ps(xv, hi, acc[s][i][1]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i)
+        for (int h = 0; h < 2; ++h)
+          tot[s][i][h] = l0 == 0 ? acc[s][i][h] : _mm256_add_ps(tot[s][i][h], acc[s][i][h]);
+  }
+  for (int s = 0; s < S; ++s) {
+    const int nc = (int)std::min<int64_t>(16, n_cols - 16 * s);
+    for (int i = 0; i < M; ++i) {
+      alignas(32) float t[16];
+      _mm256_store_ps(t, tot[s][i][0]);
+      _mm256_store_ps(t + 8, tot[s][i][1]);
+      std::memcpy(y + i * ldy + 16 * s, t, sizeof(float) * std::max(0, nc));
+    }
+  }
+}
+
+template <DType T, int M>
+void StripGemvT(const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x, int64_t ldx,
+                float* y, int64_t ldy, int64_t n_cols) {
+  const float* xr[4];
+  for (int i = 0; i < 4; ++i) xr[i] = x + std::min(i, M - 1) * ldx;
+  constexpr int S = M == 1 ? 4 : M == 2 ? 2 : 1;
+  constexpr size_t kStrip = 16 * (T == DType::kF32 ? 4 : 2);
+  int64_t s = 0;
+  for (; s + S <= n_strips; s += S)
+    StripsT<T, M, S>(strips + s * K * kStrip, K, inner, xr, y + 16 * s, ldy, n_cols - 16 * s);
+  for (; s < n_strips; ++s) StripsT<T, M, 1>(strips + s * K * kStrip, K, inner, xr, y + 16 * s, ldy, n_cols - 16 * s);
+}
+
+template <DType T>
+void StripGemvM(const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x, int64_t ldx,
+                int m, float* y, int64_t ldy, int64_t n_cols) {
+  switch (m) {
+    case 1: return StripGemvT<T, 1>(strips, n_strips, K, inner, x, ldx, y, ldy, n_cols);
+    case 2: return StripGemvT<T, 2>(strips, n_strips, K, inner, x, ldx, y, ldy, n_cols);
+    case 3: return StripGemvT<T, 3>(strips, n_strips, K, inner, x, ldx, y, ldy, n_cols);
+    default: return StripGemvT<T, 4>(strips, n_strips, K, inner, x, ldx, y, ldy, n_cols);
+  }
+}
+
 }  // namespace
+
+void StripGemv(DType t, const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x,
+               int64_t ldx, int m, float* y, int64_t ldy, int64_t n_cols) {
+  LATHE_CHECK(m >= 1 && m <= 4);
+  if (t == DType::kF32) return StripGemvM<DType::kF32>(strips, n_strips, K, inner, x, ldx, m, y, ldy, n_cols);
+  if (t == DType::kBF16) return StripGemvM<DType::kBF16>(strips, n_strips, K, inner, x, ldx, m, y, ldy, n_cols);
+  LATHE_CHECK(t == DType::kF16);
+  StripGemvM<DType::kF16>(strips, n_strips, K, inner, x, ldx, m, y, ldy, n_cols);
+}
 
 void ChainGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int m, int64_t K,
                int64_t inner, float* y, int64_t ldy) {
@@ -544,6 +634,7 @@ const TrainKernelTable& TrainTable() {
                           ExpShiftSum, SoftmaxGrad, RoundBf16, PackStripT, ColMax, ColExpSum,
                           ColExpScale, AdamWUpdate};
     k.chain_gemv = ChainGemv;
+    k.strip_gemv = StripGemv;
     return k;
   }();
   return t;

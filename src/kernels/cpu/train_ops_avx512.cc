@@ -276,6 +276,78 @@ void ChainGemvT(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int
   }
 }
 
+constexpr int kStripAhead = 1024;
+
+// strip_gemv for S strips side by side (S x M accumulators: S independent chains per x row), each
+// strip row one 64-byte (f32) or 32-byte load: the AVX2 kernel's arithmetic, bit for bit.
+template <DType T, int M, int S>
+__attribute__((always_inline)) inline void StripsT(const uint8_t* strips, int64_t K, int64_t inner,
+                                                   const float* const (&xr)[4], float* y, int64_t ldy,
+                                                   int64_t n_cols) {
+  constexpr size_t kRow = 16 * (T == DType::kF32 ? 4 : 2);  // bytes per strip row
+  __m512 tot[S][4];
+  for (int64_t l0 = 0; l0 < K; l0 += inner) {
+    const int64_t le = std::min(K, l0 + inner);
+    __m512 acc[S][4];
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) acc[s][i] = _mm512_setzero_ps();
+    for (int64_t l = l0; l < le; ++l) {
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        if (T == DType::kF32 || (l & 1) == 0)
+          _mm_prefetch((const char*)(strips + ((size_t)s * K + l) * kRow) + kStripAhead, _MM_HINT_T0);
+        const __m512 wv = Load16<T>(strips + ((size_t)s * K + l) * kRow, 0, 16);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; ++i) acc[s][i] = _mm512_fmadd_ps(_mm512_set1_ps(xr[i][l]), wv, acc[s][i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) tot[s][i] = l0 == 0 ? acc[s][i] : _mm512_add_ps(tot[s][i], acc[s][i]);
+  }
+#pragma GCC unroll 4
+  for (int s = 0; s < S; ++s) {
+    const int64_t nc = std::min<int64_t>(16, n_cols - 16 * s);
+    const __mmask16 sm = (__mmask16)((1u << nc) - 1);
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) _mm512_mask_storeu_ps(y + i * ldy + 16 * s, sm, tot[s][i]);
+  }
+}
+
+template <DType T, int M>
+void StripGemvT(const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x, int64_t ldx,
+                float* y, int64_t ldy, int64_t n_cols) {
+  const float* xr[4];
+  for (int i = 0; i < 4; ++i) xr[i] = x + std::min(i, M - 1) * ldx;
+  constexpr int S = M <= 2 ? 4 : 2;
+  constexpr size_t kStrip = 16 * (T == DType::kF32 ? 4 : 2);
+  int64_t s = 0;
+  for (; s + S <= n_strips; s += S)
+    StripsT<T, M, S>(strips + s * K * kStrip, K, inner, xr, y + 16 * s, ldy, n_cols - 16 * s);
+  for (; s < n_strips; ++s) StripsT<T, M, 1>(strips + s * K * kStrip, K, inner, xr, y + 16 * s, ldy, n_cols - 16 * s);
+}
+
+template <DType T>
+void StripGemvM(const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x, int64_t ldx,
+                int m, float* y, int64_t ldy, int64_t n_cols) {
+  switch (m) {
+    case 1: return StripGemvT<T, 1>(strips, n_strips, K, inner, x, ldx, y, ldy, n_cols);
+    case 2: return StripGemvT<T, 2>(strips, n_strips, K, inner, x, ldx, y, ldy, n_cols);
+    case 3: return StripGemvT<T, 3>(strips, n_strips, K, inner, x, ldx, y, ldy, n_cols);
+    default: return StripGemvT<T, 4>(strips, n_strips, K, inner, x, ldx, y, ldy, n_cols);
+  }
+}
+
+void StripGemv(DType t, const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x,
+               int64_t ldx, int m, float* y, int64_t ldy, int64_t n_cols) {
+  if (t == DType::kF32) return StripGemvM<DType::kF32>(strips, n_strips, K, inner, x, ldx, m, y, ldy, n_cols);
+  if (t == DType::kBF16) return StripGemvM<DType::kBF16>(strips, n_strips, K, inner, x, ldx, m, y, ldy, n_cols);
+  return StripGemvM<DType::kF16>(strips, n_strips, K, inner, x, ldx, m, y, ldy, n_cols);
+}
+
 template <DType T>
 void ChainGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t ldx, int m, int64_t K,
                 int64_t inner, float* y, int64_t ldy) {
@@ -308,6 +380,7 @@ const TrainKernelTable& TrainTable() {
     k.panel_rows = kPanelR;
     k.panel_cols = kPanelStrips * kGemmTileC;
     k.chain_gemv = ChainGemv;
+    k.strip_gemv = StripGemv;
     return k;
   }();
   return t;
