@@ -286,8 +286,8 @@ void RoundBf16(float* out, const float* x, int64_t n) {
   for (; i < n; ++i) out[i] = BF16ToF32(F32ToBF16(x[i]));
 }
 
-// Stores the transpose of the 8 x 8 block r (row i = r[i]): o[k * ld + i] = r[i][k].
-inline void Transpose8x8(const __m256 (&r)[8], float* o, int64_t ld) {
+// In-register transpose of the 8 x 8 block r (row i = r[i]): afterwards r[k] = column k.
+__attribute__((always_inline)) inline void Transpose8(__m256 (&r)[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
   const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
   const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -296,14 +296,21 @@ inline void Transpose8x8(const __m256 (&r)[8], float* o, int64_t ld) {
   const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
   const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
   const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-  _mm256_storeu_ps(o + 0 * ld, _mm256_permute2f128_ps(u0, u4, 0x20));
-  _mm256_storeu_ps(o + 1 * ld, _mm256_permute2f128_ps(u1, u5, 0x20));
-  _mm256_storeu_ps(o + 2 * ld, _mm256_permute2f128_ps(u2, u6, 0x20));
-  _mm256_storeu_ps(o + 3 * ld, _mm256_permute2f128_ps(u3, u7, 0x20));
-  _mm256_storeu_ps(o + 4 * ld, _mm256_permute2f128_ps(u0, u4, 0x31));
-  _mm256_storeu_ps(o + 5 * ld, _mm256_permute2f128_ps(u1, u5, 0x31));
-  _mm256_storeu_ps(o + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
-  _mm256_storeu_ps(o + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// Stores the transpose of the 8 x 8 block r (row i = r[i]): o[k * ld + i] = r[i][k].
+inline void Transpose8x8(const __m256 (&r)[8], float* o, int64_t ld) {
+  __m256 c[8] = {r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]};
+  Transpose8(c);
+  for (int k = 0; k < 8; ++k) _mm256_storeu_ps(o + k * ld, c[k]);
 }
 
 // 8 x 8 blocks: rows j0 .. j0 + 7 of src (zero past nj), columns l .. l + 7, transposed in registers
@@ -339,25 +346,6 @@ void PackPanelRows8(float* out, const float* a, int64_t lda, int64_t nl, int mr)
 
 namespace {
 
-// In-register transpose of the 8 x 8 block r (row i = r[i]): afterwards r[k] = column k.
-__attribute__((always_inline)) inline void Transpose8(__m256 (&r)[8]) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
 
 // 8 elements of a W row from element l, as f32.
 template <DType T>
@@ -371,7 +359,6 @@ __attribute__((always_inline)) inline __m256 Load8(const uint8_t* row, int64_t l
   }
 }
 
-// acc[i] = fma(x_i[l + j], col[j], acc[i]) for j < n, in order (x_i = xr[i]).
 // acc[i] = fma(x_i[l + j], col[j], acc[i]) for j < n, in order (N: n known at compile time, so col
 // stays in registers; N = 0: n at run time).
 template <int M, int N = 0>
