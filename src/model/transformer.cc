@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include "core/check.h"
@@ -99,6 +100,12 @@ Transformer::Transformer(const ModelWeights& weights, ThreadPool& pool, Transfor
       DropFilePages(t->data, t->nbytes());
     }
   }
+}
+
+void Transformer::Rows(int64_t T, double work_per_row, const std::function<void(int64_t, int64_t)>& fn) {
+  // Two tasks per thread at least 8 rows each; a row's arithmetic never depends on the split.
+  const int64_t grain = std::max<int64_t>(8, (T + 2 * pool_.size() - 1) / (2 * pool_.size()));
+  pool_.ParallelFor(T, grain, [&](int64_t b, int64_t e, int) { fn(b, e); }, work_per_row * (double)T);
 }
 
 const kernels::StripWeight* Transformer::Strips(const Tensor& w) const {
@@ -299,6 +306,7 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   hb_.resize(T * ffn);
   hb2_.resize(T * ffn);
   row_pos_.resize(T);
+  row_block_.resize(T);
 
   Profiler* prof = options_.profiler;
   // Embedding rows.
@@ -317,7 +325,9 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
     const LayerWeights& L = w_.layers[l];
     {
       ScopedOp op(prof, "rmsnorm", 4.0 * T * dim, norm_bytes);
-      kernels::RmsNorm(x_.data(), L.attn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
+      Rows(T, 4.0 * dim, [&](int64_t b, int64_t e) {
+        kernels::RmsNorm(&x_[b * dim], L.attn_norm.as<float>(), &xb_[b * dim], e - b, dim, c.norm_eps);
+      });
     }
     LinearShared("matmul_qkv", xb_.data(), T, l,
                  {{"matmul_q", &L.wq, q_.data(), LoraModule::kQ},
@@ -335,14 +345,17 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
     std::optional<ScopedOp> rope_op(std::in_place, prof, "rope_kv_write", 3.0 * T * (q_dim + kv_dim),
                                     4.0 * T * (q_dim + 3 * kv_dim));
     for (const PagedSeqInput& s : batch) {
-      for (size_t i = 0; i < s.tokens.size(); ++i, ++r) {
-        int64_t pos = row_pos_[r];
-        ApplyRope(&q_[r * q_dim], c.n_heads, pos);
-        ApplyRope(&k_[r * kv_dim], c.n_kv_heads, pos);
-        std::memcpy(store.K(l, s.block_table[pos / bs], pos % bs), &k_[r * kv_dim], kv_dim * sizeof(float));
-        std::memcpy(store.V(l, s.block_table[pos / bs], pos % bs), &v_[r * kv_dim], kv_dim * sizeof(float));
-      }
+      for (size_t i = 0; i < s.tokens.size(); ++i, ++r) row_block_[r] = s.block_table[row_pos_[r] / bs];
     }
+    Rows(T, 4.0 * (q_dim + kv_dim), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t pos = row_pos_[t];
+        ApplyRope(&q_[t * q_dim], c.n_heads, pos);
+        ApplyRope(&k_[t * kv_dim], c.n_kv_heads, pos);
+        std::memcpy(store.K(l, row_block_[t], pos % bs), &k_[t * kv_dim], kv_dim * sizeof(float));
+        std::memcpy(store.V(l, row_block_[t], pos % bs), &v_[t * kv_dim], kv_dim * sizeof(float));
+      }
+    });
     rope_op.reset();
     {
       double ctx = 0;  // attended positions, summed over new tokens
@@ -356,20 +369,25 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
     Linear("matmul_o", att_.data(), T, L.wo, xb_.data(), l, LoraModule::kO);
     {
       ScopedOp op(prof, "residual_norm", 5.0 * T * dim, 3 * norm_bytes);
-      kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
-      kernels::RmsNorm(x_.data(), L.ffn_norm.as<float>(), xb_.data(), T, dim, c.norm_eps);
+      Rows(T, 5.0 * dim, [&](int64_t b, int64_t e) {
+        kernels::Axpy(&x_[b * dim], 1.0f, &xb_[b * dim], (e - b) * dim);
+        kernels::RmsNorm(&x_[b * dim], L.ffn_norm.as<float>(), &xb_[b * dim], e - b, dim, c.norm_eps);
+      });
     }
     LinearShared("matmul_gate_up", xb_.data(), T, l,
                  {{"matmul_gate", &L.w_gate, hb_.data(), LoraModule::kGate},
                   {"matmul_up", &L.w_up, hb2_.data(), LoraModule::kUp}});
     {
       ScopedOp op(prof, "silu_mul", 6.0 * T * ffn, 12.0 * T * ffn);
-      kernels::SiluMul(hb_.data(), hb2_.data(), T * ffn);
+      // Row by row: a row's elements take the same (vector or tail) path whatever its batch.
+      Rows(T, 6.0 * ffn, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) kernels::SiluMul(&hb_[t * ffn], &hb2_[t * ffn], ffn);
+      });
     }
     Linear("matmul_down", hb_.data(), T, L.w_down, xb_.data(), l, LoraModule::kDown);
     {
       ScopedOp op(prof, "residual", 1.0 * T * dim, norm_bytes * 1.5);
-      kernels::Axpy(x_.data(), 1.0f, xb_.data(), T * dim);
+      Rows(T, 1.0 * dim, [&](int64_t b, int64_t e) { kernels::Axpy(&x_[b * dim], 1.0f, &xb_[b * dim], (e - b) * dim); });
     }
   }
   // Final norm only on the rows whose logits are wanted.

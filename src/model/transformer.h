@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -179,6 +180,10 @@ class Transformer {
   std::vector<PrecisionRun> token_runs_, out_runs_;
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rows_, lora_mid_, lora_out_;
   std::vector<int64_t> row_pos_;  // position of each stacked row
+  std::vector<int32_t> row_block_;  // the cache block of each stacked row's position
+  // fn(b, e) over row ranges of [0, T) on the pool (on the caller alone when T rows are little work):
+  // for the row-wise ops of a prefill (norms, SwiGLU, RoPE + K/V writes, residuals).
+  void Rows(int64_t T, double work_per_row, const std::function<void(int64_t, int64_t)>& fn);
   // Runs of stacked rows that share one adapter (set per ForwardPaged; empty = no LoRA at all).
   struct LoraRun {
     int64_t row0, n_rows;
