@@ -403,6 +403,29 @@ TEST(Avx2Forms, SplitAndFullWidthBitIdentical) {
   }
 }
 
+// Block types on the AVX-512 tier run the AVX2 tier's int8 kernels, except Q5_0 / Q5_1's 4-row GEMV,
+// compiled for AVX-512 from the same source (quant_rows.h, fifth bits from k-masks): every result
+// bit-identical to the AVX2 tier's, for 1-4 x rows and N with and without a tail of 4.
+TEST(Avx512Tier, BlockTypesBitIdenticalToAvx2) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::MatMulKernels& a512 = cpu::KernelsFor(IsaTier::kAvx512).mm;
+  const cpu::MatMulKernels& a2 = cpu::KernelsFor(IsaTier::kAvx2).mm;
+  uint32_t seed = 1700;
+  for (DType dt : {DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_1}) {
+    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}}) {
+      for (int64_t M : {1, 2, 3, 4, 16}) {
+        testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
+        const std::vector<float> x = RandomVec(M * s.K, seed++);
+        std::vector<float> y512(M * s.N, -1.0f), y2(M * s.N, -2.0f);
+        ThreadPool pool(2);
+        cpu::MatMulWith(a512, pool, x.data(), M, w.t, y512.data());
+        cpu::MatMulWith(a2, pool, x.data(), M, w.t, y2.data());
+        ASSERT_EQ(y512, y2) << DTypeName(dt) << " M=" << M << " N=" << s.N << " K=" << s.K;
+      }
+    }
+  }
+}
+
 // The public entry points (best tier) agree with the reference too.
 TEST(MatMulPublic, BestTierAndDequantizeRows) {
   ThreadPool pool(2);

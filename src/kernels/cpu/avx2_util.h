@@ -51,7 +51,8 @@ struct Q4Block {
 // Q5: the 32 fifth bits (u32 at qh, bit e = element e) as 0x10 bytes: h0 = elements 0-15, h1 = 16-31.
 // Through a 256 x 8-byte table (byte k = 0x10 if bit k is set): two 8-byte loads per half keep the
 // work on the load ports, where broadcast + shuffle + compare + mask took ~9 vector ops per block
-// on the SIMD pipes the dot products need.
+// on the SIMD pipes the dot products need (Zen 1, one row per vector). The full-width 4-row GEMV
+// takes two rows per vector instead (quant_rows.h, FifthBitsPair).
 struct FifthBitTable {
   uint64_t v[256];
   constexpr FifthBitTable() : v() {

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/quant_rows.h"
 #include "kernels/cpu/scratch.h"
 
 namespace lathe::kernels::cpu::avx2 {
@@ -321,135 +322,6 @@ void GemvF(const uint8_t* w, size_t rb, int64_t n_rows, const float* x, int64_t 
   const int64_t run = n_rows / R;
   for (int64_t i = 0; i < run; ++i) GemvFRows<T, M, R, kSplit>(w + i * rb, rb, run, x, xp, K, y + i, ldy);
   for (int64_t r = run * R; r < n_rows; ++r) GemvFRows<T, M, 1, kSplit>(w + r * rb, rb, 1, x, xp, K, y + r, ldy);
-}
-
-// Batched decode (M = 1-4 x rows), four weight rows per pass: their four f16 scales are converted
-// by one vcvtph2ps and multiplied by each x scale together, the Q4 offset/min terms of the four rows
-// share one FMA, and each x block is loaded once for the four rows. Every (x row, weight row) gets
-// the 4-lane block arithmetic of avx2_util.h (Dot4Q4 / Dot4Q8), whatever M and whichever form.
-inline __m128i Load4Halves(const uint8_t* p0, size_t stride) {
-  __m128i h = _mm_cvtsi32_si128(*(const uint16_t*)p0);
-  h = _mm_insert_epi16(h, *(const uint16_t*)(p0 + stride), 1);
-  h = _mm_insert_epi16(h, *(const uint16_t*)(p0 + 2 * stride), 2);
-  return _mm_insert_epi16(h, *(const uint16_t*)(p0 + 3 * stride), 3);
-}
-
-// One block of one weight row (quants at qs; Q5's fifth bits the 4 bytes before) times x halves
-// x0, x1: 4 int32 lanes.
-template <DType T>
-inline __m128i RowDot4(const uint8_t* qs, __m128i x0, __m128i x1) {
-  if constexpr (T == DType::kQ8_0) {
-    const __m128i q0 = _mm_loadu_si128((const __m128i*)qs), q1 = _mm_loadu_si128((const __m128i*)(qs + 16));
-    return Dot4Q8(_mm_sign_epi8(q0, q0), _mm_sign_epi8(q1, q1), _mm_sign_epi8(x0, q0), _mm_sign_epi8(x1, q1));
-  } else {
-    const __m128i q = _mm_loadu_si128((const __m128i*)qs), m = _mm_set1_epi8(0x0f);
-    __m128i u0 = _mm_and_si128(q, m), u1 = _mm_and_si128(_mm_srli_epi16(q, 4), m);
-    if constexpr (Q4Block<T>::k5) {
-      __m128i h0, h1;
-      FifthBits(qs - 4, &h0, &h1);
-      u0 = _mm_or_si128(u0, h0);
-      u1 = _mm_or_si128(u1, h1);
-    }
-    return Dot4Q4(u0, u1, x0, x1);
-  }
-}
-
-// The same for two weight rows (quants at qa, qb): [row a | row b], x halves broadcast to both lanes.
-template <DType T>
-inline __m256i RowPairDot4(const uint8_t* qa, const uint8_t* qb, __m256i x0, __m256i x1) {
-  if constexpr (T == DType::kQ8_0) {
-    const __m256i q0 = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)qb), _mm_loadu_si128((const __m128i*)qa));
-    const __m256i q1 = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)(qb + 16)),
-                                        _mm_loadu_si128((const __m128i*)(qa + 16)));
-    return Dot4Q8(_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(q1, q1), _mm256_sign_epi8(x0, q0),
-                  _mm256_sign_epi8(x1, q1));
-  } else {
-    const __m256i q = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)qb), _mm_loadu_si128((const __m128i*)qa));
-    const __m256i m = _mm256_set1_epi8(0x0f);
-    __m256i u0 = _mm256_and_si256(q, m), u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m);
-    if constexpr (Q4Block<T>::k5) {
-      __m128i a0, a1, b0, b1;
-      FifthBits(qa - 4, &a0, &a1);
-      FifthBits(qb - 4, &b0, &b1);
-      u0 = _mm256_or_si256(u0, _mm256_set_m128i(b0, a0));
-      u1 = _mm256_or_si256(u1, _mm256_set_m128i(b1, a1));
-    }
-    return Dot4Q4(u0, u1, x0, x1);
-  }
-}
-
-// Four weight rows' accumulators for one x row, in the split or the full-width form.
-template <bool kSplit>
-struct Quad;
-
-template <>
-struct Quad<true> {
-  __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
-  // Adds block j of the rows at qs, qs + rb, ... times x block xb; ds = the rows' dw * xb.d.
-  template <DType T>
-  void Add(const uint8_t* qs, size_t rb, const BlockQ8X& xb, __m128 ds) {
-    const __m128i x0 = _mm_loadu_si128((const __m128i*)xb.qs), x1 = _mm_loadu_si128((const __m128i*)(xb.qs + 16));
-    a[0] = _mm_fmadd_ps(_mm_cvtepi32_ps(RowDot4<T>(qs, x0, x1)), _mm_shuffle_ps(ds, ds, 0x00), a[0]);
-    a[1] = _mm_fmadd_ps(_mm_cvtepi32_ps(RowDot4<T>(qs + rb, x0, x1)), _mm_shuffle_ps(ds, ds, 0x55), a[1]);
-    a[2] = _mm_fmadd_ps(_mm_cvtepi32_ps(RowDot4<T>(qs + 2 * rb, x0, x1)), _mm_shuffle_ps(ds, ds, 0xaa), a[2]);
-    a[3] = _mm_fmadd_ps(_mm_cvtepi32_ps(RowDot4<T>(qs + 3 * rb, x0, x1)), _mm_shuffle_ps(ds, ds, 0xff), a[3]);
-  }
-  float Sum(int q) const { return Hsum4(a[q]); }
-};
-
-template <>
-struct Quad<false> {
-  __m256 a01 = _mm256_setzero_ps(), a23 = _mm256_setzero_ps();
-  template <DType T>
-  void Add(const uint8_t* qs, size_t rb, const BlockQ8X& xb, __m128 ds) {
-    const __m256i x0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)xb.qs));
-    const __m256i x1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(xb.qs + 16)));
-    a01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(RowPairDot4<T>(qs, qs + rb, x0, x1)), PairScales(ds, 0), a01);
-    a23 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(RowPairDot4<T>(qs + 2 * rb, qs + 3 * rb, x0, x1)), PairScales(ds, 2),
-                          a23);
-  }
-  float Sum(int q) const {
-    const __m256 v = q < 2 ? a01 : a23;
-    return Hsum4(q % 2 ? _mm256_extractf128_ps(v, 1) : _mm256_castps256_ps128(v));
-  }
-};
-
-template <DType T, int M, bool kSplit>
-void QuantRows4(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y,
-                int64_t ldy) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = !kQ8 && Q4Block<T>::kMin;
-  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : Q4Block<T>::kBytes;
-  constexpr size_t kQsOff = kQ8 ? 2 : Q4Block<T>::kQsOff;
-  constexpr float kCorr = kQ8 ? 0.0f : Q4Block<T>::kCorr;
-  // The rows in 4 runs of n_rows / 4, row i of every run together: 4 long sequential streams for
-  // the hardware prefetcher (4 adjacent rows interleaved hid the stream from it: cold Q8_0 ran at
-  // half speed; a software prefetch of the next 4 rows got most of it back, long runs more).
-  const int64_t run = n_rows / 4;
-  const size_t rs = run * rb;  // bytes between the 4 rows of a step
-  for (int64_t r = 0; r < run; ++r) {
-    const uint8_t* row = w + r * rb;
-    Quad<kSplit> acc[M];
-    __m128 corr[M];
-    for (int i = 0; i < M; ++i) corr[i] = _mm_setzero_ps();
-    for (int64_t j = 0; j < nb; ++j) {
-      const uint8_t* b0 = row + j * kBB;
-      const __m128 dw = _mm_cvtph_ps(Load4Halves(b0, rs));
-      __m128 cw = dw;
-      if constexpr (kMin) cw = _mm_cvtph_ps(Load4Halves(b0 + 2, rs));
-#pragma GCC unroll 4
-      for (int i = 0; i < M; ++i) {
-        const BlockQ8X& xb = x[i * nb + j];
-        if constexpr (!kQ8) corr[i] = _mm_fmadd_ps(cw, _mm_set1_ps(xb.s), corr[i]);
-        acc[i].template Add<T>(b0 + kQsOff, rs, xb, _mm_mul_ps(dw, _mm_set1_ps(xb.d)));
-      }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < M; ++i) {
-      alignas(16) float c[4];
-      _mm_store_ps(c, _mm_mul_ps(corr[i], _mm_set1_ps(kCorr)));
-      for (int q = 0; q < 4; ++q) y[i * ldy + r + q * run] = acc[i].Sum(q) + c[q];
-    }
-  }
 }
 
 template <int M, bool kSplit>

@@ -1,5 +1,6 @@
 // AVX-512 (F/BW/VL/DQ) matmul kernels: f32/f16/bf16 GEMV on zmm, row dequantization and the 6 x 4
-// zmm FMA prefill panel; block types run the AVX2 table's int8 kernels (GetMatMulKernels).
+// zmm FMA prefill panel; block types run the AVX2 table's int8 kernels (GetMatMulKernels), Q5_0 / Q5_1's
+// 4-row GEMV compiled here (quant_rows.h).
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -10,6 +11,7 @@
 #include "core/check.h"
 #include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/quant_rows.h"
 
 namespace lathe::kernels::cpu::avx512 {
 
@@ -147,7 +149,34 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x,
 
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
-  // Every block type: the AVX2 table's int8 kernels (GetMatMulKernels below).
+  // Every block type: the AVX2 table's int8 kernels (GetMatMulKernels below), except Q5_0 / Q5_1's
+  // 4-row kernel, which runs here compiled for AVX-512 (quant_rows.h: the same bits).
+  if (t == DType::kQ5_0 || t == DType::kQ5_1) {
+    const int64_t n4 = n_rows / 4 * 4;
+    if (n4 > 0) {
+      const BlockQ8X* xq = (const BlockQ8X*)x;
+      const bool q50 = t == DType::kQ5_0;
+      switch (m) {
+        case 1:
+          q50 ? QuantRows4<DType::kQ5_0, 1, false>(w, rb, n4, xq, K / 32, y, ldy)
+              : QuantRows4<DType::kQ5_1, 1, false>(w, rb, n4, xq, K / 32, y, ldy);
+          break;
+        case 2:
+          q50 ? QuantRows4<DType::kQ5_0, 2, false>(w, rb, n4, xq, K / 32, y, ldy)
+              : QuantRows4<DType::kQ5_1, 2, false>(w, rb, n4, xq, K / 32, y, ldy);
+          break;
+        case 3:
+          q50 ? QuantRows4<DType::kQ5_0, 3, false>(w, rb, n4, xq, K / 32, y, ldy)
+              : QuantRows4<DType::kQ5_1, 3, false>(w, rb, n4, xq, K / 32, y, ldy);
+          break;
+        default:
+          q50 ? QuantRows4<DType::kQ5_0, 4, false>(w, rb, n4, xq, K / 32, y, ldy)
+              : QuantRows4<DType::kQ5_1, 4, false>(w, rb, n4, xq, K / 32, y, ldy);
+      }
+    }
+    if (n4 == n_rows) return;
+    return avx2::Table().mm.gemv(t, w + n4 * rb, rb, n_rows - n4, x, m, K, y + n4, ldy);
+  }
   if (IsQuantized(t)) return avx2::Table().mm.gemv(t, w, rb, n_rows, x, m, K, y, ldy);
   const float* xf = (const float*)x;
   switch (m) {
