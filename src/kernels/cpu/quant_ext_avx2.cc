@@ -334,6 +334,10 @@ inline void KBlocks(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* 
 }
 
 // M x rows (1..4, a template parameter so the accumulators stay in registers).
+// Rows run one at a time, each a short stream (a few super-blocks): every super-block prefetches its
+// bytes kPfRows rows ahead. Q6_K 576 x 1536 from DRAM, 1 thread: 90 -> 69 us (hot: equal); Q4_K_M
+// decode +6-11% (paired).
+constexpr int64_t kPfRows = 2;
 template <DType T, int M>
 void KGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t K, float* y, int64_t ldy) {
   constexpr int64_t m = M;
@@ -374,6 +378,7 @@ void KGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
     }
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = row + sb * kBB;
+      for (size_t off = 0; off < kBB; off += 64) _mm_prefetch((const char*)(blk + kPfRows * rb + off), _MM_HINT_T0);
       Prepare<T>(blk, &k);
       const BlockQ8X* xb[4];
       __m256 dx[4];
