@@ -19,8 +19,8 @@ struct CpuFeatures {
   bool avx_vnni = false;
   // Convenience: the full set each kernel tier is compiled for (LATHE_AVX2_FLAGS and
   // LATHE_AVX512_FLAGS in CMakeLists.txt). The AVX-512 tier is compiled with VNNI and requires it
-  // (no kernel of it issues VNNI since its int8 GEMV gave way to the AVX2 one; the requirement keeps
-  // the set of CPUs it has run on), not avx512_bf16: Cascade Lake, Ice Lake and Tiger Lake take it.
+  // (its int8 GEMM, qgemm_avx512.cc, issues vpdpbusd), not avx512_bf16: Cascade Lake, Ice Lake and
+  // Tiger Lake take it.
   bool HasAvx2Tier() const { return avx2 && fma && f16c && bmi2; }
   bool HasAvx512Tier() const {
     return avx512f && avx512bw && avx512vl && avx512dq && avx512_vnni && HasAvx2Tier();

@@ -404,16 +404,17 @@ TEST(Avx2Forms, SplitAndFullWidthBitIdentical) {
 }
 
 // Block types on the AVX-512 tier run the AVX2 tier's int8 kernels, except Q5_0 / Q5_1's 4-row GEMV,
-// compiled for AVX-512 from the same source (quant_rows.h, fifth bits from k-masks): every result
-// bit-identical to the AVX2 tier's, for 1-4 x rows and N with and without a tail of 4.
+// compiled for AVX-512 from the same source (quant_rows.h, fifth bits from k-masks), and the int8 GEMM
+// above kGemvQuantMaxM rows (qgemm_avx512.cc, VNNI): every result bit-identical to the AVX2 tier's, for
+// the GEMV's 1-16 x rows and the GEMM's tile remainders, N with and without a tail of 4 or of 8 rows.
 TEST(Avx512Tier, BlockTypesBitIdenticalToAvx2) {
   LATHE_REQUIRE_TIER(IsaTier::kAvx512);
   const cpu::MatMulKernels& a512 = cpu::KernelsFor(IsaTier::kAvx512).mm;
   const cpu::MatMulKernels& a2 = cpu::KernelsFor(IsaTier::kAvx2).mm;
   uint32_t seed = 1700;
-  for (DType dt : {DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_1}) {
-    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}}) {
-      for (int64_t M : {1, 2, 3, 4, 16}) {
+  for (DType dt : {DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{36, 64}, Shape{130, 576}, Shape{66, 1536}}) {
+      for (int64_t M : {1, 2, 3, 4, 16, 17, 22, 34}) {
         testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
         const std::vector<float> x = RandomVec(M * s.K, seed++);
         std::vector<float> y512(M * s.N, -1.0f), y2(M * s.N, -2.0f);

@@ -11,6 +11,9 @@
 namespace lathe::kernels::cpu::avx512 {
 
 MatMulKernels GetMatMulKernels();  // matmul_avx512.cc
+// MatMulKernels::qgemm (qgemm_avx512.cc): the VNNI int8 GEMM, bit-identical to the AVX2 tier's.
+void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
+           int64_t ldy);
 
 // Lanes [0, n) of 16, n in [0, 16].
 inline __mmask16 Mask16(int64_t n) { return (__mmask16)((1u << n) - 1); }

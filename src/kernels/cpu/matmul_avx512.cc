@@ -1,6 +1,6 @@
 // AVX-512 (F/BW/VL/DQ) matmul kernels: f32/f16/bf16 GEMV on zmm, row dequantization and the 6 x 4
-// zmm FMA prefill panel; block types run the AVX2 table's int8 kernels (GetMatMulKernels), Q5_0 / Q5_1's
-// 4-row GEMV compiled here (quant_rows.h).
+// zmm FMA prefill panel; block types run the AVX2 table's int8 GEMV (GetMatMulKernels), Q5_0 / Q5_1's
+// 4-row GEMV compiled here (quant_rows.h), and the VNNI int8 GEMM (qgemm_avx512.cc).
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -306,15 +306,16 @@ void Panel(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t 
 
 }  // namespace
 
-// Block types (Q8_0, Q4_*, Q5_*, K-quants) take the AVX2 table's int8 kernels whole: its x
-// quantization, GEMV and int8 GEMM, so batched rows above kGemvQuantMaxM get the GEMM and a row's
-// result is bit-identical to the AVX2 tier's. Measured on an AVX-512 Xeon (bench/RESULTS.md,
-// sixteenth session) they ran as fast as or faster than this tier's own 256-bit VNNI GEMV, which
-// they replaced; the float types keep the zmm DotTile.
+// Block types (Q8_0, Q4_*, Q5_*, K-quants) take the AVX2 table's x quantization and GEMV (Q5_0 / Q5_1's
+// 4-row GEMV compiled here from quant_rows.h), and this tier's VNNI int8 GEMM above kGemvQuantMaxM rows
+// (qgemm_avx512.cc; 1.6-2.5x the AVX2 one at M = 32-64 on an AVX-512 Xeon): a row's result is
+// bit-identical to the AVX2 tier's. For M = 1 the AVX2 GEMV ran as fast as or faster than this tier's
+// own 256-bit VNNI GEMV (bench/RESULTS.md, sixteenth session), which it replaced; the float types keep
+// the zmm DotTile.
 MatMulKernels GetMatMulKernels() {
   const MatMulKernels& a2 = avx2::Table().mm;
   MatMulKernels k = {a2.quantize_x, Gemv, DequantRows, Panel, kNR, kMR, a2.gemv_exact_m};
-  k.qgemm = a2.qgemm;
+  k.qgemm = QGemm;
   return k;
 }
 
