@@ -203,7 +203,7 @@ TEST_P(MatMulTier, BatchedRowsBitIdenticalToSingleRow) {
     for (Shape s : shapes) {
       for (int64_t M : {int64_t{2}, int64_t{3}, int64_t{5}, int64_t{7}, cpu::kGemvQuantMaxM, int64_t{17},
                         int64_t{34}, int64_t{67}}) {
-        // Above kGemvQuantMaxM: the int8 GEMM where the tier has one, else the batched GEMV.
+        // From the tier's qgemm_min_m: the int8 GEMM where the tier has one, else the batched GEMV.
         testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
         const std::vector<float> x = RandomVec(M * s.K, seed++);
         for (int threads : {1, 2}) {

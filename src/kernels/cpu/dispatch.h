@@ -22,6 +22,14 @@ struct BlockQ8X {
 };
 static_assert(sizeof(BlockQ8X) == 40);
 
+// Block-quantized weights (every GGML block type) use the int8 GEMV up to this M (batched decode) on
+// tiers whose MatMulKernels::qgemm_min_m does not say otherwise: weight blocks stay hot in L2 while all
+// x rows run over them with the per-row arithmetic of M = 1 (MatMulKernels::gemv_exact_m rows per
+// call), so a row's result does not depend on M. Measured (bench batch/q8_0, 1536x576, 1 thread, AVX2,
+// Zen 3 loaded): vs the panel path M=4 114 vs 182 us, M=8 206 vs 265-294, M=16 426 vs 431 (tie), M=32
+// 972 vs 825-1000.
+constexpr int64_t kGemvQuantMaxM = 16;
+
 // The building blocks one ISA tier provides; MatMulWith (matmul.cc) does blocking and threading.
 struct MatMulKernels {
   // Quantizes x (K floats, K % 32 == 0) into K / 32 blocks.
@@ -49,6 +57,9 @@ struct MatMulKernels {
   // x row alone, so results do not depend on m or on the other rows.
   void (*qgemm)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
                 float* y, int64_t ldy) = nullptr;
+  // qgemm takes the rows from this M on (the batched GEMV below it): where the two cross on this tier
+  // (AVX2: kGemvQuantMaxM + 1; AVX-512's VNNI GEMM: 8, measured in qgemm_avx512.cc).
+  int64_t qgemm_min_m = kGemvQuantMaxM + 1;
   IsaTier tier = IsaTier::kScalar;  // the tier these kernels belong to (its packed-quant kernels go with them)
 };
 
@@ -78,7 +89,7 @@ const KernelTable& Best();
 
 // y(M, N) = x(M, K) . W(N, K)^T with one tier's kernels. Block-quantized weights without
 // exact_activations take int8 activations for any M, every row with its M = 1 arithmetic: the GEMV
-// kernels up to kGemvQuantMaxM rows, above it the int8 GEMM (k.qgemm) where the tier has one, else
+// kernels below k.qgemm_min_m rows, from it the int8 GEMM (k.qgemm) where the tier has one, else
 // the batched GEMV. Float weights use the GEMV kernels for M < kGemvMaxM, the dot-product panel for
 // the rest (one per-row arithmetic: a float row's result does not depend on M). Float-weight crossover,
 // measured (bench batch/*, 1536x576 on Zen 3): from M = 4 the panel path wins for every dtype (e.g. f32
@@ -99,13 +110,8 @@ constexpr int64_t kStripGemvMaxM = 20;
 // kernels::MatMulShared with one tier's kernels.
 void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
                       std::span<const Tensor* const> ws, std::span<float* const> ys, bool exact_activations = false);
-// Block-quantized weights (every GGML block type) use the int8 GEMV up to this M (batched decode):
-// weight blocks stay hot in L2 while all x rows run over them with the per-row arithmetic of M = 1
-// (MatMulKernels::gemv_exact_m rows per call), so a row's result does not depend on M. Measured (bench batch/q8_0, 1536x576, 1 thread, AVX2, Zen 3 loaded): vs the
-// panel path M=4 114 vs 182 us, M=8 206 vs 265-294, M=16 426 vs 431 (tie), M=32 972 vs 825-1000.
-constexpr int64_t kGemvQuantMaxM = 16;
-// Above kGemvQuantMaxM, block-quantized weights (without exact_activations) go through
-// MatMulKernels::qgemm where the tier has one (AVX2, and AVX-512 through the AVX2 kernels): int8 x
+// From MatMulKernels::qgemm_min_m rows, block-quantized weights (without exact_activations) go through
+// MatMulKernels::qgemm where the tier has one (AVX2, and AVX-512's VNNI kernel): int8 x
 // rows, each row bit-identical to its M = 1 result; the scalar tier keeps the batched GEMV, so there
 // too a decode row's logits never depend on the batch size.
 

@@ -203,10 +203,10 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   }
   // The GEMV kernels quantize x to int8 for block-quantized weights; the panel path keeps f32. With
   // int8 activations every row gets its M = 1 arithmetic whatever M (results independent of the
-  // batch): the tier's int8 GEMM above kGemvQuantMaxM where it has one, else the batched GEMV.
+  // batch): the tier's int8 GEMM from k.qgemm_min_m rows where it has one, else the batched GEMV.
   const bool quant = IsQuantized(w.dtype);
   if (quant && !exact_activations) {
-    if (k.qgemm && M > kGemvQuantMaxM && !IsKQuant(w.dtype)) {  // the tiers' qgemm: Q8_0, Q4_*, Q5_*
+    if (k.qgemm && M >= k.qgemm_min_m && !IsKQuant(w.dtype)) {  // the tiers' qgemm: Q8_0, Q4_*, Q5_*
       QuantGemm(k, pool, x, M, w, y);
     } else {
       Gemv(k, pool, x, M, w, y);

@@ -307,8 +307,8 @@ void Panel(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t 
 }  // namespace
 
 // Block types (Q8_0, Q4_*, Q5_*, K-quants) take the AVX2 table's x quantization and GEMV (Q5_0 / Q5_1's
-// 4-row GEMV compiled here from quant_rows.h), and this tier's VNNI int8 GEMM above kGemvQuantMaxM rows
-// (qgemm_avx512.cc; 1.6-2.5x the AVX2 one at M = 32-64 on an AVX-512 Xeon): a row's result is
+// 4-row GEMV compiled here from quant_rows.h), and this tier's VNNI int8 GEMM
+// (qgemm_avx512.cc; 1.6-2.5x the AVX2 one at M = 32-64 on an AVX-512 Xeon) from 8 rows: a row's result is
 // bit-identical to the AVX2 tier's. For M = 1 the AVX2 GEMV ran as fast as or faster than this tier's
 // own 256-bit VNNI GEMV (bench/RESULTS.md, sixteenth session), which it replaced; the float types keep
 // the zmm DotTile.
@@ -316,6 +316,7 @@ MatMulKernels GetMatMulKernels() {
   const MatMulKernels& a2 = avx2::Table().mm;
   MatMulKernels k = {a2.quantize_x, Gemv, DequantRows, Panel, kNR, kMR, a2.gemv_exact_m};
   k.qgemm = QGemm;
+  k.qgemm_min_m = 8;
   return k;
 }
 
