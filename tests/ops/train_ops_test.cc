@@ -158,7 +158,7 @@ TEST_P(TrainOpsTier, PackStripTransposedMatchesDefinition) {
   const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
   const int64_t ld = 43;
   const std::vector<float> src = testing::RandomVec(16 * ld, 61);
-  for (int64_t nl : {1, 7, 8, 9, 16, 40})
+  for (int64_t nl : {1, 7, 8, 9, 16, 17, 40})
     for (int nj = 1; nj <= cpu::kGemmTileC; ++nj) {
       std::vector<float> bs(nl * cpu::kGemmTileC, 99.0f);
       tk.pack_strip_t(bs.data(), src.data(), ld, nl, nj);

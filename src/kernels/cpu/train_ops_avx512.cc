@@ -1,7 +1,8 @@
 // AVX-512 training kernels: the GEMM micro-kernels two 16-column strips wide (6 x 32, 12 zmm
 // accumulators, enough independent FMA chains for two 512-bit FMA pipes) and an 8 x 48 tile over
-// packed A micro-panels (24 accumulators); every other op is the AVX2 table's. Per C element the FMAs
-// and their order are those of the AVX2 6 x 16 tile, so the results are bit-identical to the AVX2 tier's.
+// packed A micro-panels (24 accumulators), B strips packed by 16 x 16 transposes; every other op is the
+// AVX2 table's. Per C element the FMAs and their order are those of the AVX2 6 x 16 tile, so the results
+// are bit-identical to the AVX2 tier's.
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/train_dispatch.h"
 
 namespace lathe::kernels::cpu::avx512 {
@@ -172,6 +174,21 @@ __attribute__((always_inline)) inline void Transpose16(__m512 (&r)[16]) {
     r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
     r[4 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0x88);
     r[12 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0xdd);
+  }
+}
+
+// TrainKernelTable::pack_strip_t: rows j < nj of src (the strip's columns; zero past nj), 16 x 16
+// blocks transposed in registers, the nl % 16 tail through masked loads (nothing read past nl).
+void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
+  static_assert(kGemmTileC == 16);
+  for (int64_t l = 0; l < nl; l += 16) {
+    const int n = (int)std::min<int64_t>(16, nl - l);
+    const __mmask16 m = Mask16(n);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = i < nj ? _mm512_maskz_loadu_ps(m, src + i * ld + l) : _mm512_setzero_ps();
+    Transpose16(r);
+    for (int k = 0; k < n; ++k) _mm512_storeu_ps(bs + (l + k) * kGemmTileC, r[k]);
   }
 }
 
@@ -379,6 +396,7 @@ const TrainKernelTable& TrainTable() {
     k.pack_panel_rows = avx2::PackPanelRows8;  // 256-bit transposes: nothing to gain from zmm
     k.panel_rows = kPanelR;
     k.panel_cols = kPanelStrips * kGemmTileC;
+    k.pack_strip_t = PackStripT;
     k.chain_gemv = ChainGemv;
     k.strip_gemv = StripGemv;
     return k;
