@@ -312,9 +312,9 @@ inline __m256i Scales(const KSuper& k) {
   }
 }
 
-// dx[i]: d * x.d of x row i's 8 blocks of this super-block.
+// dx[8 i + J]: d * x.d of x row i's block J of this super-block.
 template <DType T, int M, int J>
-inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, const __m256* dx, __m256* acc) {
+inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, const float* dx, __m256* acc) {
   const __m256i u = Values<T, J>(blk);
   const __m256i sc = Scales<T, J>(k);
 #pragma GCC unroll 4
@@ -322,13 +322,13 @@ inline void KBlock(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* x
     const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i*)xb[i][J].qs)), sc);
     // Two accumulators per x row (even / odd blocks): one FMA chain would bound a row at 4-5 cycles
     // per block.
-    const __m256 d = _mm256_permutevar8x32_ps(dx[i], _mm256_set1_epi32(J));
+    const __m256 d = _mm256_broadcast_ss(dx + 8 * i + J);  // a load, not a lane permute
     acc[2 * i + J % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[2 * i + J % 2]);
   }
 }
 
 template <DType T, int M, int... J>
-inline void KBlocks(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, const __m256* dx, __m256* acc,
+inline void KBlocks(const uint8_t* blk, const KSuper& k, const BlockQ8X* const* xb, const float* dx, __m256* acc,
                     std::integer_sequence<int, J...>) {
   (KBlock<T, M, J>(blk, k, xb, dx, acc), ...);
 }
@@ -381,10 +381,10 @@ void KGemvM(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
       for (size_t off = 0; off < kBB; off += 64) _mm_prefetch((const char*)(blk + kPfRows * rb + off), _MM_HINT_T0);
       Prepare<T>(blk, &k);
       const BlockQ8X* xb[4];
-      __m256 dx[4];
+      alignas(32) float dx[4 * 8];
       for (int64_t i = 0; i < m; ++i) {
         xb[i] = x + i * nxb + sb * 8;
-        dx[i] = _mm256_mul_ps(_mm256_set1_ps(k.d), _mm256_loadu_ps(xd + i * nxb + sb * 8));
+        _mm256_store_ps(dx + 8 * i, _mm256_mul_ps(_mm256_set1_ps(k.d), _mm256_loadu_ps(xd + i * nxb + sb * 8)));
       }
       KBlocks<T, M>(blk, k, xb, dx, acc, std::make_integer_sequence<int, 8>{});
       for (int64_t i = 0; i < m; ++i) {
