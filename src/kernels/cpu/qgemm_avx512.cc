@@ -135,15 +135,17 @@ void Tile(const GroupBlock* const* gb, const BlockQ8X* x, const __m128i* xbias, 
 template <DType T, int NG>
 void Tiles(const GroupBlock* const* gb, const BlockQ8X* x, const __m128i* xbias, int64_t m, int64_t nb, float* y,
            int64_t ldy) {
+  // xbias exists for Q8_0 only (null otherwise: no offset is applied to it then).
+  const auto bias = [&](int64_t i0) { return T == DType::kQ8_0 ? xbias + i0 * nb : nullptr; };
   int64_t i0 = 0;
-  for (; i0 + kMR <= m; i0 += kMR) Tile<T, kMR, NG>(gb, x + i0 * nb, xbias + i0 * nb, nb, y + i0 * ldy, ldy);
+  for (; i0 + kMR <= m; i0 += kMR) Tile<T, kMR, NG>(gb, x + i0 * nb, bias(i0), nb, y + i0 * ldy, ldy);
   switch (m - i0) {
     case 3:
-      return Tile<T, 3, NG>(gb, x + i0 * nb, xbias + i0 * nb, nb, y + i0 * ldy, ldy);
+      return Tile<T, 3, NG>(gb, x + i0 * nb, bias(i0), nb, y + i0 * ldy, ldy);
     case 2:
-      return Tile<T, 2, NG>(gb, x + i0 * nb, xbias + i0 * nb, nb, y + i0 * ldy, ldy);
+      return Tile<T, 2, NG>(gb, x + i0 * nb, bias(i0), nb, y + i0 * ldy, ldy);
     case 1:
-      return Tile<T, 1, NG>(gb, x + i0 * nb, xbias + i0 * nb, nb, y + i0 * ldy, ldy);
+      return Tile<T, 1, NG>(gb, x + i0 * nb, bias(i0), nb, y + i0 * ldy, ldy);
     default:
       return;
   }
