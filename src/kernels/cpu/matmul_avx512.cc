@@ -147,6 +147,22 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x,
   }
 }
 
+// Q5_0 / Q5_1: quant_rows.h's 4-row kernel for n4 (a multiple of 4) rows and m (1-4) x rows.
+template <DType T>
+void Q5Rows4(const uint8_t* w, size_t rb, int64_t n4, const BlockQ8X* xq, int64_t m, int64_t K, float* y,
+             int64_t ldy) {
+  switch (m) {
+    case 1:
+      return QuantRows4<T, 1, false>(w, rb, n4, xq, K / 32, y, ldy);
+    case 2:
+      return QuantRows4<T, 2, false>(w, rb, n4, xq, K / 32, y, ldy);
+    case 3:
+      return QuantRows4<T, 3, false>(w, rb, n4, xq, K / 32, y, ldy);
+    default:
+      return QuantRows4<T, 4, false>(w, rb, n4, xq, K / 32, y, ldy);
+  }
+}
+
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
   // Every block type: the AVX2 table's int8 kernels (GetMatMulKernels below), except Q5_0 / Q5_1's
@@ -155,24 +171,8 @@ void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, i
     const int64_t n4 = n_rows / 4 * 4;
     if (n4 > 0) {
       const BlockQ8X* xq = (const BlockQ8X*)x;
-      const bool q50 = t == DType::kQ5_0;
-      switch (m) {
-        case 1:
-          q50 ? QuantRows4<DType::kQ5_0, 1, false>(w, rb, n4, xq, K / 32, y, ldy)
-              : QuantRows4<DType::kQ5_1, 1, false>(w, rb, n4, xq, K / 32, y, ldy);
-          break;
-        case 2:
-          q50 ? QuantRows4<DType::kQ5_0, 2, false>(w, rb, n4, xq, K / 32, y, ldy)
-              : QuantRows4<DType::kQ5_1, 2, false>(w, rb, n4, xq, K / 32, y, ldy);
-          break;
-        case 3:
-          q50 ? QuantRows4<DType::kQ5_0, 3, false>(w, rb, n4, xq, K / 32, y, ldy)
-              : QuantRows4<DType::kQ5_1, 3, false>(w, rb, n4, xq, K / 32, y, ldy);
-          break;
-        default:
-          q50 ? QuantRows4<DType::kQ5_0, 4, false>(w, rb, n4, xq, K / 32, y, ldy)
-              : QuantRows4<DType::kQ5_1, 4, false>(w, rb, n4, xq, K / 32, y, ldy);
-      }
+      t == DType::kQ5_0 ? Q5Rows4<DType::kQ5_0>(w, rb, n4, xq, m, K, y, ldy)
+                        : Q5Rows4<DType::kQ5_1>(w, rb, n4, xq, m, K, y, ldy);
     }
     if (n4 == n_rows) return;
     return avx2::Table().mm.gemv(t, w + n4 * rb, rb, n_rows - n4, x, m, K, y + n4, ldy);
