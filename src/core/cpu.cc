@@ -120,6 +120,14 @@ IsaTier BestIsaTier() {
   return tier;
 }
 
+bool UsesBf16Dot() {
+  static const bool on = [] {
+    const char* env = std::getenv("LATHE_BF16_DOT");
+    return BestIsaTier() == IsaTier::kAvx512 && GetCpuFeatures().avx512_bf16 && !(env && !std::strcmp(env, "0"));
+  }();
+  return on;
+}
+
 const char* IsaTierName(IsaTier t) {
   switch (t) {
     case IsaTier::kScalar: return "scalar";

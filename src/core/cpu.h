@@ -42,6 +42,10 @@ bool Splits256BitOps();
 enum class IsaTier { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 IsaTier BestIsaTier();  // highest tier the CPU has, capped by LATHE_ISA
 const char* IsaTierName(IsaTier t);
+// True where bf16 products run on vdpbf16ps: the AVX-512 tier is the best one (BestIsaTier) and the CPU
+// has avx512_bf16, unless LATHE_BF16_DOT=0 (A/B runs). Then BF16 inference weights are packed in pair
+// strips (kernels::StripWeight) and bf16 mixed-precision training's products take the pair arithmetic.
+bool UsesBf16Dot();
 
 // One core's f32 FMA throughput in GFLOP/s (the peak that benchmarks' MFU and "% of peak" divide
 // by), measured with 12 independent FMA chains in registers at the vector width of BestIsaTier():

@@ -36,10 +36,15 @@ void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const T
 // l-major (strip s's element (l, j) = W(16 s + j, l) at element (s * K + l) * 16 + j; rows past N zero),
 // in W's dtype. Decode reads a strip as one sequential stream with no transposes, and the GEMM takes
 // f32 strips as its packed operand (nothing packed per call).
+// BF16 weights on CPUs with avx512_bf16 are packed in pair strips instead (bf16_pairs: strip s's
+// element pair (2p, 2p + 1) of row 16 s + j as one dword at (s * Kp + p) * 16 + j, Kp = (K + 1) / 2, an odd
+// K's last pair zero-padded) and multiplied with vdpbf16ps: x rounded to bf16, the arithmetic of
+// cpu::Bf16PairsReference, the same for every M (a row's result still does not depend on its batch).
 struct StripWeight {
   DType dtype = DType::kF32;
   int64_t N = 0, K = 0;
   const void* data = nullptr;
+  bool bf16_pairs = false;
 };
 size_t StripWeightBytes(DType t, int64_t N, int64_t K);
 // Packs w (2-D, f32 / f16 / bf16) into out (StripWeightBytes bytes) and returns the view of it.

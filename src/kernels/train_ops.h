@@ -109,6 +109,18 @@ void MatMulBackwardWeight(ThreadPool& pool,
                           const float* x,    // (M, K)
                           int64_t M, int64_t N, int64_t K);
 
+// bf16 mixed precision's products on vdpbf16ps, for CPUs where UsesBf16Dot() (core/cpu.h): every operand
+// is taken as bf16 (f32 arrays must hold bf16 values, as the trainer's rounded activations and
+// gradients do; an f32 W is rounded to bf16 as it is packed, as torch's autocast casts it). Per element
+// the pair arithmetic of cpu::Bf16PairsReference over the inner dimension (x W^T: K; dY W: N; dY^T X:
+// M): f32 sums of the exact bf16 products, pairs odd element first. REQUIRES UsesBf16Dot(); W f32 or bf16.
+void LinearForwardBf16(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w,
+                       bool accumulate = false);
+void MatMulBackwardInputBf16(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
+                             bool accumulate = false);
+void MatMulBackwardWeightBf16(ThreadPool& pool, float* dw_accum, const float* dy, const float* x, int64_t M,
+                              int64_t N, int64_t K);
+
 // A weight W (N, K) that does not change between calls (a frozen output head), packed once as the
 // B operand of dX = dY . W: MatMulBackwardInput / CrossEntropyBackward given it skip re-packing W on
 // every call and return bit-identical results. f32 whatever W's dtype: ~4 * N * K bytes.

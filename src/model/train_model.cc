@@ -555,7 +555,11 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
                                         (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
                             : std::string());
   const float* xr = Round(x, N * L.in, rx_);
-  kernels::LinearForward(*pool_, y, xr, N, L.eff);
+  if (Bf16Dot(L.eff)) {
+    kernels::LinearForwardBf16(*pool_, y, xr, N, L.eff);
+  } else {
+    kernels::LinearForward(*pool_, y, xr, N, L.eff);
+  }
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
@@ -592,12 +596,23 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
                                         (long long)L.out, (long long)L.in)
                             : std::string());
   const float* dyr = Round(dy, N * L.out, rdy_);
-  if (need_dx) kernels::MatMulBackwardInput(*pool_, dx, dyr, N, L.eff, accumulate);
+  const bool bf16dot = Bf16Dot(L.eff);
+  if (need_dx) {
+    if (bf16dot) {
+      kernels::MatMulBackwardInputBf16(*pool_, dx, dyr, N, L.eff, accumulate);
+    } else {
+      kernels::MatMulBackwardInput(*pool_, dx, dyr, N, L.eff, accumulate);
+    }
+  }
   if (L.grad) {
     const float* xr = Round(x, N * L.in, rx_);
     order_.Add(L.grad, group_, [&] {
       ReadyToWrite(L.grad, L.in * L.out);
-      kernels::MatMulBackwardWeight(*pool_, L.grad, dyr, xr, N, L.out, L.in);
+      if (bf16dot) {
+        kernels::MatMulBackwardWeightBf16(*pool_, L.grad, dyr, xr, N, L.out, L.in);
+      } else {
+        kernels::MatMulBackwardWeight(*pool_, L.grad, dyr, xr, N, L.out, L.in);
+      }
     });
   }
   if (L.gbias) {

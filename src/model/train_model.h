@@ -55,7 +55,10 @@ struct TrainModelOptions {
   int64_t freeze_trainable_layers = 2;
   // bf16 mixed precision: matmul inputs (activations, output gradients, trainable weights) rounded
   // to bf16, f32 accumulation; f32 master weights and gradients. Frozen base weights are read as
-  // stored (never copied; a bf16 checkpoint already is bf16).
+  // stored (never copied; a bf16 checkpoint already is bf16). On CPUs with avx512_bf16 (UsesBf16Dot) the
+  // decoder linears' products run on vdpbf16ps with every operand bf16: a frozen f32 W is rounded as
+  // it is packed (as torch's autocast casts it), the exact products summed in pairs
+  // (kernels::LinearForwardBf16).
   bool bf16 = false;
   // fp16 mixed precision: the same with fp16 rounding (overflow to inf, which the trainer's loss
   // scaler detects and skips).

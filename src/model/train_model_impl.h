@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cpu.h"
 #include "kernels/train_ops.h"
 #include "model/train_model.h"
 
@@ -140,6 +141,11 @@ class RowGroupWorker {
   void BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train);
   void BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx);
   void SwiGluH(const Acts& a);  // h_ = swiglu(a.gate, a.up)
+  // bf16 mode's products of a decoder linear on vdpbf16ps (kernels::LinearForwardBf16 and the backward
+  // forms): where the CPU has it (UsesBf16Dot) and W is f32 or bf16 (quantized bases keep their kernels).
+  bool Bf16Dot(const Tensor& w) const {
+    return opt_.bf16 && UsesBf16Dot() && (w.dtype == DType::kBF16 || w.dtype == DType::kF32);
+  }
   void LinForward(const Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
   void LinBackward(const Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
                    bool need_dx, int64_t layer, int mod);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -276,7 +277,11 @@ TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
                         cpu::kStripGemvMaxM, int64_t{41}}) {
         const std::vector<float> x = RandomVec(M * s.K, seed++);
         std::vector<float> ref(M * s.N, -1.0f);
-        cpu::MatMulForwardWith(tk, kt, pool1, ref.data(), x.data(), M, w.t);
+        if (sw.bf16_pairs) {  // vdpbf16ps strips (CPUs with avx512_bf16): their own arithmetic
+          cpu::Bf16PairsReference(x.data(), M, w.t, ref.data());
+        } else {
+          cpu::MatMulForwardWith(tk, kt, pool1, ref.data(), x.data(), M, w.t);
+        }
         for (int threads : {1, 2, 3}) {
           ThreadPool pool(threads);
           std::vector<float> y(M * s.N, -2.0f);
@@ -287,6 +292,50 @@ TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
       }
     }
   }
+}
+
+// BF16 weights on CPUs with avx512_bf16 (the AVX-512 table's bf16_strips): packed in pair strips and
+// multiplied with vdpbf16ps, every element bit-identical to the scalar definition of that arithmetic
+// (Bf16PairsReference: x rounded to bf16, pairs odd element first, chunks added in order) at every M and
+// thread count, so a row's result does not depend on its batch; N and K tails (odd K), several inner
+// chunks, partial strip groups. Without the instruction the table keeps the f32-arithmetic strips.
+TEST(Bf16PairStrips, BitIdenticalToTheReference) {
+  if (!GetCpuFeatures().HasAvx512Tier() || !GetCpuFeatures().avx512_bf16)
+    GTEST_SKIP() << "no avx512_bf16 on this CPU";
+  const cpu::KernelTable& kt = cpu::KernelsFor(IsaTier::kAvx512);
+  ASSERT_NE(kt.mm.bf16_strips, nullptr);
+  uint32_t seed = 2700;
+  ThreadPool pool1(1);
+  for (Shape s : {Shape{1, 5}, Shape{17, 37}, Shape{40, 100}, Shape{200, 576}, Shape{33, 1537}, Shape{100, 770},
+                  Shape{64, 2}}) {
+    testing::TestWeight w = MakeWeight(DType::kBF16, s.N, s.K, seed++);
+    std::vector<uint8_t> packed(StripWeightBytes(DType::kBF16, s.N, s.K));
+    const StripWeight sw = cpu::PackStripWeightWith(kt.mm, pool1, w.t, packed.data());
+    ASSERT_TRUE(sw.bf16_pairs);
+    for (int64_t M : {1, 2, 3, 7, 8, 9, 19, 20, 41, 64, 70, 130}) {
+      const std::vector<float> x = RandomVec(M * s.K, seed++);
+      std::vector<float> ref(M * s.N, -1.0f);
+      cpu::Bf16PairsReference(x.data(), M, w.t, ref.data());
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        std::vector<float> y(M * s.N + 16, -2.0f);
+        cpu::MatMulStripsWith(kt.mm, pool, x.data(), M, sw, y.data());
+        ASSERT_TRUE(std::equal(ref.begin(), ref.end(), y.begin()))
+            << "N=" << s.N << " K=" << s.K << " M=" << M << " threads=" << threads;
+        for (int i = 0; i < 16; ++i) ASSERT_EQ(y[M * s.N + i], -2.0f) << "written past y";
+      }
+    }
+  }
+  // The arithmetic is not the f32 one: x is rounded to bf16 (so results differ), within bf16's error.
+  testing::TestWeight w = MakeWeight(DType::kBF16, 64, 576, 99);
+  const std::vector<float> x = RandomVec(3 * 576, 98);
+  std::vector<float> yp(3 * 64), yf(3 * 64);
+  cpu::Bf16PairsReference(x.data(), 3, w.t, yp.data());
+  cpu::MatMulForwardWith(cpu::TrainKernelsFor(IsaTier::kAvx512), kt, pool1, yf.data(), x.data(), 3, w.t);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < yp.size(); ++i) num += (yp[i] - yf[i]) * (yp[i] - yf[i]), den += yf[i] * yf[i];
+  EXPECT_GT(num, 0.0);
+  EXPECT_LT(std::sqrt(num / den), 1e-2);
 }
 
 // Block-quantized weights with f32 activations (prompt rows, exact_activations) take the float path

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/train_dispatch.h"
@@ -405,6 +406,89 @@ TEST(TrainMatMulPerf, GflopsAtM2048) {
                       (long long)M, (long long)N, (long long)K, gw);
         }
       }
+    }
+  }
+}
+
+
+// bf16 mixed precision's products on vdpbf16ps (kernels::*Bf16, CPUs with avx512_bf16): every element
+// bit-identical to the pair arithmetic written out in scalar code (bf16 operands, per inner chunk of
+// Bf16PairsChunk pairs one chain acc = (acc + a[2p+1] b[2p+1]) + a[2p] b[2p], chunks added in order),
+// for y = x W^T (W bf16 and f32, the latter rounded as packed), dx = dy W and dW += dy^T x, at 1 and 2
+// threads: odd inner dimensions, column tails, several chunks, partial row tiles, accumulate.
+namespace {
+// C(i, k) over l < L of A(i, l) B(l, k); a(i, l), b(l, k) give bf16 values as floats.
+template <typename FA, typename FB>
+std::vector<float> PairRef(int64_t R, int64_t Kd, int64_t L, FA a, FB b, const std::vector<float>* c0) {
+  const int64_t Lp = (L + 1) / 2, chunk = cpu::Bf16PairsChunk(Lp);
+  std::vector<float> c(R * Kd);
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t k = 0; k < Kd; ++k) {
+      auto av = [&](int64_t l) { return l < L ? a(i, l) : 0.0f; };
+      auto bv = [&](int64_t l) { return l < L ? b(l, k) : 0.0f; };
+      float total = c0 ? (*c0)[i * Kd + k] : 0.0f;
+      for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
+        float acc = 0.0f;
+        for (int64_t p = p0; p < std::min(Lp, p0 + chunk); ++p) {
+          acc = std::fma(av(2 * p + 1), bv(2 * p + 1), acc);
+          acc = std::fma(av(2 * p), bv(2 * p), acc);
+        }
+        total = p0 == 0 && !c0 ? acc : total + acc;
+      }
+      c[i * Kd + k] = total;
+    }
+  return c;
+}
+std::vector<float> Bf16Values(int64_t n, uint32_t seed) {
+  std::vector<float> v = RandomVec(n, seed);
+  for (float& f : v) f = BF16ToF32(F32ToBF16(f));
+  return v;
+}
+}  // namespace
+
+TEST(TrainBf16Dot, ProductsBitIdenticalToPairReference) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  uint32_t seed = 7100;
+  struct S { int64_t M, N, K; };
+  for (S s : {S{1, 16, 32}, S{9, 33, 37}, S{70, 100, 576}, S{65, 48, 1537}, S{130, 770, 64}}) {
+    const int64_t M = s.M, N = s.N, K = s.K;
+    const std::vector<float> x = Bf16Values(M * K, seed++), dy = Bf16Values(M * N, seed++);
+    const std::vector<float> wf = RandomVec(N * K, seed++);  // f32 W: rounded by the packing
+    std::vector<uint16_t> wb(N * K);
+    for (int64_t i = 0; i < N * K; ++i) wb[i] = F32ToBF16(wf[i]);
+    Tensor tf, tb;
+    tf.data = wf.data(), tf.dtype = DType::kF32, tf.shape = {N, K};
+    tb.data = wb.data(), tb.dtype = DType::kBF16, tb.shape = {N, K};
+    auto W = [&](int64_t n, int64_t k) { return BF16ToF32(wb[n * K + k]); };
+    const std::vector<float> y0 = RandomVec(M * N, seed++), dx0 = RandomVec(M * K, seed++);
+    const std::vector<float> yref = PairRef(M, N, K, [&](int64_t i, int64_t l) { return x[i * K + l]; },
+                                            [&](int64_t l, int64_t n) { return W(n, l); }, nullptr);
+    const std::vector<float> yacc = PairRef(M, N, K, [&](int64_t i, int64_t l) { return x[i * K + l]; },
+                                            [&](int64_t l, int64_t n) { return W(n, l); }, &y0);
+    const std::vector<float> dxref = PairRef(M, K, N, [&](int64_t i, int64_t l) { return dy[i * N + l]; }, W, nullptr);
+    const std::vector<float> dxacc = PairRef(M, K, N, [&](int64_t i, int64_t l) { return dy[i * N + l]; }, W, &dx0);
+    const std::vector<float> dw0 = RandomVec(N * K, seed++);
+    const std::vector<float> dwref = PairRef(N, K, M, [&](int64_t n, int64_t m) { return dy[m * N + n]; },
+                                             [&](int64_t m, int64_t k) { return x[m * K + k]; }, &dw0);
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      for (const Tensor* t : {&tb, &tf}) {
+        std::vector<float> y(M * N, -1.0f);
+        LinearForwardBf16(pool, y.data(), x.data(), M, *t);
+        ASSERT_EQ(y, yref) << "forward " << DTypeName(t->dtype) << " M=" << M << " N=" << N << " K=" << K;
+        y = y0;
+        LinearForwardBf16(pool, y.data(), x.data(), M, *t, /*accumulate=*/true);
+        ASSERT_EQ(y, yacc) << "forward += M=" << M;
+        std::vector<float> dx(M * K, -1.0f);
+        MatMulBackwardInputBf16(pool, dx.data(), dy.data(), M, *t);
+        ASSERT_EQ(dx, dxref) << "input grad " << DTypeName(t->dtype) << " M=" << M << " N=" << N << " K=" << K;
+        dx = dx0;
+        MatMulBackwardInputBf16(pool, dx.data(), dy.data(), M, *t, /*accumulate=*/true);
+        ASSERT_EQ(dx, dxacc) << "input grad += M=" << M;
+      }
+      std::vector<float> dw = dw0;
+      MatMulBackwardWeightBf16(pool, dw.data(), dy.data(), x.data(), M, N, K);
+      ASSERT_EQ(dw, dwref) << "weight grad M=" << M << " N=" << N << " K=" << K << " threads=" << threads;
     }
   }
 }

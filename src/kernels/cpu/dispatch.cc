@@ -38,7 +38,9 @@ void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const T
 }
 
 size_t StripWeightBytes(DType t, int64_t N, int64_t K) {
-  return (size_t)((N + 15) / 16) * 16 * (size_t)K * (t == DType::kF32 ? 4 : 2);
+  // BF16 rows padded to an even K (the pair strips' layout; the plain one leaves the pad unused).
+  const int64_t k = t == DType::kBF16 ? (K + 1) / 2 * 2 : K;
+  return (size_t)((N + 15) / 16) * 16 * (size_t)k * (t == DType::kF32 ? 4 : 2);
 }
 
 StripWeight PackStripWeight(ThreadPool& pool, const Tensor& w, void* out) {

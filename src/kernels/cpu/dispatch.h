@@ -60,6 +60,11 @@ struct MatMulKernels {
   // qgemm takes the rows from this M on (the batched GEMV below it): where the two cross on this tier
   // (AVX2: kGemvQuantMaxM + 1; AVX-512's VNNI GEMM: 8, measured in qgemm_avx512.cc).
   int64_t qgemm_min_m = kGemvQuantMaxM + 1;
+  // y(M, N) = bf16(x) . W^T for BF16 weights in pair strips (StripWeight::bf16_pairs) with vdpbf16ps,
+  // threads included; the arithmetic of Bf16PairsReference. Only on the AVX-512 table of CPUs with
+  // avx512_bf16 (null elsewhere: PackStripWeightWith then keeps the f32-arithmetic strips).
+  void (*bf16_strips)(ThreadPool& pool, const float* x, int64_t M, const uint32_t* strips, int64_t N, int64_t K,
+                      float* y) = nullptr;
   IsaTier tier = IsaTier::kScalar;  // the tier these kernels belong to (its packed-quant kernels go with them)
 };
 
@@ -107,6 +112,17 @@ void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, 
                       float* y);
 StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const Tensor& w, void* out);
 constexpr int64_t kStripGemvMaxM = 20;
+// The inner chunks of the bf16 pair arithmetic (MatMulKernels::bf16_strips): Kp pairs in one chunk up to
+// 384 (K = 768), longer ones in equal chunks of at most 384 pairs, multiples of 8.
+inline int64_t Bf16PairsChunk(int64_t Kp) {
+  const int64_t n = (Kp + 383) / 384;
+  return n <= 1 ? Kp : ((Kp + n - 1) / n + 7) / 8 * 8;
+}
+// The scalar definition of MatMulKernels::bf16_strips for a BF16 w (N, K): x rounded to bf16 (F32ToBF16),
+// per output element and inner chunk (Bf16PairsChunk pairs) one chain over the pairs p,
+// acc = (acc + x[2p+1] w[2p+1]) + x[2p] w[2p] (products exact, each add rounded), the chunks added in
+// order (the first stored). What vdpbf16ps computes (denormals aside: it flushes them).
+void Bf16PairsReference(const float* x, int64_t M, const Tensor& w, float* y);
 // kernels::MatMulShared with one tier's kernels.
 void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
                       std::span<const Tensor* const> ws, std::span<float* const> ys, bool exact_activations = false);
@@ -154,6 +170,16 @@ void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const Bl
                   float* y, int64_t ldy);
 // One row of an IsExtQuant type dequantized, bit-identical to ref::DequantizeRow.
 void ExtQuantDequantRow(DType t, const uint8_t* row, int64_t K, float* out);
+}
+namespace avx512bf16 {
+// MatMulKernels::bf16_strips (bf16dot_avx512bf16.cc). REQUIRES avx512_bf16.
+void StripsMatMul(ThreadPool& pool, const float* x, int64_t M, const uint32_t* strips, int64_t N, int64_t K,
+                  float* y);
+// kernels::LinearForwardBf16 / MatMulBackwardInputBf16 / MatMulBackwardWeightBf16 (train_bf16_avx512bf16.cc).
+void TrainForward(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate);
+void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, bool accumulate);
+void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const float* x, int64_t M, int64_t N,
+                         int64_t K);
 }
 namespace avx512 {
 const KernelTable& Table();

@@ -1,6 +1,7 @@
 // MatMul driver shared by all ISA tiers: picks GEMV (decode) or panel (prefill), blocks for the
 // caches and splits the work over the pool. The tier supplies the inner kernels (dispatch.h).
 #include <algorithm>
+#include <cmath>
 #include <span>
 #include <vector>
 
@@ -229,6 +230,23 @@ StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const 
   const int64_t N = w.shape[0], K = w.shape[1], n_strips = (N + 15) / 16;
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
+  if (t == DType::kBF16 && k.bf16_strips) {  // pair strips for vdpbf16ps
+    const int64_t Kp = (K + 1) / 2;
+    pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t s = b; s < e; ++s) {
+        uint32_t* o = (uint32_t*)out + s * Kp * 16;
+        const int nj = (int)std::min<int64_t>(16, N - 16 * s);
+        for (int j = 0; j < 16; ++j) {
+          const uint16_t* row = j < nj ? (const uint16_t*)(wd + (16 * s + j) * rb) : nullptr;
+          for (int64_t p = 0; p < Kp; ++p) {
+            const uint32_t lo = row ? row[2 * p] : 0, hi = row && 2 * p + 1 < K ? row[2 * p + 1] : 0;
+            o[p * 16 + j] = lo | hi << 16;
+          }
+        }
+      }
+    }, 2.0 * N * K);
+    return StripWeight{t, N, K, out, /*bf16_pairs=*/true};
+  }
   if (t == DType::kF32) {  // the tier's strip transposes (8 x 8 blocks in registers)
     const TrainKernelTable& tk = TrainKernelsFor(k.tier);
     pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
@@ -254,6 +272,11 @@ StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const 
 void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const StripWeight& w,
                       float* y) {
   if (M <= 0 || w.N <= 0) return;
+  if (w.bf16_pairs) {
+    LATHE_CHECK_MSG(k.bf16_strips, "bf16 pair strips need a kernel table with avx512_bf16 (packed by another)");
+    k.bf16_strips(pool, x, M, (const uint32_t*)w.data, w.N, w.K, y);
+    return;
+  }
   const TrainKernelTable& tk = TrainKernelsFor(k.tier);
   if (M >= kStripGemvMaxM) {
     MatMulForwardStrips(tk, k, pool, y, x, M, w.dtype, w.data, w.N, w.K);
@@ -274,6 +297,30 @@ void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, 
                       (int)std::min<int64_t>(4, M - m0), y + m0 * w.N + 16 * s0, w.N, n_cols);
     }
   }, 2.0 * M * w.N * w.K);
+}
+
+void Bf16PairsReference(const float* x, int64_t M, const Tensor& w, float* y) {
+  LATHE_CHECK(w.ndim() == 2 && w.dtype == DType::kBF16);
+  const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2, chunk = Bf16PairsChunk(Kp);
+  const uint16_t* wd = (const uint16_t*)w.data;
+  std::vector<float> xr((size_t)(2 * Kp));
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t l = 0; l < 2 * Kp; ++l) xr[l] = l < K ? BF16ToF32(F32ToBF16(x[i * K + l])) : 0.0f;
+    for (int64_t n = 0; n < N; ++n) {
+      const uint16_t* row = wd + n * K;
+      auto wv = [&](int64_t l) { return l < K ? BF16ToF32(row[l]) : 0.0f; };
+      float total = 0.0f;
+      for (int64_t p0 = 0; p0 < Kp; p0 += chunk) {
+        float acc = 0.0f;
+        for (int64_t p = p0; p < std::min(Kp, p0 + chunk); ++p) {
+          acc = std::fma(xr[2 * p + 1], wv(2 * p + 1), acc);
+          acc = std::fma(xr[2 * p], wv(2 * p), acc);
+        }
+        total = p0 == 0 ? acc : total + acc;
+      }
+      y[i * N + n] = total;
+    }
+  }
 }
 
 void MatMulSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,

@@ -291,6 +291,23 @@ void MatMulBackwardWeight(ThreadPool& pool, float* dw_accum, const float* dy, co
   cpu::MatMulBackwardWeightWith(cpu::TrainBest(), pool, dw_accum, dy, x, M, N, K);
 }
 
+void LinearForwardBf16(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate) {
+  LATHE_CHECK(UsesBf16Dot() && w.ndim() == 2);
+  cpu::avx512bf16::TrainForward(pool, y, x, M, w, accumulate);
+}
+
+void MatMulBackwardInputBf16(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
+                             bool accumulate) {
+  LATHE_CHECK(UsesBf16Dot() && w.ndim() == 2);
+  cpu::avx512bf16::TrainBackwardInput(pool, dx, dy, M, w, accumulate);
+}
+
+void MatMulBackwardWeightBf16(ThreadPool& pool, float* dw_accum, const float* dy, const float* x, int64_t M,
+                              int64_t N, int64_t K) {
+  LATHE_CHECK(UsesBf16Dot());
+  cpu::avx512bf16::TrainBackwardWeight(pool, dw_accum, dy, x, M, N, K);
+}
+
 float CrossEntropyForward(ThreadPool& pool, const float* x, int64_t T, const Tensor& w_head, const int32_t* labels,
                           float normalizer, int64_t chunk_tokens) {
   return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, nullptr, nullptr, x, T, w_head, labels,
