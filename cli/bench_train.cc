@@ -1,7 +1,7 @@
 // `lathe bench train`: training speed of TrainModel (LoRA and full fine-tuning with AdamW, f32 and
 // bf16; memory-saving rows: QLoRA NF4+DQ / int8 base, 8-bit and paged AdamW) — tokens/s, step time,
 // peak RSS (one subprocess per row) with its breakdown by memory category, and model-FLOPs
-// utilization against the f32 FMA peak measured in the same run.
+// utilization against the peak measured in the same run (f32 FMA; bf16 rows: the bf16 dot product where used).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -38,13 +38,13 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // Peak f32 GFLOP/s of `threads` cores running the probe at once (best of 3).
-double MeasurePeak(int threads) {
+double MeasurePeak(int threads, bool bf16 = false) {
   ThreadPool pool(threads);
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<double> g(threads * 8, 0);
     pool.ParallelFor(threads, 1, [&](int64_t b, int64_t e, int t) {
-      for (int64_t i = b; i < e; ++i) g[i * 8] = MeasureFmaPeakGflops();
+      for (int64_t i = b; i < e; ++i) g[i * 8] = bf16 ? MeasureBf16DotPeakGflops() : MeasureFmaPeakGflops();
     });
     double sum = 0;
     for (int i = 0; i < threads; ++i) sum += g[i * 8];
@@ -414,13 +414,17 @@ int RunBenchTrain(int argc, char** argv) {
               (long long)*batch, (long long)*seq, GetCpuFeatures().ToString().c_str(), IsaTierName(BestIsaTier()));
   std::printf("model FLOPs per token: N = %.1fM matmul parameters (decoder linears + head); full 6N = %.2f GFLOP, "
               "LoRA 4N = %.2f GFLOP, plus causal attention %.3f GFLOP (fwd 4*q_dim*T/2 per layer, bwd 2x fwd); "
-              "MFU = model FLOPs / measured f32 FMA peak (this CPU has no bf16 arithmetic, so bf16 rows use the "
-              "f32 peak too)\n",
-              n_mm / 1e6, 6 * n_mm / 1e9, 4 * n_mm / 1e9, attn / 1e9);
-  std::vector<double> peak(threads.size());
+              "MFU = model FLOPs / measured peak: f32 FMA for f32 rows, %s\n",
+              n_mm / 1e6, 6 * n_mm / 1e9, 4 * n_mm / 1e9, attn / 1e9,
+              UsesBf16Dot() ? "the bf16 dot product (vdpbf16ps) for bf16-mode rows"
+                            : "and for bf16-mode rows too (no bf16 dot product used on this CPU)");
+  std::vector<double> peak(threads.size()), peak16(threads.size());
   for (size_t i = 0; i < threads.size(); ++i) {
     peak[i] = MeasurePeak(threads[i]);
-    std::printf("measured f32 FMA peak, %d thread(s): %.1f GFLOP/s\n", threads[i], peak[i]);
+    peak16[i] = UsesBf16Dot() ? MeasurePeak(threads[i], /*bf16=*/true) : peak[i];
+    std::printf("measured f32 FMA peak, %d thread(s): %.1f GFLOP/s", threads[i], peak[i]);
+    if (UsesBf16Dot()) std::printf("; bf16 dot-product peak: %.1f GFLOP/s", peak16[i]);
+    std::printf("\n");
   }
   std::fflush(stdout);
 
@@ -465,11 +469,12 @@ int RunBenchTrain(int argc, char** argv) {
       if (!got || rc != 0) return Fail("bench train", Status::Error("row " + rn + " failed (command: " + cmd + ")"));
       double per_tok = (row.lora ? 4 : 6) * n_mm + attn;
       o.gflops = o.tps * per_tok / 1e9;
-      o.mfu = peak[ti] > 0 ? o.gflops / peak[ti] : 0;
+      const double pk = row.bf16 ? peak16[ti] : peak[ti];
+      o.mfu = pk > 0 ? o.gflops / pk : 0;
       outs.push_back(o);
       std::printf("%-9s threads %d: %7.1f tokens/s, step %7.4f s, peak RSS %7.0f MB, %6.1f GFLOP/s = %4.1f%% of "
                   "%.1f (loss %.4f); %7.1f tokens per CPU-second\n",
-                  rn.c_str(), o.threads, o.tps, o.step, o.rss_mb, o.gflops, 100 * o.mfu, peak[ti], o.loss, o.cpu_tps);
+                  rn.c_str(), o.threads, o.tps, o.step, o.rss_mb, o.gflops, 100 * o.mfu, pk, o.loss, o.cpu_tps);
       std::fflush(stdout);
     }
   }
