@@ -157,7 +157,7 @@ float CrossEntropyForward(ThreadPool& pool,
                           int64_t T,
                           const Tensor& w_head,    // (V, C) any dtype MatMul takes
                           const int32_t* labels,   // (T)
-                          float normalizer, int64_t chunk_tokens = 128);
+                          float normalizer, int64_t chunk_tokens = 128, bool bf16 = false);
 // Recomputes each chunk's logits, so it needs nothing saved from the forward, and returns the same
 // loss: one call per training step is enough. dx = dloss * d loss / d x (overwritten, zero rows
 // for ignored tokens); dw_head_accum += dloss * d loss / d W_head when not null.
@@ -169,7 +169,11 @@ float CrossEntropyBackward(ThreadPool& pool,
                            const Tensor& w_head,     // (V, C)
                            const int32_t* labels,    // (T)
                            float normalizer, float dloss = 1.0f, int64_t chunk_tokens = 128,
-                           const PackedBackwardB* packed_head = nullptr);  // of w_head, or nullptr
+                           const PackedBackwardB* packed_head = nullptr,  // of w_head, or nullptr
+                           bool bf16 = false);
+// bf16 (bf16 mixed precision, where UsesBf16Dot()): a bf16 head's logits on vdpbf16ps, x rounded to bf16
+// and the pair arithmetic over C (Bf16PairsReference), and dw_head from the softmax gradient rounded to
+// bf16 (pairs over the tokens); the softmax and dx stay f32.
 
 // ---- Causal grouped-query attention for training (flash style) ----
 // out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g] over s <= t with

@@ -944,7 +944,7 @@ double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool la
     auto ce = [&] {
       if (g_head_) ReadyToWrite(g_head_, head_eff_.numel());  // every vocab row is written
       loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
-                                           (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_);
+                                           (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16);
     };
     if (g_head_) {
       order_.Add(g_head_, group_, ce);
@@ -1006,7 +1006,8 @@ double RowGroupWorker::Loss(int64_t* n) {
   Forward(/*train=*/false);
   for (int32_t t : targets_) *n += t != kernels::kIgnoreLabel;
   const float* xfr = Round(xf_.data(), N_ * c_.dim, rx_);
-  return kernels::CrossEntropyForward(*pool_, xfr, N_, head_eff_, targets_.data(), 1.0f, opt_.loss_chunk_tokens);
+  return kernels::CrossEntropyForward(*pool_, xfr, N_, head_eff_, targets_.data(), 1.0f, opt_.loss_chunk_tokens,
+                                      opt_.bf16);
 }
 
 Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "core/cpu.h"
 #include "core/strings.h"
 #include "kernels/train_ops.h"
 #include "model/train_model.h"
@@ -345,6 +346,31 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     add("temporary", W * 4 * apanels,
         StrFormat("matmul A micro-panels packed by the calling thread: %.0f floats (the step's largest GEMM)%s",
                   apanels, W > 1 ? " x each worker's thread" : ""));
+  // bf16 mode on CPUs with the bf16 dot product (UsesBf16Dot): the decoder linears' products (f32 / bf16
+  // weights) and a bf16 head's logits and gradient convert their operands to pairs first, into two
+  // buffers of the calling thread (train_bf16_avx512bf16.cc): A (R x L/2 dwords; the head's own rows are
+  // read in place) and B (Kd rounded to 16 x L/2 dwords), each the largest of the step's products.
+  if (s.precision == "bf16" && UsesBf16Dot()) {
+    double pa = 0, pb = 0;
+    auto pair_gemm = [&](double R, double Kd, double L) {
+      pa = std::max(pa, R * std::ceil(L / 2));
+      pb = std::max(pb, std::ceil(Kd / 16) * 16 * std::ceil(L / 2));
+    };
+    if (s.base_quant == "none") {
+      for (const auto& l : Linears(c)) {
+        pair_gemm(N, l.out, l.in);
+        pair_gemm(N, l.in, l.out);
+        if (!lora) pair_gemm(l.out, l.in, N);
+      }
+    }
+    if ((!lora || s.base_dtype == DType::kBF16) && dim % 2 == 0) {
+      pair_gemm(0, chunk, dim);             // logits^T: x's pairs only
+      if (!lora) pair_gemm(V, dim, chunk);  // the head's gradient
+    }
+    add("temporary", W * 4 * (pa + pb),
+        StrFormat("bf16 dot product's operand pairs: %.0f + %.0f dwords (the step's largest products)%s", pa, pb,
+                  per_worker.c_str()));
+  }
   // Per thread: the GEMM's conversion / few-rows B strips and A tiles (train_matmul.cc), 96 x 128
   // score tiles (train_attention.cc, two in the backward).
   // GEMM inner dimensions: the linears' in / out, the group's tokens (weight gradients), the vocabulary

@@ -493,5 +493,71 @@ TEST(TrainBf16Dot, ProductsBitIdenticalToPairReference) {
   }
 }
 
+// The loss over a bf16 head in bf16 mode on vdpbf16ps (CrossEntropy*(..., bf16 = true)): its logits are
+// the pair arithmetic's (Bf16PairsReference on x and the head), so loss and dx equal a double softmax
+// over those logits (up to f32 softmax rounding), and differ from the f32 path's (x not rounded).
+TEST(TrainBf16Dot, CrossEntropyLogitsArePairArithmetic) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  const int64_t T = 37, V = 1000, C = 64;
+  const std::vector<float> x = RandomVec(T * C, 7300), wf = RandomVec(V * C, 7301, 0.3f);
+  std::vector<uint16_t> wb(V * C);
+  for (int64_t i = 0; i < V * C; ++i) wb[i] = F32ToBF16(wf[i]);
+  Tensor w;
+  w.data = wb.data(), w.dtype = DType::kBF16, w.shape = {V, C};
+  std::vector<int32_t> labels(T);
+  for (int64_t t = 0; t < T; ++t) labels[t] = t % 5 == 3 ? kIgnoreLabel : (int32_t)((t * 131) % V);
+  std::vector<float> logits(T * V);
+  cpu::Bf16PairsReference(x.data(), T, w, logits.data());
+  double loss_ref = 0;
+  std::vector<double> dx_ref(T * C, 0.0);
+  const double norm = 29.0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (labels[t] == kIgnoreLabel) continue;
+    const float* l = &logits[t * V];
+    double mx = *std::max_element(l, l + V), sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(l[v] - mx);
+    loss_ref += (mx + std::log(sum) - l[labels[t]]) / norm;
+    for (int64_t v = 0; v < V; ++v) {
+      const double g = (std::exp(l[v] - mx) / sum - (v == labels[t])) / norm;
+      for (int64_t c = 0; c < C; ++c) dx_ref[t * C + c] += g * BF16ToF32(wb[v * C + c]);
+    }
+  }
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    std::vector<float> dx(T * C, -1.0f), dx32(T * C);
+    const float loss = CrossEntropyBackward(pool, dx.data(), nullptr, x.data(), T, w, labels.data(), (float)norm,
+                                            1.0f, 16, nullptr, /*bf16=*/true);
+    EXPECT_NEAR(loss, loss_ref, 2e-6 * loss_ref) << threads;
+    EXPECT_EQ(loss, CrossEntropyForward(pool, x.data(), T, w, labels.data(), (float)norm, 16, /*bf16=*/true));
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < T * C; ++i) worst = std::max(worst, std::fabs(dx[i] - dx_ref[i])), scale = std::max(scale, std::fabs(dx_ref[i]));
+    EXPECT_LT(worst, 1e-5 * scale + 1e-7) << threads;
+    const float loss32 = CrossEntropyBackward(pool, dx32.data(), nullptr, x.data(), T, w, labels.data(), (float)norm);
+    EXPECT_NE(loss, loss32);  // x really rounded
+    EXPECT_NEAR(loss, loss32, 1e-2 * loss32);
+    // dw_head += dlogits^T x with dlogits and x rounded to bf16: within bf16's rounding of the double
+    // reference, and not equal to it (the rounding is applied).
+    std::vector<float> dw0 = RandomVec(V * C, 7302, 1e-3f), dw = dw0;
+    CrossEntropyBackward(pool, dx.data(), dw.data(), x.data(), T, w, labels.data(), (float)norm, 1.0f, 16, nullptr,
+                         /*bf16=*/true);
+    std::vector<double> dw_ref(dw0.begin(), dw0.end());
+    for (int64_t t = 0; t < T; ++t) {
+      if (labels[t] == kIgnoreLabel) continue;
+      const float* l = &logits[t * V];
+      double mx = *std::max_element(l, l + V), sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(l[v] - mx);
+      for (int64_t v = 0; v < V; ++v) {
+        const double g = (std::exp(l[v] - mx) / sum - (v == labels[t])) / norm;
+        for (int64_t c = 0; c < C; ++c) dw_ref[v * C + c] += g * BF16ToF32(F32ToBF16(x[t * C + c]));
+      }
+    }
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < V * C; ++i)
+      num += (dw[i] - dw_ref[i]) * (dw[i] - dw_ref[i]), den += (dw_ref[i] - dw0[i]) * (dw_ref[i] - dw0[i]);
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << threads;
+    EXPECT_GT(std::sqrt(num / den), 1e-5) << threads;
+  }
+}
+
 }  // namespace
 }  // namespace lathe::kernels

@@ -180,6 +180,11 @@ void TrainForward(ThreadPool& pool, float* y, const float* x, int64_t M, const T
 void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, bool accumulate);
 void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const float* x, int64_t M, int64_t N,
                          int64_t K);
+// The loss's logits^T (V, n) = W . x^T for a bf16 head W (V, C), C even (x rounded to bf16 as packed).
+void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n);
+// dw (V, C) += dyT . x, dyT (V, n) (rounded to bf16 as packed), x (n, C): the loss's head gradient.
+void HeadBackwardWeightT(ThreadPool& pool, float* dw, const float* dy_t, const float* x, int64_t n, int64_t V,
+                         int64_t C);
 }
 namespace avx512 {
 const KernelTable& Table();

@@ -294,4 +294,26 @@ void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const flo
   PairGemm(pool, dw, K, N, K, Mp, a, b, /*accumulate=*/true);
 }
 
+// logitsT (V, n) = W . x^T for a bf16 head W (V, C), C even: W's rows are already row-major pairs (read in
+// place, nothing packed), x (n, C) goes into n / 16 pair strips; per element the pair arithmetic over C.
+void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n) {
+  const int64_t V = w.shape[0], C = w.shape[1], Cp = C / 2;
+  LATHE_CHECK(w.dtype == DType::kBF16 && C % 2 == 0);
+  uint32_t* b = BBuf((size_t)((n + 15) / 16 * 16 * Cp));
+  PairStripsT<float>(pool, x, C, n, C, b);
+  PairGemm(pool, logits_t, n, V, n, Cp, (const uint32_t*)w.data, b, /*accumulate=*/false);
+}
+
+// dw (V, C) += dyT . x for dyT (V, n) (the loss's dlogits^T, rounded to bf16 as packed) and x (n, C): pairs
+// along the n tokens.
+void HeadBackwardWeightT(ThreadPool& pool, float* dw, const float* dy_t, const float* x, int64_t n, int64_t V,
+                         int64_t C) {
+  const int64_t np = (n + 1) / 2;
+  uint32_t* a = ABuf((size_t)(V * np));
+  uint32_t* b = BBuf((size_t)((C + 15) / 16 * 16 * np));
+  PairRows(pool, dy_t, n, V, n, a);
+  PairStripsRows<float>(pool, x, C, n, C, b);
+  PairGemm(pool, dw, C, V, C, np, a, b, /*accumulate=*/true);
+}
+
 }  // namespace lathe::kernels::cpu::avx512bf16

@@ -309,9 +309,9 @@ void MatMulBackwardWeightBf16(ThreadPool& pool, float* dw_accum, const float* dy
 }
 
 float CrossEntropyForward(ThreadPool& pool, const float* x, int64_t T, const Tensor& w_head, const int32_t* labels,
-                          float normalizer, int64_t chunk_tokens) {
+                          float normalizer, int64_t chunk_tokens, bool bf16) {
   return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, nullptr, nullptr, x, T, w_head, labels,
-                               normalizer, 1.0f, chunk_tokens);
+                               normalizer, 1.0f, chunk_tokens, nullptr, bf16 && UsesBf16Dot());
 }
 
 void PackForBackwardInput(ThreadPool& pool, const Tensor& w, PackedBackwardB* out) {
@@ -339,7 +339,7 @@ int64_t PackedBackwardBBytes(int64_t N, int64_t K) { return cpu::PackedBackwardI
 
 float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, const float* x, int64_t T,
                            const Tensor& w_head, const int32_t* labels, float normalizer, float dloss,
-                           int64_t chunk_tokens, const PackedBackwardB* packed_head) {
+                           int64_t chunk_tokens, const PackedBackwardB* packed_head, bool bf16) {
   const float* packed = nullptr;
   if (packed_head) {
     LATHE_CHECK(packed_head->src == w_head.data && packed_head->N == w_head.shape[0] &&
@@ -347,7 +347,7 @@ float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, co
     packed = packed_head->data.data();
   }
   return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, dx, dw_head_accum, x, T, w_head, labels,
-                               normalizer, dloss, chunk_tokens, packed);
+                               normalizer, dloss, chunk_tokens, packed, bf16 && UsesBf16Dot());
 }
 
 void FlashAttentionForward(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,

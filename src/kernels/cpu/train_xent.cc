@@ -18,7 +18,7 @@ constexpr int64_t kXentBlock = 256;  // rows of logits^T per softmax block
 
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
-                       float dloss, int64_t chunk_tokens, const float* packed_head) {
+                       float dloss, int64_t chunk_tokens, const float* packed_head, bool bf16_dot) {
   LATHE_CHECK(w_head.ndim() == 2 && normalizer > 0 && chunk_tokens > 0);
   LATHE_CHECK(dx != nullptr || dw == nullptr);
   const int64_t V = w_head.shape[0], C = w_head.shape[1];
@@ -36,18 +36,24 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   // An f32 head is the A operand of logits^T (V, nc) = W . X^T: its rows are read in place by the
   // training GEMM's rows micro-kernel (B = the chunk's X^T, packed small), and the softmax runs down
   // the columns, 8 tokens per vector. Other dtypes: logits (nc, V) through MatMul, softmax per row.
-  const bool transposed = w_head.dtype == DType::kF32;
+  // A bf16 head with bf16_dot: logits^T too, from vdpbf16ps over W's rows as stored (HeadLogitsT).
+  bf16_dot = bf16_dot && w_head.dtype == DType::kBF16 && C % 2 == 0;
+  const bool transposed = w_head.dtype == DType::kF32 || bf16_dot;
   std::vector<float> cmax(transposed ? ct : 0), csum(transposed ? ct : 0), bpart;
   double loss = 0;
   for (size_t r0 = 0; r0 < rows.size(); r0 += ct) {
     const int64_t nc = std::min<int64_t>(ct, (int64_t)rows.size() - (int64_t)r0);
     for (int64_t i = 0; i < nc; ++i) std::memcpy(&xc[i * C], x + rows[r0 + i] * C, sizeof(float) * C);
     if (transposed) {
-      Tensor xt;
-      xt.data = xc.data();
-      xt.dtype = DType::kF32;
-      xt.shape = {nc, C};
-      MatMulForwardWith(tk, kt, pool, logits.data(), (const float*)w_head.data, V, xt);
+      if (bf16_dot) {
+        avx512bf16::HeadLogitsT(pool, logits.data(), w_head, xc.data(), nc);
+      } else {
+        Tensor xt;
+        xt.data = xc.data();
+        xt.dtype = DType::kF32;
+        xt.shape = {nc, C};
+        MatMulForwardWith(tk, kt, pool, logits.data(), (const float*)w_head.data, V, xt);
+      }
       // Softmax down each column in blocks of 256 rows of logits^T (each row: every token of the chunk,
       // contiguous): block maxima, then block sums of exp(l - max) added in block order, then the
       // gradient. Blocks may run on any thread; the result does not depend on which.
@@ -110,7 +116,9 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     }
     for (int64_t i = 0; i < nc; ++i) std::memcpy(dx + rows[r0 + i] * C, &dxc[i * C], sizeof(float) * C);
     if (dw) {
-      if (transposed) {
+      if (bf16_dot) {
+        avx512bf16::HeadBackwardWeightT(pool, dw, logits.data(), xc.data(), nc, V, C);
+      } else if (transposed) {
         MatMulBackwardWeightTWith(tk, pool, dw, logits.data(), xc.data(), nc, V, C);
       } else {
         MatMulBackwardWeightWith(tk, pool, dw, logits.data(), xc.data(), nc, V, C);
