@@ -48,7 +48,8 @@ struct StripWeight {
 };
 size_t StripWeightBytes(DType t, int64_t N, int64_t K);
 // Packs w (2-D, f32 / f16 / bf16) into out (StripWeightBytes bytes) and returns the view of it.
-StripWeight PackStripWeight(ThreadPool& pool, const Tensor& w, void* out);
+// bf16_dot = false keeps a BF16 W in plain strips (f32 arithmetic, x not rounded) on any CPU.
+StripWeight PackStripWeight(ThreadPool& pool, const Tensor& w, void* out, bool bf16_dot = true);
 // y(M, N) = x(M, K) . W^T from the strips, every element with the training GEMM's arithmetic (one
 // FMA chain per inner chunk, chunks added in order: LinearForward on the unpacked W gives the same
 // bits), whatever M: a row's result does not depend on what it is batched with (below

@@ -94,7 +94,9 @@ Transformer::Transformer(const ModelWeights& weights, ThreadPool& pool, Transfor
         continue;
       const size_t bytes = kernels::StripWeightBytes(dt, t->shape[0], t->shape[1]);
       strip_bufs_.push_back(std::make_unique_for_overwrite<uint8_t[]>(bytes));
-      strips_[t->data] = kernels::PackStripWeight(pool_, *t, strip_bufs_.back().get());
+      // exact_activations: no bf16 rounding of x either (BF16 weights keep the f32-arithmetic strips).
+      strips_[t->data] =
+          kernels::PackStripWeight(pool_, *t, strip_bufs_.back().get(), /*bf16_dot=*/!options_.exact_activations);
       // The stored copy is now read only for embedding rows (a tied head): its file pages go back, and
       // the few rows looked up fault in again.
       DropFilePages(t->data, t->nbytes());
@@ -403,7 +405,9 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   kernels::RmsNorm(rows_.data(), w_.output_norm.as<float>(), rows_.data(), n_out, dim, c.norm_eps);
   logits->resize(n_out * c.vocab_size);
   Linear("matmul_head", rows_.data(), n_out, w_.output, logits->data());
-  if (!options_.exact_activations && IsQuantized(w_.output.dtype)) {
+  // Quantized heads (int8 x) and bf16 pair strips (bf16 x): the logits near the top recomputed with f32 x.
+  const kernels::StripWeight* head_strips = Strips(w_.output);
+  if (!options_.exact_activations && (IsQuantized(w_.output.dtype) || (head_strips && head_strips->bf16_pairs))) {
     ScopedOp op(prof, "refine_logits");
     RefineLogits(rows_.data(), n_out, logits->data());
   }

@@ -105,7 +105,9 @@ struct TransformerOptions {
   // Either way, every output logit within kExactLogitMargin of a row's maximum is recomputed
   // exactly (f32 activations): the logits feed sampling directly, and int8 noise (~1 logit)
   // flips near-ties — SmolLM2 answers "L'..." instead of "The capital of France is Paris." with
-  // a plain int8 head (tests/golden/fixtures/MANIFEST.json measures it).
+  // a plain int8 head (tests/golden/fixtures/MANIFEST.json measures it). BF16 weights on CPUs with
+  // avx512_bf16 take bf16-rounded x (vdpbf16ps, kernels::StripWeight) at every M, as llama.cpp does;
+  // their head's top logits are recomputed the same way, and exact_activations keeps f32 x there too.
   bool exact_activations = false;
   // When set, every op of Forward is recorded (name, shape, time, FLOPs, bytes). Not owned.
   Profiler* profiler = nullptr;

@@ -43,8 +43,11 @@ size_t StripWeightBytes(DType t, int64_t N, int64_t K) {
   return (size_t)((N + 15) / 16) * 16 * (size_t)k * (t == DType::kF32 ? 4 : 2);
 }
 
-StripWeight PackStripWeight(ThreadPool& pool, const Tensor& w, void* out) {
-  return cpu::PackStripWeightWith(cpu::Best().mm, pool, w, out);
+StripWeight PackStripWeight(ThreadPool& pool, const Tensor& w, void* out, bool bf16_dot) {
+  if (bf16_dot) return cpu::PackStripWeightWith(cpu::Best().mm, pool, w, out);
+  cpu::MatMulKernels mm = cpu::Best().mm;
+  mm.bf16_strips = nullptr;
+  return cpu::PackStripWeightWith(mm, pool, w, out);
 }
 
 void MatMulStrips(ThreadPool& pool, const float* x, int64_t M, const StripWeight& w, float* y) {
