@@ -348,7 +348,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                   apanels, W > 1 ? " x each worker's thread" : ""));
   // bf16 mode on CPUs with the bf16 dot product (UsesBf16Dot): the decoder linears' products (f32 / bf16
   // weights) and a bf16 head's logits and gradient convert their operands to pairs first, into two
-  // buffers of the calling thread (train_bf16_avx512bf16.cc): A (R x L/2 dwords; the head's own rows are
+  // buffers of the calling thread (bf16dot_avx512bf16.cc): A (R x L/2 dwords; the head's own rows are
   // read in place) and B (Kd rounded to 16 x L/2 dwords), each the largest of the step's products.
   if (s.precision == "bf16" && UsesBf16Dot()) {
     double pa = 0, pb = 0;

@@ -1,16 +1,23 @@
-// bf16 weights times bf16-rounded x rows with vdpbf16ps (avx512_bf16: Cooper Lake, Sapphire Rapids,
-// Zen 4 and later): MatMulKernels::bf16_strips of the AVX-512 table on CPUs that have the instruction,
-// for BF16 weights packed in pair strips (kernels::StripWeight::bf16_pairs). Per output element the
-// arithmetic is Bf16PairsReference's (dispatch.h): x rounded to bf16 (round to nearest even), then per
-// inner chunk one chain over the inner pairs p, acc = (acc + x[2p+1] w[2p+1]) + x[2p] w[2p] (each
-// product exact in f32, each add rounded: what vdpbf16ps does, measured bit-identical on Zen 4 and as
-// Intel documents it), the chunks added in order. Every M (decode, batched decode, prefill) and
-// thread count goes through the same tile kernel, so a row's result does not depend on what it is
-// batched with. Against the f32 path on bf16 weights (convert, then FMA): half the instructions per
-// product and no conversion of W.
+// Products of bf16 values on vdpbf16ps (avx512_bf16: Cooper Lake, Sapphire Rapids, Zen 4 and later), one
+// 8 x 48 register tile for all of them. Per C element the pair arithmetic of Bf16PairsReference
+// (dispatch.h): per inner chunk (Bf16PairsChunk pairs) one chain acc = (acc + a[2p+1] b[2p+1]) + a[2p] b[2p]
+// (each product exact in f32, each add rounded: what vdpbf16ps does, measured bit-identical on Zen 4 and as
+// Intel documents it), the chunks added in order (the first stored unless accumulating). Operands are
+// converted once per call: A to row-major pairs (read in place by the tile), B to 16-column pair strips
+// (or given as such: BF16 inference weights, packed at load).
+// - Inference (MatMulKernels::bf16_strips of the AVX-512 table on CPUs with the instruction): y = bf16(x) .
+//   W^T from BF16 weights in pair strips (kernels::StripWeight::bf16_pairs), every M (decode, batched
+//   decode, prefill) and thread count through the same tile, so a row's result does not depend on what it
+//   is batched with. Against the f32 path on bf16 weights (convert, then FMA): half the instructions per
+//   product and no conversion of W.
+// - Training in bf16 mode: y = x W^T, dx = dy W and dW += dy^T x for operands that already hold bf16
+//   values (the trainer rounds activations, gradients and trainable weights; a bf16 checkpoint's frozen
+//   weights are bf16 as stored, an f32 one is rounded as packed), and the loss's bf16 head. The f32
+//   path's training GEMM sums the same exact products one at a time instead.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/check.h"
@@ -21,32 +28,13 @@ namespace lathe::kernels::cpu::avx512bf16 {
 
 namespace {
 
-constexpr int kS = 3;     // strips (16 weight rows each) per register tile
-constexpr int kR = 8;     // x rows per register tile
-constexpr int64_t kMBlock = 64;  // x rows per task
+constexpr int kS = 3;            // strips per register tile
+constexpr int kR = 8;            // A rows per register tile
+constexpr int64_t kMBlock = 64;  // A rows per task
 
-// x rows (M, K) -> bf16 pairs (M, Kp) dwords, round to nearest even; an odd K's last pair gets a 0.
-void ConvertX(const float* x, int64_t M, int64_t K, uint32_t* out, int64_t Kp) {
-  for (int64_t i = 0; i < M; ++i) {
-    const float* xi = x + i * K;
-    uint16_t* o = (uint16_t*)(out + i * Kp);
-    int64_t l = 0;
-    for (; l + 16 <= K; l += 16)
-      _mm256_storeu_si256((__m256i*)(o + l), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xi + l)));
-    if (l < K) {
-      const __mmask16 m = (__mmask16)((1u << (K - l)) - 1);
-      _mm256_mask_storeu_epi16(o + l, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, xi + l)));
-    }
-    if (K & 1) o[K] = 0;
-  }
-}
-
-// c(R rows, S strips of 16 columns) = (first ? 0 : c) + sum over pairs p < np of the rows' pairs times
-// the strips' pairs; strip s's pair p at b + s * sstride + p * 16 dwords; x row r's pair p at
-// xb[r * ldx + p]. The last strip stores its first nc_last columns only.
 template <int R, int S>
-void Tile(const uint32_t* xb, int64_t ldx, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
-          bool first, int nc_last) {
+void Tile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
+          bool store, int nc_last) {
   __m512 acc[R][S];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -58,9 +46,9 @@ void Tile(const uint32_t* xb, int64_t ldx, const uint32_t* b, int64_t sstride, i
     for (int s = 0; s < S; ++s) bv[s] = (__m512bh)_mm512_loadu_si512(b + s * sstride + p * 16);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[r * ldx + p]);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * lda + p]);
 #pragma GCC unroll 16
-      for (int s = 0; s < S; ++s) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], bv[s], xv);
+      for (int s = 0; s < S; ++s) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], bv[s], av);
     }
   }
   const __mmask16 last = (__mmask16)(nc_last >= 16 ? 0xffff : (1u << nc_last) - 1);
@@ -71,7 +59,7 @@ void Tile(const uint32_t* xb, int64_t ldx, const uint32_t* b, int64_t sstride, i
     for (int s = 0; s < S; ++s) {
       const __mmask16 m = s == S - 1 ? last : (__mmask16)0xffff;
       __m512 v = acc[r][s];
-      if (!first) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, cr + 16 * s), v);
+      if (!store) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, cr + 16 * s), v);
       _mm512_mask_storeu_ps(cr + 16 * s, m, v);
     }
   }
@@ -101,44 +89,249 @@ TileFn TileFor(int r, int s) {
   }
 }
 
-}  // namespace
+// 16 f32 (bf16 values) -> 16 bf16, exact.
+inline __m256i Bf16Of(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
-// MatMulKernels::bf16_strips: y(M, N) = bf16(x) . W^T from pair strips (strip s's pair p of row j at
-// ((s * Kp + p) * 16 + j) dwords, Kp = (K + 1) / 2).
-void StripsMatMul(ThreadPool& pool, const float* x, int64_t M, const uint32_t* strips, int64_t N, int64_t K,
-                  float* y) {
-  if (M <= 0 || N <= 0) return;
-  const int64_t Kp = (K + 1) / 2, n_strips = (N + 15) / 16;
-  const int64_t chunk = Bf16PairsChunk(Kp);
-  static thread_local std::vector<uint32_t> xb_buf;
-  uint32_t* xb = Scratch(xb_buf, (size_t)(M * Kp));
-  ConvertX(x, M, K, xb, Kp);
-  // Tasks: (x row block) x (a range of strip groups); groups of kS strips (48 weight rows).
-  const int64_t n_groups = (n_strips + kS - 1) / kS, n_mb = (M + kMBlock - 1) / kMBlock;
+// A's rows l-contiguous (x, dy: a[i * lda + l]) -> out[i * Lp + p] = pair (2p, 2p + 1) of row i.
+void PairRows(ThreadPool& pool, const float* a, int64_t lda, int64_t R, int64_t L, uint32_t* out) {
+  const int64_t Lp = (L + 1) / 2;
+  pool.ParallelFor(R, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) {
+      const float* ai = a + i * lda;
+      uint16_t* o = (uint16_t*)(out + i * Lp);
+      int64_t l = 0;
+      for (; l + 16 <= L; l += 16) _mm256_storeu_si256((__m256i*)(o + l), Bf16Of(_mm512_loadu_ps(ai + l)));
+      if (l < L) {
+        const __mmask16 m = (__mmask16)((1u << (L - l)) - 1);
+        _mm256_mask_storeu_epi16(o + l, m, Bf16Of(_mm512_maskz_loadu_ps(m, ai + l)));
+      }
+      if (L & 1) o[L] = 0;
+    }
+  }, 2.0 * R * L);
+}
+
+// Pairs of two l-rows of a row-major matrix (element (l, k) at m[l * ld + k], f32 bf16 values or bf16):
+// out[p * ostride_p + k] (k < n) = (m[2p][k], m[2p + 1][k]); a missing row 2p + 1 (odd L) gives 0.
+template <typename T>
+void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out) {
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    __m256i lo, hi;
+    if constexpr (sizeof(T) == 4) {
+      lo = Bf16Of(_mm512_loadu_ps((const float*)r0 + k));
+      hi = r1 ? Bf16Of(_mm512_loadu_ps((const float*)r1 + k)) : _mm256_setzero_si256();
+    } else {
+      lo = _mm256_loadu_si256((const __m256i*)(r0 + k));
+      hi = r1 ? _mm256_loadu_si256((const __m256i*)(r1 + k)) : _mm256_setzero_si256();
+    }
+    const __m512i d = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+    _mm512_storeu_si512(out + k, d);
+  }
+  for (; k < n; ++k) {
+    uint32_t lo, hi = 0;
+    if constexpr (sizeof(T) == 4) {
+      lo = F32ToBF16(r0[k]);
+      if (r1) hi = F32ToBF16(r1[k]);
+    } else {
+      lo = r0[k];
+      if (r1) hi = r1[k];
+    }
+    out[k] = lo | hi << 16;
+  }
+}
+
+// A = M^T for a row-major M (L rows of R: dy in the weight gradient) -> out[i * Lp + p] = (M[2p][i],
+// M[2p + 1][i]): pairs of two rows of M, then the (Lp x R) dword block transposed.
+void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t R, uint32_t* out) {
+  const int64_t Lp = (L + 1) / 2;
+  constexpr int64_t kB = 16;
+  pool.ParallelFor((Lp + kB - 1) / kB, 1, [&](int64_t b, int64_t e, int) {
+    alignas(64) uint32_t tmp[kB * 16];
+    std::vector<uint32_t> rowbuf((size_t)R);
+    for (int64_t pb = b; pb < e; ++pb) {
+      const int64_t p0 = pb * kB, np = std::min(kB, Lp - p0);
+      for (int64_t i0 = 0; i0 < R; i0 += 16) {
+        const int64_t ni = std::min<int64_t>(16, R - i0);
+        for (int64_t p = 0; p < np; ++p) {
+          const int64_t l = 2 * (p0 + p);
+          const float* r1 = l + 1 < L ? m + (l + 1) * ldm + i0 : nullptr;
+          if (ni == 16) {
+            PairTwoRows<float>(m + l * ldm + i0, r1, 16, tmp + p * 16);
+          } else {
+            PairTwoRows<float>(m + l * ldm + i0, r1, ni, rowbuf.data());
+            std::memcpy(tmp + p * 16, rowbuf.data(), sizeof(uint32_t) * ni);
+          }
+        }
+        for (int64_t i = 0; i < ni; ++i)
+          for (int64_t p = 0; p < np; ++p) out[(i0 + i) * Lp + p0 + p] = tmp[p * 16 + i];
+      }
+    }
+  }, 2.0 * L * R);
+}
+
+// B(l, k) = m[l * ldm + k] (row-major, L x Kd) -> pair strips: strip s's pair p at out + (s * Lp + p) * 16,
+// columns past Kd zero.
+template <typename T>
+void PairStripsRows(ThreadPool& pool, const T* m, int64_t ldm, int64_t L, int64_t Kd, uint32_t* out) {
+  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16;
+  pool.ParallelFor(Lp, 8, [&](int64_t b, int64_t e, int) {
+    std::vector<uint32_t> row((size_t)n_strips * 16, 0);
+    for (int64_t p = b; p < e; ++p) {
+      const T* r1 = 2 * p + 1 < L ? m + (2 * p + 1) * ldm : nullptr;
+      PairTwoRows<T>(m + 2 * p * ldm, r1, Kd, row.data());
+      for (int64_t s = 0; s < n_strips; ++s)
+        std::memcpy(out + (s * Lp + p) * 16, row.data() + 16 * s, sizeof(uint32_t) * 16);
+    }
+  }, 2.0 * L * Kd);
+}
+
+// B(l, k) = W(k, l) for W (Kd, L) row-major (the forward's W^T) -> pair strips as above.
+template <typename T>
+void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t L, uint32_t* out) {
+  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16;
+  pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
+    std::vector<uint32_t> rows(16 * (size_t)Lp);
+    for (int64_t s = b; s < e; ++s) {
+      const int nj = (int)std::min<int64_t>(16, Kd - 16 * s);
+      // Each W row's pairs (PairRows' form), then the 16 x Lp block transposed into the strip.
+      for (int j = 0; j < 16; ++j) {
+        uint32_t* o = rows.data() + j * Lp;
+        if (j >= nj) {
+          std::memset(o, 0, sizeof(uint32_t) * Lp);
+          continue;
+        }
+        const T* r = w + (16 * s + j) * ldw;
+        uint16_t* o16 = (uint16_t*)o;
+        if constexpr (sizeof(T) == 4) {
+          int64_t l = 0;
+          for (; l + 16 <= L; l += 16) _mm256_storeu_si256((__m256i*)(o16 + l), Bf16Of(_mm512_loadu_ps((const float*)r + l)));
+          for (; l < L; ++l) o16[l] = F32ToBF16(r[l]);
+        } else {
+          std::memcpy(o16, r, sizeof(uint16_t) * L);
+        }
+        if (L & 1) o16[L] = 0;
+      }
+      uint32_t* st = out + s * Lp * 16;
+      for (int64_t p = 0; p < Lp; ++p)
+        for (int j = 0; j < 16; ++j) st[p * 16 + j] = rows[j * Lp + p];
+    }
+  }, 2.0 * Kd * L);
+}
+
+// C(R, Kd) (=, or += with accumulate) A . B from A as row-major pairs (R x Lp) and B as pair strips.
+void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
+              const uint32_t* b, bool accumulate) {
+  const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
+  const int64_t n_groups = (n_strips + kS - 1) / kS, n_mb = (R + kMBlock - 1) / kMBlock;
   const int64_t th = pool.size();
-  // At least 4 tasks per thread where there are groups to share (decode: M = 1, one row block).
   const int64_t want = th > 1 ? 4 * th : 1;
   const int64_t per = std::max<int64_t>(1, n_groups / std::max<int64_t>(1, want / n_mb));
   const int64_t n_gr = (n_groups + per - 1) / per;
   pool.ParallelFor(n_mb * n_gr, 1, [&](int64_t tb, int64_t te, int) {
     for (int64_t t = tb; t < te; ++t) {
       const int64_t mb = t / n_gr, gr = t % n_gr;
-      const int64_t m0 = mb * kMBlock, m1 = std::min(M, m0 + kMBlock);
+      const int64_t m0 = mb * kMBlock, m1 = std::min(R, m0 + kMBlock);
       const int64_t g0 = gr * per, g1 = std::min(n_groups, g0 + per);
-      for (int64_t p0 = 0; p0 < Kp; p0 += chunk) {
-        const int64_t np = std::min(chunk, Kp - p0);
+      for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
+        const int64_t np = std::min(chunk, Lp - p0);
         for (int64_t g = g0; g < g1; ++g) {
           const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
-          const int nc_last = (int)std::min<int64_t>(16, N - 16 * (s0 + ns - 1));
-          const uint32_t* b = strips + (s0 * Kp + p0) * 16;
+          const int nc_last = (int)std::min<int64_t>(16, Kd - 16 * (s0 + ns - 1));
+          const uint32_t* bs = b + (s0 * Lp + p0) * 16;
           for (int64_t i = m0; i < m1; i += kR) {
             const int r = (int)std::min<int64_t>(kR, m1 - i);
-            TileFor(r, (int)ns)(xb + i * Kp + p0, Kp, b, Kp * 16, np, y + i * N + 16 * s0, N, p0 == 0, nc_last);
+            TileFor(r, (int)ns)(a + i * Lp + p0, Lp, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
+                                p0 == 0 && !accumulate, nc_last);
           }
         }
       }
     }
-  }, 2.0 * M * N * K);
+  }, 2.0 * R * Kd * Lp * 2);
+}
+
+uint32_t* ABuf(size_t n) {
+  static thread_local std::vector<uint32_t> buf;
+  return Scratch(buf, n);
+}
+uint32_t* BBuf(size_t n) {
+  static thread_local std::vector<uint32_t> buf;
+  return Scratch(buf, n);
+}
+
+}  // namespace
+
+// y (M, N) (=, +=) x . W^T, W (N, K) f32 or bf16 holding bf16 values.
+void TrainForward(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate) {
+  const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2;
+  uint32_t* a = ABuf((size_t)(M * Kp));
+  uint32_t* b = BBuf((size_t)((N + 15) / 16 * 16 * Kp));
+  PairRows(pool, x, K, M, K, a);
+  if (w.dtype == DType::kBF16) {
+    PairStripsT<uint16_t>(pool, (const uint16_t*)w.data, K, N, K, b);
+  } else {
+    LATHE_CHECK(w.dtype == DType::kF32);
+    PairStripsT<float>(pool, (const float*)w.data, K, N, K, b);
+  }
+  PairGemm(pool, y, N, M, N, Kp, a, b, accumulate);
+}
+
+// dx (M, K) (=, +=) dy . W, W (N, K).
+void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, bool accumulate) {
+  const int64_t N = w.shape[0], K = w.shape[1], Np = (N + 1) / 2;
+  uint32_t* a = ABuf((size_t)(M * Np));
+  uint32_t* b = BBuf((size_t)((K + 15) / 16 * 16 * Np));
+  PairRows(pool, dy, N, M, N, a);
+  if (w.dtype == DType::kBF16) {
+    PairStripsRows<uint16_t>(pool, (const uint16_t*)w.data, K, N, K, b);
+  } else {
+    LATHE_CHECK(w.dtype == DType::kF32);
+    PairStripsRows<float>(pool, (const float*)w.data, K, N, K, b);
+  }
+  PairGemm(pool, dx, K, M, K, Np, a, b, accumulate);
+}
+
+// dw (N, K) += dy^T . x, dy (M, N), x (M, K).
+void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const float* x, int64_t M, int64_t N,
+                         int64_t K) {
+  const int64_t Mp = (M + 1) / 2;
+  uint32_t* a = ABuf((size_t)(N * Mp));
+  uint32_t* b = BBuf((size_t)((K + 15) / 16 * 16 * Mp));
+  PairRowsT(pool, dy, N, M, N, a);
+  PairStripsRows<float>(pool, x, K, M, K, b);
+  PairGemm(pool, dw, K, N, K, Mp, a, b, /*accumulate=*/true);
+}
+
+// logitsT (V, n) = W . x^T for a bf16 head W (V, C), C even: W's rows are already row-major pairs (read in
+// place, nothing packed), x (n, C) goes into n / 16 pair strips; per element the pair arithmetic over C.
+void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n) {
+  const int64_t V = w.shape[0], C = w.shape[1], Cp = C / 2;
+  LATHE_CHECK(w.dtype == DType::kBF16 && C % 2 == 0);
+  uint32_t* b = BBuf((size_t)((n + 15) / 16 * 16 * Cp));
+  PairStripsT<float>(pool, x, C, n, C, b);
+  PairGemm(pool, logits_t, n, V, n, Cp, (const uint32_t*)w.data, b, /*accumulate=*/false);
+}
+
+// dw (V, C) += dyT . x for dyT (V, n) (the loss's dlogits^T, rounded to bf16 as packed) and x (n, C): pairs
+// along the n tokens.
+void HeadBackwardWeightT(ThreadPool& pool, float* dw, const float* dy_t, const float* x, int64_t n, int64_t V,
+                         int64_t C) {
+  const int64_t np = (n + 1) / 2;
+  uint32_t* a = ABuf((size_t)(V * np));
+  uint32_t* b = BBuf((size_t)((C + 15) / 16 * 16 * np));
+  PairRows(pool, dy_t, n, V, n, a);
+  PairStripsRows<float>(pool, x, C, n, C, b);
+  PairGemm(pool, dw, C, V, C, np, a, b, /*accumulate=*/true);
+}
+
+// MatMulKernels::bf16_strips: y(M, N) = bf16(x) . W^T from pair strips (strip s's pair p of row j at
+// ((s * Kp + p) * 16 + j) dwords, Kp = (K + 1) / 2).
+void StripsMatMul(ThreadPool& pool, const float* x, int64_t M, const uint32_t* strips, int64_t N, int64_t K,
+                  float* y) {
+  if (M <= 0 || N <= 0) return;
+  const int64_t Kp = (K + 1) / 2;
+  uint32_t* a = ABuf((size_t)(M * Kp));
+  PairRows(pool, x, K, M, K, a);
+  PairGemm(pool, y, N, M, N, Kp, a, strips, /*accumulate=*/false);
 }
 
 }  // namespace lathe::kernels::cpu::avx512bf16

@@ -175,7 +175,7 @@ namespace avx512bf16 {
 // MatMulKernels::bf16_strips (bf16dot_avx512bf16.cc). REQUIRES avx512_bf16.
 void StripsMatMul(ThreadPool& pool, const float* x, int64_t M, const uint32_t* strips, int64_t N, int64_t K,
                   float* y);
-// kernels::LinearForwardBf16 / MatMulBackwardInputBf16 / MatMulBackwardWeightBf16 (train_bf16_avx512bf16.cc).
+// kernels::LinearForwardBf16 / MatMulBackwardInputBf16 / MatMulBackwardWeightBf16 (bf16dot_avx512bf16.cc).
 void TrainForward(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate);
 void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, bool accumulate);
 void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const float* x, int64_t M, int64_t N,
