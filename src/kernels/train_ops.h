@@ -126,11 +126,17 @@ void MatMulBackwardWeightBf16(ThreadPool& pool, float* dw_accum, const float* dy
 // every call and return bit-identical results. f32 whatever W's dtype: ~4 * N * K bytes.
 struct PackedBackwardB {
   std::vector<float> data;
+  // Instead of data, for a bf16 W where UsesBf16Dot(): W as bf16 pairs along N (16-column strips of
+  // (N + 1) / 2 dwords), the B operand of the loss's dx on vdpbf16ps (CrossEntropyBackward with bf16).
+  std::vector<uint32_t> pairs;
   const void* src = nullptr;  // w.data it was packed from (nullptr: empty)
   int64_t N = 0, K = 0;
 };
 void PackForBackwardInput(ThreadPool& pool, const Tensor& w, PackedBackwardB* out);
 int64_t PackedBackwardBBytes(int64_t N, int64_t K);
+// The pairs form (REQUIRES UsesBf16Dot(), w bf16): half the bytes of the f32 one.
+void PackForBackwardInputBf16(ThreadPool& pool, const Tensor& w, PackedBackwardB* out);
+int64_t PackedBackwardBPairBytes(int64_t N, int64_t K);
 
 // Floats of the A micro-panels the calling thread packs for one training GEMM with this process's
 // kernels (0 on tiers without a panel tile; at most 1 Mi): C (R x Kd) = A (R x L) . B, A's rows
@@ -173,7 +179,8 @@ float CrossEntropyBackward(ThreadPool& pool,
                            bool bf16 = false);
 // bf16 (bf16 mixed precision, where UsesBf16Dot()): a bf16 head's logits on vdpbf16ps, x rounded to bf16
 // and the pair arithmetic over C (Bf16PairsReference), and dw_head from the softmax gradient rounded to
-// bf16 (pairs over the tokens); the softmax and dx stay f32.
+// bf16 (pairs over the tokens); dx too when packed_head holds pairs (pairs over the vocabulary), else f32.
+// The softmax stays f32.
 
 // ---- Causal grouped-query attention for training (flash style) ----
 // out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g] over s <= t with

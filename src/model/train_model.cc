@@ -923,10 +923,15 @@ RowGroupWorker& TrainModelImpl::Worker(int w) {
 
 void TrainModelImpl::PackHead() {
   head_packed_use_ = nullptr;
-  if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr, quantized_base_) == 0) return;
+  const bool pairs = opt_.bf16 && UsesBf16Dot() && head_eff_.dtype == DType::kBF16 && c_.dim % 2 == 0;
+  if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr, quantized_base_, pairs) == 0) return;
   if (head_packed_.src != head_eff_.data) {
     ScopedOp op(opt_.profiler, "pack_head", 0, 2.0 * (double)head_eff_.nbytes());
-    kernels::PackForBackwardInput(pool_, head_eff_, &head_packed_);
+    if (pairs) {
+      kernels::PackForBackwardInputBf16(pool_, head_eff_, &head_packed_);
+    } else {
+      kernels::PackForBackwardInput(pool_, head_eff_, &head_packed_);
+    }
   }
   head_packed_use_ = &head_packed_;
 }
@@ -1037,8 +1042,9 @@ Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
 
 }  // namespace internal
 
-int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base) {
-  const int64_t bytes = kernels::PackedBackwardBBytes(vocab, dim);
+int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs) {
+  const int64_t bytes =
+      bf16_pairs ? kernels::PackedBackwardBPairBytes(vocab, dim) : kernels::PackedBackwardBBytes(vocab, dim);
   return head_trainable || quantized_base || bytes > kMaxPackedHeadBytes ? 0 : bytes;
 }
 
@@ -1081,7 +1087,7 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   shadows += cap(head16_);
   // storage_ holds the f32 masters (MasterCopy, LoRA A/B), grads_ the gradients.
   (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage + shadows + in_place_bytes_;
-  m.weights += cap(head_packed_.data);  // a copy of a frozen base tensor, whatever the method
+  m.weights += cap(head_packed_.data) + (int64_t)head_packed_.pairs.capacity() * 4;  // a copy of a frozen base tensor
   for (const auto& w : workers_) w->AddAllocatedBytes(m);
   m.activations += cap(embed_rows_);
   for (const auto* v : {&inv_freq_, &pos_cos_, &pos_sin_}) m.temporary += cap(*v);

@@ -99,8 +99,11 @@ struct TrainModelOptions {
 // head changes every step; a head over kMaxPackedHeadBytes would cost more memory than it saves time;
 // over a quantized base (QLoRA, int8) the run is saving memory, and the copy would be ~18% of a
 // SmolLM2-135M QLoRA peak for ~2% of the step).
+// bf16_pairs: bf16 mode with a bf16 head (even dim) where UsesBf16Dot(): the head is packed as bf16 pairs
+// along the vocabulary instead (kernels::PackForBackwardInputBf16, 2 * vocab * dim bytes), the loss's dx then
+// on vdpbf16ps.
 constexpr int64_t kMaxPackedHeadBytes = (int64_t)256 << 20;
-int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base);
+int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs = false);
 
 // Bytes the model holds now, by memory-plan category (vector capacities; base weights excluded:
 // they belong to the ModelWeights). weights: f32 masters (in place ones too) + bf16 shadows of

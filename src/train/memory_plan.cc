@@ -224,10 +224,14 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add(lora ? "lora" : "weights", trainable * 4.0 + shadow,
       StrFormat("%lld trainable params x 4 B (f32 masters)%s", (long long)trainable,
                 bf16 ? StrFormat(" + %lld x 2 B bf16 shadows", (long long)shadowed).c_str() : ""));
-  if (const int64_t ph = model::PackedHeadBytes(V, dim, s.method == "full", s.base_quant != "none"); ph > 0) {
+  // A bf16 head in bf16 mode on the bf16 dot product: packed as bf16 pairs (half the f32 copy's bytes).
+  const bool head_pairs = s.precision == "bf16" && UsesBf16Dot() && s.method != "full" &&
+                          s.base_dtype == DType::kBF16 && s.base_quant == "none" && dim % 2 == 0;
+  if (const int64_t ph = model::PackedHeadBytes(V, dim, s.method == "full", s.base_quant != "none", head_pairs);
+      ph > 0) {
     add("weights", (double)ph,
-        StrFormat("frozen output head (%lld x %lld) packed once in f32 for the loss's input gradient", (long long)V,
-                  (long long)dim));
+        StrFormat("frozen output head (%lld x %lld) packed once %s for the loss's input gradient", (long long)V,
+                  (long long)dim, head_pairs ? "as bf16 pairs" : "in f32"));
   }
   add("gradients", trainable * 4.0, StrFormat("%lld trainable params x 4 B (f32)", (long long)trainable));
   if (W > 1 && lora) {  // full / freeze workers add into the shared gradients in turn
@@ -366,6 +370,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     if ((!lora || s.base_dtype == DType::kBF16) && dim % 2 == 0) {
       pair_gemm(0, chunk, dim);             // logits^T: x's pairs only
       if (!lora) pair_gemm(V, dim, chunk);  // the head's gradient
+      // dx from the packed head's pairs (LoRA over a bf16 base): dlogits' pairs only.
+      if (s.method != "full" && s.base_dtype == DType::kBF16 && s.base_quant == "none")
+        pa = std::max(pa, chunk * std::ceil((double)V / 2));
     }
     add("temporary", W * 4 * (pa + pb),
         StrFormat("bf16 dot product's operand pairs: %.0f + %.0f dwords (the step's largest products)%s", pa, pb,

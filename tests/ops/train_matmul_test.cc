@@ -556,6 +556,22 @@ TEST(TrainBf16Dot, CrossEntropyLogitsArePairArithmetic) {
       num += (dw[i] - dw_ref[i]) * (dw[i] - dw_ref[i]), den += (dw_ref[i] - dw0[i]) * (dw_ref[i] - dw0[i]);
     EXPECT_LT(std::sqrt(num / den), 1e-2) << threads;
     EXPECT_GT(std::sqrt(num / den), 1e-5) << threads;
+    // dx from the head packed as bf16 pairs (PackForBackwardInputBf16): dlogits rounded to bf16, so within
+    // bf16's rounding of the double reference and not equal to the f32 dx; the loss unchanged.
+    PackedBackwardB packed;
+    PackForBackwardInputBf16(pool, w, &packed);
+    EXPECT_TRUE(packed.data.empty());
+    EXPECT_EQ((int64_t)packed.pairs.size() * 4, PackedBackwardBPairBytes(V, C));
+    std::vector<float> dxp(T * C, -1.0f);
+    EXPECT_EQ(loss, CrossEntropyBackward(pool, dxp.data(), nullptr, x.data(), T, w, labels.data(), (float)norm, 1.0f,
+                                         16, &packed, /*bf16=*/true));
+    num = den = 0;
+    for (int64_t i = 0; i < T * C; ++i) num += (dxp[i] - dx_ref[i]) * (dxp[i] - dx_ref[i]), den += dx_ref[i] * dx_ref[i];
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << threads;
+    EXPECT_GT(std::sqrt(num / den), 1e-6) << threads;
+    for (int64_t t = 0; t < T; ++t)  // ignored tokens: zero rows
+      if (labels[t] == kIgnoreLabel)
+        for (int64_t c = 0; c < C; ++c) ASSERT_EQ(dxp[t * C + c], 0.0f);
   }
 }
 

@@ -323,6 +323,19 @@ void HeadBackwardWeightT(ThreadPool& pool, float* dw, const float* dy_t, const f
   PairGemm(pool, dw, C, V, C, np, a, b, /*accumulate=*/true);
 }
 
+void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,
+                        const uint32_t* w_pairs) {
+  const int64_t vp = (V + 1) / 2;
+  uint32_t* a = ABuf((size_t)(n * vp));
+  PairRowsT(pool, dy_t, n, V, n, a);
+  PairGemm(pool, dx, C, n, C, vp, a, w_pairs, /*accumulate=*/false);
+}
+
+void PackPairsAlongRows(ThreadPool& pool, const Tensor& w, uint32_t* out) {
+  LATHE_CHECK(w.ndim() == 2 && w.dtype == DType::kBF16);
+  PairStripsRows<uint16_t>(pool, (const uint16_t*)w.data, w.shape[1], w.shape[0], w.shape[1], out);
+}
+
 // MatMulKernels::bf16_strips: y(M, N) = bf16(x) . W^T from pair strips (strip s's pair p of row j at
 // ((s * Kp + p) * 16 + j) dwords, Kp = (K + 1) / 2).
 void StripsMatMul(ThreadPool& pool, const float* x, int64_t M, const uint32_t* strips, int64_t N, int64_t K,

@@ -335,19 +335,38 @@ int64_t TrainGemmThreadFloats(int64_t max_inner, bool converts_w, int64_t col_al
   return cpu::GemmThreadFloats(cpu::TrainBest(), max_inner, converts_w, col_align);
 }
 
+void PackForBackwardInputBf16(ThreadPool& pool, const Tensor& w, PackedBackwardB* out) {
+  LATHE_CHECK(UsesBf16Dot() && w.ndim() == 2 && w.dtype == DType::kBF16);
+  out->N = w.shape[0];
+  out->K = w.shape[1];
+  out->data.clear();
+  out->data.shrink_to_fit();
+  out->pairs.resize((size_t)cpu::avx512bf16::PairStripsRowsDwords(out->N, out->K));
+  cpu::avx512bf16::PackPairsAlongRows(pool, w, out->pairs.data());
+  out->src = w.data;
+}
+
+int64_t PackedBackwardBPairBytes(int64_t N, int64_t K) { return cpu::avx512bf16::PairStripsRowsDwords(N, K) * 4; }
+
 int64_t PackedBackwardBBytes(int64_t N, int64_t K) { return cpu::PackedBackwardInputFloats(N, K) * (int64_t)sizeof(float); }
 
 float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, const float* x, int64_t T,
                            const Tensor& w_head, const int32_t* labels, float normalizer, float dloss,
                            int64_t chunk_tokens, const PackedBackwardB* packed_head, bool bf16) {
   const float* packed = nullptr;
+  const uint32_t* pairs = nullptr;
   if (packed_head) {
     LATHE_CHECK(packed_head->src == w_head.data && packed_head->N == w_head.shape[0] &&
                 packed_head->K == w_head.shape[1]);
-    packed = packed_head->data.data();
+    if (!packed_head->pairs.empty()) {
+      LATHE_CHECK_MSG(bf16 && UsesBf16Dot(), "CrossEntropyBackward: a head packed in bf16 pairs needs bf16 mode");
+      pairs = packed_head->pairs.data();
+    } else {
+      packed = packed_head->data.data();
+    }
   }
   return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, dx, dw_head_accum, x, T, w_head, labels,
-                               normalizer, dloss, chunk_tokens, packed, bf16 && UsesBf16Dot());
+                               normalizer, dloss, chunk_tokens, packed, bf16 && UsesBf16Dot(), pairs);
 }
 
 void FlashAttentionForward(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,

@@ -18,7 +18,8 @@ constexpr int64_t kXentBlock = 256;  // rows of logits^T per softmax block
 
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
-                       float dloss, int64_t chunk_tokens, const float* packed_head, bool bf16_dot) {
+                       float dloss, int64_t chunk_tokens, const float* packed_head, bool bf16_dot,
+                       const uint32_t* packed_pairs) {
   LATHE_CHECK(w_head.ndim() == 2 && normalizer > 0 && chunk_tokens > 0);
   LATHE_CHECK(dx != nullptr || dw == nullptr);
   const int64_t V = w_head.shape[0], C = w_head.shape[1];
@@ -109,7 +110,9 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     }
     for (int64_t i = 0; i < nc; ++i) loss += row_loss[i];
     if (!dx) continue;
-    if (transposed) {
+    if (bf16_dot && packed_pairs) {
+      avx512bf16::HeadBackwardInputT(pool, dxc.data(), logits.data(), nc, V, C, packed_pairs);
+    } else if (transposed) {
       MatMulBackwardInputTWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
     } else {
       MatMulBackwardInputWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
