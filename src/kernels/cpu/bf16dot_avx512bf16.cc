@@ -92,51 +92,42 @@ TileFn TileFor(int r, int s) {
 // 16 f32 (bf16 values) -> 16 bf16, exact.
 inline __m256i Bf16Of(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
+// One row of L floats -> L bf16 (cvtneps, the tail masked), plus a 0 after an odd L: the row as (L + 1) / 2
+// pairs. Every f32 -> bf16 conversion of this file goes through Bf16Of.
+void RowToPairs(const float* a, int64_t L, uint16_t* o) {
+  int64_t l = 0;
+  for (; l + 16 <= L; l += 16) _mm256_storeu_si256((__m256i*)(o + l), Bf16Of(_mm512_loadu_ps(a + l)));
+  if (l < L) {
+    const __mmask16 m = (__mmask16)((1u << (L - l)) - 1);
+    _mm256_mask_storeu_epi16(o + l, m, Bf16Of(_mm512_maskz_loadu_ps(m, a + l)));
+  }
+  if (L & 1) o[L] = 0;
+}
+
 // A's rows l-contiguous (x, dy: a[i * lda + l]) -> out[i * Lp + p] = pair (2p, 2p + 1) of row i.
 void PairRows(ThreadPool& pool, const float* a, int64_t lda, int64_t R, int64_t L, uint32_t* out) {
   const int64_t Lp = (L + 1) / 2;
   pool.ParallelFor(R, 16, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) {
-      const float* ai = a + i * lda;
-      uint16_t* o = (uint16_t*)(out + i * Lp);
-      int64_t l = 0;
-      for (; l + 16 <= L; l += 16) _mm256_storeu_si256((__m256i*)(o + l), Bf16Of(_mm512_loadu_ps(ai + l)));
-      if (l < L) {
-        const __mmask16 m = (__mmask16)((1u << (L - l)) - 1);
-        _mm256_mask_storeu_epi16(o + l, m, Bf16Of(_mm512_maskz_loadu_ps(m, ai + l)));
-      }
-      if (L & 1) o[L] = 0;
-    }
+    for (int64_t i = b; i < e; ++i) RowToPairs(a + i * lda, L, (uint16_t*)(out + i * Lp));
   }, 2.0 * R * L);
 }
 
-// Pairs of two l-rows of a row-major matrix (element (l, k) at m[l * ld + k], f32 bf16 values or bf16):
-// out[p * ostride_p + k] (k < n) = (m[2p][k], m[2p + 1][k]); a missing row 2p + 1 (odd L) gives 0.
+// Pairs of two rows (f32 holding bf16 values, or bf16): out[k] = (r0[k], r1[k]) for k < n; r1 null (the
+// missing row of an odd count) gives 0.
 template <typename T>
 void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out) {
-  int64_t k = 0;
-  for (; k + 16 <= n; k += 16) {
-    __m256i lo, hi;
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 m = (__mmask16)(n - k >= 16 ? 0xffff : (1u << (n - k)) - 1);
+    __m256i lo, hi = _mm256_setzero_si256();
     if constexpr (sizeof(T) == 4) {
-      lo = Bf16Of(_mm512_loadu_ps((const float*)r0 + k));
-      hi = r1 ? Bf16Of(_mm512_loadu_ps((const float*)r1 + k)) : _mm256_setzero_si256();
+      lo = Bf16Of(_mm512_maskz_loadu_ps(m, (const float*)r0 + k));
+      if (r1) hi = Bf16Of(_mm512_maskz_loadu_ps(m, (const float*)r1 + k));
     } else {
-      lo = _mm256_loadu_si256((const __m256i*)(r0 + k));
-      hi = r1 ? _mm256_loadu_si256((const __m256i*)(r1 + k)) : _mm256_setzero_si256();
+      lo = _mm256_maskz_loadu_epi16(m, r0 + k);
+      if (r1) hi = _mm256_maskz_loadu_epi16(m, r1 + k);
     }
     const __m512i d = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
-    _mm512_storeu_si512(out + k, d);
-  }
-  for (; k < n; ++k) {
-    uint32_t lo, hi = 0;
-    if constexpr (sizeof(T) == 4) {
-      lo = F32ToBF16(r0[k]);
-      if (r1) hi = F32ToBF16(r1[k]);
-    } else {
-      lo = r0[k];
-      if (r1) hi = r1[k];
-    }
-    out[k] = lo | hi << 16;
+    _mm512_mask_storeu_epi32(out + k, m, d);
   }
 }
 
@@ -147,7 +138,6 @@ void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t
   constexpr int64_t kB = 16;
   pool.ParallelFor((Lp + kB - 1) / kB, 1, [&](int64_t b, int64_t e, int) {
     alignas(64) uint32_t tmp[kB * 16];
-    std::vector<uint32_t> rowbuf((size_t)R);
     for (int64_t pb = b; pb < e; ++pb) {
       const int64_t p0 = pb * kB, np = std::min(kB, Lp - p0);
       for (int64_t i0 = 0; i0 < R; i0 += 16) {
@@ -155,12 +145,7 @@ void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t
         for (int64_t p = 0; p < np; ++p) {
           const int64_t l = 2 * (p0 + p);
           const float* r1 = l + 1 < L ? m + (l + 1) * ldm + i0 : nullptr;
-          if (ni == 16) {
-            PairTwoRows<float>(m + l * ldm + i0, r1, 16, tmp + p * 16);
-          } else {
-            PairTwoRows<float>(m + l * ldm + i0, r1, ni, rowbuf.data());
-            std::memcpy(tmp + p * 16, rowbuf.data(), sizeof(uint32_t) * ni);
-          }
+          PairTwoRows<float>(m + l * ldm + i0, r1, ni, tmp + p * 16);
         }
         for (int64_t i = 0; i < ni; ++i)
           for (int64_t p = 0; p < np; ++p) out[(i0 + i) * Lp + p0 + p] = tmp[p * 16 + i];
@@ -203,13 +188,11 @@ void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t 
         const T* r = w + (16 * s + j) * ldw;
         uint16_t* o16 = (uint16_t*)o;
         if constexpr (sizeof(T) == 4) {
-          int64_t l = 0;
-          for (; l + 16 <= L; l += 16) _mm256_storeu_si256((__m256i*)(o16 + l), Bf16Of(_mm512_loadu_ps((const float*)r + l)));
-          for (; l < L; ++l) o16[l] = F32ToBF16(r[l]);
+          RowToPairs((const float*)r, L, o16);
         } else {
           std::memcpy(o16, r, sizeof(uint16_t) * L);
+          if (L & 1) o16[L] = 0;
         }
-        if (L & 1) o16[L] = 0;
       }
       uint32_t* st = out + s * Lp * 16;
       for (int64_t p = 0; p < Lp; ++p)
@@ -329,6 +312,11 @@ void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t 
   uint32_t* a = ABuf((size_t)(n * vp));
   PairRowsT(pool, dy_t, n, V, n, a);
   PairGemm(pool, dx, C, n, C, vp, a, w_pairs, /*accumulate=*/false);
+}
+
+void PackPairStrips(ThreadPool& pool, const Tensor& w, uint32_t* out) {
+  LATHE_CHECK(w.ndim() == 2 && w.dtype == DType::kBF16);
+  PairStripsT<uint16_t>(pool, (const uint16_t*)w.data, w.shape[1], w.shape[0], w.shape[1], out);
 }
 
 void PackPairsAlongRows(ThreadPool& pool, const Tensor& w, uint32_t* out) {

@@ -188,6 +188,8 @@ void HeadBackwardWeightT(ThreadPool& pool, float* dw, const float* dy_t, const f
 // dx (n, C) = dy . W from dyT (V, n) (rounded to bf16 as packed) and W's pairs along V (PackPairsAlongRows).
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,
                         const uint32_t* w_pairs);
+// A bf16 W (N, K) as pair strips along K (kernels::StripWeight::bf16_pairs, MatMulKernels::bf16_strips's operand).
+void PackPairStrips(ThreadPool& pool, const Tensor& w, uint32_t* out);
 // A bf16 W (N, K) as pairs along N: 16-column strips of (N + 1) / 2 dwords (PairStripsRowsDwords(N, K)).
 void PackPairsAlongRows(ThreadPool& pool, const Tensor& w, uint32_t* out);
 inline int64_t PairStripsRowsDwords(int64_t N, int64_t K) { return (K + 15) / 16 * 16 * ((N + 1) / 2); }

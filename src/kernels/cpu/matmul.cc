@@ -230,21 +230,8 @@ StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const 
   const int64_t N = w.shape[0], K = w.shape[1], n_strips = (N + 15) / 16;
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
-  if (t == DType::kBF16 && k.bf16_strips) {  // pair strips for vdpbf16ps
-    const int64_t Kp = (K + 1) / 2;
-    pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
-      for (int64_t s = b; s < e; ++s) {
-        uint32_t* o = (uint32_t*)out + s * Kp * 16;
-        const int nj = (int)std::min<int64_t>(16, N - 16 * s);
-        for (int j = 0; j < 16; ++j) {
-          const uint16_t* row = j < nj ? (const uint16_t*)(wd + (16 * s + j) * rb) : nullptr;
-          for (int64_t p = 0; p < Kp; ++p) {
-            const uint32_t lo = row ? row[2 * p] : 0, hi = row && 2 * p + 1 < K ? row[2 * p + 1] : 0;
-            o[p * 16 + j] = lo | hi << 16;
-          }
-        }
-      }
-    }, 2.0 * N * K);
+  if (t == DType::kBF16 && k.bf16_strips) {  // pair strips for vdpbf16ps (only tables on CPUs with it have them)
+    avx512bf16::PackPairStrips(pool, w, (uint32_t*)out);
     return StripWeight{t, N, K, out, /*bf16_pairs=*/true};
   }
   if (t == DType::kF32) {  // the tier's strip transposes (8 x 8 blocks in registers)
