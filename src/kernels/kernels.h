@@ -18,12 +18,20 @@ namespace lathe::kernels {
 // a few rows at a time into a per-thread buffer).
 // Accuracy: for a block-quantized W, x is quantized to int8 blocks of 32 (as llama.cpp does), ~0.6 %
 // relative error vs the f32 reference, unless exact_activations (then, and for float W, f32
-// arithmetic; only the summation order differs). With int8 x, every row of y is identical to that
+// arithmetic; only the summation order differs; MatMulBf16 is the prompt rows' bf16 form). With int8 x, every row of y is identical to that
 // row computed alone (M = 1), for any M: batch composition does not change a row (AVX2 and AVX-512:
 // the GEMV up to 16 rows and the int8 GEMM above; scalar: the batched GEMV at every M).
 // Reuses per-thread scratch buffers: no heap allocation after the first call at a given size.
 void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
             bool exact_activations = false);
+
+// Prompt rows of a block-quantized W (Q8_0, Q4_*, Q5_*, K-quants) on CPUs with the bf16 dot product
+// (UsesBf16Dot, core/cpu.h): y = bf16(x) . bf16(W)^T with f32 sums (x and each dequantized weight rounded
+// to bf16, as a BF16 model's prompt rows round x), W dequantized a few strips at a time; a row's result
+// does not depend on M. Elsewhere (other CPUs, float or packed-quant W) MatMul(..., exact_activations =
+// true). MatMulBf16Rounds(w): whether this W takes the bf16 arithmetic here.
+void MatMulBf16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
+bool MatMulBf16Rounds(const Tensor& w);
 
 // ys[i](M, N_i) = x(M, K) . ws[i](N_i, K)^T for weights that share x (q/k/v, gate/up): bit for bit
 // the results of one MatMul per weight. Where every one of those calls would take the M = 1 GEMV

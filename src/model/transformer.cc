@@ -434,11 +434,11 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
       kernels::MatMulStrips(pool_, x, M, *sw, y);
     } else if (options_.exact_activations || !IsQuantized(w.dtype) || runs.size() < 2) {
       const bool exact = options_.exact_activations || (runs.size() == 1 && runs.front().exact);
-      kernels::MatMul(pool_, x, M, w, y, exact);
+      MatMulRun(x, M, w, y, exact);
     } else {
       int64_t r = 0;
       for (const PrecisionRun& run : runs) {
-        kernels::MatMul(pool_, x + r * w.shape[1], run.n_rows, w, y + r * w.shape[0], run.exact);
+        MatMulRun(x + r * w.shape[1], run.n_rows, w, y + r * w.shape[0], run.exact);
         r += run.n_rows;
       }
       LATHE_CHECK(r == M);
@@ -447,12 +447,25 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
   if (layer >= 0) AddLora(x, y, layer, module);
 }
 
+void Transformer::MatMulRun(const float* x, int64_t M, const Tensor& w, float* y, bool exact) {
+  // Prompt rows (exact) of a block-quantized W: bf16 arithmetic where the CPU has the bf16 dot product
+  // (kernels::MatMulBf16; f32 elsewhere), f32 with options_.exact_activations.
+  if (exact && !options_.exact_activations) {
+    kernels::MatMulBf16(pool_, x, M, w, y);
+  } else {
+    kernels::MatMul(pool_, x, M, w, y, exact);
+  }
+}
+
 void Transformer::LinearShared(const char* name, const float* x, int64_t M, int64_t layer,
                                std::initializer_list<SharedPart> parts) {
   // One kernels::MatMulShared for a decode step (one token row: one precision run), where it joins
   // the weights on the GEMV path; otherwise one Linear (one profile op) per weight.
+  // Prompt rows on the bf16 arithmetic (MatMulRun) take Linear too: MatMulShared has no such form.
+  const bool exact = options_.exact_activations || (token_runs_.size() == 1 && token_runs_.front().exact);
   bool stripped = false;
-  for (const SharedPart& p : parts) stripped = stripped || Strips(*p.w);
+  for (const SharedPart& p : parts)
+    stripped = stripped || Strips(*p.w) || (exact && !options_.exact_activations && kernels::MatMulBf16Rounds(*p.w));
   if (M != 1 || stripped) {
     for (const SharedPart& p : parts) Linear(p.name, x, M, *p.w, p.y, layer, p.module);
     return;
@@ -472,7 +485,6 @@ void Transformer::LinearShared(const char* name, const float* x, int64_t M, int6
   }
   {
     ScopedOp op(options_.profiler, name, flops, bytes, shape);
-    const bool exact = options_.exact_activations || (token_runs_.size() == 1 && token_runs_.front().exact);
     kernels::MatMulShared(pool_, x, M, std::span<const Tensor* const>(ws, n), std::span<float* const>(ys, n), exact);
   }
   for (const SharedPart& p : parts) AddLora(x, p.y, layer, p.module);

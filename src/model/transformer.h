@@ -99,8 +99,9 @@ struct SeqInput {
 };
 
 struct TransformerOptions {
-  // Prompt rows use f32 activations for block-quantized weights (PagedSeqInput::sampled_rows); this
-  // keeps activations in f32 for the sampled tokens' rows too (see kernels::MatMul):
+  // Prompt rows (PagedSeqInput::sampled_rows) of block-quantized weights use f32 activations, or on CPUs
+  // with avx512_bf16 bf16 ones times the dequantized weights rounded to bf16 (kernels::MatMulBf16, as
+  // a BF16 model's prompt rows); this keeps f32 activations for every row (see kernels::MatMul):
   // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations.
   // Either way, every output logit within kExactLogitMargin of a row's maximum is recomputed
   // exactly (f32 activations): the logits feed sampling directly, and int8 noise (~1 logit)
@@ -151,6 +152,9 @@ class Transformer {
   // y(M, out) = x(M, in) . W^T (+ the adapter's LoRA delta for (layer, module) when set).
   void Linear(const char* name, const float* x, int64_t M, const Tensor& w, float* y, int64_t layer = -1,
               LoraModule module = LoraModule::kCount);
+  // One precision run of a non-strip W: kernels::MatMul, or MatMulBf16 for prompt rows (exact) unless
+  // options_.exact_activations.
+  void MatMulRun(const float* x, int64_t M, const Tensor& w, float* y, bool exact);
   // Linear for weights that share x (q/k/v, gate/up), the same results: for one token row through
   // one kernels::MatMulShared (one op `name` in a profile), else one Linear per part.
   struct SharedPart {

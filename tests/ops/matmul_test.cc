@@ -338,6 +338,54 @@ TEST(Bf16PairStrips, BitIdenticalToTheReference) {
   EXPECT_LT(std::sqrt(num / den), 1e-2);
 }
 
+// Prompt rows of block-quantized weights on CPUs with avx512_bf16 (MatMulBf16With, the table's bf16_dequant):
+// each dequantized weight (the scalar reference dequantizer's value) rounded to bf16, then exactly the pair
+// arithmetic of Bf16PairsReference on that bf16 W, bit for bit at every M and thread count (a prompt row's
+// result does not depend on its chunk), every block type, N and K tails, several inner chunks.
+TEST(Bf16DequantRows, BitIdenticalToTheReferenceOnRoundedW) {
+  if (!GetCpuFeatures().HasAvx512Tier() || !GetCpuFeatures().avx512_bf16)
+    GTEST_SKIP() << "no avx512_bf16 on this CPU";
+  const cpu::KernelTable& kt = cpu::KernelsFor(IsaTier::kAvx512);
+  ASSERT_NE(kt.mm.bf16_dequant, nullptr);
+  uint32_t seed = 3100;
+  ThreadPool pool1(1);
+  for (DType dt : kWeightTypes) {
+    if (!IsQuantized(dt)) continue;
+    for (Shape s : {Shape{17, 64}, Shape{70, 576}, Shape{13, 1536}, Shape{100, 800}}) {
+      const int64_t K = FitK(dt, s.K), N = s.N;
+      testing::TestWeight w = MakeWeight(dt, N, K, seed++);
+      std::vector<float> f((size_t)(N * K));
+      for (int64_t n = 0; n < N; ++n) ref::DequantizeRow(dt, w.bytes.data() + n * w.t.row_bytes(), K, f.data() + n * K);
+      std::vector<uint16_t> wb(f.size());
+      for (size_t i = 0; i < f.size(); ++i) wb[i] = F32ToBF16(f[i]);
+      const Tensor wr{wb.data(), DType::kBF16, {N, K}};
+      for (int64_t M : {1, 2, 7, 8, 9, 20, 65, 130}) {
+        const std::vector<float> x = RandomVec(M * K, seed++);
+        std::vector<float> ref(M * N, -1.0f);
+        cpu::Bf16PairsReference(x.data(), M, wr, ref.data());
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          std::vector<float> y(M * N + 16, -2.0f);
+          cpu::MatMulBf16With(kt.mm, pool, x.data(), M, w.t, y.data());
+          ASSERT_TRUE(std::equal(ref.begin(), ref.end(), y.begin()))
+              << DTypeName(dt) << " N=" << N << " K=" << K << " M=" << M << " threads=" << threads;
+          for (int i = 0; i < 16; ++i) ASSERT_EQ(y[M * N + i], -2.0f) << "written past y";
+        }
+      }
+      // Within bf16's error of the f32 product on the dequantized W.
+      const std::vector<float> x = RandomVec(3 * K, seed++);
+      std::vector<float> yb(3 * N), yf(3 * N);
+      cpu::MatMulBf16With(kt.mm, pool1, x.data(), 3, w.t, yb.data());
+      ref::MatMul(x.data(), 3, w.t, yf.data());
+      EXPECT_LT(NormalizedError(yb, yf), 1e-2) << DTypeName(dt);
+      EXPECT_NE(yb, yf) << DTypeName(dt) << ": not the f32 arithmetic";
+    }
+  }
+  // Without the bf16 dot product (other tables) the prompt rows keep f32 activations.
+  const cpu::KernelTable& a2 = cpu::KernelsFor(IsaTier::kAvx2);
+  EXPECT_EQ(a2.mm.bf16_dequant, nullptr);
+}
+
 // Block-quantized weights with f32 activations (prompt rows, exact_activations) take the float path
 // on dequantized rows: a row's result does not depend on M either (chunked prefill, prefix caching).
 TEST_P(MatMulTier, ExactRowsBitIdenticalToSingleRow) {

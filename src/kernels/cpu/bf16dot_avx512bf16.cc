@@ -201,6 +201,64 @@ void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t 
   }, 2.0 * Kd * L);
 }
 
+// In-register transpose of the 16 x 16 dword block r (row i = r[i]): afterwards r[k] = column k.
+__attribute__((always_inline)) inline void Transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    r[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
+    r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
+    r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    t[k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x88);
+    t[4 + k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xdd);
+    t[8 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x88);
+    t[12 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xdd);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
+    r[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
+    r[4 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0x88);
+    r[12 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0xdd);
+  }
+}
+
+// One pair strip (Lp x 16 dwords, Lp = (L + 1) / 2) from 16 f32 rows of L values, ld apart (rows from nj
+// on zero): per 16 pairs, each row's 32 values rounded to bf16 (Bf16Of; zero past L), then the 16 x 16
+// dword block transposed in registers. The layout of PairStripsT's strips.
+void StripOfRows(const float* rows, int64_t ld, int nj, int64_t L, uint32_t* st) {
+  const int64_t Lp = (L + 1) / 2;
+  for (int64_t p = 0; p < Lp; p += 16) {
+    const int64_t l = 2 * p, n = std::min<int64_t>(32, L - l);
+    const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+    const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
+    __m512i r[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      if (j < nj) {
+        const float* row = rows + j * ld + l;
+        const __m256i lo = Bf16Of(_mm512_maskz_loadu_ps(m0, row));
+        const __m256i hi = Bf16Of(_mm512_maskz_loadu_ps(m1, row + 16));
+        r[j] = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+      } else {
+        r[j] = _mm512_setzero_si512();
+      }
+    }
+    Transpose16(r);
+    const int64_t np = std::min<int64_t>(16, Lp - p);
+    for (int64_t k = 0; k < np; ++k) _mm512_storeu_si512(st + (p + k) * 16, r[k]);
+  }
+}
+
 // C(R, Kd) (=, or += with accumulate) A . B from A as row-major pairs (R x Lp) and B as pair strips.
 void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
               const uint32_t* b, bool accumulate) {
@@ -322,6 +380,47 @@ void PackPairStrips(ThreadPool& pool, const Tensor& w, uint32_t* out) {
 void PackPairsAlongRows(ThreadPool& pool, const Tensor& w, uint32_t* out) {
   LATHE_CHECK(w.ndim() == 2 && w.dtype == DType::kBF16);
   PairStripsRows<uint16_t>(pool, (const uint16_t*)w.data, w.shape[1], w.shape[0], w.shape[1], out);
+}
+
+// MatMulKernels::bf16_dequant: y(M, N) = bf16(x) . bf16(W)^T for a block-quantized W (N, K). A task takes kS
+// strips of W at a time: dequantized (k.dequant_rows, f32) into a per-thread buffer, rounded to bf16 pair
+// strips (StripOfRows), and every row of x run over them; never the whole W. Per element the arithmetic of
+// Bf16PairsReference on the rounded W, for every M: a row's result does not depend on its batch.
+void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+  const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2, n_strips = (N + 15) / 16;
+  if (M <= 0 || N <= 0) return;
+  const int64_t chunk = Bf16PairsChunk(Kp), n_groups = (n_strips + kS - 1) / kS;
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  uint32_t* a = ABuf((size_t)(M * Kp));
+  PairRows(pool, x, K, M, K, a);
+  pool.ParallelFor(n_groups, 1, [&](int64_t gb, int64_t ge, int) {
+    static thread_local std::vector<float> rows_buf;
+    static thread_local std::vector<uint32_t> strips_buf;
+    float* rows = Scratch(rows_buf, (size_t)(16 * K));
+    uint32_t* bs = Scratch(strips_buf, (size_t)(kS * 16 * Kp));
+    for (int64_t g = gb; g < ge; ++g) {
+      const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
+      for (int64_t s = 0; s < ns; ++s) {
+        const int nj = (int)std::min<int64_t>(16, N - 16 * (s0 + s));
+        k.dequant_rows(w.dtype, wd + 16 * (s0 + s) * rb, rb, nj, K, rows, K);
+        StripOfRows(rows, K, nj, K, bs + s * Kp * 16);
+      }
+      const int nc_last = (int)std::min<int64_t>(16, N - 16 * (s0 + ns - 1));
+      const TileFn full = TileFor(kR, (int)ns);
+      for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
+        const int64_t m1 = std::min(M, m0 + kMBlock);
+        for (int64_t p0 = 0; p0 < Kp; p0 += chunk) {
+          const int64_t np = std::min(chunk, Kp - p0);
+          for (int64_t i = m0; i < m1; i += kR) {
+            const int r = (int)std::min<int64_t>(kR, m1 - i);
+            (r == kR ? full : TileFor(r, (int)ns))(a + i * Kp + p0, Kp, bs + p0 * 16, Kp * 16, np,
+                                                   y + i * N + 16 * s0, N, p0 == 0, nc_last);
+          }
+        }
+      }
+    }
+  }, 2.0 * M * N * K);
 }
 
 // MatMulKernels::bf16_strips: y(M, N) = bf16(x) . W^T from pair strips (strip s's pair p of row j at

@@ -32,6 +32,14 @@ void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float*
   cpu::MatMulWith(cpu::Best().mm, pool, x, M, w, y, exact_activations);
 }
 
+void MatMulBf16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+  cpu::MatMulBf16With(cpu::Best().mm, pool, x, M, w, y);
+}
+
+bool MatMulBf16Rounds(const Tensor& w) {
+  return cpu::Best().mm.bf16_dequant && IsQuantized(w.dtype) && !IsPackedQuant(w.dtype);
+}
+
 void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const Tensor* const> ws,
                   std::span<float* const> ys, bool exact_activations) {
   cpu::MatMulSharedWith(cpu::Best().mm, pool, x, M, ws, ys, exact_activations);

@@ -65,6 +65,11 @@ struct MatMulKernels {
   // avx512_bf16 (null elsewhere: PackStripWeightWith then keeps the f32-arithmetic strips).
   void (*bf16_strips)(ThreadPool& pool, const float* x, int64_t M, const uint32_t* strips, int64_t N, int64_t K,
                       float* y) = nullptr;
+  // y(M, N) = bf16(x) . bf16(W)^T for a block-quantized W (every GGML type), W dequantized a few strips at a
+  // time (dequant_rows of the table k) and each value rounded to bf16: Bf16PairsReference's arithmetic on
+  // the rounded W, the same for every M. Set and null with bf16_strips; MatMulBf16With uses it.
+  void (*bf16_dequant)(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
+                       float* y) = nullptr;
   IsaTier tier = IsaTier::kScalar;  // the tier these kernels belong to (its packed-quant kernels go with them)
 };
 
@@ -107,6 +112,9 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
                 float* y, bool exact_activations = false);
 constexpr int64_t kGemvMaxM = 4;
 constexpr int64_t kChainGemvMaxM = 20;
+// kernels::MatMulBf16 with one tier's kernels: k.bf16_dequant for block-quantized W where the table has it,
+// else MatMulWith(..., exact_activations = true).
+void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 // kernels::MatMulStrips / PackStripWeight with one tier's kernels (matmul.cc).
 void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const StripWeight& w,
                       float* y);
@@ -175,6 +183,8 @@ namespace avx512bf16 {
 // MatMulKernels::bf16_strips (bf16dot_avx512bf16.cc). REQUIRES avx512_bf16.
 void StripsMatMul(ThreadPool& pool, const float* x, int64_t M, const uint32_t* strips, int64_t N, int64_t K,
                   float* y);
+// MatMulKernels::bf16_dequant (bf16dot_avx512bf16.cc). REQUIRES avx512_bf16.
+void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 // kernels::LinearForwardBf16 / MatMulBackwardInputBf16 / MatMulBackwardWeightBf16 (bf16dot_avx512bf16.cc).
 void TrainForward(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate);
 void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, bool accumulate);

@@ -223,6 +223,16 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   }
 }
 
+void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
+                    float* y) {
+  LATHE_CHECK(w.ndim() == 2);
+  if (k.bf16_dequant && IsQuantized(w.dtype) && !IsPackedQuant(w.dtype)) {
+    k.bf16_dequant(k, pool, x, M, w, y);
+  } else {
+    MatMulWith(k, pool, x, M, w, y, /*exact_activations=*/true);
+  }
+}
+
 StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const Tensor& w, void* out) {
   LATHE_CHECK(w.ndim() == 2);
   const DType t = w.dtype;

@@ -318,7 +318,10 @@ MatMulKernels GetMatMulKernels() {
   k.qgemm = QGemm;
   k.qgemm_min_m = 8;
   if (GetCpuFeatures().avx512_bf16 && (BestIsaTier() != IsaTier::kAvx512 || UsesBf16Dot()))
+  {
     k.bf16_strips = avx512bf16::StripsMatMul;
+    k.bf16_dequant = avx512bf16::DequantMatMul;
+  }
   return k;
 }
 
