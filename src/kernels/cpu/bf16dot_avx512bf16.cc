@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/scratch.h"
 
@@ -201,37 +202,6 @@ void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t 
   }, 2.0 * Kd * L);
 }
 
-// In-register transpose of the 16 x 16 dword block r (row i = r[i]): afterwards r[k] = column k.
-__attribute__((always_inline)) inline void Transpose16(__m512i (&r)[16]) {
-  __m512i t[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int g = 0; g < 4; ++g) {
-    r[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
-    r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
-    r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-    t[k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x88);
-    t[4 + k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xdd);
-    t[8 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x88);
-    t[12 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xdd);
-  }
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
-    r[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
-    r[4 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0x88);
-    r[12 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0xdd);
-  }
-}
-
 // One pair strip (Lp x 16 dwords, Lp = (L + 1) / 2) from 16 f32 rows of L values, ld apart (rows from nj
 // on zero): per 16 pairs, each row's 32 values rounded to bf16 (Bf16Of; zero past L), then the 16 x 16
 // dword block transposed in registers. The layout of PairStripsT's strips.
@@ -241,21 +211,21 @@ void StripOfRows(const float* rows, int64_t ld, int nj, int64_t L, uint32_t* st)
     const int64_t l = 2 * p, n = std::min<int64_t>(32, L - l);
     const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
     const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
-    __m512i r[16];
+    __m512 r[16];  // dwords (bf16 pairs) moved as floats: the transpose only shuffles lanes
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) {
       if (j < nj) {
         const float* row = rows + j * ld + l;
         const __m256i lo = Bf16Of(_mm512_maskz_loadu_ps(m0, row));
         const __m256i hi = Bf16Of(_mm512_maskz_loadu_ps(m1, row + 16));
-        r[j] = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+        r[j] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1));
       } else {
-        r[j] = _mm512_setzero_si512();
+        r[j] = _mm512_setzero_ps();
       }
     }
     Transpose16(r);
     const int64_t np = std::min<int64_t>(16, Lp - p);
-    for (int64_t k = 0; k < np; ++k) _mm512_storeu_si512(st + (p + k) * 16, r[k]);
+    for (int64_t k = 0; k < np; ++k) _mm512_storeu_ps((float*)(st + (p + k) * 16), r[k]);
   }
 }
 

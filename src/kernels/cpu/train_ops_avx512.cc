@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/train_dispatch.h"
 
@@ -143,38 +144,6 @@ void GemmPanel(const float* a, const float* b, int64_t stride, int64_t ldb, int6
     PanelTile<2>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
   else
     PanelTile<1>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
-}
-
-// In-register transpose of the 16 x 16 block r (row i = r[i]): afterwards r[k] = column k.
-__attribute__((always_inline)) inline void Transpose16(__m512 (&r)[16]) {
-  __m512 t[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  // r[4 g + k], 128-bit lane q: column 4 q + k of rows 4 g .. 4 g + 3.
-#pragma GCC unroll 4
-  for (int g = 0; g < 4; ++g) {
-    r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], 0x44);
-    r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], 0xee);
-    r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-    r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
-  }
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-    t[k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);
-    t[4 + k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xdd);
-    t[8 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
-    t[12 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xdd);
-  }
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
-    r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
-    r[4 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0x88);
-    r[12 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0xdd);
-  }
 }
 
 // TrainKernelTable::pack_strip_t: rows j < nj of src (the strip's columns; zero past nj), 16 x 16
