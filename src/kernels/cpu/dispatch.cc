@@ -37,7 +37,7 @@ void MatMulBf16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, fl
 }
 
 bool MatMulBf16Rounds(const Tensor& w) {
-  return cpu::Best().mm.bf16_dequant && IsQuantized(w.dtype) && !IsPackedQuant(w.dtype);
+  return cpu::Bf16DequantTakes(cpu::Best().mm, w);
 }
 
 void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const Tensor* const> ws,

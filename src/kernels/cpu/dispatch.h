@@ -115,6 +115,8 @@ constexpr int64_t kChainGemvMaxM = 20;
 // kernels::MatMulBf16 with one tier's kernels: k.bf16_dequant for block-quantized W where the table has it,
 // else MatMulWith(..., exact_activations = true).
 void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
+// Whether MatMulBf16With takes k.bf16_dequant for w (kernels::MatMulBf16Rounds).
+bool Bf16DequantTakes(const MatMulKernels& k, const Tensor& w);
 // kernels::MatMulStrips / PackStripWeight with one tier's kernels (matmul.cc).
 void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const StripWeight& w,
                       float* y);

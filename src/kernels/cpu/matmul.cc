@@ -223,10 +223,14 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   }
 }
 
+bool Bf16DequantTakes(const MatMulKernels& k, const Tensor& w) {
+  return k.bf16_dequant && IsQuantized(w.dtype) && !IsPackedQuant(w.dtype);
+}
+
 void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
                     float* y) {
   LATHE_CHECK(w.ndim() == 2);
-  if (k.bf16_dequant && IsQuantized(w.dtype) && !IsPackedQuant(w.dtype)) {
+  if (Bf16DequantTakes(k, w)) {
     k.bf16_dequant(k, pool, x, M, w, y);
   } else {
     MatMulWith(k, pool, x, M, w, y, /*exact_activations=*/true);
