@@ -925,7 +925,9 @@ void TrainModelImpl::PackHead() {
   head_packed_use_ = nullptr;
   const bool pairs = opt_.bf16 && UsesBf16Dot() && head_eff_.dtype == DType::kBF16 && c_.dim % 2 == 0;
   if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr, quantized_base_, pairs) == 0) return;
-  if (head_packed_.src != head_eff_.data) {
+  // A trained head (full) changed with the last optimizer step: its pairs are packed again from the bf16
+  // shadow RefreshBf16 just wrote (once per ForwardBackward, not per loss chunk).
+  if (head_packed_.src != head_eff_.data || head_master_ != nullptr) {
     ScopedOp op(opt_.profiler, "pack_head", 0, 2.0 * (double)head_eff_.nbytes());
     if (pairs) {
       kernels::PackForBackwardInputBf16(pool_, head_eff_, &head_packed_);
@@ -1045,7 +1047,8 @@ Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
 int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs) {
   const int64_t bytes =
       bf16_pairs ? kernels::PackedBackwardBPairBytes(vocab, dim) : kernels::PackedBackwardBBytes(vocab, dim);
-  return head_trainable || quantized_base || bytes > kMaxPackedHeadBytes ? 0 : bytes;
+  if (quantized_base || bytes > kMaxPackedHeadBytes) return 0;
+  return head_trainable && !bf16_pairs ? 0 : bytes;
 }
 
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens) {

@@ -95,13 +95,14 @@ struct TrainModelOptions {
 
 // Bytes of the f32 copy of a frozen output head (vocab, dim) that TrainModel packs once for the
 // loss's input gradient (kernels::PackForBackwardInput) instead of re-packing it for every chunk
-// of tokens: 4 * vocab * dim (dim rounded up to 16), or 0 where it does not keep one (a trained
-// head changes every step; a head over kMaxPackedHeadBytes would cost more memory than it saves time;
-// over a quantized base (QLoRA, int8) the run is saving memory, and the copy would be ~18% of a
-// SmolLM2-135M QLoRA peak for ~2% of the step).
+// of tokens: 4 * vocab * dim (dim rounded up to 16), or 0 where it does not keep one (an f32 copy of
+// a trained head would change every step; a head over kMaxPackedHeadBytes would cost more memory than
+// it saves time; over a quantized base (QLoRA, int8) the run is saving memory, and the copy would be
+// ~18% of a SmolLM2-135M QLoRA peak for ~2% of the step).
 // bf16_pairs: bf16 mode with a bf16 head (even dim) where UsesBf16Dot(): the head is packed as bf16 pairs
 // along the vocabulary instead (kernels::PackForBackwardInputBf16, 2 * vocab * dim bytes), the loss's dx then
-// on vdpbf16ps.
+// on vdpbf16ps. A trained head (full, bf16 shadow) is kept this way too, packed again at every ForwardBackward
+// (~4 bytes moved per head element, against 6 * tokens flops per element for the loss).
 constexpr int64_t kMaxPackedHeadBytes = (int64_t)256 << 20;
 int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs = false);
 

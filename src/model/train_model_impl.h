@@ -238,7 +238,7 @@ class TrainModelImpl final : public TrainModel {
   float* MasterOf(const Tensor& t);
   Status CheckBatch(const TrainBatch& b) const;
   void RefreshBf16();
-  // Packs the frozen head for the loss's input gradient when PackedHeadBytes keeps one.
+  // Packs the head for the loss's input gradient when PackedHeadBytes keeps one (a trained head: again every call).
   void PackHead();
   void SetEff(Lin& L);
   // Workers for a micro-batch of `groups` row groups (TrainModelOptions::row_group_workers).
@@ -263,7 +263,7 @@ class TrainModelImpl final : public TrainModel {
   Tensor embed_eff_, head_eff_;
   float *embed_master_ = nullptr, *g_embed_ = nullptr, *head_master_ = nullptr, *g_head_ = nullptr;
   std::vector<uint16_t> head16_;
-  kernels::PackedBackwardB head_packed_;  // frozen head_eff_ packed for the loss's dx (PackedHeadBytes)
+  kernels::PackedBackwardB head_packed_;  // head_eff_ packed for the loss's dx (PackedHeadBytes)
   const kernels::PackedBackwardB* head_packed_use_ = nullptr;  // &head_packed_ when the loss uses it
   Norm final_norm_;
   int64_t lowest_trainable_layer_ = 0;

@@ -224,14 +224,16 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add(lora ? "lora" : "weights", trainable * 4.0 + shadow,
       StrFormat("%lld trainable params x 4 B (f32 masters)%s", (long long)trainable,
                 bf16 ? StrFormat(" + %lld x 2 B bf16 shadows", (long long)shadowed).c_str() : ""));
-  // A bf16 head in bf16 mode on the bf16 dot product: packed as bf16 pairs (half the f32 copy's bytes).
-  const bool head_pairs = s.precision == "bf16" && UsesBf16Dot() && s.method != "full" &&
-                          s.base_dtype == DType::kBF16 && s.base_quant == "none" && dim % 2 == 0;
-  if (const int64_t ph = model::PackedHeadBytes(V, dim, s.method == "full", s.base_quant != "none", head_pairs);
-      ph > 0) {
+  // A bf16 head in bf16 mode on the bf16 dot product: packed as bf16 pairs (half the f32 copy's bytes). Full
+  // fine-tuning's head is its bf16 shadow whatever the base dtype, packed again every step.
+  const bool full = s.method == "full";
+  const bool head_pairs = s.precision == "bf16" && UsesBf16Dot() && (full || s.base_dtype == DType::kBF16) &&
+                          s.base_quant == "none" && dim % 2 == 0;
+  if (const int64_t ph = model::PackedHeadBytes(V, dim, full, s.base_quant != "none", head_pairs); ph > 0) {
     add("weights", (double)ph,
-        StrFormat("frozen output head (%lld x %lld) packed once %s for the loss's input gradient", (long long)V,
-                  (long long)dim, head_pairs ? "as bf16 pairs" : "in f32"));
+        StrFormat("%s output head (%lld x %lld) packed %s %s for the loss's input gradient",
+                  full ? "trained" : "frozen", (long long)V, (long long)dim, full ? "every step" : "once",
+                  head_pairs ? "as bf16 pairs" : "in f32"));
   }
   add("gradients", trainable * 4.0, StrFormat("%lld trainable params x 4 B (f32)", (long long)trainable));
   if (W > 1 && lora) {  // full / freeze workers add into the shared gradients in turn

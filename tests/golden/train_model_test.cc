@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <deque>
 #include <random>
 
+#include "core/cpu.h"
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
@@ -399,6 +401,40 @@ TEST(TrainModelBf16, CloseToF32) {
     EXPECT_NEAR(c.loss, a.loss, 5e-3 * a.loss);
     EXPECT_LT(e, 5e-2);
     EXPECT_GT(e, 1e-5);  // the rounding is really applied
+  }
+}
+
+// Full bf16 keeps the trained head packed as bf16 pairs for the loss's dx (on avx512_bf16 CPUs) and packs it
+// again at every ForwardBackward: after the weights move, a model that ran a step before gives the bits of a
+// fresh model given the same weights. A pack left from the first step would put the old head into every
+// gradient below the loss.
+TEST(TrainModelBf16, TrainedHeadPackFollowsTheWeights) {
+  auto w = LoadBase("llama_gqa_tied");
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_llama_gqa_tied");
+  Batch b = FixtureBatch(f);
+  ThreadPool pool(2);
+  TrainModelOptions o = Full();
+  o.bf16 = true;
+  const auto move = [](TrainModel& m) {  // the same new values in both models, whatever their gradients
+    for (const TrainableTensor& t : m.params())
+      for (int64_t i = 0; i < t.n; ++i) t.data[i] = t.data[i] * 1.25f + 0.01f * (float)((i % 7) - 3);
+  };
+  auto stepped = Make(*w, pool, o), fresh = Make(*w, pool, o);
+  const Grads first = RunSteps(*stepped, {b}, 32);
+  move(*stepped);
+  move(*fresh);
+  const Grads a = RunSteps(*stepped, {b}, 32), c = RunSteps(*fresh, {b}, 32);
+  EXPECT_NE(a.loss, first.loss);
+  EXPECT_EQ(a.loss, c.loss);
+  ASSERT_EQ(a.g.size(), c.g.size());
+  for (size_t i = 0; i < a.g.size(); ++i)
+    EXPECT_EQ(std::memcmp(a.g[i].data(), c.g[i].data(), a.g[i].size() * 4), 0) << stepped->params()[i].name;
+  if (UsesBf16Dot()) {  // the pairs are there: the masters, their bf16 shadows and the packed head
+    const ModelConfig& cf = w->config;
+    EXPECT_GE(stepped->AllocatedBytes().weights,
+              PackedHeadBytes(cf.vocab_size, cf.dim, true, false, /*bf16_pairs=*/true) + 4 * stepped->trainable_count());
+    EXPECT_GT(PackedHeadBytes(cf.vocab_size, cf.dim, true, false, true), 0);
   }
 }
 

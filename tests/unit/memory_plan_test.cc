@@ -345,6 +345,12 @@ TEST(MemoryPlanLathe, PackedBaseWeightsUseLathesLayouts) {
   }
   EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, false, false), 4 * c.vocab_size * c.dim);
   EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, true, false), 0);  // a trained head changes every step
+  // ... but as bf16 pairs (full bf16) it is packed again every step: half the f32 copy's bytes, not over a quantized base
+  EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, true, false, true),
+            model::PackedHeadBytes(c.vocab_size, c.dim, false, false, true));
+  EXPECT_LT(model::PackedHeadBytes(c.vocab_size, c.dim, true, false, true), 4 * c.vocab_size * c.dim);
+  EXPECT_GE(model::PackedHeadBytes(c.vocab_size, c.dim, true, false, true), 2 * c.vocab_size * c.dim);
+  EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, true, true, true), 0);
   EXPECT_EQ(model::PackedHeadBytes(c.vocab_size, c.dim, false, true), 0);  // QLoRA / int8: saving memory
   EXPECT_DOUBLE_EQ(w["none"], c.ParamCount() * 2.0);  // bf16 base
   // int8 rows: 1 B + an f32 scale per row; NF4: 0.5 B + an f32 absmax per 64; DQ: a u8 per 64.
