@@ -167,6 +167,7 @@ float CrossEntropyForward(ThreadPool& pool,
 // Recomputes each chunk's logits, so it needs nothing saved from the forward, and returns the same
 // loss: one call per training step is enough. dx = dloss * d loss / d x (overwritten, zero rows
 // for ignored tokens); dw_head_accum += dloss * d loss / d W_head when not null.
+struct HeadGradParts;
 float CrossEntropyBackward(ThreadPool& pool,
                            float* dx,                // (T, C)
                            float* dw_head_accum,     // (V, C) f32 or nullptr
@@ -176,7 +177,24 @@ float CrossEntropyBackward(ThreadPool& pool,
                            const int32_t* labels,    // (T)
                            float normalizer, float dloss = 1.0f, int64_t chunk_tokens = 128,
                            const PackedBackwardB* packed_head = nullptr,  // of w_head, or nullptr
-                           bool bf16 = false);
+                           bool bf16 = false,
+                           HeadGradParts* head_grad_later = nullptr);  // instead of dw_head_accum (null then)
+// The loss's head gradient held back: CrossEntropyBackward given head_grad_later returns the loss and dx and
+// keeps, chunk after chunk, the bf16 pairs of the head-gradient products (the softmax gradient's and x's);
+// AddHeadGrad then adds them into dw_head_accum in chunk order, the bits of the direct call. For full
+// fine-tuning with row-group workers, whose additions into the head's gradient go in group order: a group's
+// dx no longer waits for the earlier groups' losses. Only where HeadGradCanWait(w_head, bf16) holds (the bf16
+// path; an f32 head would keep 4 bytes per logit). Holds (V + C rounded up to 16) x 2 bytes per labelled token
+// (HeadGradPartsBytes).
+struct HeadGradParts {
+  std::vector<uint32_t> a, b;   // each chunk's dlogits^T pairs (V x n/2) and x pairs (C/16 strips x n/2)
+  std::vector<int64_t> tokens;  // each chunk's token count
+  int64_t V = 0, C = 0;
+};
+bool HeadGradCanWait(const Tensor& w_head, bool bf16);
+void AddHeadGrad(ThreadPool& pool, float* dw_head_accum, const HeadGradParts& parts);
+// Bytes of HeadGradParts for `tokens` labelled tokens in chunks of chunk_tokens.
+int64_t HeadGradPartsBytes(int64_t V, int64_t C, int64_t tokens, int64_t chunk_tokens);
 // bf16 (bf16 mixed precision, where UsesBf16Dot()): a bf16 head's logits on vdpbf16ps, x rounded to bf16
 // and the pair arithmetic over C (Bf16PairsReference), and dw_head from the softmax gradient rounded to
 // bf16 (pairs over the tokens); dx too when packed_head holds pairs (pairs over the vocabulary), else f32.

@@ -953,7 +953,17 @@ double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool la
       loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
                                            (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16);
     };
-    if (g_head_) {
+    if (g_head_ && order_.on() && kernels::HeadGradCanWait(head_eff_, opt_.bf16)) {
+      // Loss and dx now, beside the other workers' losses; only the head gradient's product waits for the
+      // earlier groups' (the bits of ce() in turn).
+      loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), nullptr, xfr, N, head_eff_, targets_.data(),
+                                           (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16,
+                                           &head_later_);
+      order_.Add(g_head_, group_, [&] {
+        ReadyToWrite(g_head_, head_eff_.numel());
+        kernels::AddHeadGrad(*pool_, g_head_, head_later_);
+      });
+    } else if (g_head_) {
       order_.Add(g_head_, group_, ce);
     } else {
       ce();
@@ -1111,7 +1121,7 @@ void RowGroupWorker::AddAllocatedBytes(TrainMemory& m) const {
                         &dup_, &dh_, &dxn_, &rx_, &rx2_, &rdy_, &xd_, &lscr_, &lmid_, &ltmp_, &dmid_, &rmid_,
                         &normdw_, &cos_, &sin_, &xn_, &h_})
     m.temporary += cap(*v);
-  m.temporary += cap(targets_);
+  m.temporary += cap(targets_) + cap(head_later_.a) + cap(head_later_.b) + cap(head_later_.tokens);
 }
 
 }  // namespace internal

@@ -110,6 +110,9 @@ class GradOrder {
   static void Pass(std::atomic<int64_t>& t, int64_t group);
   bool on_ = false;
   std::unordered_map<const float*, std::unique_ptr<std::atomic<int64_t>>> turns_;
+
+ public:
+  bool on() const { return on_; }
 };
 
 // One worker's share of a micro-batch's row groups: the activations and scratch of the group it
@@ -201,6 +204,9 @@ class RowGroupWorker {
   std::vector<float> res_;  // (n_layers + 1, N, dim) residual stream, block inputs
   std::vector<Acts> acts_;
   std::vector<float> xf_, rstdf_, dxf_, dres_, dtmp_, scratch_out_, ckpt_out_;
+  // The loss's head-gradient pairs of the group, added in group order after its dx (kernels::HeadGradParts):
+  // full bf16 on W > 1 workers, so a group's loss does not wait for the earlier groups' whole losses.
+  kernels::HeadGradParts head_later_;
   std::vector<float> d_att_, dq_, dk_, dv_, dgate_, dup_, dh_, dxn_;
   std::vector<float> rx_, rx2_, rdy_, xd_, lscr_, lmid_, ltmp_, dmid_, rmid_, normdw_;
   std::vector<float> xn_, h_;  // the current block's normed input and SwiGLU output (N, dim), (N, ffn)

@@ -311,6 +311,13 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add("temporary", W * 4 * chunk * (V + 2.0 * dim + 3 + std::ceil(V / 256.0)),
       StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim + softmax partials) x 4 B%s", chunk,
                 (long long)V, per_worker.c_str()));
+  // Full bf16 on W > 1 workers: each worker keeps its group's head-gradient pairs until the earlier groups
+  // have added theirs (kernels::HeadGradParts; train_model.cc), for every token of the group at most.
+  if (W > 1 && s.method == "full" && s.precision == "bf16" && UsesBf16Dot() && dim % 2 == 0) {
+    add("temporary", W * (double)kernels::HeadGradPartsBytes(V, dim, (int64_t)N, s.loss_chunk_tokens),
+        StrFormat("loss's head-gradient pairs held for the group order: %.0f tokens x (vocab %lld + dim) x 2 B%s", N,
+                  (long long)V, per_worker.c_str()));
+  }
   // The GEMMs of a step (kernels/cpu/train_matmul.cc; a quantized base's forward runs the inference
   // kernels): each linear's forward and input gradient, the trained weights' gradients over the
   // group's tokens, LoRA's rank-r products, the cross-entropy's input (and head) gradient.
@@ -372,8 +379,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     if ((!lora || s.base_dtype == DType::kBF16) && dim % 2 == 0) {
       pair_gemm(0, chunk, dim);             // logits^T: x's pairs only
       if (!lora) pair_gemm(V, dim, chunk);  // the head's gradient
-      // dx from the packed head's pairs (LoRA over a bf16 base): dlogits' pairs only.
-      if (s.method != "full" && s.base_dtype == DType::kBF16 && s.base_quant == "none")
+      // dx from the packed head's pairs (LoRA / freeze over a bf16 base, full): dlogits' pairs only.
+      if ((s.method == "full" || s.base_dtype == DType::kBF16) && s.base_quant == "none")
         pa = std::max(pa, chunk * std::ceil((double)V / 2));
     }
     add("temporary", W * 4 * (pa + pb),

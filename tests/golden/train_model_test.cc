@@ -306,7 +306,8 @@ TEST(TrainModelRowGroups, WorkersGiveTheSameBitsOnAnyThreadCount) {
 
 // Full / freeze workers on the other shared gradients: an untied head and embedding (each in group
 // order, the embedding at each group's end) and qwen2's q/k/v biases. Two workers on two threads,
-// three groups (the third runs on worker 0 after worker 1's), give one worker's bits.
+// three groups (the third runs on worker 0 after worker 1's), give one worker's bits; full bf16 too,
+// where the workers add the head's gradient after their losses (HeadGradParts).
 TEST(TrainModelRowGroups, FullWorkersOnUntiedAndBiasModelsGiveOneWorkersBits) {
   for (const char* name : {"llama_gqa4_untied", "qwen2_bias"}) {
     auto w = LoadBase(name);
@@ -319,8 +320,11 @@ TEST(TrainModelRowGroups, FullWorkersOnUntiedAndBiasModelsGiveOneWorkersBits) {
     b.labels = b.ids;
     for (int64_t t = 0; t < 5; ++t) b.labels[t] = -100;  // a prompt
     const double n = (double)Targets(b);
-    for (TrainModelOptions o : {Full(), Freeze()}) {
-      SCOPED_TRACE(StrFormat("%s, %s", name, o.method == FinetuneMethod::kFull ? "full" : "freeze"));
+    TrainModelOptions full_bf16 = Full();  // two workers hold the head gradient back (HeadGradParts)
+    full_bf16.bf16 = true;
+    for (TrainModelOptions o : {Full(), Freeze(), full_bf16}) {
+      SCOPED_TRACE(StrFormat("%s, %s%s", name, o.method == FinetuneMethod::kFull ? "full" : "freeze",
+                             o.bf16 ? " bf16" : ""));
       o.row_group_tokens = b.T;
       o.row_group_workers = 2;
       std::vector<std::vector<float>> params[2];

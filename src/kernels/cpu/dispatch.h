@@ -197,6 +197,12 @@ void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float
 // dw (V, C) += dyT . x, dyT (V, n) (rounded to bf16 as packed), x (n, C): the loss's head gradient.
 void HeadBackwardWeightT(ThreadPool& pool, float* dw, const float* dy_t, const float* x, int64_t n, int64_t V,
                          int64_t C);
+// HeadBackwardWeightT in two halves, the same bits: the operands' pairs into a (V x (n + 1) / 2 dwords) and b
+// (PairStripsRowsDwords(n, C)), then dw += their product.
+void HeadWeightGradPairs(ThreadPool& pool, const float* dy_t, const float* x, int64_t n, int64_t V, int64_t C,
+                         uint32_t* a, uint32_t* b);
+void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t n, int64_t V, int64_t C, const uint32_t* a,
+                             const uint32_t* b);
 // dx (n, C) = dy . W from dyT (V, n) (rounded to bf16 as packed) and W's pairs along V (PackPairsAlongRows).
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,
                         const uint32_t* w_pairs);

@@ -181,11 +181,12 @@ void MatMulBackwardWeightTWith(const TrainKernelTable& tk, ThreadPool& pool, flo
 // dx is null (dw must be null too).
 // bf16_dot: a bf16 head's logits and (dw given) its gradient on vdpbf16ps (avx512bf16::HeadLogitsT,
 // HeadBackwardWeightT; REQUIRES UsesBf16Dot(), C even); dx too given packed_pairs (avx512bf16::PackPairsAlongRows
-// of w_head), else the f32 product of the f32 softmax gradient.
+// of w_head), else the f32 product of the f32 softmax gradient. head_grad_later (bf16_dot, dw null): the
+// head gradient's operand pairs kept there instead (kernels::AddHeadGrad adds them).
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
                        float dloss, int64_t chunk_tokens, const float* packed_head = nullptr, bool bf16_dot = false,
-                       const uint32_t* packed_pairs = nullptr);
+                       const uint32_t* packed_pairs = nullptr, HeadGradParts* head_grad_later = nullptr);
 
 // FlashAttentionForward / Backward with one tier's tables (train_attention.cc).
 void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* out,

@@ -352,7 +352,9 @@ int64_t PackedBackwardBBytes(int64_t N, int64_t K) { return cpu::PackedBackwardI
 
 float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, const float* x, int64_t T,
                            const Tensor& w_head, const int32_t* labels, float normalizer, float dloss,
-                           int64_t chunk_tokens, const PackedBackwardB* packed_head, bool bf16) {
+                           int64_t chunk_tokens, const PackedBackwardB* packed_head, bool bf16,
+                           HeadGradParts* head_grad_later) {
+  LATHE_CHECK(head_grad_later == nullptr || (dw_head_accum == nullptr && HeadGradCanWait(w_head, bf16)));
   const float* packed = nullptr;
   const uint32_t* pairs = nullptr;
   if (packed_head) {
@@ -366,7 +368,28 @@ float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, co
     }
   }
   return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, dx, dw_head_accum, x, T, w_head, labels,
-                               normalizer, dloss, chunk_tokens, packed, bf16 && UsesBf16Dot(), pairs);
+                               normalizer, dloss, chunk_tokens, packed, bf16 && UsesBf16Dot(), pairs,
+                               head_grad_later);
+}
+
+bool HeadGradCanWait(const Tensor& w_head, bool bf16) {
+  return bf16 && UsesBf16Dot() && w_head.ndim() == 2 && w_head.dtype == DType::kBF16 && w_head.shape[1] % 2 == 0;
+}
+
+void AddHeadGrad(ThreadPool& pool, float* dw_head_accum, const HeadGradParts& parts) {
+  const int64_t V = parts.V, C = parts.C;
+  size_t ao = 0, bo = 0;
+  for (int64_t n : parts.tokens) {
+    cpu::avx512bf16::HeadWeightGradFromPairs(pool, dw_head_accum, n, V, C, parts.a.data() + ao, parts.b.data() + bo);
+    ao += (size_t)(V * ((n + 1) / 2));
+    bo += (size_t)cpu::avx512bf16::PairStripsRowsDwords(n, C);
+  }
+}
+
+int64_t HeadGradPartsBytes(int64_t V, int64_t C, int64_t tokens, int64_t chunk_tokens) {
+  int64_t pairs = 0;  // sum over the chunks of (n + 1) / 2
+  if (chunk_tokens > 0) pairs = tokens / chunk_tokens * ((chunk_tokens + 1) / 2) + (tokens % chunk_tokens + 1) / 2;
+  return 4 * (V + (C + 15) / 16 * 16) * pairs;
 }
 
 void FlashAttentionForward(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,

@@ -19,7 +19,7 @@ constexpr int64_t kXentBlock = 256;  // rows of logits^T per softmax block
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
                        float dloss, int64_t chunk_tokens, const float* packed_head, bool bf16_dot,
-                       const uint32_t* packed_pairs) {
+                       const uint32_t* packed_pairs, HeadGradParts* head_grad_later) {
   LATHE_CHECK(w_head.ndim() == 2 && normalizer > 0 && chunk_tokens > 0);
   LATHE_CHECK(dx != nullptr || dw == nullptr);
   const int64_t V = w_head.shape[0], C = w_head.shape[1];
@@ -41,6 +41,17 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   bf16_dot = bf16_dot && w_head.dtype == DType::kBF16 && C % 2 == 0;
   const bool transposed = w_head.dtype == DType::kF32 || bf16_dot;
   std::vector<float> cmax(transposed ? ct : 0), csum(transposed ? ct : 0), bpart;
+  size_t later_a = 0, later_b = 0;  // where the next chunk's head-gradient pairs go
+  if (head_grad_later) {
+    LATHE_CHECK(bf16_dot && dx && !dw);
+    HeadGradParts& p = *head_grad_later;
+    p.V = V;
+    p.C = C;
+    p.tokens.clear();
+    const int64_t n = (int64_t)rows.size(), pairs = n / ct * ((ct + 1) / 2) + (n % ct + 1) / 2;
+    p.a.resize((size_t)(V * pairs));
+    p.b.resize((size_t)((C + 15) / 16 * 16 * pairs));
+  }
   double loss = 0;
   for (size_t r0 = 0; r0 < rows.size(); r0 += ct) {
     const int64_t nc = std::min<int64_t>(ct, (int64_t)rows.size() - (int64_t)r0);
@@ -118,6 +129,14 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
       MatMulBackwardInputWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
     }
     for (int64_t i = 0; i < nc; ++i) std::memcpy(dx + rows[r0 + i] * C, &dxc[i * C], sizeof(float) * C);
+    if (head_grad_later) {
+      HeadGradParts& p = *head_grad_later;
+      avx512bf16::HeadWeightGradPairs(pool, logits.data(), xc.data(), nc, V, C, p.a.data() + later_a,
+                                      p.b.data() + later_b);
+      p.tokens.push_back(nc);
+      later_a += (size_t)(V * ((nc + 1) / 2));
+      later_b += (size_t)avx512bf16::PairStripsRowsDwords(nc, C);
+    }
     if (dw) {
       if (bf16_dot) {
         avx512bf16::HeadBackwardWeightT(pool, dw, logits.data(), xc.data(), nc, V, C);
