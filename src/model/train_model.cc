@@ -569,10 +569,37 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   const LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
   // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
-  kernels::LinearForward(*pool_, mid, xd == x ? xr : Round(xd, N * p.in, rx2_), N, p.a_eff);  // (N, r)
+  LoraForward(mid, xd == x ? xr : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
   // y += (scale * mid) B^T straight into y: the scale on the rank-r side (as in the backward), no
   // (N, out) product buffer and no pass over y to add it.
-  kernels::LinearForward(*pool_, y, ScaledMid(p, mid), N, p.b_eff, /*accumulate=*/true);  // (N, out)
+  LoraForward(y, ScaledMid(p, mid), p.b_eff, /*accumulate=*/true);  // (N, out)
+}
+
+// LoRA's rank-r products: on vdpbf16ps in bf16 mode where the CPU has it (their operands are bf16 values
+// already: the rounded activations and gradients, the bf16 shadows of A and B), else the training GEMM.
+void RowGroupWorker::LoraForward(float* y, const float* x, const Tensor& w, bool accumulate) {
+  if (Bf16Dot(w)) {
+    kernels::LinearForwardBf16(*pool_, y, x, N_, w, accumulate);
+  } else {
+    kernels::LinearForward(*pool_, y, x, N_, w, accumulate);
+  }
+}
+
+void RowGroupWorker::LoraInputGrad(float* dx, const float* dy, const Tensor& w, bool accumulate) {
+  if (Bf16Dot(w)) {
+    kernels::MatMulBackwardInputBf16(*pool_, dx, dy, N_, w, accumulate);
+  } else {
+    kernels::MatMulBackwardInput(*pool_, dx, dy, N_, w, accumulate);
+  }
+}
+
+// dw (w's shape) += dy^T x.
+void RowGroupWorker::LoraWeightGrad(float* dw, const float* dy, const float* x, const Tensor& w) {
+  if (Bf16Dot(w)) {
+    kernels::MatMulBackwardWeightBf16(*pool_, dw, dy, x, N_, w.shape[0], w.shape[1]);
+  } else {
+    kernels::MatMulBackwardWeight(*pool_, dw, dy, x, N_, w.shape[0], w.shape[1]);
+  }
 }
 
 const float* RowGroupWorker::ScaledMid(const LoraParam& p, const float* mid) {
@@ -627,9 +654,9 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const LoraParam& p = L.lora;
   // out = scale * mid B^T, mid = drop(x) A^T: gB += dy^T (scale mid), dmid = scale (dy B); the scale
   // goes on the rank-r side (N x r floats) instead of a pass over dy (N x out).
-  kernels::MatMulBackwardWeight(*pool_, GradB(L, layer, mod), dyr, ScaledMid(p, mid), N, p.out, p.r);
+  LoraWeightGrad(GradB(L, layer, mod), dyr, ScaledMid(p, mid), p.b_eff);
   dmid_.resize(N * p.r);
-  kernels::MatMulBackwardInput(*pool_, dmid_.data(), dyr, N, p.b_eff);  // (N, r)
+  LoraInputGrad(dmid_.data(), dyr, p.b_eff, false);  // (N, r)
   float* dm = dmid_.data();
   Par(N, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b * p.r; i < e * p.r; ++i) dm[i] *= p.scale;
@@ -637,14 +664,14 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const float* dmr = Round(dmid_.data(), N * p.r, rmid_);
   const bool drop = opt_.lora_dropout > 0;
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
-  kernels::MatMulBackwardWeight(*pool_, GradA(L, layer, mod), dmr, Round(xd, N * p.in, rx_), N, p.r, p.in);
+  LoraWeightGrad(GradA(L, layer, mod), dmr, Round(xd, N * p.in, rx_), p.a_eff);
   if (!need_dx) return;
   if (!drop) {
-    kernels::MatMulBackwardInput(*pool_, dx, dmr, N, p.a_eff, /*accumulate=*/true);
+    LoraInputGrad(dx, dmr, p.a_eff, /*accumulate=*/true);
     return;
   }
   ltmp_.resize(N * p.in);
-  kernels::MatMulBackwardInput(*pool_, ltmp_.data(), dmr, N, p.a_eff);
+  LoraInputGrad(ltmp_.data(), dmr, p.a_eff, false);
   // d drop(x) / dx = mask / keep = drop(x) / x elementwise; use the mask directly.
   const double pr = opt_.lora_dropout;
   const uint64_t key = SplitMix(SplitMix(opt_.seed ^ 0x6c6f7261ull) ^ (step_ * 1315423911ull) ^ ((uint64_t)layer << 40) ^

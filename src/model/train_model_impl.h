@@ -150,6 +150,9 @@ class RowGroupWorker {
     return opt_.bf16 && UsesBf16Dot() && (w.dtype == DType::kBF16 || w.dtype == DType::kF32);
   }
   void LinForward(const Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
+  void LoraForward(float* y, const float* x, const Tensor& w, bool accumulate);
+  void LoraInputGrad(float* dx, const float* dy, const Tensor& w, bool accumulate);
+  void LoraWeightGrad(float* dw, const float* dy, const float* x, const Tensor& w);
   void LinBackward(const Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
                    bool need_dx, int64_t layer, int mod);
   const float* Round(const float* x, int64_t n, std::vector<float>& scratch);
