@@ -554,7 +554,10 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
               opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld] %s", (long long)N, (long long)L.in,
                                         (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
                             : std::string());
-  const float* xr = Round(x, N * L.in, rx_);
+  // The bf16 kernels round their operands as they pack them (the same bits as rounding first): x is rounded
+  // here only for a product that takes it as given.
+  const bool pairs_only = Bf16Dot(L.eff) && (!L.lora.on || Bf16Dot(L.lora.a_eff));
+  const float* xr = pairs_only ? x : Round(x, N * L.in, rx_);
   if (Bf16Dot(L.eff)) {
     kernels::LinearForwardBf16(*pool_, y, xr, N, L.eff);
   } else {
@@ -569,7 +572,7 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   const LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
   // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
-  LoraForward(mid, xd == x ? xr : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
+  LoraForward(mid, xd == x || Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
   // y += (scale * mid) B^T straight into y: the scale on the rank-r side (as in the backward), no
   // (N, out) product buffer and no pass over y to add it.
   LoraForward(y, ScaledMid(p, mid), p.b_eff, /*accumulate=*/true);  // (N, out)
@@ -622,8 +625,8 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
               opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld]", (long long)N, (long long)L.out,
                                         (long long)L.out, (long long)L.in)
                             : std::string());
-  const float* dyr = Round(dy, N * L.out, rdy_);
   const bool bf16dot = Bf16Dot(L.eff);
+  const float* dyr = bf16dot && (!L.lora.on || Bf16Dot(L.lora.b_eff)) ? dy : Round(dy, N * L.out, rdy_);
   if (need_dx) {
     if (bf16dot) {
       kernels::MatMulBackwardInputBf16(*pool_, dx, dyr, N, L.eff, accumulate);
@@ -632,7 +635,7 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
     }
   }
   if (L.grad) {
-    const float* xr = Round(x, N * L.in, rx_);
+    const float* xr = bf16dot ? x : Round(x, N * L.in, rx_);
     order_.Add(L.grad, group_, [&] {
       ReadyToWrite(L.grad, L.in * L.out);
       if (bf16dot) {
@@ -661,10 +664,10 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   Par(N, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b * p.r; i < e * p.r; ++i) dm[i] *= p.scale;
   });
-  const float* dmr = Round(dmid_.data(), N * p.r, rmid_);
+  const float* dmr = Bf16Dot(p.a_eff) ? dmid_.data() : Round(dmid_.data(), N * p.r, rmid_);
   const bool drop = opt_.lora_dropout > 0;
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
-  LoraWeightGrad(GradA(L, layer, mod), dmr, Round(xd, N * p.in, rx_), p.a_eff);
+  LoraWeightGrad(GradA(L, layer, mod), dmr, Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx_), p.a_eff);
   if (!need_dx) return;
   if (!drop) {
     LoraInputGrad(dx, dmr, p.a_eff, /*accumulate=*/true);

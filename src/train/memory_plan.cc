@@ -292,12 +292,18 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     }
   }
   double scratch = (6.0 + (s.grad_checkpointing ? 1 : 0)) * dim + 2.0 * qd + 2.0 * kvd + 4.0 * ffn;
-  if (bf16) scratch += 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
+  // bf16 mode on the bf16 dot product: the linears' kernels round their operands as they pack them, so only
+  // the loss's x is rounded into a buffer, where every linear takes that path (RowGroupWorker::LinForward).
+  const bool pair_kernels = s.precision == "bf16" && UsesBf16Dot();
+  const bool linears_pairs =
+      pair_kernels && (s.method == "full" || (s.base_quant == "none" && (s.base_dtype == DType::kF32 ||
+                                                                         s.base_dtype == DType::kBF16)));
+  if (bf16) scratch += linears_pairs ? (double)dim : 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
   const bool dropout = s.lora_dropout > 0;
   if (lora) {
     // scale * mid, dmid and rounded mid (r each); with dropout the dropped input and its gradient.
     scratch += 3.0 * r + (dropout ? 2.0 * max_in : 0);
-    if (bf16) scratch += r + (dropout ? max_in : 0);  // rounded x A^T; the dropped input rounded
+    if (bf16) scratch += r + (dropout && !pair_kernels ? max_in : 0);  // rounded x A^T; the dropped input rounded
   }
   const double chunk = std::min<double>(s.loss_chunk_tokens, N);
   const double half = c.head_dim / 2;
