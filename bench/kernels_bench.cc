@@ -283,18 +283,24 @@ void BM_Elementwise(benchmark::State& state, int op, bool reference) {
         else
           kernels::SiluMul(o.data(), b.data(), n);
         break;
-      default:
+      case 2:
         o = a;
         if (reference)
           kernels::ref::Softmax(o.data(), n);
         else
           kernels::Softmax(o.data(), n);
         break;
+      default:  // argmax over one vocabulary row (SmolLM2's 49152): greedy sampling per sequence
+        if (reference)
+          o[0] = (float)kernels::ref::Argmax(a.data(), 49152);
+        else
+          o[0] = (float)kernels::Argmax(a.data(), 49152);
+        break;
     }
     benchmark::DoNotOptimize(o.data());
   }
   state.counters["Melem/s"] =
-      benchmark::Counter((double)n * state.iterations() * 1e-6, benchmark::Counter::kIsRate);
+      benchmark::Counter((double)(op == 3 ? 49152 : n) * state.iterations() * 1e-6, benchmark::Counter::kIsRate);
 }
 
 // Training GEMMs at SmolLM2-135M shapes over M = 2048 tokens (bench train's 4 x 512), one thread,
@@ -428,8 +434,8 @@ void RegisterAll() {
                                        .c_str(),
                                    BM_PagedAttention, n_pos, old_path)
           ->UseRealTime();
-  const char* ops[] = {"rmsnorm", "silu_mul", "softmax"};
-  for (int op = 0; op < 3; ++op)
+  const char* ops[] = {"rmsnorm", "silu_mul", "softmax", "argmax49152"};
+  for (int op = 0; op < 4; ++op)
     for (bool reference : {true, false})
       benchmark::RegisterBenchmark(
           (std::string("elementwise/") + ops[op] + (reference ? "/reference" : "/lathe")).c_str(),

@@ -83,6 +83,11 @@ void Axpy(float* y, float a, const float* x, int64_t n);
 // In-place softmax over n values (max-subtracted).
 void Softmax(float* x, int64_t n);
 
+// The index std::max_element(x, x + n) returns: the first of the largest values (n >= 1, n < 2^31; a NaN
+// never compares larger, and a NaN x[0] stays the answer). Greedy sampling and the logit refinement over
+// the vocabulary.
+int64_t Argmax(const float* x, int64_t n);
+
 // Causal multi-head attention with grouped-query KV heads, for T query tokens at positions
 // pos0 .. pos0 + T - 1 attending to key/value positions 0 .. (own position):
 //   out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g],  g = h / (n_head / n_kv_head).

@@ -214,7 +214,7 @@ void Transformer::RefineLogits(const float* rows, int64_t n_rows, float* logits)
     std::vector<float> wrow(dim);
     for (int64_t r = b; r < e; ++r) {
       float* row = logits + r * V;
-      const float cut = *std::max_element(row, row + V) - kExactLogitMargin;
+      const float cut = row[kernels::Argmax(row, V)] - kExactLogitMargin;
       for (int64_t v = 0; v < V; ++v) {
         if (row[v] < cut) continue;
         kernels::DequantizeRows(w_.output, v, 1, wrow.data());

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/strings.h"
+#include "kernels/kernels.h"
 
 namespace lathe::serve {
 
@@ -32,7 +33,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
 void Sampler::AddPrompt(std::span<const int32_t> prompt) { seen_.insert(seen_.end(), prompt.begin(), prompt.end()); }
 
 void ComputeLogprobs(const float* logits, int64_t vocab, int32_t id, int n_top, std::vector<TokenLogprob>* out) {
-  float mx = *std::max_element(logits, logits + vocab);
+  float mx = logits[kernels::Argmax(logits, vocab)];
   double s = 0;
   for (int64_t i = 0; i < vocab; ++i) s += std::exp((double)logits[i] - mx);
   float lse = mx + (float)std::log(s);
@@ -70,7 +71,7 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
   }
   int32_t chosen;
   if (p.temperature == 0.0f) {
-    chosen = (int32_t)(std::max_element(logits, logits + vocab) - logits);
+    chosen = (int32_t)kernels::Argmax(logits, vocab);
   } else {
     // Candidates sorted by logit (descending); k and p truncate, then softmax at temperature.
     cand_.resize(vocab);

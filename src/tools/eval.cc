@@ -61,7 +61,7 @@ Result<NllResult> EvaluateNll(model::Transformer& tf, const tokenizer::Tokenizer
       const auto& ids = seqs[k];
       for (size_t t = 0; t + 1 < ids.size(); ++t) {
         const float* l = &logits[(row + (int64_t)t) * V];
-        float mx = *std::max_element(l, l + V);
+        float mx = l[kernels::Argmax(l, V)];
         double s = 0;
         for (int64_t v = 0; v < V; ++v) s += std::exp((double)l[v] - mx);
         res.total_nll += (mx + std::log(s)) - l[ids[t + 1]];

@@ -2,6 +2,7 @@
 // lengths that exercise full vectors, unrolled loops and masked tails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -94,6 +95,40 @@ TEST_P(OpsTier, Softmax) {
       }
     }
   }
+}
+
+// std::max_element's index on every tier: ties (the first wins), -inf, +inf, NaN anywhere (never larger;
+// a NaN first element stays the answer), every tail length.
+TEST_P(OpsTier, Argmax) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int64_t> lengths(kLengths, kLengths + sizeof(kLengths) / sizeof(kLengths[0]));
+  for (int64_t n = 2; n <= 40; ++n) lengths.push_back(n);
+  lengths.push_back(49152);
+  int cases = 0;
+  for (int64_t n : lengths) {
+    for (int variant = 0; variant < 12; ++variant) {
+      std::vector<float> x = RandomVec(n, 100 + variant, 4.0f);
+      if (variant == 1) for (float& v : x) v = std::round(v);  // many ties
+      if (variant == 2) for (float& v : x) v = -inf;
+      if (variant == 3) for (float& v : x) v = nan;
+      if (variant == 4) x[0] = nan;
+      if (variant == 5) x[n - 1] = nan, x[n / 2] = nan;
+      if (variant == 6) x[0] = -inf;
+      if (variant == 7) x[n - 1] = inf, x[n / 3] = inf;
+      if (variant == 8) for (int64_t i = 0; i < n; i += 3) x[i] = nan;
+      if (variant == 9) for (float& v : x) v = 1.0f;  // all equal: index 0
+      if (variant == 10) x.back() = 100.0f;            // the last element, in the tail
+      if (variant == 11) for (int64_t i = 1; i < n; ++i) x[i] = -inf;
+      const int64_t want = std::max_element(x.begin(), x.end()) - x.begin();
+      ASSERT_EQ(ref::Argmax(x.data(), n), want) << n << " variant " << variant;
+      EXPECT_EQ(kt.argmax(x.data(), n), want) << n << " variant " << variant;
+      ++cases;
+    }
+  }
+  EXPECT_EQ(kt.argmax(std::vector<float>{3.0f}.data(), 1), 0);
+  EXPECT_GT(cases, 500);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, OpsTier, ::testing::ValuesIn(AllTiers()), testing::TierParamName);

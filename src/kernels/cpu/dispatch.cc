@@ -86,6 +86,7 @@ float Dot(const float* a, const float* b, int64_t n) { return cpu::Best().dot(a,
 void Axpy(float* y, float a, const float* x, int64_t n) { cpu::Best().axpy(y, a, x, n); }
 
 void Softmax(float* x, int64_t n) { cpu::Best().softmax(x, n); }
+int64_t Argmax(const float* x, int64_t n) { return cpu::Best().argmax(x, n); }
 
 void Attention(ThreadPool& pool, const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_stride, int64_t T, int64_t pos0, int n_head, int n_kv_head, int head_dim,

@@ -81,6 +81,7 @@ struct KernelTable {
   float (*dot)(const float* a, const float* b, int64_t n);
   void (*axpy)(float* y, float a, const float* x, int64_t n);
   void (*softmax)(float* x, int64_t n);
+  int64_t (*argmax)(const float* x, int64_t n);  // kernels::Argmax
   // GroupAttention (kernels.h) for the head sizes a tier specializes; false = not handled (the
   // generic form in attention.cc runs instead). Null on tiers without one.
   bool (*group_attend)(const float* q, int group, const float* k, const float* v, const int64_t* off,

@@ -105,11 +105,41 @@ void Softmax(float* x, int64_t n) {
   for (; i < n; ++i) x[i] *= invs;
 }
 
+// ref::Argmax with 8 lanes: each lane keeps the first index of its largest value above -inf (a NaN never
+// compares larger), then the largest lane value and, among equal ones, the smallest index. Nothing above
+// -inf (or x[0] NaN) leaves x[0] the answer, as the scan does.
+int64_t Argmax(const float* x, int64_t n) {
+  if (n <= 1 || std::isnan(x[0])) return 0;
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  __m256 bv = ninf;
+  __m256i bi = _mm256_set1_epi32(-1), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(8);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 gt = _mm256_cmp_ps(v, bv, _CMP_GT_OQ);
+    bv = _mm256_blendv_ps(bv, v, gt);
+    bi = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(bi), _mm256_castsi256_ps(idx), gt));
+    idx = _mm256_add_epi32(idx, step);
+  }
+  alignas(32) float lv[8];
+  alignas(32) int32_t li[8];
+  _mm256_store_ps(lv, bv);
+  _mm256_store_si256((__m256i*)li, bi);
+  float best = -INFINITY;
+  int64_t at = -1;
+  for (int l = 0; l < 8; ++l)
+    if (li[l] >= 0 && (lv[l] > best || (lv[l] == best && li[l] < at))) best = lv[l], at = li[l];
+  for (; i < n; ++i)  // the tail, after every lane's indices
+    if (x[i] > best) best = x[i], at = i;
+  return at < 0 ? 0 : at;
+}
+
 }  // namespace
 
 const KernelTable& Table(bool split) {
   auto make = [](bool sp) {
-    KernelTable k = {IsaTier::kAvx2, GetMatMulKernels(sp), RmsNorm, SiluMul, Dot, Axpy, Softmax};
+    KernelTable k = {IsaTier::kAvx2, GetMatMulKernels(sp), RmsNorm, SiluMul, Dot, Axpy, Softmax, Argmax};
     k.group_attend = GroupAttend;
     k.group_attend_rows = GroupAttendRows;
     return k;

@@ -88,11 +88,32 @@ void Softmax(float* x, int64_t n) {
   }
 }
 
+// avx2's Argmax with 16 lanes and a masked tail (masked-off lanes read -inf and never win).
+int64_t Argmax(const float* x, int64_t n) {
+  if (n <= 1 || std::isnan(x[0])) return 0;
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 bv = ninf;
+  __m512i bi = _mm512_set1_epi32(-1),
+          idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_mask_loadu_ps(ninf, Mask16(std::min<int64_t>(16, n - i)), x + i);
+    const __mmask16 gt = _mm512_cmp_ps_mask(v, bv, _CMP_GT_OQ);
+    bv = _mm512_mask_mov_ps(bv, gt, v);
+    bi = _mm512_mask_mov_epi32(bi, gt, idx);
+    idx = _mm512_add_epi32(idx, step);
+  }
+  const float best = _mm512_reduce_max_ps(bv);
+  if (best == -INFINITY) return 0;
+  const __mmask16 eq = _mm512_cmp_ps_mask(bv, _mm512_set1_ps(best), _CMP_EQ_OQ);
+  return _mm512_mask_reduce_min_epi32(eq, bi);
+}
+
 }  // namespace
 
 const KernelTable& Table() {
   static const KernelTable t = [] {
-    KernelTable k = {IsaTier::kAvx512, GetMatMulKernels(), RmsNorm, SiluMul, Dot, Axpy, Softmax};
+    KernelTable k = {IsaTier::kAvx512, GetMatMulKernels(), RmsNorm, SiluMul, Dot, Axpy, Softmax, Argmax};
     k.mm.tier = IsaTier::kAvx512;
     // Grouped attention: the AVX2 kernels (head sizes 8..128); without them this tier took the
     // per-position Dot / Softmax / Axpy path, ~2.5x slower where measured (AVX2, Zen 1).

@@ -40,5 +40,6 @@ void QuantizeRowGgml(DType t, const float* x, int64_t n, void* out);
 void RmsNorm(const float* x, const float* w, float* out, int64_t T, int64_t C, float eps);
 void SiluMul(float* gate, const float* up, int64_t n);
 void Softmax(float* x, int64_t n);
+int64_t Argmax(const float* x, int64_t n);
 
 }  // namespace lathe::kernels::ref

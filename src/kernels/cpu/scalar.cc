@@ -160,6 +160,7 @@ const KernelTable kTable = {
     Dot,
     Axpy,
     ref::Softmax,
+    ref::Argmax,
 };
 
 }  // namespace
