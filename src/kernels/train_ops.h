@@ -164,10 +164,10 @@ float CrossEntropyForward(ThreadPool& pool,
                           const Tensor& w_head,    // (V, C) any dtype MatMul takes
                           const int32_t* labels,   // (T)
                           float normalizer, int64_t chunk_tokens = 128, bool bf16 = false);
+struct HeadGradParts;  // below
 // Recomputes each chunk's logits, so it needs nothing saved from the forward, and returns the same
 // loss: one call per training step is enough. dx = dloss * d loss / d x (overwritten, zero rows
 // for ignored tokens); dw_head_accum += dloss * d loss / d W_head when not null.
-struct HeadGradParts;
 float CrossEntropyBackward(ThreadPool& pool,
                            float* dx,                // (T, C)
                            float* dw_head_accum,     // (V, C) f32 or nullptr

@@ -572,7 +572,7 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   const LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
   // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
-  LoraForward(mid, xd == x || Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
+  LoraForward(mid, xd == x ? xr : Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
   // y += (scale * mid) B^T straight into y: the scale on the rank-r side (as in the backward), no
   // (N, out) product buffer and no pass over y to add it.
   LoraForward(y, ScaledMid(p, mid), p.b_eff, /*accumulate=*/true);  // (N, out)
