@@ -309,6 +309,16 @@ Status TrainModelImpl::Init() {
     }
   for (const Layer& Ly : layers_)
     for (const Lin& L : Ly.lin) quantized_base_ = quantized_base_ || IsPackedQuant(L.base.dtype);
+  if (FrozenHeadAsBf16(opt_.bf16 && UsesBf16Dot(), full, head_eff_.dtype, c.dim, quantized_base_)) {
+    // bf16 mode with a frozen f32 head: the loss takes it as bf16, as autocast casts it, so its logits and dx
+    // run on vdpbf16ps like a bf16 head's (a copy plus its pairs, the bytes of the f32 pack it replaces).
+    const float* src = head_eff_.as<float>();
+    head16_.resize(c.vocab_size * c.dim);
+    Par(c.vocab_size * c.dim, 4096, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) head16_[i] = F32ToBF16(src[i]);
+    });
+    head_eff_ = Bf16View(head16_, {c.vocab_size, c.dim}, false);
+  }
   if (opt_.row_group_workers < 0) return Status::Error("row_group_workers: must be >= 0 (0 = one per pool thread)");
   for (const TrainableTensor& t : params_) order_.Register(t.grad);
   workers_.push_back(std::make_unique<RowGroupWorker>(*this, pool_));
@@ -1084,6 +1094,10 @@ Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
 
 }  // namespace internal
 
+bool FrozenHeadAsBf16(bool bf16_dot, bool full, DType head_dtype, int64_t dim, bool quantized_base) {
+  return bf16_dot && !full && head_dtype == DType::kF32 && dim % 2 == 0 && !quantized_base;
+}
+
 int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs) {
   const int64_t bytes =
       bf16_pairs ? kernels::PackedBackwardBPairBytes(vocab, dim) : kernels::PackedBackwardBBytes(vocab, dim);
@@ -1127,10 +1141,11 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   for (const TrainableTensor& t : params_) m.gradients += t.n * (int64_t)sizeof(float);
   for (const Layer& Ly : layers_)
     for (const Lin& L : Ly.lin) shadows += cap(L.w16) + cap(L.lora.a16) + cap(L.lora.b16);
-  shadows += cap(head16_);
+  if (head_master_) shadows += cap(head16_);
   // storage_ holds the f32 masters (MasterCopy, LoRA A/B), grads_ the gradients.
   (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage + shadows + in_place_bytes_;
   m.weights += cap(head_packed_.data) + (int64_t)head_packed_.pairs.capacity() * 4;  // a copy of a frozen base tensor
+  if (!head_master_) m.weights += cap(head16_);  // a frozen f32 head's bf16 copy (FrozenHeadAsBf16)
   for (const auto& w : workers_) w->AddAllocatedBytes(m);
   m.activations += cap(embed_rows_);
   for (const auto* v : {&inv_freq_, &pos_cos_, &pos_sin_}) m.temporary += cap(*v);

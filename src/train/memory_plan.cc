@@ -227,9 +227,18 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // A bf16 head in bf16 mode on the bf16 dot product: packed as bf16 pairs (half the f32 copy's bytes). Full
   // fine-tuning's head is its bf16 shadow whatever the base dtype, packed again every step.
   const bool full = s.method == "full";
-  const bool head_pairs = s.precision == "bf16" && UsesBf16Dot() && (full || s.base_dtype == DType::kBF16) &&
+  const bool bf16_dot = s.precision == "bf16" && UsesBf16Dot();
+  // LoRA / freeze over an f32 base: the frozen head as a bf16 copy (model::FrozenHeadAsBf16), then paired.
+  const bool head_copy = model::FrozenHeadAsBf16(bf16_dot, full, s.base_dtype, dim, s.base_quant != "none");
+  if (head_copy) {
+    add("weights", 2.0 * V * dim,
+        StrFormat("frozen f32 output head (%lld x %lld) as a bf16 copy for the loss on the bf16 dot product",
+                  (long long)V, (long long)dim));
+  }
+  const bool head_pairs = bf16_dot && (full || s.base_dtype == DType::kBF16 || head_copy) &&
                           s.base_quant == "none" && dim % 2 == 0;
-  if (const int64_t ph = model::PackedHeadBytes(V, dim, full, s.base_quant != "none", head_pairs); ph > 0) {
+  const int64_t ph = model::PackedHeadBytes(V, dim, full, s.base_quant != "none", head_pairs);
+  if (ph > 0) {
     add("weights", (double)ph,
         StrFormat("%s output head (%lld x %lld) packed %s %s for the loss's input gradient",
                   full ? "trained" : "frozen", (long long)V, (long long)dim, full ? "every step" : "once",
@@ -327,6 +336,10 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // The GEMMs of a step (kernels/cpu/train_matmul.cc; a quantized base's forward runs the inference
   // kernels): each linear's forward and input gradient, the trained weights' gradients over the
   // group's tokens, LoRA's rank-r products, the cross-entropy's input (and head) gradient.
+  // bf16 mode where every product runs on the bf16 dot product (the linears, LoRA's, and the loss's with
+  // its head packed in pairs): the f32 training GEMM's shared panels are never packed (its per-thread
+  // buffers still serve the attention's tiles).
+  const bool no_f32_gemm = linears_pairs && head_pairs && ph > 0;
   double panels = SharedPanelFloats(V, dim);
   if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)chunk, dim));
   for (const auto& l : Linears(c)) {
@@ -339,6 +352,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
         panels = std::max(panels, SharedPanelFloats(L2, K2));
     }
   }
+  if (no_f32_gemm) panels = 0;
   add("temporary", W * 4 * panels,
       StrFormat("matmul B panels packed by the calling thread: %.0f floats (the step's largest GEMM)%s", panels,
                 W > 1 ? " x each worker's thread" : ""));
@@ -361,8 +375,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       a_gemm(l.out, r, (int64_t)N, false, false);
     }
   }
-  if (apanels > 0)
-    add("temporary", W * 4 * apanels,
+  if (apanels > 0)  // a tier with the panel tile
+    add("temporary", no_f32_gemm ? 0.0 : W * 4 * apanels,
         StrFormat("matmul A micro-panels packed by the calling thread: %.0f floats (the step's largest GEMM)%s",
                   apanels, W > 1 ? " x each worker's thread" : ""));
   // bf16 mode on CPUs with the bf16 dot product (UsesBf16Dot): the decoder linears' products (f32 / bf16
@@ -382,11 +396,12 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
         if (!lora) pair_gemm(l.out, l.in, N);
       }
     }
-    if ((!lora || s.base_dtype == DType::kBF16) && dim % 2 == 0) {
+    if ((!lora || s.base_dtype == DType::kBF16 || head_copy) && dim % 2 == 0) {
       pair_gemm(0, chunk, dim);             // logits^T: x's pairs only
       if (!lora) pair_gemm(V, dim, chunk);  // the head's gradient
-      // dx from the packed head's pairs (LoRA / freeze over a bf16 base, full): dlogits' pairs only.
-      if ((s.method == "full" || s.base_dtype == DType::kBF16) && s.base_quant == "none")
+      // dx from the packed head's pairs (LoRA / freeze over a bf16 base or an f32 one's bf16 copy, full):
+      // dlogits' pairs only.
+      if ((s.method == "full" || s.base_dtype == DType::kBF16 || head_copy) && s.base_quant == "none")
         pa = std::max(pa, chunk * std::ceil((double)V / 2));
     }
     add("temporary", W * 4 * (pa + pb),

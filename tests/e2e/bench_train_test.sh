@@ -33,7 +33,8 @@ assert got == want, (got, text)
 for r, t, tps, step, rss, gf, mfu, loss, cpu_tps in lines:
     assert float(tps) > 0 and float(step) > 0 and int(rss) > 0 and float(gf) > 0, (r, t)
     assert float(cpu_tps) > 0, (r, t, cpu_tps)  # tokens per CPU-second of the fastest step
-    assert abs(float(tps) * float(step) / 64 - 1) < 0.02, (r, t, tps, step)  # 2 x 32 tokens per step
+    # 2 x 32 tokens per step; the step is printed to 0.1 ms (~3 ms steps here: up to ~2% from rounding alone)
+    assert abs(float(tps) * float(step) - 64) <= 0.01 * 64 + float(tps) * 0.00005, (r, t, tps, step)
     # Random tokens through a trained tiny model: a finite, positive loss (confidently wrong: ~18 nats).
     assert math.isfinite(float(loss)) and 0 < float(loss) < 100, (r, t, loss)
 table = re.findall(r"^\| ([a-z0-9-]+) \| [12] \| [0-9.]+ \| [0-9.]+ \| \d+ \|", text, re.M)
