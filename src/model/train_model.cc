@@ -568,11 +568,7 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   // here only for a product that takes it as given.
   const bool pairs_only = Bf16Dot(L.eff) && (!L.lora.on || Bf16Dot(L.lora.a_eff));
   const float* xr = pairs_only ? x : Round(x, N * L.in, rx_);
-  if (Bf16Dot(L.eff)) {
-    kernels::LinearForwardBf16(*pool_, y, xr, N, L.eff);
-  } else {
-    kernels::LinearForward(*pool_, y, xr, N, L.eff);
-  }
+  Forward(y, xr, L.eff, false);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
@@ -582,15 +578,15 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   const LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
   // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
-  LoraForward(mid, xd == x ? xr : Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
+  Forward(mid, xd == x ? xr : Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
   // y += (scale * mid) B^T straight into y: the scale on the rank-r side (as in the backward), no
   // (N, out) product buffer and no pass over y to add it.
-  LoraForward(y, ScaledMid(p, mid), p.b_eff, /*accumulate=*/true);  // (N, out)
+  Forward(y, ScaledMid(p, mid), p.b_eff, /*accumulate=*/true);  // (N, out)
 }
 
-// LoRA's rank-r products: on vdpbf16ps in bf16 mode where the CPU has it (their operands are bf16 values
-// already: the rounded activations and gradients, the bf16 shadows of A and B), else the training GEMM.
-void RowGroupWorker::LoraForward(float* y, const float* x, const Tensor& w, bool accumulate) {
+// One product of a linear or of its LoRA pair: on vdpbf16ps in bf16 mode where Bf16Dot(w) holds (the kernels
+// round their operands as they pack them), else the training GEMM.
+void RowGroupWorker::Forward(float* y, const float* x, const Tensor& w, bool accumulate) {
   if (Bf16Dot(w)) {
     kernels::LinearForwardBf16(*pool_, y, x, N_, w, accumulate);
   } else {
@@ -598,7 +594,7 @@ void RowGroupWorker::LoraForward(float* y, const float* x, const Tensor& w, bool
   }
 }
 
-void RowGroupWorker::LoraInputGrad(float* dx, const float* dy, const Tensor& w, bool accumulate) {
+void RowGroupWorker::InputGrad(float* dx, const float* dy, const Tensor& w, bool accumulate) {
   if (Bf16Dot(w)) {
     kernels::MatMulBackwardInputBf16(*pool_, dx, dy, N_, w, accumulate);
   } else {
@@ -607,7 +603,7 @@ void RowGroupWorker::LoraInputGrad(float* dx, const float* dy, const Tensor& w, 
 }
 
 // dw (w's shape) += dy^T x.
-void RowGroupWorker::LoraWeightGrad(float* dw, const float* dy, const float* x, const Tensor& w) {
+void RowGroupWorker::WeightGrad(float* dw, const float* dy, const float* x, const Tensor& w) {
   if (Bf16Dot(w)) {
     kernels::MatMulBackwardWeightBf16(*pool_, dw, dy, x, N_, w.shape[0], w.shape[1]);
   } else {
@@ -637,22 +633,12 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
                             : std::string());
   const bool bf16dot = Bf16Dot(L.eff);
   const float* dyr = bf16dot && (!L.lora.on || Bf16Dot(L.lora.b_eff)) ? dy : Round(dy, N * L.out, rdy_);
-  if (need_dx) {
-    if (bf16dot) {
-      kernels::MatMulBackwardInputBf16(*pool_, dx, dyr, N, L.eff, accumulate);
-    } else {
-      kernels::MatMulBackwardInput(*pool_, dx, dyr, N, L.eff, accumulate);
-    }
-  }
+  if (need_dx) InputGrad(dx, dyr, L.eff, accumulate);
   if (L.grad) {
     const float* xr = bf16dot ? x : Round(x, N * L.in, rx_);
     order_.Add(L.grad, group_, [&] {
       ReadyToWrite(L.grad, L.in * L.out);
-      if (bf16dot) {
-        kernels::MatMulBackwardWeightBf16(*pool_, L.grad, dyr, xr, N, L.out, L.in);
-      } else {
-        kernels::MatMulBackwardWeight(*pool_, L.grad, dyr, xr, N, L.out, L.in);
-      }
+      WeightGrad(L.grad, dyr, xr, L.eff);
     });
   }
   if (L.gbias) {
@@ -667,9 +653,9 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const LoraParam& p = L.lora;
   // out = scale * mid B^T, mid = drop(x) A^T: gB += dy^T (scale mid), dmid = scale (dy B); the scale
   // goes on the rank-r side (N x r floats) instead of a pass over dy (N x out).
-  LoraWeightGrad(GradB(L, layer, mod), dyr, ScaledMid(p, mid), p.b_eff);
+  WeightGrad(GradB(L, layer, mod), dyr, ScaledMid(p, mid), p.b_eff);
   dmid_.resize(N * p.r);
-  LoraInputGrad(dmid_.data(), dyr, p.b_eff, false);  // (N, r)
+  InputGrad(dmid_.data(), dyr, p.b_eff, false);  // (N, r)
   float* dm = dmid_.data();
   Par(N, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b * p.r; i < e * p.r; ++i) dm[i] *= p.scale;
@@ -677,14 +663,14 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const float* dmr = Bf16Dot(p.a_eff) ? dmid_.data() : Round(dmid_.data(), N * p.r, rmid_);
   const bool drop = opt_.lora_dropout > 0;
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
-  LoraWeightGrad(GradA(L, layer, mod), dmr, Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx_), p.a_eff);
+  WeightGrad(GradA(L, layer, mod), dmr, Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx_), p.a_eff);
   if (!need_dx) return;
   if (!drop) {
-    LoraInputGrad(dx, dmr, p.a_eff, /*accumulate=*/true);
+    InputGrad(dx, dmr, p.a_eff, /*accumulate=*/true);
     return;
   }
   ltmp_.resize(N * p.in);
-  LoraInputGrad(ltmp_.data(), dmr, p.a_eff, false);
+  InputGrad(ltmp_.data(), dmr, p.a_eff, false);
   // d drop(x) / dx = mask / keep = drop(x) / x elementwise; use the mask directly.
   const double pr = opt_.lora_dropout;
   const uint64_t key = SplitMix(SplitMix(opt_.seed ^ 0x6c6f7261ull) ^ (step_ * 1315423911ull) ^ ((uint64_t)layer << 40) ^

@@ -150,9 +150,10 @@ class RowGroupWorker {
     return opt_.bf16 && UsesBf16Dot() && (w.dtype == DType::kBF16 || w.dtype == DType::kF32);
   }
   void LinForward(const Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
-  void LoraForward(float* y, const float* x, const Tensor& w, bool accumulate);
-  void LoraInputGrad(float* dx, const float* dy, const Tensor& w, bool accumulate);
-  void LoraWeightGrad(float* dw, const float* dy, const float* x, const Tensor& w);
+  // y (=, +=) x w^T, dx (=, +=) dy w, dw += dy^T x over the group's N_ rows (one dispatch for every product).
+  void Forward(float* y, const float* x, const Tensor& w, bool accumulate);
+  void InputGrad(float* dx, const float* dy, const Tensor& w, bool accumulate);
+  void WeightGrad(float* dw, const float* dy, const float* x, const Tensor& w);
   void LinBackward(const Lin& L, const float* dy, const float* x, const float* mid, float* dx, bool accumulate,
                    bool need_dx, int64_t layer, int mod);
   const float* Round(const float* x, int64_t n, std::vector<float>& scratch);
