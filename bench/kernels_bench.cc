@@ -265,6 +265,34 @@ void BM_PagedAttention(benchmark::State& state, int64_t n_pos, bool old_path) {
       benchmark::Counter((double)n_pos * group * kv_heads * state.iterations(), benchmark::Counter::kIsRate);
 }
 
+// Training attention over one 512-token row of SmolLM2-135M's shape (9 query heads, 3 KV heads,
+// head_dim 64, causal), forward or backward, 1 thread; GFLOP/s of the causal half (forward 2 products,
+// backward 5, as the trainer's profiler counts them). bf16: bf16 mixed precision's products on vdpbf16ps
+// (FlashAttention*Bf16), next to the f32 ones on the same data.
+void BM_TrainAttention(benchmark::State& state, bool backward, bool bf16) {
+  const int64_t T = 512;
+  const int H = 9, KV = 3, hd = 64;
+  const std::vector<float> q = RandomFloats(T * H * hd, 11), k = RandomFloats(T * KV * hd, 12),
+                           v = RandomFloats(T * KV * hd, 13), dout = RandomFloats(T * H * hd, 14);
+  std::vector<float> out(T * H * hd), lse(T * H), dq(T * H * hd), dk(T * KV * hd), dv(T * KV * hd);
+  ThreadPool pool(1);
+  const float scale = 0.125f;
+  auto forward = bf16 ? kernels::FlashAttentionForwardBf16 : kernels::FlashAttentionForward;
+  auto backward_fn = bf16 ? kernels::FlashAttentionBackwardBf16 : kernels::FlashAttentionBackward;
+  forward(pool, out.data(), lse.data(), q.data(), k.data(), v.data(), nullptr, T, H, KV, hd, scale, 0);
+  for (auto _ : state) {
+    if (backward)
+      backward_fn(pool, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+                  lse.data(), nullptr, T, H, KV, hd, scale, 0);
+    else
+      forward(pool, out.data(), lse.data(), q.data(), k.data(), v.data(), nullptr, T, H, KV, hd, scale, 0);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(dq.data());
+  }
+  const double flops = (backward ? 5.0 : 2.0) * T * T * H * hd;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
 void BM_Elementwise(benchmark::State& state, int op, bool reference) {
   const int64_t n = 1536 * 64;
   std::vector<float> a = RandomFloats(n, 3), b = RandomFloats(n, 4), o(n);
@@ -434,6 +462,16 @@ void RegisterAll() {
                                        .c_str(),
                                    BM_PagedAttention, n_pos, old_path)
           ->UseRealTime();
+  for (bool backward : {false, true})
+    for (bool bf16 : {false, true}) {
+      if (bf16 && !UsesBf16Dot()) continue;
+      benchmark::RegisterBenchmark((std::string("train_attention/") + (backward ? "backward" : "forward") +
+                                    (bf16 ? "/bf16" : "/f32") + "/T:512")
+                                       .c_str(),
+                                   BM_TrainAttention, backward, bf16)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
   const char* ops[] = {"rmsnorm", "silu_mul", "softmax", "argmax49152"};
   for (int op = 0; op < 4; ++op)
     for (bool reference : {true, false})

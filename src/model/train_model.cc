@@ -718,10 +718,10 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   const float scale = 1.0f / std::sqrt((float)hd);
   {
     ScopedOp att_op(opt_.profiler, "attention_fwd", 2.0 * B_ * T * T * H * hd, 4.0 * N * (qd + 2 * kvd));
+    const auto attention = opt_.bf16 && UsesBf16Dot() ? kernels::FlashAttentionForwardBf16 : kernels::FlashAttentionForward;
     for (int64_t r = 0; r < B_; ++r) {
-      kernels::FlashAttentionForward(*pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd],
-                                     &a.v[r * T * kvd], seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale,
-                                     c.WindowOf(l));
+      attention(*pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd], &a.v[r * T * kvd],
+                seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale, c.WindowOf(l));
     }
   }
   scratch_out_.resize(N * dim);
@@ -816,11 +816,12 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   const float scale = 1.0f / std::sqrt((float)hd);
   {
     ScopedOp op(opt_.profiler, "attention_bwd", 5.0 * B_ * T * T * H * hd, 8.0 * N * (2 * qd + 4 * kvd));
+    const auto attention =
+        opt_.bf16 && UsesBf16Dot() ? kernels::FlashAttentionBackwardBf16 : kernels::FlashAttentionBackward;
     for (int64_t r = 0; r < B_; ++r) {
-      kernels::FlashAttentionBackward(*pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd],
-                                      &d_att_[r * T * qd], &a.q[r * T * qd], &a.k[r * T * kvd], &a.v[r * T * kvd],
-                                      &a.att[r * T * qd], &a.lse[r * T * H], seg_ ? seg_ + r * T : nullptr, T, H, KV,
-                                      hd, scale, c.WindowOf(l));
+      attention(*pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd], &d_att_[r * T * qd], &a.q[r * T * qd],
+                &a.k[r * T * kvd], &a.v[r * T * kvd], &a.att[r * T * qd], &a.lse[r * T * H],
+                seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale, c.WindowOf(l));
     }
   }
   float *dq = dq_.data(), *dk = dk_.data();

@@ -58,7 +58,8 @@ struct TrainModelOptions {
   // stored (never copied; a bf16 checkpoint already is bf16). On CPUs with avx512_bf16 (UsesBf16Dot) the
   // decoder linears' products run on vdpbf16ps with every operand bf16: a frozen f32 W is rounded as
   // it is packed (as torch's autocast casts it), the exact products summed in pairs
-  // (kernels::LinearForwardBf16).
+  // (kernels::LinearForwardBf16); so do the attention's six products, on q / k / v / dO rounded to bf16
+  // and P / dS rounded per tile, as autocast runs SDPA on bf16 tensors (kernels::FlashAttentionForwardBf16).
   bool bf16 = false;
   // fp16 mixed precision: the same with fp16 rounding (overflow to inf, which the trainer's loss
   // scaler detects and skips).

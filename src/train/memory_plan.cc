@@ -426,6 +426,18 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles) + %.0f KiB of "
                 "attention dQ partials%s",
                 s.threads, per_thread / 1024, dq_partials / 1024, per_worker.c_str()));
+  // bf16 mode on CPUs with the bf16 dot product: the attention's products take their operands as bf16 pairs,
+  // packed once per call by the worker's thread (q and dO as rows and transposed per head, K / V strips per
+  // kv head; kernels::FlashAttentionBf16Bytes), plus two tile buffers per thread (P / dS as pairs).
+  if (s.precision == "bf16" && UsesBf16Dot()) {
+    const double packs = (double)kernels::FlashAttentionBf16Bytes(s.seq_len, (int)c.n_heads, (int)c.n_kv_heads,
+                                                                  (int)c.head_dim);
+    const double tiles = 2.0 * 4 * 128 * (48 + 16);
+    add("temporary", W * packs + s.threads * tiles,
+        StrFormat("bf16 dot product's attention operands: %.0f KiB of pairs per call%s + %d threads x %.0f KiB of tile "
+                  "pairs",
+                  packs / 1024, per_worker.c_str(), s.threads, tiles / 1024));
+  }
   // Saving keeps a whole copy of what is written: the model in the saved dtype (full / freeze,
   // plus one f32 tensor being rounded under bf16), the adapter in f32 (LoRA).
   const double save = lora ? trainable * 4.0 : P * (bf16 ? 2.0 : 4.0) + (bf16 ? 4.0 * V * dim : 0);

@@ -3,14 +3,19 @@
 // softmax, and the backward against double finite differences of that reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "core/cpu.h"
+#include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/train_ops.h"
 #include "kernels/cpu/train_dispatch.h"
 #include "ops_test_util.h"
 #include "train_test_util.h"
@@ -239,6 +244,206 @@ TEST(TrainAttentionThreads, BackwardBitsDoNotDependOnThreads) {
       ++ci;
     }
   }
+}
+
+// bf16 mixed precision's attention on vdpbf16ps (CPUs with avx512_bf16) against a double reference that
+// rounds what the kernel rounds: q, k, v and dout to bf16, the forward's probabilities to bf16 relative to
+// the running max of each 128-key tile (the online softmax: exp(S - m_tile) rounded, rescaled by
+// exp(m_tile - m_row) in f32), the backward's P = exp(S - lse) and dS = P (dP - delta) scale to bf16 before
+// their products, delta = bf16(dout) . out. What is left: f32 sums and exp, and a bf16 rounding of P or dS
+// that falls the other way now and then (that element off by 2^-8): measured up to 3.8e-4 per tensor and
+// 4.4e-3 in the worst row (a few such flips in a row of few keys). A key or pair the kernel dropped moves
+// its row by a few percent or more (rows see at most 37 keys with the window; 1 / 301 of a row's weight
+// against a row norm ~ |v| / sqrt(301) without it), which the row check catches.
+constexpr double kBf16Limit = 1e-3;
+constexpr double kBf16RowLimit = 1e-2;
+constexpr int64_t kRefKeyTile = 128;  // the kernel's key tile (train_attention_driver.h kKTile)
+
+double RoundBf16(double x) { return BF16ToF32(F32ToBF16((float)x)); }
+
+// The worst row (n values each) of y against ref: ||y_row - ref_row|| / ||ref_row||, rows whose reference
+// is below a thousandth of the rms row norm measured against that floor instead. A key dropped from a row
+// of at most ~40 allowed keys moves it by a few percent, which the whole-tensor norm would average away.
+double WorstRowErr(const std::vector<float>& y, const std::vector<double>& ref, int64_t n) {
+  const int64_t rows = (int64_t)ref.size() / n;
+  double total = 0;
+  for (double r : ref) total += r * r;
+  const double floor = 1e-3 * std::sqrt(total / std::max<int64_t>(rows, 1));
+  double worst = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    double num = 0, den = 0;
+    for (int64_t j = i * n; j < (i + 1) * n; ++j) {
+      num += ((double)y[j] - ref[j]) * ((double)y[j] - ref[j]);
+      den += ref[j] * ref[j];
+    }
+    worst = std::max(worst, std::sqrt(num) / std::max(std::sqrt(den), floor));
+  }
+  return worst;
+}
+std::vector<double> RoundedBf16(const std::vector<float>& x) {
+  std::vector<double> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = RoundBf16(x[i]);
+  return r;
+}
+
+struct RefBf16Attention {
+  RefAttention base;
+  // Per (h, t): scaled scores of the allowed keys (NaN elsewhere).
+  std::vector<double> Scores(const std::vector<double>& q, const std::vector<double>& k) const {
+    const Cfg& c = base.c;
+    const int rep = c.n_head / c.n_kv_head;
+    std::vector<double> S(c.n_head * c.T * c.T, std::nan(""));
+    for (int h = 0; h < c.n_head; ++h)
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t s = 0; s <= t; ++s) {
+          if (!base.Allowed(s, t)) continue;
+          double dot = 0;
+          for (int d = 0; d < c.D; ++d)
+            dot += q[(t * c.n_head + h) * c.D + d] * k[(s * c.n_kv_head + h / rep) * c.D + d];
+          S[(h * c.T + t) * c.T + s] = base.scale * dot;
+        }
+    return S;
+  }
+  void Forward(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+               std::vector<double>* out, std::vector<double>* lse) const {
+    const Cfg& c = base.c;
+    const int rep = c.n_head / c.n_kv_head;
+    const std::vector<double> S = Scores(q, k);
+    out->assign(c.T * c.n_head * c.D, 0.0);
+    lse->assign(c.T * c.n_head, 0.0);
+    for (int h = 0; h < c.n_head; ++h)
+      for (int64_t t = 0; t < c.T; ++t) {
+        const double* row = &S[(h * c.T + t) * c.T];
+        // Running max at the end of each key tile, over the allowed keys so far.
+        std::vector<double> m_tile((t / kRefKeyTile) + 1, -1e300);
+        double m = -1e300;
+        for (int64_t s = 0; s <= t; ++s) {
+          if (!std::isnan(row[s])) m = std::max(m, row[s]);
+          m_tile[s / kRefKeyTile] = m;
+        }
+        double l = 0;
+        for (int64_t s = 0; s <= t; ++s)
+          if (!std::isnan(row[s])) l += std::exp(row[s] - m);
+        double* o = &(*out)[(t * c.n_head + h) * c.D];
+        for (int64_t s = 0; s <= t; ++s) {
+          if (std::isnan(row[s])) continue;
+          const double mt = m_tile[s / kRefKeyTile];
+          const double p = RoundBf16(std::exp(row[s] - mt)) * std::exp(mt - m);
+          for (int d = 0; d < c.D; ++d) o[d] += p * v[(s * c.n_kv_head + h / rep) * c.D + d] / l;
+        }
+        (*lse)[t * c.n_head + h] = m + std::log(l);
+      }
+  }
+  void Backward(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                const std::vector<double>& dout, const std::vector<double>& out, const std::vector<double>& lse,
+                std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) const {
+    const Cfg& c = base.c;
+    const int rep = c.n_head / c.n_kv_head;
+    const std::vector<double> S = Scores(q, k);
+    dq->assign(q.size(), 0.0);
+    dk->assign(k.size(), 0.0);
+    dv->assign(v.size(), 0.0);
+    for (int h = 0; h < c.n_head; ++h)
+      for (int64_t t = 0; t < c.T; ++t) {
+        const double* row = &S[(h * c.T + t) * c.T];
+        const int64_t qr = (t * c.n_head + h) * c.D;
+        double delta = 0;
+        for (int d = 0; d < c.D; ++d) delta += dout[qr + d] * out[qr + d];
+        for (int64_t s = 0; s <= t; ++s) {
+          if (std::isnan(row[s])) continue;
+          const int64_t kr = (s * c.n_kv_head + h / rep) * c.D;
+          const double p = std::exp(row[s] - lse[t * c.n_head + h]);
+          double dp = 0;
+          for (int d = 0; d < c.D; ++d) dp += dout[qr + d] * v[kr + d];
+          const double ds = p * (dp - delta) * base.scale;
+          const double pr = RoundBf16(p), dsr = RoundBf16(ds);
+          for (int d = 0; d < c.D; ++d) {
+            (*dv)[kr + d] += pr * dout[qr + d];
+            (*dq)[qr + d] += dsr * k[kr + d];
+            (*dk)[kr + d] += dsr * q[qr + d];
+          }
+        }
+      }
+  }
+};
+
+TEST(TrainAttentionBf16, MatchesReferenceRoundingAsTheKernel) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  const cpu::TrainKernelTable& tk = cpu::TrainBest();
+  const cpu::KernelTable& kt = cpu::Best();
+  double worst = 0, worst_row = 0;
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    // Odd T (a last key pair with one key, odd query pairs), odd D (a zero pair after each row), D not a
+    // multiple of 16 (a partial strip), T crossing the 96-query and 128-key tiles, GQA.
+    for (const Cfg& c : {Cfg{1, 1, 1, 8}, Cfg{5, 2, 1, 3}, Cfg{100, 4, 2, 20}, Cfg{150, 3, 1, 64}, Cfg{70, 2, 2, 7},
+                         Cfg{301, 4, 2, 17}})
+      for (int64_t window : {0, 37})
+        for (int seg_mode : {0, 1, 2}) {
+          std::vector<int32_t> seg(c.T);
+          for (int64_t t = 0; t < c.T; ++t)
+            seg[t] = seg_mode == 2 ? (int32_t)(t / 7 % 3) : (int32_t)(t < 23 ? 0 : t < 90 ? 1 : 2);
+          const int32_t* segp = seg_mode ? seg.data() : nullptr;
+          const int64_t nq = c.T * c.n_head * c.D, nk = c.T * c.n_kv_head * c.D;
+          const std::vector<float> q = RandomVec(nq, 70, 1.5f), k = RandomVec(nk, 71, 1.5f), v = RandomVec(nk, 72),
+                                   g = RandomVec(nq, 73);
+          const float scale = 1.0f / std::sqrt((float)c.D);
+          RefBf16Attention ref{RefAttention{c, segp, scale, window}};
+          const std::vector<double> qd = RoundedBf16(q), kd = RoundedBf16(k), vd = RoundedBf16(v),
+                                    gd = RoundedBf16(g);
+          const std::string where = "T=" + std::to_string(c.T) + " H=" + std::to_string(c.n_head) + "/" +
+                                    std::to_string(c.n_kv_head) + " D=" + std::to_string(c.D) + " seg " +
+                                    std::to_string(seg_mode) + " window=" + std::to_string(window) + " threads " +
+                                    std::to_string(threads);
+          std::vector<float> out(nq), lse(c.T * c.n_head);
+          cpu::avx512bf16::FlashAttentionForward(tk, pool, out.data(), lse.data(), q.data(), k.data(), v.data(), segp,
+                                                 c.T, c.n_head, c.n_kv_head, c.D, scale, window);
+          std::vector<double> rout, rlse;
+          ref.Forward(qd, kd, vd, &rout, &rlse);
+          std::vector<double> rdq, rdk, rdv;
+          ref.Backward(qd, kd, vd, gd, rout, rlse, &rdq, &rdk, &rdv);
+          std::vector<float> dq(nq, 7.0f), dk(nk, 7.0f), dv(nk, 7.0f);
+          cpu::avx512bf16::FlashAttentionBackward(tk, kt, pool, dq.data(), dk.data(), dv.data(), g.data(), q.data(),
+                                                  k.data(), v.data(), out.data(), lse.data(), segp, c.T, c.n_head,
+                                                  c.n_kv_head, c.D, scale, window);
+          const double e[] = {RelErr(out, rout), RelErr(lse, rlse), RelErr(dq, rdq), RelErr(dk, rdk), RelErr(dv, rdv)};
+          const double re[] = {WorstRowErr(out, rout, c.D), WorstRowErr(lse, rlse, 1), WorstRowErr(dq, rdq, c.D),
+                               WorstRowErr(dk, rdk, c.D), WorstRowErr(dv, rdv, c.D)};
+          const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+          for (int i = 0; i < 5; ++i) {
+            EXPECT_LE(e[i], kBf16Limit) << names[i] << " " << where;
+            EXPECT_LE(re[i], kBf16RowLimit) << names[i] << " worst row, " << where;
+            worst = std::max(worst, e[i]);
+            worst_row = std::max(worst_row, re[i]);
+          }
+        }
+  }
+  std::printf("bf16 attention: worst error vs the reference %.2e, worst row %.2e\n", worst, worst_row);
+}
+
+// The bf16 backward's tasks are the f32 one's (train_attention_driver.h): 1, 2 and 3 threads give the same
+// bits, forward and backward.
+TEST(TrainAttentionBf16, BitsDoNotDependOnThreads) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  const Cfg c{301, 6, 2, 64};
+  std::vector<int32_t> seg(c.T);
+  for (int64_t t = 0; t < c.T; ++t) seg[t] = (int32_t)(t < 40 ? 0 : t < 200 ? 1 : 2);
+  const int64_t nq = c.T * c.n_head * c.D, nk = c.T * c.n_kv_head * c.D;
+  const std::vector<float> q = RandomVec(nq, 80, 1.5f), k = RandomVec(nk, 81, 1.5f), v = RandomVec(nk, 82),
+                           g = RandomVec(nq, 83);
+  std::vector<std::vector<float>> res[3];
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<float> out(nq), lse(c.T * c.n_head), dq(nq), dk(nk), dv(nk);
+    FlashAttentionForwardBf16(pool, out.data(), lse.data(), q.data(), k.data(), v.data(), seg.data(), c.T, c.n_head,
+                              c.n_kv_head, c.D, 0.125f);
+    FlashAttentionBackwardBf16(pool, dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(),
+                               out.data(), lse.data(), seg.data(), c.T, c.n_head, c.n_kv_head, c.D, 0.125f);
+    res[threads - 1] = {out, lse, dq, dk, dv};
+  }
+  for (int threads : {2, 3})
+    for (int i = 0; i < 5; ++i)
+      EXPECT_EQ(res[0][i], res[threads - 1][i]) << "threads=" << threads << " tensor " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(TiersThreads, TrainAttention,

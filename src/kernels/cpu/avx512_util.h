@@ -1,5 +1,5 @@
-// Small AVX-512 helpers (tail masks, exp) shared by the *_avx512.cc files only: they are compiled
-// with the AVX-512 F/BW/VL/DQ/BF16/VNNI flags; never include this from another file.
+// Small AVX-512 helpers (tail masks, exp) shared by the *_avx512.cc and *_avx512bf16.cc files only: they
+// are compiled with the AVX-512 F/BW/VL/DQ/VNNI flags (and BF16); never include this from another file.
 #pragma once
 
 #include <immintrin.h>

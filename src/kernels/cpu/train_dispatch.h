@@ -197,6 +197,19 @@ void FlashAttentionBackwardWith(const TrainKernelTable& tk, const KernelTable& k
                                 float* dk, float* dv, const float* dout, const float* q, const float* k,
                                 const float* v, const float* out, const float* lse, const int32_t* seg, int64_t T,
                                 int n_head, int n_kv_head, int head_dim, float scale, int64_t window = 0);
+namespace avx512bf16 {
+// kernels::FlashAttentionForwardBf16 / BackwardBf16 with the train table tk's row helpers
+// (train_attention_avx512bf16.cc). REQUIRES avx512_bf16.
+void FlashAttentionForward(const TrainKernelTable& tk, ThreadPool& pool, float* out, float* lse, const float* q,
+                           const float* k, const float* v, const int32_t* seg, int64_t T, int n_head, int n_kv_head,
+                           int head_dim, float scale, int64_t window = 0);
+void FlashAttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq, float* dk,
+                            float* dv, const float* dout, const float* q, const float* k, const float* v,
+                            const float* out, const float* lse, const int32_t* seg, int64_t T, int n_head,
+                            int n_kv_head, int head_dim, float scale, int64_t window = 0);
+// Bytes of the operand pairs one backward call packs (the forward packs fewer).
+int64_t FlashAttentionPairsBytes(int64_t T, int n_head, int n_kv_head, int head_dim);
+}  // namespace avx512bf16
 
 namespace scalar {
 const TrainKernelTable& TrainTable();

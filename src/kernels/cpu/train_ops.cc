@@ -407,4 +407,25 @@ void FlashAttentionBackward(ThreadPool& pool, float* dq, float* dk, float* dv, c
                                   segment_ids, T, n_head, n_kv_head, head_dim, scale, window);
 }
 
+void FlashAttentionForwardBf16(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,
+                               const int32_t* segment_ids, int64_t T, int n_head, int n_kv_head, int head_dim,
+                               float scale, int64_t window) {
+  LATHE_CHECK(UsesBf16Dot());
+  cpu::avx512bf16::FlashAttentionForward(cpu::TrainBest(), pool, out, lse, q, k, v, segment_ids, T, n_head, n_kv_head,
+                                         head_dim, scale, window);
+}
+
+void FlashAttentionBackwardBf16(ThreadPool& pool, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                                const float* k, const float* v, const float* out, const float* lse,
+                                const int32_t* segment_ids, int64_t T, int n_head, int n_kv_head, int head_dim,
+                                float scale, int64_t window) {
+  LATHE_CHECK(UsesBf16Dot());
+  cpu::avx512bf16::FlashAttentionBackward(cpu::TrainBest(), cpu::Best(), pool, dq, dk, dv, dout, q, k, v, out, lse,
+                                          segment_ids, T, n_head, n_kv_head, head_dim, scale, window);
+}
+
+int64_t FlashAttentionBf16Bytes(int64_t T, int n_head, int n_kv_head, int head_dim) {
+  return cpu::avx512bf16::FlashAttentionPairsBytes(T, n_head, n_kv_head, head_dim);
+}
+
 }  // namespace lathe::kernels

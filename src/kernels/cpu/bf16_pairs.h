@@ -1,0 +1,230 @@
+// bf16 pairs on vdpbf16ps (avx512_bf16): the register tile and the operand conversions shared by the
+// files built for it (bf16dot_avx512bf16.cc, train_attention_avx512bf16.cc). Internal linkage: include
+// only from *_avx512bf16.cc files. A operands are row-major pairs (element pair (2p, 2p + 1) of row i at
+// a[i * lda + p], lower element in the low half); B operands are 16-column pair strips (strip s's pair p at
+// b + s * sstride + p * 16, one dword per column).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu/avx512_transpose.h"
+
+namespace lathe::kernels::cpu::avx512bf16 {
+namespace {
+
+constexpr int kS = 3;            // strips per register tile
+constexpr int kR = 8;            // A rows per register tile
+
+template <int R, int S>
+void Tile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
+          bool store, int nc_last) {
+  __m512 acc[R][S];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) acc[r][s] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < np; ++p) {
+    __m512bh bv[S];
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) bv[s] = (__m512bh)_mm512_loadu_si512(b + s * sstride + p * 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * lda + p]);
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], bv[s], av);
+    }
+  }
+  const __mmask16 last = (__mmask16)(nc_last >= 16 ? 0xffff : (1u << nc_last) - 1);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    float* cr = c + r * ldc;
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
+      const __mmask16 m = s == S - 1 ? last : (__mmask16)0xffff;
+      __m512 v = acc[r][s];
+      if (!store) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, cr + 16 * s), v);
+      _mm512_mask_storeu_ps(cr + 16 * s, m, v);
+    }
+  }
+}
+
+using TileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t, bool, int);
+
+template <int R>
+TileFn TileFor(int s) {
+  switch (s) {
+    case 1: return Tile<R, 1>;
+    case 2: return Tile<R, 2>;
+    default: return Tile<R, 3>;
+  }
+}
+
+inline TileFn TileFor(int r, int s) {
+  switch (r) {
+    case 1: return TileFor<1>(s);
+    case 2: return TileFor<2>(s);
+    case 3: return TileFor<3>(s);
+    case 4: return TileFor<4>(s);
+    case 5: return TileFor<5>(s);
+    case 6: return TileFor<6>(s);
+    case 7: return TileFor<7>(s);
+    default: return TileFor<8>(s);
+  }
+}
+
+// 16 f32 (bf16 values) -> 16 bf16, exact.
+inline __m256i Bf16Of(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+
+// One row of L floats -> L bf16 (cvtneps, the tail masked), plus a 0 after an odd L: the row as (L + 1) / 2
+// pairs. Every f32 -> bf16 conversion of this file goes through Bf16Of.
+inline void RowToPairs(const float* a, int64_t L, uint16_t* o) {
+  int64_t l = 0;
+  for (; l + 16 <= L; l += 16) _mm256_storeu_si256((__m256i*)(o + l), Bf16Of(_mm512_loadu_ps(a + l)));
+  if (l < L) {
+    const __mmask16 m = (__mmask16)((1u << (L - l)) - 1);
+    _mm256_mask_storeu_epi16(o + l, m, Bf16Of(_mm512_maskz_loadu_ps(m, a + l)));
+  }
+  if (L & 1) o[L] = 0;
+}
+
+// A's rows l-contiguous (x, dy: a[i * lda + l]) -> out[i * Lp + p] = pair (2p, 2p + 1) of row i.
+inline void PairRows(ThreadPool& pool, const float* a, int64_t lda, int64_t R, int64_t L, uint32_t* out) {
+  const int64_t Lp = (L + 1) / 2;
+  pool.ParallelFor(R, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) RowToPairs(a + i * lda, L, (uint16_t*)(out + i * Lp));
+  }, 2.0 * R * L);
+}
+
+// Pairs of two rows (f32 holding bf16 values, or bf16): out[k] = (r0[k], r1[k]) for k < n; r1 null (the
+// missing row of an odd count) gives 0.
+template <typename T>
+void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out) {
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 m = (__mmask16)(n - k >= 16 ? 0xffff : (1u << (n - k)) - 1);
+    __m256i lo, hi = _mm256_setzero_si256();
+    if constexpr (sizeof(T) == 4) {
+      lo = Bf16Of(_mm512_maskz_loadu_ps(m, (const float*)r0 + k));
+      if (r1) hi = Bf16Of(_mm512_maskz_loadu_ps(m, (const float*)r1 + k));
+    } else {
+      lo = _mm256_maskz_loadu_epi16(m, r0 + k);
+      if (r1) hi = _mm256_maskz_loadu_epi16(m, r1 + k);
+    }
+    const __m512i d = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+    _mm512_mask_storeu_epi32(out + k, m, d);
+  }
+}
+
+// A = M^T for a row-major M (L rows of R: dy in the weight gradient) -> out[i * Lp + p] = (M[2p][i],
+// M[2p + 1][i]): per block of 16 pairs and 16 columns, pairs of two rows of M (16 dwords each), then the
+// 16 x 16 dword block transposed in registers.
+inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t R, uint32_t* out) {
+  const int64_t Lp = (L + 1) / 2;
+  constexpr int64_t kB = 16;
+  pool.ParallelFor((Lp + kB - 1) / kB, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t pb = b; pb < e; ++pb) {
+      const int64_t p0 = pb * kB, np = std::min(kB, Lp - p0);
+      const __mmask16 pm = (__mmask16)(np >= 16 ? 0xffff : (1u << np) - 1);
+      for (int64_t i0 = 0; i0 < R; i0 += 16) {
+        const int64_t ni = std::min<int64_t>(16, R - i0);
+        const __mmask16 im = (__mmask16)(ni >= 16 ? 0xffff : (1u << ni) - 1);
+        __m512 r[16];  // dwords (bf16 pairs) moved as floats: the transpose only shuffles lanes
+#pragma GCC unroll 16
+        for (int64_t p = 0; p < 16; ++p) {
+          const int64_t l = 2 * (p0 + p);
+          if (p >= np) {
+            r[p] = _mm512_setzero_ps();
+            continue;
+          }
+          const __m256i lo = Bf16Of(_mm512_maskz_loadu_ps(im, m + l * ldm + i0));
+          const __m256i hi = l + 1 < L ? Bf16Of(_mm512_maskz_loadu_ps(im, m + (l + 1) * ldm + i0)) : _mm256_setzero_si256();
+          r[p] = _mm512_castsi512_ps(
+              _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)));
+        }
+        Transpose16(r);
+        for (int64_t i = 0; i < ni; ++i) _mm512_mask_storeu_ps((float*)(out + (i0 + i) * Lp + p0), pm, r[i]);
+      }
+    }
+  }, 2.0 * L * R);
+}
+
+// B(l, k) = m[l * ldm + k] (row-major, L x Kd) -> pair strips: strip s's pair p at out + (s * Lp + p) * 16,
+// columns past Kd zero.
+template <typename T>
+void PairStripsRows(ThreadPool& pool, const T* m, int64_t ldm, int64_t L, int64_t Kd, uint32_t* out) {
+  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16;
+  pool.ParallelFor(Lp, 8, [&](int64_t b, int64_t e, int) {
+    std::vector<uint32_t> row((size_t)n_strips * 16, 0);
+    for (int64_t p = b; p < e; ++p) {
+      const T* r1 = 2 * p + 1 < L ? m + (2 * p + 1) * ldm : nullptr;
+      PairTwoRows<T>(m + 2 * p * ldm, r1, Kd, row.data());
+      for (int64_t s = 0; s < n_strips; ++s)
+        std::memcpy(out + (s * Lp + p) * 16, row.data() + 16 * s, sizeof(uint32_t) * 16);
+    }
+  }, 2.0 * L * Kd);
+}
+
+// B(l, k) = W(k, l) for W (Kd, L) row-major (the forward's W^T) -> pair strips as above.
+template <typename T>
+void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t L, uint32_t* out) {
+  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16;
+  pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
+    std::vector<uint32_t> rows(16 * (size_t)Lp);
+    for (int64_t s = b; s < e; ++s) {
+      const int nj = (int)std::min<int64_t>(16, Kd - 16 * s);
+      // Each W row's pairs (PairRows' form), then the 16 x Lp block transposed into the strip.
+      for (int j = 0; j < 16; ++j) {
+        uint32_t* o = rows.data() + j * Lp;
+        if (j >= nj) {
+          std::memset(o, 0, sizeof(uint32_t) * Lp);
+          continue;
+        }
+        const T* r = w + (16 * s + j) * ldw;
+        uint16_t* o16 = (uint16_t*)o;
+        if constexpr (sizeof(T) == 4) {
+          RowToPairs((const float*)r, L, o16);
+        } else {
+          std::memcpy(o16, r, sizeof(uint16_t) * L);
+          if (L & 1) o16[L] = 0;
+        }
+      }
+      uint32_t* st = out + s * Lp * 16;
+      for (int64_t p = 0; p < Lp; ++p)
+        for (int j = 0; j < 16; ++j) st[p * 16 + j] = rows[j * Lp + p];
+    }
+  }, 2.0 * Kd * L);
+}
+
+// One pair strip (Lp x 16 dwords, Lp = (L + 1) / 2) from 16 f32 rows of L values, ld apart (rows from nj
+// on zero): per 16 pairs, each row's 32 values rounded to bf16 (Bf16Of; zero past L), then the 16 x 16
+// dword block transposed in registers. The layout of PairStripsT's strips.
+inline void StripOfRows(const float* rows, int64_t ld, int nj, int64_t L, uint32_t* st) {
+  const int64_t Lp = (L + 1) / 2;
+  for (int64_t p = 0; p < Lp; p += 16) {
+    const int64_t l = 2 * p, n = std::min<int64_t>(32, L - l);
+    const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+    const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
+    __m512 r[16];  // dwords (bf16 pairs) moved as floats: the transpose only shuffles lanes
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      if (j < nj) {
+        const float* row = rows + j * ld + l;
+        const __m256i lo = Bf16Of(_mm512_maskz_loadu_ps(m0, row));
+        const __m256i hi = Bf16Of(_mm512_maskz_loadu_ps(m1, row + 16));
+        r[j] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1));
+      } else {
+        r[j] = _mm512_setzero_ps();
+      }
+    }
+    Transpose16(r);
+    const int64_t np = std::min<int64_t>(16, Lp - p);
+    for (int64_t k = 0; k < np; ++k) _mm512_storeu_ps((float*)(st + (p + k) * 16), r[k]);
+  }
+}
+
+}  // namespace
+}  // namespace lathe::kernels::cpu::avx512bf16
