@@ -141,11 +141,14 @@ static Tensor Bf16View(const std::vector<uint16_t>& v, std::vector<int64_t> shap
 }
 
 // bf16 mode rounds trainable weights (shadow copies refreshed every call) and activations; frozen
-// weights are read as stored (a bf16 checkpoint already is bf16) so they are never copied.
+// weights are read as stored (a bf16 checkpoint already is bf16) so they are never copied. On the bf16 dot
+// product the decoder linears and LoRA's products round W as they pack it (RNE, F32ToBF16's bits), so their
+// trainable weights need no shadow: the kernels read the f32 masters (LinearShadows).
 void TrainModelImpl::SetEff(Lin& L) {
+  const bool shadow = LinearShadows(opt_.bf16, opt_.fp16);
   if (L.master) {
     L.eff = F32View(L.master, {L.out, L.in});
-    if (opt_.bf16 || opt_.fp16) {
+    if (shadow) {
       L.w16.resize(L.out * L.in);
       L.eff = Bf16View(L.w16, {L.out, L.in}, opt_.fp16);
     }
@@ -156,7 +159,7 @@ void TrainModelImpl::SetEff(Lin& L) {
     LoraParam& p = L.lora;
     p.a_eff = F32View(p.a, {p.r, p.in});
     p.b_eff = F32View(p.b, {p.out, p.r});
-    if (opt_.bf16 || opt_.fp16) {
+    if (shadow) {
       p.a16.resize(p.r * p.in);
       p.b16.resize(p.out * p.r);
       p.a_eff = Bf16View(p.a16, {p.r, p.in}, opt_.fp16);
@@ -436,14 +439,16 @@ void TrainModelImpl::RefreshBf16() {
       for (int64_t i = b; i < e; ++i) dst[i] = F32ToBF16(src[i]);
     });
   };
-  for (Layer& Ly : layers_)
-    for (Lin& L : Ly.lin) {
-      if (L.master) round(L.master, L.w16.data(), L.out * L.in);
-      if (L.lora.on) {
-        round(L.lora.a, L.lora.a16.data(), L.lora.r * L.lora.in);
-        round(L.lora.b, L.lora.b16.data(), L.lora.out * L.lora.r);
+  if (LinearShadows(opt_.bf16, opt_.fp16)) {
+    for (Layer& Ly : layers_)
+      for (Lin& L : Ly.lin) {
+        if (L.master) round(L.master, L.w16.data(), L.out * L.in);
+        if (L.lora.on) {
+          round(L.lora.a, L.lora.a16.data(), L.lora.r * L.lora.in);
+          round(L.lora.b, L.lora.b16.data(), L.lora.out * L.lora.r);
+        }
       }
-    }
+  }
   if (head_master_) round(head_master_, head16_.data(), c_.vocab_size * c_.dim);
 }
 
@@ -1080,6 +1085,8 @@ Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
 }
 
 }  // namespace internal
+
+bool LinearShadows(bool bf16, bool fp16) { return fp16 || (bf16 && !UsesBf16Dot()); }
 
 bool FrozenHeadAsBf16(bool bf16_dot, bool full, DType head_dtype, int64_t dim, bool quantized_base) {
   return bf16_dot && !full && head_dtype == DType::kF32 && dim % 2 == 0 && !quantized_base;

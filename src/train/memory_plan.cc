@@ -208,22 +208,25 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   }
   int64_t trainable = 0, shadowed = 0;
   const int64_t bias = c.qkv_bias ? qd + 2 * kvd : 0;
+  // Trained linears and LoRA pairs have bf16 / fp16 shadows unless their products round the f32 masters as
+  // they pack them (bf16 mode on the bf16 dot product: model::LinearShadows); a trained head always has one.
+  const bool lin_shadows = model::LinearShadows(s.precision == "bf16", s.precision == "fp16");
   if (s.method == "full") {
     trainable = P;
-    shadowed = L * LinearParamsPerLayer(c) + V * dim;  // every linear + the head (tied: its own shadow)
+    shadowed = (lin_shadows ? L * LinearParamsPerLayer(c) : 0) + V * dim;  // + the head (tied: its own shadow)
   } else if (s.method == "freeze") {
     const int64_t n = std::min(s.freeze_trainable_layers, L);
     trainable = n * (LinearParamsPerLayer(c) + 2 * dim + bias);
-    shadowed = n * LinearParamsPerLayer(c);
+    shadowed = lin_shadows ? n * LinearParamsPerLayer(c) : 0;
   } else {
     trainable = LoraParams(c, s.lora_targets, s.lora_rank);
-    shadowed = trainable;
+    shadowed = lin_shadows ? trainable : 0;
   }
   p.trainable_params = trainable;
   const double shadow = bf16 ? shadowed * 2.0 : 0;
   add(lora ? "lora" : "weights", trainable * 4.0 + shadow,
       StrFormat("%lld trainable params x 4 B (f32 masters)%s", (long long)trainable,
-                bf16 ? StrFormat(" + %lld x 2 B bf16 shadows", (long long)shadowed).c_str() : ""));
+                shadowed > 0 ? StrFormat(" + %lld x 2 B bf16 shadows", (long long)shadowed).c_str() : ""));
   // A bf16 head in bf16 mode on the bf16 dot product: packed as bf16 pairs (half the f32 copy's bytes). Full
   // fine-tuning's head is its bf16 shadow whatever the base dtype, packed again every step.
   const bool full = s.method == "full";
