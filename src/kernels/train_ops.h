@@ -120,6 +120,15 @@ void MatMulBackwardInputBf16(ThreadPool& pool, float* dx, const float* dy, int64
                              bool accumulate = false);
 void MatMulBackwardWeightBf16(ThreadPool& pool, float* dw_accum, const float* dy, const float* x, int64_t M,
                               int64_t N, int64_t K);
+// Two products summed in one: y (M, N) (=, +=) x . W^T + x2 . W2^T (W (N, K), W2 (N, K2)) and dx (M, K)
+// (=, +=) dy . W + dy2 . W2 (W (N, K), W2 (N2, K)), the inner dimensions concatenated (x's pairs then x2's;
+// each output one pair chain over both, chunked by Bf16PairsChunk of the total): LoRA's rank-r update
+// (x2 = scale * x A^T, W2 = B; dy2 = scale * dy B, W2 = A) inside the base product, with no second pass
+// over y or dx. REQUIRES UsesBf16Dot(); W, W2 f32 or bf16.
+void LinearForwardBf16Plus(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, const float* x2,
+                           const Tensor& w2, bool accumulate = false);
+void MatMulBackwardInputBf16Plus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
+                                 const float* dy2, const Tensor& w2, bool accumulate = false);
 
 // A weight W (N, K) that does not change between calls (a frozen output head), packed once as the
 // B operand of dX = dY . W: MatMulBackwardInput / CrossEntropyBackward given it skip re-packing W on

@@ -569,6 +569,19 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
               opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld] %s", (long long)N, (long long)L.in,
                                         (long long)L.out, (long long)L.in, DTypeName(L.eff.dtype))
                             : std::string());
+  if (LoraFused(L)) {
+    // LoRA's update inside the base product: y = [x | scale mid] . [W | B]^T, one pass over y.
+    const LoraParam& p = L.lora;
+    const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
+    Forward(mid, xd, p.a_eff, false);  // (N, r)
+    kernels::LinearForwardBf16Plus(*pool_, y, x, N, L.eff, ScaledMid(p, mid), p.b_eff);
+    if (L.bias) {
+      Par(N, 16, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
+      });
+    }
+    return;
+  }
   // The bf16 kernels round their operands as they pack them (the same bits as rounding first): x is rounded
   // here only for a product that takes it as given.
   const bool pairs_only = Bf16Dot(L.eff) && (!L.lora.on || Bf16Dot(L.lora.a_eff));
@@ -638,7 +651,9 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
                             : std::string());
   const bool bf16dot = Bf16Dot(L.eff);
   const float* dyr = bf16dot && (!L.lora.on || Bf16Dot(L.lora.b_eff)) ? dy : Round(dy, N * L.out, rdy_);
-  if (need_dx) InputGrad(dx, dyr, L.eff, accumulate);
+  // LoRA's input gradient inside the base product (without dropout): dx = [dy | dmid] . [W ; A] below.
+  const bool fused_dx = need_dx && LoraFused(L) && opt_.lora_dropout <= 0;
+  if (need_dx && !fused_dx) InputGrad(dx, dyr, L.eff, accumulate);
   if (L.grad) {
     const float* xr = bf16dot ? x : Round(x, N * L.in, rx_);
     order_.Add(L.grad, group_, [&] {
@@ -670,6 +685,10 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
   WeightGrad(GradA(L, layer, mod), dmr, Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx_), p.a_eff);
   if (!need_dx) return;
+  if (fused_dx) {
+    kernels::MatMulBackwardInputBf16Plus(*pool_, dx, dyr, N, L.eff, dmr, p.a_eff, accumulate);
+    return;
+  }
   if (!drop) {
     InputGrad(dx, dmr, p.a_eff, /*accumulate=*/true);
     return;

@@ -149,6 +149,11 @@ class RowGroupWorker {
   bool Bf16Dot(const Tensor& w) const {
     return opt_.bf16 && UsesBf16Dot() && (w.dtype == DType::kBF16 || w.dtype == DType::kF32);
   }
+  // A LoRA linear whose base and rank-r products all run on vdpbf16ps: the rank-r update is summed inside the
+  // base product (kernels::LinearForwardBf16Plus / MatMulBackwardInputBf16Plus), no second pass over y / dx.
+  bool LoraFused(const Lin& L) const {
+    return L.lora.on && Bf16Dot(L.eff) && Bf16Dot(L.lora.a_eff) && Bf16Dot(L.lora.b_eff);
+  }
   void LinForward(const Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
   // y (=, +=) x w^T, dx (=, +=) dy w, dw += dy^T x over the group's N_ rows (one dispatch for every product).
   void Forward(float* y, const float* x, const Tensor& w, bool accumulate);

@@ -388,14 +388,18 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // read in place) and B (Kd rounded to 16 x L/2 dwords), each the largest of the step's products.
   if (s.precision == "bf16" && UsesBf16Dot()) {
     double pa = 0, pb = 0;
-    auto pair_gemm = [&](double R, double Kd, double L) {
-      pa = std::max(pa, R * std::ceil(L / 2));
-      pb = std::max(pb, std::ceil(Kd / 16) * 16 * std::ceil(L / 2));
+    // extra: a second product's inner dimension summed in the same pairs (LoRA's rank r in the base product).
+    auto pair_gemm = [&](double R, double Kd, double L, double extra = 0) {
+      const double pairs = std::ceil(L / 2) + std::ceil(extra / 2);
+      pa = std::max(pa, R * pairs);
+      pb = std::max(pb, std::ceil(Kd / 16) * 16 * pairs);
     };
     if (s.base_quant == "none") {
       for (const auto& l : Linears(c)) {
-        pair_gemm(N, l.out, l.in);
-        pair_gemm(N, l.in, l.out);
+        const bool targeted =
+            lora && std::find(s.lora_targets.begin(), s.lora_targets.end(), l.name) != s.lora_targets.end();
+        pair_gemm(N, l.out, l.in, targeted ? r : 0);
+        pair_gemm(N, l.in, l.out, targeted ? r : 0);
         if (!lora) pair_gemm(l.out, l.in, N);
       }
     }

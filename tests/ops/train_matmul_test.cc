@@ -493,6 +493,74 @@ TEST(TrainBf16Dot, ProductsBitIdenticalToPairReference) {
   }
 }
 
+// The fused forms (LinearForwardBf16Plus / MatMulBackwardInputBf16Plus: LoRA's rank-r update inside the base
+// product): the pair reference over the concatenated inner dimension, x's (K + 1) / 2 pairs (an odd K's last
+// pair padded with a zero) then x2's; W and W2 in either dtype; 1 and 2 threads; accumulate.
+TEST(TrainBf16Dot, FusedProductsBitIdenticalToPairReference) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  uint32_t seed = 7300;
+  struct S { int64_t M, N, K, r; };
+  for (S s : {S{9, 33, 37, 5}, S{70, 100, 576, 16}, S{65, 48, 1537, 8}}) {
+    const int64_t M = s.M, N = s.N, K = s.K, r = s.r, Kp = (K + 1) / 2, rp = (r + 1) / 2;
+    const std::vector<float> x = Bf16Values(M * K, seed++), x2 = Bf16Values(M * r, seed++);
+    const std::vector<float> dy = Bf16Values(M * N, seed++), dy2 = Bf16Values(M * r, seed++);
+    // W (N, K); forward's W2 = LoRA B (N, r); backward's W2 = LoRA A (r, K).
+    const std::vector<float> w = Bf16Values(N * K, seed++), bw = Bf16Values(N * r, seed++), aw = Bf16Values(r * K, seed++);
+    std::vector<uint16_t> w16(N * K), bw16(N * r), aw16(r * K);
+    for (int64_t i = 0; i < N * K; ++i) w16[i] = F32ToBF16(w[i]);
+    for (int64_t i = 0; i < N * r; ++i) bw16[i] = F32ToBF16(bw[i]);
+    for (int64_t i = 0; i < r * K; ++i) aw16[i] = F32ToBF16(aw[i]);
+    auto view = [](const void* d, DType t, int64_t rows, int64_t cols) {
+      Tensor v;
+      v.data = d, v.dtype = t, v.shape = {rows, cols};
+      return v;
+    };
+    // Concatenated inner index l < 2 (Kp + rp): l < 2 Kp from the first product (zero at an odd K's pad).
+    auto cat = [](int64_t l, int64_t L1, int64_t L1p, int64_t L2, auto f1, auto f2) {
+      if (l < 2 * L1p) return l < L1 ? f1(l) : 0.0f;
+      const int64_t j = l - 2 * L1p;
+      return j < L2 ? f2(j) : 0.0f;
+    };
+    const int64_t Lf = 2 * (Kp + rp), Lb = 2 * ((N + 1) / 2 + rp);
+    const std::vector<float> y0 = RandomVec(M * N, seed++), dx0 = RandomVec(M * K, seed++);
+    const auto fa = [&](int64_t i, int64_t l) {
+      return cat(l, K, Kp, r, [&](int64_t k) { return x[i * K + k]; }, [&](int64_t j) { return x2[i * r + j]; });
+    };
+    const auto fb = [&](int64_t l, int64_t n) {
+      return cat(l, K, Kp, r, [&](int64_t k) { return w[n * K + k]; }, [&](int64_t j) { return bw[n * r + j]; });
+    };
+    const auto ba = [&](int64_t i, int64_t l) {
+      return cat(l, N, (N + 1) / 2, r, [&](int64_t n) { return dy[i * N + n]; }, [&](int64_t j) { return dy2[i * r + j]; });
+    };
+    const auto bb = [&](int64_t l, int64_t k) {
+      return cat(l, N, (N + 1) / 2, r, [&](int64_t n) { return w[n * K + k]; }, [&](int64_t j) { return aw[j * K + k]; });
+    };
+    const std::vector<float> yref = PairRef(M, N, Lf, fa, fb, nullptr), yacc = PairRef(M, N, Lf, fa, fb, &y0);
+    const std::vector<float> dxref = PairRef(M, K, Lb, ba, bb, nullptr), dxacc = PairRef(M, K, Lb, ba, bb, &dx0);
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      for (DType t : {DType::kBF16, DType::kF32}) {
+        const bool h = t == DType::kBF16;
+        const Tensor W = view(h ? (const void*)w16.data() : w.data(), t, N, K);
+        const Tensor B = view(h ? (const void*)bw16.data() : bw.data(), t, N, r);
+        const Tensor A = view(h ? (const void*)aw16.data() : aw.data(), t, r, K);
+        std::vector<float> y(M * N, -1.0f);
+        LinearForwardBf16Plus(pool, y.data(), x.data(), M, W, x2.data(), B);
+        ASSERT_EQ(y, yref) << "fused forward " << DTypeName(t) << " M=" << M << " N=" << N << " K=" << K;
+        y = y0;
+        LinearForwardBf16Plus(pool, y.data(), x.data(), M, W, x2.data(), B, /*accumulate=*/true);
+        ASSERT_EQ(y, yacc) << "fused forward += " << DTypeName(t) << " K=" << K;
+        std::vector<float> dx(M * K, -1.0f);
+        MatMulBackwardInputBf16Plus(pool, dx.data(), dy.data(), M, W, dy2.data(), A);
+        ASSERT_EQ(dx, dxref) << "fused input grad " << DTypeName(t) << " M=" << M << " N=" << N << " K=" << K;
+        dx = dx0;
+        MatMulBackwardInputBf16Plus(pool, dx.data(), dy.data(), M, W, dy2.data(), A, /*accumulate=*/true);
+        ASSERT_EQ(dx, dxacc) << "fused input grad += " << DTypeName(t) << " K=" << K;
+      }
+    }
+  }
+}
+
 // The loss over a bf16 head in bf16 mode on vdpbf16ps (CrossEntropy*(..., bf16 = true)): its logits are
 // the pair arithmetic's (Bf16PairsReference on x and the head), so loss and dx equal a double softmax
 // over those logits (up to f32 softmax rounding), and differ from the f32 path's (x not rounded).

@@ -93,8 +93,10 @@ inline void RowToPairs(const float* a, int64_t L, uint16_t* o) {
 }
 
 // A's rows l-contiguous (x, dy: a[i * lda + l]) -> out[i * Lp + p] = pair (2p, 2p + 1) of row i.
-inline void PairRows(ThreadPool& pool, const float* a, int64_t lda, int64_t R, int64_t L, uint32_t* out) {
-  const int64_t Lp = (L + 1) / 2;
+// ldo: the output's row stride in dwords (0: (L + 1) / 2, the rows packed back to back).
+inline void PairRows(ThreadPool& pool, const float* a, int64_t lda, int64_t R, int64_t L, uint32_t* out,
+                     int64_t ldo = 0) {
+  const int64_t Lp = ldo > 0 ? ldo : (L + 1) / 2;
   pool.ParallelFor(R, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) RowToPairs(a + i * lda, L, (uint16_t*)(out + i * Lp));
   }, 2.0 * R * L);
@@ -154,24 +156,27 @@ inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, 
 
 // B(l, k) = m[l * ldm + k] (row-major, L x Kd) -> pair strips: strip s's pair p at out + (s * Lp + p) * 16,
 // columns past Kd zero.
+// sstride: dwords from one strip to the next (0: Lp * 16, the strips back to back).
 template <typename T>
-void PairStripsRows(ThreadPool& pool, const T* m, int64_t ldm, int64_t L, int64_t Kd, uint32_t* out) {
-  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16;
+void PairStripsRows(ThreadPool& pool, const T* m, int64_t ldm, int64_t L, int64_t Kd, uint32_t* out,
+                    int64_t sstride = 0) {
+  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16, ss = sstride > 0 ? sstride : Lp * 16;
   pool.ParallelFor(Lp, 8, [&](int64_t b, int64_t e, int) {
     std::vector<uint32_t> row((size_t)n_strips * 16, 0);
     for (int64_t p = b; p < e; ++p) {
       const T* r1 = 2 * p + 1 < L ? m + (2 * p + 1) * ldm : nullptr;
       PairTwoRows<T>(m + 2 * p * ldm, r1, Kd, row.data());
       for (int64_t s = 0; s < n_strips; ++s)
-        std::memcpy(out + (s * Lp + p) * 16, row.data() + 16 * s, sizeof(uint32_t) * 16);
+        std::memcpy(out + s * ss + p * 16, row.data() + 16 * s, sizeof(uint32_t) * 16);
     }
   }, 2.0 * L * Kd);
 }
 
 // B(l, k) = W(k, l) for W (Kd, L) row-major (the forward's W^T) -> pair strips as above.
 template <typename T>
-void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t L, uint32_t* out) {
-  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16;
+void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t L, uint32_t* out,
+                 int64_t sstride = 0) {
+  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16, ss = sstride > 0 ? sstride : Lp * 16;
   pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
     std::vector<uint32_t> rows(16 * (size_t)Lp);
     for (int64_t s = b; s < e; ++s) {
@@ -192,7 +197,7 @@ void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t 
           if (L & 1) o16[L] = 0;
         }
       }
-      uint32_t* st = out + s * Lp * 16;
+      uint32_t* st = out + s * ss;
       for (int64_t p = 0; p < Lp; ++p)
         for (int j = 0; j < 16; ++j) st[p * 16 + j] = rows[j * Lp + p];
     }

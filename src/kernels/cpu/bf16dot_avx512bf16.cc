@@ -73,6 +73,57 @@ uint32_t* BBuf(size_t n) {
 
 }  // namespace
 
+// W (Kd, L) f32 or bf16 as pair strips along L (the forward's W^T), strips sstride dwords apart.
+void StripsT(ThreadPool& pool, const Tensor& w, uint32_t* out, int64_t sstride) {
+  const int64_t Kd = w.shape[0], L = w.shape[1];
+  if (w.dtype == DType::kBF16) {
+    PairStripsT<uint16_t>(pool, (const uint16_t*)w.data, L, Kd, L, out, sstride);
+  } else {
+    LATHE_CHECK(w.dtype == DType::kF32);
+    PairStripsT<float>(pool, (const float*)w.data, L, Kd, L, out, sstride);
+  }
+}
+// W (L, Kd) f32 or bf16 as pair strips along its rows L (dX = dY W's B), strips sstride dwords apart.
+void StripsRows(ThreadPool& pool, const Tensor& w, uint32_t* out, int64_t sstride) {
+  const int64_t L = w.shape[0], Kd = w.shape[1];
+  if (w.dtype == DType::kBF16) {
+    PairStripsRows<uint16_t>(pool, (const uint16_t*)w.data, Kd, L, Kd, out, sstride);
+  } else {
+    LATHE_CHECK(w.dtype == DType::kF32);
+    PairStripsRows<float>(pool, (const float*)w.data, Kd, L, Kd, out, sstride);
+  }
+}
+
+// y (M, N) (=, +=) x . W^T + x2 . W2^T, W (N, K), W2 (N, K2): one inner dimension of (K + 1) / 2 + (K2 + 1) / 2
+// pairs, x's then x2's in each A row and W's then W2's in each strip.
+void TrainForwardPlus(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, const float* x2,
+                      const Tensor& w2, bool accumulate) {
+  const int64_t N = w.shape[0], K = w.shape[1], K2 = w2.shape[1], Kp = (K + 1) / 2, Lp = Kp + (K2 + 1) / 2;
+  LATHE_CHECK(w2.shape[0] == N);
+  uint32_t* a = ABuf((size_t)(M * Lp));
+  uint32_t* b = BBuf((size_t)((N + 15) / 16 * 16 * Lp));
+  PairRows(pool, x, K, M, K, a, Lp);
+  PairRows(pool, x2, K2, M, K2, a + Kp, Lp);
+  StripsT(pool, w, b, Lp * 16);
+  StripsT(pool, w2, b + Kp * 16, Lp * 16);
+  PairGemm(pool, y, N, M, N, Lp, a, b, accumulate);
+}
+
+// dx (M, K) (=, +=) dy . W + dy2 . W2, W (N, K), W2 (N2, K): one inner dimension of (N + 1) / 2 + (N2 + 1) / 2
+// pairs, as TrainForwardPlus.
+void TrainBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
+                            const float* dy2, const Tensor& w2, bool accumulate) {
+  const int64_t N = w.shape[0], K = w.shape[1], N2 = w2.shape[0], Np = (N + 1) / 2, Lp = Np + (N2 + 1) / 2;
+  LATHE_CHECK(w2.shape[1] == K);
+  uint32_t* a = ABuf((size_t)(M * Lp));
+  uint32_t* b = BBuf((size_t)((K + 15) / 16 * 16 * Lp));
+  PairRows(pool, dy, N, M, N, a, Lp);
+  PairRows(pool, dy2, N2, M, N2, a + Np, Lp);
+  StripsRows(pool, w, b, Lp * 16);
+  StripsRows(pool, w2, b + Np * 16, Lp * 16);
+  PairGemm(pool, dx, K, M, K, Lp, a, b, accumulate);
+}
+
 // y (M, N) (=, +=) x . W^T, W (N, K) f32 or bf16 holding bf16 values.
 void TrainForward(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate) {
   const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2;

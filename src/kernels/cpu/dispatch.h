@@ -193,6 +193,11 @@ void TrainForward(ThreadPool& pool, float* y, const float* x, int64_t M, const T
 void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, bool accumulate);
 void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const float* x, int64_t M, int64_t N,
                          int64_t K);
+// kernels::LinearForwardBf16Plus / MatMulBackwardInputBf16Plus.
+void TrainForwardPlus(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, const float* x2,
+                      const Tensor& w2, bool accumulate);
+void TrainBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
+                            const float* dy2, const Tensor& w2, bool accumulate);
 // The loss's logits^T (V, n) = W . x^T for a bf16 head W (V, C), C even (x rounded to bf16 as packed).
 void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n);
 // dw (V, C) += dyT . x, dyT (V, n) (rounded to bf16 as packed), x (n, C): the loss's head gradient.

@@ -302,6 +302,18 @@ void MatMulBackwardInputBf16(ThreadPool& pool, float* dx, const float* dy, int64
   cpu::avx512bf16::TrainBackwardInput(pool, dx, dy, M, w, accumulate);
 }
 
+void LinearForwardBf16Plus(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, const float* x2,
+                           const Tensor& w2, bool accumulate) {
+  LATHE_CHECK(UsesBf16Dot() && w.ndim() == 2 && w2.ndim() == 2);
+  cpu::avx512bf16::TrainForwardPlus(pool, y, x, M, w, x2, w2, accumulate);
+}
+
+void MatMulBackwardInputBf16Plus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
+                                 const float* dy2, const Tensor& w2, bool accumulate) {
+  LATHE_CHECK(UsesBf16Dot() && w.ndim() == 2 && w2.ndim() == 2);
+  cpu::avx512bf16::TrainBackwardInputPlus(pool, dx, dy, M, w, dy2, w2, accumulate);
+}
+
 void MatMulBackwardWeightBf16(ThreadPool& pool, float* dw_accum, const float* dy, const float* x, int64_t M,
                               int64_t N, int64_t K) {
   LATHE_CHECK(UsesBf16Dot());
