@@ -94,34 +94,33 @@ void StripsRows(ThreadPool& pool, const Tensor& w, uint32_t* out, int64_t sstrid
   }
 }
 
-// y (M, N) (=, +=) x . W^T + x2 . W2^T, W (N, K), W2 (N, K2): one inner dimension of (K + 1) / 2 + (K2 + 1) / 2
-// pairs, x's then x2's in each A row and W's then W2's in each strip.
-void TrainForwardPlus(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, const float* x2,
-                      const Tensor& w2, bool accumulate) {
-  const int64_t N = w.shape[0], K = w.shape[1], K2 = w2.shape[1], Kp = (K + 1) / 2, Lp = Kp + (K2 + 1) / 2;
-  LATHE_CHECK(w2.shape[0] == N);
+// c (M, Kd) (=, +=) [a1 | a2] . [B1 ; B2]: one inner dimension of (L1 + 1) / 2 + (L2 + 1) / 2 pairs, a1's
+// then a2's in each A row, w1's then w2's in each B strip (`strips`: StripsT or StripsRows).
+template <typename Strips>
+void ConcatPairGemm(ThreadPool& pool, float* c, int64_t M, int64_t Kd, const float* a1, int64_t L1, const float* a2,
+                    int64_t L2, const Tensor& w1, const Tensor& w2, Strips strips, bool accumulate) {
+  const int64_t L1p = (L1 + 1) / 2, Lp = L1p + (L2 + 1) / 2;
   uint32_t* a = ABuf((size_t)(M * Lp));
-  uint32_t* b = BBuf((size_t)((N + 15) / 16 * 16 * Lp));
-  PairRows(pool, x, K, M, K, a, Lp);
-  PairRows(pool, x2, K2, M, K2, a + Kp, Lp);
-  StripsT(pool, w, b, Lp * 16);
-  StripsT(pool, w2, b + Kp * 16, Lp * 16);
-  PairGemm(pool, y, N, M, N, Lp, a, b, accumulate);
+  uint32_t* b = BBuf((size_t)((Kd + 15) / 16 * 16 * Lp));
+  PairRows(pool, a1, L1, M, L1, a, Lp);
+  PairRows(pool, a2, L2, M, L2, a + L1p, Lp);
+  strips(pool, w1, b, Lp * 16);
+  strips(pool, w2, b + L1p * 16, Lp * 16);
+  PairGemm(pool, c, Kd, M, Kd, Lp, a, b, accumulate);
 }
 
-// dx (M, K) (=, +=) dy . W + dy2 . W2, W (N, K), W2 (N2, K): one inner dimension of (N + 1) / 2 + (N2 + 1) / 2
-// pairs, as TrainForwardPlus.
+// y (M, N) (=, +=) x . W^T + x2 . W2^T, W (N, K), W2 (N, K2).
+void TrainForwardPlus(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, const float* x2,
+                      const Tensor& w2, bool accumulate) {
+  LATHE_CHECK(w2.shape[0] == w.shape[0]);
+  ConcatPairGemm(pool, y, M, w.shape[0], x, w.shape[1], x2, w2.shape[1], w, w2, StripsT, accumulate);
+}
+
+// dx (M, K) (=, +=) dy . W + dy2 . W2, W (N, K), W2 (N2, K).
 void TrainBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
                             const float* dy2, const Tensor& w2, bool accumulate) {
-  const int64_t N = w.shape[0], K = w.shape[1], N2 = w2.shape[0], Np = (N + 1) / 2, Lp = Np + (N2 + 1) / 2;
-  LATHE_CHECK(w2.shape[1] == K);
-  uint32_t* a = ABuf((size_t)(M * Lp));
-  uint32_t* b = BBuf((size_t)((K + 15) / 16 * 16 * Lp));
-  PairRows(pool, dy, N, M, N, a, Lp);
-  PairRows(pool, dy2, N2, M, N2, a + Np, Lp);
-  StripsRows(pool, w, b, Lp * 16);
-  StripsRows(pool, w2, b + Np * 16, Lp * 16);
-  PairGemm(pool, dx, K, M, K, Lp, a, b, accumulate);
+  LATHE_CHECK(w2.shape[1] == w.shape[1]);
+  ConcatPairGemm(pool, dx, M, w.shape[1], dy, w.shape[0], dy2, w2.shape[0], w, w2, StripsRows, accumulate);
 }
 
 // y (M, N) (=, +=) x . W^T, W (N, K) f32 or bf16 holding bf16 values.
