@@ -709,6 +709,15 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   });
 }
 
+// out = a + b elementwise (out may be a): a copy and kernels::Axpy(1), which rounds 1 * b + a exactly as b + a,
+// vectorized where a plain loop would not be (the build's -fno-strict-aliasing keeps GCC from it).
+void RowGroupWorker::Residual(float* out, const float* a, const float* b, int64_t n) {
+  Par(n, 4096, [&](int64_t s, int64_t e, int) {
+    if (out != a) std::memcpy(out + s, a + s, sizeof(float) * (e - s));
+    kernels::Axpy(out + s, 1.0f, b + s, e - s);
+  });
+}
+
 void RowGroupWorker::SwiGluH(const Acts& a) {
   ScopedOp op(opt_.profiler, "swiglu_fwd", 0, 12.0 * N_ * c_.ffn_dim);
   float* h = h_.data();
@@ -754,9 +763,7 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   const float* so = scratch_out_.data();
   {
     ScopedOp res_op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
-    Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) xm[i] = x_in[i] + so[i];
-    });
+    Residual(xm, x_in, so, N * dim);
   }
   RmsFwd(xn, a.rstd2.data(), xm, Ly.n2.w);
   LinForward(Ly.lin[(int)M::kGate], xn, a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
@@ -765,9 +772,7 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   LinForward(Ly.lin[(int)M::kDown], h_.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
              train);
   ScopedOp res_op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
-  Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) x_out[i] = xm[i] + so[i];
-  });
+  Residual(x_out, xm, so, N * dim);
 }
 
 void RowGroupWorker::Forward(bool train) {
@@ -826,9 +831,7 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   const float* dt = dtmp_.data();
   {
     ScopedOp op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
-    Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) dr[i] += dt[i];
-    });
+    Residual(dr, dr, dt, N * dim);
   }
   // Attention: xmid = x_in + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
   d_att_.resize(N * qd);
@@ -868,9 +871,7 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   if (!dxn) return;
   RmsBwd(dtmp_.data(), Ly.n1.g, dxn_.data(), &res_[l * N * dim], Ly.n1.w, a.rstd1.data());
   ScopedOp res_op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
-  Par(N * dim, 4096, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) dr[i] += dt[i];
-  });
+  Residual(dr, dr, dt, N * dim);
 }
 
 namespace {

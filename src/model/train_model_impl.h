@@ -144,6 +144,7 @@ class RowGroupWorker {
   void BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train);
   void BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx);
   void SwiGluH(const Acts& a);  // h_ = swiglu(a.gate, a.up)
+  void Residual(float* out, const float* a, const float* b, int64_t n);  // out = a + b (out may be a)
   // bf16 mode's products of a decoder linear on vdpbf16ps (kernels::LinearForwardBf16 and the backward
   // forms): where the CPU has it (UsesBf16Dot) and W is f32 or bf16 (quantized bases keep their kernels).
   bool Bf16Dot(const Tensor& w) const {
