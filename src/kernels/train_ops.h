@@ -242,8 +242,9 @@ void FlashAttentionBackward(ThreadPool& pool,
 // bf16 mixed precision (REQUIRES UsesBf16Dot()): the same attention with its six products on vdpbf16ps,
 // as autocast runs SDPA on bf16 q / k / v: q, k, v and dout rounded to bf16 (round to nearest even), the
 // probabilities P and the score gradient dS rounded to bf16 before the products that take them, every
-// product summed in f32; scores scaled in f32 after their product; the softmax, its row terms and the
-// outputs stay f32. Same tasks and order as the f32 form: the result does not depend on the thread count.
+// product summed in f32; scores scaled in f32 after their product; the softmax and the outputs stay f32, the
+// backward's row term is delta = bf16(dout) . out (the dO the products take, so a row's dS sums to zero).
+// Same tasks and order as the f32 form: the result does not depend on the thread count.
 void FlashAttentionForwardBf16(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,
                                const int32_t* segment_ids, int64_t T, int n_head, int n_kv_head, int head_dim,
                                float scale, int64_t window = 0);

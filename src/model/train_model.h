@@ -105,13 +105,13 @@ struct TrainModelOptions {
 // on vdpbf16ps. A trained head (full, bf16 shadow) is kept this way too, packed again at every ForwardBackward
 // (~4 bytes moved per head element, against 6 * tokens flops per element for the loss).
 constexpr int64_t kMaxPackedHeadBytes = (int64_t)256 << 20;
-// LoRA / freeze in bf16 mode on the bf16 dot product (bf16_dot) with an f32 frozen head (even dim, base not
-// quantized): TrainModel keeps a bf16 copy of the head (2 * vocab * dim bytes) that the loss takes instead,
-// as autocast casts it; it is then packed as bf16 pairs (PackedHeadBytes with bf16_pairs).
 // Whether trainable decoder linears and LoRA pairs keep 2-byte shadows (refreshed every step) in reduced
 // precision: fp16 mode, and bf16 mode where the CPU lacks the bf16 dot product (the f32 GEMM converts bf16
 // weights per panel). On the bf16 dot product the kernels round the f32 masters as they pack them.
 bool LinearShadows(bool bf16, bool fp16);
+// LoRA / freeze in bf16 mode on the bf16 dot product (bf16_dot) with an f32 frozen head (even dim, base not
+// quantized): TrainModel keeps a bf16 copy of the head (2 * vocab * dim bytes) that the loss takes instead,
+// as autocast casts it; it is then packed as bf16 pairs (PackedHeadBytes with bf16_pairs).
 bool FrozenHeadAsBf16(bool bf16_dot, bool full, DType head_dtype, int64_t dim, bool quantized_base);
 int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs = false);
 
