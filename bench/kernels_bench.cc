@@ -361,6 +361,47 @@ void BM_TrainGemm(benchmark::State& state, int kind, Shape s, int64_t kTrainM, i
       benchmark::Counter(2.0 * kTrainM * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// One training step's decoder-linear products in bf16 mode, as the trainer runs them for one 512-token row
+// group: every linear of SmolLM2-135M's 30 layers (q, k, v, o, gate, up, down) with its own f32 master W
+// and f32 gradient (850 MB together, so W and dW come from DRAM as in training), kind 0 = y = x W^T,
+// 1 = dx = dy W, 2 = dW += dy^T x. Operand packing is included, as in the trainer's per-op times.
+void BM_TrainBf16Linears(benchmark::State& state, int kind, int threads) {
+  ThreadPool pool(threads);
+  constexpr int kLayers = 30;
+  const Shape per_layer[] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};
+  std::vector<std::vector<float>> ws, gs;
+  std::vector<Tensor> ts;
+  double flops = 0;
+  for (int l = 0; l < kLayers; ++l)
+    for (Shape s : per_layer) {
+      ws.push_back(RandomFloats(s.N * s.K, (uint32_t)ws.size() + 7));
+      gs.emplace_back(s.N * s.K, 0.0f);
+      Tensor t;
+      t.data = (void*)ws.back().data();
+      t.dtype = DType::kF32;
+      t.shape = {s.N, s.K};
+      ts.push_back(t);
+      flops += 2.0 * kPrefillM * s.N * s.K;
+    }
+  std::vector<float> a = RandomFloats(kPrefillM * 1536, 3), b = RandomFloats(kPrefillM * 1536, 4);
+  kernels::RoundToBf16(a.data(), a.data(), (int64_t)a.size());
+  kernels::RoundToBf16(b.data(), b.data(), (int64_t)b.size());
+  std::vector<float> o(kPrefillM * 1536);
+  for (auto _ : state) {
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const Tensor& w = ts[i];
+      if (kind == 0)
+        kernels::LinearForwardBf16(pool, o.data(), a.data(), kPrefillM, w);
+      else if (kind == 1)
+        kernels::MatMulBackwardInputBf16(pool, o.data(), a.data(), kPrefillM, w);
+      else
+        kernels::MatMulBackwardWeightBf16(pool, gs[i].data(), a.data(), b.data(), kPrefillM, w.shape[0], w.shape[1]);
+    }
+    benchmark::DoNotOptimize(o.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
 std::string Name(const char* kind, const std::string& what, Shape s, int threads) {
   std::string n = std::string(kind) + "/" + what + "/" + std::to_string(s.N) + "x" + std::to_string(s.K);
   if (threads > 0) n += "/threads:" + std::to_string(threads);
@@ -462,6 +503,15 @@ void RegisterAll() {
                                        .c_str(),
                                    BM_PagedAttention, n_pos, old_path)
           ->UseRealTime();
+  if (UsesBf16Dot())
+    for (int kind : {0, 1, 2})
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark((std::string("train_bf16_step/") + (kind == 0 ? "fwd" : kind == 1 ? "bwd_input" : "bwd_weight") +
+                                      "/M:512/threads:" + std::to_string(threads))
+                                         .c_str(),
+                                     BM_TrainBf16Linears, kind, threads)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
   for (bool backward : {false, true})
     for (bool bf16 : {false, true}) {
       if (bf16 && !UsesBf16Dot()) continue;

@@ -387,7 +387,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // buffers of the calling thread (bf16dot_avx512bf16.cc): A (R x L/2 dwords; the head's own rows are
   // read in place) and B (Kd rounded to 16 x L/2 dwords), each the largest of the step's products.
   if (s.precision == "bf16" && UsesBf16Dot()) {
-    double pa = 0, pb = 0;
+    double pa = 0, pb = 0, ct = 0;
     // extra: a second product's inner dimension summed in the same pairs (LoRA's rank r in the base product).
     auto pair_gemm = [&](double R, double Kd, double L, double extra = 0) {
       const double pairs = std::ceil(L / 2) + std::ceil(extra / 2);
@@ -401,6 +401,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
         pair_gemm(N, l.out, l.in, targeted ? r : 0);
         pair_gemm(N, l.in, l.out, targeted ? r : 0);
         if (!lora) pair_gemm(l.out, l.in, N);
+        if (targeted) {
+          pair_gemm(r, l.in, N);   // A's gradient
+          pair_gemm(r, l.out, N);  // B's, transposed: (r, out) += (x A^T)^T dY, plus that (r, out) block in f32
+          ct = std::max(ct, (double)r * l.out);
+        }
       }
     }
     if ((!lora || s.base_dtype == DType::kBF16 || head_copy) && dim % 2 == 0) {
@@ -411,8 +416,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       if ((s.method == "full" || s.base_dtype == DType::kBF16 || head_copy) && s.base_quant == "none")
         pa = std::max(pa, chunk * std::ceil((double)V / 2));
     }
-    add("temporary", W * 4 * (pa + pb),
-        StrFormat("bf16 dot product's operand pairs: %.0f + %.0f dwords (the step's largest products)%s", pa, pb,
+    add("temporary", W * 4 * (pa + pb + ct),
+        StrFormat("bf16 dot product's operand pairs: %.0f + %.0f dwords (the step's largest products)%s%s", pa, pb,
+                  ct > 0 ? StrFormat(", LoRA B's gradient transposed: %.0f floats", ct).c_str() : "",
                   per_worker.c_str()));
   }
   // Per thread: the GEMM's conversion / few-rows B strips and A tiles (train_matmul.cc), 96 x 128

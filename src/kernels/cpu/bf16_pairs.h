@@ -28,6 +28,13 @@ void Tile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, in
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int s = 0; s < S; ++s) acc[r][s] = _mm512_setzero_ps();
+  // C's lines are fetched while the products run: an accumulated C (a weight gradient) is usually in DRAM.
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) _mm_prefetch((const char*)(c + r * ldc + 16 * s), _MM_HINT_T0);
+    _mm_prefetch((const char*)(c + r * ldc + 16 * S - 1), _MM_HINT_T0);
+  }
   for (int64_t p = 0; p < np; ++p) {
     __m512bh bv[S];
 #pragma GCC unroll 16
@@ -102,10 +109,11 @@ inline void PairRows(ThreadPool& pool, const float* a, int64_t lda, int64_t R, i
   }, 2.0 * R * L);
 }
 
-// Pairs of two rows (f32 holding bf16 values, or bf16): out[k] = (r0[k], r1[k]) for k < n; r1 null (the
+// Pairs of two rows (f32 holding bf16 values, or bf16): (r0[k], r1[k]) for k < n, 0 past n (up to the next
+// multiple of 16), columns k .. k + 15 at out + (k / 16) * ostride (one pair of each of 16 strips); r1 null (the
 // missing row of an odd count) gives 0.
 template <typename T>
-void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out) {
+void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out, int64_t ostride) {
   for (int64_t k = 0; k < n; k += 16) {
     const __mmask16 m = (__mmask16)(n - k >= 16 ? 0xffff : (1u << (n - k)) - 1);
     __m256i lo, hi = _mm256_setzero_si256();
@@ -117,7 +125,7 @@ void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out) {
       if (r1) hi = _mm256_maskz_loadu_epi16(m, r1 + k);
     }
     const __m512i d = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
-    _mm512_mask_storeu_epi32(out + k, m, d);
+    _mm512_storeu_si512(out + (k / 16) * ostride, d);
   }
 }
 
@@ -160,14 +168,11 @@ inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, 
 template <typename T>
 void PairStripsRows(ThreadPool& pool, const T* m, int64_t ldm, int64_t L, int64_t Kd, uint32_t* out,
                     int64_t sstride = 0) {
-  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16, ss = sstride > 0 ? sstride : Lp * 16;
+  const int64_t Lp = (L + 1) / 2, ss = sstride > 0 ? sstride : Lp * 16;
   pool.ParallelFor(Lp, 8, [&](int64_t b, int64_t e, int) {
-    std::vector<uint32_t> row((size_t)n_strips * 16, 0);
     for (int64_t p = b; p < e; ++p) {
       const T* r1 = 2 * p + 1 < L ? m + (2 * p + 1) * ldm : nullptr;
-      PairTwoRows<T>(m + 2 * p * ldm, r1, Kd, row.data());
-      for (int64_t s = 0; s < n_strips; ++s)
-        std::memcpy(out + s * ss + p * 16, row.data() + 16 * s, sizeof(uint32_t) * 16);
+      PairTwoRows<T>(m + 2 * p * ldm, r1, Kd, out + p * 16, ss);
     }
   }, 2.0 * L * Kd);
 }

@@ -153,10 +153,47 @@ void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M,
   PairGemm(pool, dx, K, M, K, Np, a, b, accumulate);
 }
 
-// dw (N, K) += dy^T . x, dy (M, N), x (M, K).
+// d (cols, rows) = s^T for s (rows, cols), row strides lds / ldd, in 16 x 16 register blocks (edges masked).
+void TransposeF32(const float* s, int64_t rows, int64_t cols, int64_t lds, float* d, int64_t ldd) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 16) {
+    const int64_t ni = std::min<int64_t>(16, rows - i0);
+    const __mmask16 im = (__mmask16)(ni >= 16 ? 0xffff : (1u << ni) - 1);
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      const int64_t nj = std::min<int64_t>(16, cols - j0);
+      const __mmask16 jm = (__mmask16)(nj >= 16 ? 0xffff : (1u << nj) - 1);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int64_t i = 0; i < 16; ++i)
+        r[i] = i < ni ? _mm512_maskz_loadu_ps(jm, s + (i0 + i) * lds + j0) : _mm512_setzero_ps();
+      Transpose16(r);
+      for (int64_t j = 0; j < nj; ++j) _mm512_mask_storeu_ps(d + (j0 + j) * ldd + i0, im, r[j]);
+    }
+  }
+}
+
+float* CBuf(size_t n) {
+  static thread_local std::vector<float> buf;
+  return Scratch(buf, n);
+}
+
+// dw (N, K) += dy^T . x, dy (M, N), x (M, K). A narrow dw (LoRA's B: K = r) runs as dw^T (K, N) += x^T . dy:
+// x^T's pairs are K short rows, dy goes into pair strips along M as it is (no transpose of the large operand)
+// and the tile spans N instead of K. Per element the same chain over the same pairs (each pair's products
+// a b = b a exactly, the chunks added in the same order onto the same start), so the same bits.
 void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const float* x, int64_t M, int64_t N,
                          int64_t K) {
   const int64_t Mp = (M + 1) / 2;
+  if (K <= 16 * kS && N > 2 * K) {
+    float* ct = CBuf((size_t)(K * N));
+    TransposeF32(dw, N, K, K, ct, N);
+    uint32_t* a = ABuf((size_t)(K * Mp));
+    uint32_t* b = BBuf((size_t)((N + 15) / 16 * 16 * Mp));
+    PairRowsT(pool, x, K, M, K, a);
+    PairStripsRows<float>(pool, dy, N, M, N, b);
+    PairGemm(pool, ct, N, K, N, Mp, a, b, /*accumulate=*/true);
+    TransposeF32(ct, K, N, N, dw, K);
+    return;
+  }
   uint32_t* a = ABuf((size_t)(N * Mp));
   uint32_t* b = BBuf((size_t)((K + 15) / 16 * 16 * Mp));
   PairRowsT(pool, dy, N, M, N, a);
