@@ -64,9 +64,10 @@ float* TrainModelImpl::NewGrad(int64_t n) {
 }
 
 // madvise over the whole 4 KiB pages inside [p, p + n) (none if the buffer spans no whole page).
-static void AdviseWholePages(float* p, int64_t n, int advice) {
+// Returns the bytes advised (0 if madvise failed).
+static int64_t AdviseWholePages(float* p, int64_t n, int advice) {
   const uintptr_t page = 4096, b = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)(p + n)) & ~(page - 1);
-  if (e > b) madvise((void*)b, e - b, advice);
+  return e > b && madvise((void*)b, e - b, advice) == 0 ? (int64_t)(e - b) : 0;
 }
 
 // Makes a gradient's whole pages resident and writable before a kernel read-modify-writes it. After
@@ -124,6 +125,25 @@ float* TrainModelImpl::MasterOf(const Tensor& t) {
   return m;
 }
 
+void TrainModelImpl::FrozenCopy(Lin& L) {
+  const size_t bytes = L.base.nbytes();
+  const bool file = InReadOnlyFileMapping(L.base.data, bytes);
+  // In place: the caller handed the weights over; LoRA never reads a frozen base again (freeze saves its
+  // frozen layers from the base, so only a file mapping, re-read on access, may go there).
+  if (!file && !(in_place_ && opt_.method == FinetuneMethod::kLora)) return;
+  const float* src = L.base.as<float>();
+  const int64_t n = L.out * L.in;
+  L.w16.resize(n);
+  Par(n, 1 << 14, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) L.w16[i] = F32ToBF16(src[i]);
+  });
+  if (file) {
+    base_released_ += (int64_t)DropFilePages(L.base.data, bytes);
+  } else {
+    base_released_ += AdviseWholePages(const_cast<float*>(src), n, MADV_DONTNEED);
+  }
+}
+
 static Tensor F32View(const float* p, std::vector<int64_t> shape) {
   Tensor t;
   t.data = p;
@@ -152,6 +172,8 @@ void TrainModelImpl::SetEff(Lin& L) {
       L.w16.resize(L.out * L.in);
       L.eff = Bf16View(L.w16, {L.out, L.in}, opt_.fp16);
     }
+  } else if (!L.w16.empty()) {
+    L.eff = Bf16View(L.w16, {L.out, L.in});  // a frozen f32 linear's bf16 copy (FrozenLinearsAsBf16)
   } else {
     L.eff = L.base;
   }
@@ -209,6 +231,9 @@ Status TrainModelImpl::Init() {
     embed_eff_ = base_.tok_embd;
   }
 
+  for (const LayerWeights& W : base_.layers)
+    for (const Tensor* t : {&W.wq, &W.wk, &W.wv, &W.wo, &W.w_gate, &W.w_up, &W.w_down})
+      quantized_base_ = quantized_base_ || IsPackedQuant(t->dtype);
   layers_.resize(c.n_layers);
   lowest_trainable_layer_ = c.n_layers;
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -260,6 +285,7 @@ Status TrainModelImpl::Init() {
         AddParam(pk + ".lora_A.weight", {p.r, p.in}, p.a, p.ga, true);
         AddParam(pk + ".lora_B.weight", {p.out, p.r}, p.b, p.gb, true);
       }
+      if (!L.master && FrozenLinearsAsBf16(opt_.bf16 && UsesBf16Dot(), L.base.dtype, quantized_base_)) FrozenCopy(L);
       SetEff(L);
       if (L.master || L.lora.on) Ly.trainable = true;
     }
@@ -310,8 +336,6 @@ Status TrainModelImpl::Init() {
       pos_cos_[p * half + i] = (float)std::cos((double)angle);
       pos_sin_[p * half + i] = (float)std::sin((double)angle);
     }
-  for (const Layer& Ly : layers_)
-    for (const Lin& L : Ly.lin) quantized_base_ = quantized_base_ || IsPackedQuant(L.base.dtype);
   if (FrozenHeadAsBf16(opt_.bf16 && UsesBf16Dot(), full, head_eff_.dtype, c.dim, quantized_base_)) {
     // bf16 mode with a frozen f32 head: the loss takes it as bf16, as autocast casts it, so its logits and dx
     // run on vdpbf16ps like a bf16 head's (a copy plus its pairs, the bytes of the f32 pack it replaces).
@@ -1112,6 +1136,10 @@ bool FrozenHeadAsBf16(bool bf16_dot, bool full, DType head_dtype, int64_t dim, b
   return bf16_dot && !full && head_dtype == DType::kF32 && dim % 2 == 0 && !quantized_base;
 }
 
+bool FrozenLinearsAsBf16(bool bf16_dot, DType base_dtype, bool quantized_base) {
+  return bf16_dot && base_dtype == DType::kF32 && !quantized_base;
+}
+
 int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs) {
   const int64_t bytes =
       bf16_pairs ? kernels::PackedBackwardBPairBytes(vocab, dim) : kernels::PackedBackwardBBytes(vocab, dim);
@@ -1154,12 +1182,16 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
   for (const std::vector<float>& v : storage_) storage += cap(v);
   for (const TrainableTensor& t : params_) m.gradients += t.n * (int64_t)sizeof(float);
   for (const Layer& Ly : layers_)
-    for (const Lin& L : Ly.lin) shadows += cap(L.w16) + cap(L.lora.a16) + cap(L.lora.b16);
+    for (const Lin& L : Ly.lin) shadows += (L.master ? cap(L.w16) : 0) + cap(L.lora.a16) + cap(L.lora.b16);
   if (head_master_) shadows += cap(head16_);
   // storage_ holds the f32 masters (MasterCopy, LoRA A/B), grads_ the gradients.
   (opt_.method == FinetuneMethod::kLora ? m.lora : m.weights) = storage + shadows + in_place_bytes_;
   m.weights += cap(head_packed_.data) + (int64_t)head_packed_.pairs.capacity() * 4;  // a copy of a frozen base tensor
   if (!head_master_) m.weights += cap(head16_);  // a frozen f32 head's bf16 copy (FrozenHeadAsBf16)
+  for (const Layer& Ly : layers_)
+    for (const Lin& L : Ly.lin)
+      if (!L.master) m.frozen_copies += cap(L.w16);  // frozen f32 linears' bf16 copies (FrozenLinearsAsBf16)
+  m.weights += m.frozen_copies;
   for (const auto& w : workers_) w->AddAllocatedBytes(m);
   m.activations += cap(embed_rows_);
   for (const auto* v : {&inv_freq_, &pos_cos_, &pos_sin_}) m.temporary += cap(*v);

@@ -113,6 +113,13 @@ bool LinearShadows(bool bf16, bool fp16);
 // quantized): TrainModel keeps a bf16 copy of the head (2 * vocab * dim bytes) that the loss takes instead,
 // as autocast casts it; it is then packed as bf16 pairs (PackedHeadBytes with bf16_pairs).
 bool FrozenHeadAsBf16(bool bf16_dot, bool full, DType head_dtype, int64_t dim, bool quantized_base);
+// LoRA / freeze in bf16 mode on the bf16 dot product (bf16_dot) over an f32 base (not quantized): each frozen
+// decoder linear whose f32 pages TrainModel can give back (a read-only file mapping, re-read from the file if
+// touched again; or CreateInPlace's handed-over weights under LoRA) is kept as a bf16 copy instead (2 bytes
+// per param, the f32 pages dropped): the bits the kernels would round it to as they pack it, as autocast
+// casts it, so results are unchanged, the packing reads half the bytes and converts nothing. A linear whose
+// pages cannot be given back stays f32 (rounded at every pack), so no run holds both.
+bool FrozenLinearsAsBf16(bool bf16_dot, DType base_dtype, bool quantized_base);
 int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs = false);
 
 // Bytes the model holds now, by memory-plan category (vector capacities; base weights excluded:
@@ -123,9 +130,10 @@ int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool qu
 // base_released: bytes of the base weights (as stored) to take off the base's count: trainable
 // tensors whose file pages were dropped after their f32 copy, and those trained in place (counted
 // in weights instead, as the masters they are).
+// frozen_copies: the bf16 copies of frozen f32 linears (FrozenLinearsAsBf16), counted in weights too.
 struct TrainMemory {
   int64_t weights = 0, lora = 0, gradients = 0, activations = 0, temporary = 0;
-  int64_t base_released = 0;
+  int64_t base_released = 0, frozen_copies = 0;
 };
 
 // An RMSNorm weight gradient is summed over a group's tokens in this many contiguous parts (one

@@ -34,7 +34,7 @@ struct Lin {
   float* master = nullptr;     // f32 copy when trainable (full / freeze), else null
   float* grad = nullptr;
   Tensor eff;                  // what the matmuls read: base, master view or bf16 shadow
-  std::vector<uint16_t> w16;   // bf16 shadow
+  std::vector<uint16_t> w16;   // bf16 shadow of the master, or a frozen f32 base's bf16 copy
   const float* bias = nullptr; // (out) effective bias (base or master), null when absent
   float* gbias = nullptr;
   int64_t in = 0, out = 0;
@@ -252,6 +252,8 @@ class TrainModelImpl final : public TrainModel {
   // The f32 master of a trainable base tensor: the tensor itself (in place) or a MasterCopy, after
   // which the tensor's file pages are dropped. Counts base_released_.
   float* MasterOf(const Tensor& t);
+  // A frozen f32 linear as a bf16 copy (FrozenLinearsAsBf16) when its f32 pages can be given back; drops them.
+  void FrozenCopy(Lin& L);
   Status CheckBatch(const TrainBatch& b) const;
   void RefreshBf16();
   // Packs the head for the loss's input gradient when PackedHeadBytes keeps one (a trained head: again every call).

@@ -179,14 +179,27 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                                  : s.method == "freeze" ? std::min(s.freeze_trainable_layers, L) *
                                                               (LinearParamsPerLayer(c) + 2 * dim + bias_params)
                                                         : 0;
+  // LoRA / freeze over an f32 base on the bf16 dot product: frozen linears as bf16 copies, their f32 pages
+  // dropped (model::FrozenLinearsAsBf16). Only where the base is counted as stored: the other weight lines
+  // below already count every frozen param at 2 B in bf16 mode.
+  const int64_t frozen_linear_params =
+      s.method == "full" ? 0
+                         : (L - (s.method == "freeze" ? std::min(s.freeze_trainable_layers, L) : 0)) * LinearParamsPerLayer(c);
+  const bool frozen_as_bf16 = s.method != "full" && model::FrozenLinearsAsBf16(s.precision == "bf16" && UsesBf16Dot(),
+                                                                                s.base_dtype, s.base_quant != "none");
+  const double frozen_copies = s.base_weight_bytes <= 0 ? 0
+                               : s.frozen_copy_bytes >= 0 ? s.frozen_copy_bytes
+                               : frozen_as_bf16           ? 2.0 * frozen_linear_params
+                                                          : 0;
   if (s.base_weight_bytes > 0) {
     const double released = s.base_released_bytes >= 0 ? s.base_released_bytes
-                                                       : s.base_weight_bytes * base_trainable / (double)P;
+                                                       : s.base_weight_bytes * base_trainable / (double)P +
+                                                             (frozen_copies > 0 ? 4.0 * frozen_linear_params : 0);
     if (released > 0) {
       add("weights", s.base_weight_bytes - released,
           StrFormat("base weights as loaded (stored dtypes, read in place) minus %.0f B of trainable tensors "
-                    "(pages dropped after their f32 copy, or trained in place)",
-                    released));
+                    "(pages dropped after their f32 copy, or trained in place)%s",
+                    released, frozen_copies > 0 ? " and of frozen f32 linears (kept as bf16 copies)" : ""));
     } else {
       add("weights", s.base_weight_bytes, "base weights as loaded (stored dtypes, read in place)");
     }
@@ -205,6 +218,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                   (long long)lin, DTypeName(t), packed / (double)lin, (long long)(P - lin), bf16 ? 2 : 4));
   } else {
     add("weights", P * (bf16 ? 2.0 : 4.0), StrFormat("%lld base params x %d B", (long long)P, bf16 ? 2 : 4));
+  }
+  if (frozen_copies > 0) {
+    add("weights", frozen_copies,
+        StrFormat("frozen f32 decoder linears (%lld params) as bf16 copies for the bf16 dot product, as autocast "
+                  "casts them", (long long)frozen_linear_params));
   }
   int64_t trainable = 0, shadowed = 0;
   const int64_t bias = c.qkv_bias ? qd + 2 * kvd : 0;

@@ -44,6 +44,10 @@ struct TrainSetup {
   double base_released_bytes = -1;    // lathe: >= 0 = of those, the bytes TrainModel made non-
                                       // resident (TrainMemory::base_released); < 0 = assume a
                                       // file-backed base: every trainable tensor's pages dropped
+  double frozen_copy_bytes = -1;      // lathe, with base_weight_bytes: >= 0 = bytes of the frozen f32 linears'
+                                      // bf16 copies TrainModel holds (TrainMemory::frozen_copies, their f32
+                                      // pages in base_released_bytes); < 0 = every frozen one where
+                                      // model::FrozenLinearsAsBf16 (a file-backed base)
   double optimizer_bytes_per_param = -1;  // lathe: >= 0 = the optimizer's own figure
   double baseline_bytes = 0;          // measured process baseline (binary, libraries, tokenizer,
                                       // datasets); a "baseline" line when > 0

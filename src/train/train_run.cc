@@ -202,8 +202,10 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   if (profiler) pool.SetProfiler(profiler.get());
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<model::TrainModel> tm,
                          model::TrainModel::Create(lm.weights, pool, mo));
-  // Full / freeze: the model dropped the file pages of the base tensors it copied to f32 masters.
+  // Full / freeze: the model dropped the file pages of the base tensors it copied to f32 masters; LoRA / freeze
+  // in bf16 mode, those of the frozen f32 linears it keeps as bf16 copies (model::FrozenLinearsAsBf16).
   ts.base_released_bytes = (double)tm->AllocatedBytes().base_released;
+  ts.frozen_copy_bytes = (double)tm->AllocatedBytes().frozen_copies;
   Result<MemoryPlan> memory_plan = PlanTraining(lm.weights.config, ts);
   if (!memory_plan.ok() && o.log) {
     std::fprintf(o.log, "note: no memory plan for this run: %s\n", memory_plan.status().message().c_str());

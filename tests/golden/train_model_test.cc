@@ -681,6 +681,41 @@ TEST(TrainModelMasters, TrainableTensorsHaveOneF32Copy) {
   EXPECT_NE(std::memcmp(anon.tok_embd.data, w->tok_embd.data, w->tok_embd.nbytes()), 0);
 }
 
+// LoRA / freeze in bf16 mode on the bf16 dot product keep each frozen f32 linear of a file-mapped base as a
+// bf16 copy and drop its file pages (FrozenLinearsAsBf16): the kernels round it as they would have rounded it
+// while packing, so loss and gradients are those of the same weights in anonymous memory (kept f32, rounded at
+// every pack). Freeze saves its frozen layers from the base: the dropped pages read back the file's bytes.
+TEST(TrainModelBf16, FrozenF32LinearsAsBf16CopiesGiveTheSameBits) {
+  auto w = LoadBase("llama_gqa_tied");  // f32 safetensors, mmapped
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(InReadOnlyFileMapping(w->layers[0].wq.data, w->layers[0].wq.nbytes()));
+  Fixture f("train_llama_gqa_tied");
+  Batch b = FixtureBatch(f);
+  ThreadPool pool(2);
+  const ModelConfig& c = w->config;
+  const int64_t lin = c.n_layers * (2 * c.dim * c.q_dim() + 2 * c.dim * c.kv_dim() + 3 * c.dim * c.ffn_dim);
+  ModelWeights anon = AnonymousCopy(*w);
+  TrainModelOptions freeze = Full();
+  freeze.method = FinetuneMethod::kFreeze;
+  freeze.freeze_trainable_layers = 1;
+  for (TrainModelOptions o : {Lora(), freeze}) {
+    o.bf16 = true;
+    auto mapped = Make(*w, pool, o), owned = Make(anon, pool, o);
+    NonZeroB(*mapped);
+    NonZeroB(*owned);
+    const int64_t frozen = o.method == FinetuneMethod::kLora ? lin : lin - lin / c.n_layers;
+    EXPECT_EQ(mapped->AllocatedBytes().frozen_copies, UsesBf16Dot() ? 2 * frozen : 0);
+    EXPECT_EQ(owned->AllocatedBytes().frozen_copies, 0);
+    const Grads a = RunSteps(*mapped, {b}, 32), g = RunSteps(*owned, {b}, 32);
+    EXPECT_EQ(a.loss, g.loss);
+    ASSERT_EQ(a.g.size(), g.g.size());
+    for (size_t i = 0; i < a.g.size(); ++i)
+      EXPECT_EQ(std::memcmp(a.g[i].data(), g.g[i].data(), a.g[i].size() * 4), 0) << mapped->params()[i].name;
+  }
+  // The file pages dropped under the copies still read the weights.
+  EXPECT_EQ(std::memcmp(w->layers[0].w_up.data, anon.layers[0].w_up.data, anon.layers[0].w_up.nbytes()), 0);
+}
+
 TEST(TrainModelErrors, BadBatchesAndOptionsAreErrorsNotCrashes) {
   auto w = LoadBase("llama_gqa_tied");
   ASSERT_TRUE(w.ok());
