@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -129,6 +130,18 @@ void LinearForwardBf16Plus(ThreadPool& pool, float* y, const float* x, int64_t M
                            const Tensor& w2, bool accumulate = false);
 void MatMulBackwardInputBf16Plus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
                                  const float* dy2, const Tensor& w2, bool accumulate = false);
+// A LoRA linear without dropout, its rank-r product and the fused one over a single packing of x (dy):
+// forward mid (M, r) = x . A^T, then y (=, +=) x . W^T + second(mid) . B^T; backward dmid (M, r) = dy . B,
+// then dx (=, +=) dy . W + second(dmid) . A. second(mid) gives the rank-r operand (LoRA: scale * the
+// rounded mid; may rewrite mid in place). Bits: mid of LinearForwardBf16 (dmid of MatMulBackwardInputBf16),
+// y of LinearForwardBf16Plus on second(mid) (dx of MatMulBackwardInputBf16Plus). REQUIRES UsesBf16Dot();
+// W (N, K), A (r, K), B (N, r) f32 or bf16.
+void LoraForwardBf16(ThreadPool& pool, float* y, float* mid, const float* x, int64_t M, const Tensor& w,
+                     const Tensor& a, const Tensor& b, const std::function<const float*(float*)>& second,
+                     bool accumulate = false);
+void LoraBackwardInputBf16(ThreadPool& pool, float* dx, float* dmid, const float* dy, int64_t M, const Tensor& w,
+                           const Tensor& b, const Tensor& a, const std::function<const float*(float*)>& second,
+                           bool accumulate = false);
 
 // A weight W (N, K) that does not change between calls (a frozen output head), packed once as the
 // B operand of dX = dY . W: MatMulBackwardInput / CrossEntropyBackward given it skip re-packing W on

@@ -596,9 +596,13 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   if (LoraFused(L)) {
     // LoRA's update inside the base product: y = [x | scale mid] . [W | B]^T, one pass over y.
     const LoraParam& p = L.lora;
-    const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
-    Forward(mid, xd, p.a_eff, false);  // (N, r)
-    kernels::LinearForwardBf16Plus(*pool_, y, x, N, L.eff, ScaledMid(p, mid), p.b_eff);
+    if (train && opt_.lora_dropout > 0) {
+      Forward(mid, Dropped(x, L.in, layer, mod, xd_), p.a_eff, false);  // (N, r)
+      kernels::LinearForwardBf16Plus(*pool_, y, x, N, L.eff, ScaledMid(p, mid), p.b_eff);
+    } else {  // mid = x A^T on the same pairs of x
+      kernels::LoraForwardBf16(*pool_, y, mid, x, N, L.eff, p.a_eff, p.b_eff,
+                               [&](float* m) { return ScaledMid(p, m); });
+    }
     if (L.bias) {
       Par(N, 16, [&](int64_t b, int64_t e, int) {
         for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
@@ -699,20 +703,23 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   // goes on the rank-r side (N x r floats) instead of a pass over dy (N x out).
   WeightGrad(GradB(L, layer, mod), dyr, ScaledMid(p, mid), p.b_eff);
   dmid_.resize(N * p.r);
-  InputGrad(dmid_.data(), dyr, p.b_eff, false);  // (N, r)
-  float* dm = dmid_.data();
-  Par(N, 64, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b * p.r; i < e * p.r; ++i) dm[i] *= p.scale;
-  });
+  const auto scale_dmid = [&](float* dm) {
+    Par(N, 64, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b * p.r; i < e * p.r; ++i) dm[i] *= p.scale;
+    });
+    return dm;
+  };
+  if (fused_dx) {  // dmid = dy B on the same pairs of dy as the fused product
+    kernels::LoraBackwardInputBf16(*pool_, dx, dmid_.data(), dyr, N, L.eff, p.b_eff, p.a_eff, scale_dmid, accumulate);
+  } else {
+    InputGrad(dmid_.data(), dyr, p.b_eff, false);  // (N, r)
+    scale_dmid(dmid_.data());
+  }
   const float* dmr = Bf16Dot(p.a_eff) ? dmid_.data() : Round(dmid_.data(), N * p.r, rmid_);
   const bool drop = opt_.lora_dropout > 0;
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
   WeightGrad(GradA(L, layer, mod), dmr, Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx_), p.a_eff);
-  if (!need_dx) return;
-  if (fused_dx) {
-    kernels::MatMulBackwardInputBf16Plus(*pool_, dx, dyr, N, L.eff, dmr, p.a_eff, accumulate);
-    return;
-  }
+  if (!need_dx || fused_dx) return;
   if (!drop) {
     InputGrad(dx, dmr, p.a_eff, /*accumulate=*/true);
     return;

@@ -563,6 +563,59 @@ TEST(TrainBf16Dot, FusedProductsBitIdenticalToPairReference) {
   }
 }
 
+// LoRA's chained forms (LoraForwardBf16 / LoraBackwardInputBf16: the rank-r product and the fused one over one
+// packing of x / dy) give the bits of the separate calls: mid of LinearForwardBf16 (dmid of
+// MatMulBackwardInputBf16), then the fused product on second(mid); second may rewrite mid in place.
+TEST(TrainBf16Dot, ChainedLoraProductsEqualTheSeparateCalls) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  uint32_t seed = 7500;
+  struct S { int64_t M, N, K, r; };
+  for (S s : {S{9, 33, 37, 5}, S{70, 100, 576, 16}, S{65, 48, 1537, 8}}) {
+    const int64_t M = s.M, N = s.N, K = s.K, r = s.r;
+    const std::vector<float> x = Bf16Values(M * K, seed++), dy = Bf16Values(M * N, seed++);
+    std::vector<float> w = RandomVec(N * K, seed++), aw = RandomVec(r * K, seed++), bw = RandomVec(N * r, seed++);
+    std::vector<uint16_t> w16(N * K);
+    for (int64_t i = 0; i < N * K; ++i) w16[i] = F32ToBF16(w[i]);
+    auto view = [](const void* d, DType t, int64_t rows, int64_t cols) {
+      Tensor v;
+      v.data = d, v.dtype = t, v.shape = {rows, cols};
+      return v;
+    };
+    const Tensor a = view(aw.data(), DType::kF32, r, K), b = view(bw.data(), DType::kF32, N, r);
+    const float scale = 0.75f;
+    std::vector<float> tmp;
+    const auto second = [&](float* m) {  // as the trainer's ScaledMid: scale * bf16(m)
+      tmp.resize(M * r);
+      RoundToBf16(tmp.data(), m, M * r);
+      for (float& v : tmp) v *= scale;
+      return (const float*)tmp.data();
+    };
+    const auto scale_in_place = [&](float* m) {
+      for (int64_t i = 0; i < M * r; ++i) m[i] *= scale;
+      return (const float*)m;
+    };
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      for (const Tensor& wt : {view(w16.data(), DType::kBF16, N, K), view(w.data(), DType::kF32, N, K)})
+        for (bool acc : {false, true}) {
+          const std::vector<float> y0 = RandomVec(M * N, seed), dx0 = RandomVec(M * K, seed + 1);
+          std::vector<float> mid(M * r), y = y0, mid_ref(M * r), y_ref = y0;
+          LoraForwardBf16(pool, y.data(), mid.data(), x.data(), M, wt, a, b, second, acc);
+          LinearForwardBf16(pool, mid_ref.data(), x.data(), M, a);
+          LinearForwardBf16Plus(pool, y_ref.data(), x.data(), M, wt, second(mid_ref.data()), b, acc);
+          ASSERT_EQ(mid, mid_ref) << "mid M=" << M << " threads=" << threads;
+          ASSERT_EQ(y, y_ref) << "y M=" << M << " N=" << N << " K=" << K << " acc=" << acc;
+          std::vector<float> dmid(M * r), dx = dx0, dmid_ref(M * r), dx_ref = dx0;
+          LoraBackwardInputBf16(pool, dx.data(), dmid.data(), dy.data(), M, wt, b, a, scale_in_place, acc);
+          MatMulBackwardInputBf16(pool, dmid_ref.data(), dy.data(), M, b);
+          MatMulBackwardInputBf16Plus(pool, dx_ref.data(), dy.data(), M, wt, scale_in_place(dmid_ref.data()), a, acc);
+          ASSERT_EQ(dmid, dmid_ref) << "dmid M=" << M;
+          ASSERT_EQ(dx, dx_ref) << "dx M=" << M << " N=" << N << " K=" << K << " acc=" << acc;
+        }
+    }
+  }
+}
+
 // The loss over a bf16 head in bf16 mode on vdpbf16ps (CrossEntropy*(..., bf16 = true)): its logits are
 // the pair arithmetic's (Bf16PairsReference on x and the head), so loss and dx equal a double softmax
 // over those logits (up to f32 softmax rounding), and differ from the f32 path's (x not rounded).

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "core/check.h"
@@ -32,8 +33,10 @@ namespace {
 constexpr int64_t kMBlock = 64;  // A rows per task
 
 // C(R, Kd) (=, or += with accumulate) A . B from A as row-major pairs (R x Lp) and B as pair strips.
+// lda: A's row stride in dwords (0: Lp), for an A whose rows hold more pairs than this product sums over.
 void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
-              const uint32_t* b, bool accumulate) {
+              const uint32_t* b, bool accumulate, int64_t lda = 0) {
+  if (lda <= 0) lda = Lp;
   const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
   const int64_t n_groups = (n_strips + kS - 1) / kS, n_mb = (R + kMBlock - 1) / kMBlock;
   const int64_t th = pool.size();
@@ -53,7 +56,7 @@ void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, in
           const uint32_t* bs = b + (s0 * Lp + p0) * 16;
           for (int64_t i = m0; i < m1; i += kR) {
             const int r = (int)std::min<int64_t>(kR, m1 - i);
-            TileFor(r, (int)ns)(a + i * Lp + p0, Lp, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
+            TileFor(r, (int)ns)(a + i * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
                                 p0 == 0 && !accumulate, nc_last);
           }
         }
@@ -107,6 +110,44 @@ void ConcatPairGemm(ThreadPool& pool, float* c, int64_t M, int64_t Kd, const flo
   strips(pool, w1, b, Lp * 16);
   strips(pool, w2, b + L1p * 16, Lp * 16);
   PairGemm(pool, c, Kd, M, Kd, Lp, a, b, accumulate);
+}
+
+// As ConcatPairGemm with a2 made from a1: mid (M, r) = a1 . R first, over the pairs of a1 already packed into
+// A's rows (R as `rstrips` packs rw: r columns of pair strips), then a2 = second(mid) (M x L2, L2 = r).
+template <typename Strips>
+void ConcatPairGemmChained(ThreadPool& pool, float* c, int64_t M, int64_t Kd, const float* a1, int64_t L1,
+                           const Tensor& w1, const Tensor& rw, Strips rstrips, float* mid, int64_t r,
+                           const std::function<const float*(float*)>& second, const Tensor& w2, Strips strips,
+                           bool accumulate) {
+  const int64_t L1p = (L1 + 1) / 2, Lp = L1p + (r + 1) / 2;
+  uint32_t* a = ABuf((size_t)(M * Lp));
+  PairRows(pool, a1, L1, M, L1, a, Lp);
+  uint32_t* rb = BBuf((size_t)((r + 15) / 16 * 16 * L1p));
+  rstrips(pool, rw, rb, L1p * 16);
+  PairGemm(pool, mid, r, M, r, L1p, a, rb, /*accumulate=*/false, Lp);
+  PairRows(pool, second(mid), r, M, r, a + L1p, Lp);
+  uint32_t* b = BBuf((size_t)((Kd + 15) / 16 * 16 * Lp));
+  strips(pool, w1, b, Lp * 16);
+  strips(pool, w2, b + L1p * 16, Lp * 16);
+  PairGemm(pool, c, Kd, M, Kd, Lp, a, b, accumulate);
+}
+
+// mid (M, r) = x . A^T, then y (M, N) (=, +=) x . W^T + second(mid) . B^T; W (N, K), A (r, K), B (N, r).
+void TrainLoraForward(ThreadPool& pool, float* y, float* mid, const float* x, int64_t M, const Tensor& w,
+                      const Tensor& a, const Tensor& b, const std::function<const float*(float*)>& second,
+                      bool accumulate) {
+  LATHE_CHECK(a.shape[1] == w.shape[1] && b.shape[0] == w.shape[0] && b.shape[1] == a.shape[0]);
+  ConcatPairGemmChained(pool, y, M, w.shape[0], x, w.shape[1], w, a, StripsT, mid, a.shape[0], second, b, StripsT,
+                        accumulate);
+}
+
+// dmid (M, r) = dy . B, then dx (M, K) (=, +=) dy . W + second(dmid) . A; W (N, K), B (N, r), A (r, K).
+void TrainLoraBackwardInput(ThreadPool& pool, float* dx, float* dmid, const float* dy, int64_t M, const Tensor& w,
+                            const Tensor& b, const Tensor& a, const std::function<const float*(float*)>& second,
+                            bool accumulate) {
+  LATHE_CHECK(a.shape[1] == w.shape[1] && b.shape[0] == w.shape[0] && b.shape[1] == a.shape[0]);
+  ConcatPairGemmChained(pool, dx, M, w.shape[1], dy, w.shape[0], w, b, StripsRows, dmid, a.shape[0], second, a,
+                        StripsRows, accumulate);
 }
 
 // y (M, N) (=, +=) x . W^T + x2 . W2^T, W (N, K), W2 (N, K2).

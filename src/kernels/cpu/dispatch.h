@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "core/cpu.h"
@@ -198,6 +199,13 @@ void TrainForwardPlus(ThreadPool& pool, float* y, const float* x, int64_t M, con
                       const Tensor& w2, bool accumulate);
 void TrainBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
                             const float* dy2, const Tensor& w2, bool accumulate);
+// kernels::LoraForwardBf16 / LoraBackwardInputBf16.
+void TrainLoraForward(ThreadPool& pool, float* y, float* mid, const float* x, int64_t M, const Tensor& w,
+                      const Tensor& a, const Tensor& b, const std::function<const float*(float*)>& second,
+                      bool accumulate);
+void TrainLoraBackwardInput(ThreadPool& pool, float* dx, float* dmid, const float* dy, int64_t M, const Tensor& w,
+                            const Tensor& b, const Tensor& a, const std::function<const float*(float*)>& second,
+                            bool accumulate);
 // The loss's logits^T (V, n) = W . x^T for a bf16 head W (V, C), C even (x rounded to bf16 as packed).
 void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n);
 // dw (V, C) += dyT . x, dyT (V, n) (rounded to bf16 as packed), x (n, C): the loss's head gradient.

@@ -314,6 +314,20 @@ void MatMulBackwardInputBf16Plus(ThreadPool& pool, float* dx, const float* dy, i
   cpu::avx512bf16::TrainBackwardInputPlus(pool, dx, dy, M, w, dy2, w2, accumulate);
 }
 
+void LoraForwardBf16(ThreadPool& pool, float* y, float* mid, const float* x, int64_t M, const Tensor& w,
+                     const Tensor& a, const Tensor& b, const std::function<const float*(float*)>& second,
+                     bool accumulate) {
+  LATHE_CHECK(UsesBf16Dot() && w.ndim() == 2 && a.ndim() == 2 && b.ndim() == 2);
+  cpu::avx512bf16::TrainLoraForward(pool, y, mid, x, M, w, a, b, second, accumulate);
+}
+
+void LoraBackwardInputBf16(ThreadPool& pool, float* dx, float* dmid, const float* dy, int64_t M, const Tensor& w,
+                           const Tensor& b, const Tensor& a, const std::function<const float*(float*)>& second,
+                           bool accumulate) {
+  LATHE_CHECK(UsesBf16Dot() && w.ndim() == 2 && a.ndim() == 2 && b.ndim() == 2);
+  cpu::avx512bf16::TrainLoraBackwardInput(pool, dx, dmid, dy, M, w, b, a, second, accumulate);
+}
+
 void MatMulBackwardWeightBf16(ThreadPool& pool, float* dw_accum, const float* dy, const float* x, int64_t M,
                               int64_t N, int64_t K) {
   LATHE_CHECK(UsesBf16Dot());
