@@ -167,6 +167,7 @@ int RunChild(model::ModelWeights& w, const RowSpec& row, int threads, int64_t B,
              int64_t optim_resident_mb, int64_t row_group_tokens, int64_t row_group_workers,
              const std::string& profile_path) {
   ThreadPool pool(threads);
+  pool.SetSpinIters(ThreadPool::kTrainSpinIters);  // as `lathe train`
   std::unique_ptr<Profiler> profiler;
   if (!profile_path.empty()) profiler = std::make_unique<Profiler>();
   model::TrainModelOptions o;

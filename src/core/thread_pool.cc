@@ -11,9 +11,6 @@
 
 namespace lathe {
 
-namespace {
-constexpr int kSpinIters = 1 << 13;  // a few tens of microseconds before sleeping
-}
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -54,7 +51,8 @@ void ThreadPool::WorkerLoop(int index) {
   uint32_t seen_wake = 0;
   for (;;) {
     uint32_t w = wake_.load(std::memory_order_acquire);
-    for (int spin = 0; w == seen_wake && spin < kSpinIters; ++spin) {
+    const int spins = spin_iters_.load(std::memory_order_relaxed);
+    for (int spin = 0; w == seen_wake && spin < spins; ++spin) {
       _mm_pause();
       w = wake_.load(std::memory_order_acquire);
     }
@@ -91,7 +89,8 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain, RangeFn fn) {
   RunChunks(gen, 0);
   // Only chunks that a worker claimed can still be running.
   int64_t done = done_chunks_.load(std::memory_order_acquire);
-  for (int spin = 0; done != n_chunks && spin < kSpinIters; ++spin) {
+  const int spins = spin_iters_.load(std::memory_order_relaxed);
+  for (int spin = 0; done != n_chunks && spin < spins; ++spin) {
     _mm_pause();
     done = done_chunks_.load(std::memory_order_acquire);
   }

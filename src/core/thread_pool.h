@@ -38,6 +38,12 @@ class ThreadPool {
   // Records every chunk each thread runs as a "pool_chunk" op (a track per thread in the trace).
   // Not owned; nullptr turns it off. Set it only while no ParallelFor is running.
   void SetProfiler(class Profiler* p) { profiler_ = p; }
+  // Pause-loop iterations an idle worker (and the caller waiting for claimed chunks) spins before it
+  // sleeps on the futex. Longer for training, whose products follow each other with short serial gaps
+  // between them: waking a sleeping worker costs a futex call and, on a VM, a halted vCPU's wake-up.
+  static constexpr int kDefaultSpinIters = 1 << 13;  // a few tens of microseconds
+  static constexpr int kTrainSpinIters = 1 << 16;    // about a millisecond
+  void SetSpinIters(int n) { spin_iters_.store(n < 0 ? 0 : n, std::memory_order_relaxed); }
 
   // Calls fn(begin, end, thread) over [0, n) in chunks of `grain` (the last may be short), on all
   // threads including the caller, and returns when every chunk is done. Not reentrant: fn must not
@@ -75,6 +81,7 @@ class ThreadPool {
   const RangeFn* fn_ = nullptr;
   uint32_t generation_ = 0;  // caller-side copy
   std::atomic<bool> stop_{false};
+  std::atomic<int> spin_iters_{kDefaultSpinIters};
   class Profiler* profiler_ = nullptr;
 };
 

@@ -199,6 +199,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
 
   mo.hand_back_pages = LatheHandsBackPages(ts);  // the plan's overlap line decides the same way
   ThreadPool pool(o.threads);
+  pool.SetSpinIters(ThreadPool::kTrainSpinIters);  // products follow each other with short serial gaps
   if (profiler) pool.SetProfiler(profiler.get());
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<model::TrainModel> tm,
                          model::TrainModel::Create(lm.weights, pool, mo));
