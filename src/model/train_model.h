@@ -129,8 +129,8 @@ int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool qu
 // temporary: backward scratch, RoPE tables, targets.
 // base_released: bytes of the base weights (as stored) to take off the base's count: trainable
 // tensors whose file pages were dropped after their f32 copy, and those trained in place (counted
-// in weights instead, as the masters they are).
-// frozen_copies: the bf16 copies of frozen f32 linears (FrozenLinearsAsBf16), counted in weights too.
+// in weights instead, as the masters they are); frozen f32 linears whose pages were dropped under their
+// bf16 copies. frozen_copies: those copies (FrozenLinearsAsBf16), counted in weights too.
 struct TrainMemory {
   int64_t weights = 0, lora = 0, gradients = 0, activations = 0, temporary = 0;
   int64_t base_released = 0, frozen_copies = 0;

@@ -33,7 +33,7 @@ struct Lin {
   Tensor base;                 // as loaded (never written)
   float* master = nullptr;     // f32 copy when trainable (full / freeze), else null
   float* grad = nullptr;
-  Tensor eff;                  // what the matmuls read: base, master view or bf16 shadow
+  Tensor eff;                  // what the matmuls read: base, master view, bf16 shadow or frozen bf16 copy
   std::vector<uint16_t> w16;   // bf16 shadow of the master, or a frozen f32 base's bf16 copy
   const float* bias = nullptr; // (out) effective bias (base or master), null when absent
   float* gbias = nullptr;
