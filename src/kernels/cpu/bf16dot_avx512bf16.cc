@@ -170,12 +170,7 @@ void TrainForward(ThreadPool& pool, float* y, const float* x, int64_t M, const T
   uint32_t* a = ABuf((size_t)(M * Kp));
   uint32_t* b = BBuf((size_t)((N + 15) / 16 * 16 * Kp));
   PairRows(pool, x, K, M, K, a);
-  if (w.dtype == DType::kBF16) {
-    PairStripsT<uint16_t>(pool, (const uint16_t*)w.data, K, N, K, b);
-  } else {
-    LATHE_CHECK(w.dtype == DType::kF32);
-    PairStripsT<float>(pool, (const float*)w.data, K, N, K, b);
-  }
+  StripsT(pool, w, b, 0);
   PairGemm(pool, y, N, M, N, Kp, a, b, accumulate);
 }
 
@@ -185,12 +180,7 @@ void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M,
   uint32_t* a = ABuf((size_t)(M * Np));
   uint32_t* b = BBuf((size_t)((K + 15) / 16 * 16 * Np));
   PairRows(pool, dy, N, M, N, a);
-  if (w.dtype == DType::kBF16) {
-    PairStripsRows<uint16_t>(pool, (const uint16_t*)w.data, K, N, K, b);
-  } else {
-    LATHE_CHECK(w.dtype == DType::kF32);
-    PairStripsRows<float>(pool, (const float*)w.data, K, N, K, b);
-  }
+  StripsRows(pool, w, b, 0);
   PairGemm(pool, dx, K, M, K, Np, a, b, accumulate);
 }
 
