@@ -45,6 +45,10 @@ void SwiGluBackward(float* dgate,       // (n) overwritten; may alias dout
 // ---- bf16 rounding (mixed precision matmul inputs) ----
 // out[i] = BF16ToF32(F32ToBF16(x[i])): round to nearest even, NaN stays NaN. out may alias x.
 void RoundToBf16(float* out, const float* x, int64_t n);
+// bf16 copies of saved activations (bf16 mode keeps q / k / v / attention output / gate / up that way):
+// out[i] = F32ToBF16(x[i]) (round to nearest even, NaN -> quiet NaN), and back, exactly: out[i] = BF16ToF32(h[i]).
+void ToBf16(uint16_t* out, const float* x, int64_t n);
+void FromBf16(float* out, const uint16_t* h, int64_t n);
 
 // ---- AdamW ----
 // torch.optim.AdamW's single-tensor f32 update of n elements, element by element in torch's order:

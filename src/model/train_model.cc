@@ -87,6 +87,10 @@ static void ReadyToWrite(float* p, int64_t n) {
 // Hands a buffer's whole pages back to the OS (anonymous memory: they read as zero next time);
 // for saved activations whose backward is done, rewritten by the next forward.
 static void DropPages(float* p, int64_t n) { AdviseWholePages(p, n, MADV_DONTNEED); }
+template <class T>
+static void DropPages(std::vector<T>& v) {
+  if (!v.empty()) AdviseWholePages((float*)v.data(), (int64_t)(v.size() * sizeof(T) / sizeof(float)), MADV_DONTNEED);
+}
 
 void TrainModelImpl::AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad,
                               bool decay) {
@@ -389,6 +393,26 @@ RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
   // that layer's own forward then overwrites.
   acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c_.n_layers - lowest_trainable_layer_, 1));
   normdw_.resize((size_t)kNormGradParts * c_.dim);
+  keep16_ = ActivationsAsBf16(opt_.bf16 && UsesBf16Dot());
+}
+
+RowGroupWorker::Work RowGroupWorker::WorkOf(Acts& a) {
+  if (keep16_) return {wq_.data(), wk_.data(), wv_.data(), watt_.data(), wgate_.data(), wup_.data()};
+  return {a.q.data(), a.k.data(), a.v.data(), a.att.data(), a.gate.data(), a.up.data()};
+}
+
+// dst = bf16(src), and src = dst's values too where round_src (one pass, chunk by chunk while it is in cache).
+void RowGroupWorker::Keep16(std::vector<uint16_t>& dst, float* src, int64_t n, bool round_src) {
+  ScopedOp op(opt_.profiler, "acts_to_bf16", 0, (round_src ? 12.0 : 6.0) * n);
+  Par(n, 8192, [&](int64_t b, int64_t e, int) {
+    kernels::ToBf16(dst.data() + b, src + b, e - b);
+    if (round_src) kernels::FromBf16(src + b, dst.data() + b, e - b);
+  });
+}
+
+void RowGroupWorker::Restore16(float* dst, const std::vector<uint16_t>& src) {
+  ScopedOp op(opt_.profiler, "acts_from_bf16", 0, 6.0 * (double)src.size());
+  Par((int64_t)src.size(), 8192, [&](int64_t b, int64_t e, int) { kernels::FromBf16(dst + b, src.data() + b, e - b); });
 }
 
 void RowGroupWorker::UsePrivateGrads() {
@@ -503,17 +527,30 @@ void RowGroupWorker::Prepare(const TrainBatch& b, int64_t row0) {
   }
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.ffn_dim;
   res_.resize((c.n_layers + 1) * N * dim);
+  if (keep16_) {
+    for (auto [w, n] : {std::pair{&wq_, qd}, {&wk_, kvd}, {&wv_, kvd}, {&watt_, qd}, {&wgate_, ffn}, {&wup_, ffn}})
+      w->resize(N * n);
+  }
   for (Acts& a : acts_) {
     a.rstd1.resize(N);
-    a.q.resize(N * qd);
-    a.k.resize(N * kvd);
-    a.v.resize(N * kvd);
-    a.att.resize(N * qd);
     a.lse.resize(N * c.n_heads);
     a.xmid.resize(N * dim);
     a.rstd2.resize(N);
-    a.gate.resize(N * ffn);
-    a.up.resize(N * ffn);
+    if (keep16_) {
+      a.q16.resize(N * qd);
+      a.k16.resize(N * kvd);
+      a.v16.resize(N * kvd);
+      a.att16.resize(N * qd);
+      a.gate16.resize(N * ffn);
+      a.up16.resize(N * ffn);
+    } else {
+      a.q.resize(N * qd);
+      a.k.resize(N * kvd);
+      a.v.resize(N * kvd);
+      a.att.resize(N * qd);
+      a.gate.resize(N * ffn);
+      a.up.resize(N * ffn);
+    }
     if (opt_.method == FinetuneMethod::kLora)
       for (auto& mid : a.mid) mid.resize(N * opt_.lora_rank);
   }
@@ -749,12 +786,10 @@ void RowGroupWorker::Residual(float* out, const float* a, const float* b, int64_
   });
 }
 
-void RowGroupWorker::SwiGluH(const Acts& a) {
+void RowGroupWorker::SwiGluH(const float* gate, const float* up) {
   ScopedOp op(opt_.profiler, "swiglu_fwd", 0, 12.0 * N_ * c_.ffn_dim);
   float* h = h_.data();
-  Par(N_ * c_.ffn_dim, 4096, [&](int64_t b, int64_t e, int) {
-    kernels::SwiGluForward(h + b, a.gate.data() + b, a.up.data() + b, e - b);
-  });
+  Par(N_ * c_.ffn_dim, 4096, [&](int64_t b, int64_t e, int) { kernels::SwiGluForward(h + b, gate + b, up + b, e - b); });
 }
 
 void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train) {
@@ -768,10 +803,11 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   float* xn = xn_.data();
   RmsFwd(xn, a.rstd1.data(), x_in, Ly.n1.w);
   using M = LoraModule;
-  LinForward(Ly.lin[(int)M::kQ], xn, a.q.data(), a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
-  LinForward(Ly.lin[(int)M::kK], xn, a.k.data(), a.mid[(int)M::kK].data(), l, (int)M::kK, train);
-  LinForward(Ly.lin[(int)M::kV], xn, a.v.data(), a.mid[(int)M::kV].data(), l, (int)M::kV, train);
-  float *q = a.q.data(), *k = a.k.data();
+  const Work w = WorkOf(a);
+  LinForward(Ly.lin[(int)M::kQ], xn, w.q, a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
+  LinForward(Ly.lin[(int)M::kK], xn, w.k, a.mid[(int)M::kK].data(), l, (int)M::kK, train);
+  LinForward(Ly.lin[(int)M::kV], xn, w.v, a.mid[(int)M::kV].data(), l, (int)M::kV, train);
+  float *q = w.q, *k = w.k;
   {
     ScopedOp rope_op(opt_.profiler, "rope_fwd", 0, 8.0 * N * (qd + kvd));
     Par(N, 16, [&](int64_t b, int64_t e, int) {
@@ -784,12 +820,19 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
     ScopedOp att_op(opt_.profiler, "attention_fwd", 2.0 * B_ * T * T * H * hd, 4.0 * N * (qd + 2 * kvd));
     const auto attention = opt_.bf16 && UsesBf16Dot() ? kernels::FlashAttentionForwardBf16 : kernels::FlashAttentionForward;
     for (int64_t r = 0; r < B_; ++r) {
-      attention(*pool_, &a.att[r * T * qd], &a.lse[r * T * H], &a.q[r * T * qd], &a.k[r * T * kvd], &a.v[r * T * kvd],
+      attention(*pool_, &w.att[r * T * qd], &a.lse[r * T * H], &w.q[r * T * qd], &w.k[r * T * kvd], &w.v[r * T * kvd],
                 seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale, c.WindowOf(l));
     }
   }
   scratch_out_.resize(N * dim);
-  LinForward(Ly.lin[(int)M::kO], a.att.data(), scratch_out_.data(), a.mid[(int)M::kO].data(), l, (int)M::kO, train);
+  // o's product rounds att to bf16 as it packs it: the same bits from the f32 copy as from the kept one.
+  LinForward(Ly.lin[(int)M::kO], w.att, scratch_out_.data(), a.mid[(int)M::kO].data(), l, (int)M::kO, train);
+  if (keep16_) {
+    Keep16(a.q16, w.q, N * qd, false);
+    Keep16(a.k16, w.k, N * kvd, false);
+    Keep16(a.v16, w.v, N * kvd, false);
+    Keep16(a.att16, w.att, N * qd, false);
+  }
   float* xm = a.xmid.data();
   const float* so = scratch_out_.data();
   {
@@ -797,9 +840,13 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
     Residual(xm, x_in, so, N * dim);
   }
   RmsFwd(xn, a.rstd2.data(), xm, Ly.n2.w);
-  LinForward(Ly.lin[(int)M::kGate], xn, a.gate.data(), a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
-  LinForward(Ly.lin[(int)M::kUp], xn, a.up.data(), a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
-  SwiGluH(a);
+  LinForward(Ly.lin[(int)M::kGate], xn, w.gate, a.mid[(int)M::kGate].data(), l, (int)M::kGate, train);
+  LinForward(Ly.lin[(int)M::kUp], xn, w.up, a.mid[(int)M::kUp].data(), l, (int)M::kUp, train);
+  if (keep16_) {
+    Keep16(a.gate16, w.gate, N * c.ffn_dim, true);
+    Keep16(a.up16, w.up, N * c.ffn_dim, true);
+  }
+  SwiGluH(w.gate, w.up);
   LinForward(Ly.lin[(int)M::kDown], h_.data(), scratch_out_.data(), a.mid[(int)M::kDown].data(), l, (int)M::kDown,
              train);
   ScopedOp res_op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
@@ -842,13 +889,18 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   dtmp_.resize(N * dim);
   // MLP: x_out = xmid + down(swiglu(gate(xn2), up(xn2))). h and xn2 are recomputed (same kernels,
   // same inputs and partition: bit-identical to the forward's).
-  SwiGluH(a);
+  const Work w = WorkOf(a);
+  if (keep16_) {
+    Restore16(w.gate, a.gate16);
+    Restore16(w.up, a.up16);
+  }
+  SwiGluH(w.gate, w.up);
   LinBackward(Ly.lin[(int)M::kDown], dres, h_.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
               (int)M::kDown);
   {
     ScopedOp op(opt_.profiler, "swiglu_bwd", 0, 20.0 * nf);
     Par(nf, 4096, [&](int64_t b, int64_t e, int) {
-      kernels::SwiGluBackward(dgate_.data() + b, dup_.data() + b, dh_.data() + b, a.gate.data() + b, a.up.data() + b, e - b);
+      kernels::SwiGluBackward(dgate_.data() + b, dup_.data() + b, dh_.data() + b, w.gate + b, w.up + b, e - b);
     });
   }
   float* xn = xn_.data();
@@ -866,8 +918,13 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   }
   // Attention: xmid = x_in + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
   d_att_.resize(N * qd);
-  LinBackward(Ly.lin[(int)M::kO], dres, a.att.data(), a.mid[(int)M::kO].data(), d_att_.data(), false, true, l,
-              (int)M::kO);
+  if (keep16_) {
+    Restore16(w.att, a.att16);
+    Restore16(w.q, a.q16);
+    Restore16(w.k, a.k16);
+    Restore16(w.v, a.v16);
+  }
+  LinBackward(Ly.lin[(int)M::kO], dres, w.att, a.mid[(int)M::kO].data(), d_att_.data(), false, true, l, (int)M::kO);
   dq_.resize(N * qd);
   dk_.resize(N * kvd);
   dv_.resize(N * kvd);
@@ -877,8 +934,8 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
     const auto attention =
         opt_.bf16 && UsesBf16Dot() ? kernels::FlashAttentionBackwardBf16 : kernels::FlashAttentionBackward;
     for (int64_t r = 0; r < B_; ++r) {
-      attention(*pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd], &d_att_[r * T * qd], &a.q[r * T * qd],
-                &a.k[r * T * kvd], &a.v[r * T * kvd], &a.att[r * T * qd], &a.lse[r * T * H],
+      attention(*pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd], &d_att_[r * T * qd], &w.q[r * T * qd],
+                &w.k[r * T * kvd], &w.v[r * T * kvd], &w.att[r * T * qd], &a.lse[r * T * H],
                 seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale, c.WindowOf(l));
     }
   }
@@ -1068,7 +1125,8 @@ double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool la
       // makes room for the gradients the remaining layers write (the forward faults them in again).
       // Not before the last group: the next group's forward would fault them straight back in
       // while the gradients written so far stay resident (TrainModelOptions::hand_back_pages).
-      for (auto* v : {&a->q, &a->k, &a->v, &a->att, &a->xmid, &a->gate, &a->up}) DropPages(v->data(), (int64_t)v->size());
+      for (auto* v : {&a->q, &a->k, &a->v, &a->att, &a->xmid, &a->gate, &a->up}) DropPages(*v);
+      for (auto* v : {&a->q16, &a->k16, &a->v16, &a->att16, &a->gate16, &a->up16}) DropPages(*v);
       DropPages(&res_[(l + 1) * N * dim], N * dim);
     }
   }
@@ -1213,11 +1271,12 @@ void RowGroupWorker::AddAllocatedBytes(TrainMemory& m) const {
   for (const Acts& a : acts_) {
     for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})
       m.activations += cap(*v);
+    for (const auto* v : {&a.q16, &a.k16, &a.v16, &a.att16, &a.gate16, &a.up16}) m.activations += cap(*v);
     for (const auto& v : a.mid) m.activations += cap(v);
   }
   for (const auto* v : {&dxf_, &dres_, &dtmp_, &scratch_out_, &ckpt_out_, &d_att_, &dq_, &dk_, &dv_, &dgate_,
                         &dup_, &dh_, &dxn_, &rx_, &rx2_, &rdy_, &xd_, &lscr_, &lmid_, &ltmp_, &dmid_, &rmid_,
-                        &normdw_, &cos_, &sin_, &xn_, &h_})
+                        &normdw_, &cos_, &sin_, &xn_, &h_, &wq_, &wk_, &wv_, &watt_, &wgate_, &wup_})
     m.temporary += cap(*v);
   m.temporary += cap(targets_) + cap(head_later_.a) + cap(head_later_.b) + cap(head_later_.tokens);
 }

@@ -120,6 +120,13 @@ bool FrozenHeadAsBf16(bool bf16_dot, bool full, DType head_dtype, int64_t dim, b
 // casts it, so results are unchanged, the packing reads half the bytes and converts nothing. A linear whose
 // pages cannot be given back stays f32 (rounded at every pack), so no run holds both.
 bool FrozenLinearsAsBf16(bool bf16_dot, DType base_dtype, bool quantized_base);
+// bf16 mode on the bf16 dot product keeps each block's q, k, v (after RoPE), attention output, gate and up as
+// bf16 for its backward, as autocast's bf16 tensors are: 2 bytes each instead of 4. Every kernel that reads them
+// again rounds them to bf16 itself (the linears' weight gradients, the attention's products), except the
+// SwiGLU (its forward runs on the rounded gate and up too, so the backward's recomputation matches it) and
+// the attention backward's row term bf16(dO) . out, which sees the rounded output. The working f32 copies
+// of one block (6 tensors) are per-worker scratch.
+inline bool ActivationsAsBf16(bool bf16_dot) { return bf16_dot; }
 int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs = false);
 
 // Bytes the model holds now, by memory-plan category (vector capacities; base weights excluded:

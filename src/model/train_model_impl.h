@@ -54,9 +54,12 @@ struct Layer {
 
 // What one decoder block's backward needs (per layer, or one set under checkpointing). The normed
 // inputs xn1 = rmsnorm(x_in), xn2 = rmsnorm(xmid) and h = swiglu(gate, up) are not kept: the
-// backward recomputes them (bit-identical, a few elementwise passes) into shared buffers.
+// backward recomputes them (bit-identical, a few elementwise passes) into shared buffers. q, k, v,
+// att, gate and up are f32, or bf16 in the `16` vectors (the f32 ones then empty) where
+// ActivationsAsBf16.
 struct Acts {
   std::vector<float> rstd1, q, k, v, att, lse, xmid, rstd2, gate, up;
+  std::vector<uint16_t> q16, k16, v16, att16, gate16, up16;
   std::array<std::vector<float>, kMods> mid;  // LoRA x A^T, (N, r)
 };
 
@@ -143,7 +146,16 @@ class RowGroupWorker {
   void Forward(bool train);
   void BlockForward(int64_t l, const float* x_in, float* x_out, Acts& a, bool train);
   void BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx);
-  void SwiGluH(const Acts& a);  // h_ = swiglu(a.gate, a.up)
+  void SwiGluH(const float* gate, const float* up);  // h_ = swiglu(gate, up)
+  // The block's q, k, v, att, gate and up in f32 while it runs: the saved set's own tensors, or where they are
+  // kept as bf16 (keep16_) the worker's working copies, rounded into the set by the forward (gate and up
+  // in place too, before the SwiGLU reads them) and restored from it by the backward.
+  struct Work {
+    float *q, *k, *v, *att, *gate, *up;
+  };
+  Work WorkOf(Acts& a);
+  void Keep16(std::vector<uint16_t>& dst, float* src, int64_t n, bool round_src);
+  void Restore16(float* dst, const std::vector<uint16_t>& src);
   void Residual(float* out, const float* a, const float* b, int64_t n);  // out = a + b (out may be a)
   // bf16 mode's products of a decoder linear on vdpbf16ps (kernels::LinearForwardBf16 and the backward
   // forms): where the CPU has it (UsesBf16Dot) and W is f32 or bf16 (quantized bases keep their kernels).
@@ -220,6 +232,8 @@ class RowGroupWorker {
   std::vector<float> d_att_, dq_, dk_, dv_, dgate_, dup_, dh_, dxn_;
   std::vector<float> rx_, rx2_, rdy_, xd_, lscr_, lmid_, ltmp_, dmid_, rmid_, normdw_;
   std::vector<float> xn_, h_;  // the current block's normed input and SwiGLU output (N, dim), (N, ffn)
+  bool keep16_ = false;        // ActivationsAsBf16: the working copies below (WorkOf)
+  std::vector<float> wq_, wk_, wv_, watt_, wgate_, wup_;
 };
 
 class TrainModelImpl final : public TrainModel {

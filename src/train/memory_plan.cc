@@ -282,15 +282,19 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // Saved per block: rstd of both norms, q, k, v (after RoPE), attention output, its logsumexp,
   // the mid-block residual, SwiGLU's gate and up, LoRA's x A^T for every module kind. The normed
   // inputs and the SwiGLU product are recomputed in the backward (one shared buffer each).
-  const double per_set = 1.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn + 2 + c.n_heads + 7.0 * r;
+  // bf16 mode on the bf16 dot product keeps q, k, v, att, gate and up as bf16 (model::ActivationsAsBf16): half
+  // of those bytes, in floats.
+  const bool acts16 = model::ActivationsAsBf16(bf16_dot);
+  const double halved = 2.0 * qd + 2.0 * kvd + 2.0 * ffn;
+  const double per_set = 1.0 * dim + (acts16 ? 0.5 : 1.0) * halved + 2 + c.n_heads + 7.0 * r;
   // Freeze: layers below the trained ones have no backward and save nothing.
   const double sets = s.grad_checkpointing     ? 1
                       : s.method == "freeze" ? (double)std::min(s.freeze_trainable_layers, L)
                                              : (double)L;
   add("activations", W * 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
-      StrFormat("%.0f tokens (one row group)%s x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + 2 "
-                "q_dim + 2 kv_dim + 2 ffn + heads + 2%s) + final norm)",
-                N, per_worker.c_str(), (long long)L, sets, r ? " + 7 r" : ""));
+      StrFormat("%.0f tokens (one row group)%s x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + %s"
+                "(2 q_dim + 2 kv_dim + 2 ffn) + heads + 2%s) + final norm)",
+                N, per_worker.c_str(), (long long)L, sets, acts16 ? "1/2 x bf16 " : "", r ? " + 7 r" : ""));
   if (s.method == "full" && c.tied_embeddings) {
     // The loss of every group adds into the tied embedding / head gradient before the embedding's
     // share does (the same order on any worker count): each row's input gradient waits.
@@ -307,7 +311,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     // micro-batches) the second forward holds its activations next to the gradients the first
     // wrote: no overlap, and the pages stay resident.
     const int64_t layers = s.method == "full" ? L : std::min(s.freeze_trainable_layers, L);
-    const double dropped = 4 * N * layers * (2.0 * dim + 2.0 * qd + 2.0 * kvd + 2.0 * ffn);
+    const double dropped = 4 * N * layers * (2.0 * dim + (acts16 ? 0.5 : 1.0) * halved);
     const double layer_grads = 4.0 * layers * (LinearParamsPerLayer(c) + 2 * dim + bias);
     add("overlap", -std::min(dropped, layer_grads),
         StrFormat("-min(dropped activations %.0f B, layer gradients %.0f B): saved tensors of %lld trained layers "
@@ -329,6 +333,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       pair_kernels && (s.method == "full" || (s.base_quant == "none" && (s.base_dtype == DType::kF32 ||
                                                                          s.base_dtype == DType::kBF16)));
   if (bf16) scratch += linears_pairs ? (double)dim : 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
+  if (acts16) scratch += halved;  // the running block's f32 copies of its bf16-kept activations
   const bool dropout = s.lora_dropout > 0;
   if (lora) {
     // scale * mid, dmid and rounded mid (r each); with dropout the dropped input and its gradient.

@@ -207,7 +207,7 @@ TEST_P(TrainOpsTier, AdamWUpdateMatchesTorchArithmeticBitForBit) {
 }
 
 // RoPE and the embedding have one implementation for all tiers.
-TEST_P(TrainOpsTier, RoundBf16MatchesScalarBitForBit) {
+TEST_P(TrainOpsTier, Bf16RoundingAndCopiesMatchScalarBitForBit) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
   // Random values over many exponents, exact ties (both parities of the kept lsb), values that
@@ -235,6 +235,17 @@ TEST_P(TrainOpsTier, RoundBf16MatchesScalarBitForBit) {
       uint32_t got;
       std::memcpy(&got, &out[i], 4);
       ASSERT_EQ(got, want) << "input bits 0x" << std::hex << bits[i];
+    }
+    // The bf16 copies of saved activations: the same rounding kept as 16 bits, and back exactly.
+    std::vector<uint16_t> h(n, 0x1234);
+    std::vector<float> back(n, 1.0f);
+    tk.to_bf16(h.data(), x.data(), n);
+    tk.from_bf16(back.data(), h.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(h[i], F32ToBF16(x[i])) << "input bits 0x" << std::hex << bits[i];
+      uint32_t got;
+      std::memcpy(&got, &back[i], 4);
+      ASSERT_EQ(got, (uint32_t)h[i] << 16) << "bf16 0x" << std::hex << h[i];
     }
   }
   // In place.

@@ -103,6 +103,9 @@ struct TrainKernelTable {
   // s < n_strips, i < m (1 <= m <= 4); the GEMM's arithmetic per element, as chain_gemv.
   void (*strip_gemv)(DType t, const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x,
                      int64_t ldx, int m, float* y, int64_t ldy, int64_t n_cols) = nullptr;
+  // out[i] = F32ToBF16(x[i]) / out[i] = BF16ToF32(h[i]) bit for bit (kernels::ToBf16 / FromBf16).
+  void (*to_bf16)(uint16_t* out, const float* x, int64_t n) = nullptr;
+  void (*from_bf16)(float* out, const uint16_t* h, int64_t n) = nullptr;
 };
 
 // c(mr, nc) (+)= a tile times the B strips covering columns [0, nc) (strip s at b + s * stride, rows

@@ -82,6 +82,14 @@ void RoundBf16(float* out, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = BF16ToF32(F32ToBF16(x[i]));
 }
 
+void ToBf16(uint16_t* out, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = F32ToBF16(x[i]);
+}
+
+void FromBf16(float* out, const uint16_t* h, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = BF16ToF32(h[i]);
+}
+
 void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
   for (int64_t l = 0; l < nl; ++l)
     for (int j = 0; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = j < nj ? src[j * ld + l] : 0.0f;
@@ -169,6 +177,8 @@ const TrainKernelTable& TrainTable() {
                           ColExpScale, AdamWUpdate};
     k.chain_gemv = ChainGemv;
     k.strip_gemv = StripGemv;
+    k.to_bf16 = ToBf16;
+    k.from_bf16 = FromBf16;
     return k;
   }();
   return t;
@@ -212,6 +222,8 @@ void SwiGluBackward(float* dgate, float* dup, const float* dout, const float* ga
 }
 
 void RoundToBf16(float* out, const float* x, int64_t n) { cpu::TrainBest().round_bf16(out, x, n); }
+void ToBf16(uint16_t* out, const float* x, int64_t n) { cpu::TrainBest().to_bf16(out, x, n); }
+void FromBf16(float* out, const uint16_t* h, int64_t n) { cpu::TrainBest().from_bf16(out, h, n); }
 
 void AdamWUpdate(float* p, float* m, float* v, const float* g, int64_t n, const AdamWCoefs& k) {
   cpu::TrainBest().adamw_update(p, m, v, g, n, k);

@@ -286,6 +286,32 @@ void RoundBf16(float* out, const float* x, int64_t n) {
   for (; i < n; ++i) out[i] = BF16ToF32(F32ToBF16(x[i]));
 }
 
+// F32ToBF16 of 8 lanes as RoundBf16 rounds them, the upper halves packed to 8 bf16.
+__attribute__((always_inline)) inline __m128i Bf16Bits8(__m256i b) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x400000);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, abs_mask), inf);
+  __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(b, 16), one)));
+  r = _mm256_srli_epi32(_mm256_blendv_epi8(r, _mm256_or_si256(b, quiet), nan), 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+void ToBf16(uint16_t* out, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(out + i), Bf16Bits8(_mm256_castps_si256(_mm256_loadu_ps(x + i))));
+  for (; i < n; ++i) out[i] = F32ToBF16(x[i]);
+}
+
+void FromBf16(float* out, const uint16_t* h, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(h + i)));
+    _mm256_storeu_si256((__m256i*)(out + i), _mm256_slli_epi32(w, 16));
+  }
+  for (; i < n; ++i) out[i] = BF16ToF32(h[i]);
+}
+
 // In-register transpose of the 8 x 8 block r (row i = r[i]): afterwards r[k] = column k.
 __attribute__((always_inline)) inline void Transpose8(__m256 (&r)[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -622,6 +648,8 @@ const TrainKernelTable& TrainTable() {
                           ColExpScale, AdamWUpdate};
     k.chain_gemv = ChainGemv;
     k.strip_gemv = StripGemv;
+    k.to_bf16 = ToBf16;
+    k.from_bf16 = FromBf16;
     return k;
   }();
   return t;
