@@ -118,7 +118,10 @@ void MatMulBackwardWeight(ThreadPool& pool,
 // is taken as bf16 (f32 arrays must hold bf16 values, as the trainer's rounded activations and
 // gradients do; an f32 W is rounded to bf16 as it is packed, as torch's autocast casts it). Per element
 // the pair arithmetic of cpu::Bf16PairsReference over the inner dimension (x W^T: K; dY W: N; dY^T X:
-// M): f32 sums of the exact bf16 products, pairs odd element first. REQUIRES UsesBf16Dot(); W f32 or bf16.
+// M): f32 sums of the exact bf16 products, pairs odd element first. REQUIRES UsesBf16Dot(). W f32 or bf16
+// (read in place), or any dtype DequantizeRows reads (f16, GGUF blocks, NF4 / FP4 / int8 bases): dequantized
+// 16 rows at a time into a per-thread buffer and rounded as packed, the bits of the same call on
+// bf16(dequantized W) as a BF16 tensor.
 void LinearForwardBf16(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w,
                        bool accumulate = false);
 void MatMulBackwardInputBf16(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
@@ -129,7 +132,7 @@ void MatMulBackwardWeightBf16(ThreadPool& pool, float* dw_accum, const float* dy
 // (=, +=) dy . W + dy2 . W2 (W (N, K), W2 (N2, K)), the inner dimensions concatenated (x's pairs then x2's;
 // each output one pair chain over both, chunked by Bf16PairsChunk of the total): LoRA's rank-r update
 // (x2 = scale * x A^T, W2 = B; dy2 = scale * dy B, W2 = A) inside the base product, with no second pass
-// over y or dx. REQUIRES UsesBf16Dot(); W, W2 f32 or bf16.
+// over y or dx. REQUIRES UsesBf16Dot(); W, W2 as in LinearForwardBf16.
 void LinearForwardBf16Plus(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, const float* x2,
                            const Tensor& w2, bool accumulate = false);
 void MatMulBackwardInputBf16Plus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w,
@@ -139,7 +142,7 @@ void MatMulBackwardInputBf16Plus(ThreadPool& pool, float* dx, const float* dy, i
 // then dx (=, +=) dy . W + second(dmid) . A. second(mid) gives the rank-r operand (LoRA: scale * the
 // rounded mid; may rewrite mid in place). Bits: mid of LinearForwardBf16 (dmid of MatMulBackwardInputBf16),
 // y of LinearForwardBf16Plus on second(mid) (dx of MatMulBackwardInputBf16Plus). REQUIRES UsesBf16Dot();
-// W (N, K), A (r, K), B (N, r) f32 or bf16.
+// W (N, K), A (r, K), B (N, r) as in LinearForwardBf16.
 void LoraForwardBf16(ThreadPool& pool, float* y, float* mid, const float* x, int64_t M, const Tensor& w,
                      const Tensor& a, const Tensor& b, const std::function<const float*(float*)>& second,
                      bool accumulate = false);

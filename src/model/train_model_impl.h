@@ -158,10 +158,9 @@ class RowGroupWorker {
   void Restore16(float* dst, const std::vector<uint16_t>& src);
   void Residual(float* out, const float* a, const float* b, int64_t n);  // out = a + b (out may be a)
   // bf16 mode's products of a decoder linear on vdpbf16ps (kernels::LinearForwardBf16 and the backward
-  // forms): where the CPU has it (UsesBf16Dot) and W is f32 or bf16 (quantized bases keep their kernels).
-  bool Bf16Dot(const Tensor& w) const {
-    return opt_.bf16 && UsesBf16Dot() && (w.dtype == DType::kBF16 || w.dtype == DType::kF32);
-  }
+  // forms): where the CPU has it (UsesBf16Dot), whatever W's dtype (a quantized or f16 base is dequantized a few
+  // rows at a time and rounded to bf16 as it is packed, as bitsandbytes dequantizes into its bf16 compute dtype).
+  bool Bf16Dot(const Tensor&) const { return opt_.bf16 && UsesBf16Dot(); }
   // A LoRA linear whose base and rank-r products all run on vdpbf16ps: the rank-r update is summed inside the
   // base product (kernels::LinearForwardBf16Plus / MatMulBackwardInputBf16Plus), no second pass over y / dx.
   bool LoraFused(const Lin& L) const {

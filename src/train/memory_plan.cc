@@ -328,10 +328,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   double scratch = (6.0 + (s.grad_checkpointing ? 1 : 0)) * dim + 2.0 * qd + 2.0 * kvd + 4.0 * ffn;
   // bf16 mode on the bf16 dot product: the linears' kernels round their operands as they pack them, so only
   // the loss's x is rounded into a buffer, where every linear takes that path (RowGroupWorker::LinForward).
+  // Every base dtype: a quantized or f16 one is dequantized a few rows at a time and rounded as packed.
   const bool pair_kernels = s.precision == "bf16" && UsesBf16Dot();
-  const bool linears_pairs =
-      pair_kernels && (s.method == "full" || (s.base_quant == "none" && (s.base_dtype == DType::kF32 ||
-                                                                         s.base_dtype == DType::kBF16)));
+  const bool linears_pairs = pair_kernels;
   if (bf16) scratch += linears_pairs ? (double)dim : 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
   if (acts16) scratch += halved;  // the running block's f32 copies of its bf16-kept activations
   const bool dropout = s.lora_dropout > 0;
@@ -417,18 +416,16 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       pa = std::max(pa, R * pairs);
       pb = std::max(pb, std::ceil(Kd / 16) * 16 * pairs);
     };
-    if (s.base_quant == "none") {
-      for (const auto& l : Linears(c)) {
-        const bool targeted =
-            lora && std::find(s.lora_targets.begin(), s.lora_targets.end(), l.name) != s.lora_targets.end();
-        pair_gemm(N, l.out, l.in, targeted ? r : 0);
-        pair_gemm(N, l.in, l.out, targeted ? r : 0);
-        if (!lora) pair_gemm(l.out, l.in, N);
-        if (targeted) {
-          pair_gemm(r, l.in, N);   // A's gradient
-          pair_gemm(r, l.out, N);  // B's, transposed: (r, out) += (x A^T)^T dY, plus that (r, out) block in f32
-          ct = std::max(ct, (double)r * l.out);
-        }
+    for (const auto& l : Linears(c)) {
+      const bool targeted =
+          lora && std::find(s.lora_targets.begin(), s.lora_targets.end(), l.name) != s.lora_targets.end();
+      pair_gemm(N, l.out, l.in, targeted ? r : 0);
+      pair_gemm(N, l.in, l.out, targeted ? r : 0);
+      if (!lora) pair_gemm(l.out, l.in, N);
+      if (targeted) {
+        pair_gemm(r, l.in, N);   // A's gradient
+        pair_gemm(r, l.out, N);  // B's, transposed: (r, out) += (x A^T)^T dY, plus that (r, out) block in f32
+        ct = std::max(ct, (double)r * l.out);
       }
     }
     if ((!lora || s.base_dtype == DType::kBF16 || head_copy) && dim % 2 == 0) {
@@ -451,9 +448,12 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // trained weights have bf16 / fp16 shadows.
   const int64_t max_inner = std::max({(int64_t)N, V, dim, qd, ffn});
   const bool converts_w = bf16 || s.base_quant != "none" || s.base_dtype != DType::kF32;
+  // A base in another dtype than f32 / bf16 on the pair kernels: 16 dequantized rows on their way to pairs.
+  const bool dequant_rows = pair_kernels && (s.base_quant != "none" || (s.base_dtype != DType::kF32 &&
+                                                                         s.base_dtype != DType::kBF16));
   const double per_thread =
       4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 +
-             2 * 128 * c.head_dim);
+             2 * 128 * c.head_dim + (dequant_rows ? 16.0 * std::max({dim, qd, ffn}) : 0.0));
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
   // (at most 3 more runs of 128 keys; train_attention.cc).
   const double dq_runs = (double)std::min<int64_t>((s.seq_len + 127) / 128, 4) - 1;

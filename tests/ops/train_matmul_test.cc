@@ -15,6 +15,7 @@
 #include "kernels/cpu/train_dispatch.h"
 #include "kernels/cpu/train_reference.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 #include "kernels/train_ops.h"
 #include "ops_test_util.h"
 #include "train_test_util.h"
@@ -612,6 +613,80 @@ TEST(TrainBf16Dot, ChainedLoraProductsEqualTheSeparateCalls) {
           ASSERT_EQ(dmid, dmid_ref) << "dmid M=" << M;
           ASSERT_EQ(dx, dx_ref) << "dx M=" << M << " N=" << N << " K=" << K << " acc=" << acc;
         }
+    }
+  }
+}
+
+// A W stored in any other dtype (f16, GGUF blocks, the K-quants, NF4 / FP4 with double quant, LLM.int8) is
+// dequantized a few rows at a time and rounded as packed: every product gives the bits of the same call on
+// bf16(DequantizeRows(W)) as a BF16 tensor (an odd N takes StripsRows' lone last row; 1 and 2 threads).
+TEST(TrainBf16Dot, OtherDtypesAreTheirRoundedDequantizedValues) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  uint32_t seed = 7700;
+  struct S { int64_t M, N, K, r; };
+  for (S s : {S{9, 33, 256, 5}, S{70, 100, 512, 16}}) {
+    const int64_t M = s.M, N = s.N, K = s.K, r = s.r;
+    const std::vector<float> x = Bf16Values(M * K, seed++), dy = Bf16Values(M * N, seed++);
+    const std::vector<float> x2 = Bf16Values(M * r, seed++), dy2 = Bf16Values(M * r, seed++);
+    std::vector<float> aw = RandomVec(r * K, seed++), bw = RandomVec(N * r, seed++);
+    auto view = [](const void* d, DType t, int64_t rows, int64_t cols) {
+      Tensor v;
+      v.data = d, v.dtype = t, v.shape = {rows, cols};
+      return v;
+    };
+    const Tensor a = view(aw.data(), DType::kF32, r, K), b = view(bw.data(), DType::kF32, N, r);
+    const std::vector<float> wf = RandomVec(N * K, seed++, 0.05f);
+    for (DType t : {DType::kF16, DType::kQ8_0, DType::kQ4_1, DType::kQ4_K, DType::kNF4DQ, DType::kFP4, DType::kI8Row}) {
+      SCOPED_TRACE(StrFormat("%s M=%lld N=%lld K=%lld", DTypeName(t), (long long)M, (long long)N, (long long)K));
+      testing::TestWeight gw;
+      PackedWeight pw;
+      Tensor w;
+      if (IsPackedQuant(t)) {
+        auto q = QuantizeWeight(view(wf.data(), DType::kF32, N, K), t);
+        ASSERT_TRUE(q.ok()) << q.status().message();
+        pw = std::move(*q);
+        w = pw.view();
+      } else {
+        gw = MakeWeight(t, N, K, seed++);
+        w = gw.t;
+      }
+      std::vector<float> deq(N * K);
+      DequantizeRows(w, 0, N, deq.data());
+      std::vector<uint16_t> w16(N * K);
+      for (int64_t i = 0; i < N * K; ++i) w16[i] = F32ToBF16(deq[i]);
+      const Tensor wb = view(w16.data(), DType::kBF16, N, K);
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        for (bool acc : {false, true}) {
+          const std::vector<float> y0 = RandomVec(M * N, seed), dx0 = RandomVec(M * K, seed + 1);
+          std::vector<float> y = y0, y_ref = y0;
+          LinearForwardBf16(pool, y.data(), x.data(), M, w, acc);
+          LinearForwardBf16(pool, y_ref.data(), x.data(), M, wb, acc);
+          ASSERT_EQ(y, y_ref) << "forward threads=" << threads << " acc=" << acc;
+          std::vector<float> dx = dx0, dx_ref = dx0;
+          MatMulBackwardInputBf16(pool, dx.data(), dy.data(), M, w, acc);
+          MatMulBackwardInputBf16(pool, dx_ref.data(), dy.data(), M, wb, acc);
+          ASSERT_EQ(dx, dx_ref) << "input grad threads=" << threads << " acc=" << acc;
+          y = y_ref = y0;
+          LinearForwardBf16Plus(pool, y.data(), x.data(), M, w, x2.data(), b, acc);
+          LinearForwardBf16Plus(pool, y_ref.data(), x.data(), M, wb, x2.data(), b, acc);
+          ASSERT_EQ(y, y_ref) << "fused forward threads=" << threads;
+          dx = dx_ref = dx0;
+          MatMulBackwardInputBf16Plus(pool, dx.data(), dy.data(), M, w, dy2.data(), a, acc);
+          MatMulBackwardInputBf16Plus(pool, dx_ref.data(), dy.data(), M, wb, dy2.data(), a, acc);
+          ASSERT_EQ(dx, dx_ref) << "fused input grad threads=" << threads;
+          const auto keep = [](float* m) { return (const float*)m; };
+          std::vector<float> mid(M * r), mid_ref(M * r);
+          y = y_ref = y0;
+          LoraForwardBf16(pool, y.data(), mid.data(), x.data(), M, w, a, b, keep, acc);
+          LoraForwardBf16(pool, y_ref.data(), mid_ref.data(), x.data(), M, wb, a, b, keep, acc);
+          ASSERT_EQ(y, y_ref) << "chained LoRA forward threads=" << threads;
+          dx = dx_ref = dx0;
+          LoraBackwardInputBf16(pool, dx.data(), mid.data(), dy.data(), M, w, b, a, keep, acc);
+          LoraBackwardInputBf16(pool, dx_ref.data(), mid_ref.data(), dy.data(), M, wb, b, a, keep, acc);
+          ASSERT_EQ(dx, dx_ref) << "chained LoRA input grad threads=" << threads;
+        }
+      }
     }
   }
 }

@@ -25,6 +25,7 @@
 #include "kernels/cpu/bf16_pairs.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/kernels.h"
 
 namespace lathe::kernels::cpu::avx512bf16 {
 
@@ -74,26 +75,58 @@ uint32_t* BBuf(size_t n) {
   return Scratch(buf, n);
 }
 
+// Rows of a W stored in another dtype (f16, block or packed quant), dequantized to f32 on their way to pairs.
+float* DequantBuf(size_t n) {
+  static thread_local std::vector<float> buf;
+  return Scratch(buf, n);
+}
+
 }  // namespace
 
-// W (Kd, L) f32 or bf16 as pair strips along L (the forward's W^T), strips sstride dwords apart.
+// W (Kd, L) as pair strips along L (the forward's W^T), strips sstride dwords apart. f32 and bf16 are read in
+// place; any other dtype (f16, GGUF blocks, NF4 / FP4 / int8 bases) is dequantized 16 rows at a time
+// (kernels::DequantizeRows) into a per-thread buffer and rounded from there: bf16(dequantized W), as
+// bitsandbytes dequantizes into its bf16 compute dtype.
 void StripsT(ThreadPool& pool, const Tensor& w, uint32_t* out, int64_t sstride) {
   const int64_t Kd = w.shape[0], L = w.shape[1];
   if (w.dtype == DType::kBF16) {
     PairStripsT<uint16_t>(pool, (const uint16_t*)w.data, L, Kd, L, out, sstride);
-  } else {
-    LATHE_CHECK(w.dtype == DType::kF32);
+  } else if (w.dtype == DType::kF32) {
     PairStripsT<float>(pool, (const float*)w.data, L, Kd, L, out, sstride);
+  } else {
+    const int64_t Lp = (L + 1) / 2, ss = sstride > 0 ? sstride : Lp * 16;
+    pool.ParallelFor((Kd + 15) / 16, 1, [&](int64_t b, int64_t e, int) {
+      float* rows = DequantBuf((size_t)(16 * L));
+      for (int64_t s = b; s < e; ++s) {
+        const int nj = (int)std::min<int64_t>(16, Kd - 16 * s);
+        DequantizeRows(w, 16 * s, nj, rows);
+        StripOfRows(rows, L, nj, L, out + s * ss);
+      }
+    }, 4.0 * Kd * L);
   }
 }
-// W (L, Kd) f32 or bf16 as pair strips along its rows L (dX = dY W's B), strips sstride dwords apart.
+// W (L, Kd) as pair strips along its rows L (dX = dY W's B), strips sstride dwords apart; other dtypes as in
+// StripsT, 16 rows (8 pairs) at a time.
 void StripsRows(ThreadPool& pool, const Tensor& w, uint32_t* out, int64_t sstride) {
   const int64_t L = w.shape[0], Kd = w.shape[1];
   if (w.dtype == DType::kBF16) {
     PairStripsRows<uint16_t>(pool, (const uint16_t*)w.data, Kd, L, Kd, out, sstride);
-  } else {
-    LATHE_CHECK(w.dtype == DType::kF32);
+  } else if (w.dtype == DType::kF32) {
     PairStripsRows<float>(pool, (const float*)w.data, Kd, L, Kd, out, sstride);
+  } else {
+    constexpr int64_t kPairs = 8;
+    const int64_t Lp = (L + 1) / 2, ss = sstride > 0 ? sstride : Lp * 16;
+    pool.ParallelFor((Lp + kPairs - 1) / kPairs, 1, [&](int64_t b, int64_t e, int) {
+      float* rows = DequantBuf((size_t)(2 * kPairs * Kd));
+      for (int64_t blk = b; blk < e; ++blk) {
+        const int64_t p0 = blk * kPairs, np = std::min(kPairs, Lp - p0), r0 = 2 * p0;
+        DequantizeRows(w, r0, std::min(2 * np, L - r0), rows);
+        for (int64_t p = 0; p < np; ++p) {
+          const float* r = rows + 2 * p * Kd;
+          PairTwoRows<float>(r, r0 + 2 * p + 1 < L ? r + Kd : nullptr, Kd, out + (p0 + p) * 16, ss);
+        }
+      }
+    }, 4.0 * L * Kd);
   }
 }
 
