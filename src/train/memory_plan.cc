@@ -431,10 +431,14 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     if ((!lora || s.base_dtype == DType::kBF16 || head_copy) && dim % 2 == 0) {
       pair_gemm(0, chunk, dim);             // logits^T: x's pairs only
       if (!lora) pair_gemm(V, dim, chunk);  // the head's gradient
-      // dx from the packed head's pairs (LoRA / freeze over a bf16 base or an f32 one's bf16 copy, full):
-      // dlogits' pairs only.
-      if ((s.method == "full" || s.base_dtype == DType::kBF16 || head_copy) && s.base_quant == "none")
-        pa = std::max(pa, chunk * std::ceil((double)V / 2));
+      // dx from the head's pairs (LoRA / freeze over a bf16 base or an f32 one's bf16 copy, full): dlogits'
+      // pairs; a head not packed beforehand (a quantized base's bf16 head) goes into pairs one inner chunk
+      // at a time (avx512bf16::HeadBackwardInputTRows: dim x the chunk's pairs).
+      if (s.method == "full" || s.base_dtype == DType::kBF16 || head_copy) {
+        const double vp = std::ceil((double)V / 2), nch = std::ceil(vp / 384);
+        pa = std::max(pa, chunk * vp);
+        if (!head_pairs) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * (nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8));
+      }
     }
     add("temporary", W * 4 * (pa + pb + ct),
         StrFormat("bf16 dot product's operand pairs: %.0f + %.0f dwords (the step's largest products)%s%s", pa, pb,

@@ -305,6 +305,20 @@ void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t 
   PairGemm(pool, dx, C, n, C, vp, a, w_pairs, /*accumulate=*/false);
 }
 
+void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, const Tensor& w) {
+  LATHE_CHECK(w.ndim() == 2 && w.dtype == DType::kBF16);
+  const int64_t V = w.shape[0], C = w.shape[1], vp = (V + 1) / 2, chunk = Bf16PairsChunk(vp);
+  uint32_t* a = ABuf((size_t)(n * vp));
+  PairRowsT(pool, dy_t, n, V, n, a);
+  uint32_t* b = BBuf((size_t)((C + 15) / 16 * 16 * chunk));
+  const uint16_t* wd = (const uint16_t*)w.data;
+  for (int64_t p0 = 0; p0 < vp; p0 += chunk) {  // Bf16PairsChunk(np) == np: one chain per call, as in one call
+    const int64_t np = std::min(chunk, vp - p0), r0 = 2 * p0;
+    PairStripsRows<uint16_t>(pool, wd + r0 * C, C, std::min(2 * np, V - r0), C, b);
+    PairGemm(pool, dx, C, n, C, np, a + p0, b, /*accumulate=*/p0 > 0, vp);
+  }
+}
+
 void PackPairStrips(ThreadPool& pool, const Tensor& w, uint32_t* out) {
   LATHE_CHECK(w.ndim() == 2 && w.dtype == DType::kBF16);
   PairStripsT<uint16_t>(pool, (const uint16_t*)w.data, w.shape[1], w.shape[0], w.shape[1], out);

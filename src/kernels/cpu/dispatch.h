@@ -220,6 +220,11 @@ void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t n, int64_t V, 
 // dx (n, C) = dy . W from dyT (V, n) (rounded to bf16 as packed) and W's pairs along V (PackPairsAlongRows).
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,
                         const uint32_t* w_pairs);
+// The same product for a bf16 W (V, C) not packed beforehand: W's rows go into pairs one inner chunk
+// (Bf16PairsChunk of the (V + 1) / 2 pairs) at a time, into a per-thread buffer of C x chunk dwords, and each
+// chunk's product is added in order: the chains and sums of HeadBackwardInputT on PackPairsAlongRows(W), bit
+// for bit, without the V x C / 2 dword copy (QLoRA / 8-bit base runs keep none).
+void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, const Tensor& w);
 // A bf16 W (N, K) as pair strips along K (kernels::StripWeight::bf16_pairs, MatMulKernels::bf16_strips's operand).
 void PackPairStrips(ThreadPool& pool, const Tensor& w, uint32_t* out);
 // A bf16 W (N, K) as pairs along N: 16-column strips of (N + 1) / 2 dwords (PairStripsRowsDwords(N, K)).

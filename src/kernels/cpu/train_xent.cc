@@ -123,6 +123,8 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     if (!dx) continue;
     if (bf16_dot && packed_pairs) {
       avx512bf16::HeadBackwardInputT(pool, dxc.data(), logits.data(), nc, V, C, packed_pairs);
+    } else if (bf16_dot) {  // a bf16 head kept as stored (QLoRA, 8-bit base): its pairs a chunk at a time
+      avx512bf16::HeadBackwardInputTRows(pool, dxc.data(), logits.data(), nc, w_head);
     } else if (transposed) {
       MatMulBackwardInputTWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
     } else {
