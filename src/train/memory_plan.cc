@@ -364,7 +364,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // bf16 mode where every product runs on the bf16 dot product (the linears, LoRA's, and the loss's with
   // its head packed in pairs): the f32 training GEMM's shared panels are never packed (its per-thread
   // buffers still serve the attention's tiles).
-  const bool no_f32_gemm = linears_pairs && head_pairs && ph > 0;
+  // (A bf16 head runs the loss on pairs, packed or not: avx512bf16::HeadBackwardInputTRows.)
+  const bool no_f32_gemm = linears_pairs && bf16_dot && (full || s.base_dtype == DType::kBF16 || head_copy) &&
+                           dim % 2 == 0;
   double panels = SharedPanelFloats(V, dim);
   if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)chunk, dim));
   for (const auto& l : Linears(c)) {
@@ -437,7 +439,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       if (s.method == "full" || s.base_dtype == DType::kBF16 || head_copy) {
         const double vp = std::ceil((double)V / 2), nch = std::ceil(vp / 384);
         pa = std::max(pa, chunk * vp);
-        if (!head_pairs) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * (nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8));
+        if (!(head_pairs && ph > 0)) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * (nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8));
       }
     }
     add("temporary", W * 4 * (pa + pb + ct),
