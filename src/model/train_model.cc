@@ -536,20 +536,14 @@ void RowGroupWorker::Prepare(const TrainBatch& b, int64_t row0) {
     a.lse.resize(N * c.n_heads);
     a.xmid.resize(N * dim);
     a.rstd2.resize(N);
+    // q, k, v, att, gate, up: as bf16 (keep16_) or f32.
+    const auto size6 = [&](auto& q, auto& k, auto& v, auto& att, auto& gate, auto& up) {
+      q.resize(N * qd), k.resize(N * kvd), v.resize(N * kvd), att.resize(N * qd), gate.resize(N * ffn), up.resize(N * ffn);
+    };
     if (keep16_) {
-      a.q16.resize(N * qd);
-      a.k16.resize(N * kvd);
-      a.v16.resize(N * kvd);
-      a.att16.resize(N * qd);
-      a.gate16.resize(N * ffn);
-      a.up16.resize(N * ffn);
+      size6(a.q16, a.k16, a.v16, a.att16, a.gate16, a.up16);
     } else {
-      a.q.resize(N * qd);
-      a.k.resize(N * kvd);
-      a.v.resize(N * kvd);
-      a.att.resize(N * qd);
-      a.gate.resize(N * ffn);
-      a.up.resize(N * ffn);
+      size6(a.q, a.k, a.v, a.att, a.gate, a.up);
     }
     if (opt_.method == FinetuneMethod::kLora)
       for (auto& mid : a.mid) mid.resize(N * opt_.lora_rank);
