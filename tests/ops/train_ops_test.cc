@@ -115,7 +115,7 @@ TEST_P(TrainOpsTier, SwiGluBackwardMatchesFiniteDifferences) {
   EXPECT_LE(RelErr(du, fd_du), kFdLimit);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiers, TrainOpsTier, ::testing::Values(IsaTier::kScalar, IsaTier::kAvx2),
+INSTANTIATE_TEST_SUITE_P(Tiers, TrainOpsTier, ::testing::Values(IsaTier::kScalar, IsaTier::kAvx2, IsaTier::kAvx512),
                          testing::TierParamName);
 
 // The flash-attention row helpers against double: odd lengths cover the 16- and 8-lane loops and
