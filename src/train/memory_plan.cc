@@ -439,7 +439,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       if (s.method == "full" || s.base_dtype == DType::kBF16 || head_copy) {
         const double vp = std::ceil((double)V / 2), nch = std::ceil(vp / 384);
         pa = std::max(pa, chunk * vp);
-        if (!(head_pairs && ph > 0)) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * (nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8));
+        const double chunk_pairs = nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8;  // Bf16PairsChunk
+        if (!(head_pairs && ph > 0)) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * chunk_pairs);
       }
     }
     add("temporary", W * 4 * (pa + pb + ct),
