@@ -326,18 +326,16 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     }
   }
   double scratch = (6.0 + (s.grad_checkpointing ? 1 : 0)) * dim + 2.0 * qd + 2.0 * kvd + 4.0 * ffn;
-  // bf16 mode on the bf16 dot product: the linears' kernels round their operands as they pack them, so only
-  // the loss's x is rounded into a buffer, where every linear takes that path (RowGroupWorker::LinForward).
-  // Every base dtype: a quantized or f16 one is dequantized a few rows at a time and rounded as packed.
-  const bool pair_kernels = s.precision == "bf16" && UsesBf16Dot();
-  const bool linears_pairs = pair_kernels;
-  if (bf16) scratch += linears_pairs ? (double)dim : 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
+  // bf16 mode on the bf16 dot product: the linears' kernels round their operands as they pack them (every base
+  // dtype: a quantized or f16 one is dequantized a few rows at a time and rounded as packed), so only the loss's
+  // x is rounded into a buffer (RowGroupWorker::LinForward).
+  if (bf16) scratch += bf16_dot ? (double)dim : 2.0 * std::max({dim, qd, ffn});  // rounded x and dy
   if (acts16) scratch += halved;  // the running block's f32 copies of its bf16-kept activations
   const bool dropout = s.lora_dropout > 0;
   if (lora) {
     // scale * mid, dmid and rounded mid (r each); with dropout the dropped input and its gradient.
     scratch += 3.0 * r + (dropout ? 2.0 * max_in : 0);
-    if (bf16) scratch += r + (dropout && !pair_kernels ? max_in : 0);  // rounded x A^T; the dropped input rounded
+    if (bf16) scratch += r + (dropout && !bf16_dot ? max_in : 0);  // rounded x A^T; the dropped input rounded
   }
   const double chunk = std::min<double>(s.loss_chunk_tokens, N);
   const double half = c.head_dim / 2;
@@ -365,7 +363,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // its head packed in pairs): the f32 training GEMM's shared panels are never packed (its per-thread
   // buffers still serve the attention's tiles).
   // (A bf16 head runs the loss on pairs, packed or not: avx512bf16::HeadBackwardInputTRows.)
-  const bool no_f32_gemm = linears_pairs && bf16_dot && (full || s.base_dtype == DType::kBF16 || head_copy) &&
+  const bool no_f32_gemm = bf16_dot && (full || s.base_dtype == DType::kBF16 || head_copy) &&
                            dim % 2 == 0;
   double panels = SharedPanelFloats(V, dim);
   if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)chunk, dim));
@@ -456,7 +454,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const int64_t max_inner = std::max({(int64_t)N, V, dim, qd, ffn});
   const bool converts_w = bf16 || s.base_quant != "none" || s.base_dtype != DType::kF32;
   // A base in another dtype than f32 / bf16 on the pair kernels: 16 dequantized rows on their way to pairs.
-  const bool dequant_rows = pair_kernels && (s.base_quant != "none" || (s.base_dtype != DType::kF32 &&
+  const bool dequant_rows = bf16_dot && (s.base_quant != "none" || (s.base_dtype != DType::kF32 &&
                                                                          s.base_dtype != DType::kBF16));
   const double per_thread =
       4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 +
