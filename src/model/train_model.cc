@@ -393,7 +393,8 @@ RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
   // that layer's own forward then overwrites.
   acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c_.n_layers - lowest_trainable_layer_, 1));
   normdw_.resize((size_t)kNormGradParts * c_.dim);
-  keep16_ = ActivationsAsBf16(opt_.bf16 && UsesBf16Dot());
+  bf16dot_ = opt_.bf16 && UsesBf16Dot();
+  keep16_ = ActivationsAsBf16(bf16dot_);
 }
 
 RowGroupWorker::Work RowGroupWorker::WorkOf(Acts& a) {
@@ -643,8 +644,7 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   }
   // The bf16 kernels round their operands as they pack them (the same bits as rounding first): x is rounded
   // here only for a product that takes it as given.
-  const bool pairs_only = Bf16Dot(L.eff) && (!L.lora.on || Bf16Dot(L.lora.a_eff));
-  const float* xr = pairs_only ? x : Round(x, N * L.in, rx_);
+  const float* xr = Bf16Dot() ? x : Round(x, N * L.in, rx_);
   Forward(y, xr, L.eff, false);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
@@ -655,16 +655,16 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   const LoraParam& p = L.lora;
   const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
   // Without dropout the A input is x itself: reuse its rounding (rx_ still holds it).
-  Forward(mid, xd == x ? xr : Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
+  Forward(mid, xd == x ? xr : Bf16Dot() ? xd : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
   // y += (scale * mid) B^T straight into y: the scale on the rank-r side (as in the backward), no
   // (N, out) product buffer and no pass over y to add it.
   Forward(y, ScaledMid(p, mid), p.b_eff, /*accumulate=*/true);  // (N, out)
 }
 
-// One product of a linear or of its LoRA pair: on vdpbf16ps in bf16 mode where Bf16Dot(w) holds (the kernels
+// One product of a linear or of its LoRA pair: on vdpbf16ps in bf16 mode where Bf16Dot() holds (the kernels
 // round their operands as they pack them), else the training GEMM.
 void RowGroupWorker::Forward(float* y, const float* x, const Tensor& w, bool accumulate) {
-  if (Bf16Dot(w)) {
+  if (Bf16Dot()) {
     kernels::LinearForwardBf16(*pool_, y, x, N_, w, accumulate);
   } else {
     kernels::LinearForward(*pool_, y, x, N_, w, accumulate);
@@ -672,7 +672,7 @@ void RowGroupWorker::Forward(float* y, const float* x, const Tensor& w, bool acc
 }
 
 void RowGroupWorker::InputGrad(float* dx, const float* dy, const Tensor& w, bool accumulate) {
-  if (Bf16Dot(w)) {
+  if (Bf16Dot()) {
     kernels::MatMulBackwardInputBf16(*pool_, dx, dy, N_, w, accumulate);
   } else {
     kernels::MatMulBackwardInput(*pool_, dx, dy, N_, w, accumulate);
@@ -681,7 +681,7 @@ void RowGroupWorker::InputGrad(float* dx, const float* dy, const Tensor& w, bool
 
 // dw (w's shape) += dy^T x.
 void RowGroupWorker::WeightGrad(float* dw, const float* dy, const float* x, const Tensor& w) {
-  if (Bf16Dot(w)) {
+  if (Bf16Dot()) {
     kernels::MatMulBackwardWeightBf16(*pool_, dw, dy, x, N_, w.shape[0], w.shape[1]);
   } else {
     kernels::MatMulBackwardWeight(*pool_, dw, dy, x, N_, w.shape[0], w.shape[1]);
@@ -708,8 +708,8 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
               opt_.profiler ? StrFormat("[%lld, %lld] x [%lld, %lld]", (long long)N, (long long)L.out,
                                         (long long)L.out, (long long)L.in)
                             : std::string());
-  const bool bf16dot = Bf16Dot(L.eff);
-  const float* dyr = bf16dot && (!L.lora.on || Bf16Dot(L.lora.b_eff)) ? dy : Round(dy, N * L.out, rdy_);
+  const bool bf16dot = Bf16Dot();
+  const float* dyr = bf16dot ? dy : Round(dy, N * L.out, rdy_);
   // LoRA's input gradient inside the base product (without dropout): dx = [dy | dmid] . [W ; A] below.
   const bool fused_dx = need_dx && LoraFused(L) && opt_.lora_dropout <= 0;
   if (need_dx && !fused_dx) InputGrad(dx, dyr, L.eff, accumulate);
@@ -746,10 +746,10 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
     InputGrad(dmid_.data(), dyr, p.b_eff, false);  // (N, r)
     scale_dmid(dmid_.data());
   }
-  const float* dmr = Bf16Dot(p.a_eff) ? dmid_.data() : Round(dmid_.data(), N * p.r, rmid_);
+  const float* dmr = bf16dot ? dmid_.data() : Round(dmid_.data(), N * p.r, rmid_);
   const bool drop = opt_.lora_dropout > 0;
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
-  WeightGrad(GradA(L, layer, mod), dmr, Bf16Dot(p.a_eff) ? xd : Round(xd, N * p.in, rx_), p.a_eff);
+  WeightGrad(GradA(L, layer, mod), dmr, bf16dot ? xd : Round(xd, N * p.in, rx_), p.a_eff);
   if (!need_dx || fused_dx) return;
   if (!drop) {
     InputGrad(dx, dmr, p.a_eff, /*accumulate=*/true);
@@ -812,7 +812,7 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   const float scale = 1.0f / std::sqrt((float)hd);
   {
     ScopedOp att_op(opt_.profiler, "attention_fwd", 2.0 * B_ * T * T * H * hd, 4.0 * N * (qd + 2 * kvd));
-    const auto attention = opt_.bf16 && UsesBf16Dot() ? kernels::FlashAttentionForwardBf16 : kernels::FlashAttentionForward;
+    const auto attention = Bf16Dot() ? kernels::FlashAttentionForwardBf16 : kernels::FlashAttentionForward;
     for (int64_t r = 0; r < B_; ++r) {
       attention(*pool_, &w.att[r * T * qd], &a.lse[r * T * H], &w.q[r * T * qd], &w.k[r * T * kvd], &w.v[r * T * kvd],
                 seg_ ? seg_ + r * T : nullptr, T, H, KV, hd, scale, c.WindowOf(l));
@@ -926,7 +926,7 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   {
     ScopedOp op(opt_.profiler, "attention_bwd", 5.0 * B_ * T * T * H * hd, 8.0 * N * (2 * qd + 4 * kvd));
     const auto attention =
-        opt_.bf16 && UsesBf16Dot() ? kernels::FlashAttentionBackwardBf16 : kernels::FlashAttentionBackward;
+        Bf16Dot() ? kernels::FlashAttentionBackwardBf16 : kernels::FlashAttentionBackward;
     for (int64_t r = 0; r < B_; ++r) {
       attention(*pool_, &dq_[r * T * qd], &dk_[r * T * kvd], &dv_[r * T * kvd], &d_att_[r * T * qd], &w.q[r * T * qd],
                 &w.k[r * T * kvd], &w.v[r * T * kvd], &w.att[r * T * qd], &a.lse[r * T * H],

@@ -160,11 +160,11 @@ class RowGroupWorker {
   // bf16 mode's products of a decoder linear on vdpbf16ps (kernels::LinearForwardBf16 and the backward
   // forms): where the CPU has it (UsesBf16Dot), whatever W's dtype (a quantized or f16 base is dequantized a few
   // rows at a time and rounded to bf16 as it is packed, as bitsandbytes dequantizes into its bf16 compute dtype).
-  bool Bf16Dot(const Tensor&) const { return opt_.bf16 && UsesBf16Dot(); }
+  bool Bf16Dot() const { return bf16dot_; }
   // A LoRA linear whose base and rank-r products all run on vdpbf16ps: the rank-r update is summed inside the
   // base product (kernels::LinearForwardBf16Plus / MatMulBackwardInputBf16Plus), no second pass over y / dx.
   bool LoraFused(const Lin& L) const {
-    return L.lora.on && Bf16Dot(L.eff) && Bf16Dot(L.lora.a_eff) && Bf16Dot(L.lora.b_eff);
+    return L.lora.on && Bf16Dot();
   }
   void LinForward(const Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
   // y (=, +=) x w^T, dx (=, +=) dy w, dw += dy^T x over the group's N_ rows (one dispatch for every product).
@@ -231,6 +231,7 @@ class RowGroupWorker {
   std::vector<float> d_att_, dq_, dk_, dv_, dgate_, dup_, dh_, dxn_;
   std::vector<float> rx_, rx2_, rdy_, xd_, lscr_, lmid_, ltmp_, dmid_, rmid_, normdw_;
   std::vector<float> xn_, h_;  // the current block's normed input and SwiGLU output (N, dim), (N, ffn)
+  bool bf16dot_ = false;       // opt_.bf16 && UsesBf16Dot(): Bf16Dot()
   bool keep16_ = false;        // ActivationsAsBf16: the working copies below (WorkOf)
   std::vector<float> wq_, wk_, wv_, watt_, wgate_, wup_;
 };
