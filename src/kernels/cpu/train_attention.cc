@@ -140,6 +140,7 @@ SeqStrips Strips(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, c
 struct F32Attention {
   static constexpr int64_t kRowTile = kGemmTileR;
   static constexpr int64_t kKeyTile = kGemmTileR;
+  static constexpr bool kPacksSoftmax = false;
   const TrainKernelTable& tk;
   Dims d;
   SeqPack sp;

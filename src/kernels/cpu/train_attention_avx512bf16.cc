@@ -115,6 +115,19 @@ const TrainKernelTable& WithRowHelpers(const TrainKernelTable& tk) {
 
 uint32_t* TileBuf(std::vector<uint32_t>& buf) { return Scratch(buf, (size_t)(kKTile * ((kQTile + 1) / 2 + 16))); }
 
+// The forward tile's P as row-major pairs along the keys (AddPV's A), the calling thread's: each task forms a
+// tile's rows and then runs AddPV on one thread.
+uint32_t* ThreadPRows() {
+  static thread_local std::vector<uint32_t> buf;
+  return TileBuf(buf);
+}
+
+// Lanes [lo - j, hi - j) of a 16-key chunk starting at key j, clamped to the chunk.
+inline __mmask16 RangeMask(int64_t lo, int64_t hi, int64_t j) {
+  const int64_t a = std::clamp<int64_t>(lo - j, 0, 16), b = std::clamp<int64_t>(hi - j, 0, 16);
+  return b > a ? (__mmask16)((((uint32_t)1 << b) - 1) & ~(((uint32_t)1 << a) - 1)) : (__mmask16)0;
+}
+
 struct Bf16Attention {
   static constexpr int64_t kRowTile = kR;
   static constexpr int64_t kKeyTile = 16;
@@ -158,8 +171,13 @@ struct Bf16Attention {
                           const float* m, const TileRanges& tr) const {
     static thread_local std::vector<uint32_t> buf;
     uint32_t* mp = TileBuf(buf);
-    const int64_t nkp = (nk + 1) / 2;
     TilePairRows(m, nk, nq, nk, mp);
+    RowPairsTimesRowStrips(o, ldo, xs, g, nq, k0, nk, mp, tr);
+  }
+  // The same with M already as pairs ((nk + 1) / 2 per row).
+  void RowPairsTimesRowStrips(float* o, int64_t ldo, const uint32_t* xs, int g, int64_t nq, int64_t k0, int64_t nk,
+                              const uint32_t* mp, const TileRanges& tr) const {
+    const int64_t nkp = (nk + 1) / 2;
     const uint32_t* xg = xs + g * RowStripsDwords();
     for (int64_t r0 = 0, rt = 0; r0 < nq; r0 += kR, ++rt) {
       const int64_t pl = tr.clo[rt] / 2, ph = (tr.chi[rt] + 1) / 2;
@@ -195,8 +213,33 @@ struct Bf16Attention {
   void Scores(float* S, int h, int g, int64_t q0, int64_t nq, int64_t k0, int64_t nk, const TileRanges& tr) const {
     RowsTimesKeyStrips(S, qp, kt, h, g, q0, nq, k0, nk, tr, /*scaled=*/true);
   }
-  void AddPV(float* o, int g, int64_t, int64_t nq, int64_t k0, int64_t nk, const float* P, const TileRanges& tr) const {
-    RowsTimesRowStrips(o, d.D, vs, g, nq, k0, nk, P, tr);
+  // P as ExpRowPacked / PackRow left it.
+  static constexpr bool kPacksSoftmax = true;
+  void AddPV(float* o, int g, int64_t, int64_t nq, int64_t k0, int64_t nk, const float*, const TileRanges& tr) const {
+    RowPairsTimesRowStrips(o, d.D, vs, g, nq, k0, nk, ThreadPRows(), tr);
+  }
+  // Row i of the forward tile's P as pairs: exp(row - shift) over keys [lo, hi) (the row helpers' exp), zero
+  // elsewhere, 32 keys (16 pairs) a step, never written back as f32; returns the sum of the f32 exps.
+  float ExpRowPacked(const float* row, int64_t i, int64_t lo, int64_t hi, int64_t nk, float shift) const {
+    const int64_t nkp = (nk + 1) / 2;
+    uint32_t* out = ThreadPRows() + i * nkp;
+    const __m512 sh = _mm512_set1_ps(shift);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < nk; j += 32) {
+      const __mmask16 ma = RangeMask(lo, hi, j), mb = RangeMask(lo, hi, j + 16);
+      __m512 ea = _mm512_setzero_ps(), eb = _mm512_setzero_ps();
+      if (ma) ea = _mm512_maskz_mov_ps(ma, avx512::ExpPs(_mm512_sub_ps(_mm512_maskz_loadu_ps(ma, row + j), sh)));
+      if (mb) eb = _mm512_maskz_mov_ps(mb, avx512::ExpPs(_mm512_sub_ps(_mm512_maskz_loadu_ps(mb, row + j + 16), sh)));
+      sum = _mm512_add_ps(sum, _mm512_add_ps(ea, eb));
+      const int64_t np = std::min<int64_t>(16, nkp - j / 2);  // the pad after an odd nk: eb's lane 0, zero
+      _mm512_mask_storeu_epi32(out + j / 2, (__mmask16)(np >= 16 ? 0xffff : (1u << np) - 1),
+                               (__m512i)_mm512_cvtne2ps_pbh(eb, ea));
+    }
+    return _mm512_reduce_add_ps(sum);
+  }
+  // A row the driver formed (no keys in this tile, or a scattered mask) into the same pairs.
+  void PackRow(const float* row, int64_t i, int64_t nk) const {
+    RowToPairs(row, nk, (uint16_t*)(ThreadPRows() + i * ((nk + 1) / 2)));
   }
   void DoVt(float* dP, int h, int g, int64_t q0, int64_t nq, int64_t k0, int64_t nk, const TileRanges& tr) const {
     RowsTimesKeyStrips(dP, dop, vt, h, g, q0, nq, k0, nk, tr, /*scaled=*/false);

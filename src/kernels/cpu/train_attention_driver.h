@@ -8,7 +8,10 @@
 //   DoVt(dP, h, g, q0, nq, k0, nk, tr): dP = dO V^T (backward; as Scores, unscaled);
 //   AddPtDo(dvt, h, q0, nq, nk, P, tr) / AddDsTQ(dkt, h, q0, nq, nk, dS, tr): a key tile's dV += P^T dO and
 //   dK += dS^T Q, in the product set's own tile layout; AddDsK(dq, ld, g, q0, nq, k0, nk, dS, tr): dQ += dS K;
-//   KeyRow(tile, i, dst): row i of such a key tile (D floats) to dst.
+//   KeyRow(tile, i, dst): row i of such a key tile (D floats) to dst;
+//   kPacksSoftmax: whether the set forms the forward's probabilities in the layout AddPV takes itself: row i
+//   of a tile as ExpRowPacked(row, i, lo, hi, nk, shift) (exp(row - shift) over keys [lo, hi), 0 elsewhere;
+//   returns the f32 sum; the f32 row is left as it was) or PackRow(row, i, nk) (a row the driver formed).
 // Each file including this gets its own copy (internal linkage): they are built with different ISA flags.
 #pragma once
 
@@ -105,6 +108,20 @@ class Mask {
 
 inline int64_t RowTiles(int64_t R, int64_t tile) { return (R + tile - 1) / tile; }
 
+// y = a x and x *= a over n floats, in blocks of 16 that -O2 vectorizes (a known trip count) and a scalar tail.
+inline void ScaleRowTo(float* __restrict y, const float* __restrict x, int64_t n, float a) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int k = 0; k < 16; ++k) y[c + k] = x[c + k] * a;
+  for (; c < n; ++c) y[c] = x[c] * a;
+}
+inline void ScaleRow(float* x, int64_t n, float a) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int k = 0; k < 16; ++k) x[c + k] *= a;
+  for (; c < n; ++c) x[c] *= a;
+}
+
 // Which part of a (query tile q0 + [0, nq), key tile k0 + [0, nk)) pair can be nonzero, so the tile
 // products skip register tiles (and inner runs) that the causal / segment mask zeroes: on the diagonal
 // tiles about half the work. Row i may see keys [lo[i], hi[i]) of the tile (none when lo >= hi); query
@@ -190,16 +207,22 @@ void AttentionForward(const TrainKernelTable& tk, ThreadPool& pool, const Ops& o
           const float tmax = hi > lo ? tk.row_max(row + lo, hi - lo) : kNegInf;
           if (tmax == kNegInf) {  // no key of this tile for this row
             std::fill(row, row + nk, 0.0f);
+            if constexpr (Ops::kPacksSoftmax) ops.PackRow(row, i, nk);
             continue;
           }
           const float m_new = std::max(m[i], tmax);
           const float corr = std::exp(m[i] - m_new);  // 0 on the row's first tile (m = -inf)
           if (corr != 1.0f) {
-            float* oi = o + i * D;
-            for (int64_t c = 0; c < D; ++c) oi[c] *= corr;
+            ScaleRow(o + i * D, D, corr);
             l[i] *= corr;
           }
           m[i] = m_new;
+          if constexpr (Ops::kPacksSoftmax) {
+            if (!scattered) {
+              l[i] += ops.ExpRowPacked(row, i, lo, hi, nk, m_new);
+              continue;
+            }
+          }
           float sum = tk.exp_shift_sum(row + lo, hi - lo, m_new);
           if (scattered) {  // the polynomial exp gives ~1e-38 for -inf, not 0
             sum = 0.0f;
@@ -210,6 +233,7 @@ void AttentionForward(const TrainKernelTable& tk, ThreadPool& pool, const Ops& o
           }
           std::fill(row, row + lo, 0.0f);
           std::fill(row + hi, row + nk, 0.0f);
+          if constexpr (Ops::kPacksSoftmax) ops.PackRow(row, i, nk);
           l[i] += sum;
         }
         ops.AddPV(o, g, q0, nq, k0, nk, S, tr);
@@ -217,9 +241,7 @@ void AttentionForward(const TrainKernelTable& tk, ThreadPool& pool, const Ops& o
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = q0 + i;
         const float inv = 1.0f / l[i];  // l >= 1: the row's own key is always allowed
-        float* ot = out + d.QRow(t, h);
-        const float* oi = o + i * D;
-        for (int64_t c = 0; c < D; ++c) ot[c] = oi[c] * inv;
+        ScaleRowTo(out + d.QRow(t, h), o + i * D, D, inv);
         lse[t * n_head + h] = m[i] + std::log(l[i]);
       }
     }
