@@ -341,13 +341,27 @@ Status TrainModelImpl::Init() {
       pos_sin_[p * half + i] = (float)std::sin((double)angle);
     }
   if (FrozenHeadAsBf16(opt_.bf16 && UsesBf16Dot(), full, head_eff_.dtype, c.dim, quantized_base_)) {
-    // bf16 mode with a frozen f32 head: the loss takes it as bf16, as autocast casts it, so its logits and dx
-    // run on vdpbf16ps like a bf16 head's (a copy plus its pairs, the bytes of the f32 pack it replaces).
-    const float* src = head_eff_.as<float>();
+    // bf16 mode with a frozen head stored in another dtype (f32, f16, a GGUF block type): the loss takes it as
+    // bf16, as autocast casts a model loaded in bf16, so its logits and dx run on vdpbf16ps like a bf16 head's
+    // (a copy plus its pairs, the bytes of the f32 pack it replaces).
     head16_.resize(c.vocab_size * c.dim);
-    Par(c.vocab_size * c.dim, 4096, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) head16_[i] = F32ToBF16(src[i]);
-    });
+    if (head_eff_.dtype == DType::kF32) {
+      const float* src = head_eff_.as<float>();
+      Par(c.vocab_size * c.dim, 4096, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) head16_[i] = F32ToBF16(src[i]);
+      });
+    } else {  // f16 or a block type (a GGUF head): dequantized rows, rounded as the pair packers round them
+      const Tensor src = head_eff_;
+      Par(c.vocab_size, 64, [&](int64_t b, int64_t e, int) {
+        std::vector<float> rows((e - b) * c.dim);
+        kernels::DequantizeRows(src, b, e - b, rows.data());
+        for (int64_t i = 0; i < (e - b) * c.dim; ++i) head16_[b * c.dim + i] = F32ToBF16(rows[i]);
+      });
+    }
+    // The head as stored is read again only for embedding rows (tied) or not at all: from a read-only file
+    // mapping its pages go back (re-read on access); other memory stays (the embedding may read it).
+    if (InReadOnlyFileMapping(head_eff_.data, head_eff_.nbytes()))
+      base_released_ += (int64_t)DropFilePages(head_eff_.data, head_eff_.nbytes());
     head_eff_ = Bf16View(head16_, {c.vocab_size, c.dim}, false);
   }
   if (opt_.row_group_workers < 0) return Status::Error("row_group_workers: must be >= 0 (0 = one per pool thread)");
@@ -1192,7 +1206,7 @@ Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
 bool LinearShadows(bool bf16, bool fp16) { return fp16 || (bf16 && !UsesBf16Dot()); }
 
 bool FrozenHeadAsBf16(bool bf16_dot, bool full, DType head_dtype, int64_t dim, bool quantized_base) {
-  return bf16_dot && !full && head_dtype == DType::kF32 && dim % 2 == 0 && !quantized_base;
+  return bf16_dot && !full && head_dtype != DType::kBF16 && dim % 2 == 0 && !quantized_base;
 }
 
 bool FrozenLinearsAsBf16(bool bf16_dot, DType base_dtype, bool quantized_base) {

@@ -109,9 +109,11 @@ constexpr int64_t kMaxPackedHeadBytes = (int64_t)256 << 20;
 // precision: fp16 mode, and bf16 mode where the CPU lacks the bf16 dot product (the f32 GEMM converts bf16
 // weights per panel). On the bf16 dot product the kernels round the f32 masters as they pack them.
 bool LinearShadows(bool bf16, bool fp16);
-// LoRA / freeze in bf16 mode on the bf16 dot product (bf16_dot) with an f32 frozen head (even dim, base not
-// quantized): TrainModel keeps a bf16 copy of the head (2 * vocab * dim bytes) that the loss takes instead,
-// as autocast casts it; it is then packed as bf16 pairs (PackedHeadBytes with bf16_pairs).
+// LoRA / freeze in bf16 mode on the bf16 dot product (bf16_dot) with a frozen head stored in any dtype but bf16
+// (f32, f16, a GGUF block type; even dim, base not quantized for QLoRA / 8-bit): TrainModel keeps a bf16 copy of
+// the head (2 * vocab * dim bytes; a block type dequantized first) that the loss takes instead, as autocast
+// casts a model loaded in bf16; it is then packed as bf16 pairs (PackedHeadBytes with bf16_pairs). A head in a
+// read-only file mapping gives its pages back (re-read for embedding rows only).
 bool FrozenHeadAsBf16(bool bf16_dot, bool full, DType head_dtype, int64_t dim, bool quantized_base);
 // LoRA / freeze in bf16 mode on the bf16 dot product (bf16_dot) over an f32 base (not quantized): each frozen
 // decoder linear whose f32 pages TrainModel can give back (a read-only file mapping, re-read from the file if

@@ -249,11 +249,13 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // fine-tuning's head is its bf16 shadow whatever the base dtype, packed again every step.
   const bool full = s.method == "full";
   const bool bf16_dot = s.precision == "bf16" && UsesBf16Dot();
-  // LoRA / freeze over an f32 base: the frozen head as a bf16 copy (model::FrozenHeadAsBf16), then paired.
+  // LoRA / freeze over a base not stored in bf16: the frozen head as a bf16 copy (model::FrozenHeadAsBf16), then
+  // paired.
   const bool head_copy = model::FrozenHeadAsBf16(bf16_dot, full, s.base_dtype, dim, s.base_quant != "none");
   if (head_copy) {
     add("weights", 2.0 * V * dim,
-        StrFormat("frozen f32 output head (%lld x %lld) as a bf16 copy for the loss on the bf16 dot product",
+        StrFormat("frozen output head (%lld x %lld) as a bf16 copy (dequantized / rounded from its stored dtype) "
+                  "for the loss on the bf16 dot product",
                   (long long)V, (long long)dim));
   }
   const bool head_pairs = bf16_dot && (full || s.base_dtype == DType::kBF16 || head_copy) &&

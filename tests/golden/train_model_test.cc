@@ -717,6 +717,47 @@ TEST(TrainModelBf16, FrozenF32LinearsAsBf16CopiesGiveTheSameBits) {
   EXPECT_EQ(std::memcmp(w->layers[0].w_up.data, anon.layers[0].w_up.data, anon.layers[0].w_up.nbytes()), 0);
 }
 
+// LoRA in bf16 mode on the bf16 dot product takes a frozen head stored in any dtype but bf16 as its bf16 copy
+// (FrozenHeadAsBf16; a block type dequantized first), as autocast casts a model loaded in bf16: a Q8_0 head
+// (tied, as in the SmolLM2 GGUF) trains bit for bit like the same model whose head is those bf16 values (the
+// embedding still Q8_0). A file-mapped head gives its pages back; the embedding still reads them.
+TEST(TrainModelBf16, FrozenHeadOfAnyDtypeIsTakenAsItsBf16Copy) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  auto w = LoadBase("llama_gqa_tied");  // f32 safetensors, mmapped
+  ASSERT_TRUE(w.ok());
+  Fixture f("train_llama_gqa_tied");
+  Batch b = FixtureBatch(f);
+  ThreadPool pool(2);
+  const ModelConfig& c = w->config;
+  TrainModelOptions o = Lora();
+  o.bf16 = true;
+  ModelWeights q = Quantize(*w, DType::kQ8_0, false);
+  ASSERT_EQ(q.output.data, q.tok_embd.data);
+  ModelWeights r = q;
+  {
+    std::vector<float> f32(c.vocab_size * c.dim);
+    kernels::DequantizeRows(q.output, 0, c.vocab_size, f32.data());
+    auto h16 = std::make_shared<std::vector<uint16_t>>(f32.size());
+    for (size_t i = 0; i < f32.size(); ++i) (*h16)[i] = F32ToBF16(f32[i]);
+    r.owners.push_back(h16);
+    r.output.data = h16->data();
+    r.output.dtype = DType::kBF16;
+  }
+  auto mq = Make(q, pool, o), mr = Make(r, pool, o);
+  NonZeroB(*mq);
+  NonZeroB(*mr);
+  const Grads gq = RunSteps(*mq, {b}, 32), gr = RunSteps(*mr, {b}, 32);
+  EXPECT_EQ(gq.loss, gr.loss);
+  ASSERT_EQ(gq.g.size(), gr.g.size());
+  for (size_t i = 0; i < gq.g.size(); ++i)
+    EXPECT_EQ(std::memcmp(gq.g[i].data(), gr.g[i].data(), gq.g[i].size() * 4), 0) << mq->params()[i].name;
+  // The mapped f32 base: the head's file pages go back with the frozen linears' (their f32 bytes at most).
+  auto mapped = Make(*w, pool, o);
+  const int64_t lin = c.n_layers * (2 * c.dim * c.q_dim() + 2 * c.dim * c.kv_dim() + 3 * c.dim * c.ffn_dim);
+  EXPECT_GT(mapped->AllocatedBytes().base_released, 4 * lin);
+  EXPECT_LE(mapped->AllocatedBytes().base_released, 4 * lin + 4 * c.vocab_size * c.dim);
+}
+
 TEST(TrainModelErrors, BadBatchesAndOptionsAreErrorsNotCrashes) {
   auto w = LoadBase("llama_gqa_tied");
   ASSERT_TRUE(w.ok());
