@@ -251,14 +251,14 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const bool bf16_dot = s.precision == "bf16" && UsesBf16Dot();
   // LoRA / freeze over a base not stored in bf16: the frozen head as a bf16 copy (model::FrozenHeadAsBf16), then
   // paired.
-  const bool head_copy = model::FrozenHeadAsBf16(bf16_dot, full, s.base_dtype, dim, s.base_quant != "none");
+  const bool head_copy = model::FrozenHeadAsBf16(bf16_dot, full, s.head_dtype, dim, s.base_quant != "none");
   if (head_copy) {
     add("weights", 2.0 * V * dim,
         StrFormat("frozen output head (%lld x %lld) as a bf16 copy (dequantized / rounded from its stored dtype) "
                   "for the loss on the bf16 dot product",
                   (long long)V, (long long)dim));
   }
-  const bool head_pairs = bf16_dot && (full || s.base_dtype == DType::kBF16 || head_copy) &&
+  const bool head_pairs = bf16_dot && (full || s.head_dtype == DType::kBF16 || head_copy) &&
                           s.base_quant == "none" && dim % 2 == 0;
   const int64_t ph = model::PackedHeadBytes(V, dim, full, s.base_quant != "none", head_pairs);
   if (ph > 0) {
@@ -365,7 +365,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // its head packed in pairs): the f32 training GEMM's shared panels are never packed (its per-thread
   // buffers still serve the attention's tiles).
   // (A bf16 head runs the loss on pairs, packed or not: avx512bf16::HeadBackwardInputTRows.)
-  const bool no_f32_gemm = bf16_dot && (full || s.base_dtype == DType::kBF16 || head_copy) &&
+  const bool no_f32_gemm = bf16_dot && (full || s.head_dtype != DType::kF32 || head_copy) &&
                            dim % 2 == 0;
   double panels = SharedPanelFloats(V, dim);
   if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)chunk, dim));
@@ -411,7 +411,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // buffers of the calling thread (bf16dot_avx512bf16.cc): A (R x L/2 dwords; the head's own rows are
   // read in place) and B (Kd rounded to 16 x L/2 dwords), each the largest of the step's products.
   if (s.precision == "bf16" && UsesBf16Dot()) {
-    double pa = 0, pb = 0, ct = 0;
+    double pa = 0, pb = 0, ct = 0, fs = 0;
     // extra: a second product's inner dimension summed in the same pairs (LoRA's rank r in the base product).
     auto pair_gemm = [&](double R, double Kd, double L, double extra = 0) {
       const double pairs = std::ceil(L / 2) + std::ceil(extra / 2);
@@ -430,22 +430,25 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
         ct = std::max(ct, (double)r * l.out);
       }
     }
-    if ((!lora || s.base_dtype == DType::kBF16 || head_copy) && dim % 2 == 0) {
+    // The loss on the pair kernels: every head but a frozen f32 one kept as stored (a quantized base over an
+    // f32 source).
+    const bool head_on_pairs = (!lora || s.head_dtype != DType::kF32 || head_copy) && dim % 2 == 0;
+    if (head_on_pairs) {
       pair_gemm(0, chunk, dim);             // logits^T: x's pairs only
       if (!lora) pair_gemm(V, dim, chunk);  // the head's gradient
-      // dx from the head's pairs (LoRA / freeze over a bf16 base or an f32 one's bf16 copy, full): dlogits'
-      // pairs; a head not packed beforehand (a quantized base's bf16 head) goes into pairs one inner chunk
-      // at a time (avx512bf16::HeadBackwardInputTRows: dim x the chunk's pairs).
-      if (s.method == "full" || s.base_dtype == DType::kBF16 || head_copy) {
-        const double vp = std::ceil((double)V / 2), nch = std::ceil(vp / 384);
-        pa = std::max(pa, chunk * vp);
-        const double chunk_pairs = nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8;  // Bf16PairsChunk
-        if (!(head_pairs && ph > 0)) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * chunk_pairs);
-      }
+      // dx from the head's pairs: dlogits' pairs; a head not packed beforehand (a quantized base's head as
+      // stored) goes into pairs one inner chunk at a time (avx512bf16::HeadBackwardInputTRows: dim x the chunk's
+      // pairs), a head in a block type dequantized first (2 x the chunk's pairs x dim floats).
+      const double vp = std::ceil((double)V / 2), nch = std::ceil(vp / 384);
+      pa = std::max(pa, chunk * vp);
+      const double chunk_pairs = nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8;  // Bf16PairsChunk
+      if (!(head_pairs && ph > 0)) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * chunk_pairs);
+      if (lora && !head_copy && s.head_dtype != DType::kBF16) fs = 2 * chunk_pairs * dim;
     }
-    add("temporary", W * 4 * (pa + pb + ct),
-        StrFormat("bf16 dot product's operand pairs: %.0f + %.0f dwords (the step's largest products)%s%s", pa, pb,
+    add("temporary", W * 4 * (pa + pb + ct + fs),
+        StrFormat("bf16 dot product's operand pairs: %.0f + %.0f dwords (the step's largest products)%s%s%s", pa, pb,
                   ct > 0 ? StrFormat(", LoRA B's gradient transposed: %.0f floats", ct).c_str() : "",
+                  fs > 0 ? StrFormat(", the loss's head rows dequantized: %.0f floats", fs).c_str() : "",
                   per_worker.c_str()));
   }
   // Per thread: the GEMM's conversion / few-rows B strips and A tiles (train_matmul.cc), 96 x 128
@@ -458,9 +461,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // A base in another dtype than f32 / bf16 on the pair kernels: 16 dequantized rows on their way to pairs.
   const bool dequant_rows = bf16_dot && (s.base_quant != "none" || (s.base_dtype != DType::kF32 &&
                                                                          s.base_dtype != DType::kBF16));
+  // (and a head stored in a block type: 64 dequantized rows and their pairs per task of the loss's logits)
   const double per_thread =
       4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 +
-             2 * 128 * c.head_dim + (dequant_rows ? 16.0 * std::max({dim, qd, ffn}) : 0.0));
+             2 * 128 * c.head_dim +
+             (dequant_rows ? std::max(16.0 * std::max({dim, qd, ffn}), 64.0 * dim) + 32.0 * dim : 0.0));
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
   // (at most 3 more runs of 128 keys; train_attention.cc).
   const double dq_runs = (double)std::min<int64_t>((s.seq_len + 127) / 128, 4) - 1;

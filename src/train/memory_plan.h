@@ -40,7 +40,9 @@ struct TrainSetup {
   double base_weight_bytes = 0;       // lathe: > 0 = bytes of the loaded base weights as stored
                                       // (GGUF quant types, bf16 safetensors, ...)
   DType base_dtype = DType::kF32;     // lathe: the decoder linears' dtype as loaded (how the GEMMs
-                                      // convert and align them)
+                                      // convert and align them; a quantized base's packed type)
+  DType head_dtype = DType::kF32;     // lathe: the output head's dtype as loaded (whether the loss runs on
+                                      // the bf16 dot product, and from a copy)
   double base_released_bytes = -1;    // lathe: >= 0 = of those, the bytes TrainModel made non-
                                       // resident (TrainMemory::base_released); < 0 = assume a
                                       // file-backed base: every trainable tensor's pages dropped

@@ -103,6 +103,9 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
         (long long)c.cutoff_len, (long long)data.dropped);
   }
 
+  // The datasets' bytes: what the process grew by since loading, before a quantized base is packed (its packed
+  // bytes are base weights, counted as such).
+  const double rss_data = (double)monitor::ProcessRssBytes();
   DType qtype;
   if (QuantizedBaseDType(c, &qtype)) {
     // Frozen layers: every layer for LoRA, all but the last freeze_trainable_layers for freeze.
@@ -192,8 +195,10 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   ts.grad_accum = c.gradient_accumulation_steps;
   ts.base_weight_bytes = base_bytes;
   if (!lm.weights.layers.empty()) ts.base_dtype = lm.weights.layers[0].wq.dtype;
+  if (lm.weights.output.data) ts.head_dtype = lm.weights.output.dtype;
+  if (QuantizedBaseDType(c, &qtype))
+    ts.base_quant = qtype == DType::kI8Row ? "int8" : IsDoubleQuant(qtype) ? "nf4_dq" : "nf4";
   ts.threads = o.threads;
-  const double rss_data = (double)monitor::ProcessRssBytes();
   ts.baseline_bytes =
       rss_start + std::max(0.0, rss_loaded - rss_start - base_bytes) + std::max(0.0, rss_data - rss_loaded);
 

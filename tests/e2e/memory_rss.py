@@ -108,6 +108,10 @@ def settings():
                                                                "gradient_accumulation_steps": 2}, ["--tokenizer", tok]),
          ("smollm2-shaped(2L) full bf16 ckpt b4 s128", smol, {"finetuning_type": "full", "bf16": "true",
                                                              "gradient_checkpointing": "true", "max_steps": 2},
+          ["--tokenizer", tok]),
+         # QLoRA: the base packed on load (no head copy, the loss over the head as stored).
+         ("stories260K qlora nf4 bf16 b4 s128", stories, {"bf16": "true", "quantization_bit": 4}, []),
+         ("smollm2-shaped(2L) qlora nf4 bf16 b4 s128", smol, {"bf16": "true", "quantization_bit": 4, "max_steps": 2},
           ["--tokenizer", tok])]
     return s
 

@@ -773,5 +773,42 @@ TEST(TrainBf16Dot, CrossEntropyLogitsArePairArithmetic) {
   }
 }
 
+// A head stored in a GGUF block type (a quantized-base run keeps the GGUF's head as stored) takes the bf16
+// loss's products on its rows dequantized and rounded to bf16 as they are paired (HeadLogitsT by row blocks,
+// HeadBackwardInputTRows by inner chunks: an odd V, two chunks): loss and dx bit for bit those of the same
+// head as bf16 values, at 1 and 2 threads.
+TEST(TrainBf16Dot, CrossEntropyOverABlockQuantizedHeadIsItsBf16Rounding) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  const int64_t T = 37, V = 1001, C = 64;
+  const std::vector<float> x = RandomVec(T * C, 7310), wf = RandomVec(V * C, 7311, 0.3f);
+  std::vector<int32_t> labels(T);
+  for (int64_t t = 0; t < T; ++t) labels[t] = t % 5 == 3 ? kIgnoreLabel : (int32_t)((t * 131) % V);
+  for (DType type : {DType::kQ8_0, DType::kQ4_1}) {
+    std::vector<uint8_t> wq(DTypeBytes(type, V * C));
+    for (int64_t r = 0; r < V; ++r) QuantizeRow(type, &wf[r * C], C, wq.data() + r * DTypeBytes(type, C));
+    Tensor q;
+    q.data = wq.data(), q.dtype = type, q.shape = {V, C};
+    std::vector<float> deq(V * C);
+    DequantizeRows(q, 0, V, deq.data());
+    std::vector<uint16_t> wb(V * C);
+    for (int64_t i = 0; i < V * C; ++i) wb[i] = F32ToBF16(deq[i]);
+    Tensor b;
+    b.data = wb.data(), b.dtype = DType::kBF16, b.shape = {V, C};
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      std::vector<float> dxq(T * C, -1.0f), dxb(T * C, -2.0f);
+      const float lq = CrossEntropyBackward(pool, dxq.data(), nullptr, x.data(), T, q, labels.data(), 29.0f, 1.0f, 16,
+                                            nullptr, /*bf16=*/true);
+      const float lb = CrossEntropyBackward(pool, dxb.data(), nullptr, x.data(), T, b, labels.data(), 29.0f, 1.0f, 16,
+                                            nullptr, /*bf16=*/true);
+      EXPECT_EQ(lq, lb) << DTypeName(type) << " threads " << threads;
+      EXPECT_EQ(dxq, dxb) << DTypeName(type) << " threads " << threads;
+      EXPECT_EQ(lq, CrossEntropyForward(pool, x.data(), T, q, labels.data(), 29.0f, 16, /*bf16=*/true));
+      // Not the f32 path's loss (x and the head really rounded).
+      EXPECT_NE(lq, CrossEntropyForward(pool, x.data(), T, q, labels.data(), 29.0f, 16, /*bf16=*/false));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lathe::kernels

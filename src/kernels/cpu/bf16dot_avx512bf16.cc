@@ -35,10 +35,29 @@ constexpr int64_t kMBlock = 64;  // A rows per task
 
 // C(R, Kd) (=, or += with accumulate) A . B from A as row-major pairs (R x Lp) and B as pair strips.
 // lda: A's row stride in dwords (0: Lp), for an A whose rows hold more pairs than this product sums over.
+// c rows [m0, m1) over strip groups [g0, g1) of PairGemm below: a points at A's row m0.
+void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
+                   const uint32_t* a, int64_t lda, const uint32_t* b, bool accumulate) {
+  const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
+  for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
+    const int64_t np = std::min(chunk, Lp - p0);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
+      const int nc_last = (int)std::min<int64_t>(16, Kd - 16 * (s0 + ns - 1));
+      const uint32_t* bs = b + (s0 * Lp + p0) * 16;
+      for (int64_t i = m0; i < m1; i += kR) {
+        const int r = (int)std::min<int64_t>(kR, m1 - i);
+        TileFor(r, (int)ns)(a + (i - m0) * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
+                            p0 == 0 && !accumulate, nc_last);
+      }
+    }
+  }
+}
+
 void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
               const uint32_t* b, bool accumulate, int64_t lda = 0) {
   if (lda <= 0) lda = Lp;
-  const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
+  const int64_t n_strips = (Kd + 15) / 16;
   const int64_t n_groups = (n_strips + kS - 1) / kS, n_mb = (R + kMBlock - 1) / kMBlock;
   const int64_t th = pool.size();
   const int64_t want = th > 1 ? 4 * th : 1;
@@ -49,19 +68,7 @@ void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, in
       const int64_t mb = t / n_gr, gr = t % n_gr;
       const int64_t m0 = mb * kMBlock, m1 = std::min(R, m0 + kMBlock);
       const int64_t g0 = gr * per, g1 = std::min(n_groups, g0 + per);
-      for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
-        const int64_t np = std::min(chunk, Lp - p0);
-        for (int64_t g = g0; g < g1; ++g) {
-          const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
-          const int nc_last = (int)std::min<int64_t>(16, Kd - 16 * (s0 + ns - 1));
-          const uint32_t* bs = b + (s0 * Lp + p0) * 16;
-          for (int64_t i = m0; i < m1; i += kR) {
-            const int r = (int)std::min<int64_t>(kR, m1 - i);
-            TileFor(r, (int)ns)(a + i * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
-                                p0 == 0 && !accumulate, nc_last);
-          }
-        }
-      }
+      PairGemmBlock(c, ldc, m0, m1, g0, g1, Kd, Lp, a + m0 * lda, lda, b, accumulate);
     }
   }, 2.0 * R * Kd * Lp * 2);
 }
@@ -269,10 +276,27 @@ void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const flo
 // place, nothing packed), x (n, C) goes into n / 16 pair strips; per element the pair arithmetic over C.
 void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n) {
   const int64_t V = w.shape[0], C = w.shape[1], Cp = C / 2;
-  LATHE_CHECK(w.dtype == DType::kBF16 && C % 2 == 0);
+  LATHE_CHECK(w.ndim() == 2 && w.dtype != DType::kF32 && C % 2 == 0);
   uint32_t* b = BBuf((size_t)((n + 15) / 16 * 16 * Cp));
   PairStripsT<float>(pool, x, C, n, C, b);
-  PairGemm(pool, logits_t, n, V, n, Cp, (const uint32_t*)w.data, b, /*accumulate=*/false);
+  if (w.dtype == DType::kBF16) {
+    PairGemm(pool, logits_t, n, V, n, Cp, (const uint32_t*)w.data, b, /*accumulate=*/false);
+    return;
+  }
+  // Another dtype: each task dequantizes its kMBlock rows of W and rounds them into row pairs (a per-thread
+  // buffer), then runs PairGemm's block over every strip group: per element PairGemm's chain on bf16(W).
+  const int64_t n_groups = ((n + 15) / 16 + kS - 1) / kS;
+  pool.ParallelFor((V + kMBlock - 1) / kMBlock, 1, [&](int64_t tb, int64_t te, int) {
+    float* f = DequantBuf((size_t)(kMBlock * C));
+    static thread_local std::vector<uint32_t> abuf;
+    uint32_t* a = Scratch(abuf, (size_t)(kMBlock * Cp));
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t m0 = t * kMBlock, m1 = std::min(V, m0 + kMBlock);
+      kernels::DequantizeRows(w, m0, m1 - m0, f);
+      for (int64_t i = 0; i < m1 - m0; ++i) RowToPairs(f + i * C, C, (uint16_t*)(a + i * Cp));
+      PairGemmBlock(logits_t, n, m0, m1, 0, n_groups, n, Cp, a, Cp, b, /*accumulate=*/false);
+    }
+  }, 2.0 * V * n * C);
 }
 
 // dw (V, C) += dyT . x for dyT (V, n) (the loss's dlogits^T, rounded to bf16 as packed) and x (n, C): pairs
@@ -306,15 +330,23 @@ void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t 
 }
 
 void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, const Tensor& w) {
-  LATHE_CHECK(w.ndim() == 2 && w.dtype == DType::kBF16);
+  LATHE_CHECK(w.ndim() == 2 && w.dtype != DType::kF32);
   const int64_t V = w.shape[0], C = w.shape[1], vp = (V + 1) / 2, chunk = Bf16PairsChunk(vp);
   uint32_t* a = ABuf((size_t)(n * vp));
   PairRowsT(pool, dy_t, n, V, n, a);
   uint32_t* b = BBuf((size_t)((C + 15) / 16 * 16 * chunk));
   const uint16_t* wd = (const uint16_t*)w.data;
+  // Another dtype: the chunk's rows dequantized first (HeadChunkRowsBuf), rounded as they are paired.
+  static thread_local std::vector<float> fbuf;
+  float* f = w.dtype == DType::kBF16 ? nullptr : Scratch(fbuf, (size_t)(2 * chunk * C));
   for (int64_t p0 = 0; p0 < vp; p0 += chunk) {  // Bf16PairsChunk(np) == np: one chain per call, as in one call
-    const int64_t np = std::min(chunk, vp - p0), r0 = 2 * p0;
-    PairStripsRows<uint16_t>(pool, wd + r0 * C, C, std::min(2 * np, V - r0), C, b);
+    const int64_t np = std::min(chunk, vp - p0), r0 = 2 * p0, rows = std::min(2 * np, V - r0);
+    if (f) {
+      pool.ParallelFor(rows, 64, [&](int64_t rb, int64_t re, int) { kernels::DequantizeRows(w, r0 + rb, re - rb, f + rb * C); });
+      PairStripsRows<float>(pool, f, C, rows, C, b);
+    } else {
+      PairStripsRows<uint16_t>(pool, wd + r0 * C, C, rows, C, b);
+    }
     PairGemm(pool, dx, C, n, C, np, a + p0, b, /*accumulate=*/p0 > 0, vp);
   }
 }

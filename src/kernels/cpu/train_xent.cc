@@ -38,7 +38,9 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   // training GEMM's rows micro-kernel (B = the chunk's X^T, packed small), and the softmax runs down
   // the columns, 8 tokens per vector. Other dtypes: logits (nc, V) through MatMul, softmax per row.
   // A bf16 head with bf16_dot: logits^T too, from vdpbf16ps over W's rows as stored (HeadLogitsT).
-  bf16_dot = bf16_dot && w_head.dtype == DType::kBF16 && C % 2 == 0;
+  // A head in another dtype (f16, a GGUF block type: a quantized-base run keeps it as stored) takes the same
+  // products on its rows dequantized and rounded to bf16 as they are paired (HeadLogitsT, HeadBackwardInputTRows).
+  bf16_dot = bf16_dot && w_head.dtype != DType::kF32 && C % 2 == 0 && (w_head.dtype == DType::kBF16 || !dw);
   const bool transposed = w_head.dtype == DType::kF32 || bf16_dot;
   std::vector<float> cmax(transposed ? ct : 0), csum(transposed ? ct : 0), bpart;
   size_t later_a = 0, later_b = 0;  // where the next chunk's head-gradient pairs go
