@@ -10,6 +10,7 @@
 #include "formats/gguf.h"
 #include "model/load_gguf.h"
 #include "model/load_hf.h"
+#include "model/loader.h"
 #include "model/train_model.h"
 #include "train/memory_plan.h"
 
@@ -151,6 +152,25 @@ int RunEstimate(int argc, char** argv) {
         return Fail("estimate", Status::Error("--baseline-mb: expected a number of MiB >= 0, got '" + mb + "'"));
       s.baseline_bytes = v * 1024 * 1024;
       if (params > 0) return Fail("estimate", Status::Error("--params: not available with --lathe (give --arch or MODEL)"));
+    }
+    if (s.lathe && !args.positional().empty()) {
+      // A model file: the plan takes its weights as stored (dtypes, bytes), as `lathe train` does.
+      auto lm = model::LoadModel(args.positional()[0]);
+      if (!lm.ok()) return Fail("estimate", lm.status());
+      const model::ModelWeights& w = (*lm)->weights;
+      s.base_weight_bytes = w.StoredBytes();
+      if (!w.layers.empty()) s.base_dtype = w.layers[0].wq.dtype;
+      if (w.output.data) s.head_dtype = w.output.dtype;
+      // A quantized base: every frozen linear packed on load in place of its source (train::QuantizeBaseWeights).
+      const std::string q = s.method == "qlora" && s.base_quant == "none" ? "nf4_dq" : s.base_quant;
+      if (q != "none" && (s.method == "lora" || s.method == "qlora")) {
+        const DType t = q == "int8" ? DType::kI8Row : q == "nf4" ? DType::kNF4 : DType::kNF4DQ;
+        for (const model::LayerWeights& l : w.layers)
+          for (const Tensor* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+            if (!IsPacked4Bit(t) || m->shape[1] % 64 == 0)  // the 4-bit blocks need in_features % 64 == 0
+              s.base_weight_bytes += (double)PackedQuantBytes(t, m->shape[0], m->shape[1]) - (double)m->nbytes();
+        s.base_dtype = t;
+      }
     }
     auto p = train::PlanTraining(*cfg, s);
     if (!p.ok()) return Fail("estimate", p.status());

@@ -3,6 +3,17 @@
 
 namespace lathe::model {
 
+double ModelWeights::StoredBytes() const {
+  double b = (double)tok_embd.nbytes() + (double)output_norm.nbytes();
+  if (output.data && output.data != tok_embd.data) b += (double)output.nbytes();
+  for (const LayerWeights& l : layers) {
+    for (const Tensor* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+      if (t->data) b += (double)t->nbytes();
+  }
+  return b;
+}
+
 Tensor ModelWeights::OwnF32(std::vector<float> data, std::vector<int64_t> shape) {
   auto holder = std::make_shared<std::vector<float>>(std::move(data));
   Tensor t;

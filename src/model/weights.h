@@ -35,6 +35,8 @@ struct ModelWeights {
   std::vector<std::shared_ptr<void>> owners;
   // Makes a float buffer owned by these weights and returns a Tensor over it.
   Tensor OwnF32(std::vector<float> data, std::vector<int64_t> shape);
+  // Bytes of every tensor as stored (a tied head once).
+  double StoredBytes() const;
   // Checks every shape against the config; errors name the tensor.
   Status Validate(const std::string& source) const;
 };

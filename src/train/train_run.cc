@@ -27,18 +27,6 @@ std::string ExpandHome(const std::string& path) {
   return path;
 }
 
-// Bytes of the base weights as loaded (stored dtypes; a tied head counted once).
-double WeightBytes(const model::ModelWeights& w) {
-  double b = (double)w.tok_embd.nbytes() + (double)w.output_norm.nbytes();
-  if (w.output.data && w.output.data != w.tok_embd.data) b += (double)w.output.nbytes();
-  for (const model::LayerWeights& l : w.layers) {
-    for (const Tensor* t :
-         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
-      if (t->data) b += (double)t->nbytes();
-  }
-  return b;
-}
-
 }  // namespace
 
 Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o) {
@@ -71,7 +59,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   auto loaded = model::LoadModel(c.model_name_or_path, lo);
   if (!loaded.ok()) return loaded.status().WithContext("key 'model_name_or_path'");
   model::LoadedModel& lm = **loaded;
-  double base_bytes = WeightBytes(lm.weights);
+  double base_bytes = lm.weights.StoredBytes();
   const double rss_loaded = (double)monitor::ProcessRssBytes();
   const tokenizer::Tokenizer& tok = *lm.tokenizer;
   if (c.template_name.empty()) tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());

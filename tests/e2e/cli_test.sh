@@ -72,6 +72,38 @@ check "estimate from gguf" bash -c "'$LATHE' estimate '$STORIES/stories260K.gguf
 "$LATHE" estimate --arch llama-7b --optim adam > /dev/null 2>"$tmp/err"; rc=$?
 check "estimate bad optimizer" bash -c "[ $rc -eq 1 ] && grep -q \"did you mean 'adamw'\" '$tmp/err'"
 
+# 5c. estimate --lathe from a model file plans what `lathe train` plans for the same run (the weights as stored:
+# dtypes and bytes; a QLoRA base packed on load), given train's measured baseline.
+for method in lora qlora; do
+  cat > "$tmp/est_$method.yaml" <<EOF
+model_name_or_path: $STORIES/stories260K.gguf
+stage: sft
+finetuning_type: lora
+lora_rank: 8
+dataset: alpaca_en_demo
+dataset_dir: $SHARED/data/llamafactory
+template: alpaca
+cutoff_len: 32
+max_samples: 16
+per_device_train_batch_size: 4
+max_steps: 1
+bf16: true
+output_dir: $tmp/est_out_$method
+save_steps: 1000
+report_to: none
+EOF
+  [ "$method" = qlora ] && echo "quantization_bit: 4" >> "$tmp/est_$method.yaml"
+  "$LATHE" train "$tmp/est_$method.yaml" -t 2 > /dev/null 2>"$tmp/est_train.log"
+  plan=$(grep -o 'plan [0-9.]* MiB ([0-9]* B)' "$tmp/est_train.log" | grep -o '([0-9]*' | tr -d '(')
+  base=$(grep -m1 'baseline .*measured' "$tmp/est_train.log" | awk '{print $2}')
+  LATHE_THREADS=2 "$LATHE" estimate "$STORIES/stories260K.gguf" --lathe --method $method --precision bf16 --batch 4 \
+    --seq 32 --lora-rank 8 --baseline-mb "$base" --json > "$tmp/est_l.json" 2>"$tmp/err"
+  check "estimate --lathe = train's plan ($method)" python3 -c "
+import json, sys; est = json.load(open('$tmp/est_l.json'))['total_device_bytes']; plan = float('${plan:-0}')
+ok = plan > 0 and abs(est / plan - 1) < 0.02
+print('estimate', est, 'plan', plan) if not ok else None; sys.exit(0 if ok else 1)"
+done
+
 # 6. Errors are clear and name the culprit; nothing crashes.
 "$LATHE" generate -m /nonexistent.gguf -p hi > /dev/null 2>"$tmp/err"; rc=$?
 check "missing model rc" test $rc -eq 1
