@@ -1222,7 +1222,9 @@ int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool qu
 
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens) {
   if (row_group_tokens <= 0 || T <= 0) return B;
-  return std::clamp<int64_t>(row_group_tokens / T, 1, std::max<int64_t>(B, 1));
+  // At most half the rows (rounded up): a batch of short rows makes two groups, which two workers run side by
+  // side (each product on one thread) instead of one group whose products split over the threads.
+  return std::clamp<int64_t>(row_group_tokens / T, 1, std::max<int64_t>((B + 1) / 2, 1));
 }
 
 int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads) {

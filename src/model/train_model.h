@@ -150,8 +150,9 @@ struct TrainMemory {
 // depend on the threads. The memory plan counts kNormGradParts x dim floats per worker.
 constexpr int64_t kNormGradParts = 8;
 
-// Rows per forward/backward group of a (B, T) micro-batch: max(1, row_group_tokens / T), at most B;
-// B when row_group_tokens is 0. The memory plan (train/memory_plan.cc) sizes activations with it.
+// Rows per forward/backward group of a (B, T) micro-batch: max(1, row_group_tokens / T), at most half the
+// rows rounded up (so a batch of short rows still makes two groups for two workers); B when
+// row_group_tokens is 0. The memory plan (train/memory_plan.cc) sizes activations with it.
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens);
 // Workers that run a micro-batch of `groups` row groups (TrainModelOptions::row_group_workers,
 // 0 = `threads`): at most `groups`, and for full / freeze at most `threads` (their workers wait for

@@ -192,14 +192,16 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                                : frozen_as_bf16           ? 2.0 * frozen_linear_params
                                                           : 0;
   if (s.base_weight_bytes > 0) {
-    // Assumed file-backed: a frozen head taken as a bf16 copy gives its stored pages back too.
+    // Assumed file-backed (frozen_copy_bytes < 0): a frozen head taken as a bf16 copy gives its stored pages back
+    // too.
     const bool head_copied = model::FrozenHeadAsBf16(s.precision == "bf16" && UsesBf16Dot(), s.method == "full",
                                                      s.head_dtype, dim, s.base_quant != "none");
     const double released = s.base_released_bytes >= 0
                                 ? s.base_released_bytes
                                 : s.base_weight_bytes * base_trainable / (double)P +
                                       (frozen_copies > 0 ? 4.0 * frozen_linear_params : 0) +
-                                      (head_copied ? (double)DTypeBytes(s.head_dtype, V * dim) : 0);
+                                      (head_copied && s.frozen_copy_bytes < 0 ? (double)DTypeBytes(s.head_dtype, V * dim)
+                                                                              : 0);
     if (released > 0) {
       add("weights", s.base_weight_bytes - released,
           StrFormat("base weights as loaded (stored dtypes, read in place) minus %.0f B of trainable tensors "

@@ -172,7 +172,9 @@ TEST(TrainModelRowGroups, RowGroupRows) {
   EXPECT_EQ(RowGroupRows(4, 512, 512), 1);
   EXPECT_EQ(RowGroupRows(4, 1024, 512), 1);
   EXPECT_EQ(RowGroupRows(16, 128, 512), 4);
-  EXPECT_EQ(RowGroupRows(3, 128, 512), 3);
+  EXPECT_EQ(RowGroupRows(3, 128, 512), 2);  // at most half the rows: two groups
+  EXPECT_EQ(RowGroupRows(4, 128, 512), 2);
+  EXPECT_EQ(RowGroupRows(1, 128, 512), 1);
   EXPECT_EQ(RowGroupRows(4, 200, 512), 2);
   EXPECT_EQ(RowGroupRows(4, 512, 0), 4);
   EXPECT_EQ(RowGroupRows(4, 24, 1), 1);
