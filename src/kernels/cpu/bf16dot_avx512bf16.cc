@@ -33,9 +33,7 @@ namespace {
 
 constexpr int64_t kMBlock = 64;  // A rows per task
 
-// C(R, Kd) (=, or += with accumulate) A . B from A as row-major pairs (R x Lp) and B as pair strips.
-// lda: A's row stride in dwords (0: Lp), for an A whose rows hold more pairs than this product sums over.
-// c rows [m0, m1) over strip groups [g0, g1) of PairGemm below: a points at A's row m0.
+// PairGemm's work on C rows [m0, m1) over strip groups [g0, g1) (kS strips each): a points at A's row m0.
 void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
                    const uint32_t* a, int64_t lda, const uint32_t* b, bool accumulate) {
   const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
@@ -54,6 +52,8 @@ void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, in
   }
 }
 
+// C(R, Kd) (=, or += with accumulate) A . B from A as row-major pairs (R x Lp) and B as pair strips.
+// lda: A's row stride in dwords (0: Lp), for an A whose rows hold more pairs than this product sums over.
 void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
               const uint32_t* b, bool accumulate, int64_t lda = 0) {
   if (lda <= 0) lda = Lp;
@@ -336,7 +336,8 @@ void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int6
   PairRowsT(pool, dy_t, n, V, n, a);
   uint32_t* b = BBuf((size_t)((C + 15) / 16 * 16 * chunk));
   const uint16_t* wd = (const uint16_t*)w.data;
-  // Another dtype: the chunk's rows dequantized first (HeadChunkRowsBuf), rounded as they are paired.
+  // Another dtype: the chunk's rows dequantized first (a buffer of the calling thread's), rounded as they are
+  // paired.
   static thread_local std::vector<float> fbuf;
   float* f = w.dtype == DType::kBF16 ? nullptr : Scratch(fbuf, (size_t)(2 * chunk * C));
   for (int64_t p0 = 0; p0 < vp; p0 += chunk) {  // Bf16PairsChunk(np) == np: one chain per call, as in one call

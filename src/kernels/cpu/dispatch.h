@@ -206,7 +206,9 @@ void TrainLoraForward(ThreadPool& pool, float* y, float* mid, const float* x, in
 void TrainLoraBackwardInput(ThreadPool& pool, float* dx, float* dmid, const float* dy, int64_t M, const Tensor& w,
                             const Tensor& b, const Tensor& a, const std::function<const float*(float*)>& second,
                             bool accumulate);
-// The loss's logits^T (V, n) = W . x^T for a bf16 head W (V, C), C even (x rounded to bf16 as packed).
+// The loss's logits^T (V, n) = W . x^T for a head W (V, C) in any dtype but f32, C even (x rounded to bf16 as
+// packed): a bf16 W read in place; another dtype dequantized 64 rows per task and rounded to bf16 pairs (the
+// same bits as the bf16 copy of its values).
 void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n);
 // dw (V, C) += dyT . x, dyT (V, n) (rounded to bf16 as packed), x (n, C): the loss's head gradient.
 void HeadBackwardWeightT(ThreadPool& pool, float* dw, const float* dy_t, const float* x, int64_t n, int64_t V,
@@ -220,7 +222,8 @@ void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t n, int64_t V, 
 // dx (n, C) = dy . W from dyT (V, n) (rounded to bf16 as packed) and W's pairs along V (PackPairsAlongRows).
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,
                         const uint32_t* w_pairs);
-// The same product for a bf16 W (V, C) not packed beforehand: W's rows go into pairs one inner chunk
+// The same product for a W (V, C) not packed beforehand, bf16 or (dequantized first, then rounded) any dtype but
+// f32: W's rows go into pairs one inner chunk
 // (Bf16PairsChunk of the (V + 1) / 2 pairs) at a time, into a per-thread buffer of C x chunk dwords, and each
 // chunk's product is added in order: the chains and sums of HeadBackwardInputT on PackPairsAlongRows(W), bit
 // for bit, without the V x C / 2 dword copy (QLoRA / 8-bit base runs keep none).
