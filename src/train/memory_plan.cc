@@ -191,17 +191,20 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                                : s.frozen_copy_bytes >= 0 ? s.frozen_copy_bytes
                                : frozen_as_bf16           ? 2.0 * frozen_linear_params
                                                           : 0;
+  const bool full = s.method == "full";
+  const bool bf16_dot = s.precision == "bf16" && UsesBf16Dot();
+  // LoRA / freeze over a base not stored in bf16: the frozen head as a bf16 copy (model::FrozenHeadAsBf16), then
+  // paired (below).
+  const bool head_copy = model::FrozenHeadAsBf16(bf16_dot, full, s.head_dtype, dim, s.base_quant != "none");
   if (s.base_weight_bytes > 0) {
     // Assumed file-backed (frozen_copy_bytes < 0): a frozen head taken as a bf16 copy gives its stored pages back
     // too.
-    const bool head_copied = model::FrozenHeadAsBf16(s.precision == "bf16" && UsesBf16Dot(), s.method == "full",
-                                                     s.head_dtype, dim, s.base_quant != "none");
     const double released = s.base_released_bytes >= 0
                                 ? s.base_released_bytes
                                 : s.base_weight_bytes * base_trainable / (double)P +
                                       (frozen_copies > 0 ? 4.0 * frozen_linear_params : 0) +
-                                      (head_copied && s.frozen_copy_bytes < 0 ? (double)DTypeBytes(s.head_dtype, V * dim)
-                                                                              : 0);
+                                      (head_copy && s.frozen_copy_bytes < 0 ? (double)DTypeBytes(s.head_dtype, V * dim)
+                                                                            : 0);
     if (released > 0) {
       add("weights", s.base_weight_bytes - released,
           StrFormat("base weights as loaded (stored dtypes, read in place) minus %.0f B of trainable tensors "
@@ -254,11 +257,6 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                 shadowed > 0 ? StrFormat(" + %lld x 2 B bf16 shadows", (long long)shadowed).c_str() : ""));
   // A bf16 head in bf16 mode on the bf16 dot product: packed as bf16 pairs (half the f32 copy's bytes). Full
   // fine-tuning's head is its bf16 shadow whatever the base dtype, packed again every step.
-  const bool full = s.method == "full";
-  const bool bf16_dot = s.precision == "bf16" && UsesBf16Dot();
-  // LoRA / freeze over a base not stored in bf16: the frozen head as a bf16 copy (model::FrozenHeadAsBf16), then
-  // paired.
-  const bool head_copy = model::FrozenHeadAsBf16(bf16_dot, full, s.head_dtype, dim, s.base_quant != "none");
   if (head_copy) {
     add("weights", 2.0 * V * dim,
         StrFormat("frozen output head (%lld x %lld) as a bf16 copy (dequantized / rounded from its stored dtype) "
