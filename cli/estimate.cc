@@ -162,12 +162,12 @@ int RunEstimate(int argc, char** argv) {
       if (!w.layers.empty()) s.base_dtype = w.layers[0].wq.dtype;
       if (w.output.data) s.head_dtype = w.output.dtype;
       // A quantized base: every frozen linear packed on load in place of its source (train::QuantizeBaseWeights).
-      const std::string q = s.method == "qlora" && s.base_quant == "none" ? "nf4_dq" : s.base_quant;
+      const std::string q = train::BaseQuantOf(s);
       if (q != "none" && (s.method == "lora" || s.method == "qlora")) {
-        const DType t = q == "int8" ? DType::kI8Row : q == "nf4" ? DType::kNF4 : DType::kNF4DQ;
+        const DType t = train::BaseQuantDType(q);
         for (const model::LayerWeights& l : w.layers)
           for (const Tensor* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-            if (!IsPacked4Bit(t) || m->shape[1] % 64 == 0)  // the 4-bit blocks need in_features % 64 == 0
+            if (PackableAs(t, m->shape[1]))
               s.base_weight_bytes += (double)PackedQuantBytes(t, m->shape[0], m->shape[1]) - (double)m->nbytes();
         s.base_dtype = t;
       }

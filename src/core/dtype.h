@@ -103,6 +103,9 @@ QuantHeader PackedQuantLayout(DType t, int64_t rows, int64_t cols);
 inline size_t PackedQuantBytes(DType t, int64_t rows, int64_t cols) {
   return (size_t)PackedQuantLayout(t, rows, cols).total_bytes;
 }
+// Whether a weight with `cols` input features can be packed as t: the 4-bit types' blocks of 64
+// run along a row, so they need cols % 64 == 0 (train::QuantizeBaseWeights keeps the others as stored).
+inline bool PackableAs(DType t, int64_t cols) { return !IsPacked4Bit(t) || cols % 64 == 0; }
 
 // Block layouts, byte-compatible with GGML.
 struct BlockQ8_0 {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "core/check.h"
 #include "core/cpu.h"
 #include "core/strings.h"
 #include "kernels/train_ops.h"
@@ -94,6 +95,20 @@ double QuantBytesPerParam(const std::string& q, int64_t in_features) {
   }
   if (q == "int8") return 1.0 + 4.0 / (double)in_features;  // int8 + one f32 scale per row
   return 0;
+}
+
+std::string BaseQuantOf(const TrainSetup& s) {
+  return s.method == "qlora" && s.base_quant == "none" ? "nf4_dq" : s.base_quant;
+}
+
+DType BaseQuantDType(const std::string& q) {
+  LATHE_CHECK(q == "int8" || q == "nf4" || q == "nf4_dq");
+  return q == "int8" ? DType::kI8Row : q == "nf4" ? DType::kNF4 : DType::kNF4DQ;
+}
+
+std::string BaseQuantName(DType t) {
+  LATHE_CHECK(IsPackedQuant(t));
+  return t == DType::kI8Row ? "int8" : IsDoubleQuant(t) ? "nf4_dq" : "nf4";
 }
 
 double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s) {
@@ -219,10 +234,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                   (long long)(P - base_trainable), bf16 ? 2 : 4, (long long)base_trainable));
   } else if (s.base_quant != "none" && lora) {
     // lathe's packed layouts (core/dtype.h PackedQuantLayout: header, codes, constants, alignment).
-    const DType t = s.base_quant == "int8" ? DType::kI8Row : s.base_quant == "nf4" ? DType::kNF4 : DType::kNF4DQ;
+    const DType t = BaseQuantDType(s.base_quant);
     const int64_t lin = L * LinearParamsPerLayer(c);
-    double packed = 0;
-    for (const auto& l : Linears(c)) packed += (double)PackedQuantBytes(t, l.out, l.in) * L;
+    double packed = 0;  // a weight the packing cannot take stays f32 / bf16 (train::QuantizeBaseWeights)
+    for (const auto& l : Linears(c))
+      packed += (PackableAs(t, l.in) ? (double)PackedQuantBytes(t, l.out, l.in) : l.out * l.in * (bf16 ? 2.0 : 4.0)) * L;
     add("weights", packed + (P - lin) * (bf16 ? 2.0 : 4.0),
         StrFormat("%lld linear params packed as %s (%.4f B each, constants included) + %lld others x %d B",
                   (long long)lin, DTypeName(t), packed / (double)lin, (long long)(P - lin), bf16 ? 2 : 4));
@@ -511,7 +527,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
 
 Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& setup) {
   TrainSetup s = setup;
-  if (s.method == "qlora" && s.base_quant == "none") s.base_quant = "nf4_dq";
+  s.base_quant = BaseQuantOf(s);
   LATHE_RETURN_IF_ERROR(s.Validate());
   if (s.lathe) return PlanLathe(c, s);
   MemoryPlan p;

@@ -91,6 +91,13 @@ int64_t LoraParams(const model::ModelConfig& c, const std::vector<std::string>& 
 // Bytes per parameter of a quantized base weight, constants included (see the .cc for the
 // bitsandbytes layouts).
 double QuantBytesPerParam(const std::string& base_quant, int64_t in_features);
+// The one mapping between TrainSetup::base_quant and lathe's packed dtypes (the plan, `lathe estimate`
+// and `lathe train` all go through it). BaseQuantOf: the setup's base_quant with qlora's default
+// applied (qlora implies nf4_dq). BaseQuantDType REQUIRES base_quant != "none". BaseQuantName: the
+// setup name of a packed dtype (FP4 packs to the same bytes as NF4, so it plans as its NF4 twin).
+std::string BaseQuantOf(const TrainSetup& s);
+DType BaseQuantDType(const std::string& base_quant);
+std::string BaseQuantName(DType packed);
 // Saved activations of the training forward for one micro-batch (bytes).
 double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s);
 // lathe: the most tokens one row group (model::RowGroupRows) of a micro-batch of batch_size rows of

@@ -41,7 +41,7 @@ Result<QuantizeBaseReport> QuantizeBaseWeights(model::ModelWeights* w, DType dty
       if (l >= frozen_layers || t.data == nullptr || t.dtype == dtype) continue;
       if (t.ndim() != 2) return Status::Error(name + ": expected a 2-D weight");
       const int64_t rows = t.shape[0], cols = t.shape[1];
-      if (IsPacked4Bit(dtype) && cols % 64 != 0) {
+      if (!PackableAs(dtype, cols)) {
         r.kept.push_back(StrFormat("%s (%lld x %lld, %s): in_features %% 64 != 0", name.c_str(),
                                    (long long)rows, (long long)cols, DTypeName(t.dtype)));
         continue;

@@ -185,7 +185,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   if (!lm.weights.layers.empty()) ts.base_dtype = lm.weights.layers[0].wq.dtype;
   if (lm.weights.output.data) ts.head_dtype = lm.weights.output.dtype;
   if (QuantizedBaseDType(c, &qtype))
-    ts.base_quant = qtype == DType::kI8Row ? "int8" : IsDoubleQuant(qtype) ? "nf4_dq" : "nf4";
+    ts.base_quant = BaseQuantName(qtype);
   ts.threads = o.threads;
   ts.baseline_bytes =
       rss_start + std::max(0.0, rss_loaded - rss_start - base_bytes) + std::max(0.0, rss_data - rss_loaded);

@@ -381,6 +381,42 @@ TEST(MemoryPlanLathe, PackedBaseWeightsUseLathesLayouts) {
   EXPECT_NEAR(w["nf4_dq"] - other * 2, lin * (0.5 + 1.0 / 64), lin * 0.002);
 }
 
+// One mapping between base_quant names and packed dtypes for the plan, `lathe estimate` and `lathe train`.
+TEST(MemoryPlanLathe, BaseQuantNamesAndPackedDTypes) {
+  for (const char* q : {"int8", "nf4", "nf4_dq"}) EXPECT_EQ(BaseQuantName(BaseQuantDType(q)), q);
+  EXPECT_EQ(BaseQuantName(DType::kFP4), "nf4");  // the same bytes
+  EXPECT_EQ(BaseQuantName(DType::kFP4DQ), "nf4_dq");
+  TrainSetup s;
+  s.method = "qlora";
+  EXPECT_EQ(BaseQuantOf(s), "nf4_dq");  // qlora implies NF4 + double quant
+  s.base_quant = "int8";
+  EXPECT_EQ(BaseQuantOf(s), "int8");
+  s.method = "lora";
+  s.base_quant = "none";
+  EXPECT_EQ(BaseQuantOf(s), "none");
+  EXPECT_TRUE(PackableAs(DType::kI8Row, 172));
+  EXPECT_FALSE(PackableAs(DType::kNF4DQ, 172));
+  EXPECT_TRUE(PackableAs(DType::kNF4DQ, 192));
+}
+
+// A linear whose in_features the 4-bit blocks cannot take stays as stored (QuantizeBaseWeights keeps
+// it), as stories260K's down_proj (in 172): planned at its f32 bytes, not packed.
+TEST(MemoryPlanLathe, UnpackableLinearsPlannedAsStored) {
+  model::ModelConfig c = NamedArchitecture("smollm2-135m").value();
+  c.ffn_dim = 1540;  // 1540 % 64 = 4
+  TrainSetup s;
+  s.lathe = true;
+  s.precision = "fp32";
+  s.base_quant = "int8";
+  const double int8 = PlanTraining(c, s)->Bytes("weights");
+  s.base_quant = "nf4";
+  const double nf4 = PlanTraining(c, s)->Bytes("weights");
+  // int8 packs every linear (~1 B each); nf4 keeps down (dim x hidden) at 4 B, packs the rest (~0.56 B).
+  const double down = (double)c.n_layers * c.dim * c.ffn_dim;
+  const double lin = (double)c.n_layers * (2.0 * c.dim * c.dim + 2.0 * c.dim * c.kv_dim() + 3 * down / c.n_layers);
+  EXPECT_NEAR(nf4 - int8, down * 3.0 - (lin - down) * (1.0 - 0.5625), lin * 0.05);
+}
+
 }  // namespace
 }  // namespace lathe::train
 
