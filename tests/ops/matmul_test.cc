@@ -261,7 +261,8 @@ TEST_P(MatMulTier, ChainGemvEqualsTheGemmPerElement) {
 // Float weights packed in strips (kernels::StripWeight): MatMulStrips gives every element the bits of
 // the GEMM driver's y = x W^T on the unpacked W (MatMulForwardWith) at every M, on both of its paths
 // (strip GEMV below kStripGemvMaxM rows, the GEMM from it on) and any thread count: N not a multiple
-// of 16 (zero-padded strips), K tails, several inner chunks, more strips than one GEMV block.
+// of 16 (zero-padded strips), K tails, several inner chunks, more strips than one GEMV block; (520, 800):
+// one x row's long runs of strips (M = 1) on every thread count.
 TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
@@ -269,7 +270,7 @@ TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
   uint32_t seed = 2500;
   ThreadPool pool1(1);
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (Shape s : {Shape{1, 5}, Shape{17, 37}, Shape{40, 100}, Shape{200, 576}, Shape{33, 1537}}) {
+    for (Shape s : {Shape{1, 5}, Shape{17, 37}, Shape{40, 100}, Shape{200, 576}, Shape{33, 1537}, Shape{520, 800}}) {
       testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
       std::vector<uint8_t> packed(StripWeightBytes(dt, s.N, s.K));
       const StripWeight sw = cpu::PackStripWeightWith(kt.mm, pool1, w.t, packed.data());
@@ -306,8 +307,9 @@ TEST(Bf16PairStrips, BitIdenticalToTheReference) {
   ASSERT_NE(kt.mm.bf16_strips, nullptr);
   uint32_t seed = 2700;
   ThreadPool pool1(1);
+  // (520, 800): the decode row's runs of strips (M = 1) with two inner chunks, several strips per run.
   for (Shape s : {Shape{1, 5}, Shape{17, 37}, Shape{40, 100}, Shape{200, 576}, Shape{33, 1537}, Shape{100, 770},
-                  Shape{64, 2}}) {
+                  Shape{64, 2}, Shape{520, 800}}) {
     testing::TestWeight w = MakeWeight(DType::kBF16, s.N, s.K, seed++);
     std::vector<uint8_t> packed(StripWeightBytes(DType::kBF16, s.N, s.K));
     const StripWeight sw = cpu::PackStripWeightWith(kt.mm, pool1, w.t, packed.data());
