@@ -307,14 +307,14 @@ TEST(Bf16PairStrips, BitIdenticalToTheReference) {
   ASSERT_NE(kt.mm.bf16_strips, nullptr);
   uint32_t seed = 2700;
   ThreadPool pool1(1);
-  // (520, 800): the decode row's runs of strips (M = 1) with two inner chunks, several strips per run.
+  // (520, 800): decode rows' runs of strips (M <= 4) with two inner chunks, several strips per run.
   for (Shape s : {Shape{1, 5}, Shape{17, 37}, Shape{40, 100}, Shape{200, 576}, Shape{33, 1537}, Shape{100, 770},
                   Shape{64, 2}, Shape{520, 800}}) {
     testing::TestWeight w = MakeWeight(DType::kBF16, s.N, s.K, seed++);
     std::vector<uint8_t> packed(StripWeightBytes(DType::kBF16, s.N, s.K));
     const StripWeight sw = cpu::PackStripWeightWith(kt.mm, pool1, w.t, packed.data());
     ASSERT_TRUE(sw.bf16_pairs);
-    for (int64_t M : {1, 2, 3, 7, 8, 9, 19, 20, 41, 64, 70, 130}) {
+    for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 19, 20, 41, 64, 70, 130}) {
       const std::vector<float> x = RandomVec(M * s.K, seed++);
       std::vector<float> ref(M * s.N, -1.0f);
       cpu::Bf16PairsReference(x.data(), M, w.t, ref.data());

@@ -405,37 +405,53 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
 
 namespace {
 
-// One A row (a, Lp pairs) against NR full strips at once, strip r at bs[r] (sstride apart in memory or
-// not), its 16 results at c[r]: per strip and inner chunk the chain of Tile<1, S> (acc from zero over the
-// chunk's pairs, stored for the first chunk, added to C for the later ones), so the same bits.
-template <int NR>
-void RowStrips(const uint32_t* a, int64_t Lp, const uint32_t* const* bs, float* const* c) {
+// R A rows (a, lda dwords apart, Lp pairs) against NR full strips at once, strip r at bs[r] (anywhere in
+// memory), row i's 16 results of strip r at c[r] + i * ldc: per (row, strip) and inner chunk the chain of
+// Tile<R, S> (acc from zero over the chunk's pairs, stored for the first chunk, added to C for the later
+// ones), so the same bits.
+template <int R, int NR>
+void RowStrips(const uint32_t* a, int64_t lda, int64_t Lp, const uint32_t* const* bs, float* const* c, int64_t ldc) {
   const int64_t chunk = Bf16PairsChunk(Lp);
   for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
     const int64_t pe = std::min(Lp, p0 + chunk);
-    __m512 acc[NR];
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+    __m512 acc[R][NR];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) acc[i][r] = _mm512_setzero_ps();
     for (int64_t p = p0; p < pe; ++p) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[p]);
-#pragma GCC unroll 8
-      for (int r = 0; r < NR; ++r)
-        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(bs[r] + p * 16), av);
+      __m512bh bv[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) bv[r] = (__m512bh)_mm512_loadu_si512(bs[r] + p * 16);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
+        const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * lda + p]);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], bv[r], av);
+      }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r)
-      _mm512_storeu_ps(c[r], p0 == 0 ? acc[r] : _mm512_add_ps(_mm512_loadu_ps(c[r]), acc[r]));
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        float* ci = c[r] + i * ldc;
+        _mm512_storeu_ps(ci, p0 == 0 ? acc[i][r] : _mm512_add_ps(_mm512_loadu_ps(ci), acc[i][r]));
+      }
   }
 }
 
-// y(1, N) = a . B over pair strips, for one A row (decode). The register tile walks kS adjacent strips
+// y(M, N) = A . B over pair strips for M <= kRowGemmMaxM A rows (decode, small decode batches), which read
+// the weights once per product and so run at the memory's rate. The register tile walks kS adjacent strips
 // side by side: kS streams of Lp * 64 bytes each, which the hardware prefetcher has to pick up again at
-// every strip (~19 GB/s from DRAM on Zen 4 in the SmolLM2 decode, against ~24 for a row-major GEMV).
-// Here a task's strips go in kRowRuns runs of consecutive strips, the j-th strip of every run together:
-// kRowRuns long sequential streams. Per strip the arithmetic of the tile (RowStrips), so a decode row's
-// results equal its results in any batch.
+// every strip (~19 GB/s from DRAM on Zen 4 in the SmolLM2 decode, against ~24 for a row-major GEMV). Here a
+// task's strips go in kRowRuns runs of consecutive strips, the j-th strip of every run together: kRowRuns
+// long sequential streams. Per strip the arithmetic of the tile (RowStrips), so a row's results equal its
+// results in any batch.
 constexpr int kRowRuns = 4;
-void RowGemm(ThreadPool& pool, float* y, int64_t N, int64_t Lp, const uint32_t* a, const uint32_t* b) {
+constexpr int64_t kRowGemmMaxM = 4;
+
+template <int R>
+void RowGemmR(ThreadPool& pool, float* y, int64_t N, int64_t Lp, const uint32_t* a, const uint32_t* b) {
   const int64_t full = N / 16;  // full strips; a partial last one goes through the tile
   const int64_t th = pool.size(), grain = std::max<int64_t>(kRowRuns, (full + 2 * th - 1) / (2 * th));
   pool.ParallelFor(full, grain, [&](int64_t sb, int64_t se, int) {
@@ -448,15 +464,24 @@ void RowGemm(ThreadPool& pool, float* y, int64_t N, int64_t Lp, const uint32_t* 
         bs[r] = b + s * Lp * 16;
         cs[r] = y + 16 * s;
       }
-      RowStrips<kRowRuns>(a, Lp, bs, cs);
+      RowStrips<R, kRowRuns>(a, Lp, Lp, bs, cs, N);
     }
     for (int64_t s = sb + kRowRuns * n; s < se; ++s) {
       const uint32_t* bs[1] = {b + s * Lp * 16};
       float* cs[1] = {y + 16 * s};
-      RowStrips<1>(a, Lp, bs, cs);
+      RowStrips<R, 1>(a, Lp, Lp, bs, cs, N);
     }
-  }, 2.0 * 16 * full * Lp * 2);
-  if (full * 16 < N) PairGemmBlock(y, N, 0, 1, full / kS, (full + kS) / kS, N, Lp, a, Lp, b, false);
+  }, 2.0 * R * 16 * full * Lp * 2);
+  if (full * 16 < N) PairGemmBlock(y, N, 0, R, full / kS, (full + kS) / kS, N, Lp, a, Lp, b, false);
+}
+
+void RowGemm(ThreadPool& pool, float* y, int64_t M, int64_t N, int64_t Lp, const uint32_t* a, const uint32_t* b) {
+  switch (M) {
+    case 1: return RowGemmR<1>(pool, y, N, Lp, a, b);
+    case 2: return RowGemmR<2>(pool, y, N, Lp, a, b);
+    case 3: return RowGemmR<3>(pool, y, N, Lp, a, b);
+    default: return RowGemmR<4>(pool, y, N, Lp, a, b);
+  }
 }
 
 }  // namespace
@@ -469,7 +494,7 @@ void StripsMatMul(ThreadPool& pool, const float* x, int64_t M, const uint32_t* s
   const int64_t Kp = (K + 1) / 2;
   uint32_t* a = ABuf((size_t)(M * Kp));
   PairRows(pool, x, K, M, K, a);
-  if (M == 1) return RowGemm(pool, y, N, Kp, a, strips);
+  if (M <= kRowGemmMaxM) return RowGemm(pool, y, M, N, Kp, a, strips);
   PairGemm(pool, y, N, M, N, Kp, a, strips, /*accumulate=*/false);
 }
 
