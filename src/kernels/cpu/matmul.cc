@@ -287,9 +287,9 @@ void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, 
   const size_t strip_bytes = (size_t)w.K * 16 * (w.dtype == DType::kF32 ? 4 : 2);
   const uint8_t* sd = (const uint8_t*)w.data;
   // Tasks of whole strips; within a task, blocks of kBlock strips (L2-sized) run every group of 4 x rows.
-  // One x row reuses nothing: its task's strips go in one call (the kernel streams them in long runs).
-  const int64_t kBlock = M == 1 ? w.N : 8;
-  const int64_t per = M == 1 ? 2 : 4;  // tasks per thread
+  // Up to 4 x rows (one group) reuse nothing: a task's strips go in one call (streamed in long runs).
+  const int64_t kBlock = M <= 4 ? w.N : 8;
+  const int64_t per = M <= 4 ? 2 : 4;  // tasks per thread
   const int64_t grain = std::max<int64_t>(1, (n_strips + per * pool.size() - 1) / (per * pool.size()));
   pool.ParallelFor(n_strips, pool.size() == 1 ? n_strips : grain, [&](int64_t b, int64_t e, int) {
     for (int64_t s0 = b; s0 < e; s0 += kBlock) {

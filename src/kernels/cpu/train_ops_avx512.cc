@@ -313,11 +313,12 @@ void StripGemvT(const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inne
   constexpr int S = M <= 2 ? 4 : 2;
   constexpr size_t kStrip = 16 * (T == DType::kF32 ? 4 : 2);
   int64_t s = 0;
-  if (M == 1 && n_strips >= 2 * S) {
-    // One x row (decode): S runs of n consecutive strips, the j-th of each run together, so the loads are
-    // S long sequential streams; S adjacent strips are S streams of one strip each (K * kStrip bytes), which
-    // the hardware prefetcher picks up again at every strip (SmolLM2 f32 decode ~21 -> ~24 GB/s). The last
-    // strip (maybe partial) stays for the loop below. Each strip's chain is the same: the same bits.
+  if (n_strips >= 2 * S) {
+    // Up to 4 x rows (decode, small decode batches: the weights are read once): S runs of n consecutive
+    // strips, the j-th of each run together, so the loads are S long sequential streams; S adjacent strips
+    // are S streams of one strip each (K * kStrip bytes), which the hardware prefetcher picks up again at
+    // every strip (SmolLM2 f32 decode ~21 -> ~24 GB/s). The last strip (maybe partial) stays for the loop
+    // below. Each strip's chain is the same: the same bits.
     const int64_t n = (n_strips - 1) / S;
     for (int64_t j = 0; j < n; ++j)
       StripsT<T, M, S>(strips + j * K * kStrip, K, inner, xr, y + 16 * j, ldy, n_cols - 16 * j, n);
