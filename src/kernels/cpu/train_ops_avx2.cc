@@ -486,11 +486,13 @@ __attribute__((always_inline)) inline void LoadStrip16(const uint8_t* p, __m256&
 }
 
 // strip_gemv for S strips side by side (S x M x 2 accumulators, S independent chains per x row).
+// run: strip s of the group at strips + s * run strips (1: side by side), its results at y + 16 * s * run.
 template <DType T, int M, int S>
 __attribute__((always_inline)) inline void StripsT(const uint8_t* strips, int64_t K, int64_t inner,
                                                    const float* const (&xr)[4], float* y, int64_t ldy,
-                                                   int64_t n_cols) {
+                                                   int64_t n_cols, int64_t run = 1) {
   constexpr size_t kRow = 16 * (T == DType::kF32 ? 4 : 2);  // bytes per strip row
+  const size_t sk = (size_t)run * K;  // strip rows from one strip of the group to the next
   __m256 tot[S][4][2];
   for (int64_t l0 = 0; l0 < K; l0 += inner) {
     const int64_t le = std::min(K, l0 + inner);
@@ -503,7 +505,7 @@ __attribute__((always_inline)) inline void StripsT(const uint8_t* strips, int64_
 #pragma GCC unroll 4
       for (int s = 0; s < S; ++s) {
         __m256 lo, hi;
-        LoadStrip16<T>(strips + ((size_t)s * K + l) * kRow, lo, hi);
+        LoadStrip16<T>(strips + ((size_t)s * sk + l) * kRow, lo, hi);
 #pragma GCC unroll 4
         for (int i = 0; i < M; ++i) {
           const __m256 xv = _mm256_set1_ps(xr[i][l]);
@@ -520,12 +522,12 @@ __attribute__((always_inline)) inline void StripsT(const uint8_t* strips, int64_
           tot[s][i][h] = l0 == 0 ? acc[s][i][h] : _mm256_add_ps(tot[s][i][h], acc[s][i][h]);
   }
   for (int s = 0; s < S; ++s) {
-    const int nc = (int)std::min<int64_t>(16, n_cols - 16 * s);
+    const int nc = (int)std::min<int64_t>(16, n_cols - 16 * s * run);
     for (int i = 0; i < M; ++i) {
       alignas(32) float t[16];
       _mm256_store_ps(t, tot[s][i][0]);
       _mm256_store_ps(t + 8, tot[s][i][1]);
-      std::memcpy(y + i * ldy + 16 * s, t, sizeof(float) * std::max(0, nc));
+      std::memcpy(y + i * ldy + 16 * s * run, t, sizeof(float) * std::max(0, nc));
     }
   }
 }
@@ -538,6 +540,12 @@ void StripGemvT(const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inne
   constexpr int S = M == 1 ? 4 : M == 2 ? 2 : 1;
   constexpr size_t kStrip = 16 * (T == DType::kF32 ? 4 : 2);
   int64_t s = 0;
+  if (S > 1 && n_strips >= 2 * S) {  // S long streams, as the AVX-512 tier's StripGemvT (same bits)
+    const int64_t n = (n_strips - 1) / S;
+    for (int64_t j = 0; j < n; ++j)
+      StripsT<T, M, S>(strips + j * K * kStrip, K, inner, xr, y + 16 * j, ldy, n_cols - 16 * j, n);
+    s = S * n;
+  }
   for (; s + S <= n_strips; s += S)
     StripsT<T, M, S>(strips + s * K * kStrip, K, inner, xr, y + 16 * s, ldy, n_cols - 16 * s);
   for (; s < n_strips; ++s) StripsT<T, M, 1>(strips + s * K * kStrip, K, inner, xr, y + 16 * s, ldy, n_cols - 16 * s);
