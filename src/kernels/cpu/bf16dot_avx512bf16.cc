@@ -7,9 +7,10 @@
 // (or given as such: BF16 inference weights, packed at load).
 // - Inference (MatMulKernels::bf16_strips of the AVX-512 table on CPUs with the instruction): y = bf16(x) .
 //   W^T from BF16 weights in pair strips (kernels::StripWeight::bf16_pairs), every M (decode, batched
-//   decode, prefill) and thread count through the same tile, so a row's result does not depend on what it
-//   is batched with. Against the f32 path on bf16 weights (convert, then FMA): half the instructions per
-//   product and no conversion of W.
+//   decode, prefill) and thread count through the same per-element chain (the tile; up to 4 rows, which
+//   stream W once, RowStrips over runs of strips), so a row's result does not depend on what it is batched
+//   with. Against the f32 path on bf16 weights (convert, then FMA): half the instructions per product and no
+//   conversion of W.
 // - Training in bf16 mode: y = x W^T, dx = dy W and dW += dy^T x for operands that already hold bf16
 //   values (the trainer rounds activations, gradients and trainable weights; a bf16 checkpoint's frozen
 //   weights are bf16 as stored, an f32 one is rounded as packed), and the loss's bf16 head. The f32
@@ -452,7 +453,7 @@ constexpr int64_t kRowGemmMaxM = 4;
 
 template <int R>
 void RowGemmR(ThreadPool& pool, float* y, int64_t N, int64_t Lp, const uint32_t* a, const uint32_t* b) {
-  const int64_t full = N / 16;  // full strips; a partial last one goes through the tile
+  const int64_t full = N / 16;  // full strips
   const int64_t th = pool.size(), grain = std::max<int64_t>(kRowRuns, (full + 2 * th - 1) / (2 * th));
   pool.ParallelFor(full, grain, [&](int64_t sb, int64_t se, int) {
     const int64_t n = (se - sb) / kRowRuns;
@@ -472,6 +473,7 @@ void RowGemmR(ThreadPool& pool, float* y, int64_t N, int64_t Lp, const uint32_t*
       RowStrips<R, 1>(a, Lp, Lp, bs, cs, N);
     }
   }, 2.0 * R * 16 * full * Lp * 2);
+  // The partial last strip by the tile, with the strips of its tile group (recomputed: the same bits).
   if (full * 16 < N) PairGemmBlock(y, N, 0, R, full / kS, (full + kS) / kS, N, Lp, a, Lp, b, false);
 }
 
