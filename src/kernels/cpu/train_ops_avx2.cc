@@ -493,7 +493,7 @@ __attribute__((always_inline)) inline void StripsT(const uint8_t* strips, int64_
                                                    int64_t n_cols, int64_t run = 1) {
   constexpr size_t kRow = 16 * (T == DType::kF32 ? 4 : 2);  // bytes per strip row
   const size_t sk = (size_t)run * K;  // strip rows from one strip of the group to the next
-  __m256 tot[S][4][2];
+  __m256 tot[S][4][2] = {};  // set at l0 == 0 (K >= 1); the zeros only quiet GCC 12's maybe-uninitialized
   for (int64_t l0 = 0; l0 < K; l0 += inner) {
     const int64_t le = std::min(K, l0 + inner);
     __m256 acc[S][4][2];
