@@ -237,11 +237,21 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     const DType t = BaseQuantDType(s.base_quant);
     const int64_t lin = L * LinearParamsPerLayer(c);
     double packed = 0;  // a weight the packing cannot take stays f32 / bf16 (train::QuantizeBaseWeights)
-    for (const auto& l : Linears(c))
-      packed += (PackableAs(t, l.in) ? (double)PackedQuantBytes(t, l.out, l.in) : l.out * l.in * (bf16 ? 2.0 : 4.0)) * L;
+    int64_t kept = 0;
+    for (const auto& l : Linears(c)) {
+      if (PackableAs(t, l.in)) {
+        packed += (double)PackedQuantBytes(t, l.out, l.in) * L;
+      } else {
+        packed += l.out * l.in * (bf16 ? 2.0 : 4.0) * L;
+        kept += l.out * l.in * L;
+      }
+    }
     add("weights", packed + (P - lin) * (bf16 ? 2.0 : 4.0),
-        StrFormat("%lld linear params packed as %s (%.4f B each, constants included) + %lld others x %d B",
-                  (long long)lin, DTypeName(t), packed / (double)lin, (long long)(P - lin), bf16 ? 2 : 4));
+        StrFormat("%lld linear params packed as %s (%.4f B each, constants included)%s + %lld others x %d B",
+                  (long long)lin, DTypeName(t), packed / (double)lin,
+                  kept > 0 ? StrFormat(", of which %lld kept as stored (in_features %% 64 != 0)", (long long)kept).c_str()
+                           : "",
+                  (long long)(P - lin), bf16 ? 2 : 4));
   } else {
     add("weights", P * (bf16 ? 2.0 : 4.0), StrFormat("%lld base params x %d B", (long long)P, bf16 ? 2 : 4));
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu.h"
+#include "core/strings.h"
 
 #include <map>
 #include <random>
@@ -415,6 +416,10 @@ TEST(MemoryPlanLathe, UnpackableLinearsPlannedAsStored) {
   const double down = (double)c.n_layers * c.dim * c.ffn_dim;
   const double lin = (double)c.n_layers * (2.0 * c.dim * c.dim + 2.0 * c.dim * c.kv_dim() + 3 * down / c.n_layers);
   EXPECT_NEAR(nf4 - int8, down * 3.0 - (lin - down) * (1.0 - 0.5625), lin * 0.05);
+  bool said = false;  // the weights line says so
+  for (const PlanLine& l : PlanTraining(c, s)->lines)
+    said = said || l.formula.find(StrFormat("%lld kept as stored", (long long)down)) != std::string::npos;
+  EXPECT_TRUE(said);
 }
 
 }  // namespace

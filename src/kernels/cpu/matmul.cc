@@ -286,14 +286,14 @@ void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, 
   const int64_t n_strips = (w.N + 15) / 16, inner = GemmInnerChunk(w.K);
   const size_t strip_bytes = (size_t)w.K * 16 * (w.dtype == DType::kF32 ? 4 : 2);
   const uint8_t* sd = (const uint8_t*)w.data;
-  // Tasks of whole strips; within a task, blocks of kBlock strips (L2-sized) run every group of 4 x rows.
-  // Up to 4 x rows (one group) reuse nothing: a task's strips go in one call (streamed in long runs).
-  const int64_t kBlock = M <= 4 ? w.N : 8;
+  // Tasks of whole strips; within a task, blocks of 8 strips (L2-sized) run every group of 4 x rows. Up to
+  // 4 x rows (one group) reuse nothing: a task's strips go in one call (streamed in long runs).
+  const int64_t block = M <= 4 ? n_strips : 8;
   const int64_t per = M <= 4 ? 2 : 4;  // tasks per thread
   const int64_t grain = std::max<int64_t>(1, (n_strips + per * pool.size() - 1) / (per * pool.size()));
   pool.ParallelFor(n_strips, pool.size() == 1 ? n_strips : grain, [&](int64_t b, int64_t e, int) {
-    for (int64_t s0 = b; s0 < e; s0 += kBlock) {
-      const int64_t ns = std::min(kBlock, e - s0);
+    for (int64_t s0 = b; s0 < e; s0 += block) {
+      const int64_t ns = std::min(block, e - s0);
       const int64_t n_cols = std::min(w.N - 16 * s0, 16 * ns);
       for (int64_t m0 = 0; m0 < M; m0 += 4)
         tk.strip_gemv(w.dtype, sd + s0 * strip_bytes, ns, w.K, inner, x + m0 * w.K, w.K,
