@@ -417,7 +417,8 @@ TEST(MemoryPlanLathe, UnpackableLinearsPlannedAsStored) {
   const double lin = (double)c.n_layers * (2.0 * c.dim * c.dim + 2.0 * c.dim * c.kv_dim() + 3 * down / c.n_layers);
   EXPECT_NEAR(nf4 - int8, down * 3.0 - (lin - down) * (1.0 - 0.5625), lin * 0.05);
   bool said = false;  // the weights line says so
-  for (const PlanLine& l : PlanTraining(c, s)->lines)
+  const MemoryPlan plan = PlanTraining(c, s).value();  // held: a range-for over a temporary's member dangles
+  for (const PlanLine& l : plan.lines)
     said = said || l.formula.find(StrFormat("%lld kept as stored", (long long)down)) != std::string::npos;
   EXPECT_TRUE(said);
 }
