@@ -97,6 +97,23 @@ TEST_P(OpsTier, Softmax) {
   }
 }
 
+// Every tier's softmax gives the AVX2 one's bits (the AVX-512 prompt attention runs its own softmax and
+// must equal the decode kernel's, which runs the AVX2 one): every tail length, and n % 16 of 1..7 after
+// whole chunks (the AVX2 kernel adds that tail to its second 8-lane sum).
+TEST_P(OpsTier, SoftmaxBitsMatchAvx2) {
+  LATHE_REQUIRE_TIER(GetParam());
+  LATHE_REQUIRE_TIER(IsaTier::kAvx2);
+  if (GetParam() == IsaTier::kScalar) GTEST_SKIP() << "the scalar reference sums in its own order";
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  const cpu::KernelTable& k2 = cpu::KernelsFor(IsaTier::kAvx2);
+  for (int64_t n = 1; n <= 200; ++n) {
+    std::vector<float> x = RandomVec(n, 40 + (uint32_t)n, 6.0f), want = x;
+    kt.softmax(x.data(), n);
+    k2.softmax(want.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(x[i], want[i]) << IsaTierName(GetParam()) << " n=" << n << " at " << i;
+  }
+}
+
 // std::max_element's index on every tier: ties (the first wins), -inf, +inf, NaN anywhere (never larger;
 // a NaN first element stays the answer), every tail length.
 TEST_P(OpsTier, Argmax) {

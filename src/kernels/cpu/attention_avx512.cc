@@ -166,8 +166,8 @@ void MixBlock(const Row* rows, int n, const float* v, const int64_t* off, bool a
   }
 }
 
-// avx2 GroupAttendRowsC's passes: every query's scores block by block, each row's softmax (the AVX2
-// table's, as avx2::GroupAttend), then V mixed block by block.
+// avx2 GroupAttendRowsC's passes: every query's scores block by block, each row's softmax (this tier's:
+// the AVX2 table's bits, as avx2::GroupAttend), then V mixed block by block.
 template <int C>
 void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
                       const int64_t* off, int64_t n_pos0, float scale, float* out, int64_t out_stride, float* sc) {
@@ -188,9 +188,10 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
     const int n = fill(p0);  // positions below relative to the block: off + p0, each row's sc + p0
     ScoresBlock<C>(rows.data(), n, k, off + p0, scale);
   }
-  const KernelTable& t2 = avx2::Table();
+  // This tier's softmax: avx2::Softmax's bits (the decode kernel's) on 16 lanes.
+  const KernelTable& t5 = Table();
   for (int64_t t = 0; t < n_tok; ++t)
-    for (int h = 0; h < group; ++h) t2.softmax(sc + (t * group + h) * n_max, n_pos0 + t + 1);
+    for (int h = 0; h < group; ++h) t5.softmax(sc + (t * group + h) * n_max, n_pos0 + t + 1);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
     const int n = fill(p0);
     MixBlock<C>(rows.data(), n, v, off + p0, p0 > 0);

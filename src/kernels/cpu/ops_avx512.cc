@@ -74,12 +74,21 @@ void Softmax(float* x, int64_t n) {
     mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, x + i));
   }
   const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  // The sums of avx2::Softmax bit for bit: its two 8-lane sums are this one's halves (chunks 16 i and
+  // 16 i + 8), and it adds a last chunk of fewer than 8 to the second (high) one; the reductions and
+  // the exp are the same operations, so the attention of a prompt (this tier) equals its decode steps
+  // (the AVX2 kernel's softmax).
   __m512 s = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = Mask16(std::min<int64_t>(16, n - i));
+    const int64_t r = std::min<int64_t>(16, n - i);
+    const __mmask16 m = Mask16(r);
     const __m512 e = ExpPs(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mv));
     _mm512_mask_storeu_ps(x + i, m, e);
-    s = _mm512_mask_add_ps(s, m, s, e);
+    if (r >= 8) {
+      s = _mm512_mask_add_ps(s, m, s, e);
+    } else {  // lanes 0 .. r-1 onto the high half's
+      s = _mm512_mask_add_ps(s, (__mmask16)(m << 8), s, _mm512_shuffle_f32x4(e, e, 0x44));
+    }
   }
   const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(s));
   for (int64_t i = 0; i < n; i += 16) {
