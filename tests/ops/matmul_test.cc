@@ -503,7 +503,8 @@ TEST(Avx2Forms, SplitAndFullWidthBitIdentical) {
 }
 
 // Block types on the AVX-512 tier run the AVX2 tier's int8 kernels, except Q5_0 / Q5_1's 4-row GEMV,
-// compiled for AVX-512 from the same source (quant_rows.h, fifth bits from k-masks), and the int8 GEMM
+// compiled for AVX-512 from the same source (quant_rows.h, fifth bits from k-masks), Q8_0 / Q4_0 / Q4_1's
+// 4-row GEMV (four rows per zmm, vpdpbusd; N % 4 tail rows on the AVX2 kernel), and the int8 GEMM
 // above kGemvQuantMaxM rows (qgemm_avx512.cc, VNNI): every result bit-identical to the AVX2 tier's, for
 // the GEMV's 1-16 x rows and the GEMM's tile remainders, N with and without a tail of 4 or of 8 rows.
 TEST(Avx512Tier, BlockTypesBitIdenticalToAvx2) {

@@ -1,12 +1,13 @@
 // AVX-512 (F/BW/VL/DQ) matmul kernels: f32/f16/bf16 GEMV on zmm, row dequantization and the 6 x 4
 // zmm FMA prefill panel; block types run the AVX2 table's int8 GEMV (GetMatMulKernels), Q5_0 / Q5_1's
-// 4-row GEMV compiled here (quant_rows.h), and the VNNI int8 GEMM (qgemm_avx512.cc).
+// 4-row GEMV compiled here (quant_rows.h), Q8_0 / Q4_0 / Q4_1's 4-row GEMV on zmm, and the VNNI int8 GEMM (qgemm_avx512.cc).
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/cpu/avx512_util.h"
@@ -163,10 +164,111 @@ void Q5Rows4(const uint8_t* w, size_t rb, int64_t n4, const BlockQ8X* xq, int64_
   }
 }
 
+// Decode rows of Q8_0 / Q4_0 / Q4_1 (M = 1-4 x rows) with four weight rows per zmm, row q in 128-bit lane
+// q: quant_rows.h's QuantRows4 (the AVX2 table's kernel) bit for bit, in about half the instructions.
+// Each lane's 4 int32 are Dot4Q8's / Dot4Q4's exact sums, formed by two vpdpbusd: on the nibbles for Q4,
+// on q + 128 from a start of -128 * (x lane sums) for Q8_0 (qgemm_avx512.cc's identity); then per block,
+// in block order, acc = fma(float(lanes), dw * dx, acc) and the Q4 offset / min term corr = fma(cw, sx,
+// corr); y = Hsum4 of the row's lane + corr * kCorr. The rows go in QuantRows4's 4 runs of n_rows / 4
+// (4 long streams). REQUIRES n_rows % 4 == 0.
+template <DType T, int M>
+void QuantRowsZ(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y, int64_t ldy) {
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = !kQ8 && avx2::Q4Block<T>::kMin;
+  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : avx2::Q4Block<T>::kBytes;
+  constexpr size_t kQsOff = kQ8 ? 2 : avx2::Q4Block<T>::kQsOff;
+  constexpr float kCorr = kQ8 ? 0.0f : avx2::Q4Block<T>::kCorr;
+  const int64_t run = n_rows / 4;
+  const size_t rs = run * rb;  // bytes between the 4 rows of a step
+  static thread_local std::vector<int32_t> bias_buf;  // Q8_0: 4 int32 per (x row, block)
+  int32_t* bias = nullptr;
+  if constexpr (kQ8) {
+    bias_buf.resize((size_t)(4 * M * nb));
+    bias = bias_buf.data();
+    const __m128i x80 = _mm_set1_epi8((char)0x80);
+    for (int64_t i = 0; i < M * nb; ++i) {
+      __m128i sx = _mm_dpbusd_epi32(_mm_setzero_si128(), x80, _mm_loadu_si128((const __m128i*)x[i].qs));
+      sx = _mm_dpbusd_epi32(sx, x80, _mm_loadu_si128((const __m128i*)(x[i].qs + 16)));
+      _mm_storeu_si128((__m128i*)(bias + 4 * i), _mm_sub_epi32(_mm_setzero_si128(), sx));
+    }
+  }
+  const __m512i flip = _mm512_set1_epi8((char)0x80), low4 = _mm512_set1_epi8(0x0f);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  for (int64_t r = 0; r < run; ++r) {
+    const uint8_t* row = w + r * rb;
+    __m512 acc[M];
+    __m128 corr[M];
+    for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps(), corr[i] = _mm_setzero_ps();
+    for (int64_t j = 0; j < nb; ++j) {
+      const uint8_t* b0 = row + j * kBB;
+      const __m128 dw = _mm_cvtph_ps(Load4Halves(b0, rs));
+      __m128 cw = dw;
+      if constexpr (kMin) cw = _mm_cvtph_ps(Load4Halves(b0 + 2, rs));
+      const uint8_t* q = b0 + kQsOff;
+      __m512i u0, u1;
+      if constexpr (kQ8) {
+        // [row0 h0 | row0 h1 | row1 h0 | row1 h1], the same for rows 2, 3; then the halves gathered.
+        const __m512i t01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)q)),
+                                               _mm256_loadu_si256((const __m256i*)(q + rs)), 1);
+        const __m512i t23 =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(q + 2 * rs))),
+                               _mm256_loadu_si256((const __m256i*)(q + 3 * rs)), 1);
+        u0 = _mm512_xor_si512(_mm512_shuffle_i64x2(t01, t23, _MM_SHUFFLE(2, 0, 2, 0)), flip);
+        u1 = _mm512_xor_si512(_mm512_shuffle_i64x2(t01, t23, _MM_SHUFFLE(3, 1, 3, 1)), flip);
+      } else {
+        __m512i p = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)q));
+        p = _mm512_inserti32x4(p, _mm_loadu_si128((const __m128i*)(q + rs)), 1);
+        p = _mm512_inserti32x4(p, _mm_loadu_si128((const __m128i*)(q + 2 * rs)), 2);
+        p = _mm512_inserti32x4(p, _mm_loadu_si128((const __m128i*)(q + 3 * rs)), 3);
+        u0 = _mm512_and_si512(p, low4);
+        u1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        const BlockQ8X& xb = x[i * nb + j];
+        if constexpr (!kQ8) corr[i] = _mm_fmadd_ps(cw, _mm_set1_ps(xb.s), corr[i]);
+        __m512i d = kQ8 ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(bias + 4 * (i * nb + j))))
+                        : _mm512_setzero_si512();
+        d = _mm512_dpbusd_epi32(d, u0, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)xb.qs)));
+        d = _mm512_dpbusd_epi32(d, u1, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(xb.qs + 16))));
+        const __m512 ds = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(xb.d))));
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ds, acc[i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) {
+      alignas(16) float c[4];
+      _mm_store_ps(c, _mm_mul_ps(corr[i], _mm_set1_ps(kCorr)));
+      const __m128 lanes[4] = {_mm512_castps512_ps128(acc[i]), _mm512_extractf32x4_ps(acc[i], 1),
+                               _mm512_extractf32x4_ps(acc[i], 2), _mm512_extractf32x4_ps(acc[i], 3)};
+      for (int qr = 0; qr < 4; ++qr) {
+        __m128 sum = _mm_add_ps(lanes[qr], _mm_movehl_ps(lanes[qr], lanes[qr]));  // Hsum4: (l0 + l2) + (l1 + l3)
+        sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+        y[i * ldy + r + qr * run] = _mm_cvtss_f32(sum) + c[qr];
+      }
+    }
+  }
+}
+
+template <DType T>
+void QuantRowsZM(const uint8_t* w, size_t rb, int64_t n4, const BlockQ8X* xq, int64_t m, int64_t K, float* y,
+                 int64_t ldy) {
+  switch (m) {
+    case 1:
+      return QuantRowsZ<T, 1>(w, rb, n4, xq, K / 32, y, ldy);
+    case 2:
+      return QuantRowsZ<T, 2>(w, rb, n4, xq, K / 32, y, ldy);
+    case 3:
+      return QuantRowsZ<T, 3>(w, rb, n4, xq, K / 32, y, ldy);
+    default:
+      return QuantRowsZ<T, 4>(w, rb, n4, xq, K / 32, y, ldy);
+  }
+}
+
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
   // Every block type: the AVX2 table's int8 kernels (GetMatMulKernels below), except Q5_0 / Q5_1's
-  // 4-row kernel, which runs here compiled for AVX-512 (quant_rows.h: the same bits).
+  // 4-row kernel, which runs here compiled for AVX-512 (quant_rows.h: the same bits), and Q8_0 / Q4_0 /
+  // Q4_1's four rows per zmm (QuantRowsZ, the same bits).
   if (t == DType::kQ5_0 || t == DType::kQ5_1) {
     const int64_t n4 = n_rows / 4 * 4;
     if (n4 > 0) {
@@ -174,6 +276,15 @@ void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, i
       t == DType::kQ5_0 ? Q5Rows4<DType::kQ5_0>(w, rb, n4, xq, m, K, y, ldy)
                         : Q5Rows4<DType::kQ5_1>(w, rb, n4, xq, m, K, y, ldy);
     }
+    if (n4 == n_rows) return;
+    return avx2::Table().mm.gemv(t, w + n4 * rb, rb, n_rows - n4, x, m, K, y + n4, ldy);
+  }
+  if ((t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1) && n_rows >= 4) {
+    const int64_t n4 = n_rows / 4 * 4;
+    const BlockQ8X* xq = (const BlockQ8X*)x;
+    t == DType::kQ8_0   ? QuantRowsZM<DType::kQ8_0>(w, rb, n4, xq, m, K, y, ldy)
+    : t == DType::kQ4_0 ? QuantRowsZM<DType::kQ4_0>(w, rb, n4, xq, m, K, y, ldy)
+                        : QuantRowsZM<DType::kQ4_1>(w, rb, n4, xq, m, K, y, ldy);
     if (n4 == n_rows) return;
     return avx2::Table().mm.gemv(t, w + n4 * rb, rb, n_rows - n4, x, m, K, y + n4, ldy);
   }
