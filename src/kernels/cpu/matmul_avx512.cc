@@ -1,6 +1,7 @@
 // AVX-512 (F/BW/VL/DQ) matmul kernels: f32/f16/bf16 GEMV on zmm, row dequantization and the 6 x 4
-// zmm FMA prefill panel; block types run the AVX2 table's int8 GEMV (GetMatMulKernels), Q5_0 / Q5_1's
-// 4-row GEMV compiled here (quant_rows.h), Q8_0 / Q4_0 / Q4_1's 4-row GEMV on zmm, and the VNNI int8 GEMM (qgemm_avx512.cc).
+// zmm FMA prefill panel; block types run the AVX2 table's int8 GEMV (GetMatMulKernels), except Q5_0 /
+// Q5_1's 4-row GEMV compiled here (quant_rows.h) and Q8_0 / Q4_0 / Q4_1's 4-row GEMV on zmm (QuantRowsZ);
+// and the VNNI int8 GEMM (qgemm_avx512.cc).
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
