@@ -97,7 +97,7 @@ TEST_P(OpsTier, Softmax) {
   }
 }
 
-// Every tier's softmax gives the AVX2 one's bits (the AVX-512 prompt attention runs its own softmax and
+// Every vector tier's softmax gives the AVX2 one's bits (the AVX-512 prompt attention runs its own softmax and
 // must equal the decode kernel's, which runs the AVX2 one): every tail length, and n % 16 of 1..7 after
 // whole chunks (the AVX2 kernel adds that tail to its second 8-lane sum).
 TEST_P(OpsTier, SoftmaxBitsMatchAvx2) {

@@ -365,9 +365,9 @@ void ChainGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float
   return ChainGemvM<DType::kF16>(w, rb, n_rows, x, ldx, m, K, inner, y, ldy);
 }
 
-// The elementwise ops of the AVX2 table on 16 lanes: every lane runs the AVX2 kernel's operations (ExpPs's
-// reduction and polynomial, the IEEE divide), so the results are its bits; the
-// last n % 16 elements go to the AVX2 kernel itself (its 8-lane step and scalar tail).
+// SwiGLU and the bf16 -> f32 copy of the AVX2 table on 16 lanes: every lane runs the AVX2 kernel's operations
+// (ExpPs's reduction and polynomial, the IEEE divide), so the results are its bits; the last n % 16 elements
+// go to the AVX2 kernel itself (its 8-lane step and scalar tail).
 void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   int64_t i = 0;
