@@ -305,8 +305,8 @@ int RunBenchTrain(int argc, char** argv) {
             "rows of a step run forward + backward in groups of max(1, this / seq) rows (0 = all at once)",
             std::to_string(model::TrainModelOptions().row_group_tokens));
   args.Flag("--row-group-workers",
-            "row groups run data-parallel on this many workers, each on one thread (0 = one per thread, 1 = "
-            "every product split over all threads; full rows: at most one per thread)",
+            "row groups run data-parallel on this many workers, each on one thread (0 = one per thread, but one "
+            "for full-f32; 1 = every product split over all threads; full rows: at most one per thread)",
             "0");
   args.Flag("--profile",
             "PREFIX: each row's last step is profiled to PREFIX-ROW-tN.json (Chrome trace) with a top-ops "

@@ -77,7 +77,8 @@ struct TrainModelOptions {
   // Row groups run data-parallel on this many workers, each with its own activations and scratch on
   // a 1-thread pool (side by side on the pool's threads). Two 1-thread GEMMs side by side keep
   // their 1-thread rate; one GEMM split over two threads does not (bench/RESULTS.md). 0 = one per
-  // pool thread; at most the micro-batch's row groups. LoRA: workers > 0 add into private LoRA
+  // pool thread, or one where the loss runs in group order (RowGroupWorkers); at most the micro-batch's
+  // row groups. LoRA: workers > 0 add into private LoRA
   // gradients summed in worker order after the groups, so the result depends on the worker count
   // (summation order) but not on the threads or timing. Full / freeze (at most one worker per
   // thread; a private full gradient would cost more memory than the speed is worth): every worker
@@ -155,9 +156,17 @@ constexpr int64_t kNormGradParts = 8;
 // row_group_tokens is 0. The memory plan (train/memory_plan.cc) sizes activations with it.
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens);
 // Workers that run a micro-batch of `groups` row groups (TrainModelOptions::row_group_workers,
-// 0 = `threads`): at most `groups`, and for full / freeze at most `threads` (their workers wait for
-// each other). The memory plan counts activations, scratch and private LoRA gradients per worker.
-int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads);
+// 0 = `threads`, or 1 where `loss_in_order`): at most `groups`, and for full / freeze at most `threads`
+// (their workers wait for each other). `loss_in_order`: full fine-tuning whose loss cannot hold its head
+// gradient back (FullLossInOrder): a group's whole loss waits for the earlier groups', so by default one
+// group at a time with every product split over the threads (full f32 at 2 threads on Zen 5: 388 vs
+// 321-354 tok/s, 2475 vs 2880 MB). The memory plan counts activations, scratch and private LoRA
+// gradients per worker.
+int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads,
+                        bool loss_in_order = false);
+// Full fine-tuning whose loss's head gradient is added whole in group order: the head gradient can be held
+// back (kernels::HeadGradParts) only on the bf16 dot product with an even dim (kernels::HeadGradCanWait).
+bool FullLossInOrder(bool full, bool bf16_dot, int64_t dim);
 
 // One micro-batch: B rows of T tokens (row-major), padded rows use label -100 beyond their end.
 struct TrainBatch {

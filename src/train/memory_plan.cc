@@ -129,11 +129,12 @@ double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s) {
   return per_layer * c.n_layers + final_norm;
 }
 
-int64_t LatheWorkers(const TrainSetup& s) {
+int64_t LatheWorkers(const model::ModelConfig& c, const TrainSetup& s) {
   // Row groups are fewest at the longest padded length (rows per group only shrink as T grows).
   const int64_t rows = model::RowGroupRows(s.batch_size, s.seq_len, s.row_group_tokens);
   return model::RowGroupWorkers(s.method == "lora" || s.method == "qlora", (s.batch_size + rows - 1) / rows,
-                                s.row_group_workers, s.threads);
+                                s.row_group_workers, s.threads,
+                                model::FullLossInOrder(s.method == "full", s.precision == "bf16" && UsesBf16Dot(), c.dim));
 }
 
 bool LatheHandsBackPages(const TrainSetup& s) {
@@ -175,7 +176,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const bool bf16 = s.precision != "fp32";
   const bool lora = s.method == "lora" || s.method == "qlora";
   const double N = (double)LatheGroupTokens(s);  // tokens of one row group
-  const double W = (double)LatheWorkers(s);       // row-group workers, each with its own group's buffers
+  const double W = (double)LatheWorkers(c, s);       // row-group workers, each with its own group's buffers
   const std::string per_worker = W > 1 ? StrFormat(" x %.0f row-group workers", W) : std::string();
   p.total_params = P;
   auto add = [&](std::string cat, double bytes, std::string formula) {

@@ -57,7 +57,8 @@ struct TrainSetup {
   int64_t row_group_tokens = 512;     // lathe: TrainModelOptions::row_group_tokens (rows run
                                       // forward + backward in groups; 0 = the whole micro-batch)
   int64_t row_group_workers = 0;      // lathe: TrainModelOptions::row_group_workers (LoRA row
-                                      // groups run data-parallel; 0 = one per thread)
+                                      // groups run data-parallel; 0 = one per thread, or
+                                      // one where model::FullLossInOrder)
   Status Validate() const;
 };
 
@@ -103,8 +104,9 @@ double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s);
 // lathe: the most tokens one row group (model::RowGroupRows) of a micro-batch of batch_size rows of
 // at most seq_len tokens holds: TrainModel's activations and scratch are sized for it.
 int64_t LatheGroupTokens(const TrainSetup& s);
-// lathe: the row-group workers a micro-batch runs on (model::RowGroupWorkers at the longest length).
-int64_t LatheWorkers(const TrainSetup& s);
+// lathe: the row-group workers a micro-batch runs on (model::RowGroupWorkers at the longest length; one by
+// default for full fine-tuning whose loss runs in group order, model::FullLossInOrder).
+int64_t LatheWorkers(const model::ModelConfig& c, const TrainSetup& s);
 // lathe: whether the run hands gradient and activation pages back to the OS each step
 // (model::TrainModelOptions::hand_back_pages): full / freeze without gradient checkpointing whose
 // optimizer step is one row group (one micro-batch, no accumulation). Only then do the two overlap

@@ -61,7 +61,8 @@ struct TrainConfig {
   bool pure_bf16 = false;
   bool gradient_checkpointing = false;
   // lathe: row groups of a micro-batch run side by side on this many workers, each with its own
-  // activations (model::TrainModelOptions::row_group_workers); 0 = one per thread, 1 = the least memory.
+  // activations (model::TrainModelOptions::row_group_workers); 0 = one per thread (one for full
+  // fine-tuning whose loss runs in group order, model::FullLossInOrder), 1 = the least memory.
   int64_t row_group_workers = 0;
   // logging / output
   int64_t logging_steps = 10;
