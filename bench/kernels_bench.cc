@@ -404,25 +404,31 @@ void BM_TrainBf16Linears(benchmark::State& state, int kind, int threads) {
 // The loss of one 512-token row group in bf16 mode over SmolLM2's bf16 head (49152 x 576): logits, softmax
 // and dx from the packed head's pairs (LoRA: frozen head), plus the head's weight gradient (full: f32
 // gradient, 113 MB, from DRAM).
-void BM_TrainBf16Loss(benchmark::State& state, bool full, int threads) {
+// The loss (cross-entropy over SmolLM2's 49152 x 576 head, 512 tokens in chunks of 128): bf16 mixed precision's
+// products on vdpbf16ps (bf16) or f32; full = the trained head's weight gradient too (the third product).
+void BM_TrainLoss(benchmark::State& state, bool full, int threads, bool bf16) {
   ThreadPool pool(threads);
   const int64_t V = kHead.N, C = kHead.K, T = 512;
   std::vector<float> wf = RandomFloats(V * C, 11);
-  std::vector<uint16_t> w16(V * C);
-  for (int64_t i = 0; i < V * C; ++i) w16[i] = F32ToBF16(wf[i]);
+  std::vector<uint16_t> w16(bf16 ? V * C : 0);
+  for (size_t i = 0; i < w16.size(); ++i) w16[i] = F32ToBF16(wf[i]);
   Tensor w;
-  w.data = (void*)w16.data();
-  w.dtype = DType::kBF16;
+  w.data = bf16 ? (void*)w16.data() : (void*)wf.data();
+  w.dtype = bf16 ? DType::kBF16 : DType::kF32;
   w.shape = {V, C};
   kernels::PackedBackwardB packed;
-  kernels::PackForBackwardInputBf16(pool, w, &packed);
+  if (bf16) {
+    kernels::PackForBackwardInputBf16(pool, w, &packed);
+  } else {
+    kernels::PackForBackwardInput(pool, w, &packed);
+  }
   std::vector<float> x = RandomFloats(T * C, 12), dx(T * C), dw(full ? V * C : 0);
-  kernels::RoundToBf16(x.data(), x.data(), T * C);
+  if (bf16) kernels::RoundToBf16(x.data(), x.data(), T * C);
   std::vector<int32_t> labels(T);
   for (int64_t t = 0; t < T; ++t) labels[t] = (int32_t)((t * 7919) % V);
   for (auto _ : state) {
     benchmark::DoNotOptimize(kernels::CrossEntropyBackward(pool, dx.data(), full ? dw.data() : nullptr, x.data(), T,
-                                                           w, labels.data(), (float)T, 1.0f, 128, &packed, true));
+                                                           w, labels.data(), (float)T, 1.0f, 128, &packed, bf16));
   }
   state.counters["GFLOP/s"] = benchmark::Counter((full ? 3 : 2) * 2.0 * T * V * C * state.iterations() * 1e-9,
                                                  benchmark::Counter::kIsRate);
@@ -529,15 +535,17 @@ void RegisterAll() {
                                        .c_str(),
                                    BM_PagedAttention, n_pos, old_path)
           ->UseRealTime();
-  if (UsesBf16Dot())
+  for (bool bf16 : {true, false})
     for (bool full : {false, true})
-      for (int threads : {1, 2})
-        benchmark::RegisterBenchmark((std::string("train_bf16_loss/") + (full ? "full" : "lora") + "/T:512/threads:" +
-                                      std::to_string(threads))
+      for (int threads : {1, 2}) {
+        if (bf16 && !UsesBf16Dot()) continue;
+        benchmark::RegisterBenchmark((std::string(bf16 ? "train_bf16_loss/" : "train_f32_loss/") +
+                                      (full ? "full" : "lora") + "/T:512/threads:" + std::to_string(threads))
                                          .c_str(),
-                                     BM_TrainBf16Loss, full, threads)
+                                     BM_TrainLoss, full, threads, bf16)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
+      }
   if (UsesBf16Dot())
     for (int kind : {0, 1, 2})
       for (int threads : {1, 2})

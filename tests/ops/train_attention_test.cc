@@ -202,7 +202,9 @@ TEST_P(TrainAttention, BackwardMatchesFiniteDifferences) {
 
 // The backward's tasks (a run of key tiles of one query head each, runs fixed by T: 3 at T = 301)
 // own their dQ rows or dQ partials (summed in run order) and per-head dK / dV parts (summed in head
-// order): 1, 2 and 3 threads give the same bits (TrainModelDeterminism relies on it). The AVX-512
+// order): 1, 2 and 3 threads give the same bits (TrainModelDeterminism relies on it). One thread runs
+// the grouped tasks (a run of one kv head's query heads, their key tiles summed in head order as each
+// ends: 6 tasks >= 4 x threads), 2 and 3 the per-head ones: the comparison covers both forms. The AVX-512
 // train table (the AVX2 arithmetic, two strips per micro-kernel call) gives the AVX2 tier's bits.
 TEST(TrainAttentionThreads, BackwardBitsDoNotDependOnThreads) {
   std::vector<std::vector<float>> avx2_grads[2];
@@ -422,7 +424,7 @@ TEST(TrainAttentionBf16, MatchesReferenceRoundingAsTheKernel) {
 }
 
 // The bf16 backward's tasks are the f32 one's (train_attention_driver.h): 1, 2 and 3 threads give the same
-// bits, forward and backward.
+// bits, forward and backward (1 thread: the grouped tasks, their KeyRows transposing 16 x 16 blocks).
 TEST(TrainAttentionBf16, BitsDoNotDependOnThreads) {
   if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
   const Cfg c{301, 6, 2, 64};

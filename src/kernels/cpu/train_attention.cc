@@ -178,8 +178,8 @@ struct F32Attention {
               const TileRanges& tr) const {
     RowsTimesStrips(tk, dq, ld_dq, nq, d.D, nk, dS, nk, ks.Unit(g).Rows(k0), nullptr, &tr, /*overwrite=*/false);
   }
-  void KeyRow(const float* tile, int64_t i, float* dst) const {
-    std::memcpy(dst, tile + i * d.D, sizeof(float) * d.D);
+  void KeyRows(const float* tile, int64_t n, float* dst, int64_t ld) const {
+    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * ld, tile + i * d.D, sizeof(float) * d.D);
   }
 };
 

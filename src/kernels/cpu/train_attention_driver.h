@@ -8,7 +8,7 @@
 //   DoVt(dP, h, g, q0, nq, k0, nk, tr): dP = dO V^T (backward; as Scores, unscaled);
 //   AddPtDo(dvt, h, q0, nq, nk, P, tr) / AddDsTQ(dkt, h, q0, nq, nk, dS, tr): a key tile's dV += P^T dO and
 //   dK += dS^T Q, in the product set's own tile layout; AddDsK(dq, ld, g, q0, nq, k0, nk, dS, tr): dQ += dS K;
-//   KeyRow(tile, i, dst): row i of such a key tile (D floats) to dst;
+//   KeyRows(tile, n, dst, ld): rows 0 .. n - 1 of such a key tile (D floats each) to dst + i * ld;
 //   kPacksSoftmax: whether the set forms the forward's probabilities in the layout AddPV takes itself: row i
 //   of a tile as ExpRowPacked(row, i, lo, hi, nk, shift) (exp(row - shift) over keys [lo, hi), 0 elsewhere;
 //   returns the f32 sum; the f32 row is left as it was) or PackRow(row, i, nk) (a row the driver formed).
@@ -276,9 +276,6 @@ void AttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, Thread
   const Mask mask(seg, T, window);
   // With grouped heads each head's dK / dV (T x D) goes to its own buffer, summed per group below;
   // with one head per group straight into dk / dv.
-  static thread_local std::vector<float> dkp_buf, dvp_buf;
-  float* dkp = rep > 1 ? Scratch(dkp_buf, (size_t)(n_head * T * D)) : nullptr;
-  float* dvp = rep > 1 ? Scratch(dvp_buf, (size_t)(n_head * T * D)) : nullptr;
   const int64_t n_kt = (T + kKTile - 1) / kKTile;
   // Tasks are (run of key tiles, head): the key tiles split into n_parts runs of about equal causal
   // work, so 9 heads still spread evenly over the threads. The split depends on T only (never on the
@@ -303,58 +300,109 @@ void AttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, Thread
   auto run_q0 = [&](int64_t p) { return std::min(T, run_begin[p] * kKTile / kQTile * kQTile); };
   static thread_local std::vector<float> dqp_buf;
   float* dqp = n_parts > 1 ? Scratch(dqp_buf, (size_t)((n_parts - 1) * n_head * T * D)) : nullptr;
-  pool.ParallelFor(n_parts * n_head, 1, [&](int64_t tb, int64_t te, int) {
-    static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf;
-    static thread_local TileRanges tr;
-    float* dkt = Scratch(dk_buf, (size_t)(kKTile * D));
-    float* dvt = Scratch(dv_buf, (size_t)(kKTile * D));
-    float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
-    float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
-    for (int64_t task = tb; task < te; ++task) {
-      const int64_t part = task / n_head;
-      const int h = (int)(task % n_head), g = h / rep;
-      // This run's dQ rows: dq itself (run 0, every row zeroed) or its partial rows from run_q0 on.
-      float* dqh = part == 0 ? dq + h * D : dqp + ((part - 1) * n_head + h) * T * D;
-      const int64_t ld_dq = part == 0 ? ldq : D;
-      for (int64_t t = part == 0 ? 0 : run_q0(part); t < T; ++t) std::memset(dqh + t * ld_dq, 0, sizeof(float) * D);
-      for (int64_t kt_i = run_begin[part]; kt_i < run_begin[part + 1]; ++kt_i) {
-        const int64_t k0 = kt_i * kKTile, k1 = std::min(T, k0 + kKTile), nk = k1 - k0;
-        std::fill(dkt, dkt + kKTile * D, 0.0f);
-        std::fill(dvt, dvt + kKTile * D, 0.0f);
-        for (int64_t q0 = k0 / kQTile * kQTile; q0 < T; q0 += kQTile) {
-          const int64_t q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
-          if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
-          tr.Set(mask, q0, nq, k0, nk, Ops::kRowTile, Ops::kKeyTile);
-          ops.Scores(P, h, g, q0, nq, k0, nk, tr);
-          ops.DoVt(dS, h, g, q0, nq, k0, nk, tr);
-          const bool scattered = mask.Scattered() && !tr.full;
-          for (int64_t i = 0; i < nq; ++i) {
-            float* row = P + i * nk;
-            float* ds = dS + i * nk;
-            const int64_t t = q0 + i;
-            const int64_t lo = tr.lo[i], hi = tr.hi[i];
-            if (hi > lo) tk.exp_shift_scale(row + lo, hi - lo, lse[t * n_head + h], 1.0f);
-            if (scattered)
-              for (int64_t j = lo; j < hi; ++j)
-                if (!mask.Allowed(k0 + j, t)) row[j] = 0.0f;
-            if (hi > lo) tk.softmax_grad(ds + lo, row + lo, hi - lo, delta[t * n_head + h], scale);
-            std::fill(row, row + lo, 0.0f);
-            std::fill(ds, ds + lo, 0.0f);
-            std::fill(row + hi, row + nk, 0.0f);
-            std::fill(ds + hi, ds + nk, 0.0f);
+  // One head's pass over key tile kt_i of run `part`: its tile's dK^T / dV^T into dkt / dvt (zeroed here),
+  // its dQ into the run's rows (dqh, zeroed by the caller before the run's first tile).
+  auto key_tile = [&](int64_t part, int h, int64_t kt_i, float* dkt, float* dvt, float* P, float* dS,
+                      TileRanges& tr) {
+    const int g = h / rep;
+    float* dqh = part == 0 ? dq + h * D : dqp + ((part - 1) * n_head + h) * T * D;
+    const int64_t ld_dq = part == 0 ? ldq : D;
+    const int64_t k0 = kt_i * kKTile, k1 = std::min(T, k0 + kKTile), nk = k1 - k0;
+    std::fill(dkt, dkt + kKTile * D, 0.0f);
+    std::fill(dvt, dvt + kKTile * D, 0.0f);
+    for (int64_t q0 = k0 / kQTile * kQTile; q0 < T; q0 += kQTile) {
+      const int64_t q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
+      if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
+      tr.Set(mask, q0, nq, k0, nk, Ops::kRowTile, Ops::kKeyTile);
+      ops.Scores(P, h, g, q0, nq, k0, nk, tr);
+      ops.DoVt(dS, h, g, q0, nq, k0, nk, tr);
+      const bool scattered = mask.Scattered() && !tr.full;
+      for (int64_t i = 0; i < nq; ++i) {
+        float* row = P + i * nk;
+        float* ds = dS + i * nk;
+        const int64_t t = q0 + i;
+        const int64_t lo = tr.lo[i], hi = tr.hi[i];
+        if (hi > lo) tk.exp_shift_scale(row + lo, hi - lo, lse[t * n_head + h], 1.0f);
+        if (scattered)
+          for (int64_t j = lo; j < hi; ++j)
+            if (!mask.Allowed(k0 + j, t)) row[j] = 0.0f;
+        if (hi > lo) tk.softmax_grad(ds + lo, row + lo, hi - lo, delta[t * n_head + h], scale);
+        std::fill(row, row + lo, 0.0f);
+        std::fill(ds, ds + lo, 0.0f);
+        std::fill(row + hi, row + nk, 0.0f);
+        std::fill(ds + hi, ds + nk, 0.0f);
+      }
+      // dV += P^T dO, dK += dS^T Q, dQ += dS K.
+      ops.AddPtDo(dvt, h, q0, nq, nk, P, tr);
+      ops.AddDsTQ(dkt, h, q0, nq, nk, dS, tr);
+      ops.AddDsK(dqh + q0 * ld_dq, ld_dq, g, q0, nq, k0, nk, dS, tr);
+    }
+  };
+  auto zero_dq_rows = [&](int64_t part, int h) {
+    float* dqh = part == 0 ? dq + h * D : dqp + ((part - 1) * n_head + h) * T * D;
+    const int64_t ld_dq = part == 0 ? ldq : D;
+    for (int64_t t = part == 0 ? 0 : run_q0(part); t < T; ++t) std::memset(dqh + t * ld_dq, 0, sizeof(float) * D);
+  };
+  // Grouped heads: tasks of (run, kv head) whose heads' key tiles are summed in head order as each tile ends
+  // (the same additions as summing per-head buffers afterwards, so the same bits, without the T x D buffer
+  // per head and its pass) where there are tasks enough for the threads; else (run, head) tasks into per-head
+  // buffers. Either gives the same result.
+  const int64_t threads = std::max<int64_t>(1, pool.size());
+  const bool by_group = rep > 1 && n_parts * n_kv_head >= 4 * threads;
+  static thread_local std::vector<float> dkp_buf, dvp_buf;
+  float* dkp = rep > 1 && !by_group ? Scratch(dkp_buf, (size_t)(n_head * T * D)) : nullptr;
+  float* dvp = rep > 1 && !by_group ? Scratch(dvp_buf, (size_t)(n_head * T * D)) : nullptr;
+  if (by_group) {
+    pool.ParallelFor(n_parts * n_kv_head, 1, [&](int64_t tb, int64_t te, int) {
+      static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf;
+      static thread_local TileRanges tr;
+      float* dkts = Scratch(dk_buf, (size_t)(rep * kKTile * D));
+      float* dvts = Scratch(dv_buf, (size_t)(rep * kKTile * D));
+      float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
+      float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
+      for (int64_t task = tb; task < te; ++task) {
+        const int64_t part = task / n_kv_head;
+        const int g = (int)(task % n_kv_head);
+        for (int r = 0; r < rep; ++r) zero_dq_rows(part, g * rep + r);
+        for (int64_t kt_i = run_begin[part]; kt_i < run_begin[part + 1]; ++kt_i) {
+          for (int r = 0; r < rep; ++r)
+            key_tile(part, g * rep + r, kt_i, dkts + r * kKTile * D, dvts + r * kKTile * D, P, dS, tr);
+          for (int r = 1; r < rep; ++r) {  // += (1 x is exact): the head order of the per-head sums below
+            kt.axpy(dkts, 1.0f, dkts + r * kKTile * D, kKTile * D);
+            kt.axpy(dvts, 1.0f, dvts + r * kKTile * D, kKTile * D);
           }
-          // dV += P^T dO, dK += dS^T Q, dQ += dS K.
-          ops.AddPtDo(dvt, h, q0, nq, nk, P, tr);
-          ops.AddDsTQ(dkt, h, q0, nq, nk, dS, tr);
-          ops.AddDsK(dqh + q0 * ld_dq, ld_dq, g, q0, nq, k0, nk, dS, tr);
-        }
-        for (int64_t s = k0; s < k1; ++s) {
-          ops.KeyRow(dkt, s - k0, rep > 1 ? dkp + (h * T + s) * D : dk + d.KRow(s, g));
-          ops.KeyRow(dvt, s - k0, rep > 1 ? dvp + (h * T + s) * D : dv + d.KRow(s, g));
+          const int64_t k0 = kt_i * kKTile, nk = std::min(T, k0 + kKTile) - k0;
+          ops.KeyRows(dkts, nk, dk + d.KRow(k0, g), (int64_t)n_kv_head * D);
+          ops.KeyRows(dvts, nk, dv + d.KRow(k0, g), (int64_t)n_kv_head * D);
         }
       }
-    }
-  });
+    });
+  } else {
+    pool.ParallelFor(n_parts * n_head, 1, [&](int64_t tb, int64_t te, int) {
+      static thread_local std::vector<float> dk_buf, dv_buf, p_buf, ds_buf;
+      static thread_local TileRanges tr;
+      float* dkt = Scratch(dk_buf, (size_t)(kKTile * D));
+      float* dvt = Scratch(dv_buf, (size_t)(kKTile * D));
+      float* P = Scratch(p_buf, (size_t)(kQTile * kKTile));
+      float* dS = Scratch(ds_buf, (size_t)(kQTile * kKTile));
+      for (int64_t task = tb; task < te; ++task) {
+        const int64_t part = task / n_head;
+        const int h = (int)(task % n_head), g = h / rep;
+        zero_dq_rows(part, h);
+        for (int64_t kt_i = run_begin[part]; kt_i < run_begin[part + 1]; ++kt_i) {
+          key_tile(part, h, kt_i, dkt, dvt, P, dS, tr);
+          const int64_t k0 = kt_i * kKTile, nk = std::min(T, k0 + kKTile) - k0;
+          if (rep > 1) {
+            ops.KeyRows(dkt, nk, dkp + (h * T + k0) * D, D);
+            ops.KeyRows(dvt, nk, dvp + (h * T + k0) * D, D);
+          } else {
+            ops.KeyRows(dkt, nk, dk + d.KRow(k0, g), (int64_t)n_kv_head * D);
+            ops.KeyRows(dvt, nk, dv + d.KRow(k0, g), (int64_t)n_kv_head * D);
+          }
+        }
+      }
+    });
+  }
   if (n_parts > 1) {
     pool.ParallelFor(T * n_head, 64, [&](int64_t b, int64_t e, int) {
       for (int64_t r = b; r < e; ++r) {
@@ -367,7 +415,7 @@ void AttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, Thread
       }
     });
   }
-  if (rep == 1) return;
+  if (rep == 1 || by_group) return;
   // dK / dV of each kv head: its query heads' parts summed in head order.
   pool.ParallelFor(T * n_kv_head, 64, [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) {
