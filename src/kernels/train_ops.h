@@ -2,6 +2,7 @@
 // matching explicit backward (llm.c style, no autograd). Scalar references: kernels/cpu/train_reference.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -274,5 +275,26 @@ void FlashAttentionBackwardBf16(ThreadPool& pool, float* dq, float* dk, float* d
                                 float scale, int64_t window = 0);
 // Bytes of the bf16 operand pairs the calling thread keeps for one backward call (its per-call packs).
 int64_t FlashAttentionBf16Bytes(int64_t T, int n_head, int n_kv_head, int head_dim);
+// The training attention's key tiles (128 keys) and the backward's runs of them (at most 4, fixed by T: the
+// tasks and the dQ partials, one per run after the first).
+constexpr int64_t kAttentionKeyTile = 128;
+constexpr int64_t kAttentionBackwardRuns = 4;
+inline int64_t AttentionBackwardRuns(int64_t T) {
+  return std::min<int64_t>((T + kAttentionKeyTile - 1) / kAttentionKeyTile, kAttentionBackwardRuns);
+}
+// Grouped heads (n_head > n_kv_head) on threads enough for it: the backward's tasks are (run, kv head), their
+// query heads' key tiles summed in head order as each ends; else (run, head) tasks into per-head dK / dV
+// (n_head x T x head_dim floats each, the calling thread's) summed per kv head at the end. The same bits.
+inline bool AttentionBackwardByGroup(int64_t T, int n_head, int n_kv_head, int threads) {
+  return n_head > n_kv_head && AttentionBackwardRuns(T) * n_kv_head >= 4 * (int64_t)std::max(threads, 1);
+}
+// Floats of dK / dV the backward keeps: each pool thread's key tiles (2 x 128 x head_dim per head of its task)
+// + the calling thread's per-head parts; the memory plan's figure.
+inline int64_t AttentionBackwardKeyFloats(int64_t T, int n_head, int n_kv_head, int head_dim, int threads) {
+  const bool grouped = AttentionBackwardByGroup(T, n_head, n_kv_head, threads);
+  const int64_t heads_per_task = grouped ? n_head / n_kv_head : 1;
+  const int64_t parts = n_head > n_kv_head && !grouped ? 2 * (int64_t)n_head * T * head_dim : 0;
+  return (int64_t)std::max(threads, 1) * 2 * heads_per_task * kAttentionKeyTile * head_dim + parts;
+}
 
 }  // namespace lathe::kernels

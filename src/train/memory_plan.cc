@@ -496,16 +496,18 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // (and a head stored in a block type: 64 dequantized rows and their pairs per task of the loss's logits)
   const double per_thread =
       4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 +
-             2 * 128 * c.head_dim +
              (dequant_rows ? std::max(16.0 * std::max({dim, qd, ffn}), 64.0 * dim) + 32.0 * dim : 0.0));
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
-  // (at most 3 more runs of 128 keys; train_attention.cc).
-  const double dq_runs = (double)std::min<int64_t>((s.seq_len + 127) / 128, 4) - 1;
+  // (kernels::AttentionBackwardRuns), and its dK / dV key tiles (+ per-head parts where the heads are not
+  // grouped per task: kernels::AttentionBackwardKeyFloats), on the worker's pool (1 thread when W > 1).
+  const double dq_runs = (double)kernels::AttentionBackwardRuns(s.seq_len) - 1;
   const double dq_partials = 4.0 * dq_runs * c.n_heads * (double)s.seq_len * c.head_dim;
-  add("temporary", s.threads * per_thread + W * dq_partials,
+  const double attn_keys = 4.0 * (double)kernels::AttentionBackwardKeyFloats(
+                                     s.seq_len, (int)c.n_heads, (int)c.n_kv_heads, (int)c.head_dim, W > 1 ? 1 : s.threads);
+  add("temporary", s.threads * per_thread + W * (dq_partials + attn_keys),
       StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles) + %.0f KiB of "
-                "attention dQ partials%s",
-                s.threads, per_thread / 1024, dq_partials / 1024, per_worker.c_str()));
+                "attention dQ partials and dK / dV tiles%s",
+                s.threads, per_thread / 1024, (dq_partials + attn_keys) / 1024, per_worker.c_str()));
   // bf16 mode on CPUs with the bf16 dot product: the attention's products take their operands as bf16 pairs,
   // packed once per call by the worker's thread (q and dO as rows and transposed per head, K / V strips per
   // kv head; kernels::FlashAttentionBf16Bytes), plus two tile buffers per thread (P / dS as pairs).

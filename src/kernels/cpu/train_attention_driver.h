@@ -30,9 +30,8 @@ namespace lathe::kernels::cpu {
 namespace {
 
 constexpr int64_t kQTile = 96;        // query rows per tile
-constexpr int64_t kKTile = 128;       // key rows per tile (96 x 128 scores, 48 KiB: L2)
+constexpr int64_t kKTile = kAttentionKeyTile;  // key rows per tile (96 x 128 scores, 48 KiB: L2)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kBackwardRuns = 4;  // runs of key tiles per head in the backward (tasks)
 
 struct Dims {
   int64_t T;
@@ -281,7 +280,7 @@ void AttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, Thread
   // work, so 9 heads still spread evenly over the threads. The split depends on T only (never on the
   // threads): run 0 adds its dQ straight into dq, run p > 0 into its own partial rows (from its first
   // query tile on), which are added to dq in run order at the end.
-  const int64_t n_parts = std::min<int64_t>(n_kt, kBackwardRuns);
+  const int64_t n_parts = AttentionBackwardRuns(T);
   std::vector<int64_t> run_begin(n_parts + 1, n_kt);
   {
     auto work = [&](int64_t kt_i) {
@@ -347,8 +346,7 @@ void AttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, Thread
   // (the same additions as summing per-head buffers afterwards, so the same bits, without the T x D buffer
   // per head and its pass) where there are tasks enough for the threads; else (run, head) tasks into per-head
   // buffers. Either gives the same result.
-  const int64_t threads = std::max<int64_t>(1, pool.size());
-  const bool by_group = rep > 1 && n_parts * n_kv_head >= 4 * threads;
+  const bool by_group = AttentionBackwardByGroup(T, n_head, n_kv_head, pool.size());
   static thread_local std::vector<float> dkp_buf, dvp_buf;
   float* dkp = rep > 1 && !by_group ? Scratch(dkp_buf, (size_t)(n_head * T * D)) : nullptr;
   float* dvp = rep > 1 && !by_group ? Scratch(dvp_buf, (size_t)(n_head * T * D)) : nullptr;
