@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/train_dispatch.h"
 #include "kernels/train_ops.h"
 
@@ -32,7 +33,8 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   }
   if (dx) std::memset(dx, 0, sizeof(float) * T * C);
   const int64_t ct = std::min<int64_t>(chunk_tokens, std::max<int64_t>(1, (int64_t)rows.size()));
-  std::vector<float> xc(ct * C), logits(ct * V), dxc(dx ? ct * C : 0), row_loss(ct);
+  std::vector<float> xc(ct * C), dxc(dx ? ct * C : 0), row_loss(ct);
+  TransientFloats logits((size_t)(ct * V));  // 25 MB for 128 tokens of a 49152 vocabulary: huge pages
   const float scale = dloss / normalizer;
   // An f32 head is the A operand of logits^T (V, nc) = W . X^T: its rows are read in place by the
   // training GEMM's rows micro-kernel (B = the chunk's X^T, packed small), and the softmax runs down
