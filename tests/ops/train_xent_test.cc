@@ -10,6 +10,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/train_dispatch.h"
 #include "kernels/train_ops.h"
 #include "ops_test_util.h"
@@ -69,6 +70,26 @@ std::vector<double> Dequantized(const Tensor& w) {
 }
 
 class TrainXent : public ::testing::TestWithParam<std::tuple<IsaTier, int>> {};
+
+// The loss's transient chunk buffer (cpu::TransientFloats): zero-filled, every float writable and read back,
+// 2 MiB aligned once it spans 2 MiB (where huge pages can back it), plain below that, empty at 0.
+TEST(TransientFloats, ZeroFilledWritableAndAlignedForHugePages) {
+  for (size_t n : {(size_t)0, (size_t)1, (size_t)1000, (size_t)(512 * 1024), (size_t)(128 * 49152 + 7)}) {
+    cpu::TransientFloats b(n);
+    ASSERT_EQ(b.size(), n);
+    if (n == 0) continue;
+    ASSERT_NE(b.data(), nullptr);
+    if (n * sizeof(float) >= (2u << 20)) EXPECT_EQ((uintptr_t)b.data() % (2u << 20), 0u) << n;
+    for (size_t i = 0; i < n; i += 997) EXPECT_EQ(b[i], 0.0f) << i;
+    EXPECT_EQ(b[n - 1], 0.0f);
+    for (size_t i = 0; i < n; ++i) b[i] = (float)(i % 1024);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += b[i];
+    double want = 0;
+    for (size_t i = 0; i < n; ++i) want += (double)(i % 1024);
+    EXPECT_EQ(sum, want) << n;
+  }
+}
 
 TEST_P(TrainXent, MatchesReference) {
   const auto [tier, threads] = GetParam();
