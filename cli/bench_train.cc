@@ -306,7 +306,7 @@ int RunBenchTrain(int argc, char** argv) {
             std::to_string(model::TrainModelOptions().row_group_tokens));
   args.Flag("--row-group-workers",
             "row groups run data-parallel on this many workers, each on one thread (0 = one per thread, but one "
-            "for full-f32; 1 = every product split over all threads; full rows: at most one per thread)",
+            "for full rows; 1 = every product split over all threads; full rows: at most one per thread)",
             "0");
   args.Flag("--profile",
             "PREFIX: each row's last step is profiled to PREFIX-ROW-tN.json (Chrome trace) with a top-ops "

@@ -1061,10 +1061,8 @@ Result<double> TrainModelImpl::ForwardBackward(const TrainBatch& batch, double n
 }
 
 int TrainModelImpl::Workers(int64_t groups) const {
-  // The loss's head gradient waits whole for the earlier groups' where HeadGradCanWait does not hold.
-  const bool in_order = g_head_ != nullptr && !kernels::HeadGradCanWait(head_eff_, opt_.bf16);
   return (int)RowGroupWorkers(opt_.method == FinetuneMethod::kLora, groups, opt_.row_group_workers, pool_.size(),
-                              in_order);
+                              opt_.method == FinetuneMethod::kFull);
 }
 
 RowGroupWorker& TrainModelImpl::Worker(int w) {
@@ -1230,15 +1228,14 @@ int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens) {
   return std::clamp<int64_t>(row_group_tokens / T, 1, std::max<int64_t>((B + 1) / 2, 1));
 }
 
-int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads, bool loss_in_order) {
+int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads, bool full) {
   if (groups < 2) return 1;
   // Full / freeze workers wait for each other (GradOrder): at most one per thread.
   const int64_t most = lora ? groups : std::min<int64_t>(groups, std::max(threads, 1));
-  const int64_t asked = row_group_workers > 0 ? row_group_workers : loss_in_order ? 1 : threads;
+  const int64_t asked = row_group_workers > 0 ? row_group_workers : full ? 1 : threads;
   return std::clamp<int64_t>(asked, 1, most);
 }
 
-bool FullLossInOrder(bool full, bool bf16_dot, int64_t dim) { return full && !(bf16_dot && dim % 2 == 0); }
 
 Result<std::unique_ptr<TrainModel>> TrainModel::Create(const ModelWeights& base, ThreadPool& pool,
                                                        const TrainModelOptions& options) {

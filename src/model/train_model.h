@@ -156,17 +156,13 @@ constexpr int64_t kNormGradParts = 8;
 // row_group_tokens is 0. The memory plan (train/memory_plan.cc) sizes activations with it.
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens);
 // Workers that run a micro-batch of `groups` row groups (TrainModelOptions::row_group_workers,
-// 0 = `threads`, or 1 where `loss_in_order`): at most `groups`, and for full / freeze at most `threads`
-// (their workers wait for each other). `loss_in_order`: full fine-tuning whose loss cannot hold its head
-// gradient back (FullLossInOrder): a group's whole loss waits for the earlier groups', so by default one
-// group at a time with every product split over the threads (full f32 at 2 threads on Zen 5: 388 vs
-// 321-354 tok/s, 2475 vs 2880 MB). The memory plan counts activations, scratch and private LoRA
-// gradients per worker.
-int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads,
-                        bool loss_in_order = false);
-// Full fine-tuning whose loss's head gradient is added whole in group order: the head gradient can be held
-// back (kernels::HeadGradParts) only on the bf16 dot product with an even dim (kernels::HeadGradCanWait).
-bool FullLossInOrder(bool full, bool bf16_dot, int64_t dim);
+// 0 = `threads`, but 1 for `full` fine-tuning): at most `groups`, and for full / freeze at most `threads`
+// (their workers wait for each other). Full fine-tuning runs one group at a time with every product split
+// over the threads by default: as fast as two workers at 2 threads on Zen 5 (bf16 713-720 vs 705-728 tok/s,
+// f32 352-388 vs 321-363; a second group's loss waits for the first's, and an f32 one whole) for a second
+// group's activations and held head-gradient pairs less (2466 vs 2847 MB peak). The memory plan counts
+// activations, scratch and private LoRA gradients per worker.
+int64_t RowGroupWorkers(bool lora, int64_t groups, int64_t row_group_workers, int threads, bool full = false);
 
 // One micro-batch: B rows of T tokens (row-major), padded rows use label -100 beyond their end.
 struct TrainBatch {

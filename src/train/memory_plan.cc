@@ -133,8 +133,7 @@ int64_t LatheWorkers(const model::ModelConfig& c, const TrainSetup& s) {
   // Row groups are fewest at the longest padded length (rows per group only shrink as T grows).
   const int64_t rows = model::RowGroupRows(s.batch_size, s.seq_len, s.row_group_tokens);
   return model::RowGroupWorkers(s.method == "lora" || s.method == "qlora", (s.batch_size + rows - 1) / rows,
-                                s.row_group_workers, s.threads,
-                                model::FullLossInOrder(s.method == "full", s.precision == "bf16" && UsesBf16Dot(), c.dim));
+                                s.row_group_workers, s.threads, s.method == "full");
 }
 
 bool LatheHandsBackPages(const TrainSetup& s) {

@@ -58,7 +58,7 @@ struct TrainSetup {
                                       // forward + backward in groups; 0 = the whole micro-batch)
   int64_t row_group_workers = 0;      // lathe: TrainModelOptions::row_group_workers (LoRA row
                                       // groups run data-parallel; 0 = one per thread, or
-                                      // one where model::FullLossInOrder)
+                                      // one for full fine-tuning)
   Status Validate() const;
 };
 
@@ -105,7 +105,7 @@ double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s);
 // at most seq_len tokens holds: TrainModel's activations and scratch are sized for it.
 int64_t LatheGroupTokens(const TrainSetup& s);
 // lathe: the row-group workers a micro-batch runs on (model::RowGroupWorkers at the longest length; one by
-// default for full fine-tuning whose loss runs in group order, model::FullLossInOrder).
+// default for full fine-tuning).
 int64_t LatheWorkers(const model::ModelConfig& c, const TrainSetup& s);
 // lathe: whether the run hands gradient and activation pages back to the OS each step
 // (model::TrainModelOptions::hand_back_pages): full / freeze without gradient checkpointing whose

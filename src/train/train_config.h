@@ -62,7 +62,7 @@ struct TrainConfig {
   bool gradient_checkpointing = false;
   // lathe: row groups of a micro-batch run side by side on this many workers, each with its own
   // activations (model::TrainModelOptions::row_group_workers); 0 = one per thread (one for full
-  // fine-tuning whose loss runs in group order, model::FullLossInOrder), 1 = the least memory.
+  // fine-tuning: model::RowGroupWorkers), 1 = the least memory.
   int64_t row_group_workers = 0;
   // logging / output
   int64_t logging_steps = 10;

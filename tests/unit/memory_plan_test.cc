@@ -286,12 +286,9 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     EXPECT_EQ(got.frozen_copies, 0);
     MemoryPlan p = PlanTraining(c, s).value();
     // The plan's row-group workers are the model's: two groups on two threads run on two workers, but full
-    // fine-tuning whose loss runs in group order (f32, or bf16 without the bf16 dot product) on one.
+    // fine-tuning's on one.
     EXPECT_EQ(LatheWorkers(c, s), (*tm)->MaxRowGroupWorkers(B));
-    if (st.row_group_tokens == T) {
-      const bool in_order = std::string(st.method) == "full" && !(st.bf16 && UsesBf16Dot());
-      EXPECT_EQ((*tm)->MaxRowGroupWorkers(B), in_order ? 1 : 2);
-    }
+    if (st.row_group_tokens == T) EXPECT_EQ((*tm)->MaxRowGroupWorkers(B), std::string(st.method) == "full" ? 1 : 2);
     EXPECT_EQ(p.trainable_params, (*tm)->trainable_count());
     EXPECT_DOUBLE_EQ(p.Bytes("gradients"), (double)got.gradients);
     EXPECT_DOUBLE_EQ(p.Bytes("lora"), (double)got.lora);
