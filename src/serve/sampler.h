@@ -54,6 +54,7 @@ class Sampler {
   std::vector<int32_t> seen_;             // prompt + output tokens (for repetition penalty)
   std::vector<uint8_t> seen_mask_;
   std::vector<std::pair<float, int32_t>> cand_;  // scratch
+  std::vector<double> probs_;                    // scratch: the sorted prefix's exp(logit / T - max)
 };
 
 // Log-softmax of one logit row at `id` and the top-n (id, logprob) pairs.
