@@ -50,6 +50,7 @@ struct Endpoint {
   int port = 0;
   std::string api_key;
   std::string model;  // the request's "model" field; empty: left out (the server's default model)
+  double temperature = 0;  // the requests' sampling temperature (0 = greedy)
 };
 
 // One streamed completion: send time -> first content chunk (TTFT), gaps between content chunks
@@ -82,7 +83,7 @@ bool HasText(const json& choices) {
 Sample StreamCompletion(const Endpoint& ep, const std::vector<int32_t>& prompt, int64_t max_tokens) {
   Sample s;
   json body = {{"prompt", prompt}, {"max_tokens", max_tokens},
-               {"temperature", 0}, {"ignore_eos", true},
+               {"temperature", ep.temperature}, {"ignore_eos", true},
                {"stream", true},   {"stream_options", {{"include_usage", true}}}};
   httplib::Client cli(ep.host, ep.port);
   cli.set_read_timeout(600, 0);
@@ -333,6 +334,10 @@ int RunBenchServe(int argc, char** argv) {
   args.Flag("--prompt-tokens", "prompt length range MIN,MAX (uniform, seeded)", "32,160");
   args.Flag("--output-tokens", "output length range MIN,MAX (uniform, seeded)", "32,96");
   args.Flag("--seed", "workload seed", "1234");
+  args.Flag("--temperature",
+            "the requests' sampling temperature (0 = greedy; > 0 samples every token over the whole vocabulary, "
+            "as OpenAI clients' default of 1 does)",
+            "0");
   args.Flag("--max-num-seqs", "engine: sequences at once", "64");
   args.Flag("--max-num-batched-tokens", "engine: tokens per step", "512");
   args.Flag("--max-prefill-tokens-with-decode",
@@ -429,6 +434,9 @@ int RunBenchServe(int argc, char** argv) {
   ec.max_model_len = std::min<int64_t>((*lm)->weights.config.max_seq_len, 4096);
   ec.n_blocks = *kvb / (int64_t)model::KvBlockStore::BlockBytes((*lm)->weights.config, ec.block_size);
   std::unique_ptr<LocalServer> local;
+  auto temperature = args.Float("temperature");
+  if (!temperature.ok() || !(*temperature >= 0 && *temperature <= 2))
+    return Fail("bench serve", Status::Error("--temperature must be a number in [0, 2]"));
   if (args.Has("url")) {
     ep = *url_ep;
     ep.api_key = args.Get("api-key");
@@ -440,13 +448,15 @@ int RunBenchServe(int argc, char** argv) {
     ep.host = "127.0.0.1";
     ep.port = local->http->port();
   }
+  ep.temperature = *temperature;
   std::printf(
       "lathe bench serve: %s, %s; %lld requests per level, prompt %d-%d tokens, output "
-      "%d-%d tokens (seed %lld), greedy, ignore_eos, streamed over http://%s:%d\n",
+      "%d-%d tokens (seed %lld), %s, ignore_eos, streamed over http://%s:%d\n",
       (*lm)->path.c_str(),
       local ? StrFormat("in-process server, %d engine thread(s)", pool.size()).c_str()
             : "external server (token-id prompts; -m gives the tokenizer only)",
-      (long long)per_level, plen[0], plen[1], olen[0], olen[1], (long long)*seed, ep.host.c_str(), ep.port);
+      (long long)per_level, plen[0], plen[1], olen[0], olen[1], (long long)*seed,
+      ep.temperature > 0 ? StrFormat("temperature %g", ep.temperature).c_str() : "greedy", ep.host.c_str(), ep.port);
   std::string cap_list;
   for (int64_t v : caps) cap_list += (cap_list.empty() ? "" : ",") + std::to_string(v);
   if (local) {

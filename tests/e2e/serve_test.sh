@@ -92,13 +92,15 @@ out=$("$LATHE" serve -m "$MODEL" --lora nodir 2>&1); [ $? -ne 0 ] && echo "$out"
   || { echo "FAIL: bad --lora: $out"; rc=1; }
 
 # `lathe bench serve`: a tiny workload through its in-process server at two concurrency levels,
-# with the block size it was given; every level completes and reports sane figures.
+# with the block size it was given, sampling at temperature 0.8; every level completes and reports sane figures.
 "$LATHE" bench serve -m "$MODEL" -t 2 --concurrency 1,2 --requests 2 --prompt-tokens 8,16 --output-tokens 4,8 \
-  --data "$SHARED/data/tinystories/validation_100.txt" --system-prompt-tokens 0 --block-size 8 > "$tmp/bench.out" 2> "$tmp/bench.err" || { echo "FAIL: bench serve"; rc=1; }
+  --data "$SHARED/data/tinystories/validation_100.txt" --system-prompt-tokens 0 --block-size 8 --temperature 0.8 \
+  > "$tmp/bench.out" 2> "$tmp/bench.err" || { echo "FAIL: bench serve"; rc=1; }
 python3 - "$tmp/bench.out" <<'PY' || { echo "FAIL: bench serve output"; cat "$tmp/bench.out" "$tmp/bench.err"; rc=1; }
 import re, sys
 text = open(sys.argv[1]).read()
 assert re.search(r"engine: \d+ KV blocks x 8 tokens", text), text
+assert "temperature 0.8, ignore_eos" in text, text
 # KV utilization is sampled while requests run: "-" when a level finished before any sample.
 rows = re.findall(r"^\| (\d+) \| ([0-9.]+) \| ([0-9.]+)x \|.*\| ([0-9.]+%|-) \|$", text, re.M)
 assert [int(r[0]) for r in rows] == [1, 2], rows
