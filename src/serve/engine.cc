@@ -10,6 +10,7 @@ namespace lathe::serve {
 Engine::Engine(const model::ModelWeights& weights, ThreadPool& pool, EngineConfig config,
                model::TransformerOptions options)
     : config_(config),
+      pool_(pool),
       tf_(weights, pool, options),
       blocks_(config.n_blocks, config.block_size),
       store_(weights.config, config.n_blocks, config.block_size),
@@ -249,6 +250,11 @@ Status Engine::RunStep() {
   LATHE_RETURN_IF_ERROR(tf_.ForwardPaged(store_, batch, &logits_));
   ++steps_;
   const int64_t V = tf_.config().vocab_size;
+  // Prompt logprobs and progress first; then the requests whose prompt is done draw their next token, side by
+  // side on the pool (each request's sampler and logits row are its own, so the draws do not depend on the
+  // threads: a draw over the whole vocabulary costs 0.2-0.6 ms, 32 of them a noticeable share of a decode
+  // step); then, in order, each drawn token is appended, finished or streamed.
+  std::vector<Request*> draw(work.size(), nullptr);
   for (size_t i = 0; i < work.size(); ++i) {
     const Work& w = work[i];
     Request& r = *requests_.at(w.id);
@@ -271,10 +277,24 @@ Status Engine::RunStep() {
       Finish(r, "length", -1, {});  // the prompt only
       continue;
     }
-    std::vector<TokenLogprob> lp;
-    float* row = &logits_[(out_row[i] + (batch[i].all_logits ? w.n - 1 : 0)) * V];
-    int32_t tok = r.sampler->Sample(row, V, std::max(0, r.options.top_logprobs),
-                                    r.options.top_logprobs >= 0 ? &lp : nullptr);
+    draw[i] = &r;
+  }
+  std::vector<int32_t> drawn(work.size(), -1);
+  std::vector<std::vector<TokenLogprob>> drawn_lps(work.size());
+  pool_.ParallelFor((int64_t)work.size(), 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) {
+      Request* r = draw[i];
+      if (!r) continue;
+      float* row = &logits_[(out_row[i] + (batch[i].all_logits ? work[i].n - 1 : 0)) * V];
+      drawn[i] = r->sampler->Sample(row, V, std::max(0, r->options.top_logprobs),
+                                    r->options.top_logprobs >= 0 ? &drawn_lps[i] : nullptr);
+    }
+  });
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (!draw[i]) continue;
+    Request& r = *draw[i];
+    std::vector<TokenLogprob> lp = std::move(drawn_lps[i]);
+    const int32_t tok = drawn[i];
     r.tokens.push_back(tok);
     ++r.generated;
     ++generated_;

@@ -133,6 +133,7 @@ class Engine {
   void PublishStats();
 
   EngineConfig config_;
+  ThreadPool& pool_;  // the forward's; the step's token draws run on it too
   model::Transformer tf_;
   BlockPool blocks_;
   model::KvBlockStore store_;

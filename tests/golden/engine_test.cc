@@ -1,6 +1,6 @@
 // The continuous-batching engine against one-request-at-a-time generation on stories260K:
 // greedy outputs equal token for token under chunked prefill, block-shortage preemption and
-// prefix sharing; seeded sampling does not depend on batch composition; aborts free blocks.
+// prefix sharing; seeded sampling does not depend on batch composition or threads; aborts free blocks.
 #include "serve/engine.h"
 
 #include <gtest/gtest.h>
@@ -182,8 +182,9 @@ TEST(Engine, SeededSamplingIndependentOfBatchAndAbortFrees) {
   o.sampling.has_seed = true;
   o.max_tokens = 16;
   o.top_logprobs = 3;
-  auto run = [&](bool crowded) {
-    Engine e(*w, pool, EngineConfig{128, 4, 64, 64, 512});
+  ThreadPool pool2(2);
+  auto run = [&](bool crowded, ThreadPool* on = nullptr) {
+    Engine e(*w, on ? *on : pool, EngineConfig{128, 4, 64, 64, 512});
     std::vector<int32_t> out;
     int64_t target = -1;
     std::vector<TokenLogprob> first_lp;
@@ -202,7 +203,10 @@ TEST(Engine, SeededSamplingIndependentOfBatchAndAbortFrees) {
     (void)target;
     return out;
   };
-  EXPECT_EQ(run(false), run(true));
+  const std::vector<int32_t> alone = run(false);
+  EXPECT_EQ(alone, run(true));
+  // A step's draws run side by side on the pool's threads: the same tokens on two.
+  EXPECT_EQ(alone, run(true, &pool2));
 
   Engine e(*w, pool, EngineConfig{64, 4, 64, 64, 512});
   std::string reason;
