@@ -225,24 +225,6 @@ void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M,
   PairGemm(pool, dx, K, M, K, Np, a, b, accumulate);
 }
 
-// d (cols, rows) = s^T for s (rows, cols), row strides lds / ldd, in 16 x 16 register blocks (edges masked).
-void TransposeF32(const float* s, int64_t rows, int64_t cols, int64_t lds, float* d, int64_t ldd) {
-  for (int64_t i0 = 0; i0 < rows; i0 += 16) {
-    const int64_t ni = std::min<int64_t>(16, rows - i0);
-    const __mmask16 im = (__mmask16)(ni >= 16 ? 0xffff : (1u << ni) - 1);
-    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
-      const int64_t nj = std::min<int64_t>(16, cols - j0);
-      const __mmask16 jm = (__mmask16)(nj >= 16 ? 0xffff : (1u << nj) - 1);
-      __m512 r[16];
-#pragma GCC unroll 16
-      for (int64_t i = 0; i < 16; ++i)
-        r[i] = i < ni ? _mm512_maskz_loadu_ps(jm, s + (i0 + i) * lds + j0) : _mm512_setzero_ps();
-      Transpose16(r);
-      for (int64_t j = 0; j < nj; ++j) _mm512_mask_storeu_ps(d + (j0 + j) * ldd + i0, im, r[j]);
-    }
-  }
-}
-
 float* CBuf(size_t n) {
   static thread_local std::vector<float> buf;
   return Scratch(buf, n);

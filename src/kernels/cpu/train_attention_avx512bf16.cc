@@ -257,21 +257,7 @@ struct Bf16Attention {
   }
   // The tile is D x kKTile (key i of row c at c * kKTile + i): 16 x 16 blocks transposed in registers.
   void KeyRows(const float* tile, int64_t n, float* dst, int64_t ld) const {
-    const int64_t D = d.D;
-    for (int64_t i0 = 0; i0 < n; i0 += 16) {
-      const int64_t ni = std::min<int64_t>(16, n - i0);
-      const __mmask16 im = avx512::Mask16(ni);
-      for (int64_t c0 = 0; c0 < D; c0 += 16) {
-        const int64_t nc = std::min<int64_t>(16, D - c0);
-        const __mmask16 cm = avx512::Mask16(nc);
-        __m512 r[16];
-#pragma GCC unroll 16
-        for (int64_t c = 0; c < 16; ++c)
-          r[c] = c < nc ? _mm512_maskz_loadu_ps(im, tile + (c0 + c) * kKTile + i0) : _mm512_setzero_ps();
-        Transpose16(r);
-        for (int64_t i = 0; i < ni; ++i) _mm512_mask_storeu_ps(dst + (i0 + i) * ld + c0, cm, r[i]);
-      }
-    }
+    TransposeF32(tile, d.D, n, kKTile, dst, ld);
   }
 };
 
