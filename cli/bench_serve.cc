@@ -26,6 +26,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/profiler.h"
 #include "serve/engine.h"
 #include "server/http_server.h"
 
@@ -259,9 +260,11 @@ struct LocalServer {
 };
 
 Result<std::unique_ptr<LocalServer>> StartLocal(const model::LoadedModel& lm, ThreadPool& pool,
-                                                serve::EngineConfig ec) {
+                                                serve::EngineConfig ec, Profiler* profiler = nullptr) {
   auto s = std::make_unique<LocalServer>();
-  s->engine = std::make_unique<serve::Engine>(lm.weights, pool, ec);
+  model::TransformerOptions to;
+  to.profiler = profiler;
+  s->engine = std::make_unique<serve::Engine>(lm.weights, pool, ec, to);
   s->engine->Start();
   server::ServerOptions so;
   so.port = 0;
@@ -348,8 +351,12 @@ int RunBenchServe(int argc, char** argv) {
             "engine: raise that cap to this many prompt tokens per decode row (0 = the fixed cap)", "2");
   args.Flag("--kv-cache-memory", "engine: KV cache bytes", "1073741824");
   args.Flag("--block-size", "engine: tokens per KV-cache block", "16");
+  AddKvCacheDTypeFlag(args);
   args.Flag("--system-prompt-tokens", "shared-prefix benchmark: prefix length (0 = skip)", "384");
   args.Flag("--rounds", "run every level (and --max-prefill-tokens-with-decode value) this many times", "1");
+  args.Flag("--profile",
+            "in-process engine: write a Chrome trace of the last level's forward ops to this file and print its "
+            "top ops (the engine's op times: where a step goes)");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("bench serve", st);
   if (args.help_requested()) {
@@ -432,8 +439,17 @@ int RunBenchServe(int argc, char** argv) {
   ec.max_prefill_tokens_with_decode = caps[0];
   ec.prefill_tokens_per_decode_row = *ppr;
   ec.max_model_len = std::min<int64_t>((*lm)->weights.config.max_seq_len, 4096);
-  ec.n_blocks = *kvb / (int64_t)model::KvBlockStore::BlockBytes((*lm)->weights.config, ec.block_size);
+  auto kvt = KvCacheDTypeFromArgs(args);
+  if (!kvt.ok()) return Fail("bench serve", kvt.status());
+  ec.kv_cache_dtype = *kvt;
+  ec.n_blocks =
+      *kvb / (int64_t)model::KvBlockStore::BlockBytes((*lm)->weights.config, ec.block_size, ec.kv_cache_dtype);
   std::unique_ptr<LocalServer> local;
+  std::unique_ptr<Profiler> profiler;
+  if (args.Has("profile")) {
+    if (args.Has("url")) return Fail("bench serve", Status::Error("--profile profiles the in-process engine; not with --url"));
+    profiler = std::make_unique<Profiler>();
+  }
   auto temperature = args.Float("temperature");
   if (!temperature.ok() || !(*temperature >= 0 && *temperature <= 2))
     return Fail("bench serve", Status::Error("--temperature must be a number in [0, 2]"));
@@ -442,7 +458,7 @@ int RunBenchServe(int argc, char** argv) {
     ep.api_key = args.Get("api-key");
     ep.model = args.Get("served-model");
   } else {
-    auto s = StartLocal(**lm, pool, ec);
+    auto s = StartLocal(**lm, pool, ec, profiler.get());
     if (!s.ok()) return Fail("bench serve", s.status());
     local = std::move(*s);
     ep.host = "127.0.0.1";
@@ -461,10 +477,10 @@ int RunBenchServe(int argc, char** argv) {
   for (int64_t v : caps) cap_list += (cap_list.empty() ? "" : ",") + std::to_string(v);
   if (local) {
     std::printf(
-        "engine: %lld KV blocks x %lld tokens, max-num-seqs %lld, max-num-batched-tokens %lld, "
+        "engine: %lld KV blocks x %lld tokens (%s), max-num-seqs %lld, max-num-batched-tokens %lld, "
         "max-prefill-tokens-with-decode %s, prefill-tokens-per-decode-row %lld; each level on a fresh engine "
         "(empty prefix cache)%s\n",
-        (long long)ec.n_blocks, (long long)ec.block_size, (long long)ec.max_num_seqs,
+        (long long)ec.n_blocks, (long long)ec.block_size, DTypeName(ec.kv_cache_dtype), (long long)ec.max_num_seqs,
         (long long)ec.max_num_batched_tokens, cap_list.c_str(), (long long)ec.prefill_tokens_per_decode_row,
         caps.size() > 1 || *rounds > 1
             ? StrFormat("; %lld rounds, the values alternating within each level", (long long)*rounds).c_str()
@@ -502,16 +518,22 @@ int RunBenchServe(int argc, char** argv) {
     if (local && !results.empty()) {
       local.reset();
       ec.max_prefill_tokens_with_decode = cap;
-      auto s = StartLocal(**lm, pool, ec);
+      auto s = StartLocal(**lm, pool, ec, profiler.get());
       if (!s.ok()) return Fail("bench serve", s.status());
       local = std::move(*s);
       ep.port = local->http->port();
     }
     (void)StreamCompletion(ep, warm, 2);
+    // The profile keeps the last level's ops only (the warm-up's dropped too).
+    if (profiler) {
+      profiler->Clear();
+      pool.SetProfiler(profiler.get());
+    }
     // One request at a time runs a quarter of the requests (the slowest level); the others all.
     std::vector<Request> reqs(all.begin(),
                               all.begin() + (c == 1 ? std::max<int64_t>(4, per_level / 4) : per_level));
     LevelResult r = RunLevel(ep, reqs, c);
+    if (profiler) pool.SetProfiler(nullptr);
     results.push_back(r);
     result_cap.push_back(cap);
     result_round.push_back(round);
@@ -546,6 +568,12 @@ int RunBenchServe(int argc, char** argv) {
                 base ? StrFormat("%.2fx", r.tps() / base->tps()).c_str() : "-", r.ttft_p50, r.ttft_p99,
                 1e3 * r.itl_p50, 1e3 * r.itl_p99,
                 r.kv_util >= 0 ? StrFormat("%.1f%%", 100 * r.kv_util).c_str() : "-");
+  }
+  if (profiler) {
+    Status ps = profiler->WriteChromeTrace(args.Get("profile"));
+    if (!ps.ok()) return Fail("bench serve", ps.WithContext("--profile"));
+    std::printf("\nprofile of the last level (concurrency %d): %s (open in Perfetto or chrome://tracing)\n%s",
+                runs.back().c, args.Get("profile").c_str(), profiler->Summary(25).c_str());
   }
   if (local)
     std::printf(

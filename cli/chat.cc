@@ -22,6 +22,7 @@ int RunChat(int argc, char** argv) {
   args.Flag("--template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
   args.Flag("-n,--n-predict", "maximum tokens per reply", "512");
   args.Flag("-c,--ctx-size", "context length", "4096");
+  AddKvCacheDTypeFlag(args);
   args.Bool("--verbose", "after each reply, print prompt size, cache reuse and speed to stderr");
   AddSamplingFlags(args);
   Status st = args.Parse(argc, argv);
@@ -38,6 +39,8 @@ int RunChat(int argc, char** argv) {
   if (!n_predict.ok() || !ctx.ok() || *n_predict <= 0 || *ctx <= 0) {
     return Fail("chat", Status::Error("--n-predict and --ctx-size must be positive integers"));
   }
+  auto kvt = KvCacheDTypeFromArgs(args);
+  if (!kvt.ok()) return Fail("chat", kvt.status());
   auto lm = LoadModelFromArgs(args);
   if (!lm.ok()) return Fail("chat", lm.status());
   const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
@@ -51,7 +54,7 @@ int RunChat(int argc, char** argv) {
   model::TransformerOptions topts;
   topts.adapter = (*lm)->adapter.get();
   model::Transformer tf((*lm)->weights, pool, topts);
-  model::KvCache cache(tf.config(), 1, *ctx);
+  model::KvCache cache(tf.config(), 1, *ctx, 16, *kvt);
   std::vector<int32_t> cached;  // tokens whose K/V are in the cache
   std::vector<tokenizer::ChatMessage> history;
   if (args.Has("system")) history.push_back({"system", args.Get("system")});

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/thread_pool.h"
+#include "model/transformer.h"
 
 namespace lathe::cli {
 
@@ -27,6 +28,21 @@ Result<std::unique_ptr<model::LoadedModel>> LoadModelFromArgs(const Args& args) 
   opts.tokenizer_path = args.Get("tokenizer");
   opts.adapter_path = args.Get("adapter");
   return model::LoadModel(path, opts);
+}
+
+void AddKvCacheDTypeFlag(Args& args, const std::string& default_dtype) {
+  args.Flag("--kv-cache-dtype",
+            "KV cache element type: f32 (exact), f16 or bf16 (half the memory and the attention's reads; "
+            "llama.cpp's default cache is f16)",
+            default_dtype);
+}
+
+Result<DType> KvCacheDTypeFromArgs(const Args& args) {
+  DType t;
+  const std::string v = args.Get("kv-cache-dtype");
+  if (!ParseDType(v, &t) || !model::IsKvCacheDType(t))
+    return Status::Error("--kv-cache-dtype '" + v + "': expected f32, f16 or bf16");
+  return t;
 }
 
 int ThreadsFromArgs(const Args& args) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/args.h"
+#include "core/dtype.h"
 #include "core/status.h"
 #include "model/loader.h"
 
@@ -17,6 +18,10 @@ int Fail(const std::string& command, const Status& status);
 void AddModelFlags(Args& args);
 Result<std::unique_ptr<model::LoadedModel>> LoadModelFromArgs(const Args& args);
 int ThreadsFromArgs(const Args& args);
+
+// --kv-cache-dtype (f32 | f16 | bf16): the KV cache's element type, for the commands that hold one.
+void AddKvCacheDTypeFlag(Args& args, const std::string& default_dtype = "f32");
+Result<DType> KvCacheDTypeFromArgs(const Args& args);
 
 // JSON-escapes into a quoted string (invalid UTF-8 is replaced by U+FFFD).
 std::string JsonString(const std::string& s);

@@ -12,6 +12,7 @@
 #include "model/load_hf.h"
 #include "model/loader.h"
 #include "model/train_model.h"
+#include "model/transformer.h"
 #include "train/memory_plan.h"
 
 namespace lathe::cli {
@@ -111,8 +112,11 @@ int RunEstimate(int argc, char** argv) {
   if (args.On("inference")) {
     train::InferSetup s;
     s.param_count = params;
-    if (!ParseDType(args.Get("dtype"), &s.weight_dtype) || !ParseDType(args.Get("kv-dtype"), &s.kv_dtype)) {
-      return Fail("estimate", Status::Error("--dtype/--kv-dtype: expected f32, f16, bf16, q8_0, q4_0 or q4_1"));
+    if (!ParseDType(args.Get("dtype"), &s.weight_dtype)) {
+      return Fail("estimate", Status::Error("--dtype: expected f32, f16, bf16, q8_0, q4_0 or q4_1"));
+    }
+    if (!ParseDType(args.Get("kv-dtype"), &s.kv_dtype) || !model::IsKvCacheDType(s.kv_dtype)) {
+      return Fail("estimate", Status::Error("--kv-dtype '" + args.Get("kv-dtype") + "': expected f32, f16 or bf16"));
     }
     st = num("kv-tokens", &s.kv_tokens);
     if (st.ok()) st = num("kv-seqs", &s.kv_seqs);

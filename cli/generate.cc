@@ -18,6 +18,7 @@ int RunGenerate(int argc, char** argv) {
   args.Flag("-n,--n-predict", "maximum tokens to generate", "128");
   args.Flag("-c,--ctx-size", "context length (prompt + generated); 0 = prompt + n-predict", "0");
   args.Flag("--stop", "stop string (repeatable)");
+  AddKvCacheDTypeFlag(args);
   args.Bool("--chat", "wrap the prompt as a user message in the model's chat template");
   args.Flag("--system", "system message (with --chat)");
   args.Flag("--template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
@@ -38,6 +39,8 @@ int RunGenerate(int argc, char** argv) {
   if (!sampling.ok()) return Fail("generate", sampling.status());
   auto n_predict = args.Int("n-predict");
   if (!n_predict.ok() || *n_predict < 0) return Fail("generate", Status::Error("--n-predict must be a non-negative integer"));
+  auto kvt = KvCacheDTypeFromArgs(args);
+  if (!kvt.ok()) return Fail("generate", kvt.status());
   auto lm = LoadModelFromArgs(args);
   if (!lm.ok()) return Fail("generate", lm.status());
   const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
@@ -75,7 +78,7 @@ int RunGenerate(int argc, char** argv) {
     pool.SetProfiler(&profiler);
   }
   model::Transformer tf((*lm)->weights, pool, topts);
-  model::KvCache cache(tf.config(), 1, max_len);
+  model::KvCache cache(tf.config(), 1, max_len, 16, *kvt);
   serve::GenerateOptions opts;
   opts.max_tokens = (int)*n_predict;
   opts.sampling = *sampling;

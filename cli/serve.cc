@@ -80,6 +80,7 @@ int RunServe(int argc, char** argv) {
             "KV cache size: bytes (e.g. 2G, 512M) or a fraction of free RAM (0.2); default: enough for "
             "max-num-seqs full contexts, at most max(1 GiB, 4 full contexts) and a quarter of free RAM");
   args.Flag("--block-size", "tokens per KV-cache block", "16");
+  AddKvCacheDTypeFlag(args);
   args.Flag("--max-num-batched-tokens", "tokens per engine step (the batch's token budget)", "512");
   args.Flag("--max-prefill-tokens-with-decode",
             "prompt tokens in a step that also decodes (bounds the inter-token latency of running streams "
@@ -141,7 +142,10 @@ int RunServe(int argc, char** argv) {
   ec.prefix_caching = !args.On("no-prefix-caching");
   ec.max_model_len = *mml > 0 ? *mml : std::min<int64_t>(mc.max_seq_len, 4096);
   if (ec.max_model_len < 2) return Fail("serve", Status::Error("--max-model-len must be at least 2"));
-  const size_t block_bytes = model::KvBlockStore::BlockBytes(mc, ec.block_size);
+  auto kvt = KvCacheDTypeFromArgs(args);
+  if (!kvt.ok()) return Fail("serve", kvt.status());
+  ec.kv_cache_dtype = *kvt;
+  const size_t block_bytes = model::KvBlockStore::BlockBytes(mc, ec.block_size, ec.kv_cache_dtype);
   int64_t kv_bytes;
   if (args.Has("kv-cache-memory")) {
     auto b = ParseKvCacheMemory(args.Get("kv-cache-memory"));
@@ -151,7 +155,7 @@ int RunServe(int argc, char** argv) {
     int64_t full =
         ec.max_num_seqs * ((ec.max_model_len + ec.block_size - 1) / ec.block_size + 1) * (int64_t)block_bytes;
     int64_t avail = AvailableMemory();
-    // At most 1 GiB (or 4 full contexts) by default: the f32 store is zero-filled at start (~1 s per GiB).
+    // At most 1 GiB (or 4 full contexts) by default (the store is committed as it fills, in 2 MiB pages).
     const int64_t four_requests =
         4 * ((ec.max_model_len + ec.block_size - 1) / ec.block_size) * (int64_t)block_bytes;
     kv_bytes = std::min<int64_t>(full, std::max<int64_t>(int64_t{1} << 30, four_requests));

@@ -117,4 +117,13 @@ void GroupAttentionRows(const float* q, int64_t q_stride, int64_t n_tok, int gro
                         const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
                         int64_t out_stride, float* scores, int64_t window = 0);
 
+// GroupAttention / GroupAttentionRows over a KV cache of dtype kv: f32, f16 or bf16 elements (k, v
+// point at them; off counts elements). Each element is widened to f32 exactly and the arithmetic is
+// the f32 form's, so the result equals the f32 call on the widened values, bit for bit.
+void GroupAttention(const float* q, int group, const void* k, const void* v, DType kv, const int64_t* off,
+                    int64_t n_pos, int head_dim, float scale, float* out, float* scores);
+void GroupAttentionRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const void* k, const void* v,
+                        DType kv, const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
+                        int64_t out_stride, float* scores, int64_t window = 0);
+
 }  // namespace lathe::kernels

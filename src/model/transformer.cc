@@ -14,31 +14,85 @@
 
 namespace lathe::model {
 
-KvBlockStore::KvBlockStore(const ModelConfig& c, int64_t n_blocks, int64_t block_size)
-    : n_layers_(c.n_layers), n_blocks_(n_blocks), block_size_(block_size), kv_dim_(c.kv_dim()) {
+KvBlockStore::KvBlockStore(const ModelConfig& c, int64_t n_blocks, int64_t block_size, DType kv_dtype)
+    : n_layers_(c.n_layers),
+      n_blocks_(n_blocks),
+      block_size_(block_size),
+      kv_dim_(c.kv_dim()),
+      dtype_(kv_dtype),
+      elt_(KvElemBytes(kv_dtype)) {
   LATHE_CHECK(n_blocks > 0 && block_size > 0);
-  size_t n = (size_t)n_layers_ * n_blocks * block_size * kv_dim_;
-  k_.resize(n);
-  v_.resize(n);
+  LATHE_CHECK_MSG(IsKvCacheDType(kv_dtype), "KV cache dtype %s: expected f32, f16 or bf16", DTypeName(kv_dtype));
+  const size_t n = (size_t)n_layers_ * n_blocks * block_size * kv_dim_ * elt_;
+  k_ = HugePageBuffer(n);
+  v_ = HugePageBuffer(n);
 }
 
-size_t KvBlockStore::BlockBytes(const ModelConfig& c, int64_t block_size) {
-  return (size_t)c.n_layers * block_size * c.kv_dim() * 2 * sizeof(float);
+size_t KvBlockStore::BlockBytes(const ModelConfig& c, int64_t block_size, DType kv_dtype) {
+  return (size_t)c.n_layers * block_size * c.kv_dim() * 2 * KvElemBytes(kv_dtype);
+}
+
+namespace {
+// Beyond f16's range a K / V element saturates at its largest finite value (+-65504) instead of
+// becoming inf (which would turn every score of the row into NaN).
+uint16_t F32ToF16Saturated(float f) {
+  constexpr float kMax = 65504.0f;
+  return F32ToF16(f > kMax ? kMax : f < -kMax ? -kMax : f);
+}
+
+void StoreRow(DType t, const float* src, int64_t n, uint8_t* dst) {
+  switch (t) {
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) ((uint16_t*)dst)[i] = F32ToF16Saturated(src[i]);
+      break;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) ((uint16_t*)dst)[i] = F32ToBF16(src[i]);
+      break;
+    default:
+      std::memcpy(dst, src, n * sizeof(float));
+  }
+}
+void LoadRow(DType t, const uint8_t* src, int64_t n, float* dst) {
+  switch (t) {
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(((const uint16_t*)src)[i]);
+      break;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(((const uint16_t*)src)[i]);
+      break;
+    default:
+      std::memcpy(dst, src, n * sizeof(float));
+  }
+}
+}  // namespace
+
+void KvBlockStore::Write(int64_t layer, int64_t block, int64_t offset, const float* k, const float* v) {
+  const size_t i = Index(layer, block, offset) * elt_;
+  StoreRow(dtype_, k, kv_dim_, k_.data() + i);
+  StoreRow(dtype_, v, kv_dim_, v_.data() + i);
+}
+
+void KvBlockStore::ReadK(int64_t layer, int64_t block, int64_t offset, float* out) const {
+  LoadRow(dtype_, k_.data() + Index(layer, block, offset) * elt_, kv_dim_, out);
+}
+
+void KvBlockStore::ReadV(int64_t layer, int64_t block, int64_t offset, float* out) const {
+  LoadRow(dtype_, v_.data() + Index(layer, block, offset) * elt_, kv_dim_, out);
 }
 
 void KvBlockStore::CopyBlock(int64_t src, int64_t dst) {
-  size_t n = (size_t)block_size_ * kv_dim_;
+  const size_t n = (size_t)block_size_ * kv_dim_ * elt_;
   for (int64_t l = 0; l < n_layers_; ++l) {
-    std::memcpy(K(l, dst, 0), K(l, src, 0), n * sizeof(float));
-    std::memcpy(V(l, dst, 0), V(l, src, 0), n * sizeof(float));
+    std::memcpy(k_.data() + Index(l, dst, 0) * elt_, k_.data() + Index(l, src, 0) * elt_, n);
+    std::memcpy(v_.data() + Index(l, dst, 0) * elt_, v_.data() + Index(l, src, 0) * elt_, n);
   }
 }
 
-KvCache::KvCache(const ModelConfig& c, int n_slots, int64_t max_len, int64_t block_size)
+KvCache::KvCache(const ModelConfig& c, int n_slots, int64_t max_len, int64_t block_size, DType kv_dtype)
     : n_slots_(n_slots),
       max_len_(max_len),
       blocks_per_slot_((max_len + block_size - 1) / block_size),
-      store_(c, n_slots * blocks_per_slot_, block_size),
+      store_(c, n_slots * blocks_per_slot_, block_size, kv_dtype),
       tables_((size_t)n_slots * blocks_per_slot_),
       len_(n_slots, 0) {
   for (size_t i = 0; i < tables_.size(); ++i) tables_[i] = (int32_t)i;
@@ -185,8 +239,10 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
       work += 4.0 * hd * c.n_heads * (double)(window > 0 ? std::min(end, window) : end);
     }
   }
-  const float* k_layer = store.K(layer, 0, 0);
-  const float* v_layer = store.V(layer, 0, 0);
+  const DType kvt = store.dtype();
+  const size_t elt = KvElemBytes(kvt);
+  const uint8_t* k_layer = (const uint8_t*)store.KLayer(layer);
+  const uint8_t* v_layer = (const uint8_t*)store.VLayer(layer);
   pool_.ParallelFor((int64_t)items.size(), 1, [&](int64_t b, int64_t e, int thread) {
     std::vector<float>& sc = scores_[thread];
     static thread_local std::vector<int64_t> off;
@@ -201,9 +257,9 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
       if ((int64_t)sc.size() < n_tok * group * n_pos) sc.resize(n_tok * group * n_pos);
       for (int64_t p = 0; p < n_pos; ++p) off[p] = ((int64_t)seq.block_table[p / bs] * bs + p % bs) * kv_dim;
       const int64_t r = item.row0 + item.t0, h0 = item.kv_head * group;
-      kernels::GroupAttentionRows(&q_[r * q_dim + h0 * hd], q_dim, n_tok, (int)group, k_layer + kvo, v_layer + kvo,
-                                  off.data(), seq.start_pos + item.t0, (int)hd, scale, &att_[r * q_dim + h0 * hd],
-                                  q_dim, sc.data(), window);
+      kernels::GroupAttentionRows(&q_[r * q_dim + h0 * hd], q_dim, n_tok, (int)group, k_layer + kvo * elt,
+                                  v_layer + kvo * elt, kvt, off.data(), seq.start_pos + item.t0, (int)hd, scale,
+                                  &att_[r * q_dim + h0 * hd], q_dim, sc.data(), window);
     }
   }, work);
 }
@@ -354,8 +410,7 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
         const int64_t pos = row_pos_[t];
         ApplyRope(&q_[t * q_dim], c.n_heads, pos);
         ApplyRope(&k_[t * kv_dim], c.n_kv_heads, pos);
-        std::memcpy(store.K(l, row_block_[t], pos % bs), &k_[t * kv_dim], kv_dim * sizeof(float));
-        std::memcpy(store.V(l, row_block_[t], pos % bs), &v_[t * kv_dim], kv_dim * sizeof(float));
+        store.Write(l, row_block_[t], pos % bs, &k_[t * kv_dim], &v_[t * kv_dim]);
       }
     });
     rope_op.reset();
@@ -450,6 +505,7 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
 void Transformer::MatMulRun(const float* x, int64_t M, const Tensor& w, float* y, bool exact) {
   // Prompt rows (exact) of a block-quantized W: bf16 arithmetic where the CPU has the bf16 dot product
   // (kernels::MatMulBf16; f32 elsewhere), f32 with options_.exact_activations.
+  ScopedOp op(options_.profiler, exact ? "zz_prompt_rows" : "zz_int8_rows", 2.0 * M * w.numel(), 0, options_.profiler ? OpShape(M, w) : std::string());
   if (exact && !options_.exact_activations) {
     kernels::MatMulBf16(pool_, x, M, w, y);
   } else {

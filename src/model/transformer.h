@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/huge_buffer.h"
 #include "core/status.h"
 #include "core/profiler.h"
 #include "core/thread_pool.h"
@@ -21,21 +22,35 @@
 
 namespace lathe::model {
 
-// KvBlockStore: K and V in fixed-size blocks of tokens, f32, laid out per layer as
-// [block][offset][kv_dim]. A sequence's tokens live in the blocks its block table lists:
-// position p is at (block_table[p / block_size], p % block_size). The serving engine's
-// KvCacheManager hands out blocks (with prefix sharing); KvCache below is the simple owner.
+// The element types a KV cache may hold (f32, f16, bf16), and their size.
+inline bool IsKvCacheDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+inline size_t KvElemBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// KvBlockStore: K and V in fixed-size blocks of tokens, laid out per layer as [block][offset][kv_dim],
+// elements of one dtype: f32 (the default, exact), f16 or bf16 (half the bytes: llama.cpp's default
+// cache is f16; vLLM's --kv-cache-dtype). New K / V rows are rounded to it (round to nearest even)
+// as they are written; attention widens them back exactly. A sequence's tokens live in the blocks its
+// block table lists: position p is at (block_table[p / block_size], p % block_size). The serving
+// engine's KvCacheManager hands out blocks (with prefix sharing); KvCache below is the simple owner.
 class KvBlockStore {
  public:
-  KvBlockStore(const ModelConfig& config, int64_t n_blocks, int64_t block_size);
+  // REQUIRES IsKvCacheDType(kv_dtype).
+  KvBlockStore(const ModelConfig& config, int64_t n_blocks, int64_t block_size, DType kv_dtype = DType::kF32);
   int64_t n_blocks() const { return n_blocks_; }
   int64_t block_size() const { return block_size_; }
   int64_t kv_dim() const { return kv_dim_; }
-  size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
+  DType dtype() const { return dtype_; }
+  size_t bytes() const { return k_.size() + v_.size(); }
   // Bytes one block takes across all layers (K and V).
-  static size_t BlockBytes(const ModelConfig& config, int64_t block_size);
-  float* K(int64_t layer, int64_t block, int64_t offset) { return &k_[Index(layer, block, offset)]; }
-  float* V(int64_t layer, int64_t block, int64_t offset) { return &v_[Index(layer, block, offset)]; }
+  static size_t BlockBytes(const ModelConfig& config, int64_t block_size, DType kv_dtype = DType::kF32);
+  // A layer's K / V elements (of dtype()), position rows found by element offsets.
+  const void* KLayer(int64_t layer) const { return k_.data() + Index(layer, 0, 0) * elt_; }
+  const void* VLayer(int64_t layer) const { return v_.data() + Index(layer, 0, 0) * elt_; }
+  // Stores one position's K and V rows (kv_dim floats each), rounded to dtype().
+  void Write(int64_t layer, int64_t block, int64_t offset, const float* k, const float* v);
+  // One position's row widened to f32 (tests, tools).
+  void ReadK(int64_t layer, int64_t block, int64_t offset, float* out) const;
+  void ReadV(int64_t layer, int64_t block, int64_t offset, float* out) const;
   // Copies every layer's K/V of one block to another (copy-on-write of a shared block).
   void CopyBlock(int64_t src, int64_t dst);
 
@@ -44,7 +59,11 @@ class KvBlockStore {
     return (((size_t)layer * n_blocks_ + block) * block_size_ + offset) * kv_dim_;
   }
   int64_t n_layers_, n_blocks_, block_size_, kv_dim_;
-  std::vector<float> k_, v_;
+  DType dtype_;
+  size_t elt_;  // bytes per element
+  // Anonymous huge-page memory (zero, committed as first written): a 16-position block per 4 KiB page
+  // had a decode step's attention waiting on page walks (bench/RESULTS.md, KV cache dtypes).
+  HugePageBuffer k_, v_;
 };
 
 // One sequence of a batch in block-table form.
@@ -68,7 +87,8 @@ struct PagedSeqInput {
 // blocks in one KvBlockStore, and a length per slot. For generate/chat/eval/bench.
 class KvCache {
  public:
-  KvCache(const ModelConfig& config, int n_slots, int64_t max_len, int64_t block_size = 16);
+  KvCache(const ModelConfig& config, int n_slots, int64_t max_len, int64_t block_size = 16,
+          DType kv_dtype = DType::kF32);
   int n_slots() const { return n_slots_; }
   int64_t max_len() const { return max_len_; }
   int64_t length(int slot) const { return len_[slot]; }

@@ -46,6 +46,8 @@ struct EngineConfig {
   // prompt per generated token; 64 streams of bench serve's workload need ~93 per step). 0: the
   // fixed cap alone.
   int64_t prefill_tokens_per_decode_row = 2;
+  // The KV cache's element type (f32, f16, bf16: model::KvBlockStore); n_blocks of it.
+  DType kv_cache_dtype = DType::kF32;
 };
 
 struct RequestOptions {

@@ -10,6 +10,7 @@
 #include "core/strings.h"
 #include "kernels/train_ops.h"
 #include "model/train_model.h"
+#include "model/transformer.h"
 
 namespace lathe::train {
 
@@ -646,11 +647,15 @@ MemoryPlan PlanInference(const model::ModelConfig& c, const InferSetup& s) {
   p.lines.push_back({"weights", "device", (P - norms) * wb + norms * 4.0,
                      StrFormat("%lld params x %.4f B (%s) + %lld norm params x 4 B", (long long)(P - norms), wb,
                                wi.name, (long long)norms)});
-  const DTypeInfo& ki = GetDTypeInfo(s.kv_dtype);
-  double kv = (double)c.n_layers * 2 * c.kv_dim() * s.kv_tokens * s.kv_seqs * ((double)ki.block_bytes / ki.block_size);
+  // The bytes the KV store allocates per token (model::KvBlockStore::BlockBytes: the serving engine's and
+  // generate's cache).
+  LATHE_CHECK_MSG(model::IsKvCacheDType(s.kv_dtype), "KV cache dtype %s: expected f32, f16 or bf16",
+                  DTypeName(s.kv_dtype));
+  double kv = (double)model::KvBlockStore::BlockBytes(c, 1, s.kv_dtype) * s.kv_tokens * s.kv_seqs;
   p.lines.push_back({"kv_cache", "device", kv,
                      StrFormat("%lld layers x 2 (K, V) x kv_dim %lld x %lld tokens x %lld seqs x %s", (long long)c.n_layers,
-                               (long long)c.kv_dim(), (long long)s.kv_tokens, (long long)s.kv_seqs, ki.name)});
+                               (long long)c.kv_dim(), (long long)s.kv_tokens, (long long)s.kv_seqs,
+                               DTypeName(s.kv_dtype))});
   double t = (double)s.batch_tokens;
   p.lines.push_back({"activations", "device",
                      t * (3.0 * c.dim + 2.0 * c.q_dim() + 2.0 * c.kv_dim() + 2.0 * c.ffn_dim) * 4,

@@ -117,12 +117,20 @@ check "unknown flag rc" test $rc -eq 1
 check "unknown flag suggestion" grep -q "did you mean '--temp'" "$tmp/err"
 "$LATHE" generate -m "$STORIES/stories260K.gguf" --top-p 0 > /dev/null 2>"$tmp/err"; rc=$?
 check "bad value" grep -q "top_p" "$tmp/err"
+"$LATHE" generate -m "$STORIES/stories260K.gguf" --kv-cache-dtype q8_0 > /dev/null 2>"$tmp/err"; rc=$?
+check "bad kv cache dtype" bash -c "[ $rc -eq 1 ] && grep -q -- \"--kv-cache-dtype 'q8_0': expected f32, f16 or bf16\" '$tmp/err'"
 
 # 7. SmolLM2 answers a question (greedy), and chat keeps history across turns.
 if [ -n "${LATHE_SMOLLM2:-}" ] && [ -f "$LATHE_SMOLLM2" ]; then
   "$LATHE" generate -m "$LATHE_SMOLLM2" --chat -p "What is the capital of France?" -n 48 --temp 0 --json > "$tmp/smol.json"
   check "smollm2 answers" python3 -c "
 import json; r = json.load(open('$tmp/smol.json')); assert 'Paris' in r['text'], r['text']; assert r['finish_reason'] == 'stop', r"
+  # With a 16-bit KV cache (half the cache's memory) the answer holds.
+  for kv in f16 bf16; do
+    "$LATHE" generate -m "$LATHE_SMOLLM2" --chat -p "What is the capital of France?" -n 48 --temp 0 --kv-cache-dtype $kv --json > "$tmp/smol-$kv.json"
+    check "smollm2 answers ($kv KV cache)" python3 -c "
+import json; r = json.load(open('$tmp/smol-$kv.json')); assert 'Paris' in r['text'], r['text']"
+  done
   printf 'What is the capital of France?\nAnd what is the capital of Germany?\n' |
     "$LATHE" chat -m "$LATHE_SMOLLM2" --temp 0 -n 40 --verbose > "$tmp/chat.txt" 2> "$tmp/chat.err"
   check "chat answers both turns" bash -c "head -1 '$tmp/chat.txt' | grep -q Paris && sed -n 2p '$tmp/chat.txt' | grep -q Berlin"

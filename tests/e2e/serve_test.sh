@@ -91,15 +91,26 @@ out=$("$LATHE" serve -m "$MODEL" --kv-cache-memory 12X 2>&1); [ $? -ne 0 ] && ec
 out=$("$LATHE" serve -m "$MODEL" --lora nodir 2>&1); [ $? -ne 0 ] && echo "$out" | grep -q "NAME=DIR" \
   || { echo "FAIL: bad --lora: $out"; rc=1; }
 
+out=$("$LATHE" serve -m "$MODEL" --kv-cache-dtype int8 2>&1); [ $? -ne 0 ] \
+  && echo "$out" | grep -q -- "--kv-cache-dtype 'int8': expected f32, f16 or bf16" \
+  || { echo "FAIL: bad --kv-cache-dtype: $out"; rc=1; }
+
 # `lathe bench serve`: a tiny workload through its in-process server at two concurrency levels,
-# with the block size it was given, sampling at temperature 0.8; every level completes and reports sane figures.
+# with the block size it was given, a bf16 KV cache, sampling at temperature 0.8; every level completes
+# and reports sane figures; --profile writes the last level's ops as a Chrome trace and a table.
 "$LATHE" bench serve -m "$MODEL" -t 2 --concurrency 1,2 --requests 2 --prompt-tokens 8,16 --output-tokens 4,8 \
   --data "$SHARED/data/tinystories/validation_100.txt" --system-prompt-tokens 0 --block-size 8 --temperature 0.8 \
-  > "$tmp/bench.out" 2> "$tmp/bench.err" || { echo "FAIL: bench serve"; rc=1; }
-python3 - "$tmp/bench.out" <<'PY' || { echo "FAIL: bench serve output"; cat "$tmp/bench.out" "$tmp/bench.err"; rc=1; }
-import re, sys
+  --kv-cache-dtype bf16 --profile "$tmp/bench_prof.json" > "$tmp/bench.out" 2> "$tmp/bench.err" \
+  || { echo "FAIL: bench serve"; rc=1; }
+python3 - "$tmp/bench.out" "$tmp/bench_prof.json" <<'PY' || { echo "FAIL: bench serve output"; cat "$tmp/bench.out" "$tmp/bench.err"; rc=1; }
+import json, re, sys
 text = open(sys.argv[1]).read()
-assert re.search(r"engine: \d+ KV blocks x 8 tokens", text), text
+assert re.search(r"engine: \d+ KV blocks x 8 tokens \(bf16\)", text), text
+assert re.search(r"profile of the last level \(concurrency 2\)", text), text
+assert re.search(r"^attention +\d+", text, re.M) and re.search(r"^matmul_", text, re.M), text
+trace = json.load(open(sys.argv[2]))
+events = trace["traceEvents"] if isinstance(trace, dict) else trace
+assert any(e.get("name") == "attention" for e in events), len(events)
 assert "temperature 0.8, ignore_eos" in text, text
 # KV utilization is sampled while requests run: "-" when a level finished before any sample.
 rows = re.findall(r"^\| (\d+) \| ([0-9.]+) \| ([0-9.]+)x \|.*\| ([0-9.]+%|-) \|$", text, re.M)

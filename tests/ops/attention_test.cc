@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
 #include "ops_test_util.h"
@@ -179,6 +180,72 @@ TEST_P(AttentionTier, GroupAttentionRowsMatchesPerToken) {
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i], want[i]) << IsaTierName(GetParam()) << " n_pos0=" << rc.n_pos0 << " n_tok=" << rc.n_tok
                                  << " hd=" << rc.head_dim << " window=" << rc.window << " at " << i;
+    }
+  }
+}
+
+// A KV cache of f16 / bf16 elements: each tier's kernels widen them exactly and run the f32 arithmetic,
+// so one token (GroupAttention) and a run of tokens (GroupAttentionRows, windows too) give the very bits
+// of the f32 call on the widened values: head sizes with zmm kernels (32, 64, 128), AVX2-only ones (8,
+// 24, 48) and the generic form's (20); runs across the 64-position blocks; large values (f16's range
+// is the caller's: the model's cache saturates them).
+TEST_P(AttentionTier, SixteenBitKvEqualsF32OnTheWidenedValues) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  uint32_t seed = 1700;
+  struct KCase {
+    int64_t n_pos0, n_tok;
+    int group, head_dim;
+    int64_t window = 0;
+  };
+  const KCase cases[] = {{0, 1, 3, 64},    {37, 1, 3, 64},  {0, 70, 3, 64},  {100, 9, 2, 128}, {5, 16, 4, 32},
+                         {60, 9, 3, 24},   {0, 70, 2, 48},  {66, 3, 1, 8},   {7, 5, 3, 20},    {0, 141, 2, 8},
+                         {5, 16, 3, 64, 12}, {100, 70, 1, 64, 64}, {0, 130, 2, 32, 129}};
+  const int64_t block_size = 16, n_kv_head = 2;
+  for (DType kvt : {DType::kF16, DType::kBF16}) {
+    for (const KCase& kc : cases) {
+      const int64_t n_pos = kc.n_pos0 + kc.n_tok, kv_dim = n_kv_head * kc.head_dim;
+      const int64_t n_blocks_used = (n_pos + block_size - 1) / block_size, pool_blocks = n_blocks_used * 2 + 1;
+      std::vector<int64_t> off(n_pos);
+      for (int64_t p = 0; p < n_pos; ++p)
+        off[p] = ((pool_blocks - 1 - 2 * (p / block_size)) * block_size + p % block_size) * kv_dim;
+      const size_t n = (size_t)(pool_blocks * block_size * kv_dim);
+      std::vector<float> k = RandomVec(n, seed++, 3.0f), v = RandomVec(n, seed++, 3.0f);
+      // The 16-bit cache and its exact widening.
+      std::vector<uint16_t> k16(n), v16(n);
+      std::vector<float> kw(n), vw(n);
+      for (size_t i = 0; i < n; ++i) {
+        k16[i] = kvt == DType::kF16 ? F32ToF16(k[i]) : F32ToBF16(k[i]);
+        v16[i] = kvt == DType::kF16 ? F32ToF16(v[i]) : F32ToBF16(v[i]);
+        kw[i] = kvt == DType::kF16 ? F16ToF32(k16[i]) : BF16ToF32(k16[i]);
+        vw[i] = kvt == DType::kF16 ? F16ToF32(v16[i]) : BF16ToF32(v16[i]);
+      }
+      const int64_t q_stride = n_kv_head * kc.group * kc.head_dim;
+      const std::vector<float> q = RandomVec(kc.n_tok * q_stride, seed++, 2.0f);
+      const float scale = 1.0f / std::sqrt((float)kc.head_dim);
+      const int64_t g = 1, h0 = g * kc.group, ko = g * kc.head_dim;
+      std::vector<float> want(kc.n_tok * q_stride, 0.0f), got(kc.n_tok * q_stride, 0.0f), one(kc.group * kc.head_dim);
+      std::vector<float> scores(kc.n_tok * kc.group * n_pos), sc(n_pos);
+      cpu::GroupAttentionRowsWith(kt, q.data() + h0 * kc.head_dim, q_stride, kc.n_tok, kc.group, kw.data() + ko,
+                                  vw.data() + ko, off.data(), kc.n_pos0, kc.head_dim, scale,
+                                  want.data() + h0 * kc.head_dim, q_stride, scores.data(), kc.window);
+      cpu::GroupAttentionRowsWith(kt, q.data() + h0 * kc.head_dim, q_stride, kc.n_tok, kc.group, k16.data() + ko,
+                                  v16.data() + ko, kvt, off.data(), kc.n_pos0, kc.head_dim, scale,
+                                  got.data() + h0 * kc.head_dim, q_stride, scores.data(), kc.window);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << IsaTierName(GetParam()) << " " << DTypeName(kvt) << " rows n_pos0=" << kc.n_pos0
+                                   << " n_tok=" << kc.n_tok << " hd=" << kc.head_dim << " at " << i;
+      }
+      // The last token alone (the decode step's call).
+      const int64_t t = kc.n_tok - 1, end = kc.n_pos0 + t + 1,
+                    lo = kc.window > 0 ? std::max<int64_t>(0, end - kc.window) : 0;
+      cpu::GroupAttentionWith(kt, q.data() + t * q_stride + h0 * kc.head_dim, kc.group, k16.data() + ko,
+                              v16.data() + ko, kvt, off.data() + lo, end - lo, kc.head_dim, scale, one.data(),
+                              sc.data());
+      for (int64_t i = 0; i < kc.group * kc.head_dim; ++i) {
+        ASSERT_EQ(one[i], want[t * q_stride + h0 * kc.head_dim + i])
+            << IsaTierName(GetParam()) << " " << DTypeName(kvt) << " one token hd=" << kc.head_dim << " at " << i;
+      }
     }
   }
 }

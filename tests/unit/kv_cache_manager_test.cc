@@ -104,28 +104,35 @@ TEST(KvCacheManager, PrefixReuseAndLastTokenComputed) {
   EXPECT_EQ(pool.num_used(), 0);
 }
 
+// For each KV cache dtype (CopyBlock copies elements of its size).
 TEST(KvCacheManager, ForkCopiesSharedBlockBeforeWriting) {
-  BlockPool pool(8, 4);
-  model::KvBlockStore store(TinyConfig(), 8, 4);
-  KvCacheManager m(pool, store);
-  std::vector<int32_t> p = {1, 2, 3, 4, 5, 6};
-  ASSERT_TRUE(m.Allocate(1, p, 0).ok());
-  int32_t partial = m.BlockTable(1)[1];
-  *store.K(1, partial, 1) = 42.0f;  // position 5 of layer 1, already computed
-  m.Fork(1, 2);
-  EXPECT_EQ(pool.ref_count(partial), 2);
-  ASSERT_TRUE(m.Reserve(2, 7));
-  ASSERT_TRUE(m.PrepareWrite(2, 6, 7));  // sample 2 writes position 6, in the shared block
-  int32_t copy = m.BlockTable(2)[1];
-  EXPECT_NE(copy, partial);
-  EXPECT_EQ(*store.K(1, copy, 1), 42.0f);  // the computed part came along
-  EXPECT_EQ(pool.ref_count(partial), 1);
-  EXPECT_EQ(m.BlockTable(2)[0], m.BlockTable(1)[0]);  // the full block stays shared
-  ASSERT_TRUE(m.PrepareWrite(1, 6, 7));  // now private to 1: no copy
-  EXPECT_EQ(m.BlockTable(1)[1], partial);
-  m.Free(1);
-  m.Free(2);
-  EXPECT_EQ(pool.num_used(), 0);
+  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+    BlockPool pool(8, 4);
+    model::KvBlockStore store(TinyConfig(), 8, 4, kv);
+    const int64_t kv_dim = store.kv_dim();
+    std::vector<float> row(kv_dim, 0.0f), zero(kv_dim, 0.0f), got(kv_dim);
+    row[kv_dim - 1] = 42.0f;
+    KvCacheManager m(pool, store);
+    std::vector<int32_t> p = {1, 2, 3, 4, 5, 6};
+    ASSERT_TRUE(m.Allocate(1, p, 0).ok());
+    int32_t partial = m.BlockTable(1)[1];
+    store.Write(1, partial, 1, row.data(), zero.data());  // position 5 of layer 1, already computed
+    m.Fork(1, 2);
+    EXPECT_EQ(pool.ref_count(partial), 2);
+    ASSERT_TRUE(m.Reserve(2, 7));
+    ASSERT_TRUE(m.PrepareWrite(2, 6, 7));  // sample 2 writes position 6, in the shared block
+    int32_t copy = m.BlockTable(2)[1];
+    EXPECT_NE(copy, partial);
+    store.ReadK(1, copy, 1, got.data());
+    EXPECT_EQ(got[kv_dim - 1], 42.0f) << DTypeName(kv);  // the computed part came along
+    EXPECT_EQ(pool.ref_count(partial), 1);
+    EXPECT_EQ(m.BlockTable(2)[0], m.BlockTable(1)[0]);  // the full block stays shared
+    ASSERT_TRUE(m.PrepareWrite(1, 6, 7));  // now private to 1: no copy
+    EXPECT_EQ(m.BlockTable(1)[1], partial);
+    m.Free(1);
+    m.Free(2);
+    EXPECT_EQ(pool.num_used(), 0);
+  }
 }
 
 TEST(KvCacheManager, OutOfBlocksHoldsNothing) {

@@ -1,6 +1,8 @@
 // AVX2 attention of one token's query heads over a paged KV cache (rows found through per-position
 // offsets): four positions per q . k pass, the tier's Softmax, V accumulated in registers; and the
-// same for a run of consecutive tokens with K/V walked in L1-sized position blocks (prefill).
+// same for a run of consecutive tokens with K/V walked in L1-sized position blocks (prefill). K / V
+// elements are f32, f16 or bf16 (the cache's dtype): each load widens them to f32 exactly, so the
+// arithmetic after the load, and every bit of it, is the f32 kernel's on the widened values.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -8,51 +10,59 @@
 
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/kv_elem.h"
 
 namespace lathe::kernels::cpu::avx2 {
 
 namespace {
 
+// 8 K / V elements widened to f32 (exact for every element type).
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const KvF16* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+inline __m256 Load8(const KvBf16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
 // Scores of one head (head_dim = 8 * C) against positions [0, n): 4 positions per step, their 4
 // sums reduced together by two rounds of hadd.
-template <int C>
-void Scores(const float* q, const float* k, const int64_t* off, int64_t n, float scale, float* sc) {
+template <typename E, int C>
+void Scores(const float* q, const E* k, const int64_t* off, int64_t n, float scale, float* sc) {
   __m256 qv[C];
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) qv[c] = _mm256_loadu_ps(q + 8 * c);
   const __m128 sv = _mm_set1_ps(scale);
   int64_t p = 0;
   for (; p + 4 <= n; p += 4) {
-    const float* k0 = k + off[p];
-    const float* k1 = k + off[p + 1];
-    const float* k2 = k + off[p + 2];
-    const float* k3 = k + off[p + 3];
-    __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k0)), a1 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k1));
-    __m256 a2 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k2)), a3 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k3));
+    const E* k0 = k + off[p];
+    const E* k1 = k + off[p + 1];
+    const E* k2 = k + off[p + 2];
+    const E* k3 = k + off[p + 3];
+    __m256 a0 = _mm256_mul_ps(qv[0], Load8(k0)), a1 = _mm256_mul_ps(qv[0], Load8(k1));
+    __m256 a2 = _mm256_mul_ps(qv[0], Load8(k2)), a3 = _mm256_mul_ps(qv[0], Load8(k3));
     if constexpr (C >= 2) {
       // Two accumulators per position (even / odd 8-float chunks): 8 independent FMA chains; an odd
       // last chunk goes to the even one.
-      __m256 b0 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k0 + 8)),
-             b1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k1 + 8));
-      __m256 b2 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k2 + 8)),
-             b3 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k3 + 8));
+      __m256 b0 = _mm256_mul_ps(qv[1], Load8(k0 + 8)),
+             b1 = _mm256_mul_ps(qv[1], Load8(k1 + 8));
+      __m256 b2 = _mm256_mul_ps(qv[1], Load8(k2 + 8)),
+             b3 = _mm256_mul_ps(qv[1], Load8(k3 + 8));
 #pragma GCC unroll 8
       for (int c = 2; c + 1 < C; c += 2) {
-        a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a0);
-        a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k1 + 8 * c), a1);
-        a2 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k2 + 8 * c), a2);
-        a3 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k3 + 8 * c), a3);
-        b0 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k0 + 8 * c + 8), b0);
-        b1 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k1 + 8 * c + 8), b1);
-        b2 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k2 + 8 * c + 8), b2);
-        b3 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k3 + 8 * c + 8), b3);
+        a0 = _mm256_fmadd_ps(qv[c], Load8(k0 + 8 * c), a0);
+        a1 = _mm256_fmadd_ps(qv[c], Load8(k1 + 8 * c), a1);
+        a2 = _mm256_fmadd_ps(qv[c], Load8(k2 + 8 * c), a2);
+        a3 = _mm256_fmadd_ps(qv[c], Load8(k3 + 8 * c), a3);
+        b0 = _mm256_fmadd_ps(qv[c + 1], Load8(k0 + 8 * c + 8), b0);
+        b1 = _mm256_fmadd_ps(qv[c + 1], Load8(k1 + 8 * c + 8), b1);
+        b2 = _mm256_fmadd_ps(qv[c + 1], Load8(k2 + 8 * c + 8), b2);
+        b3 = _mm256_fmadd_ps(qv[c + 1], Load8(k3 + 8 * c + 8), b3);
       }
       if constexpr (C % 2 == 1) {
         constexpr int c = C - 1;
-        a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a0);
-        a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k1 + 8 * c), a1);
-        a2 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k2 + 8 * c), a2);
-        a3 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k3 + 8 * c), a3);
+        a0 = _mm256_fmadd_ps(qv[c], Load8(k0 + 8 * c), a0);
+        a1 = _mm256_fmadd_ps(qv[c], Load8(k1 + 8 * c), a1);
+        a2 = _mm256_fmadd_ps(qv[c], Load8(k2 + 8 * c), a2);
+        a3 = _mm256_fmadd_ps(qv[c], Load8(k3 + 8 * c), a3);
       }
       a0 = _mm256_add_ps(a0, b0);
       a1 = _mm256_add_ps(a1, b1);
@@ -64,10 +74,10 @@ void Scores(const float* q, const float* k, const int64_t* off, int64_t n, float
     _mm_storeu_ps(sc + p, _mm_mul_ps(s, sv));
   }
   for (; p < n; ++p) {
-    const float* kr = k + off[p];
-    __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr));
+    const E* kr = k + off[p];
+    __m256 a = _mm256_mul_ps(qv[0], Load8(kr));
 #pragma GCC unroll 16
-    for (int c = 1; c < C; ++c) a = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kr + 8 * c), a);
+    for (int c = 1; c < C; ++c) a = _mm256_fmadd_ps(qv[c], Load8(kr + 8 * c), a);
     sc[p] = HsumPs(a) * scale;
   }
 }
@@ -83,8 +93,8 @@ constexpr int64_t kPosBlock = 64;
 // positions go round-robin to U = 4 / C accumulator sets, summed ((a0 + a1) + (a2 + a3)) onto the
 // first (which starts from out) at the block's end. From head_dim 32 on, U = 1: one chain per 8
 // floats continuing from out, as one pass over all positions.
-template <int C, bool kAccumulate = false>
-void MixBlock(const float* v, const int64_t* off, int64_t n, const float* sc, float* out) {
+template <typename E, int C, bool kAccumulate = false>
+void MixBlock(const E* v, const int64_t* off, int64_t n, const float* sc, float* out) {
   constexpr int U = C >= 4 ? 1 : 4 / C;
   __m256 acc[U][C];
 #pragma GCC unroll 16
@@ -97,17 +107,17 @@ void MixBlock(const float* v, const int64_t* off, int64_t n, const float* sc, fl
   for (; p + U <= n; p += U) {
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
-      const float* vr = v + off[p + u];
+      const E* vr = v + off[p + u];
       const __m256 w = _mm256_broadcast_ss(sc + p + u);
 #pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) acc[u][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[u][c]);
+      for (int c = 0; c < C; ++c) acc[u][c] = _mm256_fmadd_ps(w, Load8(vr + 8 * c), acc[u][c]);
     }
   }
   for (int u = 0; p < n; ++p, ++u) {  // the last n % U positions, to sets 0, 1, ...
-    const float* vr = v + off[p];
+    const E* vr = v + off[p];
     const __m256 w = _mm256_broadcast_ss(sc + p);
 #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) acc[u][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[u][c]);
+    for (int c = 0; c < C; ++c) acc[u][c] = _mm256_fmadd_ps(w, Load8(vr + 8 * c), acc[u][c]);
   }
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) {
@@ -120,33 +130,33 @@ void MixBlock(const float* v, const int64_t* off, int64_t n, const float* sc, fl
 }
 
 // MixBlock over any n: block by block, as GroupAttendRowsC walks the positions (same results).
-template <int C>
-void Mix(const float* v, const int64_t* off, int64_t n, const float* sc, float* out) {
+template <typename E, int C>
+void Mix(const E* v, const int64_t* off, int64_t n, const float* sc, float* out) {
   for (int64_t p0 = 0; p0 < n; p0 += kPosBlock) {
     const int64_t len = std::min(kPosBlock, n - p0);
     if (p0 == 0) {
-      MixBlock<C>(v, off, len, sc, out);
+      MixBlock<E, C>(v, off, len, sc, out);
     } else {
-      MixBlock<C, true>(v, off + p0, len, sc + p0, out);
+      MixBlock<E, C, true>(v, off + p0, len, sc + p0, out);
     }
   }
 }
 
-template <int C>
-void GroupAttendC(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n,
+template <typename E, int C>
+void GroupAttendC(const float* q, int group, const E* k, const E* v, const int64_t* off, int64_t n,
                   float scale, float* out, float* sc) {
   for (int h = 0; h < group; ++h) {
-    Scores<C>(q + h * 8 * C, k, off, n, scale, sc);
+    Scores<E, C>(q + h * 8 * C, k, off, n, scale, sc);
     Table().softmax(sc, n);
-    Mix<C>(v, off, n, sc, out + h * 8 * C);
+    Mix<E, C>(v, off, n, sc, out + h * 8 * C);
   }
 }
 
 // n_tok consecutive tokens (token t sees positions [0, n_pos0 + t]), `group` heads each. Pass 1
 // writes every query's scores block by block, then each row gets its softmax, then pass 2 mixes V
 // block by block. Per query the arithmetic equals GroupAttendC's.
-template <int C>
-void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
+template <typename E, int C>
+void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group, const E* k, const E* v,
                       const int64_t* off, int64_t n_pos0, float scale, float* out, int64_t out_stride, float* sc) {
   constexpr int64_t hd = 8 * C;
   const int64_t n_max = n_pos0 + n_tok;  // scores row stride
@@ -154,7 +164,7 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
     for (int64_t t = std::max<int64_t>(0, p0 - n_pos0); t < n_tok; ++t) {
       const int64_t len = std::min(kPosBlock, n_pos0 + t + 1 - p0);
       for (int h = 0; h < group; ++h)
-        Scores<C>(q + t * q_stride + h * hd, k, off + p0, len, scale, sc + (t * group + h) * n_max + p0);
+        Scores<E, C>(q + t * q_stride + h * hd, k, off + p0, len, scale, sc + (t * group + h) * n_max + p0);
     }
   }
   for (int64_t t = 0; t < n_tok; ++t)
@@ -166,9 +176,9 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
         const float* s = sc + (t * group + h) * n_max + p0;
         float* o = out + t * out_stride + h * hd;
         if (p0 == 0) {
-          MixBlock<C>(v, off, len, s, o);
+          MixBlock<E, C>(v, off, len, s, o);
         } else {
-          MixBlock<C, true>(v, off + p0, len, s, o);
+          MixBlock<E, C, true>(v, off + p0, len, s, o);
         }
       }
     }
@@ -195,19 +205,25 @@ bool WithChunks(int head_dim, F&& f) {
 
 }  // namespace
 
-bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
-                     const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
-                     float* scores) {
-  return WithChunks(head_dim, [&](auto c) {
-    GroupAttendRowsC<decltype(c)::value>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride,
-                                         scores);
+bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const void* k, const void* v,
+                     DType kv, const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
+                     int64_t out_stride, float* scores) {
+  return WithKvElem(kv, k, v, [&](const auto* ke, const auto* ve) {
+    return WithChunks(head_dim, [&](auto c) {
+      GroupAttendRowsC<std::remove_cv_t<std::remove_pointer_t<decltype(ke)>>, decltype(c)::value>(
+          q, q_stride, n_tok, group, ke, ve, off, n_pos0, scale, out, out_stride, scores);
+    });
   });
 }
 
-bool GroupAttend(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n_pos,
-                 int head_dim, float scale, float* out, float* scores) {
-  return WithChunks(head_dim,
-                    [&](auto c) { GroupAttendC<decltype(c)::value>(q, group, k, v, off, n_pos, scale, out, scores); });
+bool GroupAttend(const float* q, int group, const void* k, const void* v, DType kv, const int64_t* off,
+                 int64_t n_pos, int head_dim, float scale, float* out, float* scores) {
+  return WithKvElem(kv, k, v, [&](const auto* ke, const auto* ve) {
+    return WithChunks(head_dim, [&](auto c) {
+      GroupAttendC<std::remove_cv_t<std::remove_pointer_t<decltype(ke)>>, decltype(c)::value>(
+          q, group, ke, ve, off, n_pos, scale, out, scores);
+    });
+  });
 }
 
 }  // namespace lathe::kernels::cpu::avx2

@@ -2,7 +2,8 @@
 // arithmetic (attention_avx2.cc), bit for bit, with every K and V row read once for up to four query
 // rows (a token's query heads and the next token's) instead of once per query. Per query the operations
 // and their order are those of avx2::GroupAttend, so a prompt token's output equals the one a decode
-// step would give it (the batch invariance the engine relies on).
+// step would give it (the batch invariance the engine relies on). K / V elements of any kv_elem.h type,
+// widened to f32 exactly on load.
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/kv_elem.h"
 
 namespace lathe::kernels::cpu::avx512 {
 
@@ -30,26 +32,38 @@ inline float HsumPs(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// K / V elements widened to f32 (exact), 16 or 8 at a time.
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const KvF16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+inline __m512 Load16(const KvBf16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const KvF16* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+inline __m256 Load8(const KvBf16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
 // Scores of R query rows (head_dim = 8 C, C even) for the position groups [g0, g1) (positions 4 g ..
 // 4 g + 3 of the block). Per position the AVX2 kernel keeps two 8-lane chains, even and odd 8-float
 // chunks, started by a multiply: here the low and high halves of one zmm chain over 16-float chunks,
 // the same multiply and FMAs lane for lane; then a + b, two rounds of hadd over the 4 positions, the
 // 128-bit halves added, times scale.
-template <int C, int R>
-void Scores4(const float* const* q, const float* k, const int64_t* off, int64_t g0, int64_t g1, float scale,
+template <typename E, int C, int R>
+void Scores4(const float* const* q, const E* k, const int64_t* off, int64_t g0, int64_t g1, float scale,
              float* const* sc) {
   static_assert(C % 2 == 0);
   constexpr int Z = C / 2;
   const __m128 sv = _mm_set1_ps(scale);
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t p = 4 * g;
-    const float* kr[4] = {k + off[p], k + off[p + 1], k + off[p + 2], k + off[p + 3]};
+    const E* kr[4] = {k + off[p], k + off[p + 1], k + off[p + 2], k + off[p + 3]};
     __m512 acc[R][4];
 #pragma GCC unroll 8
     for (int z = 0; z < Z; ++z) {
       __m512 kv[4];
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) kv[j] = _mm512_loadu_ps(kr[j] + 16 * z);
+      for (int j = 0; j < 4; ++j) kv[j] = Load16(kr[j] + 16 * z);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const __m512 qv = _mm512_loadu_ps(q[r] + 16 * z);
@@ -72,27 +86,27 @@ void Scores4(const float* const* q, const float* k, const int64_t* off, int64_t 
 
 // The last n % 4 positions of a row's block, as the AVX2 kernel: one 8-lane chain over the chunks in
 // order, HsumPs, times scale.
-template <int C>
-void ScoresTail(const float* q, const float* k, const int64_t* off, int64_t p0, int64_t p1, float scale, float* sc) {
+template <typename E, int C>
+void ScoresTail(const float* q, const E* k, const int64_t* off, int64_t p0, int64_t p1, float scale, float* sc) {
   for (int64_t p = p0; p < p1; ++p) {
-    const float* kr = k + off[p];
-    __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kr));
+    const E* kr = k + off[p];
+    __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), Load8(kr));
 #pragma GCC unroll 16
-    for (int c = 1; c < C; ++c) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), _mm256_loadu_ps(kr + 8 * c), a);
+    for (int c = 1; c < C; ++c) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), Load8(kr + 8 * c), a);
     sc[p] = HsumPs(a) * scale;
   }
 }
 
 // o_r (+)= sum over positions [p0, p1) of sc_r[p] * v[off[p]] for R rows: per lane one FMA chain in
 // position order (the AVX2 kernel's, from head_dim 32 on), 16 lanes per zmm, each V row read once.
-template <int C, int R>
-void MixRows(const float* v, const int64_t* off, int64_t p0, int64_t p1, const float* const* sc, __m512 (&acc)[R][C / 2]) {
+template <typename E, int C, int R>
+void MixRows(const E* v, const int64_t* off, int64_t p0, int64_t p1, const float* const* sc, __m512 (&acc)[R][C / 2]) {
   constexpr int Z = C / 2;
   for (int64_t p = p0; p < p1; ++p) {
-    const float* vr = v + off[p];
+    const E* vr = v + off[p];
     __m512 vv[Z];
 #pragma GCC unroll 8
-    for (int z = 0; z < Z; ++z) vv[z] = _mm512_loadu_ps(vr + 16 * z);
+    for (int z = 0; z < Z; ++z) vv[z] = Load16(vr + 16 * z);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m512 w = _mm512_set1_ps(sc[r][p]);
@@ -111,8 +125,8 @@ struct Row {
 
 // Rows of one position block in batches of up to R (kMaxRows, or 2 for 128-float heads in the mix):
 // the part every row of a batch sees together, then each row's remainder alone.
-template <int C>
-void ScoresBlock(const Row* rows, int n, const float* k, const int64_t* off, float scale) {
+template <typename E, int C>
+void ScoresBlock(const Row* rows, int n, const E* k, const int64_t* off, float scale) {
   for (int i0 = 0; i0 < n; i0 += kMaxRows) {
     const int m = std::min(kMaxRows, n - i0);
     int64_t common = rows[i0].len;
@@ -122,21 +136,21 @@ void ScoresBlock(const Row* rows, int n, const float* k, const int64_t* off, flo
     for (int i = 0; i < m; ++i) qs[i] = rows[i0 + i].q, scs[i] = rows[i0 + i].sc;
     const int64_t g_common = common / 4;
     switch (m) {
-      case 4: Scores4<C, 4>(qs, k, off, 0, g_common, scale, scs); break;
-      case 3: Scores4<C, 3>(qs, k, off, 0, g_common, scale, scs); break;
-      case 2: Scores4<C, 2>(qs, k, off, 0, g_common, scale, scs); break;
-      default: Scores4<C, 1>(qs, k, off, 0, g_common, scale, scs); break;
+      case 4: Scores4<E, C, 4>(qs, k, off, 0, g_common, scale, scs); break;
+      case 3: Scores4<E, C, 3>(qs, k, off, 0, g_common, scale, scs); break;
+      case 2: Scores4<E, C, 2>(qs, k, off, 0, g_common, scale, scs); break;
+      default: Scores4<E, C, 1>(qs, k, off, 0, g_common, scale, scs); break;
     }
     for (int i = 0; i < m; ++i) {
       const Row& r = rows[i0 + i];
-      Scores4<C, 1>(&qs[i], k, off, g_common, r.len / 4, scale, &scs[i]);
-      ScoresTail<C>(r.q, k, off, r.len / 4 * 4, r.len, scale, r.sc);
+      Scores4<E, C, 1>(&qs[i], k, off, g_common, r.len / 4, scale, &scs[i]);
+      ScoresTail<E, C>(r.q, k, off, r.len / 4 * 4, r.len, scale, r.sc);
     }
   }
 }
 
-template <int C>
-void MixBlock(const Row* rows, int n, const float* v, const int64_t* off, bool accumulate) {
+template <typename E, int C>
+void MixBlock(const Row* rows, int n, const E* v, const int64_t* off, bool accumulate) {
   constexpr int Z = C / 2;
   constexpr int R = Z <= 4 ? 4 : 2;  // R x Z accumulators in at most 16 zmm
   for (int i0 = 0; i0 < n; i0 += R) {
@@ -152,14 +166,14 @@ void MixBlock(const Row* rows, int n, const float* v, const int64_t* off, bool a
       for (int z = 0; z < Z; ++z) acc[i][z] = accumulate ? _mm512_loadu_ps(r.out + 16 * z) : _mm512_setzero_ps();
     }
     // Rows past m repeat the last one (their sums are not stored).
-    MixRows<C, R>(v, off, 0, common, scs, acc);
+    MixRows<E, C, R>(v, off, 0, common, scs, acc);
     for (int i = 0; i < m; ++i) {
       const Row& r = rows[i0 + i];
       __m512 one[1][Z];
 #pragma GCC unroll 8
       for (int z = 0; z < Z; ++z) one[0][z] = acc[i][z];
       const float* s1[1] = {r.sc};
-      MixRows<C, 1>(v, off, common, r.len, s1, one);
+      MixRows<E, C, 1>(v, off, common, r.len, s1, one);
 #pragma GCC unroll 8
       for (int z = 0; z < Z; ++z) _mm512_storeu_ps(r.out + 16 * z, one[0][z]);
     }
@@ -168,8 +182,8 @@ void MixBlock(const Row* rows, int n, const float* v, const int64_t* off, bool a
 
 // avx2 GroupAttendRowsC's passes: every query's scores block by block, each row's softmax (this tier's:
 // the AVX2 table's bits, as avx2::GroupAttend), then V mixed block by block.
-template <int C>
-void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
+template <typename E, int C>
+void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group, const E* k, const E* v,
                       const int64_t* off, int64_t n_pos0, float scale, float* out, int64_t out_stride, float* sc) {
   constexpr int64_t hd = 8 * C;
   const int64_t n_max = n_pos0 + n_tok;  // scores row stride
@@ -186,7 +200,7 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
   };
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
     const int n = fill(p0);  // positions below relative to the block: off + p0, each row's sc + p0
-    ScoresBlock<C>(rows.data(), n, k, off + p0, scale);
+    ScoresBlock<E, C>(rows.data(), n, k, off + p0, scale);
   }
   // This tier's softmax: avx2::Softmax's bits (the decode kernel's) on 16 lanes.
   const KernelTable& t5 = Table();
@@ -194,30 +208,34 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
     for (int h = 0; h < group; ++h) t5.softmax(sc + (t * group + h) * n_max, n_pos0 + t + 1);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
     const int n = fill(p0);
-    MixBlock<C>(rows.data(), n, v, off + p0, p0 > 0);
+    MixBlock<E, C>(rows.data(), n, v, off + p0, p0 > 0);
   }
 }
 
 }  // namespace
 
-bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
-                     const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
-                     float* scores) {
-  auto run = [&](auto c) {
-    GroupAttendRowsC<decltype(c)::value>(q, q_stride, n_tok, group, k, v, off, n_pos0, scale, out, out_stride, scores);
-    return true;
-  };
-  switch (head_dim) {  // even chunk counts from head_dim 32 on (the AVX2 kernel's one-chain mix)
-    case 32: return run(std::integral_constant<int, 4>{});
-    case 48: return run(std::integral_constant<int, 6>{});
-    case 64: return run(std::integral_constant<int, 8>{});
-    case 80: return run(std::integral_constant<int, 10>{});
-    case 96: return run(std::integral_constant<int, 12>{});
-    case 128: return run(std::integral_constant<int, 16>{});
-    default:
-      return avx2::GroupAttendRows(q, q_stride, n_tok, group, k, v, off, n_pos0, head_dim, scale, out, out_stride,
-                                   scores);
-  }
+bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const void* k, const void* v,
+                     DType kv, const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
+                     int64_t out_stride, float* scores) {
+  return WithKvElem(kv, k, v, [&](const auto* ke, const auto* ve) {
+    using E = std::remove_cv_t<std::remove_pointer_t<decltype(ke)>>;
+    auto run = [&](auto c) {
+      GroupAttendRowsC<E, decltype(c)::value>(q, q_stride, n_tok, group, ke, ve, off, n_pos0, scale, out, out_stride,
+                                              scores);
+      return true;
+    };
+    switch (head_dim) {  // even chunk counts from head_dim 32 on (the AVX2 kernel's one-chain mix)
+      case 32: return run(std::integral_constant<int, 4>{});
+      case 48: return run(std::integral_constant<int, 6>{});
+      case 64: return run(std::integral_constant<int, 8>{});
+      case 80: return run(std::integral_constant<int, 10>{});
+      case 96: return run(std::integral_constant<int, 12>{});
+      case 128: return run(std::integral_constant<int, 16>{});
+      default:
+        return avx2::GroupAttendRows(q, q_stride, n_tok, group, k, v, kv, off, n_pos0, head_dim, scale, out,
+                                     out_stride, scores);
+    }
+  });
 }
 
 }  // namespace lathe::kernels::cpu::avx512

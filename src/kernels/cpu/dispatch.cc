@@ -97,13 +97,25 @@ void Attention(ThreadPool& pool, const float* q, int64_t q_stride, const float* 
 
 void GroupAttention(const float* q, int group, const float* k, const float* v, const int64_t* off,
                     int64_t n_pos, int head_dim, float scale, float* out, float* scores) {
-  cpu::GroupAttentionWith(cpu::Best(), q, group, k, v, off, n_pos, head_dim, scale, out, scores);
+  cpu::GroupAttentionWith(cpu::Best(), q, group, k, v, DType::kF32, off, n_pos, head_dim, scale, out, scores);
 }
 
 void GroupAttentionRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
                         const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
                         int64_t out_stride, float* scores, int64_t window) {
-  cpu::GroupAttentionRowsWith(cpu::Best(), q, q_stride, n_tok, group, k, v, off, n_pos0, head_dim, scale, out,
+  cpu::GroupAttentionRowsWith(cpu::Best(), q, q_stride, n_tok, group, k, v, DType::kF32, off, n_pos0, head_dim,
+                              scale, out, out_stride, scores, window);
+}
+
+void GroupAttention(const float* q, int group, const void* k, const void* v, DType kv, const int64_t* off,
+                    int64_t n_pos, int head_dim, float scale, float* out, float* scores) {
+  cpu::GroupAttentionWith(cpu::Best(), q, group, k, v, kv, off, n_pos, head_dim, scale, out, scores);
+}
+
+void GroupAttentionRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const void* k, const void* v,
+                        DType kv, const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
+                        int64_t out_stride, float* scores, int64_t window) {
+  cpu::GroupAttentionRowsWith(cpu::Best(), q, q_stride, n_tok, group, k, v, kv, off, n_pos0, head_dim, scale, out,
                               out_stride, scores, window);
 }
 

@@ -85,12 +85,13 @@ struct KernelTable {
   int64_t (*argmax)(const float* x, int64_t n);  // kernels::Argmax
   // GroupAttention (kernels.h) for the head sizes a tier specializes; false = not handled (the
   // generic form in attention.cc runs instead). Null on tiers without one.
-  bool (*group_attend)(const float* q, int group, const float* k, const float* v, const int64_t* off,
+  // K / V elements of dtype kv (f32, f16 or bf16: kv_elem.h).
+  bool (*group_attend)(const float* q, int group, const void* k, const void* v, DType kv, const int64_t* off,
                        int64_t n_pos, int head_dim, float scale, float* out, float* scores) = nullptr;
   // GroupAttentionRows (kernels.h) for the head sizes a tier specializes; false = not handled (one
   // GroupAttentionWith per token instead). Null on tiers without one.
-  bool (*group_attend_rows)(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k,
-                            const float* v, const int64_t* off, int64_t n_pos0, int head_dim, float scale,
+  bool (*group_attend_rows)(const float* q, int64_t q_stride, int64_t n_tok, int group, const void* k,
+                            const void* v, DType kv, const int64_t* off, int64_t n_pos0, int head_dim, float scale,
                             float* out, int64_t out_stride, float* scores) = nullptr;
 };
 
@@ -150,15 +151,28 @@ void AttentionWith(const KernelTable& kt, ThreadPool& pool, const float* q, int6
 
 // kernels::GroupAttention with one tier's kernels: kt.group_attend where it handles head_dim, else
 // Dot / Softmax / Axpy per position.
-void GroupAttentionWith(const KernelTable& kt, const float* q, int group, const float* k, const float* v,
+// K / V of dtype kv (f32, f16, bf16); the float overload is kv = f32.
+void GroupAttentionWith(const KernelTable& kt, const float* q, int group, const void* k, const void* v, DType kv,
                         const int64_t* off, int64_t n_pos, int head_dim, float scale, float* out,
                         float* scores);
+inline void GroupAttentionWith(const KernelTable& kt, const float* q, int group, const float* k, const float* v,
+                               const int64_t* off, int64_t n_pos, int head_dim, float scale, float* out,
+                               float* scores) {
+  GroupAttentionWith(kt, q, group, k, v, DType::kF32, off, n_pos, head_dim, scale, out, scores);
+}
 
 // kernels::GroupAttentionRows with one tier's kernels: kt.group_attend_rows for the tokens whose
 // window starts at position 0 where it handles head_dim, else GroupAttentionWith per token.
 void GroupAttentionRowsWith(const KernelTable& kt, const float* q, int64_t q_stride, int64_t n_tok, int group,
-                            const float* k, const float* v, const int64_t* off, int64_t n_pos0, int head_dim,
-                            float scale, float* out, int64_t out_stride, float* scores, int64_t window = 0);
+                            const void* k, const void* v, DType kv, const int64_t* off, int64_t n_pos0,
+                            int head_dim, float scale, float* out, int64_t out_stride, float* scores,
+                            int64_t window = 0);
+inline void GroupAttentionRowsWith(const KernelTable& kt, const float* q, int64_t q_stride, int64_t n_tok, int group,
+                                   const float* k, const float* v, const int64_t* off, int64_t n_pos0, int head_dim,
+                                   float scale, float* out, int64_t out_stride, float* scores, int64_t window = 0) {
+  GroupAttentionRowsWith(kt, q, q_stride, n_tok, group, k, v, DType::kF32, off, n_pos0, head_dim, scale, out,
+                         out_stride, scores, window);
+}
 
 namespace scalar {
 const KernelTable& Table();
@@ -171,11 +185,11 @@ const KernelTable& Table(bool split);
 // KernelTable::group_attend / group_attend_rows (attention_avx2.cc); the AVX-512 table uses them too.
 // Declared here, not in avx2_util.h: that header's inline helpers must never be compiled into a
 // file built with other flags (one definition would win at link time for every tier).
-bool GroupAttend(const float* q, int group, const float* k, const float* v, const int64_t* off, int64_t n_pos,
-                 int head_dim, float scale, float* out, float* scores);
-bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
-                     const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
-                     float* scores);
+bool GroupAttend(const float* q, int group, const void* k, const void* v, DType kv, const int64_t* off,
+                 int64_t n_pos, int head_dim, float scale, float* out, float* scores);
+bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const void* k, const void* v,
+                     DType kv, const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
+                     int64_t out_stride, float* scores);
 // MatMulKernels::gemv for the IsExtQuant block types (quant_ext_avx2.cc; the AVX-512 table runs
 // every block type through the AVX2 table). Each row's result is the same for any m (1..4).
 void ExtQuantGemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
@@ -239,9 +253,9 @@ const KernelTable& Table();
 // KernelTable::group_attend_rows of the AVX-512 table (attention_avx512.cc): bit-identical to
 // avx2::GroupAttendRows (and so, per token, to avx2::GroupAttend); head sizes 32..128 (even 8-float
 // chunk counts) with zmm kernels, the others through the AVX2 one.
-bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const float* k, const float* v,
-                     const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out, int64_t out_stride,
-                     float* scores);
+bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const void* k, const void* v,
+                     DType kv, const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
+                     int64_t out_stride, float* scores);
 }
 
 }  // namespace lathe::kernels::cpu

@@ -2,13 +2,12 @@
 // training matmul/attention drivers.
 #pragma once
 
-#include <sys/mman.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "core/check.h"
+#include "core/huge_buffer.h"
 
 namespace lathe::kernels::cpu {
 
@@ -26,36 +25,16 @@ T* Scratch(std::vector<T>& buf, size_t n) {
 // the loss). Where the kernel gives no huge pages it behaves as plain anonymous memory. Zero-filled.
 class TransientFloats {
  public:
-  explicit TransientFloats(size_t n) : n_(n) {
-    if (n == 0) return;
-    constexpr size_t kHuge = 2u << 20;
-    const size_t bytes = n * sizeof(float);
-    const bool huge = bytes >= kHuge;
-    len_ = huge ? (bytes + kHuge - 1) / kHuge * kHuge + kHuge : bytes;
-    base_ = mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    LATHE_CHECK(base_ != MAP_FAILED);
-    uintptr_t p = (uintptr_t)base_;
-    if (huge) {
-      p = (p + kHuge - 1) / kHuge * kHuge;
-      madvise((void*)p, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);  // a hint: failure is fine
-    }
-    p_ = (float*)p;
-  }
-  ~TransientFloats() {
-    if (base_) munmap(base_, len_);
-  }
-  TransientFloats(const TransientFloats&) = delete;
-  TransientFloats& operator=(const TransientFloats&) = delete;
-  float* data() { return p_; }
-  const float* data() const { return p_; }
+  explicit TransientFloats(size_t n) : buf_(n * sizeof(float)), n_(n) {}
+  float* data() { return (float*)buf_.data(); }
+  const float* data() const { return (const float*)buf_.data(); }
   size_t size() const { return n_; }
-  float& operator[](size_t i) { return p_[i]; }
-  const float& operator[](size_t i) const { return p_[i]; }
+  float& operator[](size_t i) { return data()[i]; }
+  const float& operator[](size_t i) const { return data()[i]; }
 
  private:
-  size_t n_ = 0, len_ = 0;
-  void* base_ = nullptr;
-  float* p_ = nullptr;
+  HugePageBuffer buf_;
+  size_t n_;
 };
 
 // Bytes of x rows kept hot in L2 per M block (L2 is 512 KiB on Zen 3, 1-2 MiB on Zen 4/5). Larger

@@ -1,0 +1,43 @@
+// Element types of a KV cache for the attention kernels: f32, IEEE f16 or bf16. The 16-bit ones are
+// tags over their bits (distinct types, so a kernel template picks its widening load by overload);
+// every kernel widens them to f32 exactly on load and runs the f32 arithmetic after it.
+#pragma once
+
+#include <cstdint>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace lathe::kernels::cpu {
+
+struct KvF16 {
+  uint16_t bits;
+};
+struct KvBf16 {
+  uint16_t bits;
+};
+
+// Whether a KV cache may hold this dtype.
+inline bool IsKvDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// f(k, v) with the K / V pointers as the element type of `kv` (const float*, const KvF16* or const
+// KvBf16*); returns what f returns.
+template <typename F>
+auto WithKvElem(DType kv, const void* k, const void* v, F&& f) {
+  switch (kv) {
+    case DType::kF16:
+      return f((const KvF16*)k, (const KvF16*)v);
+    case DType::kBF16:
+      return f((const KvBf16*)k, (const KvBf16*)v);
+    default:
+      LATHE_CHECK_MSG(kv == DType::kF32, "KV cache dtype %s: expected f32, f16 or bf16", DTypeName(kv));
+      return f((const float*)k, (const float*)v);
+  }
+}
+
+// One element widened to f32 (exact), for the scalar forms.
+inline float KvToF32(float x) { return x; }
+inline float KvToF32(KvF16 x) { return F16ToF32(x.bits); }
+inline float KvToF32(KvBf16 x) { return BF16ToF32(x.bits); }
+
+}  // namespace lathe::kernels::cpu
