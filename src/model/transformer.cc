@@ -505,7 +505,6 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
 void Transformer::MatMulRun(const float* x, int64_t M, const Tensor& w, float* y, bool exact) {
   // Prompt rows (exact) of a block-quantized W: bf16 arithmetic where the CPU has the bf16 dot product
   // (kernels::MatMulBf16; f32 elsewhere), f32 with options_.exact_activations.
-  ScopedOp op(options_.profiler, exact ? "zz_prompt_rows" : "zz_int8_rows", 2.0 * M * w.numel(), 0, options_.profiler ? OpShape(M, w) : std::string());
   if (exact && !options_.exact_activations) {
     kernels::MatMulBf16(pool_, x, M, w, y);
   } else {
