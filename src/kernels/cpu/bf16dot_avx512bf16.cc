@@ -355,19 +355,29 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
   const int64_t chunk = Bf16PairsChunk(Kp), n_groups = (n_strips + kS - 1) / kS;
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
+  // Column chunks a whole number of quant blocks (256: every block type's size divides it).
+  const DTypeInfo& qi = GetDTypeInfo(w.dtype);
+  constexpr int64_t kDequantCols = 256;
+  LATHE_CHECK(kDequantCols % qi.block_size == 0);
   uint32_t* a = ABuf((size_t)(M * Kp));
   PairRows(pool, x, K, M, K, a);
   pool.ParallelFor(n_groups, 1, [&](int64_t gb, int64_t ge, int) {
     static thread_local std::vector<float> rows_buf;
     static thread_local std::vector<uint32_t> strips_buf;
-    float* rows = Scratch(rows_buf, (size_t)(16 * K));
+    float* rows = Scratch(rows_buf, (size_t)(16 * kDequantCols));
     uint32_t* bs = Scratch(strips_buf, (size_t)(kS * 16 * Kp));
     for (int64_t g = gb; g < ge; ++g) {
       const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
       for (int64_t s = 0; s < ns; ++s) {
         const int nj = (int)std::min<int64_t>(16, N - 16 * (s0 + s));
-        k.dequant_rows(w.dtype, wd + 16 * (s0 + s) * rb, rb, nj, K, rows, K);
-        StripOfRows(rows, K, nj, K, bs + s * Kp * 16);
+        // kDequantCols columns of the 16 rows at a time (16 KiB of floats: they stay in L1 between
+        // the dequantization and the packing; whole rows of K = 1536 were 96 KiB).
+        for (int64_t c0 = 0; c0 < K; c0 += kDequantCols) {
+          const int64_t L = std::min(kDequantCols, K - c0);
+          k.dequant_rows(w.dtype, wd + 16 * (s0 + s) * rb + c0 / qi.block_size * qi.block_bytes, rb, nj, L, rows,
+                         kDequantCols);
+          StripOfRows(rows, kDequantCols, nj, L, bs + s * Kp * 16 + c0 / 2 * 16);
+        }
       }
       const int nc_last = (int)std::min<int64_t>(16, N - 16 * (s0 + ns - 1));
       const TileFn full = TileFor(kR, (int)ns);
