@@ -99,6 +99,8 @@ int RunBench(int argc, char** argv) {
   args.Flag("--gen-tokens", "decode length (batch 1)", "128");
   args.Flag("--threads-list", "thread counts to run", "1,2");
   args.Flag("-r,--repetitions", "repetitions per measurement (best is reported)", "3");
+  args.Flag("--depth", "decode after this many tokens of context (llama-bench's -d): the KV cache each step reads", "0");
+  AddKvCacheDTypeFlag(args);
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("bench", st);
   if (args.help_requested() || args.All("model").empty()) {
@@ -108,9 +110,13 @@ int RunBench(int argc, char** argv) {
   auto pp = args.Int("prompt-tokens");
   auto tg = args.Int("gen-tokens");
   auto reps = args.Int("repetitions");
+  auto depth = args.Int("depth");
   if (!pp.ok() || !tg.ok() || !reps.ok() || *pp < 1 || *tg < 1 || *reps < 1) {
     return Fail("bench", Status::Error("--prompt-tokens, --gen-tokens and --repetitions must be positive integers"));
   }
+  if (!depth.ok() || *depth < 0) return Fail("bench", Status::Error("--depth must be a non-negative integer"));
+  auto kvt = KvCacheDTypeFromArgs(args);
+  if (!kvt.ok()) return Fail("bench", kvt.status());
   std::vector<int> thread_list;
   {
     std::string s = args.Get("threads-list");
@@ -142,12 +148,13 @@ int RunBench(int argc, char** argv) {
     const model::ModelWeights& w = (*lm)->weights;
     double wbytes = DecodeWeightBytes(w);
     std::mt19937 rng(1234);
-    std::vector<int32_t> prompt(*pp);
+    std::vector<int32_t> prompt(*pp), context(*depth);
     for (auto& t : prompt) t = (int32_t)(rng() % w.config.vocab_size);
+    for (auto& t : context) t = (int32_t)(rng() % w.config.vocab_size);
     for (size_t ti = 0; ti < thread_list.size(); ++ti) {
       ThreadPool pool(thread_list[ti]);
       model::Transformer tf(w, pool);
-      model::KvCache cache(w.config, 1, *pp + *tg + 1);
+      model::KvCache cache(w.config, 1, std::max(*pp, *depth) + *tg + 1, 16, *kvt);
       std::vector<float> logits;
       Row row{path, thread_list[ti], 0, 0, 0, bw[ti]};
       for (int r = 0; r < *reps; ++r) {
@@ -157,8 +164,13 @@ int RunBench(int argc, char** argv) {
         Status fs = tf.Forward(cache, std::span<const model::SeqInput>(&in, 1), &logits);
         if (!fs.ok()) return Fail("bench", fs);
         row.prefill_tps = std::max(row.prefill_tps, *pp / Seconds(t0, Clock::now()));
-        // Decode from a one-token context, as llama-bench's tg.
+        // Decode from a one-token context, as llama-bench's tg, or after --depth tokens (untimed).
         cache.Clear(0);
+        if (*depth > 0) {
+          model::SeqInput ctx{0, std::span<const int32_t>(context), false};
+          fs = tf.Forward(cache, std::span<const model::SeqInput>(&ctx, 1), &logits);
+          if (!fs.ok()) return Fail("bench", fs);
+        }
         int32_t tok = prompt[0];
         t0 = Clock::now();
         for (int64_t i = 0; i < *tg; ++i) {
@@ -170,7 +182,7 @@ int RunBench(int argc, char** argv) {
         row.decode_tps = std::max(row.decode_tps, *tg / Seconds(t0, Clock::now()));
       }
       // KV bytes read per decode step, averaged over the run.
-      double kv = (double)w.config.n_layers * 2 * w.config.kv_dim() * 4 * (*tg / 2.0);
+      double kv = (double)w.config.n_layers * 2 * w.config.kv_dim() * model::KvElemBytes(*kvt) * (*depth + *tg / 2.0);
       row.decode_gbs = row.decode_tps * (wbytes + kv) / 1e9;
       rows.push_back(row);
       std::printf("%-50s threads %d: prefill %8.1f tok/s | decode %7.1f tok/s, %5.1f GB/s = %3.0f%% of %.1f GB/s\n",
@@ -179,8 +191,11 @@ int RunBench(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  std::printf("\n| model | threads | pp%lld tok/s | tg%lld tok/s | decode GB/s | %% of measured bandwidth |\n|---|---:|---:|---:|---:|---:|\n",
-              (long long)*pp, (long long)*tg);
+  const std::string tg_name = StrFormat("tg%lld", (long long)*tg) +
+                              (*depth > 0 ? StrFormat(" @ d%lld", (long long)*depth) : std::string()) +
+                              (*kvt != DType::kF32 ? StrFormat(" (%s KV)", DTypeName(*kvt)) : std::string());
+  std::printf("\n| model | threads | pp%lld tok/s | %s tok/s | decode GB/s | %% of measured bandwidth |\n|---|---:|---:|---:|---:|---:|\n",
+              (long long)*pp, tg_name.c_str());
   for (const Row& r : rows) {
     std::string name = r.model.substr(r.model.find_last_of('/') + 1);
     std::printf("| %s | %d | %.1f | %.1f | %.1f | %.0f%% |\n", name.c_str(), r.threads, r.prefill_tps, r.decode_tps,

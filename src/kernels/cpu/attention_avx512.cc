@@ -149,33 +149,54 @@ void ScoresBlock(const Row* rows, int n, const E* k, const int64_t* off, float s
   }
 }
 
+// M rows mixed together over the positions they all see (each V row read once for the M), then each
+// row's remainder alone. Per row one FMA chain per lane in position order, whatever M: the same bits.
+template <typename E, int C, int M>
+void MixGroup(const Row* rows, const E* v, const int64_t* off, bool accumulate) {
+  constexpr int Z = C / 2;
+  __m512 acc[M][Z];
+  const float* scs[M];
+  int64_t common = rows[0].len;
+  for (int i = 0; i < M; ++i) {
+    const Row& r = rows[i];
+    scs[i] = r.sc;
+    common = std::min(common, r.len);
+#pragma GCC unroll 8
+    for (int z = 0; z < Z; ++z) acc[i][z] = accumulate ? _mm512_loadu_ps(r.out + 16 * z) : _mm512_setzero_ps();
+  }
+  MixRows<E, C, M>(v, off, 0, common, scs, acc);
+  for (int i = 0; i < M; ++i) {
+    const Row& r = rows[i];
+    __m512 one[1][Z];
+#pragma GCC unroll 8
+    for (int z = 0; z < Z; ++z) one[0][z] = acc[i][z];
+    const float* s1[1] = {r.sc};
+    MixRows<E, C, 1>(v, off, common, r.len, s1, one);
+#pragma GCC unroll 8
+    for (int z = 0; z < Z; ++z) _mm512_storeu_ps(r.out + 16 * z, one[0][z]);
+  }
+}
+
+// Rows in groups of up to R (R x Z accumulators in at most 16 zmm); a last group of fewer rows (a
+// decode token's 3 query heads of a GQA group: SmolLM2) runs with exactly that many, no idle lanes.
 template <typename E, int C>
 void MixBlock(const Row* rows, int n, const E* v, const int64_t* off, bool accumulate) {
   constexpr int Z = C / 2;
-  constexpr int R = Z <= 4 ? 4 : 2;  // R x Z accumulators in at most 16 zmm
+  constexpr int R = Z <= 4 ? 4 : 2;
   for (int i0 = 0; i0 < n; i0 += R) {
-    const int m = std::min(R, n - i0);
-    __m512 acc[R][Z];
-    const float* scs[R];
-    int64_t common = rows[i0].len;
-    for (int i = 0; i < R; ++i) {
-      const Row& r = rows[i0 + std::min(i, m - 1)];
-      scs[i] = r.sc;
-      if (i < m) common = std::min(common, r.len);
-#pragma GCC unroll 8
-      for (int z = 0; z < Z; ++z) acc[i][z] = accumulate ? _mm512_loadu_ps(r.out + 16 * z) : _mm512_setzero_ps();
-    }
-    // Rows past m repeat the last one (their sums are not stored).
-    MixRows<E, C, R>(v, off, 0, common, scs, acc);
-    for (int i = 0; i < m; ++i) {
-      const Row& r = rows[i0 + i];
-      __m512 one[1][Z];
-#pragma GCC unroll 8
-      for (int z = 0; z < Z; ++z) one[0][z] = acc[i][z];
-      const float* s1[1] = {r.sc};
-      MixRows<E, C, 1>(v, off, common, r.len, s1, one);
-#pragma GCC unroll 8
-      for (int z = 0; z < Z; ++z) _mm512_storeu_ps(r.out + 16 * z, one[0][z]);
+    switch (std::min(R, n - i0)) {
+      case 4:
+        if constexpr (R >= 4) MixGroup<E, C, 4>(rows + i0, v, off, accumulate);
+        break;
+      case 3:
+        if constexpr (R >= 3) MixGroup<E, C, 3>(rows + i0, v, off, accumulate);
+        break;
+      case 2:
+        MixGroup<E, C, 2>(rows + i0, v, off, accumulate);
+        break;
+      default:
+        MixGroup<E, C, 1>(rows + i0, v, off, accumulate);
+        break;
     }
   }
 }
