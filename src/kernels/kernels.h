@@ -88,6 +88,11 @@ void Softmax(float* x, int64_t n);
 // the vocabulary.
 int64_t Argmax(const float* x, int64_t n);
 
+// n floats rounded to a KV cache's element type t (f32: copied; f16: round to nearest even, saturating at
+// +-65504 instead of overflowing to inf, NaN as sign | 0x7e00; bf16: round to nearest even, NaN quieted),
+// written to out (n elements of t). Every tier gives the scalar form's bits.
+void RoundKv(DType t, const float* x, int64_t n, void* out);
+
 // Causal multi-head attention with grouped-query KV heads, for T query tokens at positions
 // pos0 .. pos0 + T - 1 attending to key/value positions 0 .. (own position):
 //   out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g],  g = h / (n_head / n_kv_head).

@@ -33,25 +33,6 @@ size_t KvBlockStore::BlockBytes(const ModelConfig& c, int64_t block_size, DType 
 }
 
 namespace {
-// Beyond f16's range a K / V element saturates at its largest finite value (+-65504) instead of
-// becoming inf (which would turn every score of the row into NaN).
-uint16_t F32ToF16Saturated(float f) {
-  constexpr float kMax = 65504.0f;
-  return F32ToF16(f > kMax ? kMax : f < -kMax ? -kMax : f);
-}
-
-void StoreRow(DType t, const float* src, int64_t n, uint8_t* dst) {
-  switch (t) {
-    case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) ((uint16_t*)dst)[i] = F32ToF16Saturated(src[i]);
-      break;
-    case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) ((uint16_t*)dst)[i] = F32ToBF16(src[i]);
-      break;
-    default:
-      std::memcpy(dst, src, n * sizeof(float));
-  }
-}
 void LoadRow(DType t, const uint8_t* src, int64_t n, float* dst) {
   switch (t) {
     case DType::kF16:
@@ -68,8 +49,8 @@ void LoadRow(DType t, const uint8_t* src, int64_t n, float* dst) {
 
 void KvBlockStore::Write(int64_t layer, int64_t block, int64_t offset, const float* k, const float* v) {
   const size_t i = Index(layer, block, offset) * elt_;
-  StoreRow(dtype_, k, kv_dim_, k_.data() + i);
-  StoreRow(dtype_, v, kv_dim_, v_.data() + i);
+  kernels::RoundKv(dtype_, k, kv_dim_, k_.data() + i);
+  kernels::RoundKv(dtype_, v, kv_dim_, v_.data() + i);
 }
 
 void KvBlockStore::ReadK(int64_t layer, int64_t block, int64_t offset, float* out) const {

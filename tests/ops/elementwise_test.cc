@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "core/dtype.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/kernels.h"
 #include "ops_test_util.h"
 
@@ -146,6 +149,46 @@ TEST_P(OpsTier, Argmax) {
   }
   EXPECT_EQ(kt.argmax(std::vector<float>{3.0f}.data(), 1), 0);
   EXPECT_GT(cases, 500);
+}
+
+// A KV cache's rounding (kernels::RoundKv) on every tier: the scalar form's bits for f16 and bf16, over
+// normal values, ties (exact halfway cases of both formats), f16 subnormals and underflow, values past
+// f16's range (saturated), infinities and NaNs with payloads, at lengths with and without a tail.
+TEST_P(OpsTier, RoundKvBitsMatchScalar) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  std::vector<float> x = RandomVec(1000, 77, 4.0f);
+  auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float f : {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, 70000.0f, -1e9f, 1e30f, inf, -inf, 1e-8f, -3e-8f,
+                  5.96e-8f, 2.98e-8f, 6.1e-5f, 1e-40f, bits(0x7fc00000), bits(0xffc12345), bits(0x7f800001),
+                  bits(0x3f808000), bits(0x3f818000), bits(0x3f800fff), bits(0x3f801000), bits(0x3f803000)})
+    x.push_back(f);
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    for (int64_t n : {(int64_t)x.size(), int64_t{7}, int64_t{8}, int64_t{17}}) {
+      std::vector<uint16_t> want(n), got(n, 0xdead);
+      // The special values at the front too, so that short lengths see them.
+      std::vector<float> in(x.end() - std::min<int64_t>(n, 24), x.end());
+      in.insert(in.end(), x.begin(), x.begin() + (n - (int64_t)in.size()));
+      cpu::RoundKvScalar(t, in.data(), n, want.data());
+      (kt.round_kv ? kt.round_kv : cpu::RoundKvScalar)(t, in.data(), n, got.data());
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got[i], want[i]) << IsaTierName(GetParam()) << " " << DTypeName(t) << " x=" << in[i] << " at " << i;
+    }
+  }
+  // The reference itself: saturation, not inf; NaN stays NaN; round to nearest even.
+  uint16_t h[4];
+  const float f16_cases[] = {70000.0f, -1e9f, bits(0x7fc00000), 1.0f + 1.0f / 2048};
+  cpu::RoundKvScalar(DType::kF16, f16_cases, 4, h);
+  EXPECT_EQ(h[0], 0x7bff);
+  EXPECT_EQ(h[1], 0xfbff);
+  EXPECT_EQ(h[2] & 0x7c00, 0x7c00);
+  EXPECT_NE(h[2] & 0x3ff, 0);
+  EXPECT_EQ(h[3], 0x3c00);  // 1 + 2^-11 is halfway: rounds to the even 1.0
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, OpsTier, ::testing::ValuesIn(AllTiers()), testing::TierParamName);

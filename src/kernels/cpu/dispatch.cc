@@ -1,12 +1,25 @@
 // Public kernel entry points (kernels.h): pick the best ISA tier once and forward to its table.
 #include "kernels/cpu/dispatch.h"
 
+#include <cstring>
+
 #include "core/check.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/kernels.h"
 
 namespace lathe::kernels {
+
+namespace cpu {
+void RoundKvScalar(DType t, const float* x, int64_t n, uint16_t* out) {
+  constexpr float kMax = 65504.0f;  // f16's largest finite value
+  if (t == DType::kF16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = F32ToF16(x[i] > kMax ? kMax : x[i] < -kMax ? -kMax : x[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = F32ToBF16(x[i]);
+  }
+}
+}  // namespace cpu
 
 namespace cpu {
 
@@ -87,6 +100,16 @@ void Axpy(float* y, float a, const float* x, int64_t n) { cpu::Best().axpy(y, a,
 
 void Softmax(float* x, int64_t n) { cpu::Best().softmax(x, n); }
 int64_t Argmax(const float* x, int64_t n) { return cpu::Best().argmax(x, n); }
+
+void RoundKv(DType t, const float* x, int64_t n, void* out) {
+  if (t == DType::kF32) {
+    std::memcpy(out, x, n * sizeof(float));
+    return;
+  }
+  LATHE_CHECK_MSG(t == DType::kF16 || t == DType::kBF16, "KV cache dtype %s: expected f32, f16 or bf16", DTypeName(t));
+  const cpu::KernelTable& kt = cpu::Best();
+  (kt.round_kv ? kt.round_kv : cpu::RoundKvScalar)(t, x, n, (uint16_t*)out);
+}
 
 void Attention(ThreadPool& pool, const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_stride, int64_t T, int64_t pos0, int n_head, int n_kv_head, int head_dim,

@@ -83,6 +83,8 @@ struct KernelTable {
   void (*axpy)(float* y, float a, const float* x, int64_t n);
   void (*softmax)(float* x, int64_t n);
   int64_t (*argmax)(const float* x, int64_t n);  // kernels::Argmax
+  // kernels::RoundKv for t = f16 / bf16; null: the scalar form (RoundKvScalar).
+  void (*round_kv)(DType t, const float* x, int64_t n, uint16_t* out) = nullptr;
   // GroupAttention (kernels.h) for the head sizes a tier specializes; false = not handled (the
   // generic form in attention.cc runs instead). Null on tiers without one.
   // K / V elements of dtype kv (f32, f16 or bf16: kv_elem.h).
@@ -174,6 +176,9 @@ inline void GroupAttentionRowsWith(const KernelTable& kt, const float* q, int64_
                          out_stride, scores, window);
 }
 
+// kernels::RoundKv's definition for f16 / bf16, one element at a time (the other tiers' reference).
+void RoundKvScalar(DType t, const float* x, int64_t n, uint16_t* out);
+
 namespace scalar {
 const KernelTable& Table();
 }
@@ -187,6 +192,8 @@ const KernelTable& Table(bool split);
 // file built with other flags (one definition would win at link time for every tier).
 bool GroupAttend(const float* q, int group, const void* k, const void* v, DType kv, const int64_t* off,
                  int64_t n_pos, int head_dim, float scale, float* out, float* scores);
+// KernelTable::round_kv (ops_avx2.cc); the AVX-512 table uses it too.
+void RoundKv(DType t, const float* x, int64_t n, uint16_t* out);
 bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const void* k, const void* v,
                      DType kv, const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
                      int64_t out_stride, float* scores);

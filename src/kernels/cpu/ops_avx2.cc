@@ -137,9 +137,44 @@ int64_t Argmax(const float* x, int64_t n) {
 
 }  // namespace
 
+// kernels::RoundKv, 8 at a time: f16 by F16C's round-to-nearest-even conversion after the saturation
+// (NaN lanes, whose payload F16C keeps, redone by the scalar form); bf16 by the integer rounding of
+// F32ToBF16 (bits + 0x7fff + the kept lsb, NaN quieted). The scalar form's bits (op test).
+void RoundKv(DType t, const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  if (t == DType::kF16) {
+    const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
+    for (; i + 8 <= n; i += 8) {
+      __m256 v = _mm256_loadu_ps(x + i);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) {
+        RoundKvScalar(t, x + i, 8, out + i);
+        continue;
+      }
+      v = _mm256_blendv_ps(v, hi, _mm256_cmp_ps(v, hi, _CMP_GT_OQ));
+      v = _mm256_blendv_ps(v, lo, _mm256_cmp_ps(v, lo, _CMP_LT_OQ));
+      _mm_storeu_si128((__m128i*)(out + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+  } else {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+    for (; i + 8 <= n; i += 8) {
+      const __m256i b = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, abs_mask), inf);
+      const __m256i r = _mm256_srli_epi32(
+          _mm256_add_epi32(b, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(b, 16), one))), 16);
+      const __m256i q = _mm256_or_si256(_mm256_srli_epi32(b, 16), quiet);
+      const __m256i h = _mm256_blendv_epi8(r, q, nan);  // 8 x u16 in the low halves of the dwords
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
+      _mm_storeu_si128((__m128i*)(out + i), _mm256_castsi256_si128(packed));
+    }
+  }
+  if (i < n) RoundKvScalar(t, x + i, n - i, out + i);
+}
+
 const KernelTable& Table(bool split) {
   auto make = [](bool sp) {
     KernelTable k = {IsaTier::kAvx2, GetMatMulKernels(sp), RmsNorm, SiluMul, Dot, Axpy, Softmax, Argmax};
+    k.round_kv = RoundKv;
     k.group_attend = GroupAttend;
     k.group_attend_rows = GroupAttendRows;
     return k;

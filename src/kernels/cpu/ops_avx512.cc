@@ -126,6 +126,7 @@ const KernelTable& Table() {
     k.mm.tier = IsaTier::kAvx512;
     // Grouped attention: the AVX2 kernels (head sizes 8..128); without them this tier took the
     // per-position Dot / Softmax / Axpy path, ~2.5x slower where measured (AVX2, Zen 1).
+    k.round_kv = avx2::RoundKv;
     k.group_attend = avx2::GroupAttend;
     k.group_attend_rows = GroupAttendRows;  // the AVX2 arithmetic, K / V rows shared by 4 queries
     return k;
