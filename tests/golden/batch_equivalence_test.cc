@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include "formats/gguf.h"
 #include "model/load_gguf.h"
@@ -17,25 +18,47 @@ namespace {
 
 using lathe::testing::SharedPath;
 
+// stories260K's weights, or null after a test failure naming what did not load.
+std::unique_ptr<ModelWeights> LoadStories(const std::string& path) {
+  auto g = formats::GgufFile::Open(path);
+  if (!g.ok()) {
+    ADD_FAILURE() << g.status().message();
+    return nullptr;
+  }
+  auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
+  if (!w.ok()) {
+    ADD_FAILURE() << w.status().message();
+    return nullptr;
+  }
+  return std::make_unique<ModelWeights>(std::move(*w));
+}
+
 double MaxAbsDiff(const float* a, const float* b, int64_t n) {
   double m = 0;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, (double)std::fabs(a[i] - b[i]));
   return m;
 }
 
+// Tests over stories260K's weights (w_), skipped without the file.
+template <typename Base>
+class StoriesTest : public Base {
+ protected:
+  void SetUp() override {
+    const std::string path = SharedPath("models/stories260K/stories260K.gguf");
+    LATHE_REQUIRE_FILE(path);
+    w_ = LoadStories(path);
+    ASSERT_TRUE(w_);
+  }
+  std::unique_ptr<ModelWeights> w_;
+};
+using BatchEquivalence = StoriesTest<::testing::Test>;
 // For every KV cache dtype: its 16-bit caches round each row the same way whatever the batch.
-class BatchEquivalenceKv : public ::testing::TestWithParam<DType> {};
+using BatchEquivalenceKv = StoriesTest<::testing::TestWithParam<DType>>;
 
 TEST_P(BatchEquivalenceKv, Stories260KMixedBatchEqualsOneAtATime) {
   const DType kv = GetParam();
-  std::string path = SharedPath("models/stories260K/stories260K.gguf");
-  LATHE_REQUIRE_FILE(path);
-  auto g = formats::GgufFile::Open(path);
-  ASSERT_TRUE(g.ok());
-  auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
-  ASSERT_TRUE(w.ok()) << w.status().message();
   ThreadPool pool(2);
-  Transformer tf(*w, pool);
+  Transformer tf(*this->w_, pool);
   const int64_t V = tf.config().vocab_size;
   std::vector<std::vector<int32_t>> prompts = {
       {1, 403, 407, 261, 378}, {1, 376, 298}, {1, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317}};
@@ -81,15 +104,9 @@ INSTANTIATE_TEST_SUITE_P(KvDTypes, BatchEquivalenceKv, ::testing::Values(DType::
 // A 16-bit KV cache against the f32 one on the same tokens (a 40-token prefill, then 40 decode steps):
 // the logits move by the rounding of K / V only (f16: 11 significant bits, bf16: 8), and they do move
 // (the cache really holds 16-bit values); the greedy continuation is the f32 cache's.
-TEST(BatchEquivalence, SixteenBitKvCacheStaysCloseToF32) {
-  std::string path = SharedPath("models/stories260K/stories260K.gguf");
-  LATHE_REQUIRE_FILE(path);
-  auto g = formats::GgufFile::Open(path);
-  ASSERT_TRUE(g.ok());
-  auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
-  ASSERT_TRUE(w.ok());
+TEST_F(BatchEquivalence, SixteenBitKvCacheStaysCloseToF32) {
   ThreadPool pool(2);
-  Transformer tf(*w, pool);
+  Transformer tf(*this->w_, pool);
   const int64_t V = tf.config().vocab_size;
   std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426};
   auto run = [&](DType kv, std::vector<float>* all, std::vector<int32_t>* greedy) {
@@ -123,15 +140,9 @@ TEST(BatchEquivalence, SixteenBitKvCacheStaysCloseToF32) {
   }
 }
 
-TEST(BatchEquivalence, ScatteredBlockTablesEqualContiguous) {
-  std::string path = SharedPath("models/stories260K/stories260K.gguf");
-  LATHE_REQUIRE_FILE(path);
-  auto g = formats::GgufFile::Open(path);
-  ASSERT_TRUE(g.ok());
-  auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
-  ASSERT_TRUE(w.ok());
+TEST_F(BatchEquivalence, ScatteredBlockTablesEqualContiguous) {
   ThreadPool pool(2);
-  Transformer tf(*w, pool);
+  Transformer tf(*this->w_, pool);
   const int64_t V = tf.config().vocab_size;
   std::vector<int32_t> ids = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338};
   KvCache cache(tf.config(), 1, 32, /*block_size=*/4);
@@ -156,15 +167,9 @@ TEST(BatchEquivalence, ScatteredBlockTablesEqualContiguous) {
   EXPECT_FALSE(tf.ForwardPaged(store, {&c, 1}, &got).ok());
 }
 
-TEST(BatchEquivalence, ErrorsNameTheProblem) {
-  std::string path = SharedPath("models/stories260K/stories260K.gguf");
-  LATHE_REQUIRE_FILE(path);
-  auto g = formats::GgufFile::Open(path);
-  ASSERT_TRUE(g.ok());
-  auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
-  ASSERT_TRUE(w.ok());
+TEST_F(BatchEquivalence, ErrorsNameTheProblem) {
   ThreadPool pool(1);
-  Transformer tf(*w, pool);
+  Transformer tf(*this->w_, pool);
   KvCache cache(tf.config(), 1, 4);
   std::vector<float> lg;
   std::vector<int32_t> bad = {1, 9999};

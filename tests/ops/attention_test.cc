@@ -133,6 +133,24 @@ TEST_P(AttentionTier, GroupAttentionPagedMatchesDefinition) {
   }
 }
 
+// A run of n_tok tokens after n_pos0 cached positions, `group` query heads per KV head, optional window.
+struct RunCase {
+  int64_t n_pos0, n_tok;
+  int group, head_dim;
+  int64_t window = 0;
+};
+
+// Element offsets of n_pos positions in a pool of 16-position blocks taken back to front, every other
+// one (a scattered block table); the pool's size in blocks in *pool_blocks.
+std::vector<int64_t> ScatteredOffsets(int64_t n_pos, int64_t block_size, int64_t kv_dim, int64_t* pool_blocks) {
+  const int64_t n_blocks_used = (n_pos + block_size - 1) / block_size;
+  *pool_blocks = n_blocks_used * 2 + 1;
+  std::vector<int64_t> off(n_pos);
+  for (int64_t p = 0; p < n_pos; ++p)
+    off[p] = ((*pool_blocks - 1 - 2 * (p / block_size)) * block_size + p % block_size) * kv_dim;
+  return off;
+}
+
 // A run of tokens (GroupAttentionRows): every token bit-identical to GroupAttention with its own
 // n_pos (same tier), over runs that start at 0 and mid-context, cross the 64-position blocks of
 // the AVX2 kernel, and head sizes it specializes (8, 24, 32, 48, 64, 128: odd and even chunk counts)
@@ -143,23 +161,16 @@ TEST_P(AttentionTier, GroupAttentionRowsMatchesPerToken) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
   uint32_t seed = 900;
-  struct RCase {
-    int64_t n_pos0, n_tok;
-    int group, head_dim;
-    int64_t window = 0;
-  };
-  const RCase cases[] = {{0, 1, 3, 64},   {0, 16, 3, 64},  {5, 16, 3, 64}, {63, 2, 3, 64}, {100, 70, 1, 64},
+  const RunCase cases[] = {{0, 1, 3, 64},   {0, 16, 3, 64},  {5, 16, 3, 64}, {63, 2, 3, 64}, {100, 70, 1, 64},
                          {0, 130, 2, 32}, {61, 9, 4, 128}, {0, 12, 2, 8},  {7, 5, 3, 20}, {60, 9, 3, 24},
                          {0, 70, 2, 48},  {66, 3, 1, 8},  {0, 141, 2, 8}, {60, 70, 2, 16}, {127, 6, 2, 8},
                          {0, 16, 3, 64, 5}, {5, 16, 3, 64, 12}, {100, 70, 1, 64, 64}, {0, 141, 2, 8, 100},
                          {60, 70, 2, 16, 200}, {127, 6, 2, 8, 1}, {7, 5, 3, 20, 9}, {0, 130, 2, 32, 129}};
   const int64_t block_size = 16, n_kv_head = 2;
-  for (const RCase& rc : cases) {
+  for (const RunCase& rc : cases) {
     const int64_t n_pos = rc.n_pos0 + rc.n_tok, kv_dim = n_kv_head * rc.head_dim;
-    const int64_t n_blocks_used = (n_pos + block_size - 1) / block_size, pool_blocks = n_blocks_used * 2 + 1;
-    std::vector<int64_t> off(n_pos);
-    for (int64_t p = 0; p < n_pos; ++p)
-      off[p] = ((pool_blocks - 1 - 2 * (p / block_size)) * block_size + p % block_size) * kv_dim;
+    int64_t pool_blocks;
+    const std::vector<int64_t> off = ScatteredOffsets(n_pos, block_size, kv_dim, &pool_blocks);
     const std::vector<float> k = RandomVec(pool_blocks * block_size * kv_dim, seed++, 1.0f),
                              v = RandomVec(pool_blocks * block_size * kv_dim, seed++, 1.0f);
     const int64_t q_stride = n_kv_head * rc.group * rc.head_dim + 8;  // rows with padding
@@ -193,22 +204,15 @@ TEST_P(AttentionTier, SixteenBitKvEqualsF32OnTheWidenedValues) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
   uint32_t seed = 1700;
-  struct KCase {
-    int64_t n_pos0, n_tok;
-    int group, head_dim;
-    int64_t window = 0;
-  };
-  const KCase cases[] = {{0, 1, 3, 64},    {37, 1, 3, 64},  {0, 70, 3, 64},  {100, 9, 2, 128}, {5, 16, 4, 32},
+  const RunCase cases[] = {{0, 1, 3, 64},    {37, 1, 3, 64},  {0, 70, 3, 64},  {100, 9, 2, 128}, {5, 16, 4, 32},
                          {60, 9, 3, 24},   {0, 70, 2, 48},  {66, 3, 1, 8},   {7, 5, 3, 20},    {0, 141, 2, 8},
                          {5, 16, 3, 64, 12}, {100, 70, 1, 64, 64}, {0, 130, 2, 32, 129}};
   const int64_t block_size = 16, n_kv_head = 2;
   for (DType kvt : {DType::kF16, DType::kBF16}) {
-    for (const KCase& kc : cases) {
+    for (const RunCase& kc : cases) {
       const int64_t n_pos = kc.n_pos0 + kc.n_tok, kv_dim = n_kv_head * kc.head_dim;
-      const int64_t n_blocks_used = (n_pos + block_size - 1) / block_size, pool_blocks = n_blocks_used * 2 + 1;
-      std::vector<int64_t> off(n_pos);
-      for (int64_t p = 0; p < n_pos; ++p)
-        off[p] = ((pool_blocks - 1 - 2 * (p / block_size)) * block_size + p % block_size) * kv_dim;
+      int64_t pool_blocks;
+      const std::vector<int64_t> off = ScatteredOffsets(n_pos, block_size, kv_dim, &pool_blocks);
       const size_t n = (size_t)(pool_blocks * block_size * kv_dim);
       std::vector<float> k = RandomVec(n, seed++, 3.0f), v = RandomVec(n, seed++, 3.0f);
       // The 16-bit cache and its exact widening.
