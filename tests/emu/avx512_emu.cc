@@ -494,12 +494,19 @@ void AddModelCase(const std::string& shared) {
   auto tokens = NewOut(c, n_tokens);             // greedy tokens, as floats
   auto logits = NewOut(c, ids->size() * V);      // the prefill's logits, all positions
   auto tier = NewOut(c, 1);                      // the tier Forward ran with
+  // The KV caches are made here, natively: their store is mapped memory (mmap), a system call the
+  // emulated CPU cannot make.
+  auto caches = std::make_shared<std::vector<std::unique_ptr<model::KvCache>>>();
+  for (const Greedy& r : *runs) caches->push_back(std::make_unique<model::KvCache>(tf->config(), 1, (int64_t)r.want.size()));
+  caches->push_back(std::make_unique<model::KvCache>(tf->config(), 1, 64));
   c.run = [=] {
     (void)weights, (void)pool;  // held here: tf refers to both
     std::vector<float> lg;
     size_t o = 0;
+    size_t ci = 0;
     for (const Greedy& r : *runs) {
-      model::KvCache cache(tf->config(), 1, (int64_t)r.want.size());
+      model::KvCache& cache = *(*caches)[ci++];
+      cache.Clear(0);  // the case may run more than once
       std::vector<int32_t> seq = r.prompt;
       model::SeqInput in0{0, std::span<const int32_t>(seq), false};
       if (!tf->Forward(cache, std::span<const model::SeqInput>(&in0, 1), &lg).ok()) return;
@@ -511,7 +518,8 @@ void AddModelCase(const std::string& shared) {
       }
       for (int32_t t : seq) tokens->v[o++] = (float)t;
     }
-    model::KvCache cache(tf->config(), 1, 64);
+    model::KvCache& cache = *(*caches)[ci];
+    cache.Clear(0);
     model::SeqInput all{0, std::span<const int32_t>(*ids), true};
     if (!tf->Forward(cache, std::span<const model::SeqInput>(&all, 1), &lg).ok()) return;
     std::memcpy(logits->v.data(), lg.data(), logits->v.size() * sizeof(float));
