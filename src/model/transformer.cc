@@ -315,7 +315,14 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
       AddRun(&out_runs_, n_exact, true);
       AddRun(&out_runs_, n - n_exact, false);
     } else {
-      AddRun(&out_runs_, 1, n_exact == n);
+      // The one row whose logits are sampled from (a prompt's last token, or a decode token): the head
+      // with int8 x, as for decode rows, whatever the row's own precision. Every logit within
+      // kExactLogitMargin of the top is recomputed with f32 x below (RefineLogits), so only logits
+      // e^-6 below the top's probability see the int8 noise; the bf16 form cost a full dequantization
+      // of the head for one or two rows (~3 ms per step for SmolLM2's 49152 x 576 Q8_0 head, ~4% of
+      // a c=32 serving step). Rows whose every logit is wanted (all_logits: prompt logprobs, eval)
+      // keep their precision.
+      AddRun(&out_runs_, 1, false);
     }
   }
   // Group consecutive sequences with the same adapter into row runs for the LoRA deltas.
