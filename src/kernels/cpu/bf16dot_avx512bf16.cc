@@ -345,6 +345,69 @@ void PackPairsAlongRows(ThreadPool& pool, const Tensor& w, uint32_t* out) {
   PairStripsRows<uint16_t>(pool, (const uint16_t*)w.data, w.shape[1], w.shape[0], w.shape[1], out);
 }
 
+namespace {
+
+// Q8_0 / Q4_0 / Q4_1 rows straight to a bf16 pair strip (the st of StripOfRows): per 32-element block of
+// the nj <= 16 rows, the 32 values DequantRow computes (d * q; fma(d, q, m) with m = -8 d for Q4_0), rounded
+// by Bf16Of into the row's 16 pairs, the 16 rows transposed in registers: the bits of dequant_rows then
+// StripOfRows without the f32 rows between them (stored and read back: half the dequantization's time
+// at a prompt step's M). K: a multiple of 32.
+template <DType T>
+void StripOfBlockRows(const uint8_t* w, size_t rb, int nj, int64_t K, uint32_t* st) {
+  constexpr bool kQ8 = T == DType::kQ8_0, kQ41 = T == DType::kQ4_1;
+  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : kQ41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  const int64_t nb = K / 32;
+  for (int64_t j = 0; j < nb; ++j) {
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+      if (i >= nj) {
+        r[i] = _mm512_setzero_ps();
+        continue;
+      }
+      const uint8_t* b = w + i * rb + j * kBB;
+      const uint16_t* h = (const uint16_t*)b;
+      const float df = _cvtsh_ss(h[0]);
+      const __m512 d = _mm512_set1_ps(df);
+      __m512 lo, hi;
+      if constexpr (kQ8) {
+        const __m256i q = _mm256_loadu_si256((const __m256i*)(b + 2));
+        lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
+        hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
+      } else {
+        const __m512 m = _mm512_set1_ps(kQ41 ? _cvtsh_ss(h[1]) : -8.0f * df);
+        const __m128i q = _mm_loadu_si128((const __m128i*)(b + (kQ41 ? 4 : 2)));
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        lo = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, mask))), m);
+        hi = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask))), m);
+      }
+      r[i] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_zextsi256_si512(Bf16Of(lo)), Bf16Of(hi), 1));
+    }
+    Transpose16(r);
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) _mm512_storeu_ps((float*)(st + (16 * j + k) * 16), r[k]);
+  }
+}
+
+// The fused form for the types that have one; false: dequant_rows + StripOfRows.
+bool StripOfQuantRows(DType t, const uint8_t* w, size_t rb, int nj, int64_t K, uint32_t* st) {
+  switch (t) {
+    case DType::kQ8_0:
+      StripOfBlockRows<DType::kQ8_0>(w, rb, nj, K, st);
+      return true;
+    case DType::kQ4_0:
+      StripOfBlockRows<DType::kQ4_0>(w, rb, nj, K, st);
+      return true;
+    case DType::kQ4_1:
+      StripOfBlockRows<DType::kQ4_1>(w, rb, nj, K, st);
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 // MatMulKernels::bf16_dequant: y(M, N) = bf16(x) . bf16(W)^T for a block-quantized W (N, K). A task takes kS
 // strips of W at a time: dequantized (k.dequant_rows, f32) into a per-thread buffer, rounded to bf16 pair
 // strips (StripOfRows), and every row of x run over them; never the whole W. Per element the arithmetic of
@@ -370,6 +433,7 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
       const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
       for (int64_t s = 0; s < ns; ++s) {
         const int nj = (int)std::min<int64_t>(16, N - 16 * (s0 + s));
+        if (StripOfQuantRows(w.dtype, wd + 16 * (s0 + s) * rb, rb, nj, K, bs + s * Kp * 16)) continue;
         // kDequantCols columns of the 16 rows at a time (16 KiB of floats: they stay in L1 between
         // the dequantization and the packing; whole rows of K = 1536 were 96 KiB).
         for (int64_t c0 = 0; c0 < K; c0 += kDequantCols) {
