@@ -155,7 +155,7 @@ int RunServe(int argc, char** argv) {
     int64_t full =
         ec.max_num_seqs * ((ec.max_model_len + ec.block_size - 1) / ec.block_size + 1) * (int64_t)block_bytes;
     int64_t avail = AvailableMemory();
-    // At most 1 GiB (or 4 full contexts) by default (the store is committed as it fills, in 2 MiB pages).
+    // At most 1 GiB (or 4 full contexts) by default: the store is committed at start (in 2 MiB pages).
     const int64_t four_requests =
         4 * ((ec.max_model_len + ec.block_size - 1) / ec.block_size) * (int64_t)block_bytes;
     kv_bytes = std::min<int64_t>(full, std::max<int64_t>(int64_t{1} << 30, four_requests));

@@ -1,9 +1,10 @@
 // HugePageBuffer: zero-filled anonymous memory, 2 MiB aligned and asked for as transparent huge pages
-// (MADV_HUGEPAGE) when it spans 2 MiB or more, committed page by page as it is first touched. One fault
-// per 2 MiB instead of per 4 KiB page, and one TLB entry per 2 MiB: for buffers read in scattered
-// pieces (a paged KV cache: a 4 KiB page per 16-position block left a decode step waiting on page
-// walks) or written fresh per call (the loss's chunk of logits). Where the kernel gives no huge pages
-// it is plain anonymous memory.
+// (MADV_HUGEPAGE) when it spans 2 MiB or more. One fault per 2 MiB instead of per 4 KiB page, and one TLB
+// entry per 2 MiB: for buffers read in scattered pieces (a paged KV cache: a 4 KiB page per 16-position
+// block left a decode step waiting on page walks) or written fresh per call (the loss's chunk of
+// logits). Committed page by page as first touched, or all at once with Populate() (a KV pool: its
+// faults would otherwise land in the serving steps that first write each block). Where the kernel
+// gives no huge pages it is plain anonymous memory.
 #pragma once
 
 #include <sys/mman.h>
@@ -46,6 +47,12 @@ class HugePageBuffer {
   }
   HugePageBuffer(const HugePageBuffer&) = delete;
   HugePageBuffer& operator=(const HugePageBuffer&) = delete;
+
+  // Touches every page now (one write per 4 KiB: a single fault per 2 MiB where huge pages are given).
+  void Populate() {
+    volatile uint8_t* p = p_;
+    for (size_t o = 0; o < size_; o += 4096) p[o] = 0;
+  }
 
   uint8_t* data() { return p_; }
   const uint8_t* data() const { return p_; }

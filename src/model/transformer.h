@@ -34,8 +34,11 @@ inline size_t KvElemBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 // engine's KvCacheManager hands out blocks (with prefix sharing); KvCache below is the simple owner.
 class KvBlockStore {
  public:
-  // REQUIRES IsKvCacheDType(kv_dtype).
-  KvBlockStore(const ModelConfig& config, int64_t n_blocks, int64_t block_size, DType kv_dtype = DType::kF32);
+  // REQUIRES IsKvCacheDType(kv_dtype). populate: commit every page now (a server's pool: otherwise the
+  // steps that first write each block take its page faults); else pages are committed as first written
+  // (generate / chat: only the context actually used).
+  KvBlockStore(const ModelConfig& config, int64_t n_blocks, int64_t block_size, DType kv_dtype = DType::kF32,
+               bool populate = false);
   int64_t n_blocks() const { return n_blocks_; }
   int64_t block_size() const { return block_size_; }
   int64_t kv_dim() const { return kv_dim_; }
@@ -61,8 +64,8 @@ class KvBlockStore {
   int64_t n_layers_, n_blocks_, block_size_, kv_dim_;
   DType dtype_;
   size_t elt_;  // bytes per element
-  // Anonymous huge-page memory (zero, committed as first written): a 16-position block per 4 KiB page
-  // had a decode step's attention waiting on page walks (bench/RESULTS.md, KV cache dtypes).
+  // Anonymous huge-page memory: a 16-position block per 4 KiB page had a decode step's attention
+  // waiting on page walks (bench/RESULTS.md, KV cache dtypes).
   HugePageBuffer k_, v_;
 };
 

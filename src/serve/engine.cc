@@ -13,7 +13,7 @@ Engine::Engine(const model::ModelWeights& weights, ThreadPool& pool, EngineConfi
       pool_(pool),
       tf_(weights, pool, options),
       blocks_(config.n_blocks, config.block_size),
-      store_(weights.config, config.n_blocks, config.block_size, config.kv_cache_dtype),
+      store_(weights.config, config.n_blocks, config.block_size, config.kv_cache_dtype, /*populate=*/true),
       kv_(blocks_, store_) {
   snapshot_.blocks_total = config.n_blocks;
 }
