@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -29,7 +30,14 @@ TEST(Profiler, TraceAndSummary) {
   pool.SetProfiler(&p);
   {
     ScopedOp par(&p, "parallel");  // both threads busy inside it
-    pool.ParallelFor(64, 1, [](int64_t, int64_t, int) { std::this_thread::sleep_for(std::chrono::microseconds(50)); });
+    // Every chunk waits (up to 2 s) until both threads have started one, so they overlap even when a
+    // loaded machine (CI under ASan) is slow to wake the worker: it flaked at exactly 1.20 there.
+    std::atomic<int> seen{0};
+    pool.ParallelFor(64, 1, [&](int64_t, int64_t, int thread) {
+      seen.fetch_or(1 << thread);
+      for (int i = 0; i < 40000 && seen.load() != 3; ++i) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    });
   }
   pool.SetProfiler(nullptr);
   {
