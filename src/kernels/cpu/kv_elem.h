@@ -17,9 +17,6 @@ struct KvBf16 {
   uint16_t bits;
 };
 
-// Whether a KV cache may hold this dtype.
-inline bool IsKvDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-
 // f(k, v) with the K / V pointers as the element type of `kv` (const float*, const KvF16* or const
 // KvBf16*); returns what f returns.
 template <typename F>
