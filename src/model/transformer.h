@@ -24,7 +24,7 @@ namespace lathe::model {
 
 // The element types a KV cache may hold (f32, f16, bf16), and their size.
 inline bool IsKvCacheDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-inline size_t KvElemBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline size_t KvElemBytes(DType t) { return DTypeBytes(t, 1); }
 
 // KvBlockStore: K and V in fixed-size blocks of tokens, laid out per layer as [block][offset][kv_dim],
 // elements of one dtype: f32 (the default, exact), f16 or bf16 (half the bytes: llama.cpp's default
