@@ -1,11 +1,14 @@
 // Profiler: records ops (name, shape, start, duration, FLOPs, bytes) per thread, writes them as a
 // Chrome trace JSON (Perfetto / chrome://tracing open it; one track per thread) and summarizes
-// the top ops by total time with their share, achieved GFLOP/s and GB/s. Recording is a few
-// hundred nanoseconds per op; code pays nothing when no profiler is attached (a null pointer).
+// the top ops by total time with their share, achieved GFLOP/s and GB/s. Recording appends to the
+// recording thread's own buffer (its lock is only contended while Events / Clear read), so pool
+// chunks on several threads do not serialize on one lock; code pays nothing when no profiler is
+// attached (a null pointer).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <string>
@@ -31,7 +34,7 @@ class Profiler {
   int64_t NowNs() const;
   // Thread-safe.
   void Record(Event e);
-  std::vector<Event> Events() const;
+  std::vector<Event> Events() const;  // every thread's, by start time
   void Clear();  // drops the events recorded so far (thread indices stay)
   // Chrome trace format ("X" complete events, microseconds).
   Status WriteChromeTrace(const std::string& path) const;
@@ -41,11 +44,16 @@ class Profiler {
   std::string Summary(int top = 15) const;
 
  private:
-  int ThreadIndex();
+  // One recording thread's events; tid is its index in threads_.
+  struct ThreadEvents {
+    std::mutex mu;
+    std::vector<Event> events;
+  };
+  ThreadEvents& ForThisThread();
   std::chrono::steady_clock::time_point t0_;
-  mutable std::mutex mu_;
-  std::vector<Event> events_;
-  std::vector<std::pair<std::thread::id, int>> threads_;
+  const uint64_t serial_;  // this profiler among all made, for the per-thread lookup cache
+  mutable std::mutex mu_;  // guards threads_ (not the buffers' contents)
+  std::vector<std::pair<std::thread::id, std::unique_ptr<ThreadEvents>>> threads_;
 };
 
 // Times a scope as one op. A null profiler makes it a no-op.

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -84,6 +85,39 @@ TEST(Profiler, TraceAndSummary) {
   EXPECT_GT(cores("parallel"), 1.2) << s;
   EXPECT_LE(cores("parallel"), 2.01) << s;
   EXPECT_FALSE(p.WriteChromeTrace("/proc/nope/trace.json").ok());
+}
+
+// Events live in per-thread buffers: each thread keeps one track, a later profiler (maybe at the same
+// address) starts empty, Clear empties every thread's buffer, and Events come back by start time.
+TEST(Profiler, PerThreadBuffers) {
+  for (int round = 0; round < 2; ++round) {
+    auto p = std::make_unique<Profiler>();
+    {
+      ScopedOp a(p.get(), "main_op");
+    }
+    std::thread([&] {
+      ScopedOp b(p.get(), "other_op");
+    }).join();
+    {
+      ScopedOp c(p.get(), "main_op");
+    }
+    std::vector<Profiler::Event> evs = p->Events();
+    ASSERT_EQ(evs.size(), 3u) << "round " << round;
+    EXPECT_EQ(evs[0].name, "main_op");
+    EXPECT_EQ(evs[1].name, "other_op");
+    EXPECT_EQ(evs[2].name, "main_op");
+    EXPECT_EQ(evs[0].tid, 0);
+    EXPECT_EQ(evs[1].tid, 1);
+    EXPECT_EQ(evs[2].tid, 0);
+    for (size_t i = 1; i < evs.size(); ++i) EXPECT_LE(evs[i - 1].start_ns, evs[i].start_ns);
+    p->Clear();
+    EXPECT_TRUE(p->Events().empty());
+    {
+      ScopedOp d(p.get(), "after_clear");
+    }
+    ASSERT_EQ(p->Events().size(), 1u);
+    EXPECT_EQ(p->Events()[0].tid, 0);
+  }
 }
 
 }  // namespace
