@@ -451,9 +451,10 @@ TEST(TrainBf16Dot, ProductsBitIdenticalToPairReference) {
   if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
   uint32_t seed = 7100;
   struct S { int64_t M, N, K; };
-  // The last three: a narrow weight gradient (LoRA's B, K = r) computed transposed; 800 rows = two inner chunks.
+  // S{70, 300, 16}, S{9, 33, 5}, S{800, 100, 8}: a narrow weight gradient (LoRA's B, K = r) computed transposed;
+  // 800 rows = two inner chunks. S{40, 576, 576}: the weight gradient's 9 row blocks, split into 18 tasks on 2 threads.
   for (S s : {S{1, 16, 32}, S{9, 33, 37}, S{70, 100, 576}, S{65, 48, 1537}, S{130, 770, 64}, S{70, 300, 16},
-              S{9, 33, 5}, S{800, 100, 8}}) {
+              S{9, 33, 5}, S{800, 100, 8}, S{40, 576, 576}}) {
     const int64_t M = s.M, N = s.N, K = s.K;
     const std::vector<float> x = Bf16Values(M * K, seed++), dy = Bf16Values(M * N, seed++);
     const std::vector<float> wf = RandomVec(N * K, seed++);  // f32 W: rounded by the packing

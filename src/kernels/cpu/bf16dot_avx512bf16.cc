@@ -62,8 +62,20 @@ void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, in
   const int64_t n_groups = (n_strips + kS - 1) / kS, n_mb = (R + kMBlock - 1) / kMBlock;
   const int64_t th = pool.size();
   const int64_t want = th > 1 ? 4 * th : 1;
-  const int64_t per = std::max<int64_t>(1, n_groups / std::max<int64_t>(1, want / n_mb));
-  const int64_t n_gr = (n_groups + per - 1) / per;
+  int64_t per = std::max<int64_t>(1, n_groups / std::max<int64_t>(1, want / n_mb));
+  int64_t n_gr = (n_groups + per - 1) / per;
+  // A few equal tasks that do not divide among the threads leave one thread a whole task short at the end:
+  // the (576, 576) and (576, 1536) weight gradients of SmolLM2 were 9 tasks on 2 threads. Split the strip
+  // groups evenly until they do (each C element is still one task's whole sum: the same bits).
+  if (th > 1 && (n_mb * n_gr) % th != 0 && n_mb * n_gr < 8 * th) {
+    for (int64_t p = per - 1; p >= 1; --p) {
+      if (n_groups % p == 0 && (n_mb * (n_groups / p)) % th == 0) {
+        per = p;
+        n_gr = n_groups / p;
+        break;
+      }
+    }
+  }
   pool.ParallelFor(n_mb * n_gr, 1, [&](int64_t tb, int64_t te, int) {
     for (int64_t t = tb; t < te; ++t) {
       const int64_t mb = t / n_gr, gr = t % n_gr;
