@@ -266,15 +266,15 @@ void BM_PagedAttention(benchmark::State& state, int64_t n_pos, bool old_path) {
 }
 
 // Training attention over one T-token row (512: the bench's rows; 2048: LLaMA-Factory's default cutoff_len) of SmolLM2-135M's shape (9 query heads, 3 KV heads,
-// head_dim 64, causal), forward or backward, 1 thread; GFLOP/s of the causal half (forward 2 products,
+// head_dim 64, causal), forward or backward, 1 or 2 threads; GFLOP/s of the causal half (forward 2 products,
 // backward 5, as the trainer's profiler counts them). bf16: bf16 mixed precision's products on vdpbf16ps
 // (FlashAttention*Bf16), next to the f32 ones on the same data.
-void BM_TrainAttention(benchmark::State& state, bool backward, bool bf16, int64_t T) {
+void BM_TrainAttention(benchmark::State& state, bool backward, bool bf16, int64_t T, int threads) {
   const int H = 9, KV = 3, hd = 64;
   const std::vector<float> q = RandomFloats(T * H * hd, 11), k = RandomFloats(T * KV * hd, 12),
                            v = RandomFloats(T * KV * hd, 13), dout = RandomFloats(T * H * hd, 14);
   std::vector<float> out(T * H * hd), lse(T * H), dq(T * H * hd), dk(T * KV * hd), dv(T * KV * hd);
-  ThreadPool pool(1);
+  ThreadPool pool(threads);
   const float scale = 0.125f;
   auto forward = bf16 ? kernels::FlashAttentionForwardBf16 : kernels::FlashAttentionForward;
   auto backward_fn = bf16 ? kernels::FlashAttentionBackwardBf16 : kernels::FlashAttentionBackward;
@@ -557,15 +557,17 @@ void RegisterAll() {
             ->UseRealTime();
   for (int64_t T : {512, 2048})
     for (bool backward : {false, true})
-      for (bool bf16 : {false, true}) {
-        if (bf16 && !UsesBf16Dot()) continue;
-        benchmark::RegisterBenchmark((std::string("train_attention/") + (backward ? "backward" : "forward") +
-                                      (bf16 ? "/bf16" : "/f32") + "/T:" + std::to_string(T))
-                                         .c_str(),
-                                     BM_TrainAttention, backward, bf16, T)
-            ->Unit(benchmark::kMillisecond)
-            ->UseRealTime();
-      }
+      for (bool bf16 : {false, true})
+        for (int threads : {1, 2}) {
+          if (bf16 && !UsesBf16Dot()) continue;
+          benchmark::RegisterBenchmark((std::string("train_attention/") + (backward ? "backward" : "forward") +
+                                        (bf16 ? "/bf16" : "/f32") + "/T:" + std::to_string(T) +
+                                        "/threads:" + std::to_string(threads))
+                                           .c_str(),
+                                       BM_TrainAttention, backward, bf16, T, threads)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime();
+        }
   const char* ops[] = {"rmsnorm", "silu_mul", "softmax", "argmax49152"};
   for (int op = 0; op < 4; ++op)
     for (bool reference : {true, false})
