@@ -56,10 +56,12 @@ void GradBuffer::Zero(bool hand_back_pages) {
   } else {
     std::memset(p_, 0, bytes_);
   }
+  ready_.store(!hand_back_pages);
 }
 
 float* TrainModelImpl::NewGrad(int64_t n) {
   grads_.emplace_back(n);
+  grad_buffers_[grads_.back().data()] = &grads_.back();
   return grads_.back().data();
 }
 
@@ -77,12 +79,15 @@ static int64_t AdviseWholePages(float* p, int64_t n, int advice) {
 // is one pass with no flushes; the pages are the ones the kernel is about to write, so the memory
 // plan's progressive paging of gradients is unchanged. Kernels without MADV_POPULATE_WRITE (before
 // 5.14, EINVAL) keep the old behaviour.
-static void ReadyToWrite(float* p, int64_t n) {
+void GradBuffer::ReadyToWrite() {
 #ifndef MADV_POPULATE_WRITE
   constexpr int MADV_POPULATE_WRITE = 23;
 #endif
-  AdviseWholePages(p, n, MADV_POPULATE_WRITE);
+  if (ready_.exchange(true)) return;
+  AdviseWholePages(p_, (int64_t)(bytes_ / sizeof(float)), MADV_POPULATE_WRITE);
 }
+
+void RowGroupWorker::ReadyToWrite(const float* grad) { grad_buffers_.at(grad)->ReadyToWrite(); }
 
 // Hands a buffer's whole pages back to the OS (anonymous memory: they read as zero next time);
 // for saved activations whose backward is done, rewritten by the next forward.
@@ -402,7 +407,8 @@ RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
       embed_master_(m.embed_master_), g_embed_(m.g_embed_), g_head_(m.g_head_), final_norm_(m.final_norm_),
       lowest_trainable_layer_(m.lowest_trainable_layer_), embed_trainable_(m.embed_trainable_),
       pos_cos_(m.pos_cos_), pos_sin_(m.pos_sin_), step_(m.step_), head_packed_(m.head_packed_use_),
-      order_(m.order_), embed_rows_(m.embed_rows_), shared_pool_(shared_pool), pool_(&shared_pool) {
+      order_(m.order_), grad_buffers_(m.grad_buffers_), embed_rows_(m.embed_rows_), shared_pool_(shared_pool),
+      pool_(&shared_pool) {
   // Layers below the lowest trainable one have no backward: their forward borrows set 0, which
   // that layer's own forward then overwrites.
   acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c_.n_layers - lowest_trainable_layer_, 1));
@@ -730,7 +736,7 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   if (L.grad) {
     const float* xr = bf16dot ? x : Round(x, N * L.in, rx_);
     order_.Add(L.grad, group_, [&] {
-      ReadyToWrite(L.grad, L.in * L.out);
+      ReadyToWrite(L.grad);
       WeightGrad(L.grad, dyr, xr, L.eff);
     });
   }
@@ -1098,7 +1104,7 @@ double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool la
     ScopedOp ce_op(opt_.profiler, "cross_entropy_fwd_bwd", 6.0 * N * dim * c_.vocab_size,
                    (double)head_eff_.nbytes() * 2 + 8.0 * N * dim);
     auto ce = [&] {
-      if (g_head_) ReadyToWrite(g_head_, head_eff_.numel());  // every vocab row is written
+      if (g_head_) ReadyToWrite(g_head_);  // every vocab row is written
       loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
                                            (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16);
     };
@@ -1109,7 +1115,7 @@ double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool la
                                            (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16,
                                            &head_later_);
       order_.Add(g_head_, group_, [&] {
-        ReadyToWrite(g_head_, head_eff_.numel());
+        ReadyToWrite(g_head_);
         kernels::AddHeadGrad(*pool_, g_head_, head_later_);
       });
     } else if (g_head_) {

@@ -75,10 +75,15 @@ class GradBuffer {
   GradBuffer& operator=(const GradBuffer&) = delete;
   float* data() const { return p_; }
   void Zero(bool hand_back_pages);
+  // Makes the whole pages resident for writing (MADV_POPULATE_WRITE) once after each Zero that handed them
+  // back: the advice walks every page even when all are resident (4.5 ms for SmolLM2's 113 MB head gradient),
+  // and a full fine-tune asks before each row group's addition.
+  void ReadyToWrite();
 
  private:
   float* p_ = nullptr;
   size_t bytes_ = 0;
+  std::atomic<bool> ready_{false};  // pages resident since the last Zero
 };
 
 class TrainModelImpl;
@@ -197,6 +202,8 @@ class RowGroupWorker {
   const uint64_t& step_;
   const kernels::PackedBackwardB* const& head_packed_;  // null: the loss packs per chunk
   GradOrder& order_;
+  const std::unordered_map<const float*, GradBuffer*>& grad_buffers_;
+  void ReadyToWrite(const float* grad);  // its GradBuffer's ReadyToWrite
   // Tied full: the input gradient of every row of the micro-batch, for the embedding's share of the
   // tied gradient, added after every group's loss (TrainModelImpl::ForwardBackward).
   std::vector<float>& embed_rows_;
@@ -288,6 +295,7 @@ class TrainModelImpl final : public TrainModel {
   ModelConfig c_;
   std::deque<std::vector<float>> storage_;  // f32 masters (not in place)
   std::deque<GradBuffer> grads_;
+  std::unordered_map<const float*, GradBuffer*> grad_buffers_;  // by data()
   std::vector<TrainableTensor> params_;
   int64_t trainable_count_ = 0;
 
