@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -502,26 +503,69 @@ TEST(Avx2Forms, SplitAndFullWidthBitIdentical) {
   }
 }
 
-// Block types on the AVX-512 tier run the AVX2 tier's int8 kernels, except Q5_0 / Q5_1's 4-row GEMV,
-// compiled for AVX-512 from the same source (quant_rows.h, fifth bits from k-masks), Q8_0 / Q4_0 / Q4_1's
-// 4-row GEMV (four rows per zmm, vpdpbusd; N % 4 tail rows on the AVX2 kernel), and the int8 GEMM
-// above kGemvQuantMaxM rows (qgemm_avx512.cc, VNNI): every result bit-identical to the AVX2 tier's, for
-// the GEMV's 1-16 x rows and the GEMM's tile remainders, N with and without a tail of 4 or of 8 rows.
-TEST(Avx512Tier, BlockTypesBitIdenticalToAvx2) {
+// The AVX-512 tier's block arithmetic, written out in scalar code: per (x row, weight row) and block, the
+// exact int32 dot product T of the weight codes (q for Q8_0; nibble (+ fifth bit) for Q4 / Q5) and x's
+// int8 codes, acc = fma(float(T), dw * dx, acc) and corr = fma(cw, sx, corr) in block order, y = acc (Q8_0)
+// or acc + corr * kCorr (cw = the min for Q4_1 / Q5_1, else dw; kCorr = 1, or -8 / -16 for the offset).
+float TierBlockDot(DType dt, const uint8_t* row, const cpu::BlockQ8X* x, int64_t nb) {
+  const auto rounded = [](float v) {  // one rounding per step, never contracted into an fma
+    volatile float r = v;
+    return (float)r;
+  };
+  float acc = 0.0f, corr = 0.0f;
+  const bool q8 = dt == DType::kQ8_0, k5 = dt == DType::kQ5_0 || dt == DType::kQ5_1;
+  const bool min = dt == DType::kQ4_1 || dt == DType::kQ5_1;
+  const size_t bytes = (size_t)GetDTypeInfo(dt).block_bytes;
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint8_t* b = row + j * bytes;
+    uint16_t h[2];
+    std::memcpy(h, b, 4);
+    const float dw = F16ToF32(h[0]), cw = min ? F16ToF32(h[1]) : dw;
+    const uint8_t* qs = b + (min ? 4 : 2) + (k5 ? 4 : 0);
+    uint32_t qh = 0;
+    if (k5) std::memcpy(&qh, qs - 4, 4);
+    int32_t t = 0;
+    for (int e = 0; e < 32; ++e) {
+      const int code = q8 ? (int)(int8_t)b[2 + e]
+                          : (e < 16 ? qs[e] & 15 : qs[e - 16] >> 4) | (k5 ? (int)(qh >> e & 1) << 4 : 0);
+      t += code * x[j].qs[e];
+    }
+    acc = std::fma((float)t, rounded(dw * x[j].d), acc);
+    corr = std::fma(cw, x[j].s, corr);
+  }
+  if (q8) return acc;
+  const float k = min ? 1.0f : k5 ? -16.0f : -8.0f;
+  return rounded(acc + rounded(corr * k));
+}
+
+// Q8_0 / Q4_* / Q5_* on the AVX-512 tier: the 4-row zmm GEMV (below qgemm_min_m rows) and the VNNI int8
+// GEMM (from there) both give every row the bits of TierBlockDot above, for the GEMV's 1-7 x rows and the
+// GEMM's tile remainders, N with and without a 16-row remainder; the N % 4 tail rows run the AVX2 tier's
+// kernel and give its bits.
+TEST(Avx512Tier, BlockTypesMatchTheScalarBlockArithmetic) {
   LATHE_REQUIRE_TIER(IsaTier::kAvx512);
   const cpu::MatMulKernels& a512 = cpu::KernelsFor(IsaTier::kAvx512).mm;
   const cpu::MatMulKernels& a2 = cpu::KernelsFor(IsaTier::kAvx2).mm;
   uint32_t seed = 1700;
   for (DType dt : {DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
-    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{36, 64}, Shape{130, 576}, Shape{66, 1536}}) {
-      for (int64_t M : {1, 2, 3, 4, 16, 17, 22, 34}) {
+    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{36, 64}, Shape{130, 576}, Shape{66, 1536}, Shape{200, 64}}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 16, 17, 22, 34}) {
         testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
         const std::vector<float> x = RandomVec(M * s.K, seed++);
+        const int64_t nb = s.K / 32, n4 = s.N / 4 * 4;
+        std::vector<cpu::BlockQ8X> xq(M * nb);
+        for (int64_t i = 0; i < M; ++i) a512.quantize_x(x.data() + i * s.K, s.K, xq.data() + i * nb);
         std::vector<float> y512(M * s.N, -1.0f), y2(M * s.N, -2.0f);
         ThreadPool pool(2);
         cpu::MatMulWith(a512, pool, x.data(), M, w.t, y512.data());
         cpu::MatMulWith(a2, pool, x.data(), M, w.t, y2.data());
-        ASSERT_EQ(y512, y2) << DTypeName(dt) << " M=" << M << " N=" << s.N << " K=" << s.K;
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t n = 0; n < s.N; ++n) {
+            const float want = n < n4 ? TierBlockDot(dt, w.bytes.data() + n * w.t.row_bytes(), xq.data() + i * nb, nb)
+                                      : y2[i * s.N + n];
+            ASSERT_EQ(y512[i * s.N + n], want)
+                << DTypeName(dt) << " M=" << M << " N=" << s.N << " K=" << s.K << " row " << i << " n=" << n;
+          }
       }
     }
   }

@@ -11,7 +11,7 @@
 namespace lathe::kernels::cpu::avx512 {
 
 MatMulKernels GetMatMulKernels();  // matmul_avx512.cc
-// MatMulKernels::qgemm (qgemm_avx512.cc): the VNNI int8 GEMM, bit-identical to the AVX2 tier's.
+// MatMulKernels::qgemm (qgemm_avx512.cc): the VNNI int8 GEMM, bit-identical to this tier's GEMV per row.
 void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
            int64_t ldy);
 

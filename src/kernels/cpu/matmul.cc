@@ -96,11 +96,13 @@ void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t
   pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t m = b; m < e; ++m) k.quantize_x(x + m * K, K, xq + m * nb);
   });
-  const int64_t n4 = N / 4 * 4;
-  int64_t rows = std::max<int64_t>(4, kGemvBlockBytes / (int64_t)rb / 4 * 4);
-  const int64_t spread = ((n4 + 4 * pool.size() - 1) / (4 * pool.size()) + 3) / 4 * 4;
-  rows = std::max<int64_t>(4, std::min(rows, spread));
-  const int64_t n_wblocks = (n4 + rows - 1) / rows;
+  // W in blocks of whole 16-row units (the AVX-512 kernel's zmm of rows; the last unit may hold 4-12),
+  // at most ~kGemvBlockBytes each, as many blocks as it takes to give every thread the same number.
+  const int64_t n4 = N / 4 * 4, n_units = (n4 + 15) / 16, P = pool.size();
+  const int64_t units = std::max<int64_t>(1, std::min(kGemvBlockBytes / (int64_t)rb / 16, (n_units + P - 1) / P));
+  int64_t n_wblocks = (n_units + units - 1) / units;
+  n_wblocks = std::min(n_units, (n_wblocks + P - 1) / P * P);
+  const auto wblock_row = [&](int64_t b) { return std::min(n4, b * n_units / n_wblocks * 16); };
   int64_t mb = std::max<int64_t>(4, kXBlockBytes / (nb * (int64_t)sizeof(BlockQ8X)) / 4 * 4);
   const int64_t n_mblocks = (M + mb - 1) / mb;
   mb = ((M + n_mblocks - 1) / n_mblocks + 3) / 4 * 4;
@@ -115,7 +117,7 @@ void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t
         continue;
       }
       const int64_t m0 = (t / n_wblocks) * mb, m1 = std::min(M, m0 + mb);
-      const int64_t n0 = (t % n_wblocks) * rows, nr = std::min(rows, n4 - n0);
+      const int64_t n0 = wblock_row(t % n_wblocks), nr = wblock_row(t % n_wblocks + 1) - n0;
       if (m0 < m1) k.qgemm(w.dtype, wd + n0 * rb, rb, nr, xq + m0 * nb, m1 - m0, K, y + m0 * N + n0, N);
     }
   }, 2.0 * M * N * K);

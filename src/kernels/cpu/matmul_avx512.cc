@@ -1,13 +1,13 @@
 // AVX-512 (F/BW/VL/DQ) matmul kernels: f32/f16/bf16 GEMV on zmm, row dequantization and the 6 x 4
-// zmm FMA prefill panel; block types run the AVX2 table's int8 GEMV (GetMatMulKernels), except Q5_0 /
-// Q5_1's 4-row GEMV compiled here (quant_rows.h) and Q8_0 / Q4_0 / Q4_1's 4-row GEMV on zmm (QuantRowsZ);
-// and the VNNI int8 GEMM (qgemm_avx512.cc).
+// zmm FMA prefill panel; the 32-element block types' 4-row GEMV on zmm (QuantRowsZ) in the arithmetic of
+// the VNNI int8 GEMM (qgemm_avx512.cc), the K-quants on the AVX2 table's int8 GEMV.
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/check.h"
@@ -149,32 +149,18 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x,
   }
 }
 
-// Q5_0 / Q5_1: quant_rows.h's 4-row kernel for n4 (a multiple of 4) rows and m (1-4) x rows.
-template <DType T>
-void Q5Rows4(const uint8_t* w, size_t rb, int64_t n4, const BlockQ8X* xq, int64_t m, int64_t K, float* y,
-             int64_t ldy) {
-  switch (m) {
-    case 1:
-      return QuantRows4<T, 1, false>(w, rb, n4, xq, K / 32, y, ldy);
-    case 2:
-      return QuantRows4<T, 2, false>(w, rb, n4, xq, K / 32, y, ldy);
-    case 3:
-      return QuantRows4<T, 3, false>(w, rb, n4, xq, K / 32, y, ldy);
-    default:
-      return QuantRows4<T, 4, false>(w, rb, n4, xq, K / 32, y, ldy);
-  }
-}
-
-// Decode rows of Q8_0 / Q4_0 / Q4_1 (M = 1-4 x rows) with four weight rows per zmm, row q in 128-bit lane
-// q: quant_rows.h's QuantRows4 (the AVX2 table's kernel) bit for bit, in about half the instructions.
-// Each lane's 4 int32 are Dot4Q8's / Dot4Q4's exact sums, formed by two vpdpbusd: on the nibbles for Q4,
-// on q + 128 from a start of -128 * (x lane sums) for Q8_0 (qgemm_avx512.cc's identity); then per block,
-// in block order, acc = fma(float(lanes), dw * dx, acc) and the Q4 offset / min term corr = fma(cw, sx,
-// corr); y = Hsum4 of the row's lane + corr * kCorr. The rows go in QuantRows4's 4 runs of n_rows / 4
-// (4 long streams). REQUIRES n_rows % 4 == 0.
+// Decode rows of the 32-element block types (M = 1-4 x rows) with four weight rows per zmm, row q in
+// 128-bit lane q, in the tier's block arithmetic (qgemm_avx512.cc, whose int8 GEMM takes over from
+// qgemm_min_m rows and must give every row the same bits): per block the exact int32 dot product T of
+// the codes (4 partial lanes from two vpdpbusd, on the nibbles (+ fifth bits) for Q4 / Q5, on q + 128
+// from a start of -128 * (x lane sums) for Q8_0, then summed across the lanes), in block order acc =
+// fma(float(T), dw * dx, acc) and the Q4 / Q5 offset or min term corr = fma(cw, sx, corr); y = acc
+// (Q8_0) or acc + corr * kCorr. The rows go in 4 runs of n_rows / 4 (4 long streams). REQUIRES n_rows
+// % 4 == 0.
 template <DType T, int M>
 void QuantRowsZ(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y, int64_t ldy) {
   constexpr bool kQ8 = T == DType::kQ8_0, kMin = !kQ8 && avx2::Q4Block<T>::kMin;
+  constexpr bool k5 = !kQ8 && avx2::Q4Block<T>::k5;
   constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : avx2::Q4Block<T>::kBytes;
   constexpr size_t kQsOff = kQ8 ? 2 : avx2::Q4Block<T>::kQsOff;
   constexpr float kCorr = kQ8 ? 0.0f : avx2::Q4Block<T>::kCorr;
@@ -192,7 +178,7 @@ void QuantRowsZ(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, 
       _mm_storeu_si128((__m128i*)(bias + 4 * i), _mm_sub_epi32(_mm_setzero_si128(), sx));
     }
   }
-  const __m512i flip = _mm512_set1_epi8((char)0x80), low4 = _mm512_set1_epi8(0x0f);
+  const __m512i flip = _mm512_set1_epi8((char)0x80), low4 = _mm512_set1_epi8(0x0f), x10 = _mm512_set1_epi8(0x10);
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   for (int64_t r = 0; r < run; ++r) {
     const uint8_t* row = w + r * rb;
@@ -222,6 +208,17 @@ void QuantRowsZ(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, 
         p = _mm512_inserti32x4(p, _mm_loadu_si128((const __m128i*)(q + 3 * rs)), 3);
         u0 = _mm512_and_si512(p, low4);
         u1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+        if constexpr (k5) {  // the fifth bits (u32 before the nibbles): row q's at mask bits 16 q ..
+          uint64_t m0 = 0, m1 = 0;
+          for (int qr = 0; qr < 4; ++qr) {
+            uint32_t qh;
+            std::memcpy(&qh, q - 4 + qr * rs, 4);
+            m0 |= (uint64_t)(qh & 0xffff) << (16 * qr);
+            m1 |= (uint64_t)(qh >> 16) << (16 * qr);
+          }
+          u0 = _mm512_or_si512(u0, _mm512_maskz_mov_epi8(m0, x10));
+          u1 = _mm512_or_si512(u1, _mm512_maskz_mov_epi8(m1, x10));
+        }
       }
 #pragma GCC unroll 4
       for (int i = 0; i < M; ++i) {
@@ -231,21 +228,18 @@ void QuantRowsZ(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, 
                         : _mm512_setzero_si512();
         d = _mm512_dpbusd_epi32(d, u0, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)xb.qs)));
         d = _mm512_dpbusd_epi32(d, u1, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(xb.qs + 16))));
+        d = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)_MM_SHUFFLE(1, 0, 3, 2)));
+        d = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)_MM_SHUFFLE(2, 3, 0, 1)));  // T, 4 times
         const __m512 ds = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(xb.d))));
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), ds, acc[i]);
       }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < M; ++i) {
-      alignas(16) float c[4];
+      alignas(64) float a[16], c[4];
+      _mm512_store_ps(a, acc[i]);
       _mm_store_ps(c, _mm_mul_ps(corr[i], _mm_set1_ps(kCorr)));
-      const __m128 lanes[4] = {_mm512_castps512_ps128(acc[i]), _mm512_extractf32x4_ps(acc[i], 1),
-                               _mm512_extractf32x4_ps(acc[i], 2), _mm512_extractf32x4_ps(acc[i], 3)};
-      for (int qr = 0; qr < 4; ++qr) {
-        __m128 sum = _mm_add_ps(lanes[qr], _mm_movehl_ps(lanes[qr], lanes[qr]));  // Hsum4: (l0 + l2) + (l1 + l3)
-        sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
-        y[i * ldy + r + qr * run] = _mm_cvtss_f32(sum) + c[qr];
-      }
+      for (int qr = 0; qr < 4; ++qr) y[i * ldy + r + qr * run] = kQ8 ? a[4 * qr] : a[4 * qr] + c[qr];
     }
   }
 }
@@ -267,25 +261,30 @@ void QuantRowsZM(const uint8_t* w, size_t rb, int64_t n4, const BlockQ8X* xq, in
 
 void Gemv(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const void* x, int64_t m, int64_t K, float* y,
           int64_t ldy) {
-  // Every block type: the AVX2 table's int8 kernels (GetMatMulKernels below), except Q5_0 / Q5_1's
-  // 4-row kernel, which runs here compiled for AVX-512 (quant_rows.h: the same bits), and Q8_0 / Q4_0 /
-  // Q4_1's four rows per zmm (QuantRowsZ, the same bits).
-  if (t == DType::kQ5_0 || t == DType::kQ5_1) {
-    const int64_t n4 = n_rows / 4 * 4;
-    if (n4 > 0) {
-      const BlockQ8X* xq = (const BlockQ8X*)x;
-      t == DType::kQ5_0 ? Q5Rows4<DType::kQ5_0>(w, rb, n4, xq, m, K, y, ldy)
-                        : Q5Rows4<DType::kQ5_1>(w, rb, n4, xq, m, K, y, ldy);
-    }
-    if (n4 == n_rows) return;
-    return avx2::Table().mm.gemv(t, w + n4 * rb, rb, n_rows - n4, x, m, K, y + n4, ldy);
-  }
-  if ((t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1) && n_rows >= 4) {
+  // The 32-element block types: four rows per zmm (QuantRowsZ, this tier's block arithmetic, shared with
+  // its int8 GEMM), N % 4 tail rows and the K-quants on the AVX2 table's int8 kernels.
+  const bool block32 = t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 ||
+                       t == DType::kQ5_1;
+  if (block32 && n_rows >= 4) {
     const int64_t n4 = n_rows / 4 * 4;
     const BlockQ8X* xq = (const BlockQ8X*)x;
-    t == DType::kQ8_0   ? QuantRowsZM<DType::kQ8_0>(w, rb, n4, xq, m, K, y, ldy)
-    : t == DType::kQ4_0 ? QuantRowsZM<DType::kQ4_0>(w, rb, n4, xq, m, K, y, ldy)
-                        : QuantRowsZM<DType::kQ4_1>(w, rb, n4, xq, m, K, y, ldy);
+    switch (t) {
+      case DType::kQ8_0:
+        QuantRowsZM<DType::kQ8_0>(w, rb, n4, xq, m, K, y, ldy);
+        break;
+      case DType::kQ4_0:
+        QuantRowsZM<DType::kQ4_0>(w, rb, n4, xq, m, K, y, ldy);
+        break;
+      case DType::kQ4_1:
+        QuantRowsZM<DType::kQ4_1>(w, rb, n4, xq, m, K, y, ldy);
+        break;
+      case DType::kQ5_0:
+        QuantRowsZM<DType::kQ5_0>(w, rb, n4, xq, m, K, y, ldy);
+        break;
+      default:
+        QuantRowsZM<DType::kQ5_1>(w, rb, n4, xq, m, K, y, ldy);
+        break;
+    }
     if (n4 == n_rows) return;
     return avx2::Table().mm.gemv(t, w + n4 * rb, rb, n_rows - n4, x, m, K, y + n4, ldy);
   }
@@ -418,12 +417,11 @@ void Panel(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t 
 
 }  // namespace
 
-// Block types (Q8_0, Q4_*, Q5_*, K-quants) take the AVX2 table's x quantization and GEMV (Q5_0 / Q5_1's
-// 4-row GEMV compiled here from quant_rows.h), and this tier's VNNI int8 GEMM
-// (qgemm_avx512.cc; 1.6-2.5x the AVX2 one at M = 32-64 on an AVX-512 Xeon) from 8 rows: a row's result is
-// bit-identical to the AVX2 tier's. For M = 1 the AVX2 GEMV ran as fast as or faster than this tier's
-// own 256-bit VNNI GEMV (bench/RESULTS.md, sixteenth session), which it replaced; the float types keep
-// the zmm DotTile.
+// Block types take the AVX2 table's x quantization. Q8_0 / Q4_* / Q5_* run this tier's own block arithmetic
+// (exact int32 block dot products, one float fma per block: qgemm_avx512.cc), in the 4-row zmm GEMV below
+// qgemm_min_m rows and the VNNI int8 GEMM from there, so a row's result does not depend on the batch; it
+// differs from the AVX2 tier's (4 float partial sums per block) in the last bits. K-quants take the AVX2
+// table's GEMV; the float types the zmm DotTile.
 MatMulKernels GetMatMulKernels() {
   const MatMulKernels& a2 = avx2::Table().mm;
   MatMulKernels k = {a2.quantize_x, Gemv, DequantRows, Panel, kNR, kMR, a2.gemv_exact_m};

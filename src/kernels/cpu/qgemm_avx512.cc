@@ -1,12 +1,22 @@
 // AVX-512 VNNI int8 GEMM for block-quantized weights (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1) times int8-quantized x
-// rows (batched decode from 8 rows, qgemm_min_m): the AVX-512 tier's MatMulKernels::qgemm. Every
-// (x row, weight row) pair gets the M = 1 GEMV arithmetic of the AVX2 kernels (avx2_util.h, Dot4Q4 /
-// Dot4Q8): per 32-element block 4 exact int32 lanes (lane l = elements 4l..4l+3 of both halves),
-// acc = fma(float(lanes), dw * dx, acc) in block order, then Hsum4(acc) + the offset term. vpdpbusd
-// forms the same exact lane sums as maddubs + madd, so rows stay bit-identical to the GEMV.
-// Against the batched GEMV (1 thread, 1536 x 576 from DRAM, AVX-512 Xeon): M = 6 equal, M = 8 Q8_0
-// 267 -> 231 us, Q4_1 211 -> 155, Q5_0 196 -> 179, M = 16 1.5-1.7x faster; M = 5-6 about equal (Q5_0
-// 0.9x): hence qgemm_min_m = 8 on this tier.
+// rows (batched decode from qgemm_min_m rows): the AVX-512 tier's MatMulKernels::qgemm.
+//
+// The tier's block arithmetic (matmul_avx512.cc's GEMV has the same, so a row's result does not depend
+// on how many rows share the call): per (x row, weight row) and 32-element block j, the exact int32 dot
+// product T of the block's integer codes (nibbles for Q4 / Q5, q for Q8_0) and x's int8 codes, then in
+// block order acc = fma(float(T), dw * dx, acc) and, for the Q4 / Q5 offset or min term, corr = fma(cw,
+// sx, corr); y = acc (Q8_0) or acc + corr * kCorr.
+//
+// Layout: 16 weight rows per zmm, one int32 lane a row. Each block of 16 rows is unpacked into 8 zmm,
+// zmm k holding bytes 4k..4k+3 of every row (an 8 x 8 dword transpose per 256-bit half, in registers);
+// x's dword k is broadcast, so one vpdpbusd adds 4 products to 16 rows and 8 of them form T for all 16
+// rows, whose float work is then one cvt, one mul and one fma per 16 rows (the 4-lane form this
+// replaced spent 3 float ops per 4 rows and block, more than the dot products themselves).
+// vpdpbusd multiplies unsigned by signed bytes: the weights enter unsigned (nibbles; q + 128 for Q8_0,
+// whose dot then starts from -128 * sum(x) of the block).
+// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,162 +33,219 @@ namespace lathe::kernels::cpu::avx512 {
 
 namespace {
 
-using avx2::Hsum4;
 using avx2::Q4Block;
 
-// A tile: kMR x rows times kNG groups of 4 weight rows; a group's 4 rows fill one zmm, row r in
-// 128-bit lane r (its 4 int32 lanes are the AVX2 kernels' 4 lanes of that row).
-constexpr int kMR = 4, kNG = 2, kRows = 4 * kNG;
-
-// One group's block j: u[h] = the 4 rows' element halves h (16 bytes each, row r at 16 r) as the
-// unsigned operand of vpdpbusd: the nibbles for Q4 / Q5, q + 128 for Q8_0 (whose x side then
-// subtracts 128 * its lane sums); sc / cw: each row's dw and offset factor repeated over its 4 lanes.
-struct alignas(64) GroupBlock {
-  uint8_t u[2][64];
+// One block of 16 weight rows: u[k] = bytes 4k..4k+3 (elements 4k..4k+3) of row r in lane r, unsigned;
+// dw / cw: each row's scale and offset factor (cw = dw where the type has no min).
+struct alignas(64) Group16 {
+  uint8_t u[8][64];
   float dw[16];
   float cw[16];
 };
 
 template <DType T>
-void UnpackGroup(const uint8_t* w, size_t rb, int64_t nb, GroupBlock* blocks) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = !kQ8 && Q4Block<T>::kMin;
-  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : Q4Block<T>::kBytes;
-  constexpr size_t kQsOff = kQ8 ? 2 : Q4Block<T>::kQsOff;
-  const __m128i m = _mm_set1_epi8(0x0f), x80 = _mm_set1_epi8((char)0x80);
-  for (int64_t j = 0; j < nb; ++j) {
-    GroupBlock& gb = blocks[j];
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* b = w + r * rb + j * kBB;
-      const uint16_t* h = (const uint16_t*)b;
-      const float d = _cvtsh_ss(h[0]), c = kMin ? _cvtsh_ss(h[1]) : d;
-      _mm_store_ps(gb.dw + 4 * r, _mm_set1_ps(d));
-      _mm_store_ps(gb.cw + 4 * r, _mm_set1_ps(c));
-      if constexpr (kQ8) {
-        for (int half = 0; half < 2; ++half) {
-          const __m128i q = _mm_loadu_si128((const __m128i*)(b + kQsOff + 16 * half));
-          _mm_store_si128((__m128i*)(gb.u[half] + 16 * r), _mm_xor_si128(q, x80));
-        }
-      } else {
-        const __m128i q = _mm_loadu_si128((const __m128i*)(b + kQsOff));
-        __m128i u0 = _mm_and_si128(q, m), u1 = _mm_and_si128(_mm_srli_epi16(q, 4), m);
-        if constexpr (Q4Block<T>::k5) {  // the fifth bits (u32 before the nibbles) as two byte masks
-          uint32_t qh;
-          std::memcpy(&qh, b + kQsOff - 4, 4);
-          const __m128i x10 = _mm_set1_epi8(0x10);
-          u0 = _mm_or_si128(u0, _mm_maskz_mov_epi8((__mmask16)(qh & 0xffff), x10));
-          u1 = _mm_or_si128(u1, _mm_maskz_mov_epi8((__mmask16)(qh >> 16), x10));
-        }
-        _mm_store_si128((__m128i*)(gb.u[0] + 16 * r), u0);
-        _mm_store_si128((__m128i*)(gb.u[1] + 16 * r), u1);
-      }
+struct BlockInfo {
+  static constexpr bool kQ8 = T == DType::kQ8_0;
+  static constexpr bool kMin = !kQ8 && Q4Block<T>::kMin;
+  static constexpr size_t kBytes = kQ8 ? sizeof(BlockQ8_0) : Q4Block<T>::kBytes;
+  static constexpr size_t kQsOff = kQ8 ? 2 : Q4Block<T>::kQsOff;
+  static constexpr float kCorr = kQ8 ? 0.0f : Q4Block<T>::kCorr;
+};
+
+// A block's 32 codes in element order (Q8_0: signed q, flipped to unsigned by the caller).
+template <DType T>
+inline __m256i RowCodes(const uint8_t* b) {
+  using I = BlockInfo<T>;
+  if constexpr (I::kQ8) {
+    return _mm256_loadu_si256((const __m256i*)(b + I::kQsOff));
+  } else {
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i q = _mm_loadu_si128((const __m128i*)(b + I::kQsOff));
+    __m128i lo = _mm_and_si128(q, m), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+    if constexpr (Q4Block<T>::k5) {  // the fifth bits (u32 before the nibbles)
+      uint32_t qh;
+      std::memcpy(&qh, b + I::kQsOff - 4, 4);
+      const __m128i x10 = _mm_set1_epi8(0x10);
+      lo = _mm_or_si128(lo, _mm_maskz_mov_epi8((__mmask16)(qh & 0xffff), x10));
+      hi = _mm_or_si128(hi, _mm_maskz_mov_epi8((__mmask16)(qh >> 16), x10));
     }
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
   }
 }
 
-// Per x row and block, the 4-lane start of the dot products: -128 * (lane sums of x) for Q8_0 (the
-// weights enter as q + 128), zero otherwise.
-inline __m128i XBias(const int8_t* xq) {
-  const __m128i x80 = _mm_set1_epi8((char)0x80);
-  __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), x80, _mm_loadu_si128((const __m128i*)xq));
-  s = _mm_dpbusd_epi32(s, x80, _mm_loadu_si128((const __m128i*)(xq + 16)));
-  return _mm_sub_epi32(_mm_setzero_si128(), s);
+// nr (1-16) rows from w (stride rb), all nb blocks, into g[0..nb); rows from nr on hold zero codes and
+// scales. Per block: the 16 rows' codes as 8 zmm z[a] = [row a | row a + 4] (a < 4) or [row a + 4 |
+// row a + 8] (a >= 4), then an 8 x 8 dword transpose in each 256-bit half (unpack 32, unpack 64) whose
+// last step, a lane shuffle across the halves, also puts the rows in lane order 0..15.
+template <DType T>
+void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
+  using I = BlockInfo<T>;
+  alignas(64) static const uint8_t kZeros[64] = {};  // one block of zero codes and scales, for rows >= nr
+  const uint8_t* rp[16];
+  size_t st[16];
+  for (int r = 0; r < 16; ++r) {
+    rp[r] = r < nr ? w + r * rb : kZeros;
+    st[r] = r < nr ? I::kBytes : 0;
+  }
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32((int)rb));
+  const __mmask16 live = Mask16(nr);
+  for (int64_t j = 0; j < nb; ++j) {
+    const auto pair = [&](int r0, int r1) {
+      return _mm512_inserti64x4(_mm512_castsi256_si512(RowCodes<T>(rp[r0] + j * st[r0])),
+                                RowCodes<T>(rp[r1] + j * st[r1]), 1);
+    };
+    const auto transpose_half = [&](__m512i z0, __m512i z1, __m512i z2, __m512i z3, __m512i* a) {
+      const __m512i l0 = _mm512_unpacklo_epi32(z0, z1), h0 = _mm512_unpackhi_epi32(z0, z1);
+      const __m512i l1 = _mm512_unpacklo_epi32(z2, z3), h1 = _mm512_unpackhi_epi32(z2, z3);
+      // a[k]'s 128-bit lanes: rows 0-3 of the half at dword k, at dword k + 4, rows 4-7 at k, at k + 4.
+      a[0] = _mm512_unpacklo_epi64(l0, l1);
+      a[1] = _mm512_unpackhi_epi64(l0, l1);
+      a[2] = _mm512_unpacklo_epi64(h0, h1);
+      a[3] = _mm512_unpackhi_epi64(h0, h1);
+    };
+    __m512i a0[4], a1[4];
+    transpose_half(pair(0, 4), pair(1, 5), pair(2, 6), pair(3, 7), a0);
+    transpose_half(pair(8, 12), pair(9, 13), pair(10, 14), pair(11, 15), a1);
+    Group16& gb = g[j];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      __m512i lo = _mm512_shuffle_i32x4(a0[k], a1[k], _MM_SHUFFLE(2, 0, 2, 0));
+      __m512i hi = _mm512_shuffle_i32x4(a0[k], a1[k], _MM_SHUFFLE(3, 1, 3, 1));
+      if constexpr (I::kQ8) lo = _mm512_xor_si512(lo, flip), hi = _mm512_xor_si512(hi, flip);
+      _mm512_store_si512(gb.u[k], lo);
+      _mm512_store_si512(gb.u[k + 4], hi);
+    }
+    const __m512i s = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, w + j * I::kBytes, 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s));
+    _mm512_store_ps(gb.dw, dw);
+    _mm512_store_ps(gb.cw, I::kMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(s, 16))) : dw);
+  }
 }
 
-// y for MR x rows and NG groups (4 NG weight rows) over all nb blocks: per (x row, weight row) the
-// AVX2 GEMV's ops in its order (ds = dw * dx; acc = fma(float(dot), ds, acc); corr = fma(cw, s,
-// corr); y = Hsum4(acc) + corr * kCorr).
+// y for MR x rows and NG groups of 16 weight rows over all nb blocks; `last` masks the stored lanes of
+// the last group. xstart (Q8_0 only): per (x row, block) -128 * the sum of x's codes.
 template <DType T, int MR, int NG>
-void Tile(const GroupBlock* const* gb, const BlockQ8X* x, const __m128i* xbias, int64_t nb, float* y, int64_t ldy) {
-  constexpr bool kQ8 = T == DType::kQ8_0;
-  constexpr float kCorr = kQ8 ? 0.0f : Q4Block<T>::kCorr;
+void Tile(const Group16* const* gb, const BlockQ8X* x, const int32_t* xstart, int64_t nb, float* y, int64_t ldy,
+          __mmask16 last) {
+  using I = BlockInfo<T>;
   __m512 acc[MR][NG], corr[MR][NG];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
     for (int g = 0; g < NG; ++g) acc[i][g] = corr[i][g] = _mm512_setzero_ps();
   for (int64_t j = 0; j < nb; ++j) {
-    __m512i u0[NG], u1[NG];
+    __m512i dot[MR][NG];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+      for (int g = 0; g < NG; ++g)
+        dot[i][g] = I::kQ8 ? _mm512_set1_epi32(xstart[i * nb + j]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      __m512i wv[NG];
+#pragma GCC unroll 2
+      for (int g = 0; g < NG; ++g) wv[g] = _mm512_load_si512(gb[g][j].u[k]);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        int32_t xd;
+        std::memcpy(&xd, x[i * nb + j].qs + 4 * k, 4);
+        const __m512i xv = _mm512_set1_epi32(xd);
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; ++g) dot[i][g] = _mm512_dpbusd_epi32(dot[i][g], wv[g], xv);
+      }
+    }
     __m512 dw[NG], cw[NG];
 #pragma GCC unroll 2
     for (int g = 0; g < NG; ++g) {
-      u0[g] = _mm512_load_si512(gb[g][j].u[0]);
-      u1[g] = _mm512_load_si512(gb[g][j].u[1]);
       dw[g] = _mm512_load_ps(gb[g][j].dw);
-      if constexpr (!kQ8) cw[g] = _mm512_load_ps(gb[g][j].cw);
+      cw[g] = I::kMin ? _mm512_load_ps(gb[g][j].cw) : dw[g];
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const BlockQ8X& xb = x[i * nb + j];
-      const __m512i x0 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)xb.qs));
-      const __m512i x1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(xb.qs + 16)));
-      const __m512i start = kQ8 ? _mm512_broadcast_i32x4(xbias[i * nb + j]) : _mm512_setzero_si512();
       const __m512 dx = _mm512_set1_ps(xb.d);
 #pragma GCC unroll 2
       for (int g = 0; g < NG; ++g) {
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, u0[g], x0), u1[g], x1);
-        acc[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[g], dx), acc[i][g]);
-        if constexpr (!kQ8) corr[i][g] = _mm512_fmadd_ps(cw[g], _mm512_set1_ps(xb.s), corr[i][g]);
+        acc[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][g]), _mm512_mul_ps(dw[g], dx), acc[i][g]);
+        if constexpr (!I::kQ8) corr[i][g] = _mm512_fmadd_ps(cw[g], _mm512_set1_ps(xb.s), corr[i][g]);
       }
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
     for (int g = 0; g < NG; ++g) {
-      alignas(64) float a[16], c[16];
-      _mm512_store_ps(a, acc[i][g]);
-      _mm512_store_ps(c, _mm512_mul_ps(corr[i][g], _mm512_set1_ps(kCorr)));
-      for (int r = 0; r < 4; ++r) y[i * ldy + 4 * g + r] = Hsum4(_mm_load_ps(a + 4 * r)) + c[4 * r];
+      __m512 v = acc[i][g];
+      if constexpr (!I::kQ8) v = _mm512_add_ps(v, _mm512_mul_ps(corr[i][g], _mm512_set1_ps(I::kCorr)));
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * g, g == NG - 1 ? last : (__mmask16)0xffff, v);
     }
 }
 
-template <DType T, int NG>
-void Tiles(const GroupBlock* const* gb, const BlockQ8X* x, const __m128i* xbias, int64_t m, int64_t nb, float* y,
-           int64_t ldy) {
-  // xbias exists for Q8_0 only (null otherwise: no offset is applied to it then).
-  const auto bias = [&](int64_t i0) { return T == DType::kQ8_0 ? xbias + i0 * nb : nullptr; };
+// x rows per tile: the Q4 / Q5 offset accumulators take registers the Q8_0 tile spends on rows.
+template <DType T>
+constexpr int kMR = T == DType::kQ8_0 ? 4 : 3;
+
+// The rows of the next pass (pf, pf_bytes) are prefetched a share before each tile, so the misses spread
+// over the pass instead of queueing up in one burst.
+template <DType T, int NG, int MR = kMR<T>>
+void Tiles(const Group16* const* gb, const BlockQ8X* x, const int32_t* xstart, int64_t m, int64_t nb, float* y,
+           int64_t ldy, __mmask16 last, const char* pf, size_t pf_bytes) {
+  const auto start = [&](int64_t i0) { return T == DType::kQ8_0 ? xstart + i0 * nb : nullptr; };
+  const int64_t n_tiles = (m + MR - 1) / MR;
+  const size_t share = n_tiles > 0 ? (pf_bytes / (size_t)n_tiles + 64) & ~(size_t)63 : 0;
+  size_t done = 0;
   int64_t i0 = 0;
-  for (; i0 + kMR <= m; i0 += kMR) Tile<T, kMR, NG>(gb, x + i0 * nb, bias(i0), nb, y + i0 * ldy, ldy);
-  switch (m - i0) {
-    case 3:
-      return Tile<T, 3, NG>(gb, x + i0 * nb, bias(i0), nb, y + i0 * ldy, ldy);
-    case 2:
-      return Tile<T, 2, NG>(gb, x + i0 * nb, bias(i0), nb, y + i0 * ldy, ldy);
-    case 1:
-      return Tile<T, 1, NG>(gb, x + i0 * nb, bias(i0), nb, y + i0 * ldy, ldy);
-    default:
-      return;
+  for (; i0 + MR <= m; i0 += MR) {
+    for (const size_t e = std::min(pf_bytes, done + share); done < e; done += 64) _mm_prefetch(pf + done, _MM_HINT_T0);
+    Tile<T, MR, NG>(gb, x + i0 * nb, start(i0), nb, y + i0 * ldy, ldy, last);
+  }
+  if constexpr (MR > 1) {
+    if (m > i0)
+      Tiles<T, NG, MR - 1>(gb, x + i0 * nb, start(i0), m - i0, nb, y + i0 * ldy, ldy, last, pf + done,
+                           pf_bytes - done);
+  } else {
+    for (; done < pf_bytes; done += 64) _mm_prefetch(pf + done, _MM_HINT_T0);
   }
 }
 
-// Weight-row-group major, as the AVX2 kernel: kRows rows unpacked right before every x tile runs over
-// them (x stays in L1 / L2), the raw rows kPrefetchRows ahead prefetched meanwhile.
-constexpr int64_t kPrefetchRows = 2 * kRows;
+constexpr int kGroupRows = 32;  // two groups of 16 rows per pass over the x rows
+constexpr int64_t kPrefetchPasses = 1;  // how many passes ahead the raw rows are prefetched
 
 template <DType T>
 void QGemmT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
             int64_t ldy) {
   const int64_t nb = K / 32;
-  static thread_local std::vector<GroupBlock> blocks_buf;
-  static thread_local std::vector<__m128i> bias_buf;
-  GroupBlock* blocks = Scratch(blocks_buf, (size_t)(kNG * nb));
-  __m128i* xbias = nullptr;
+  static thread_local std::vector<Group16> blocks_buf;
+  static thread_local std::vector<int32_t> start_buf;
+  Group16* blocks = Scratch(blocks_buf, (size_t)(2 * nb));
+  int32_t* xstart = nullptr;
   if constexpr (T == DType::kQ8_0) {
-    xbias = Scratch(bias_buf, (size_t)(m * nb));
-    for (int64_t i = 0; i < m * nb; ++i) xbias[i] = XBias(x[i].qs);
-  }
-  const GroupBlock* gb[kNG] = {blocks, blocks + nb};
-  for (int64_t r0 = 0; r0 < n_rows; r0 += kRows) {
-    const int64_t nr = std::min<int64_t>(kRows, n_rows - r0);
-    if (r0 + kRows + kPrefetchRows <= n_rows) {
-      const char* p = (const char*)(w + (r0 + kPrefetchRows) * rb);
-      for (size_t o = 0; o < kRows * rb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    xstart = Scratch(start_buf, (size_t)(m * nb));
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    for (int64_t i = 0; i < m * nb; ++i) {
+      const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), x80, _mm256_loadu_si256((const __m256i*)x[i].qs));
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+      xstart[i] = -_mm_cvtsi128_si32(t);
     }
-    for (int64_t g = 0; g < nr / 4; ++g) UnpackGroup<T>(w + (r0 + 4 * g) * rb, rb, nb, blocks + g * nb);
-    if (nr == kRows) {
-      Tiles<T, kNG>(gb, x, xbias, m, nb, y + r0, ldy);
+  }
+  const Group16* gb[2] = {blocks, blocks + nb};
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kGroupRows) {
+    const int nr = (int)std::min<int64_t>(kGroupRows, n_rows - r0);
+    const int64_t next = r0 + kPrefetchPasses * kGroupRows;
+    const char* pf = (const char*)(w + next * rb);
+    // In whole lines (the shares in Tiles are too), so the shares end exactly at pf_bytes.
+    const size_t pf_bytes =
+        next < n_rows ? ((size_t)std::min<int64_t>(kGroupRows, n_rows - next) * rb + 63) & ~(size_t)63 : 0;
+    UnpackGroup<T>(w + r0 * rb, rb, std::min(nr, 16), nb, blocks);
+    if (nr > 16) {
+      UnpackGroup<T>(w + (r0 + 16) * rb, rb, nr - 16, nb, blocks + nb);
+      Tiles<T, 2>(gb, x, xstart, m, nb, y + r0, ldy, Mask16(nr - 16), pf, pf_bytes);
     } else {
-      Tiles<T, 1>(gb, x, xbias, m, nb, y + r0, ldy);
+      Tiles<T, 1>(gb, x, xstart, m, nb, y + r0, ldy, Mask16(nr), pf, pf_bytes);
     }
   }
 }
