@@ -476,7 +476,7 @@ void RegisterAll() {
             ->UseRealTime();
   }
   for (DType dt : kTypes)
-    for (int64_t M : {2, 4, 8, 12, 15, 16, 24, 32})
+    for (int64_t M : {2, 3, 4, 5, 6, 7, 8, 12, 15, 16, 24, 32})
       benchmark::RegisterBenchmark(
           ("batch/" + std::string(DTypeName(dt)) + "/M:" + std::to_string(M) + "/1536x576").c_str(), BM_Batch,
           dt, Shape{1536, 576}, M)
@@ -517,10 +517,10 @@ void RegisterAll() {
                 ->UseRealTime();
         }
   for (DType dt : {DType::kQ8_0, DType::kQ4_1})
-    for (int64_t M : {1, 8, 32, 64})
+    for (int64_t M : {1, 4, 6, 8, 32, 64})
       for (bool exact : {false, true})
         for (int threads : {1, 2}) {
-          if (exact && M == 8) continue;
+          if (exact && M != 1 && M < 32) continue;
           benchmark::RegisterBenchmark(("step/" + std::string(DTypeName(dt)) + (exact ? "/f32x" : "/int8x") +
                                         "/M:" + std::to_string(M) + "/threads:" + std::to_string(threads))
                                            .c_str(),

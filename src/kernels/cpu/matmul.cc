@@ -82,8 +82,9 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
   }, 2.0 * M * N * K);
 }
 
-// Batched int8 GEMM for block types (k.qgemm): x quantized once, tasks = weight row blocks of
-// ~kGemvBlockBytes (at least 4 per thread) x x-row blocks of ~kXBlockBytes of int8 rows; the N % 4
+// Batched int8 GEMM for block types (k.qgemm): x quantized once, tasks = weight row blocks (whole
+// 16-row units, ~kGemvBlockBytes at most, a multiple of the thread count where N allows) x x-row blocks
+// of ~kXBlockBytes of int8 rows; the N % 4
 // tail rows through gemv with gemv_exact_m x rows per call (their M = 1 kernel, as Gemv).
 void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
                float* y) {
