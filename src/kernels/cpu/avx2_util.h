@@ -48,6 +48,18 @@ struct Q4Block {
   static constexpr float kCorr = kMin ? 1.0f : k5 ? -16.0f : -8.0f;
 };
 
+// Any 32-element block type of the int8 kernels, Q8_0 included (signed codes at offset 2, no min, no
+// x-sum term): the AVX-512 tier's GEMV and int8 GEMM read every type through this.
+template <DType T>
+struct Block32 {
+  static constexpr bool kQ8 = T == DType::kQ8_0;
+  static constexpr bool k5 = !kQ8 && Q4Block<T>::k5;
+  static constexpr bool kMin = !kQ8 && Q4Block<T>::kMin;
+  static constexpr size_t kBytes = kQ8 ? sizeof(BlockQ8_0) : Q4Block<T>::kBytes;
+  static constexpr size_t kQsOff = kQ8 ? 2 : Q4Block<T>::kQsOff;
+  static constexpr float kCorr = kQ8 ? 0.0f : Q4Block<T>::kCorr;
+};
+
 // Q5: the 32 fifth bits (u32 at qh, bit e = element e) as 0x10 bytes: h0 = elements 0-15, h1 = 16-31.
 // Through a 256 x 8-byte table (byte k = 0x10 if bit k is set): two 8-byte loads per half keep the
 // work on the load ports, where broadcast + shuffle + compare + mask took ~9 vector ops per block

@@ -159,11 +159,10 @@ void GemvM(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const float* x,
 // % 4 == 0.
 template <DType T, int M>
 void QuantRowsZ(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t nb, float* y, int64_t ldy) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = !kQ8 && avx2::Q4Block<T>::kMin;
-  constexpr bool k5 = !kQ8 && avx2::Q4Block<T>::k5;
-  constexpr size_t kBB = kQ8 ? sizeof(BlockQ8_0) : avx2::Q4Block<T>::kBytes;
-  constexpr size_t kQsOff = kQ8 ? 2 : avx2::Q4Block<T>::kQsOff;
-  constexpr float kCorr = kQ8 ? 0.0f : avx2::Q4Block<T>::kCorr;
+  using B = avx2::Block32<T>;
+  constexpr bool kQ8 = B::kQ8, kMin = B::kMin, k5 = B::k5;
+  constexpr size_t kBB = B::kBytes, kQsOff = B::kQsOff;
+  constexpr float kCorr = B::kCorr;
   const int64_t run = n_rows / 4;
   const size_t rs = run * rb;  // bytes between the 4 rows of a step
   static thread_local std::vector<int32_t> bias_buf;  // Q8_0: 4 int32 per (x row, block)

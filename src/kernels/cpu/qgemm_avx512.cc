@@ -33,7 +33,6 @@ namespace lathe::kernels::cpu::avx512 {
 
 namespace {
 
-using avx2::Q4Block;
 
 // One block of 16 weight rows: u[k] = bytes 4k..4k+3 (elements 4k..4k+3) of row r in lane r, unsigned;
 // dw / cw: each row's scale and offset factor (cw = dw where the type has no min).
@@ -43,26 +42,17 @@ struct alignas(64) Group16 {
   float cw[16];
 };
 
-template <DType T>
-struct BlockInfo {
-  static constexpr bool kQ8 = T == DType::kQ8_0;
-  static constexpr bool kMin = !kQ8 && Q4Block<T>::kMin;
-  static constexpr size_t kBytes = kQ8 ? sizeof(BlockQ8_0) : Q4Block<T>::kBytes;
-  static constexpr size_t kQsOff = kQ8 ? 2 : Q4Block<T>::kQsOff;
-  static constexpr float kCorr = kQ8 ? 0.0f : Q4Block<T>::kCorr;
-};
-
 // A block's 32 codes in element order (Q8_0: signed q, flipped to unsigned by the caller).
 template <DType T>
 inline __m256i RowCodes(const uint8_t* b) {
-  using I = BlockInfo<T>;
+  using I = avx2::Block32<T>;
   if constexpr (I::kQ8) {
     return _mm256_loadu_si256((const __m256i*)(b + I::kQsOff));
   } else {
     const __m128i m = _mm_set1_epi8(0x0f);
     const __m128i q = _mm_loadu_si128((const __m128i*)(b + I::kQsOff));
     __m128i lo = _mm_and_si128(q, m), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
-    if constexpr (Q4Block<T>::k5) {  // the fifth bits (u32 before the nibbles)
+    if constexpr (I::k5) {  // the fifth bits (u32 before the nibbles)
       uint32_t qh;
       std::memcpy(&qh, b + I::kQsOff - 4, 4);
       const __m128i x10 = _mm_set1_epi8(0x10);
@@ -79,7 +69,7 @@ inline __m256i RowCodes(const uint8_t* b) {
 // last step, a lane shuffle across the halves, also puts the rows in lane order 0..15.
 template <DType T>
 void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
-  using I = BlockInfo<T>;
+  using I = avx2::Block32<T>;
   alignas(64) static const uint8_t kZeros[64] = {};  // one block of zero codes and scales, for rows >= nr
   const uint8_t* rp[16];
   size_t st[16];
@@ -129,7 +119,7 @@ void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
 template <DType T, int MR, int NG>
 void Tile(const Group16* const* gb, const BlockQ8X* x, const int32_t* xstart, int64_t nb, float* y, int64_t ldy,
           __mmask16 last) {
-  using I = BlockInfo<T>;
+  using I = avx2::Block32<T>;
   __m512 acc[MR][NG], corr[MR][NG];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
