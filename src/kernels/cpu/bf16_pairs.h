@@ -60,7 +60,99 @@ void Tile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, in
   }
 }
 
+// Tile's chains on f32 FMAs instead of vdpbf16ps, for CPUs where one vdpbf16ps (32 multiply-adds) takes longer
+// than two FMAs (Bf16PairsOnFma: Intel's cores run it at half the FMA rate). A as floats holding its bf16
+// values in element order (pair p of row r at a[r * lda + 2p], a[r * lda + 2p + 1]: WidenPairs), B the same
+// pair strips, each dword split into its two bf16 values (the high half masked, the low half shifted up).
+// Per lane acc = fma(a_odd, b_odd, acc), then fma(a_even, b_even, acc): the products are exact in f32, so each
+// step rounds as vdpbf16ps's adds do (odd element first, as Intel documents it) and the results are
+// Tile's bits, except where a product or partial sum is an f32 denormal, which vdpbf16ps flushes to zero.
+template <int R, int S>
+void TileFma(const float* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
+             bool store, int nc_last) {
+  __m512 acc[R][S];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) acc[r][s] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) _mm_prefetch((const char*)(c + r * ldc + 16 * s), _MM_HINT_T0);
+    _mm_prefetch((const char*)(c + r * ldc + 16 * S - 1), _MM_HINT_T0);
+  }
+  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+  for (int64_t p = 0; p < np; ++p) {
+    __m512 bo[S], be[S];
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
+      const __m512i bv = _mm512_loadu_si512(b + s * sstride + p * 16);
+      bo[s] = _mm512_castsi512_ps(_mm512_and_si512(bv, hi));
+      be[s] = _mm512_castsi512_ps(_mm512_slli_epi32(bv, 16));
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 ao = _mm512_set1_ps(a[r * lda + 2 * p + 1]), ae = _mm512_set1_ps(a[r * lda + 2 * p]);
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) acc[r][s] = _mm512_fmadd_ps(ae, be[s], _mm512_fmadd_ps(ao, bo[s], acc[r][s]));
+    }
+  }
+  const __mmask16 last = (__mmask16)(nc_last >= 16 ? 0xffff : (1u << nc_last) - 1);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    float* cr = c + r * ldc;
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
+      const __mmask16 m = s == S - 1 ? last : (__mmask16)0xffff;
+      __m512 v = acc[r][s];
+      if (!store) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, cr + 16 * s), v);
+      _mm512_mask_storeu_ps(cr + 16 * s, m, v);
+    }
+  }
+}
+
 using TileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t, bool, int);
+using TileFmaFn = void (*)(const float*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t, bool, int);
+
+template <int R>
+TileFmaFn TileFmaFor(int s) {
+  switch (s) {
+    case 1: return TileFma<R, 1>;
+    case 2: return TileFma<R, 2>;
+    default: return TileFma<R, 3>;
+  }
+}
+
+inline TileFmaFn TileFmaFor(int r, int s) {
+  switch (r) {
+    case 1: return TileFmaFor<1>(s);
+    case 2: return TileFmaFor<2>(s);
+    case 3: return TileFmaFor<3>(s);
+    case 4: return TileFmaFor<4>(s);
+    case 5: return TileFmaFor<5>(s);
+    case 6: return TileFmaFor<6>(s);
+    case 7: return TileFmaFor<7>(s);
+    default: return TileFmaFor<8>(s);
+  }
+}
+
+// Rows of pairs (R rows, lda dwords apart, Lp pairs each) -> TileFma's A: each bf16 value as a float, 2 Lp per
+// row (ldo floats apart), in element order. Exact.
+inline void WidenPairs(const uint32_t* a, int64_t lda, int64_t R, int64_t Lp, float* out, int64_t ldo) {
+  for (int64_t i = 0; i < R; ++i) {
+    const uint16_t* src = (const uint16_t*)(a + i * lda);
+    float* o = out + i * ldo;
+    const int64_t n = 2 * Lp;
+    int64_t l = 0;
+    for (; l + 16 <= n; l += 16)
+      _mm512_storeu_si512(o + l, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(src + l))), 16));
+    if (l < n) {
+      const __mmask16 m = (__mmask16)((1u << (n - l)) - 1);
+      _mm512_mask_storeu_ps(o + l, m,
+                            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + l)), 16)));
+    }
+  }
+}
 
 template <int R>
 TileFn TileFor(int s) {

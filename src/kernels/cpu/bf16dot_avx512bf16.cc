@@ -15,14 +15,19 @@
 //   values (the trainer rounds activations, gradients and trainable weights; a bf16 checkpoint's frozen
 //   weights are bf16 as stored, an f32 one is rounded as packed), and the loss's bf16 head. The f32
 //   path's training GEMM sums the same exact products one at a time instead.
+// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "core/check.h"
+#include "core/cpu.h"
 #include "kernels/cpu/bf16_pairs.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/scratch.h"
@@ -34,9 +39,17 @@ namespace {
 
 constexpr int64_t kMBlock = 64;  // A rows per task
 
+// A rows widened for TileFma (per thread, grown never shrunk).
+float* WideBuf(size_t n) {
+  static thread_local std::vector<float> buf;
+  return Scratch(buf, n);
+}
+
 // PairGemm's work on C rows [m0, m1) over strip groups [g0, g1) (kS strips each): a points at A's row m0.
+// A: pairs (uint32_t, Tile on vdpbf16ps) or WidenPairs' floats (TileFma; lda in floats).
+template <typename A>
 void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
-                   const uint32_t* a, int64_t lda, const uint32_t* b, bool accumulate) {
+                   const A* a, int64_t lda, const uint32_t* b, bool accumulate) {
   const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
   for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
     const int64_t np = std::min(chunk, Lp - p0);
@@ -46,8 +59,13 @@ void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, in
       const uint32_t* bs = b + (s0 * Lp + p0) * 16;
       for (int64_t i = m0; i < m1; i += kR) {
         const int r = (int)std::min<int64_t>(kR, m1 - i);
-        TileFor(r, (int)ns)(a + (i - m0) * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
-                            p0 == 0 && !accumulate, nc_last);
+        if constexpr (std::is_same_v<A, float>) {
+          TileFmaFor(r, (int)ns)(a + (i - m0) * lda + 2 * p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
+                                 p0 == 0 && !accumulate, nc_last);
+        } else {
+          TileFor(r, (int)ns)(a + (i - m0) * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
+                              p0 == 0 && !accumulate, nc_last);
+        }
       }
     }
   }
@@ -58,6 +76,7 @@ void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, in
 void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
               const uint32_t* b, bool accumulate, int64_t lda = 0) {
   if (lda <= 0) lda = Lp;
+  const bool fma = Bf16PairsOnFma();
   const int64_t n_strips = (Kd + 15) / 16;
   const int64_t n_groups = (n_strips + kS - 1) / kS, n_mb = (R + kMBlock - 1) / kMBlock;
   const int64_t th = pool.size();
@@ -81,7 +100,13 @@ void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, in
       const int64_t mb = t / n_gr, gr = t % n_gr;
       const int64_t m0 = mb * kMBlock, m1 = std::min(R, m0 + kMBlock);
       const int64_t g0 = gr * per, g1 = std::min(n_groups, g0 + per);
-      PairGemmBlock(c, ldc, m0, m1, g0, g1, Kd, Lp, a + m0 * lda, lda, b, accumulate);
+      if (fma) {  // this task's A rows widened (at most kMBlock x 2 Lp floats, L2-resident)
+        float* af = WideBuf((size_t)((m1 - m0) * 2 * Lp));
+        WidenPairs(a + m0 * lda, lda, m1 - m0, Lp, af, 2 * Lp);
+        PairGemmBlock<float>(c, ldc, m0, m1, g0, g1, Kd, Lp, af, 2 * Lp, b, accumulate);
+      } else {
+        PairGemmBlock<uint32_t>(c, ldc, m0, m1, g0, g1, Kd, Lp, a + m0 * lda, lda, b, accumulate);
+      }
     }
   }, 2.0 * R * Kd * Lp * 2);
 }
@@ -436,6 +461,13 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
   LATHE_CHECK(kDequantCols % qi.block_size == 0);
   uint32_t* a = ABuf((size_t)(M * Kp));
   PairRows(pool, x, K, M, K, a);
+  const bool fma = Bf16PairsOnFma();
+  float* af = nullptr;  // TileFma's A: every task reads all M rows, so widened once
+  if (fma) {
+    af = WideBuf((size_t)(M * 2 * Kp));
+    pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) { WidenPairs(a + b * Kp, Kp, e - b, Kp, af + b * 2 * Kp, 2 * Kp); },
+                     2.0 * M * Kp);
+  }
   pool.ParallelFor(n_groups, 1, [&](int64_t gb, int64_t ge, int) {
     static thread_local std::vector<float> rows_buf;
     static thread_local std::vector<uint32_t> strips_buf;
@@ -457,14 +489,20 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
       }
       const int nc_last = (int)std::min<int64_t>(16, N - 16 * (s0 + ns - 1));
       const TileFn full = TileFor(kR, (int)ns);
+      const TileFmaFn full_fma = TileFmaFor(kR, (int)ns);
       for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
         const int64_t m1 = std::min(M, m0 + kMBlock);
         for (int64_t p0 = 0; p0 < Kp; p0 += chunk) {
           const int64_t np = std::min(chunk, Kp - p0);
           for (int64_t i = m0; i < m1; i += kR) {
             const int r = (int)std::min<int64_t>(kR, m1 - i);
-            (r == kR ? full : TileFor(r, (int)ns))(a + i * Kp + p0, Kp, bs + p0 * 16, Kp * 16, np,
-                                                   y + i * N + 16 * s0, N, p0 == 0, nc_last);
+            if (fma) {
+              (r == kR ? full_fma : TileFmaFor(r, (int)ns))(af + i * 2 * Kp + 2 * p0, 2 * Kp, bs + p0 * 16, Kp * 16,
+                                                            np, y + i * N + 16 * s0, N, p0 == 0, nc_last);
+            } else {
+              (r == kR ? full : TileFor(r, (int)ns))(a + i * Kp + p0, Kp, bs + p0 * 16, Kp * 16, np,
+                                                     y + i * N + 16 * s0, N, p0 == 0, nc_last);
+            }
           }
         }
       }
@@ -542,7 +580,7 @@ void RowGemmR(ThreadPool& pool, float* y, int64_t N, int64_t Lp, const uint32_t*
     }
   }, 2.0 * R * 16 * full * Lp * 2);
   // The partial last strip by the tile, with the strips of its tile group (recomputed: the same bits).
-  if (full * 16 < N) PairGemmBlock(y, N, 0, R, full / kS, (full + kS) / kS, N, Lp, a, Lp, b, false);
+  if (full * 16 < N) PairGemmBlock<uint32_t>(y, N, 0, R, full / kS, (full + kS) / kS, N, Lp, a, Lp, b, false);
 }
 
 void RowGemm(ThreadPool& pool, float* y, int64_t M, int64_t N, int64_t Lp, const uint32_t* a, const uint32_t* b) {
