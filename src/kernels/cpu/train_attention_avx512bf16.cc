@@ -12,6 +12,7 @@
 // The key-major gradients are formed transposed: a key tile's dV^T (D x kKTile) += dO^T P and
 // dK^T += Q^T dS, with P and dS converted to strips of 16 keys paired along the tile's queries, so no
 // tile is transposed before its product.
+#include "core/cpu.h"
 #include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/bf16_pairs.h"
@@ -26,14 +27,28 @@ constexpr int kStripsPerTile = 3;  // the register tile's width in 16-column str
 // c(mr, nc) (= or +=) A . B: mr <= kR rows of A (np pairs each, lda apart), B's strips sstride apart,
 // in register tiles of up to 3 strips; never a lone 1-strip tile after others (4 strips: 2 + 2, 7: 3 + 2 +
 // 2), which would broadcast A's pairs for 8 products each.
+// Where Bf16PairsOnFma, A's rows are widened once (WidenPairs) and the tiles are TileFma: the same bits.
 void MulTile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
              int mr, int64_t nc, bool store) {
   const int64_t n_strips = (nc + 15) / 16;
+  static const bool fma = Bf16PairsOnFma();
+  float* af = nullptr;
+  if (fma) {
+    static thread_local std::vector<float> wide;
+    if ((int64_t)wide.size() < mr * 2 * np) wide.resize(mr * 2 * np);
+    af = wide.data();
+    WidenPairs(a, lda, mr, np, af, 2 * np);
+  }
   for (int64_t s0 = 0; s0 < n_strips;) {
     const int64_t left = n_strips - s0;
     const int ns = left == 4 ? 2 : (int)std::min<int64_t>(kStripsPerTile, left);
     const int64_t j0 = 16 * s0, ncg = std::min<int64_t>(16 * ns, nc - j0);
-    TileFor(mr, ns)(a, lda, b + s0 * sstride, sstride, np, c + j0, ldc, store, (int)(ncg - 16 * (ns - 1)));
+    const int nc_last = (int)(ncg - 16 * (ns - 1));
+    if (fma) {
+      TileFmaFor(mr, ns)(af, 2 * np, b + s0 * sstride, sstride, np, c + j0, ldc, store, nc_last);
+    } else {
+      TileFor(mr, ns)(a, lda, b + s0 * sstride, sstride, np, c + j0, ldc, store, nc_last);
+    }
     s0 += ns;
   }
 }
