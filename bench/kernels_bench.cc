@@ -10,11 +10,14 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "baseline_gemv.h"
 #include "core/cpu.h"
+#include "core/huge_buffer.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/reference.h"
@@ -263,6 +266,66 @@ void BM_PagedAttention(benchmark::State& state, int64_t n_pos, bool old_path) {
   }
   state.counters["positions/s"] =
       benchmark::Counter((double)n_pos * group * kv_heads * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+// One c=32 serving step's decode attention over `layers` layers (30: all of SmolLM2's; 1: one layer's 37 MB,
+// which a large L3 holds): 32 sequences with 64-191 cached positions each
+// (`lathe bench serve`'s default workload mid-generation), SmolLM2-135M's shape (3 KV heads of 3 query heads,
+// head_dim 64), f32 K/V in blocks of 16 scattered over a pool of that size per layer (30 layers: ~1.1 GB, so
+// K/V come from DRAM as in the engine), one kernels::GroupAttentionRows call per (sequence, KV head) with
+// one token, as Transformer::Attention makes them. Counters: GFLOP/s (q.k and p.v) and K/V GB/s.
+void BM_DecodeAttention(benchmark::State& state, int layers, int threads) {
+  constexpr int kSeqs = 32, group = 3, hd = 64, kv_heads = 3, bs = 16;
+  const int64_t kv_dim = kv_heads * hd;
+  std::mt19937 rng(11);
+  std::vector<int64_t> n_pos(kSeqs);
+  int64_t total_blocks = 0;
+  for (int64_t& n : n_pos) {
+    n = std::uniform_int_distribution<int64_t>(64, 191)(rng);
+    total_blocks += (n + bs - 1) / bs;
+  }
+  std::vector<int32_t> perm(total_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::vector<int64_t>> offs(kSeqs);
+  int64_t next = 0, positions = 0;
+  for (int s = 0; s < kSeqs; ++s) {
+    const int64_t nb = (n_pos[s] + bs - 1) / bs;
+    for (int64_t p = 0; p < n_pos[s]; ++p) offs[s].push_back(((int64_t)perm[next + p / bs] * bs + p % bs) * kv_dim);
+    next += nb;
+    positions += n_pos[s];
+  }
+  const size_t layer_floats = (size_t)total_blocks * bs * kv_dim;
+  // Huge pages where the kernel gives them, as the engine's KvBlockStore asks for.
+  HugePageBuffer kb(layer_floats * layers * sizeof(float)), vb(layer_floats * layers * sizeof(float));
+  float* k = (float*)kb.data();
+  float* v = (float*)vb.data();
+  for (size_t i = 0; i < layer_floats * layers; ++i) k[i] = v[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  const std::vector<float> q = RandomFloats((int64_t)kSeqs * group * kv_heads * hd, 7);
+  std::vector<float> out(q.size());
+  ThreadPool pool(threads);
+  std::vector<std::vector<float>> sc(threads, std::vector<float>(group * 256));
+  for (auto _ : state) {
+    for (int l = 0; l < layers; ++l) {
+      const float* kl = k + l * layer_floats;
+      const float* vl = v + l * layer_floats;
+      pool.ParallelFor(kSeqs * kv_heads, 1, [&](int64_t b, int64_t e, int t) {
+        for (int64_t it = b; it < e; ++it) {
+          const int s = (int)(it / kv_heads), g = (int)(it % kv_heads);
+          const int64_t qo = ((int64_t)s * group * kv_heads + g * group) * hd;
+          kernels::GroupAttentionRows(q.data() + qo, group * kv_heads * hd, 1, group, kl + g * hd, vl + g * hd,
+                                      offs[s].data(), n_pos[s] - 1, hd, 0.125f, out.data() + qo,
+                                      group * kv_heads * hd, sc[t].data());
+        }
+      });
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double per_iter = (double)layers * positions;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(per_iter * 4.0 * hd * group * kv_heads * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["KV_GB/s"] =
+      benchmark::Counter(per_iter * 2.0 * kv_dim * 4 * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
 // Training attention over one T-token row (512: the bench's rows; 2048: LLaMA-Factory's default cutoff_len) of SmolLM2-135M's shape (9 query heads, 3 KV heads,
@@ -534,6 +597,14 @@ void RegisterAll() {
                                     "/positions:" + std::to_string(n_pos))
                                        .c_str(),
                                    BM_PagedAttention, n_pos, old_path)
+          ->UseRealTime();
+  for (int layers : {30, 1})
+    for (int threads : {1, 2})
+      benchmark::RegisterBenchmark(("decode_attention/c32/f32/layers:" + std::to_string(layers) + "/threads:" +
+                                    std::to_string(threads))
+                                       .c_str(),
+                                   BM_DecodeAttention, layers, threads)
+          ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
   for (bool bf16 : {true, false})
     for (bool full : {false, true})
