@@ -198,7 +198,10 @@ __attribute__((target("avx512f,avx512bf16"))) double Bf16DotPeakZmm(long long it
 
 }  // namespace
 
-double MeasureBf16DotPeakGflops(long long iters) { return UsesBf16Dot() ? Bf16DotPeakZmm(iters) : 0; }
+double MeasureBf16DotPeakGflops(long long iters) {
+  if (!UsesBf16Dot()) return 0;
+  return Bf16PairsOnFma() ? FmaPeakZmm(iters) : Bf16DotPeakZmm(iters);
+}
 
 bool Bf16PairsOnFma() {
   static const bool on = [] {

@@ -58,8 +58,9 @@ bool Bf16PairsOnFma();
 // zmm on the AVX-512 tier, ymm on AVX2 (on CPUs with two 512-bit FMA pipes zmm is ~2x ymm). 0 on
 // the scalar tier. Takes iters x 12 FMAs (30M: ~0.1-0.2 s).
 double MeasureFmaPeakGflops(long long iters = 30'000'000);
-// One core's bf16 dot-product throughput in GFLOP/s (vdpbf16ps zmm, 12 chains; each instruction 64 flops)
-// where UsesBf16Dot(), else 0: the peak bf16 rows' MFU divides by there.
+// One core's bf16 dot-product throughput in GFLOP/s where UsesBf16Dot(), else 0: the peak bf16 rows' MFU
+// divides by there. vdpbf16ps zmm, 12 chains (each instruction 64 flops), or where Bf16PairsOnFma the zmm FMA
+// peak, which the pair tiles then run on.
 double MeasureBf16DotPeakGflops(long long iters = 30'000'000);
 
 }  // namespace lathe
