@@ -494,8 +494,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const bool dequant_rows = bf16_dot && (s.base_quant != "none" || (s.base_dtype != DType::kF32 &&
                                                                          s.base_dtype != DType::kBF16));
   // (and a head stored in a block type: 64 dequantized rows and their pairs per task of the loss's logits)
+  // Where the pair tiles run on FMAs (Bf16PairsOnFma): a task's A rows of one inner chunk widened to floats,
+  // 64 rows x 2 x up to 384 pairs (Bf16PairsChunk; avx512bf16::PairGemmBlock), attention tiles 8 rows at most.
+  const double widened = bf16_dot && Bf16PairsOnFma() ? 64.0 * 2 * 384 : 0.0;
   const double per_thread =
-      4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 +
+      4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 + widened +
              (dequant_rows ? std::max(16.0 * std::max({dim, qd, ffn}), 64.0 * dim) + 32.0 * dim : 0.0));
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
   // (kernels::AttentionBackwardRuns), and its dK / dV key tiles (+ per-head parts where the heads are not

@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <type_traits>
 #include <vector>
 
 #include "core/check.h"
@@ -46,21 +45,26 @@ float* WideBuf(size_t n) {
 }
 
 // PairGemm's work on C rows [m0, m1) over strip groups [g0, g1) (kS strips each): a points at A's row m0.
-// A: pairs (uint32_t, Tile on vdpbf16ps) or WidenPairs' floats (TileFma; lda in floats).
-template <typename A>
+// With fma (Bf16PairsOnFma) the tiles are TileFma, each inner chunk's A rows widened first (WidenPairs: at most
+// kMBlock x 2 x 384 floats per thread).
 void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
-                   const A* a, int64_t lda, const uint32_t* b, bool accumulate) {
+                   const uint32_t* a, int64_t lda, const uint32_t* b, bool accumulate, bool fma = false) {
   const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
   for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
     const int64_t np = std::min(chunk, Lp - p0);
+    float* af = nullptr;
+    if (fma) {
+      af = WideBuf((size_t)((m1 - m0) * 2 * np));
+      WidenPairs(a + p0, lda, m1 - m0, np, af, 2 * np);
+    }
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
       const int nc_last = (int)std::min<int64_t>(16, Kd - 16 * (s0 + ns - 1));
       const uint32_t* bs = b + (s0 * Lp + p0) * 16;
       for (int64_t i = m0; i < m1; i += kR) {
         const int r = (int)std::min<int64_t>(kR, m1 - i);
-        if constexpr (std::is_same_v<A, float>) {
-          TileFmaFor(r, (int)ns)(a + (i - m0) * lda + 2 * p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
+        if (fma) {
+          TileFmaFor(r, (int)ns)(af + (i - m0) * 2 * np, 2 * np, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
                                  p0 == 0 && !accumulate, nc_last);
         } else {
           TileFor(r, (int)ns)(a + (i - m0) * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
@@ -100,13 +104,7 @@ void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, in
       const int64_t mb = t / n_gr, gr = t % n_gr;
       const int64_t m0 = mb * kMBlock, m1 = std::min(R, m0 + kMBlock);
       const int64_t g0 = gr * per, g1 = std::min(n_groups, g0 + per);
-      if (fma) {  // this task's A rows widened (at most kMBlock x 2 Lp floats, L2-resident)
-        float* af = WideBuf((size_t)((m1 - m0) * 2 * Lp));
-        WidenPairs(a + m0 * lda, lda, m1 - m0, Lp, af, 2 * Lp);
-        PairGemmBlock<float>(c, ldc, m0, m1, g0, g1, Kd, Lp, af, 2 * Lp, b, accumulate);
-      } else {
-        PairGemmBlock<uint32_t>(c, ldc, m0, m1, g0, g1, Kd, Lp, a + m0 * lda, lda, b, accumulate);
-      }
+      PairGemmBlock(c, ldc, m0, m1, g0, g1, Kd, Lp, a + m0 * lda, lda, b, accumulate, fma);
     }
   }, 2.0 * R * Kd * Lp * 2);
 }
@@ -580,7 +578,7 @@ void RowGemmR(ThreadPool& pool, float* y, int64_t N, int64_t Lp, const uint32_t*
     }
   }, 2.0 * R * 16 * full * Lp * 2);
   // The partial last strip by the tile, with the strips of its tile group (recomputed: the same bits).
-  if (full * 16 < N) PairGemmBlock<uint32_t>(y, N, 0, R, full / kS, (full + kS) / kS, N, Lp, a, Lp, b, false);
+  if (full * 16 < N) PairGemmBlock(y, N, 0, R, full / kS, (full + kS) / kS, N, Lp, a, Lp, b, false);
 }
 
 void RowGemm(ThreadPool& pool, float* y, int64_t M, int64_t N, int64_t Lp, const uint32_t* a, const uint32_t* b) {
