@@ -15,6 +15,8 @@
 //   values (the trainer rounds activations, gradients and trainable weights; a bf16 checkpoint's frozen
 //   weights are bf16 as stored, an f32 one is rounded as packed), and the loss's bf16 head. The f32
 //   path's training GEMM sums the same exact products one at a time instead.
+// Where vdpbf16ps does fewer multiply-adds per second than two f32 FMAs (Bf16PairsOnFma: Intel's cores), the
+// tiles are TileFma (bf16_pairs.h): the same chains on FMAs, A widened to floats per call or inner chunk.
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
