@@ -47,7 +47,7 @@ const char* IsaTierName(IsaTier t);
 // strips (kernels::StripWeight) and bf16 mixed-precision training's products take the pair arithmetic.
 bool UsesBf16Dot();
 // Where UsesBf16Dot(): whether the bf16 pair GEMM tiles run their chains on two f32 FMAs per pair instead of
-// one vdpbf16ps (kernels/cpu/bf16_pairs.h, TileFma: the same bits). Decided once by timing both instructions
+// one vdpbf16ps (kernels/cpu/bf16_pairs.h, TileT: the same bits). Decided once by timing both instructions
 // (a few ms, interleaved, best of 3): FMAs where vdpbf16ps does under 0.8x their flops (Intel's cores run it at
 // half the FMA rate: 82 vs 166 GFLOP/s on an Emerald Rapids Xeon; Zen 4/5 at twice it). LATHE_BF16_PAIRS=fma
 // or dp forces one (tests run both).

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -20,9 +21,19 @@ namespace {
 constexpr int kS = 3;            // strips per register tile
 constexpr int kR = 8;            // A rows per register tile
 
-template <int R, int S>
-void Tile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
-          bool store, int nc_last) {
+// R A rows against S strips, np pairs: per (row, strip) 16 chains from zero, stored (store) or added to C; the
+// last strip's columns past nc_last left alone.
+// - kFma = false (TileFor): A as pairs (uint32_t, lda dwords), one vdpbf16ps per pair.
+// - kFma = true (TileFmaFor): the same chains on f32 FMAs, for CPUs where one vdpbf16ps (32 multiply-adds) takes
+//   longer than two FMAs (Bf16PairsOnFma: Intel's cores run it at half the FMA rate). A as floats holding its
+//   bf16 values in element order (pair p of row r at a[r * lda + 2p], a[r * lda + 2p + 1]: WidenPairs), each B
+//   pair dword split into its two bf16 values (the high half masked, the low half shifted up); per lane
+//   acc = fma(a_odd, b_odd, acc), then fma(a_even, b_even, acc). The products are exact in f32, so each step
+//   rounds as vdpbf16ps's adds do (odd element first, as Intel documents it): the vdpbf16ps form's bits, except where a
+//   product or partial sum is an f32 denormal, which vdpbf16ps flushes to zero.
+template <int R, int S, bool kFma, typename A>
+void TileT(const A* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc, bool store,
+           int nc_last) {
   __m512 acc[R][S];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -35,66 +46,32 @@ void Tile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, in
     for (int s = 0; s < S; ++s) _mm_prefetch((const char*)(c + r * ldc + 16 * s), _MM_HINT_T0);
     _mm_prefetch((const char*)(c + r * ldc + 16 * S - 1), _MM_HINT_T0);
   }
+  [[maybe_unused]] const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
   for (int64_t p = 0; p < np; ++p) {
-    __m512bh bv[S];
+    if constexpr (kFma) {
+      __m512 bo[S], be[S];
 #pragma GCC unroll 16
-    for (int s = 0; s < S; ++s) bv[s] = (__m512bh)_mm512_loadu_si512(b + s * sstride + p * 16);
+      for (int s = 0; s < S; ++s) {
+        const __m512i bv = _mm512_loadu_si512(b + s * sstride + p * 16);
+        bo[s] = _mm512_castsi512_ps(_mm512_and_si512(bv, hi));
+        be[s] = _mm512_castsi512_ps(_mm512_slli_epi32(bv, 16));
+      }
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * lda + p]);
+      for (int r = 0; r < R; ++r) {
+        const __m512 ao = _mm512_set1_ps(a[r * lda + 2 * p + 1]), ae = _mm512_set1_ps(a[r * lda + 2 * p]);
 #pragma GCC unroll 16
-      for (int s = 0; s < S; ++s) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], bv[s], av);
-    }
-  }
-  const __mmask16 last = (__mmask16)(nc_last >= 16 ? 0xffff : (1u << nc_last) - 1);
+        for (int s = 0; s < S; ++s) acc[r][s] = _mm512_fmadd_ps(ae, be[s], _mm512_fmadd_ps(ao, bo[s], acc[r][s]));
+      }
+    } else {
+      __m512bh bv[S];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    float* cr = c + r * ldc;
+      for (int s = 0; s < S; ++s) bv[s] = (__m512bh)_mm512_loadu_si512(b + s * sstride + p * 16);
 #pragma GCC unroll 16
-    for (int s = 0; s < S; ++s) {
-      const __mmask16 m = s == S - 1 ? last : (__mmask16)0xffff;
-      __m512 v = acc[r][s];
-      if (!store) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, cr + 16 * s), v);
-      _mm512_mask_storeu_ps(cr + 16 * s, m, v);
-    }
-  }
-}
-
-// Tile's chains on f32 FMAs instead of vdpbf16ps, for CPUs where one vdpbf16ps (32 multiply-adds) takes longer
-// than two FMAs (Bf16PairsOnFma: Intel's cores run it at half the FMA rate). A as floats holding its bf16
-// values in element order (pair p of row r at a[r * lda + 2p], a[r * lda + 2p + 1]: WidenPairs), B the same
-// pair strips, each dword split into its two bf16 values (the high half masked, the low half shifted up).
-// Per lane acc = fma(a_odd, b_odd, acc), then fma(a_even, b_even, acc): the products are exact in f32, so each
-// step rounds as vdpbf16ps's adds do (odd element first, as Intel documents it) and the results are
-// Tile's bits, except where a product or partial sum is an f32 denormal, which vdpbf16ps flushes to zero.
-template <int R, int S>
-void TileFma(const float* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
-             bool store, int nc_last) {
-  __m512 acc[R][S];
+      for (int r = 0; r < R; ++r) {
+        const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * lda + p]);
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int s = 0; s < S; ++s) acc[r][s] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-    for (int s = 0; s < S; ++s) _mm_prefetch((const char*)(c + r * ldc + 16 * s), _MM_HINT_T0);
-    _mm_prefetch((const char*)(c + r * ldc + 16 * S - 1), _MM_HINT_T0);
-  }
-  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-  for (int64_t p = 0; p < np; ++p) {
-    __m512 bo[S], be[S];
-#pragma GCC unroll 16
-    for (int s = 0; s < S; ++s) {
-      const __m512i bv = _mm512_loadu_si512(b + s * sstride + p * 16);
-      bo[s] = _mm512_castsi512_ps(_mm512_and_si512(bv, hi));
-      be[s] = _mm512_castsi512_ps(_mm512_slli_epi32(bv, 16));
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m512 ao = _mm512_set1_ps(a[r * lda + 2 * p + 1]), ae = _mm512_set1_ps(a[r * lda + 2 * p]);
-#pragma GCC unroll 16
-      for (int s = 0; s < S; ++s) acc[r][s] = _mm512_fmadd_ps(ae, be[s], _mm512_fmadd_ps(ao, bo[s], acc[r][s]));
+        for (int s = 0; s < S; ++s) acc[r][s] = _mm512_dpbf16_ps(acc[r][s], bv[s], av);
+      }
     }
   }
   const __mmask16 last = (__mmask16)(nc_last >= 16 ? 0xffff : (1u << nc_last) - 1);
@@ -114,29 +91,35 @@ void TileFma(const float* a, int64_t lda, const uint32_t* b, int64_t sstride, in
 using TileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t, bool, int);
 using TileFmaFn = void (*)(const float*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t, bool, int);
 
-template <int R>
-TileFmaFn TileFmaFor(int s) {
+// TileT for r rows (1..8) and s strips (1..3).
+template <bool kFma, int R>
+auto TileTFor(int s) {
+  using A = std::conditional_t<kFma, float, uint32_t>;
   switch (s) {
-    case 1: return TileFma<R, 1>;
-    case 2: return TileFma<R, 2>;
-    default: return TileFma<R, 3>;
+    case 1: return &TileT<R, 1, kFma, A>;
+    case 2: return &TileT<R, 2, kFma, A>;
+    default: return &TileT<R, 3, kFma, A>;
   }
 }
 
-inline TileFmaFn TileFmaFor(int r, int s) {
+template <bool kFma>
+auto TileTFor(int r, int s) {
   switch (r) {
-    case 1: return TileFmaFor<1>(s);
-    case 2: return TileFmaFor<2>(s);
-    case 3: return TileFmaFor<3>(s);
-    case 4: return TileFmaFor<4>(s);
-    case 5: return TileFmaFor<5>(s);
-    case 6: return TileFmaFor<6>(s);
-    case 7: return TileFmaFor<7>(s);
-    default: return TileFmaFor<8>(s);
+    case 1: return TileTFor<kFma, 1>(s);
+    case 2: return TileTFor<kFma, 2>(s);
+    case 3: return TileTFor<kFma, 3>(s);
+    case 4: return TileTFor<kFma, 4>(s);
+    case 5: return TileTFor<kFma, 5>(s);
+    case 6: return TileTFor<kFma, 6>(s);
+    case 7: return TileTFor<kFma, 7>(s);
+    default: return TileTFor<kFma, 8>(s);
   }
 }
 
-// Rows of pairs (R rows, lda dwords apart, Lp pairs each) -> TileFma's A: each bf16 value as a float, 2 Lp per
+inline TileFn TileFor(int r, int s) { return TileTFor<false>(r, s); }
+inline TileFmaFn TileFmaFor(int r, int s) { return TileTFor<true>(r, s); }
+
+// Rows of pairs (R rows, lda dwords apart, Lp pairs each) -> the FMA tile's A: each bf16 value as a float, 2 Lp per
 // row (ldo floats apart), in element order. Exact.
 inline void WidenPairs(const uint32_t* a, int64_t lda, int64_t R, int64_t Lp, float* out, int64_t ldo) {
   for (int64_t i = 0; i < R; ++i) {
@@ -151,28 +134,6 @@ inline void WidenPairs(const uint32_t* a, int64_t lda, int64_t R, int64_t Lp, fl
       _mm512_mask_storeu_ps(o + l, m,
                             _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + l)), 16)));
     }
-  }
-}
-
-template <int R>
-TileFn TileFor(int s) {
-  switch (s) {
-    case 1: return Tile<R, 1>;
-    case 2: return Tile<R, 2>;
-    default: return Tile<R, 3>;
-  }
-}
-
-inline TileFn TileFor(int r, int s) {
-  switch (r) {
-    case 1: return TileFor<1>(s);
-    case 2: return TileFor<2>(s);
-    case 3: return TileFor<3>(s);
-    case 4: return TileFor<4>(s);
-    case 5: return TileFor<5>(s);
-    case 6: return TileFor<6>(s);
-    case 7: return TileFor<7>(s);
-    default: return TileFor<8>(s);
   }
 }
 

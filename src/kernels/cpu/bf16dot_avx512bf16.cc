@@ -16,7 +16,7 @@
 //   weights are bf16 as stored, an f32 one is rounded as packed), and the loss's bf16 head. The f32
 //   path's training GEMM sums the same exact products one at a time instead.
 // Where vdpbf16ps does fewer multiply-adds per second than two f32 FMAs (Bf16PairsOnFma: Intel's cores), the
-// tiles are TileFma (bf16_pairs.h): the same chains on FMAs, A widened to floats per call or inner chunk.
+// tiles take the FMA form of TileT (bf16_pairs.h): the same chains on FMAs, A widened to floats per call or inner chunk.
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -40,14 +40,14 @@ namespace {
 
 constexpr int64_t kMBlock = 64;  // A rows per task
 
-// A rows widened for TileFma (per thread, grown never shrunk).
+// A rows widened for the FMA tiles (per thread, grown never shrunk).
 float* WideBuf(size_t n) {
   static thread_local std::vector<float> buf;
   return Scratch(buf, n);
 }
 
 // PairGemm's work on C rows [m0, m1) over strip groups [g0, g1) (kS strips each): a points at A's row m0.
-// With fma (Bf16PairsOnFma) the tiles are TileFma, each inner chunk's A rows widened first (WidenPairs: at most
+// With fma (Bf16PairsOnFma) the tiles are the FMA form (TileFmaFor), each inner chunk's A rows widened first (WidenPairs: at most
 // kMBlock x 2 x 384 floats per thread).
 void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
                    const uint32_t* a, int64_t lda, const uint32_t* b, bool accumulate, bool fma = false) {
@@ -462,7 +462,7 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
   uint32_t* a = ABuf((size_t)(M * Kp));
   PairRows(pool, x, K, M, K, a);
   const bool fma = Bf16PairsOnFma();
-  float* af = nullptr;  // TileFma's A: every task reads all M rows, so widened once
+  float* af = nullptr;  // the FMA tiles' A: every task reads all M rows, so widened once
   if (fma) {
     af = WideBuf((size_t)(M * 2 * Kp));
     pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) { WidenPairs(a + b * Kp, Kp, e - b, Kp, af + b * 2 * Kp, 2 * Kp); },
@@ -514,7 +514,7 @@ namespace {
 
 // R A rows (a, lda dwords apart, Lp pairs) against NR full strips at once, strip r at bs[r] (anywhere in
 // memory), row i's 16 results of strip r at c[r] + i * ldc: per (row, strip) and inner chunk the chain of
-// Tile<R, S> (acc from zero over the chunk's pairs, stored for the first chunk, added to C for the later
+// TileT (acc from zero over the chunk's pairs, stored for the first chunk, added to C for the later
 // ones), so the same bits.
 template <int R, int NR>
 void RowStrips(const uint32_t* a, int64_t lda, int64_t Lp, const uint32_t* const* bs, float* const* c, int64_t ldc) {
