@@ -130,10 +130,11 @@ int RunBench(int argc, char** argv) {
       p = q + 1;
     }
   }
-  std::printf("lathe bench: CPU features: %s; kernels: %s%s\n", GetCpuFeatures().ToString().c_str(),
+  std::printf("lathe bench: CPU features: %s; kernels: %s%s%s\n", GetCpuFeatures().ToString().c_str(),
               IsaTierName(BestIsaTier()),
               BestIsaTier() == IsaTier::kAvx2 ? (Splits256BitOps() ? " (128-bit int8 form)" : " (256-bit int8 form)")
-                                              : "");
+                                              : "",
+              !UsesBf16Dot() ? "" : Bf16PairsOnFma() ? ", bf16 pairs on FMAs" : ", bf16 pairs on vdpbf16ps");
   std::vector<double> bw(thread_list.size());
   for (size_t i = 0; i < thread_list.size(); ++i) {
     ThreadPool pool(thread_list[i]);
