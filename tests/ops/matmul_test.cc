@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -339,6 +340,22 @@ TEST(Bf16PairStrips, BitIdenticalToTheReference) {
   for (size_t i = 0; i < yp.size(); ++i) num += (yp[i] - yf[i]) * (yp[i] - yf[i]), den += yf[i] * yf[i];
   EXPECT_GT(num, 0.0);
   EXPECT_LT(std::sqrt(num / den), 1e-2);
+}
+
+// The form of the pair tiles (Bf16PairsOnFma) follows LATHE_BF16_PAIRS when it is set: ctest runs the bf16 pair
+// tests once with each form forced (ops.bf16_pairs_dp / _fma), and those runs check that form only if this holds.
+TEST(Bf16PairStrips, FormFollowsTheEnvironment) {
+  const char* env = std::getenv("LATHE_BF16_PAIRS");
+  if (!UsesBf16Dot()) {
+    EXPECT_FALSE(Bf16PairsOnFma());
+  } else if (env && !std::strcmp(env, "fma")) {
+    EXPECT_TRUE(Bf16PairsOnFma());
+  } else if (env && !std::strcmp(env, "dp")) {
+    EXPECT_FALSE(Bf16PairsOnFma());
+  } else {
+    GTEST_SKIP() << "LATHE_BF16_PAIRS not set: the form is this CPU's measured choice ("
+                 << (Bf16PairsOnFma() ? "fma" : "dp") << ")";
+  }
 }
 
 // Prompt rows of block-quantized weights on CPUs with avx512_bf16 (MatMulBf16With, the table's bf16_dequant):
