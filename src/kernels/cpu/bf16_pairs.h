@@ -127,12 +127,14 @@ inline void WidenPairs(const uint32_t* a, int64_t lda, int64_t R, int64_t Lp, fl
     float* o = out + i * ldo;
     const int64_t n = 2 * Lp;
     int64_t l = 0;
-    for (; l + 16 <= n; l += 16)
-      _mm512_storeu_si512(o + l, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(src + l))), 16));
+    for (; l + 16 <= n; l += 16) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(src + l));
+      _mm512_storeu_si512(o + l, _mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+    }
     if (l < n) {
       const __mmask16 m = (__mmask16)((1u << (n - l)) - 1);
-      _mm512_mask_storeu_ps(o + l, m,
-                            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + l)), 16)));
+      const __m256i v = _mm256_maskz_loadu_epi16(m, src + l);
+      _mm512_mask_storeu_ps(o + l, m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)));
     }
   }
 }

@@ -16,7 +16,8 @@
 //   weights are bf16 as stored, an f32 one is rounded as packed), and the loss's bf16 head. The f32
 //   path's training GEMM sums the same exact products one at a time instead.
 // Where vdpbf16ps does fewer multiply-adds per second than two f32 FMAs (Bf16PairsOnFma: Intel's cores), the
-// tiles take the FMA form of TileT (bf16_pairs.h): the same chains on FMAs, A widened to floats per call or inner chunk.
+// tiles take the FMA form of TileT (bf16_pairs.h): the same chains on FMAs, A widened to floats per call or
+// inner chunk.
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -47,8 +48,8 @@ float* WideBuf(size_t n) {
 }
 
 // PairGemm's work on C rows [m0, m1) over strip groups [g0, g1) (kS strips each): a points at A's row m0.
-// With fma (Bf16PairsOnFma) the tiles are the FMA form (TileFmaFor), each inner chunk's A rows widened first (WidenPairs: at most
-// kMBlock x 2 x 384 floats per thread).
+// With fma (Bf16PairsOnFma) the tiles are the FMA form (TileFmaFor), each inner chunk's A rows widened first
+// (WidenPairs: at most kMBlock x 2 x 384 floats per thread).
 void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
                    const uint32_t* a, int64_t lda, const uint32_t* b, bool accumulate, bool fma = false) {
   const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
@@ -465,8 +466,9 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
   float* af = nullptr;  // the FMA tiles' A: every task reads all M rows, so widened once
   if (fma) {
     af = WideBuf((size_t)(M * 2 * Kp));
-    pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) { WidenPairs(a + b * Kp, Kp, e - b, Kp, af + b * 2 * Kp, 2 * Kp); },
-                     2.0 * M * Kp);
+    pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) {
+      WidenPairs(a + b * Kp, Kp, e - b, Kp, af + b * 2 * Kp, 2 * Kp);
+    }, 2.0 * M * Kp);
   }
   pool.ParallelFor(n_groups, 1, [&](int64_t gb, int64_t ge, int) {
     static thread_local std::vector<float> rows_buf;

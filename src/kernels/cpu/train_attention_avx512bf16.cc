@@ -27,7 +27,8 @@ constexpr int kStripsPerTile = 3;  // the register tile's width in 16-column str
 // c(mr, nc) (= or +=) A . B: mr <= kR rows of A (np pairs each, lda apart), B's strips sstride apart,
 // in register tiles of up to 3 strips; never a lone 1-strip tile after others (4 strips: 2 + 2, 7: 3 + 2 +
 // 2), which would broadcast A's pairs for 8 products each.
-// Where Bf16PairsOnFma, A's rows are widened once (WidenPairs) and the tiles take the FMA form (TileFmaFor): the same bits.
+// Where Bf16PairsOnFma, A's rows are widened once (WidenPairs) and the tiles take the FMA form (TileFmaFor):
+// the same bits.
 void MulTile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
              int mr, int64_t nc, bool store) {
   const int64_t n_strips = (nc + 15) / 16;
