@@ -16,6 +16,7 @@
 #include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/bf16_pairs.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/train_attention_driver.h"
 
 namespace lathe::kernels::cpu::avx512bf16 {
@@ -32,12 +33,11 @@ constexpr int kStripsPerTile = 3;  // the register tile's width in 16-column str
 void MulTile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
              int mr, int64_t nc, bool store) {
   const int64_t n_strips = (nc + 15) / 16;
-  static const bool fma = Bf16PairsOnFma();
+  const bool fma = Bf16PairsOnFma();
   float* af = nullptr;
   if (fma) {
     static thread_local std::vector<float> wide;
-    if ((int64_t)wide.size() < mr * 2 * np) wide.resize(mr * 2 * np);
-    af = wide.data();
+    af = Scratch(wide, (size_t)(mr * 2 * np));
     WidenPairs(a, lda, mr, np, af, 2 * np);
   }
   for (int64_t s0 = 0; s0 < n_strips;) {
