@@ -273,7 +273,7 @@ TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
   ThreadPool pool1(1);
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (Shape s : {Shape{1, 5}, Shape{17, 37}, Shape{40, 100}, Shape{200, 576}, Shape{33, 1537}, Shape{520, 800}}) {
-      testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
+      testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++), other_w = MakeWeight(dt, s.N, s.K, seed++);
       std::vector<uint8_t> packed(StripWeightBytes(dt, s.N, s.K));
       const StripWeight sw = cpu::PackStripWeightWith(kt.mm, pool1, w.t, packed.data());
       for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, cpu::kStripGemvMaxM - 1,
@@ -284,6 +284,10 @@ TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
           cpu::Bf16PairsReference(x.data(), M, w.t, ref.data());
         } else {
           cpu::MatMulForwardWith(tk, kt, pool1, ref.data(), x.data(), M, w.t);
+          // Another weight's product in between: the packed panels the strips' fill should write are
+          // not left over from the reference's (the same layout in the same scratch).
+          std::vector<float> other(M * s.N);
+          cpu::MatMulForwardWith(tk, kt, pool1, other.data(), x.data(), M, other_w.t);
         }
         for (int threads : {1, 2, 3}) {
           ThreadPool pool(threads);

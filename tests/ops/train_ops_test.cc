@@ -177,21 +177,24 @@ TEST_P(TrainOpsTier, AttentionRowHelpersMatchDouble) {
 }
 
 // The forward's W^T strip packing: every element from its transposed source position, zero
-// padding past nj, for nl and nj across the 8 x 8 block edges and a source row stride > nl.
+// padding past nj, for nl and nj across the 8 x 8 block edges and a source row stride > nl; as a plain
+// strip (rows 16 floats apart) and as one strip of a 48-column interleaved micro-panel (rows 48 apart,
+// the other 32 floats of each row untouched).
 TEST_P(TrainOpsTier, PackStripTransposedMatchesDefinition) {
   LATHE_REQUIRE_TIER(GetParam());
   const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
   const int64_t ld = 43;
   const std::vector<float> src = testing::RandomVec(16 * ld, 61);
-  for (int64_t nl : {1, 7, 8, 9, 16, 17, 40})
-    for (int nj = 1; nj <= cpu::kGemmTileC; ++nj) {
-      std::vector<float> bs(nl * cpu::kGemmTileC, 99.0f);
-      tk.pack_strip_t(bs.data(), src.data(), ld, nl, nj);
-      for (int64_t l = 0; l < nl; ++l)
-        for (int j = 0; j < cpu::kGemmTileC; ++j)
-          ASSERT_EQ(bs[l * cpu::kGemmTileC + j], j < nj ? src[j * ld + l] : 0.0f) << "nl " << nl << " nj " << nj
-                                                                                 << " l " << l << " j " << j;
-    }
+  for (int64_t ldo : {(int64_t)cpu::kGemmTileC, (int64_t)48})
+    for (int64_t nl : {1, 7, 8, 9, 16, 17, 40})
+      for (int nj = 1; nj <= cpu::kGemmTileC; ++nj) {
+        std::vector<float> bs(nl * ldo, 99.0f);
+        tk.pack_strip_t(bs.data(), ldo, src.data(), ld, nl, nj);
+        for (int64_t l = 0; l < nl; ++l)
+          for (int64_t j = 0; j < ldo; ++j)
+            ASSERT_EQ(bs[l * ldo + j], j >= cpu::kGemmTileC ? 99.0f : j < nj ? src[j * ld + l] : 0.0f)
+                << "ldo " << ldo << " nl " << nl << " nj " << nj << " l " << l << " j " << j;
+      }
 }
 
 // AdamW: every tier gives the bits of torch.optim.AdamW's f32 arithmetic written out here (this

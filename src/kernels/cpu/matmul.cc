@@ -255,7 +255,7 @@ StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const 
     const TrainKernelTable& tk = TrainKernelsFor(k.tier);
     pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
       for (int64_t s = b; s < e; ++s)
-        tk.pack_strip_t((float*)out + s * K * 16, (const float*)(wd + s * 16 * rb), K, K,
+        tk.pack_strip_t((float*)out + s * K * 16, 16, (const float*)(wd + s * 16 * rb), K, K,
                         (int)std::min<int64_t>(16, N - 16 * s));
     }, 2.0 * N * K);
   } else {

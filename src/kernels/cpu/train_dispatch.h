@@ -55,9 +55,10 @@ struct TrainKernelTable {
   void (*softmax_grad)(float* ds, const float* p, int64_t n, float delta, float scale);
   // out[i] = BF16ToF32(F32ToBF16(x[i])) bit for bit (round to nearest even, NaN -> quiet NaN).
   void (*round_bf16)(float* out, const float* x, int64_t n);
-  // One kGemmTileC-column B strip of a transposed source (the forward's W^T): bs[l * 16 + j] =
-  // src[j * ld + l] for l < nl, j < nj, and 0 for nj <= j < 16. 1 <= nj <= 16.
-  void (*pack_strip_t)(float* bs, const float* src, int64_t ld, int64_t nl, int nj);
+  // One kGemmTileC-column B strip of a transposed source (the forward's W^T): bs[l * ldo + j] =
+  // src[j * ld + l] for l < nl, j < nj, and 0 for nj <= j < 16. 1 <= nj <= 16, ldo >= 16 (16: a plain
+  // strip; the panel tile's width: one strip of an interleaved micro-panel).
+  void (*pack_strip_t)(float* bs, int64_t ldo, const float* src, int64_t ld, int64_t nl, int nj);
   // Column-wise softmax helpers over a row of a (V, n) logits^T chunk (train_xent.cc), one lane per
   // column: col_max: m[j] = max(m[j], row[j]); col_exp_sum: s[j] += exp(row[j] - m[j]);
   // col_exp_scale: row[j] = exp(row[j] - shift[j]) * scale. j < n.

@@ -90,9 +90,9 @@ void FromBf16(float* out, const uint16_t* h, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = BF16ToF32(h[i]);
 }
 
-void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
+void PackStripT(float* bs, int64_t ldo, const float* src, int64_t ld, int64_t nl, int nj) {
   for (int64_t l = 0; l < nl; ++l)
-    for (int j = 0; j < kGemmTileC; ++j) bs[l * kGemmTileC + j] = j < nj ? src[j * ld + l] : 0.0f;
+    for (int j = 0; j < kGemmTileC; ++j) bs[l * ldo + j] = j < nj ? src[j * ld + l] : 0.0f;
 }
 
 void ColMax(float* m, const float* row, int64_t n) {

@@ -341,16 +341,16 @@ inline void Transpose8x8(const __m256 (&r)[8], float* o, int64_t ld) {
 
 // 8 x 8 blocks: rows j0 .. j0 + 7 of src (zero past nj), columns l .. l + 7, transposed in registers
 // into rows l .. l + 7 of the strip; the nl % 8 tail element by element.
-void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
+void PackStripT(float* bs, int64_t ldo, const float* src, int64_t ld, int64_t nl, int nj) {
   for (int j0 = 0; j0 < kGemmTileC; j0 += 8) {
     int64_t l = 0;
     for (; l + 8 <= nl; l += 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) r[i] = j0 + i < nj ? _mm256_loadu_ps(src + (j0 + i) * ld + l) : _mm256_setzero_ps();
-      Transpose8x8(r, bs + l * kGemmTileC + j0, kGemmTileC);
+      Transpose8x8(r, bs + l * ldo + j0, ldo);
     }
     for (; l < nl; ++l)
-      for (int j = j0; j < j0 + 8; ++j) bs[l * kGemmTileC + j] = j < nj ? src[j * ld + l] : 0.0f;
+      for (int j = j0; j < j0 + 8; ++j) bs[l * ldo + j] = j < nj ? src[j * ld + l] : 0.0f;
   }
 }
 

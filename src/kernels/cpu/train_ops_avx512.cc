@@ -148,7 +148,7 @@ void GemmPanel(const float* a, const float* b, int64_t stride, int64_t ldb, int6
 
 // TrainKernelTable::pack_strip_t: rows j < nj of src (the strip's columns; zero past nj), 16 x 16
 // blocks transposed in registers, the nl % 16 tail through masked loads (nothing read past nl).
-void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
+void PackStripT(float* bs, int64_t ldo, const float* src, int64_t ld, int64_t nl, int nj) {
   static_assert(kGemmTileC == 16);
   for (int64_t l = 0; l < nl; l += 16) {
     const int n = (int)std::min<int64_t>(16, nl - l);
@@ -157,7 +157,7 @@ void PackStripT(float* bs, const float* src, int64_t ld, int64_t nl, int nj) {
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) r[i] = i < nj ? _mm512_maskz_loadu_ps(m, src + i * ld + l) : _mm512_setzero_ps();
     Transpose16(r);
-    for (int k = 0; k < n; ++k) _mm512_storeu_ps(bs + (l + k) * kGemmTileC, r[k]);
+    for (int k = 0; k < n; ++k) _mm512_storeu_ps(bs + (l + k) * ldo, r[k]);
   }
 }
 
