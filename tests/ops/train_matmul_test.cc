@@ -224,7 +224,7 @@ TEST(TrainGemmTile, TwoStripKernelsEqualOneStripAvx2) {
 // The AVX-512 panel tile (8 rows x up to 3 strips over a packed A micro-panel, or over A's rows read
 // in place) and its packing: every mr / nc / overwrite gives the AVX2 rows tile's bits (same FMAs in
 // the same order per element), B read both from packed strips and in place with a row stride; rows >=
-// mr and lanes >= nc untouched.
+// mr and lanes >= nc untouched; one chain split over three calls through a partial tile gives the same bits.
 TEST(TrainGemmTile, PanelKernelEqualsAvx2Tiles) {
   LATHE_REQUIRE_TIER(IsaTier::kAvx512);
   const cpu::TrainKernelTable& tw = cpu::TrainKernelsFor(IsaTier::kAvx512);
@@ -257,8 +257,18 @@ TEST(TrainGemmTile, PanelKernelEqualsAvx2Tiles) {
                                       " mr " + std::to_string(mr) + " nc " + std::to_string(nc) +
                                       (overwrite ? " overwrite" : "");
             const std::vector<float> c0 = RandomVec(pr * ldc, 82);
-            std::vector<float> c = c0, c2 = c0, c3 = c0;
-            tw.gemm_panel(ap.data(), bb.data(), stride, ldb, L, c.data(), ldc, mr, nc, overwrite);
+            std::vector<float> c = c0, c2 = c0, c3 = c0, c4 = c0;
+            tw.gemm_panel(ap.data(), bb.data(), stride, ldb, L, c.data(), ldc, mr, nc, overwrite, nullptr, nullptr);
+            // The same chain in three calls through a partial tile (l in [0, L/3), [L/3, L/2), [L/2, L)).
+            std::vector<float> part(pr * tw.panel_cols, -3.0f);
+            const int64_t l1 = L / 3, l2 = L / 2;
+            tw.gemm_panel(ap.data(), bb.data(), stride, ldb, l1, c4.data(), ldc, mr, nc, overwrite, nullptr,
+                          part.data());
+            tw.gemm_panel(ap.data() + l1 * pr, bb.data() + l1 * ldb, stride, ldb, l2 - l1, c4.data(), ldc, mr, nc,
+                          overwrite, part.data(), part.data());
+            ASSERT_EQ(c4, c0) << "partial calls left c alone, " << where;
+            tw.gemm_panel(ap.data() + l2 * pr, bb.data() + l2 * ldb, stride, ldb, L - l2, c4.data(), ldc, mr, nc,
+                          overwrite, part.data(), nullptr);
             tw.gemm_panel_rows(a.data(), lda, bb.data(), stride, ldb, L, c3.data(), ldc, mr, nc, overwrite);
             for (int i0 = 0; i0 < mr; i0 += cpu::kGemmTileR)
               for (int j0 = 0; j0 < nc; j0 += cpu::kGemmTileC)
@@ -267,6 +277,7 @@ TEST(TrainGemmTile, PanelKernelEqualsAvx2Tiles) {
                                   std::min(cpu::kGemmTileC, nc - j0), overwrite);
             ASSERT_EQ(c, c2) << where;
             ASSERT_EQ(c3, c2) << "rows in place, " << where;
+            ASSERT_EQ(c4, c2) << "split over partial tiles, " << where;
           }
     }
   }

@@ -79,9 +79,12 @@ struct TrainKernelTable {
   // B(l, j) for i < mr <= panel_rows, j < nc <= panel_cols, B(l, j) = b[(j / 16) * stride + l * ldb +
   // j % 16] (16-column strips, whole strips read: padding lanes may hold anything); overwrite stores
   // instead of adding. Per C element the FMAs and their order are those of gemm_tile, so the driver's
-  // results do not depend on which kernel ran.
+  // results do not depend on which kernel ran. A chain split over several calls (l ranges in order):
+  // pin (non-null) starts the sums from a partial tile instead of zero, pout (non-null) stores them
+  // there instead of into c; a partial tile is panel_rows x panel_cols floats (row i at i * panel_cols),
+  // stored and reloaded as is, so the split gives the bits of one call.
   void (*gemm_panel)(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc,
-                     int mr, int nc, bool overwrite) = nullptr;
+                     int mr, int nc, bool overwrite, const float* pin, float* pout) = nullptr;
   // gemm_panel with A's rows read in place (row i at a + i * lda; rows past mr alias row mr - 1 and are
   // not stored), for the products the driver does not pack A for (fewer than kPanelMinCols columns).
   void (*gemm_panel_rows)(const float* a, int64_t lda, const float* b, int64_t stride, int64_t ldb, int64_t L,

@@ -34,6 +34,9 @@ constexpr int64_t kPanelColBlockAligned = 768;
 int64_t PanelColBlock(int64_t col_align) {
   return kPanelColBlock % col_align == 0 ? kPanelColBlock : kPanelColBlockAligned;
 }
+// The panel path runs each inner chunk in sub-chunks of at most this many rows (equal multiples of 16),
+// each micro-panel's B sub-chunk (48 x kSubInner floats, 30 KiB) in L1 for all the task's row tiles.
+constexpr int64_t kSubInner = 160;
 // Products with at most this many rows (the LoRA rank) go through FewRowsGemm.
 constexpr int64_t kFewRows = 3 * kGemmTileR;
 // A task's rows on those tiers: their A micro-panels (rows x chunk) at most this many floats (1 MiB,
@@ -68,6 +71,10 @@ float* ThreadTmp(size_t n) {
   return Scratch(buf, n);
 }
 float* ThreadATile(size_t n) {
+  static thread_local std::vector<float> buf;
+  return Scratch(buf, n);
+}
+float* ThreadPartials(size_t n) {  // the panel path's partial tiles, a task's row tiles x one micro-panel
   static thread_local std::vector<float> buf;
   return Scratch(buf, n);
 }
@@ -278,26 +285,42 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
           const float* panel = bpre ? bpre + k0 * L + l0 * kGemmTileC : bpack + (cb * n_lc + lc) * panel_floats;
           const int64_t per_col = bpre ? L : nl;
           const bool overwrite = c0 + lc == 0 && !accumulate && a_is == 1;
-          if (pr || panel_in_place) {
-            const float* ap = pr ? apanels + lc * n_tiles * pr * inner : nullptr;
+          if (pr) {
+            // Micro-panel by micro-panel, its B in sub-chunks of at most kSubInner rows (48 x 144 floats at nl
+            // = 576: 27 KiB, kept in L1 while every row tile of the task runs over it, A's micro-panels
+            // streamed from L2); each C element's chain goes on through the thread's partial tiles.
+            const float* ap = apanels + lc * n_tiles * pr * inner;
+            const int64_t pc = tk.panel_cols;
+            const int64_t n_sub = (nl + kSubInner - 1) / kSubInner;
+            const int64_t sub = ((nl + n_sub - 1) / n_sub + kGemmTileC - 1) / kGemmTileC * kGemmTileC;
+            float* part = n_sub > 1 ? ThreadPartials((size_t)((r1 - r0 + pr - 1) / pr * pr * pc)) : nullptr;
+            for (int64_t j = 0; j < nk; j += pc) {
+              const int nc = (int)std::min<int64_t>(pc, nk - j);
+              const int64_t ldb = interleave ? (nc + kGemmTileC - 1) / kGemmTileC * kGemmTileC : kGemmTileC;
+              const int64_t stride = interleave ? kGemmTileC : kGemmTileC * per_col;
+              const float* bj = panel + j * per_col;
+              for (int64_t l1 = 0; l1 < nl; l1 += sub) {
+                const int64_t ns = std::min(sub, nl - l1);
+                const bool first = l1 == 0, last = l1 + ns == nl;
+                for (int64_t ri = r0; ri < r1; ri += pr) {
+                  float* pt = part ? part + (ri - r0) * pc : nullptr;
+                  tk.gemm_panel(ap + (ri - s0) * inner + l1 * pr, bj + l1 * ldb, stride, ldb, ns, c + ri * ldc + k0 + j,
+                                ldc, (int)std::min<int64_t>(pr, r1 - ri), nc, overwrite, first ? nullptr : pt,
+                                last ? nullptr : pt);
+                }
+              }
+            }
+            continue;
+          }
+          if (panel_in_place) {
             const int64_t pc = tk.panel_cols;
             for (int64_t j0 = 0; j0 < nk; j0 += 2 * pc) {
               const int64_t j1 = std::min(nk, j0 + 2 * pc);
               for (int64_t ri = r0; ri < r1; ri += MR) {
                 const int mr = (int)std::min<int64_t>(MR, r1 - ri);
-                for (int64_t j = j0; j < j1; j += pc) {
-                  const float* bj = panel + j * per_col;
-                  float* cj = c + ri * ldc + k0 + j;
-                  const int nc = (int)std::min<int64_t>(pc, j1 - j);
-                  if (pr) {
-                    const int64_t ldb = interleave ? (nc + kGemmTileC - 1) / kGemmTileC * kGemmTileC : kGemmTileC;
-                    tk.gemm_panel(ap + (ri - s0) / pr * pr * inner, bj, interleave ? kGemmTileC : kGemmTileC * per_col,
-                                  ldb, nl, cj, ldc, mr, nc, overwrite);
-                  } else {
-                    tk.gemm_panel_rows(a + ri * a_rs + l0, a_rs, bj, kGemmTileC * per_col, kGemmTileC, nl, cj, ldc,
-                                       mr, nc, overwrite);
-                  }
-                }
+                for (int64_t j = j0; j < j1; j += pc)
+                  tk.gemm_panel_rows(a + ri * a_rs + l0, a_rs, panel + j * per_col, kGemmTileC * per_col, kGemmTileC,
+                                     nl, c + ri * ldc + k0 + j, ldc, mr, (int)std::min<int64_t>(pc, j1 - j), overwrite);
               }
             }
             continue;
@@ -423,7 +446,11 @@ int64_t GemmThreadFloats(const TrainKernelTable& tk, int64_t max_inner, bool con
       tk.gemm_panel ? std::max(kColBlock, PanelColBlock(std::max<int64_t>(1, col_align))) : kColBlock;
   const int64_t tmp = std::max((inner + 1) * kColBlock, converts_w ? inner * panel_cols : 0);
   const int64_t atile = std::max(inner * kFewRows, tk.gemm_panel ? 0 : inner * kRowBlock);
-  return tmp + atile + inner * kGemmTileC + kFewRows * kColBlock + (converts_w ? inner * kColBlock : 0);
+  // ThreadPartials: a task's row tiles x one micro-panel, only where chunks are split (inner > kSubInner),
+  // where a panel-path task holds at most kPanelABlockFloats / inner rows (plus one tile's rounding).
+  const int64_t partials =
+      tk.gemm_panel && inner > kSubInner ? (kPanelABlockFloats / inner + 2 * tk.panel_rows) * tk.panel_cols : 0;
+  return tmp + atile + partials + inner * kGemmTileC + kFewRows * kColBlock + (converts_w ? inner * kColBlock : 0);
 }
 
 int64_t PackedBackwardInputFloats(int64_t N, int64_t K) {

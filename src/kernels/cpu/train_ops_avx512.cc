@@ -75,16 +75,20 @@ constexpr int kPanelR = 8;
 constexpr int kPanelStrips = 3;
 
 // acc[i][s] (row i, columns 16 s ..) over l < L: A(i, l) from a_at(i, l), B strip s's row l at
-// b + s * stride + l * ldb; then c (mr x nc, 16 (NS - 1) < nc <= 16 NS) (+)= acc.
+// b + s * stride + l * ldb, starting from zero or from the partial tile pin (a chain continued); then
+// into the partial tile pout (the chain to be continued), or c (mr x nc, 16 (NS - 1) < nc <= 16 NS) (+)= acc.
+// Partial tiles: acc[i][s] at [i * kPanelTileLd + 16 s], stored and reloaded as is (the same bits as one chain).
+constexpr int kPanelTileLd = kPanelStrips * 16;
 template <int NS, typename AAt>
 __attribute__((always_inline)) inline void PanelTileT(const AAt& a_at, const float* b, int64_t stride, int64_t ldb,
                                                       int64_t L, float* c, int64_t ldc, int mr, int nc,
-                                                      bool overwrite) {
+                                                      bool overwrite, const float* pin = nullptr,
+                                                      float* pout = nullptr) {
   __m512 acc[kPanelR][NS];
 #pragma GCC unroll 8
   for (int i = 0; i < kPanelR; ++i)
 #pragma GCC unroll 3
-    for (int s = 0; s < NS; ++s) acc[i][s] = _mm512_setzero_ps();
+    for (int s = 0; s < NS; ++s) acc[i][s] = pin ? _mm512_loadu_ps(pin + i * kPanelTileLd + 16 * s) : _mm512_setzero_ps();
   for (int64_t l = 0; l < L; ++l, b += ldb) {
     __m512 bv[NS];
 #pragma GCC unroll 3
@@ -95,6 +99,13 @@ __attribute__((always_inline)) inline void PanelTileT(const AAt& a_at, const flo
 #pragma GCC unroll 3
       for (int s = 0; s < NS; ++s) acc[i][s] = _mm512_fmadd_ps(av, bv[s], acc[i][s]);
     }
+  }
+  if (pout) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kPanelR; ++i)
+#pragma GCC unroll 3
+      for (int s = 0; s < NS; ++s) _mm512_storeu_ps(pout + i * kPanelTileLd + 16 * s, acc[i][s]);
+    return;
   }
   const __mmask16 last = (__mmask16)((1u << (nc - 16 * (NS - 1))) - 1);
 #pragma GCC unroll 8
@@ -113,8 +124,9 @@ __attribute__((always_inline)) inline void PanelTileT(const AAt& a_at, const flo
 // A from a packed micro-panel: a[l * kPanelR + i].
 template <int NS>
 void PanelTile(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
-               int nc, bool overwrite) {
-  PanelTileT<NS>([a](int i, int64_t l) { return a[l * kPanelR + i]; }, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+               int nc, bool overwrite, const float* pin, float* pout) {
+  PanelTileT<NS>([a](int i, int64_t l) { return a[l * kPanelR + i]; }, b, stride, ldb, L, c, ldc, mr, nc, overwrite,
+                 pin, pout);
 }
 
 // A's rows read in place: row i at a + i * lda (rows past mr alias row mr - 1 and are not stored).
@@ -137,13 +149,13 @@ void GemmPanelRows(const float* a, int64_t lda, const float* b, int64_t stride, 
 }
 
 void GemmPanel(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
-               int nc, bool overwrite) {
+               int nc, bool overwrite, const float* pin, float* pout) {
   if (nc > 32)
-    PanelTile<3>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+    PanelTile<3>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite, pin, pout);
   else if (nc > 16)
-    PanelTile<2>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+    PanelTile<2>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite, pin, pout);
   else
-    PanelTile<1>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+    PanelTile<1>(a, b, stride, ldb, L, c, ldc, mr, nc, overwrite, pin, pout);
 }
 
 // TrainKernelTable::pack_strip_t: rows j < nj of src (the strip's columns; zero past nj), 16 x 16
