@@ -269,7 +269,14 @@ TEST(TrainGemmTile, PanelKernelEqualsAvx2Tiles) {
             ASSERT_EQ(c4, c0) << "partial calls left c alone, " << where;
             tw.gemm_panel(ap.data() + l2 * pr, bb.data() + l2 * ldb, stride, ldb, L - l2, c4.data(), ldc, mr, nc,
                           overwrite, part.data(), nullptr);
-            tw.gemm_panel_rows(a.data(), lda, bb.data(), stride, ldb, L, c3.data(), ldc, mr, nc, overwrite);
+            tw.gemm_panel_rows(a.data(), lda, bb.data(), stride, ldb, L, c3.data(), ldc, mr, nc, overwrite, nullptr,
+                               nullptr);
+            // ... and with A's rows in place, in two calls.
+            std::vector<float> c5 = c0, part5(pr * tw.panel_cols, -3.0f);
+            tw.gemm_panel_rows(a.data(), lda, bb.data(), stride, ldb, l2, c5.data(), ldc, mr, nc, overwrite, nullptr,
+                               part5.data());
+            tw.gemm_panel_rows(a.data() + l2, lda, bb.data() + l2 * ldb, stride, ldb, L - l2, c5.data(), ldc, mr, nc,
+                               overwrite, part5.data(), nullptr);
             for (int i0 = 0; i0 < mr; i0 += cpu::kGemmTileR)
               for (int j0 = 0; j0 < nc; j0 += cpu::kGemmTileC)
                 t2.gemm_tile_rows(a.data() + i0 * lda, lda, bb.data() + j0 / cpu::kGemmTileC * stride, ldb, L,
@@ -278,6 +285,7 @@ TEST(TrainGemmTile, PanelKernelEqualsAvx2Tiles) {
             ASSERT_EQ(c, c2) << where;
             ASSERT_EQ(c3, c2) << "rows in place, " << where;
             ASSERT_EQ(c4, c2) << "split over partial tiles, " << where;
+            ASSERT_EQ(c5, c2) << "rows in place split over a partial tile, " << where;
           }
     }
   }

@@ -88,7 +88,8 @@ struct TrainKernelTable {
   // gemm_panel with A's rows read in place (row i at a + i * lda; rows past mr alias row mr - 1 and are
   // not stored), for the products the driver does not pack A for (fewer than kPanelMinCols columns).
   void (*gemm_panel_rows)(const float* a, int64_t lda, const float* b, int64_t stride, int64_t ldb, int64_t L,
-                          float* c, int64_t ldc, int mr, int nc, bool overwrite) = nullptr;
+                          float* c, int64_t ldc, int mr, int nc, bool overwrite, const float* pin,
+                          float* pout) = nullptr;
   // out[l * panel_rows + i] = a[i * lda + l] for i < mr, l < nl; 0 for mr <= i < panel_rows.
   void (*pack_panel_rows)(float* out, const float* a, int64_t lda, int64_t nl, int mr) = nullptr;
   int panel_rows = 0;

@@ -161,12 +161,13 @@ GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64
 // either into the source or into ThreadTmp (nl x nk floats) after converting; or nullptr after writing the
 // packed panel itself in micro-panels mpw columns wide (PanelStrip). k0 is a multiple of col_align.
 // Per round of inner chunks: B is packed once (in parallel, into a buffer the threads share) into
-// 16-column strips per (column block, inner chunk) panel; then each task runs its row tiles over the
-// panels. A: on tiers with a panel tile (gemm_panel) packed once per round into micro-panels shared by
-// the tasks, each row tile then run over two micro-panels (96 columns) at a time, rows inner (the two
-// micro-panels' B stays in L2, the A micro-panel in L1); otherwise, with contiguous rows (a_is == 1:
-// the forward and the input gradient), read in place by the rows micro-kernel, else (the weight
-// gradient, A = dY^T) a 6-row tile packed per use.
+// 16-column strips per (column block, inner chunk) panel (interleaved 48-column micro-panels on the panel
+// path); then each task runs its row tiles over the panels. A: on tiers with a panel tile (gemm_panel)
+// packed once per round into micro-panels shared by the tasks; there, and where the panel tile reads A's
+// rows in place (gemm_panel_rows), micro-panel by micro-panel in sub-chunks of the inner chunk, all the
+// task's row tiles over each sub-chunk (its B in L1, the chains carried through partial tiles); otherwise,
+// with contiguous rows (a_is == 1: the forward and the input gradient), read in place by the rows
+// micro-kernel, else (the weight gradient, A = dY^T) a 6-row tile packed per use.
 // Each C element sums its inner chunks in order with the same FMAs whichever micro-kernel runs, so
 // the result depends neither on the threads nor on the tier.
 // With bpre (B already packed for every column and inner row, PackForBackwardInput's layout: strip
@@ -285,15 +286,18 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
           const float* panel = bpre ? bpre + k0 * L + l0 * kGemmTileC : bpack + (cb * n_lc + lc) * panel_floats;
           const int64_t per_col = bpre ? L : nl;
           const bool overwrite = c0 + lc == 0 && !accumulate && a_is == 1;
-          if (pr) {
+          if (pr || panel_in_place) {
             // Micro-panel by micro-panel, its B in sub-chunks of at most kSubInner rows (48 x 144 floats at nl
             // = 576: 27 KiB, kept in L1 while every row tile of the task runs over it, A's micro-panels
-            // streamed from L2); each C element's chain goes on through the thread's partial tiles.
-            const float* ap = apanels + lc * n_tiles * pr * inner;
+            // streamed from L2, or its rows read in place); each C element's chain goes on through the
+            // thread's partial tiles.
+            const float* ap = pr ? apanels + lc * n_tiles * pr * inner : nullptr;
             const int64_t pc = tk.panel_cols;
-            const int64_t n_sub = (nl + kSubInner - 1) / kSubInner;
+            // One-strip products with A's rows in place (LoRA's x A^T) keep whole chunks: their B strip is
+            // small, and short runs of rows 6 KiB apart (x of 1536 columns) measured 1.6x slower split.
+            const int64_t n_sub = !pr && nk <= kGemmTileC ? 1 : (nl + kSubInner - 1) / kSubInner;
             const int64_t sub = ((nl + n_sub - 1) / n_sub + kGemmTileC - 1) / kGemmTileC * kGemmTileC;
-            float* part = n_sub > 1 ? ThreadPartials((size_t)((r1 - r0 + pr - 1) / pr * pr * pc)) : nullptr;
+            float* part = n_sub > 1 ? ThreadPartials((size_t)((r1 - r0 + MR - 1) / MR * MR * pc)) : nullptr;
             for (int64_t j = 0; j < nk; j += pc) {
               const int nc = (int)std::min<int64_t>(pc, nk - j);
               const int64_t ldb = interleave ? (nc + kGemmTileC - 1) / kGemmTileC * kGemmTileC : kGemmTileC;
@@ -302,25 +306,18 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
               for (int64_t l1 = 0; l1 < nl; l1 += sub) {
                 const int64_t ns = std::min(sub, nl - l1);
                 const bool first = l1 == 0, last = l1 + ns == nl;
-                for (int64_t ri = r0; ri < r1; ri += pr) {
+                for (int64_t ri = r0; ri < r1; ri += MR) {
                   float* pt = part ? part + (ri - r0) * pc : nullptr;
-                  tk.gemm_panel(ap + (ri - s0) * inner + l1 * pr, bj + l1 * ldb, stride, ldb, ns, c + ri * ldc + k0 + j,
-                                ldc, (int)std::min<int64_t>(pr, r1 - ri), nc, overwrite, first ? nullptr : pt,
-                                last ? nullptr : pt);
+                  float* cj = c + ri * ldc + k0 + j;
+                  const int mr = (int)std::min<int64_t>(MR, r1 - ri);
+                  if (pr) {
+                    tk.gemm_panel(ap + (ri - s0) * inner + l1 * pr, bj + l1 * ldb, stride, ldb, ns, cj, ldc, mr, nc,
+                                  overwrite, first ? nullptr : pt, last ? nullptr : pt);
+                  } else {
+                    tk.gemm_panel_rows(a + ri * a_rs + l0 + l1, a_rs, bj + l1 * ldb, stride, ldb, ns, cj, ldc, mr, nc,
+                                       overwrite, first ? nullptr : pt, last ? nullptr : pt);
+                  }
                 }
-              }
-            }
-            continue;
-          }
-          if (panel_in_place) {
-            const int64_t pc = tk.panel_cols;
-            for (int64_t j0 = 0; j0 < nk; j0 += 2 * pc) {
-              const int64_t j1 = std::min(nk, j0 + 2 * pc);
-              for (int64_t ri = r0; ri < r1; ri += MR) {
-                const int mr = (int)std::min<int64_t>(MR, r1 - ri);
-                for (int64_t j = j0; j < j1; j += pc)
-                  tk.gemm_panel_rows(a + ri * a_rs + l0, a_rs, panel + j * per_col, kGemmTileC * per_col, kGemmTileC,
-                                     nl, c + ri * ldc + k0 + j, ldc, mr, (int)std::min<int64_t>(pc, j1 - j), overwrite);
               }
             }
             continue;

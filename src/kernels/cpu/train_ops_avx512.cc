@@ -132,20 +132,21 @@ void PanelTile(const float* a, const float* b, int64_t stride, int64_t ldb, int6
 // A's rows read in place: row i at a + i * lda (rows past mr alias row mr - 1 and are not stored).
 template <int NS>
 void PanelRowsTile(const float* a, int64_t lda, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c,
-                   int64_t ldc, int mr, int nc, bool overwrite) {
+                   int64_t ldc, int mr, int nc, bool overwrite, const float* pin, float* pout) {
   const float* ar[kPanelR];
   for (int i = 0; i < kPanelR; ++i) ar[i] = a + std::min(i, mr - 1) * lda;
-  PanelTileT<NS>([&ar](int i, int64_t l) { return ar[i][l]; }, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+  PanelTileT<NS>([&ar](int i, int64_t l) { return ar[i][l]; }, b, stride, ldb, L, c, ldc, mr, nc, overwrite, pin,
+                 pout);
 }
 
 void GemmPanelRows(const float* a, int64_t lda, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c,
-                   int64_t ldc, int mr, int nc, bool overwrite) {
+                   int64_t ldc, int mr, int nc, bool overwrite, const float* pin, float* pout) {
   if (nc > 32)
-    PanelRowsTile<3>(a, lda, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+    PanelRowsTile<3>(a, lda, b, stride, ldb, L, c, ldc, mr, nc, overwrite, pin, pout);
   else if (nc > 16)
-    PanelRowsTile<2>(a, lda, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+    PanelRowsTile<2>(a, lda, b, stride, ldb, L, c, ldc, mr, nc, overwrite, pin, pout);
   else
-    PanelRowsTile<1>(a, lda, b, stride, ldb, L, c, ldc, mr, nc, overwrite);
+    PanelRowsTile<1>(a, lda, b, stride, ldb, L, c, ldc, mr, nc, overwrite, pin, pout);
 }
 
 void GemmPanel(const float* a, const float* b, int64_t stride, int64_t ldb, int64_t L, float* c, int64_t ldc, int mr,
