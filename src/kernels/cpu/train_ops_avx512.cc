@@ -82,13 +82,13 @@ constexpr int kPanelTileLd = kPanelStrips * 16;
 template <int NS, typename AAt>
 __attribute__((always_inline)) inline void PanelTileT(const AAt& a_at, const float* b, int64_t stride, int64_t ldb,
                                                       int64_t L, float* c, int64_t ldc, int mr, int nc,
-                                                      bool overwrite, const float* pin = nullptr,
-                                                      float* pout = nullptr) {
+                                                      bool overwrite, const float* pin, float* pout) {
   __m512 acc[kPanelR][NS];
 #pragma GCC unroll 8
   for (int i = 0; i < kPanelR; ++i)
 #pragma GCC unroll 3
-    for (int s = 0; s < NS; ++s) acc[i][s] = pin ? _mm512_loadu_ps(pin + i * kPanelTileLd + 16 * s) : _mm512_setzero_ps();
+    for (int s = 0; s < NS; ++s)
+      acc[i][s] = pin ? _mm512_loadu_ps(pin + i * kPanelTileLd + 16 * s) : _mm512_setzero_ps();
   for (int64_t l = 0; l < L; ++l, b += ldb) {
     __m512 bv[NS];
 #pragma GCC unroll 3
