@@ -58,10 +58,13 @@ PY
 
 # --profile: the last step of each row x thread count as a Chrome trace with the training ops and
 # the pool's per-thread chunks, and a top-ops table with the cores column on stderr.
-"$LATHE" bench train -m "$MODEL" --seq 64 --batch 2 --steps 1 --threads-list 1,2 --rows lora-f32 \
-  --profile "$tmp/prof" > /dev/null 2>"$tmp/err"
-check "bench train --profile exit" test $? -eq 0
-check "bench train --profile trace" python3 - "$tmp" <<'PY'
+# The ops' share of the step is a wall-time figure: with other tests on the two cores a thread preempted
+# between ops shows as uncovered time (32.8% once), so that bound gets three tries; a step the profiler
+# does not cover fails all three.
+profile_ok() {
+  "$LATHE" bench train -m "$MODEL" --seq 64 --batch 2 --steps 1 --threads-list 1,2 --rows lora-f32 \
+    --profile "$tmp/prof" > /dev/null 2>"$tmp/err" || { echo "bench train --profile exit $?"; return 1; }
+  python3 - "$tmp" <<'PY'
 import json, re, sys
 d = sys.argv[1]
 err = open(d + "/err").read()
@@ -82,6 +85,12 @@ for t in (1, 2):
     assert (t == 2) == ("pool_chunk" in names), (t, sorted(names))
 assert re.search(r"^linear_[fb]wd +\d+ +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9.]+ +[12]\.\d\d$", err, re.M), err
 PY
+}
+profile_tries() {
+  for i in 1 2 3; do profile_ok && return 0; echo "bench train --profile: try $i failed"; done
+  return 1
+}
+check "bench train --profile trace" profile_tries
 
 "$LATHE" bench train --rows nope > /dev/null 2>"$tmp/err"
 check "bad row exit" test $? -ne 0
