@@ -213,6 +213,25 @@ void BM_QGemm(benchmark::State& state, DType dt, Shape s, int64_t M, bool old_pa
       benchmark::Counter(2.0 * M * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// Prompt rows of a block-quantized W, the three forms of the same product in one run (same weights and x):
+// f32 x on dequantized panels (MatMul exact), bf16 x times the dequantized weights rounded to bf16 (where the
+// table has bf16_dequant), int16 x on the VNNI GEMM (where it has qgemm16; the transformer's choice there).
+void BM_PromptRows(benchmark::State& state, DType dt, Shape s, int64_t M, int form, int threads) {
+  ThreadPool pool(threads);
+  Weights w = MakeWeights(dt, s, 1);
+  const std::vector<float> x = RandomFloats(M * s.K, 2);
+  std::vector<float> y(M * s.N);
+  const kernels::cpu::MatMulKernels& mm = kernels::cpu::Best().mm;
+  for (auto _ : state) {
+    if (form == 0) kernels::cpu::MatMulWith(mm, pool, x.data(), M, w.t[0], y.data(), /*exact_activations=*/true);
+    if (form == 1) kernels::cpu::MatMulBf16With(mm, pool, x.data(), M, w.t[0], y.data());
+    if (form == 2) kernels::cpu::MatMulInt16With(mm, pool, x.data(), M, w.t[0], y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * M * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
 // The matmuls of one SmolLM2-135M forward step over M rows (30 layers of q, k, v, o, gate, up, down,
 // then the head), each layer with its own weights (~143 MB in Q8_0), so they stream from DRAM as in
 // the serving engine (a bench on one matrix keeps it in cache). exact = the prompt rows' path (f32
@@ -579,6 +598,22 @@ void RegisterAll() {
                 ->Unit(benchmark::kMicrosecond)
                 ->UseRealTime();
         }
+  for (DType dt : {DType::kQ8_0, DType::kQ4_1})
+    for (Shape s : {Shape{1536, 576}, Shape{576, 1536}})
+      for (int64_t M : {64, 512})
+        for (int form : {0, 1, 2})
+          for (int threads : {1, 2}) {
+            if (form == 1 && !kernels::cpu::Best().mm.bf16_dequant) continue;
+            if (form == 2 && !kernels::cpu::Best().mm.qgemm16) continue;
+            benchmark::RegisterBenchmark(("prompt/" + std::string(DTypeName(dt)) + "/" +
+                                          (form == 0 ? "f32x" : form == 1 ? "bf16x" : "int16x") + "/M:" +
+                                          std::to_string(M) + "/" + std::to_string(s.N) + "x" + std::to_string(s.K) +
+                                          "/threads:" + std::to_string(threads))
+                                             .c_str(),
+                                         BM_PromptRows, dt, s, M, form, threads)
+                ->Unit(benchmark::kMicrosecond)
+                ->UseRealTime();
+          }
   for (DType dt : {DType::kQ8_0, DType::kQ4_1})
     for (int64_t M : {1, 4, 6, 8, 32, 64})
       for (bool exact : {false, true})

@@ -33,6 +33,15 @@ void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float*
 void MatMulBf16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 bool MatMulBf16Rounds(const Tensor& w);
 
+// Prompt rows of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights on CPUs with AVX-512 VNNI: x quantized to int16 per
+// block of 32 (cpu::BlockQ16X: ~2^-16 of the block's amax per element) times W's integer codes, exact int32
+// block sums on the int8 dot-product instructions (two passes), one fma per block: the int8 GEMM's arithmetic
+// with 256x finer x, at twice the f32 FMA rate per multiply-add. A row's result does not depend on M.
+// MatMulInt16Takes(w): whether this CPU and w take it (else MatMulBf16 / MatMul(..., true)); LATHE_INT16_PROMPT=0
+// says no (A/B runs).
+void MatMulInt16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
+bool MatMulInt16Takes(const Tensor& w);
+
 // ys[i](M, N_i) = x(M, K) . ws[i](N_i, K)^T for weights that share x (q/k/v, gate/up): bit for bit
 // the results of one MatMul per weight. Where every one of those calls would take the M = 1 GEMV
 // path, they run as one pool job instead (x quantized once, the weights' rows split together), so

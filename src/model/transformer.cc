@@ -496,9 +496,12 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
 }
 
 void Transformer::MatMulRun(const float* x, int64_t M, const Tensor& w, float* y, bool exact) {
-  // Prompt rows (exact) of a block-quantized W: bf16 arithmetic where the CPU has the bf16 dot product
-  // (kernels::MatMulBf16; f32 elsewhere), f32 with options_.exact_activations.
-  if (exact && !options_.exact_activations) {
+  // Prompt rows (exact) of a block-quantized W: int16 x on AVX-512 VNNI for Q8_0 / Q4_* / Q5_*
+  // (kernels::MatMulInt16), else bf16 arithmetic where the CPU has the bf16 dot product (kernels::MatMulBf16;
+  // f32 elsewhere); f32 with options_.exact_activations.
+  if (exact && !options_.exact_activations && kernels::MatMulInt16Takes(w)) {
+    kernels::MatMulInt16(pool_, x, M, w, y);
+  } else if (exact && !options_.exact_activations) {
     kernels::MatMulBf16(pool_, x, M, w, y);
   } else {
     kernels::MatMul(pool_, x, M, w, y, exact);
@@ -513,7 +516,9 @@ void Transformer::LinearShared(const char* name, const float* x, int64_t M, int6
   const bool exact = options_.exact_activations || (token_runs_.size() == 1 && token_runs_.front().exact);
   bool stripped = false;
   for (const SharedPart& p : parts)
-    stripped = stripped || Strips(*p.w) || (exact && !options_.exact_activations && kernels::MatMulBf16Rounds(*p.w));
+    stripped = stripped || Strips(*p.w) ||
+               (exact && !options_.exact_activations &&
+                (kernels::MatMulInt16Takes(*p.w) || kernels::MatMulBf16Rounds(*p.w)));
   if (M != 1 || stripped) {
     for (const SharedPart& p : parts) Linear(p.name, x, M, *p.w, p.y, layer, p.module);
     return;

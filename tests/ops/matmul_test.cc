@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -528,7 +529,9 @@ TEST(Avx2Forms, SplitAndFullWidthBitIdentical) {
 // exact int32 dot product T of the weight codes (q for Q8_0; nibble (+ fifth bit) for Q4 / Q5) and x's
 // int8 codes, acc = fma(float(T), dw * dx, acc) and corr = fma(cw, sx, corr) in block order, y = acc (Q8_0)
 // or acc + corr * kCorr (cw = the min for Q4_1 / Q5_1, else dw; kCorr = 1, or -8 / -16 for the offset).
-float TierBlockDot(DType dt, const uint8_t* row, const cpu::BlockQ8X* x, int64_t nb) {
+// XB = BlockQ8X (int8 codes qs) or BlockQ16X (int16 codes 256 hi + lo): the same block arithmetic.
+template <class XB>
+float TierBlockDot(DType dt, const uint8_t* row, const XB* x, int64_t nb) {
   const auto rounded = [](float v) {  // one rounding per step, never contracted into an fma
     volatile float r = v;
     return (float)r;
@@ -549,7 +552,11 @@ float TierBlockDot(DType dt, const uint8_t* row, const cpu::BlockQ8X* x, int64_t
     for (int e = 0; e < 32; ++e) {
       const int code = q8 ? (int)(int8_t)b[2 + e]
                           : (e < 16 ? qs[e] & 15 : qs[e - 16] >> 4) | (k5 ? (int)(qh >> e & 1) << 4 : 0);
-      t += code * x[j].qs[e];
+      if constexpr (std::is_same_v<XB, cpu::BlockQ16X>) {
+        t += code * (256 * x[j].hi[e] + x[j].lo[e]);
+      } else {
+        t += code * x[j].qs[e];
+      }
     }
     acc = std::fma((float)t, rounded(dw * x[j].d), acc);
     corr = std::fma(cw, x[j].s, corr);
@@ -590,6 +597,98 @@ TEST(Avx512Tier, BlockTypesMatchTheScalarBlockArithmetic) {
       }
     }
   }
+}
+
+// The int16 x quantizer of prompt rows, written out: per block d = amax / kQ16Max, c = round-half-even(x *
+// (kQ16Max / amax)) clamped to +-kQ16Max, c = 256 hi + lo with lo in [-128, 127], csum = sum(c), s = d * csum.
+void QuantizeX16Model(const float* x, int64_t K, cpu::BlockQ16X* out) {
+  for (int64_t j = 0; j < K / 32; ++j) {
+    const float* p = x + 32 * j;
+    float amax = 0;
+    for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(p[e]));
+    const float d = amax / (float)cpu::kQ16Max, id = amax > 0 ? (float)cpu::kQ16Max / amax : 0.0f;
+    int32_t sum = 0;
+    for (int e = 0; e < 32; ++e) {
+      volatile float v = p[e] * id;  // one rounding, as the vector multiply
+      const int32_t c = std::clamp((int32_t)std::nearbyint((float)v), -cpu::kQ16Max, cpu::kQ16Max);
+      const int32_t lo = ((c + 128) & 255) - 128;
+      out[j].lo[e] = (int8_t)lo;
+      out[j].hi[e] = (int8_t)((c - lo) / 256);
+      sum += c;
+    }
+    out[j].csum = sum;
+    out[j].d = d;
+    out[j].s = d * (float)sum;
+  }
+}
+
+TEST(Avx512Tier, Int16QuantizerMatchesTheModel) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::MatMulKernels& k = cpu::KernelsFor(IsaTier::kAvx512).mm;
+  ASSERT_NE(k.quantize_x16, nullptr);
+  const int64_t K = 192;
+  std::vector<float> x = RandomVec(K, 1900);
+  for (int e = 32; e < 64; ++e) x[e] = 0.0f;          // an all-zero block
+  x[70] = 1e4f;                                        // one huge element: the rest round to small codes
+  for (int e = 96; e < 128; ++e) x[e] = e % 2 ? 0.5f : -0.5f;  // every code at +-kQ16Max
+  x[130] = 2.5f * 1e-3f;
+  std::vector<cpu::BlockQ16X> a(K / 32), b(K / 32);
+  k.quantize_x16(x.data(), K, a.data());
+  QuantizeX16Model(x.data(), K, b.data());
+  for (int64_t j = 0; j < K / 32; ++j) {
+    EXPECT_EQ(a[j].d, b[j].d) << j;
+    EXPECT_EQ(a[j].s, b[j].s) << j;
+    EXPECT_EQ(a[j].csum, b[j].csum) << j;
+    for (int e = 0; e < 32; ++e) {
+      ASSERT_EQ(a[j].hi[e], b[j].hi[e]) << j << " " << e;
+      ASSERT_EQ(a[j].lo[e], b[j].lo[e]) << j << " " << e;
+      const float back = (float)(256 * a[j].hi[e] + a[j].lo[e]) * a[j].d;
+      EXPECT_LE(std::fabs(back - x[32 * j + e]), 0.5001f * a[j].d + 1e-30f) << j << " " << e;
+    }
+  }
+  EXPECT_EQ(a[1].csum, 0);
+  EXPECT_EQ(a[3].hi[0], -127);
+  EXPECT_EQ(a[3].lo[0], -127);
+  EXPECT_EQ(a[3].hi[1], 127);
+  EXPECT_EQ(a[3].lo[1], 127);
+}
+
+// Prompt rows on the AVX-512 tier (MatMulInt16With): every row has the bits of TierBlockDot over its int16
+// codes, for every M (1 to past a tile and an x block), N with and without a 16-row or 4-row remainder, and
+// 1-3 threads; and the products are far closer to the f32 reference than the int8 ones.
+TEST(Avx512Tier, Int16PromptRowsMatchTheScalarBlockArithmetic) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::MatMulKernels& k = cpu::KernelsFor(IsaTier::kAvx512).mm;
+  uint32_t seed = 2000;
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
+    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}, Shape{201, 64}}) {
+      for (int64_t M : {1, 2, 3, 5, 8, 17, 34}) {
+        testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
+        ASSERT_TRUE(cpu::Int16Takes(k, w.t));
+        const std::vector<float> x = RandomVec(M * s.K, seed++);
+        const int64_t nb = s.K / 32;
+        std::vector<cpu::BlockQ16X> xq(M * nb);
+        for (int64_t i = 0; i < M; ++i) QuantizeX16Model(x.data() + i * s.K, s.K, xq.data() + i * nb);
+        std::vector<float> y(M * s.N, -1.0f), y8(M * s.N), ref(M * s.N);
+        ThreadPool pool(1 + (int)(seed % 3));
+        cpu::MatMulInt16With(k, pool, x.data(), M, w.t, y.data());
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t n = 0; n < s.N; ++n)
+            ASSERT_EQ(y[i * s.N + n], TierBlockDot(dt, w.bytes.data() + n * w.t.row_bytes(), xq.data() + i * nb, nb))
+                << DTypeName(dt) << " M=" << M << " N=" << s.N << " K=" << s.K << " row " << i << " n=" << n;
+        cpu::MatMulWith(k, pool, x.data(), M, w.t, y8.data());
+        ref::MatMul(x.data(), M, w.t, ref.data());
+        const double e16 = NormalizedError(y, ref), e8 = NormalizedError(y8, ref);
+        EXPECT_LE(e16, 1e-4) << DTypeName(dt) << " M=" << M << " N=" << s.N;
+        EXPECT_LT(e16 * 20, e8) << DTypeName(dt) << " M=" << M << " N=" << s.N;
+      }
+    }
+  }
+  // The public entry point takes it for these types on this CPU, not for the K-quants or float weights.
+  testing::TestWeight q8 = MakeWeight(DType::kQ8_0, 8, 64, 1), f = MakeWeight(DType::kF32, 8, 64, 2);
+  EXPECT_EQ(MatMulInt16Takes(q8.t), cpu::Best().mm.qgemm16 != nullptr);
+  EXPECT_FALSE(MatMulInt16Takes(f.t));
+  EXPECT_FALSE(cpu::Int16Takes(cpu::KernelsFor(IsaTier::kAvx2).mm, q8.t));
 }
 
 // The public entry points (best tier) agree with the reference too.

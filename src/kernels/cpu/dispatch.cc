@@ -1,6 +1,7 @@
 // Public kernel entry points (kernels.h): pick the best ISA tier once and forward to its table.
 #include "kernels/cpu/dispatch.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "core/check.h"
@@ -51,6 +52,19 @@ void MatMulBf16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, fl
 
 bool MatMulBf16Rounds(const Tensor& w) {
   return cpu::Bf16DequantTakes(cpu::Best().mm, w);
+}
+
+void MatMulInt16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+  cpu::MatMulInt16With(cpu::Best().mm, pool, x, M, w, y);
+}
+
+bool MatMulInt16Takes(const Tensor& w) {
+  // LATHE_INT16_PROMPT=0 keeps the previous prompt-row forms (bf16 / f32 x) for A/B runs in one binary.
+  static const bool enabled = [] {
+    const char* env = std::getenv("LATHE_INT16_PROMPT");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return enabled && cpu::Int16Takes(cpu::Best().mm, w);
 }
 
 void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const Tensor* const> ws,

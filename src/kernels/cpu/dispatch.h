@@ -23,6 +23,22 @@ struct BlockQ8X {
 };
 static_assert(sizeof(BlockQ8X) == 40);
 
+// One row of activations quantized to int16 for prompt rows (MatMulKernels::qgemm16): per 32-element block
+// the codes c = round(x / d) in [-kQ16Max, kQ16Max], d = amax / kQ16Max, stored as two int8 halves c = 256 * hi
+// + lo (lo in [-128, 127], hi in [-127, 127]) so the int8 dot-product instructions take them in two passes;
+// csum = sum(c), s = d * csum (the Q4 offset / min term). ~2^-16 of the block's amax per element: 128x finer
+// than bf16 x near the amax. Internal layout.
+constexpr int32_t kQ16Max = 127 * 256 + 127;
+struct BlockQ16X {
+  float d;
+  float s;
+  int32_t csum;
+  int32_t pad;
+  int8_t hi[32];
+  int8_t lo[32];
+};
+static_assert(sizeof(BlockQ16X) == 80);
+
 // Block-quantized weights (every GGML block type) use the int8 GEMV up to this M (batched decode) on
 // tiers whose MatMulKernels::qgemm_min_m does not say otherwise: weight blocks stay hot in L2 while all
 // x rows run over them with the per-row arithmetic of M = 1 (MatMulKernels::gemv_exact_m rows per
@@ -58,6 +74,13 @@ struct MatMulKernels {
   // x row alone, so results do not depend on m or on the other rows.
   void (*qgemm)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
                 float* y, int64_t ldy) = nullptr;
+  // qgemm for int16 x (prompt rows of Q8_0 / Q4_* / Q5_*; MatMulInt16With): the same block arithmetic with
+  // T = the exact int32 dot of the weight codes and x's int16 codes, any n_rows and m; a row's result does not
+  // depend on m. With quantize_x16 (K % 32 == 0). Null where a tier has none (AVX-512 VNNI only: on AVX2 two
+  // int8 passes per product are slower than f32 FMAs).
+  void (*qgemm16)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ16X* x, int64_t m, int64_t K,
+                  float* y, int64_t ldy) = nullptr;
+  void (*quantize_x16)(const float* x, int64_t K, BlockQ16X* out) = nullptr;
   // qgemm takes the rows from this M on (the batched GEMV below it): where the two cross on this tier
   // (AVX2: kGemvQuantMaxM + 1; AVX-512's VNNI GEMM: 8, measured in qgemm_avx512.cc).
   int64_t qgemm_min_m = kGemvQuantMaxM + 1;
@@ -122,6 +145,9 @@ constexpr int64_t kChainGemvMaxM = 20;
 void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 // Whether MatMulBf16With takes k.bf16_dequant for w (kernels::MatMulBf16Rounds).
 bool Bf16DequantTakes(const MatMulKernels& k, const Tensor& w);
+// kernels::MatMulInt16 with one tier's kernels: REQUIRES Int16Takes(k, w) (k.qgemm16 and a Q8_0 / Q4_* / Q5_* w).
+void MatMulInt16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
+bool Int16Takes(const MatMulKernels& k, const Tensor& w);
 // kernels::MatMulStrips / PackStripWeight with one tier's kernels (matmul.cc).
 void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const StripWeight& w,
                       float* y);

@@ -124,6 +124,36 @@ void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t
   }, 2.0 * M * N * K);
 }
 
+// Prompt rows of Q8_0 / Q4_* / Q5_* on k.qgemm16: x quantized once to int16 blocks, tasks = weight row blocks
+// (whole 16-row units, ~kGemvBlockBytes at most, a multiple of the thread count where N allows) x x-row blocks
+// of ~kXBlockBytes, as QuantGemm; every row through the GEMM whatever M (one arithmetic per row).
+void QuantGemm16(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+  const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
+  LATHE_CHECK(K % 32 == 0);
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  static thread_local std::vector<BlockQ16X> xq_buf;
+  BlockQ16X* xq = Scratch(xq_buf, (size_t)(M * nb));
+  pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t m = b; m < e; ++m) k.quantize_x16(x + m * K, K, xq + m * nb);
+  });
+  const int64_t n_units = (N + 15) / 16, P = pool.size();
+  const int64_t units = std::max<int64_t>(1, std::min(kGemvBlockBytes / (int64_t)rb / 16, (n_units + P - 1) / P));
+  int64_t n_wblocks = (n_units + units - 1) / units;
+  n_wblocks = std::min(n_units, (n_wblocks + P - 1) / P * P);
+  const auto wblock_row = [&](int64_t b) { return std::min(N, b * n_units / n_wblocks * 16); };
+  int64_t mb = std::max<int64_t>(4, kXBlockBytes / (nb * (int64_t)sizeof(BlockQ16X)) / 4 * 4);
+  const int64_t n_mblocks = (M + mb - 1) / mb;
+  mb = ((M + n_mblocks - 1) / n_mblocks + 3) / 4 * 4;
+  pool.ParallelFor(n_mblocks * n_wblocks, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t m0 = (t / n_wblocks) * mb, m1 = std::min(M, m0 + mb);
+      const int64_t n0 = wblock_row(t % n_wblocks), nr = wblock_row(t % n_wblocks + 1) - n0;
+      if (m0 < m1 && nr > 0) k.qgemm16(w.dtype, wd + n0 * rb, rb, nr, xq + m0 * nb, m1 - m0, K, y + m0 * N + n0, N);
+    }
+  }, 2.0 * M * N * K);
+}
+
 // W rows per ChainGemv block: every x row (4 per kernel call) runs over a block while it is in L1 / L2.
 constexpr int64_t kChainRows = 64;
 
@@ -238,6 +268,18 @@ void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, in
   } else {
     MatMulWith(k, pool, x, M, w, y, /*exact_activations=*/true);
   }
+}
+
+bool Int16Takes(const MatMulKernels& k, const Tensor& w) {
+  const DType t = w.dtype;
+  return k.qgemm16 && w.ndim() == 2 && w.shape[1] % 32 == 0 &&
+         (t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1);
+}
+
+void MatMulInt16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+  LATHE_CHECK(Int16Takes(k, w));
+  if (M <= 0 || w.shape[0] == 0) return;
+  QuantGemm16(k, pool, x, M, w, y);
 }
 
 StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const Tensor& w, void* out) {

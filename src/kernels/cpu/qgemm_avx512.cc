@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/check.h"
@@ -114,12 +115,34 @@ void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
   }
 }
 
+// dot[i][g] += the 32 products of block j's weight codes with the x codes at codes(i) (8 vpdpbusd).
+template <int MR, int NG, class Codes>
+inline void BlockDots(const Group16* const* gb, int64_t j, Codes codes, __m512i (&dot)[MR][NG]) {
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    __m512i wv[NG];
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; ++g) wv[g] = _mm512_load_si512(gb[g][j].u[k]);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      int32_t xd;
+      std::memcpy(&xd, codes(i) + 4 * k, 4);
+      const __m512i xv = _mm512_set1_epi32(xd);
+#pragma GCC unroll 2
+      for (int g = 0; g < NG; ++g) dot[i][g] = _mm512_dpbusd_epi32(dot[i][g], wv[g], xv);
+    }
+  }
+}
+
 // y for MR x rows and NG groups of 16 weight rows over all nb blocks; `last` masks the stored lanes of
-// the last group. xstart (Q8_0 only): per (x row, block) -128 * the sum of x's codes.
-template <DType T, int MR, int NG>
-void Tile(const Group16* const* gb, const BlockQ8X* x, const int32_t* xstart, int64_t nb, float* y, int64_t ldy,
+// the last group. XB = BlockQ8X (int8 x; xstart, Q8_0 only: per (x row, block) -128 * the sum of x's codes)
+// or BlockQ16X (int16 x codes c = 256 hi + lo: the hi products first, shifted left by 8, then the lo ones
+// and, for Q8_0, -128 * csum; the same exact int32 T as one pass over c, since |T| < 2^28).
+template <DType T, int MR, int NG, class XB>
+void Tile(const Group16* const* gb, const XB* x, const int32_t* xstart, int64_t nb, float* y, int64_t ldy,
           __mmask16 last) {
   using I = avx2::Block32<T>;
+  constexpr bool kX16 = std::is_same_v<XB, BlockQ16X>;
   __m512 acc[MR][NG], corr[MR][NG];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
@@ -127,24 +150,29 @@ void Tile(const Group16* const* gb, const BlockQ8X* x, const int32_t* xstart, in
     for (int g = 0; g < NG; ++g) acc[i][g] = corr[i][g] = _mm512_setzero_ps();
   for (int64_t j = 0; j < nb; ++j) {
     __m512i dot[MR][NG];
+    if constexpr (kX16) {
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i)
+      for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
-      for (int g = 0; g < NG; ++g)
-        dot[i][g] = I::kQ8 ? _mm512_set1_epi32(xstart[i * nb + j]) : _mm512_setzero_si512();
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      __m512i wv[NG];
-#pragma GCC unroll 2
-      for (int g = 0; g < NG; ++g) wv[g] = _mm512_load_si512(gb[g][j].u[k]);
+        for (int g = 0; g < NG; ++g) dot[i][g] = _mm512_setzero_si512();
+      BlockDots<MR, NG>(gb, j, [&](int i) { return x[i * nb + j].hi; }, dot);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
-        int32_t xd;
-        std::memcpy(&xd, x[i * nb + j].qs + 4 * k, 4);
-        const __m512i xv = _mm512_set1_epi32(xd);
+        const __m512i start = _mm512_set1_epi32(I::kQ8 ? -128 * x[i * nb + j].csum : 0);
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; ++g) dot[i][g] = _mm512_dpbusd_epi32(dot[i][g], wv[g], xv);
+        for (int g = 0; g < NG; ++g) {
+          dot[i][g] = _mm512_slli_epi32(dot[i][g], 8);
+          if constexpr (I::kQ8) dot[i][g] = _mm512_add_epi32(dot[i][g], start);
+        }
       }
+      BlockDots<MR, NG>(gb, j, [&](int i) { return x[i * nb + j].lo; }, dot);
+    } else {
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; ++g)
+          dot[i][g] = I::kQ8 ? _mm512_set1_epi32(xstart[i * nb + j]) : _mm512_setzero_si512();
+      BlockDots<MR, NG>(gb, j, [&](int i) { return x[i * nb + j].qs; }, dot);
     }
     __m512 dw[NG], cw[NG];
 #pragma GCC unroll 2
@@ -154,7 +182,7 @@ void Tile(const Group16* const* gb, const BlockQ8X* x, const int32_t* xstart, in
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const BlockQ8X& xb = x[i * nb + j];
+      const XB& xb = x[i * nb + j];
       const __m512 dx = _mm512_set1_ps(xb.d);
 #pragma GCC unroll 2
       for (int g = 0; g < NG; ++g) {
@@ -179,22 +207,22 @@ constexpr int kMR = T == DType::kQ8_0 ? 4 : 3;
 
 // The rows of the next pass (pf, pf_bytes) are prefetched a share before each tile, so the misses spread
 // over the pass instead of queueing up in one burst.
-template <DType T, int NG, int MR = kMR<T>>
-void Tiles(const Group16* const* gb, const BlockQ8X* x, const int32_t* xstart, int64_t m, int64_t nb, float* y,
+template <DType T, int NG, class XB, int MR = kMR<T>>
+void Tiles(const Group16* const* gb, const XB* x, const int32_t* xstart, int64_t m, int64_t nb, float* y,
            int64_t ldy, __mmask16 last, const char* pf, size_t pf_bytes) {
-  const auto start = [&](int64_t i0) { return T == DType::kQ8_0 ? xstart + i0 * nb : nullptr; };
+  const auto start = [&](int64_t i0) { return xstart ? xstart + i0 * nb : nullptr; };
   const int64_t n_tiles = (m + MR - 1) / MR;
   const size_t share = n_tiles > 0 ? (pf_bytes / (size_t)n_tiles + 64) & ~(size_t)63 : 0;
   size_t done = 0;
   int64_t i0 = 0;
   for (; i0 + MR <= m; i0 += MR) {
     for (const size_t e = std::min(pf_bytes, done + share); done < e; done += 64) _mm_prefetch(pf + done, _MM_HINT_T0);
-    Tile<T, MR, NG>(gb, x + i0 * nb, start(i0), nb, y + i0 * ldy, ldy, last);
+    Tile<T, MR, NG, XB>(gb, x + i0 * nb, start(i0), nb, y + i0 * ldy, ldy, last);
   }
   if constexpr (MR > 1) {
     if (m > i0)
-      Tiles<T, NG, MR - 1>(gb, x + i0 * nb, start(i0), m - i0, nb, y + i0 * ldy, ldy, last, pf + done,
-                           pf_bytes - done);
+      Tiles<T, NG, XB, MR - 1>(gb, x + i0 * nb, start(i0), m - i0, nb, y + i0 * ldy, ldy, last, pf + done,
+                               pf_bytes - done);
   } else {
     for (; done < pf_bytes; done += 64) _mm_prefetch(pf + done, _MM_HINT_T0);
   }
@@ -203,15 +231,15 @@ void Tiles(const Group16* const* gb, const BlockQ8X* x, const int32_t* xstart, i
 constexpr int kGroupRows = 32;  // two groups of 16 rows per pass over the x rows
 constexpr int64_t kPrefetchPasses = 1;  // how many passes ahead the raw rows are prefetched
 
-template <DType T>
-void QGemmT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
+template <DType T, class XB>
+void QGemmT(const uint8_t* w, size_t rb, int64_t n_rows, const XB* x, int64_t m, int64_t K, float* y,
             int64_t ldy) {
   const int64_t nb = K / 32;
   static thread_local std::vector<Group16> blocks_buf;
   static thread_local std::vector<int32_t> start_buf;
   Group16* blocks = Scratch(blocks_buf, (size_t)(2 * nb));
   int32_t* xstart = nullptr;
-  if constexpr (T == DType::kQ8_0) {
+  if constexpr (T == DType::kQ8_0 && std::is_same_v<XB, BlockQ8X>) {
     xstart = Scratch(start_buf, (size_t)(m * nb));
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
     for (int64_t i = 0; i < m * nb; ++i) {
@@ -233,18 +261,20 @@ void QGemmT(const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int6
     UnpackGroup<T>(w + r0 * rb, rb, std::min(nr, 16), nb, blocks);
     if (nr > 16) {
       UnpackGroup<T>(w + (r0 + 16) * rb, rb, nr - 16, nb, blocks + nb);
-      Tiles<T, 2>(gb, x, xstart, m, nb, y + r0, ldy, Mask16(nr - 16), pf, pf_bytes);
+      Tiles<T, 2, XB>(gb, x, xstart, m, nb, y + r0, ldy, Mask16(nr - 16), pf, pf_bytes);
     } else {
-      Tiles<T, 1>(gb, x, xstart, m, nb, y + r0, ldy, Mask16(nr), pf, pf_bytes);
+      Tiles<T, 1, XB>(gb, x, xstart, m, nb, y + r0, ldy, Mask16(nr), pf, pf_bytes);
     }
   }
 }
 
 }  // namespace
 
-void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
-           int64_t ldy) {
-  LATHE_CHECK(n_rows % 4 == 0 && K % 32 == 0);
+namespace {
+
+template <class XB>
+void QGemmAny(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const XB* x, int64_t m, int64_t K, float* y,
+              int64_t ldy) {
   switch (t) {
     case DType::kQ8_0:
       return QGemmT<DType::kQ8_0>(w, rb, n_rows, x, m, K, y, ldy);
@@ -258,6 +288,49 @@ void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X*
       return QGemmT<DType::kQ5_1>(w, rb, n_rows, x, m, K, y, ldy);
     default:
       LATHE_CHECK_MSG(false, "QGemm: unsupported weight dtype %s", DTypeName(t));
+  }
+}
+
+}  // namespace
+
+void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
+           int64_t ldy) {
+  LATHE_CHECK(n_rows % 4 == 0 && K % 32 == 0);
+  QGemmAny(t, w, rb, n_rows, x, m, K, y, ldy);
+}
+
+void QGemm16(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ16X* x, int64_t m, int64_t K,
+             float* y, int64_t ldy) {
+  LATHE_CHECK(K % 32 == 0);
+  QGemmAny(t, w, rb, n_rows, x, m, K, y, ldy);
+}
+
+// MatMulKernels::quantize_x16: per block d = amax / 32639, c = round-to-even(x / d) (x * (32639 / amax), the
+// same rounding as the int8 quantizer), clamped to +-32639, split into hi / lo bytes.
+void QuantizeX16(const float* x, int64_t K, BlockQ16X* out) {
+  const __m512i lim = _mm512_set1_epi32(kQ16Max), x80 = _mm512_set1_epi32(128), xff = _mm512_set1_epi32(255);
+  for (int64_t j = 0; j < K / 32; ++j) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * j), v1 = _mm512_loadu_ps(x + 32 * j + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / (float)kQ16Max, id = amax > 0 ? (float)kQ16Max / amax : 0.0f;
+    const __m512 mul = _mm512_set1_ps(id);
+    BlockQ16X& b = out[j];
+    __m512i sum = _mm512_setzero_si512();
+    const auto half = [&](__m512 v, int o) {
+      __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(v, mul));  // MXCSR's round to nearest even
+      c = _mm512_max_epi32(_mm512_min_epi32(c, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+      sum = _mm512_add_epi32(sum, c);
+      const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(c, x80), xff), x80);
+      const __m512i hi = _mm512_srai_epi32(_mm512_sub_epi32(c, lo), 8);
+      _mm_storeu_si128((__m128i*)(b.lo + o), _mm512_cvtepi32_epi8(lo));
+      _mm_storeu_si128((__m128i*)(b.hi + o), _mm512_cvtepi32_epi8(hi));
+    };
+    half(v0, 0);
+    half(v1, 16);
+    b.csum = _mm512_reduce_add_epi32(sum);
+    b.d = d;
+    b.s = d * (float)b.csum;
+    b.pad = 0;
   }
 }
 
