@@ -604,7 +604,7 @@ void RegisterAll() {
         for (int form : {0, 1, 2})
           for (int threads : {1, 2}) {
             if (form == 1 && !kernels::cpu::Best().mm.bf16_dequant) continue;
-            if (form == 2 && !kernels::cpu::Best().mm.qgemm16) continue;
+            if (form == 2 && !kernels::cpu::Best().mm.qgemm_runs) continue;
             benchmark::RegisterBenchmark(("prompt/" + std::string(DTypeName(dt)) + "/" +
                                           (form == 0 ? "f32x" : form == 1 ? "bf16x" : "int16x") + "/M:" +
                                           std::to_string(M) + "/" + std::to_string(s.N) + "x" + std::to_string(s.K) +

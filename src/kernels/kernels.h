@@ -41,6 +41,14 @@ bool MatMulBf16Rounds(const Tensor& w);
 // says no (A/B runs).
 void MatMulInt16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 bool MatMulInt16Takes(const Tensor& w);
+// A step's rows in runs of one precision: sampled rows (int16 = false) take MatMul's int8 activations, prompt
+// rows MatMulInt16's int16 ones, every row with the bits it gets in those calls; where both kinds are present
+// they share one pass over W. REQUIRES MatMulInt16Takes(w) and the runs' n_rows to add up to M.
+struct RowRun {
+  int64_t n_rows = 0;
+  bool int16 = false;
+};
+void MatMulRows(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y, std::span<const RowRun> runs);
 
 // ys[i](M, N_i) = x(M, K) . ws[i](N_i, K)^T for weights that share x (q/k/v, gate/up): bit for bit
 // the results of one MatMul per weight. Where every one of those calls would take the M = 1 GEMV

@@ -480,6 +480,11 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
     const std::vector<PrecisionRun>& runs = layer >= 0 ? token_runs_ : out_runs_;
     if (const kernels::StripWeight* sw = Strips(w)) {
       kernels::MatMulStrips(pool_, x, M, *sw, y);
+    } else if (!options_.exact_activations && kernels::MatMulInt16Takes(w)) {
+      // Sampled rows int8, prompt rows int16, one pass over W for both.
+      row_runs_.clear();
+      for (const PrecisionRun& run : runs) row_runs_.push_back({run.n_rows, run.exact});
+      kernels::MatMulRows(pool_, x, M, w, y, row_runs_);
     } else if (options_.exact_activations || !IsQuantized(w.dtype) || runs.size() < 2) {
       const bool exact = options_.exact_activations || (runs.size() == 1 && runs.front().exact);
       MatMulRun(x, M, w, y, exact);
@@ -496,12 +501,10 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
 }
 
 void Transformer::MatMulRun(const float* x, int64_t M, const Tensor& w, float* y, bool exact) {
-  // Prompt rows (exact) of a block-quantized W: int16 x on AVX-512 VNNI for Q8_0 / Q4_* / Q5_*
-  // (kernels::MatMulInt16), else bf16 arithmetic where the CPU has the bf16 dot product (kernels::MatMulBf16;
-  // f32 elsewhere); f32 with options_.exact_activations.
-  if (exact && !options_.exact_activations && kernels::MatMulInt16Takes(w)) {
-    kernels::MatMulInt16(pool_, x, M, w, y);
-  } else if (exact && !options_.exact_activations) {
+  // Prompt rows (exact) of a block-quantized W: bf16 arithmetic where the CPU has the bf16 dot product
+  // (kernels::MatMulBf16; f32 elsewhere), f32 with options_.exact_activations. (Weights that take int16 prompt
+  // rows go through kernels::MatMulRows in Linear.)
+  if (exact && !options_.exact_activations) {
     kernels::MatMulBf16(pool_, x, M, w, y);
   } else {
     kernels::MatMul(pool_, x, M, w, y, exact);

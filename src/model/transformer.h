@@ -122,9 +122,10 @@ struct SeqInput {
 };
 
 struct TransformerOptions {
-  // Prompt rows (PagedSeqInput::sampled_rows) of block-quantized weights use f32 activations, or on CPUs
-  // with avx512_bf16 bf16 ones times the dequantized weights rounded to bf16 (kernels::MatMulBf16, as
-  // a BF16 model's prompt rows); this keeps f32 activations for every row (see kernels::MatMul):
+  // Prompt rows (not PagedSeqInput::sampled_rows) of block-quantized weights use f32 activations; on CPUs
+  // with AVX-512 VNNI int16 ones for Q8_0 / Q4_* / Q5_* (kernels::MatMulRows, one pass over W with the
+  // step's int8 sampled rows), elsewhere with avx512_bf16 bf16 ones times the dequantized weights rounded to
+  // bf16 (kernels::MatMulBf16, as a BF16 model's prompt rows); this keeps f32 activations for every row (see kernels::MatMul):
   // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations.
   // Either way, every output logit within kExactLogitMargin of a row's maximum is recomputed
   // exactly (f32 activations): the logits feed sampling directly, and int8 noise (~1 logit)
@@ -207,6 +208,7 @@ class Transformer {
   };
   static void AddRun(std::vector<PrecisionRun>* runs, int64_t n, bool exact);
   std::vector<PrecisionRun> token_runs_, out_runs_;
+  std::vector<kernels::RowRun> row_runs_;  // Linear's runs for kernels::MatMulRows
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rows_, lora_mid_, lora_out_;
   std::vector<int64_t> row_pos_;  // position of each stacked row
   std::vector<int32_t> row_block_;  // the cache block of each stacked row's position

@@ -686,9 +686,54 @@ TEST(Avx512Tier, Int16PromptRowsMatchTheScalarBlockArithmetic) {
   }
   // The public entry point takes it for these types on this CPU, not for the K-quants or float weights.
   testing::TestWeight q8 = MakeWeight(DType::kQ8_0, 8, 64, 1), f = MakeWeight(DType::kF32, 8, 64, 2);
-  EXPECT_EQ(MatMulInt16Takes(q8.t), cpu::Best().mm.qgemm16 != nullptr);
+  EXPECT_EQ(MatMulInt16Takes(q8.t), cpu::Best().mm.qgemm_runs != nullptr);
   EXPECT_FALSE(MatMulInt16Takes(f.t));
   EXPECT_FALSE(cpu::Int16Takes(cpu::KernelsFor(IsaTier::kAvx2).mm, q8.t));
+}
+
+// A step's sampled (int8) and prompt (int16) rows in one MatMulRowsWith call: every int8 row has the bits MatMul
+// gives it alone (M = 1), every int16 row the bits of MatMulInt16With on its own, for run patterns with one run,
+// alternating runs (more than kMaxQRuns of them), several x-row blocks (K = 1536, M = 250) and N % 4 tails.
+TEST(Avx512Tier, MixedRowRunsEqualEachRowsOwnCall) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::MatMulKernels& k = cpu::KernelsFor(IsaTier::kAvx512).mm;
+  uint32_t seed = 2100;
+  struct Case {
+    Shape s;
+    std::vector<RowRun> runs;
+  };
+  std::vector<RowRun> many;
+  for (int i = 0; i < 2 * cpu::kMaxQRuns + 3; ++i) many.push_back({1 + i % 3, i % 2 == 1});
+  const std::vector<Case> cases = {
+      {{130, 576}, {{3, false}, {9, true}}},
+      {{201, 64}, {{1, true}, {2, false}, {5, true}, {1, false}}},
+      {{66, 1536}, {{200, true}, {20, false}, {30, true}}},
+      {{64, 96}, many},
+      {{48, 64}, {{7, false}}},
+      {{48, 64}, {{7, true}}},
+  };
+  for (DType dt : {DType::kQ8_0, DType::kQ4_1, DType::kQ5_0}) {
+    for (const Case& c : cases) {
+      int64_t M = 0;
+      for (const RowRun& r : c.runs) M += r.n_rows;
+      testing::TestWeight w = MakeWeight(dt, c.s.N, c.s.K, seed++);
+      const std::vector<float> x = RandomVec(M * c.s.K, seed++);
+      std::vector<float> y(M * c.s.N, -1.0f), one(c.s.N);
+      ThreadPool pool(1 + (int)(seed % 3));
+      cpu::MatMulRowsWith(k, pool, x.data(), M, w.t, y.data(), c.runs);
+      int64_t m = 0;
+      for (const RowRun& r : c.runs)
+        for (int64_t i = 0; i < r.n_rows; ++i, ++m) {
+          if (r.int16) {
+            cpu::MatMulInt16With(k, pool, x.data() + m * c.s.K, 1, w.t, one.data());
+          } else {
+            cpu::MatMulWith(k, pool, x.data() + m * c.s.K, 1, w.t, one.data());
+          }
+          ASSERT_EQ(std::vector<float>(y.begin() + m * c.s.N, y.begin() + (m + 1) * c.s.N), one)
+              << DTypeName(dt) << " N=" << c.s.N << " K=" << c.s.K << " row " << m << (r.int16 ? " int16" : " int8");
+        }
+    }
+  }
 }
 
 // The public entry points (best tier) agree with the reference too.

@@ -14,10 +14,10 @@ MatMulKernels GetMatMulKernels();  // matmul_avx512.cc
 // MatMulKernels::qgemm (qgemm_avx512.cc): the VNNI int8 GEMM, bit-identical to this tier's GEMV per row.
 void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
            int64_t ldy);
-// MatMulKernels::qgemm16 / quantize_x16 (qgemm_avx512.cc): the same GEMM for int16 x.
-void QGemm16(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ16X* x, int64_t m, int64_t K,
-             float* y, int64_t ldy);
+// MatMulKernels::qgemm_runs / quantize_x16 (qgemm_avx512.cc): the same GEMM over runs of int8 and int16 x rows.
+void QGemmRuns(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun* runs, int n_runs, int64_t K);
 void QuantizeX16(const float* x, int64_t K, BlockQ16X* out);
+void XStarts(const BlockQ8X* x, int64_t n, int32_t* out);
 
 // Lanes [0, n) of 16, n in [0, 16].
 inline __mmask16 Mask16(int64_t n) { return (__mmask16)((1u << n) - 1); }

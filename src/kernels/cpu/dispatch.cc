@@ -58,6 +58,10 @@ void MatMulInt16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, f
   cpu::MatMulInt16With(cpu::Best().mm, pool, x, M, w, y);
 }
 
+void MatMulRows(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y, std::span<const RowRun> runs) {
+  cpu::MatMulRowsWith(cpu::Best().mm, pool, x, M, w, y, runs);
+}
+
 bool MatMulInt16Takes(const Tensor& w) {
   // LATHE_INT16_PROMPT=0 keeps the previous prompt-row forms (bf16 / f32 x) for A/B runs in one binary.
   static const bool enabled = [] {

@@ -39,6 +39,19 @@ struct BlockQ16X {
 };
 static_assert(sizeof(BlockQ16X) == 80);
 
+// One run of quantized x rows for MatMulKernels::qgemm_runs: m int8 rows (x8; xstart8, Q8_0 only: per (row,
+// block) -128 * the sum of the row's codes, or null to have the kernel compute them) or m int16 rows (x16);
+// y[i * ldy + r] gets row i's product with weight row r.
+struct QRun {
+  const BlockQ8X* x8 = nullptr;
+  const int32_t* xstart8 = nullptr;
+  const BlockQ16X* x16 = nullptr;
+  int64_t m = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+constexpr int kMaxQRuns = 8;
+
 // Block-quantized weights (every GGML block type) use the int8 GEMV up to this M (batched decode) on
 // tiers whose MatMulKernels::qgemm_min_m does not say otherwise: weight blocks stay hot in L2 while all
 // x rows run over them with the per-row arithmetic of M = 1 (MatMulKernels::gemv_exact_m rows per
@@ -74,13 +87,16 @@ struct MatMulKernels {
   // x row alone, so results do not depend on m or on the other rows.
   void (*qgemm)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
                 float* y, int64_t ldy) = nullptr;
-  // qgemm for int16 x (prompt rows of Q8_0 / Q4_* / Q5_*; MatMulInt16With): the same block arithmetic with
-  // T = the exact int32 dot of the weight codes and x's int16 codes, any n_rows and m; a row's result does not
-  // depend on m. With quantize_x16 (K % 32 == 0). Null where a tier has none (AVX-512 VNNI only: on AVX2 two
-  // int8 passes per product are slower than f32 FMAs).
-  void (*qgemm16)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ16X* x, int64_t m, int64_t K,
-                  float* y, int64_t ldy) = nullptr;
+  // The int8 GEMM's arithmetic over runs of int8 and int16 x rows (QRun) at once, each pass of weight rows
+  // unpacked once for all of them: a step's sampled rows (int8) and prompt rows (int16, MatMulRowsWith) share
+  // W's stream. For int16 rows T is the exact int32 dot of the weight codes and x's int16 codes. Any n_rows
+  // (1..N) and m per run; a row's result does not depend on the other rows. K % 32 == 0. Null where a tier
+  // has none (AVX-512 VNNI only: on AVX2 two int8 passes per product are slower than f32 FMAs).
+  void (*qgemm_runs)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun* runs, int n_runs,
+                     int64_t K) = nullptr;
   void (*quantize_x16)(const float* x, int64_t K, BlockQ16X* out) = nullptr;
+  // out[i] = -128 * the sum of x[i]'s codes for i < n (QRun::xstart8); set with qgemm_runs.
+  void (*x_starts)(const BlockQ8X* x, int64_t n, int32_t* out) = nullptr;
   // qgemm takes the rows from this M on (the batched GEMV below it): where the two cross on this tier
   // (AVX2: kGemvQuantMaxM + 1; AVX-512's VNNI GEMM: 8, measured in qgemm_avx512.cc).
   int64_t qgemm_min_m = kGemvQuantMaxM + 1;
@@ -145,7 +161,10 @@ constexpr int64_t kChainGemvMaxM = 20;
 void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 // Whether MatMulBf16With takes k.bf16_dequant for w (kernels::MatMulBf16Rounds).
 bool Bf16DequantTakes(const MatMulKernels& k, const Tensor& w);
-// kernels::MatMulInt16 with one tier's kernels: REQUIRES Int16Takes(k, w) (k.qgemm16 and a Q8_0 / Q4_* / Q5_* w).
+// kernels::MatMulRows with one tier's kernels: REQUIRES Int16Takes(k, w) (k.qgemm_runs and a Q8_0 / Q4_* / Q5_*
+// w). MatMulInt16With: all M rows int16.
+void MatMulRowsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
+                    std::span<const RowRun> runs);
 void MatMulInt16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 bool Int16Takes(const MatMulKernels& k, const Tensor& w);
 // kernels::MatMulStrips / PackStripWeight with one tier's kernels (matmul.cc).

@@ -124,32 +124,102 @@ void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t
   }, 2.0 * M * N * K);
 }
 
-// Prompt rows of Q8_0 / Q4_* / Q5_* on k.qgemm16: x quantized once to int16 blocks, tasks = weight row blocks
-// (whole 16-row units, ~kGemvBlockBytes at most, a multiple of the thread count where N allows) x x-row blocks
-// of ~kXBlockBytes, as QuantGemm; every row through the GEMM whatever M (one arithmetic per row).
-void QuantGemm16(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+// Runs of int8 (sampled) and int16 (prompt) rows of Q8_0 / Q4_* / Q5_* through k.qgemm_runs: each row
+// quantized once by its kind (Q8_0's int8 dot starts with it), tasks = weight row blocks (whole 16-row units,
+// ~kGemvBlockBytes at most, a multiple of the thread count where N allows) x blocks of ~kXBlockBytes of
+// quantized rows, every task one kernel call over the runs it meets, so the step's rows share one unpacked
+// pass of W. The N % 4 tail rows: int8 rows through gemv (their M = 1 kernel, as QuantGemm), int16 rows
+// through the GEMM.
+void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
+              std::span<const RowRun> runs) {
   const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
   LATHE_CHECK(K % 32 == 0);
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
-  static thread_local std::vector<BlockQ16X> xq_buf;
-  BlockQ16X* xq = Scratch(xq_buf, (size_t)(M * nb));
+  const bool q8 = w.dtype == DType::kQ8_0;
+  // Each row's index in the array of its kind: >= 0 int8, < 0 int16 (-1 - index).
+  static thread_local std::vector<int64_t> slot_buf;
+  int64_t* slot = Scratch(slot_buf, (size_t)M);
+  int64_t n8 = 0, n16 = 0, r = 0;
+  for (const RowRun& run : runs)
+    for (int64_t i = 0; i < run.n_rows; ++i, ++r) slot[r] = run.int16 ? -1 - n16++ : n8++;
+  LATHE_CHECK(r == M);
+  static thread_local std::vector<BlockQ8X> x8_buf;
+  static thread_local std::vector<BlockQ16X> x16_buf;
+  static thread_local std::vector<int32_t> start_buf;
+  BlockQ8X* x8 = n8 ? Scratch(x8_buf, (size_t)(n8 * nb)) : nullptr;
+  BlockQ16X* x16 = n16 ? Scratch(x16_buf, (size_t)(n16 * nb)) : nullptr;
+  int32_t* starts = n8 && q8 ? Scratch(start_buf, (size_t)(n8 * nb)) : nullptr;
   pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) {
-    for (int64_t m = b; m < e; ++m) k.quantize_x16(x + m * K, K, xq + m * nb);
+    for (int64_t m = b; m < e; ++m) {
+      if (slot[m] >= 0) {
+        k.quantize_x(x + m * K, K, x8 + slot[m] * nb);
+        if (starts) k.x_starts(x8 + slot[m] * nb, nb, starts + slot[m] * nb);
+      } else {
+        k.quantize_x16(x + m * K, K, x16 + (-1 - slot[m]) * nb);
+      }
+    }
   });
-  const int64_t n_units = (N + 15) / 16, P = pool.size();
+  const int64_t n4 = N / 4 * 4, n_units = (n4 + 15) / 16, P = pool.size();
   const int64_t units = std::max<int64_t>(1, std::min(kGemvBlockBytes / (int64_t)rb / 16, (n_units + P - 1) / P));
-  int64_t n_wblocks = (n_units + units - 1) / units;
-  n_wblocks = std::min(n_units, (n_wblocks + P - 1) / P * P);
-  const auto wblock_row = [&](int64_t b) { return std::min(N, b * n_units / n_wblocks * 16); };
-  int64_t mb = std::max<int64_t>(4, kXBlockBytes / (nb * (int64_t)sizeof(BlockQ16X)) / 4 * 4);
+  int64_t n_wblocks = std::max<int64_t>(1, (n_units + units - 1) / units);
+  n_wblocks = std::min(std::max<int64_t>(1, n_units), (n_wblocks + P - 1) / P * P);
+  const auto wblock_row = [&](int64_t b) { return std::min(n4, b * n_units / n_wblocks * 16); };
+  const int64_t row_bytes = (int64_t)((n8 * sizeof(BlockQ8X) + n16 * sizeof(BlockQ16X)) * nb / M);
+  int64_t mb = std::max<int64_t>(4, kXBlockBytes / std::max<int64_t>(1, row_bytes) / 4 * 4);
   const int64_t n_mblocks = (M + mb - 1) / mb;
   mb = ((M + n_mblocks - 1) / n_mblocks + 3) / 4 * 4;
-  pool.ParallelFor(n_mblocks * n_wblocks, 1, [&](int64_t b, int64_t e, int) {
+  // Rows [m0, m1) against weight rows [n0, n0 + nr): the runs they meet, kMaxQRuns per kernel call.
+  const auto gemm = [&](int64_t m0, int64_t m1, int64_t n0, int64_t nr, bool int16_only) {
+    QRun qr[kMaxQRuns];
+    int n = 0;
+    for (int64_t a = m0; a < m1;) {
+      const bool is16 = slot[a] < 0;
+      int64_t b = a + 1;
+      while (b < m1 && (slot[b] < 0) == is16) ++b;
+      if (is16 || !int16_only) {
+        QRun& q = qr[n++];
+        q = QRun{};
+        if (is16) {
+          q.x16 = x16 + (-1 - slot[a]) * nb;
+        } else {
+          q.x8 = x8 + slot[a] * nb;
+          q.xstart8 = starts ? starts + slot[a] * nb : nullptr;
+        }
+        q.m = b - a;
+        q.y = y + a * N + n0;
+        q.ldy = N;
+      }
+      if (n == kMaxQRuns || (b == m1 && n > 0)) {
+        k.qgemm_runs(w.dtype, wd + n0 * rb, rb, nr, qr, n, K);
+        n = 0;
+      }
+      a = b;
+    }
+  };
+  const int64_t tail_tasks = n4 < N ? n_mblocks : 0;
+  pool.ParallelFor(n_mblocks * n_wblocks + tail_tasks, 1, [&](int64_t b, int64_t e, int) {
     for (int64_t t = b; t < e; ++t) {
+      if (t >= n_mblocks * n_wblocks) {  // the last N % 4 weight rows
+        const int64_t m0 = (t - n_mblocks * n_wblocks) * mb, m1 = std::min(M, m0 + mb);
+        if (m0 >= m1) continue;
+        gemm(m0, m1, n4, N - n4, /*int16_only=*/true);
+        const int64_t g = std::clamp<int64_t>(k.gemv_exact_m, 1, 4);
+        for (int64_t m = m0; m < m1;) {
+          if (slot[m] < 0) {
+            ++m;
+            continue;
+          }
+          int64_t c = 1;  // consecutive int8 rows (consecutive slots), at most g
+          while (c < g && m + c < m1 && slot[m + c] == slot[m] + c) ++c;
+          k.gemv(w.dtype, wd + n4 * rb, rb, N - n4, x8 + slot[m] * nb, c, K, y + m * N + n4, N);
+          m += c;
+        }
+        continue;
+      }
       const int64_t m0 = (t / n_wblocks) * mb, m1 = std::min(M, m0 + mb);
       const int64_t n0 = wblock_row(t % n_wblocks), nr = wblock_row(t % n_wblocks + 1) - n0;
-      if (m0 < m1 && nr > 0) k.qgemm16(w.dtype, wd + n0 * rb, rb, nr, xq + m0 * nb, m1 - m0, K, y + m0 * N + n0, N);
+      if (m0 < m1 && nr > 0) gemm(m0, m1, n0, nr, /*int16_only=*/false);
     }
   }, 2.0 * M * N * K);
 }
@@ -241,7 +311,12 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   const bool quant = IsQuantized(w.dtype);
   if (quant && !exact_activations) {
     if (k.qgemm && M >= k.qgemm_min_m && !IsKQuant(w.dtype)) {  // the tiers' qgemm: Q8_0, Q4_*, Q5_*
-      QuantGemm(k, pool, x, M, w, y);
+      if (Int16Takes(k, w)) {  // the same GEMM through qgemm_runs: Q8_0's dot starts computed once, not per task
+        const RowRun run{M, false};
+        RowsGemm(k, pool, x, M, w, y, {&run, 1});
+      } else {
+        QuantGemm(k, pool, x, M, w, y);
+      }
     } else {
       Gemv(k, pool, x, M, w, y);
     }
@@ -272,14 +347,29 @@ void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, in
 
 bool Int16Takes(const MatMulKernels& k, const Tensor& w) {
   const DType t = w.dtype;
-  return k.qgemm16 && w.ndim() == 2 && w.shape[1] % 32 == 0 &&
+  return k.qgemm_runs && w.ndim() == 2 && w.shape[1] % 32 == 0 &&
          (t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1);
 }
 
-void MatMulInt16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+void MatMulRowsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
+                    std::span<const RowRun> runs) {
   LATHE_CHECK(Int16Takes(k, w));
   if (M <= 0 || w.shape[0] == 0) return;
-  QuantGemm16(k, pool, x, M, w, y);
+  bool any16 = false, any8 = false;
+  for (const RowRun& run : runs) {
+    if (run.n_rows <= 0) continue;
+    (run.int16 ? any16 : any8) = true;
+  }
+  if (!any16) {  // sampled rows only: MatMul's int8 path (the GEMV below qgemm_min_m rows)
+    MatMulWith(k, pool, x, M, w, y);
+    return;
+  }
+  RowsGemm(k, pool, x, M, w, y, runs);
+}
+
+void MatMulInt16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
+  const RowRun run{M, true};
+  MatMulRowsWith(k, pool, x, M, w, y, {&run, 1});
 }
 
 StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const Tensor& w, void* out) {

@@ -426,7 +426,8 @@ MatMulKernels GetMatMulKernels() {
   MatMulKernels k = {a2.quantize_x, Gemv, DequantRows, Panel, kNR, kMR, a2.gemv_exact_m};
   k.qgemm = QGemm;
   k.qgemm_min_m = 8;
-  k.qgemm16 = QGemm16;
+  k.qgemm_runs = QGemmRuns;
+  k.x_starts = XStarts;
   k.quantize_x16 = QuantizeX16;
   if (GetCpuFeatures().avx512_bf16 && (BestIsaTier() != IsaTier::kAvx512 || UsesBf16Dot())) {
     k.bf16_strips = avx512bf16::StripsMatMul;

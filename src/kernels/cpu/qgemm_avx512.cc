@@ -231,23 +231,30 @@ void Tiles(const Group16* const* gb, const XB* x, const int32_t* xstart, int64_t
 constexpr int kGroupRows = 32;  // two groups of 16 rows per pass over the x rows
 constexpr int64_t kPrefetchPasses = 1;  // how many passes ahead the raw rows are prefetched
 
-template <DType T, class XB>
-void QGemmT(const uint8_t* w, size_t rb, int64_t n_rows, const XB* x, int64_t m, int64_t K, float* y,
-            int64_t ldy) {
+// Every run's x rows over each pass of kGroupRows weight rows, unpacked once for all of them.
+template <DType T>
+void QGemmRunsT(const uint8_t* w, size_t rb, int64_t n_rows, const QRun* runs, int n_runs, int64_t K) {
   const int64_t nb = K / 32;
   static thread_local std::vector<Group16> blocks_buf;
   static thread_local std::vector<int32_t> start_buf;
   Group16* blocks = Scratch(blocks_buf, (size_t)(2 * nb));
-  int32_t* xstart = nullptr;
-  if constexpr (T == DType::kQ8_0 && std::is_same_v<XB, BlockQ8X>) {
-    xstart = Scratch(start_buf, (size_t)(m * nb));
-    const __m256i x80 = _mm256_set1_epi8((char)0x80);
-    for (int64_t i = 0; i < m * nb; ++i) {
-      const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), x80, _mm256_loadu_si256((const __m256i*)x[i].qs));
-      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
-      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
-      xstart[i] = -_mm_cvtsi128_si32(t);
+  // Q8_0 int8 runs without their starts: computed here, once per call.
+  int64_t start_rows = 0;
+  for (int r = 0; r < n_runs; ++r)
+    if (T == DType::kQ8_0 && runs[r].x8 && !runs[r].xstart8) start_rows += runs[r].m;
+  int32_t* own_starts = start_rows ? Scratch(start_buf, (size_t)(start_rows * nb)) : nullptr;
+  const int32_t* starts[kMaxQRuns] = {};
+  int64_t m_total = 0;
+  LATHE_CHECK(n_runs <= kMaxQRuns);
+  for (int r = 0, o = 0; r < n_runs; ++r) {
+    m_total += runs[r].m;
+    if (T != DType::kQ8_0 || !runs[r].x8) continue;
+    if (runs[r].xstart8) {
+      starts[r] = runs[r].xstart8;
+    } else {
+      XStarts(runs[r].x8, runs[r].m * nb, own_starts + o * nb);
+      starts[r] = own_starts + o * nb;
+      o += (int)runs[r].m;
     }
   }
   const Group16* gb[2] = {blocks, blocks + nb};
@@ -255,54 +262,74 @@ void QGemmT(const uint8_t* w, size_t rb, int64_t n_rows, const XB* x, int64_t m,
     const int nr = (int)std::min<int64_t>(kGroupRows, n_rows - r0);
     const int64_t next = r0 + kPrefetchPasses * kGroupRows;
     const char* pf = (const char*)(w + next * rb);
-    // In whole lines (the shares in Tiles are too), so the shares end exactly at pf_bytes.
+    // In whole lines (the shares in Tiles are too), so the shares end exactly at pf_bytes; the runs take
+    // parts in proportion to their rows, the last one the rest.
     const size_t pf_bytes =
         next < n_rows ? ((size_t)std::min<int64_t>(kGroupRows, n_rows - next) * rb + 63) & ~(size_t)63 : 0;
     UnpackGroup<T>(w + r0 * rb, rb, std::min(nr, 16), nb, blocks);
-    if (nr > 16) {
-      UnpackGroup<T>(w + (r0 + 16) * rb, rb, nr - 16, nb, blocks + nb);
-      Tiles<T, 2, XB>(gb, x, xstart, m, nb, y + r0, ldy, Mask16(nr - 16), pf, pf_bytes);
-    } else {
-      Tiles<T, 1, XB>(gb, x, xstart, m, nb, y + r0, ldy, Mask16(nr), pf, pf_bytes);
+    if (nr > 16) UnpackGroup<T>(w + (r0 + 16) * rb, rb, nr - 16, nb, blocks + nb);
+    size_t pf_done = 0;
+    int64_t m_done = 0;
+    for (int r = 0; r < n_runs; ++r) {
+      const QRun& q = runs[r];
+      m_done += q.m;
+      const size_t pf_end = r == n_runs - 1 ? pf_bytes : (pf_bytes * (size_t)m_done / (size_t)m_total) & ~(size_t)63;
+      const char* p = pf + pf_done;
+      const size_t pb = pf_end - pf_done;
+      pf_done = pf_end;
+      float* y = q.y + r0;
+      if (q.x16) {
+        if (nr > 16) Tiles<T, 2, BlockQ16X>(gb, q.x16, nullptr, q.m, nb, y, q.ldy, Mask16(nr - 16), p, pb);
+        else Tiles<T, 1, BlockQ16X>(gb, q.x16, nullptr, q.m, nb, y, q.ldy, Mask16(nr), p, pb);
+      } else {
+        if (nr > 16) Tiles<T, 2, BlockQ8X>(gb, q.x8, starts[r], q.m, nb, y, q.ldy, Mask16(nr - 16), p, pb);
+        else Tiles<T, 1, BlockQ8X>(gb, q.x8, starts[r], q.m, nb, y, q.ldy, Mask16(nr), p, pb);
+      }
     }
   }
 }
 
 }  // namespace
 
-namespace {
+// Q8_0's dot start per (x row, block): -128 * the sum of x's int8 codes (the weights enter as q + 128).
+void XStarts(const BlockQ8X* x, int64_t n, int32_t* out) {
+  const __m256i x80 = _mm256_set1_epi8((char)0x80);
+  for (int64_t i = 0; i < n; ++i) {
+    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), x80, _mm256_loadu_si256((const __m256i*)x[i].qs));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    out[i] = -_mm_cvtsi128_si32(t);
+  }
+}
 
-template <class XB>
-void QGemmAny(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const XB* x, int64_t m, int64_t K, float* y,
-              int64_t ldy) {
+void QGemmRuns(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun* runs, int n_runs, int64_t K) {
+  LATHE_CHECK(K % 32 == 0);
   switch (t) {
     case DType::kQ8_0:
-      return QGemmT<DType::kQ8_0>(w, rb, n_rows, x, m, K, y, ldy);
+      return QGemmRunsT<DType::kQ8_0>(w, rb, n_rows, runs, n_runs, K);
     case DType::kQ4_0:
-      return QGemmT<DType::kQ4_0>(w, rb, n_rows, x, m, K, y, ldy);
+      return QGemmRunsT<DType::kQ4_0>(w, rb, n_rows, runs, n_runs, K);
     case DType::kQ4_1:
-      return QGemmT<DType::kQ4_1>(w, rb, n_rows, x, m, K, y, ldy);
+      return QGemmRunsT<DType::kQ4_1>(w, rb, n_rows, runs, n_runs, K);
     case DType::kQ5_0:
-      return QGemmT<DType::kQ5_0>(w, rb, n_rows, x, m, K, y, ldy);
+      return QGemmRunsT<DType::kQ5_0>(w, rb, n_rows, runs, n_runs, K);
     case DType::kQ5_1:
-      return QGemmT<DType::kQ5_1>(w, rb, n_rows, x, m, K, y, ldy);
+      return QGemmRunsT<DType::kQ5_1>(w, rb, n_rows, runs, n_runs, K);
     default:
       LATHE_CHECK_MSG(false, "QGemm: unsupported weight dtype %s", DTypeName(t));
   }
 }
 
-}  // namespace
-
 void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,
            int64_t ldy) {
-  LATHE_CHECK(n_rows % 4 == 0 && K % 32 == 0);
-  QGemmAny(t, w, rb, n_rows, x, m, K, y, ldy);
-}
-
-void QGemm16(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ16X* x, int64_t m, int64_t K,
-             float* y, int64_t ldy) {
-  LATHE_CHECK(K % 32 == 0);
-  QGemmAny(t, w, rb, n_rows, x, m, K, y, ldy);
+  LATHE_CHECK(n_rows % 4 == 0);
+  QRun run;
+  run.x8 = x;
+  run.m = m;
+  run.y = y;
+  run.ldy = ldy;
+  QGemmRuns(t, w, rb, n_rows, &run, 1, K);
 }
 
 // MatMulKernels::quantize_x16: per block d = amax / 32639, c = round-to-even(x / d) (x * (32639 / amax), the
