@@ -134,6 +134,32 @@ inline void BlockDots(const Group16* const* gb, int64_t j, Codes codes, __m512i 
   }
 }
 
+// da[i][g] += the products of block j's weight codes with the codes at a(i), db[i][g] with those at b(i), both
+// off the same weight vectors (int16 x's hi and lo bytes: half the weight loads of two BlockDots, twice the
+// independent chains; ~10% faster on the Xeon, alternated).
+template <int MR, int NG, class CodesA, class CodesB>
+inline void BlockDots2(const Group16* const* gb, int64_t j, CodesA a, CodesB b, __m512i (&da)[MR][NG],
+                       __m512i (&db)[MR][NG]) {
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    __m512i wv[NG];
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; ++g) wv[g] = _mm512_load_si512(gb[g][j].u[k]);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      int32_t xa, xb;
+      std::memcpy(&xa, a(i) + 4 * k, 4);
+      std::memcpy(&xb, b(i) + 4 * k, 4);
+      const __m512i va = _mm512_set1_epi32(xa), vb = _mm512_set1_epi32(xb);
+#pragma GCC unroll 2
+      for (int g = 0; g < NG; ++g) {
+        da[i][g] = _mm512_dpbusd_epi32(da[i][g], wv[g], va);
+        db[i][g] = _mm512_dpbusd_epi32(db[i][g], wv[g], vb);
+      }
+    }
+  }
+}
+
 // y for MR x rows and NG groups of 16 weight rows over all nb blocks; `last` masks the stored lanes of
 // the last group. XB = BlockQ8X (int8 x; xstart, Q8_0 only: per (x row, block) -128 * the sum of x's codes)
 // or BlockQ16X (int16 x codes c = 256 hi + lo: the hi products first, shifted left by 8, then the lo ones
@@ -151,21 +177,20 @@ void Tile(const Group16* const* gb, const XB* x, const int32_t* xstart, int64_t 
   for (int64_t j = 0; j < nb; ++j) {
     __m512i dot[MR][NG];
     if constexpr (kX16) {
+      __m512i dl[MR][NG];
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 2
-        for (int g = 0; g < NG; ++g) dot[i][g] = _mm512_setzero_si512();
-      BlockDots<MR, NG>(gb, j, [&](int i) { return x[i * nb + j].hi; }, dot);
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const __m512i start = _mm512_set1_epi32(I::kQ8 ? -128 * x[i * nb + j].csum : 0);
-#pragma GCC unroll 2
         for (int g = 0; g < NG; ++g) {
-          dot[i][g] = _mm512_slli_epi32(dot[i][g], 8);
-          if constexpr (I::kQ8) dot[i][g] = _mm512_add_epi32(dot[i][g], start);
+          dot[i][g] = _mm512_setzero_si512();
+          dl[i][g] = _mm512_set1_epi32(I::kQ8 ? -128 * x[i * nb + j].csum : 0);
         }
-      }
-      BlockDots<MR, NG>(gb, j, [&](int i) { return x[i * nb + j].lo; }, dot);
+      BlockDots2<MR, NG>(gb, j, [&](int i) { return x[i * nb + j].hi; }, [&](int i) { return x[i * nb + j].lo; },
+                         dot, dl);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (int g = 0; g < NG; ++g) dot[i][g] = _mm512_add_epi32(_mm512_slli_epi32(dot[i][g], 8), dl[i][g]);
     } else {
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i)
