@@ -18,7 +18,8 @@ namespace lathe::kernels {
 // a few rows at a time into a per-thread buffer).
 // Accuracy: for a block-quantized W, x is quantized to int8 blocks of 32 (as llama.cpp does), ~0.6 %
 // relative error vs the f32 reference, unless exact_activations (then, and for float W, f32
-// arithmetic; only the summation order differs; MatMulBf16 is the prompt rows' bf16 form). With int8 x, every row of y is identical to that
+// arithmetic; only the summation order differs; MatMulInt16 / MatMulBf16 are the prompt rows' int16 / bf16
+// forms). With int8 x, every row of y is identical to that
 // row computed alone (M = 1), for any M: batch composition does not change a row (AVX2 and AVX-512:
 // the GEMV up to 16 rows and the int8 GEMM above; scalar: the batched GEMV at every M).
 // Reuses per-thread scratch buffers: no heap allocation after the first call at a given size.
