@@ -84,6 +84,7 @@ struct Row {
   std::string model;
   int threads;
   double prefill_tps, decode_tps, decode_gbs, bw_gbs;
+  DType kv = DType::kF32;
 };
 
 }  // namespace
@@ -115,8 +116,7 @@ int RunBench(int argc, char** argv) {
     return Fail("bench", Status::Error("--prompt-tokens, --gen-tokens and --repetitions must be positive integers"));
   }
   if (!depth.ok() || *depth < 0) return Fail("bench", Status::Error("--depth must be a non-negative integer"));
-  auto kvt = KvCacheDTypeFromArgs(args);
-  if (!kvt.ok()) return Fail("bench", kvt.status());
+  if (Status kst = CheckKvCacheDTypeFlag(args); !kst.ok()) return Fail("bench", kst);
   std::vector<int> thread_list;
   {
     std::string s = args.Get("threads-list");
@@ -147,6 +147,8 @@ int RunBench(int argc, char** argv) {
     auto lm = model::LoadModel(path, opts);
     if (!lm.ok()) return Fail("bench", lm.status());
     const model::ModelWeights& w = (*lm)->weights;
+    auto kvt = KvCacheDTypeFromArgs(args, w);
+    if (!kvt.ok()) return Fail("bench", kvt.status());
     double wbytes = DecodeWeightBytes(w);
     std::mt19937 rng(1234);
     std::vector<int32_t> prompt(*pp), context(*depth);
@@ -157,7 +159,7 @@ int RunBench(int argc, char** argv) {
       model::Transformer tf(w, pool);
       model::KvCache cache(w.config, 1, std::max(*pp, *depth) + *tg + 1, 16, *kvt);
       std::vector<float> logits;
-      Row row{path, thread_list[ti], 0, 0, 0, bw[ti]};
+      Row row{path, thread_list[ti], 0, 0, 0, bw[ti], *kvt};
       for (int r = 0; r < *reps; ++r) {
         cache.Clear(0);
         model::SeqInput in{0, std::span<const int32_t>(prompt), false};
@@ -186,21 +188,20 @@ int RunBench(int argc, char** argv) {
       double kv = (double)w.config.n_layers * 2 * w.config.kv_dim() * model::KvElemBytes(*kvt) * (*depth + *tg / 2.0);
       row.decode_gbs = row.decode_tps * (wbytes + kv) / 1e9;
       rows.push_back(row);
-      std::printf("%-50s threads %d: prefill %8.1f tok/s | decode %7.1f tok/s, %5.1f GB/s = %3.0f%% of %.1f GB/s\n",
+      std::printf("%-50s threads %d: prefill %8.1f tok/s | decode %7.1f tok/s, %5.1f GB/s = %3.0f%% of %.1f GB/s (%s KV)\n",
                   path.c_str(), row.threads, row.prefill_tps, row.decode_tps, row.decode_gbs,
-                  100 * row.decode_gbs / row.bw_gbs, row.bw_gbs);
+                  100 * row.decode_gbs / row.bw_gbs, row.bw_gbs, DTypeName(row.kv));
       std::fflush(stdout);
     }
   }
   const std::string tg_name = StrFormat("tg%lld", (long long)*tg) +
-                              (*depth > 0 ? StrFormat(" @ d%lld", (long long)*depth) : std::string()) +
-                              (*kvt != DType::kF32 ? StrFormat(" (%s KV)", DTypeName(*kvt)) : std::string());
+                              (*depth > 0 ? StrFormat(" @ d%lld", (long long)*depth) : std::string());
   std::printf("\n| model | threads | pp%lld tok/s | %s tok/s | decode GB/s | %% of measured bandwidth |\n|---|---:|---:|---:|---:|---:|\n",
               (long long)*pp, tg_name.c_str());
   for (const Row& r : rows) {
     std::string name = r.model.substr(r.model.find_last_of('/') + 1);
-    std::printf("| %s | %d | %.1f | %.1f | %.1f | %.0f%% |\n", name.c_str(), r.threads, r.prefill_tps, r.decode_tps,
-                r.decode_gbs, 100 * r.decode_gbs / r.bw_gbs);
+    std::printf("| %s (%s KV) | %d | %.1f | %.1f | %.1f | %.0f%% |\n", name.c_str(), DTypeName(r.kv), r.threads,
+                r.prefill_tps, r.decode_tps, r.decode_gbs, 100 * r.decode_gbs / r.bw_gbs);
   }
   return 0;
 }

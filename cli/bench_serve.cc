@@ -439,7 +439,7 @@ int RunBenchServe(int argc, char** argv) {
   ec.max_prefill_tokens_with_decode = caps[0];
   ec.prefill_tokens_per_decode_row = *ppr;
   ec.max_model_len = std::min<int64_t>((*lm)->weights.config.max_seq_len, 4096);
-  auto kvt = KvCacheDTypeFromArgs(args);
+  auto kvt = KvCacheDTypeFromArgs(args, (*lm)->weights);
   if (!kvt.ok()) return Fail("bench serve", kvt.status());
   ec.kv_cache_dtype = *kvt;
   ec.n_blocks =

@@ -39,10 +39,11 @@ int RunChat(int argc, char** argv) {
   if (!n_predict.ok() || !ctx.ok() || *n_predict <= 0 || *ctx <= 0) {
     return Fail("chat", Status::Error("--n-predict and --ctx-size must be positive integers"));
   }
-  auto kvt = KvCacheDTypeFromArgs(args);
-  if (!kvt.ok()) return Fail("chat", kvt.status());
+  if (Status kst = CheckKvCacheDTypeFlag(args); !kst.ok()) return Fail("chat", kst);
   auto lm = LoadModelFromArgs(args);
   if (!lm.ok()) return Fail("chat", lm.status());
+  auto kvt = KvCacheDTypeFromArgs(args, (*lm)->weights);
+  if (!kvt.ok()) return Fail("chat", kvt.status());
   const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
   tokenizer::ChatTemplate tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
   if (args.Has("template")) {

@@ -30,18 +30,26 @@ Result<std::unique_ptr<model::LoadedModel>> LoadModelFromArgs(const Args& args) 
   return model::LoadModel(path, opts);
 }
 
-void AddKvCacheDTypeFlag(Args& args, const std::string& default_dtype) {
+void AddKvCacheDTypeFlag(Args& args) {
   args.Flag("--kv-cache-dtype",
-            "KV cache element type: f32 (exact), f16 or bf16 (half the memory and the attention's reads; "
-            "llama.cpp's default cache is f16)",
-            default_dtype);
+            "KV cache element type: auto (f32 for an f32 model, else f16: llama.cpp's default cache), f32 (exact), "
+            "f16 or bf16 (half the memory and the attention's reads)",
+            "auto");
 }
 
-Result<DType> KvCacheDTypeFromArgs(const Args& args) {
+Status CheckKvCacheDTypeFlag(const Args& args) {
   DType t;
   const std::string v = args.Get("kv-cache-dtype");
-  if (!ParseDType(v, &t) || !model::IsKvCacheDType(t))
-    return Status::Error("--kv-cache-dtype '" + v + "': expected f32, f16 or bf16");
+  if (v == "auto" || (ParseDType(v, &t) && model::IsKvCacheDType(t))) return Status::Ok();
+  return Status::Error("--kv-cache-dtype '" + v + "': expected auto, f32, f16 or bf16");
+}
+
+Result<DType> KvCacheDTypeFromArgs(const Args& args, const model::ModelWeights& w) {
+  if (Status st = CheckKvCacheDTypeFlag(args); !st.ok()) return st;
+  const std::string v = args.Get("kv-cache-dtype");
+  if (v == "auto") return model::DefaultKvCacheDType(w);
+  DType t;
+  ParseDType(v, &t);
   return t;
 }
 

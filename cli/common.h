@@ -19,9 +19,12 @@ void AddModelFlags(Args& args);
 Result<std::unique_ptr<model::LoadedModel>> LoadModelFromArgs(const Args& args);
 int ThreadsFromArgs(const Args& args);
 
-// --kv-cache-dtype (f32 | f16 | bf16): the KV cache's element type, for the commands that hold one.
-void AddKvCacheDTypeFlag(Args& args, const std::string& default_dtype = "f32");
-Result<DType> KvCacheDTypeFromArgs(const Args& args);
+// --kv-cache-dtype (auto | f32 | f16 | bf16): the KV cache's element type, for the commands that hold one.
+// auto (the default) = model::DefaultKvCacheDType of the loaded model. CheckKvCacheDTypeFlag validates the
+// value before a model is loaded; KvCacheDTypeFromArgs gives the type for a model.
+void AddKvCacheDTypeFlag(Args& args);
+Status CheckKvCacheDTypeFlag(const Args& args);
+Result<DType> KvCacheDTypeFromArgs(const Args& args, const model::ModelWeights& w);
 
 // JSON-escapes into a quoted string (invalid UTF-8 is replaced by U+FFFD).
 std::string JsonString(const std::string& s);

@@ -39,10 +39,11 @@ int RunGenerate(int argc, char** argv) {
   if (!sampling.ok()) return Fail("generate", sampling.status());
   auto n_predict = args.Int("n-predict");
   if (!n_predict.ok() || *n_predict < 0) return Fail("generate", Status::Error("--n-predict must be a non-negative integer"));
-  auto kvt = KvCacheDTypeFromArgs(args);
-  if (!kvt.ok()) return Fail("generate", kvt.status());
+  if (Status kst = CheckKvCacheDTypeFlag(args); !kst.ok()) return Fail("generate", kst);
   auto lm = LoadModelFromArgs(args);
   if (!lm.ok()) return Fail("generate", lm.status());
+  auto kvt = KvCacheDTypeFromArgs(args, (*lm)->weights);
+  if (!kvt.ok()) return Fail("generate", kvt.status());
   const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
 
   std::string prompt = args.Get("prompt");

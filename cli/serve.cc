@@ -142,7 +142,7 @@ int RunServe(int argc, char** argv) {
   ec.prefix_caching = !args.On("no-prefix-caching");
   ec.max_model_len = *mml > 0 ? *mml : std::min<int64_t>(mc.max_seq_len, 4096);
   if (ec.max_model_len < 2) return Fail("serve", Status::Error("--max-model-len must be at least 2"));
-  auto kvt = KvCacheDTypeFromArgs(args);
+  auto kvt = KvCacheDTypeFromArgs(args, (*lm)->weights);
   if (!kvt.ok()) return Fail("serve", kvt.status());
   ec.kv_cache_dtype = *kvt;
   const size_t block_bytes = model::KvBlockStore::BlockBytes(mc, ec.block_size, ec.kv_cache_dtype);

@@ -24,6 +24,12 @@ namespace lathe::model {
 
 // The element types a KV cache may hold (f32, f16, bf16), and their size.
 inline bool IsKvCacheDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+// The commands' default KV element type (`--kv-cache-dtype auto`): f32 for a model whose linear weights are f32
+// (exact, as its weights), f16 for every other (16-bit and block-quantized weights: llama.cpp's default cache,
+// and vLLM's auto = the model's 16-bit dtype): half the cache's memory and the attention's reads.
+inline DType DefaultKvCacheDType(const ModelWeights& w) {
+  return !w.layers.empty() && w.layers[0].wq.dtype == DType::kF32 ? DType::kF32 : DType::kF16;
+}
 inline size_t KvElemBytes(DType t) { return DTypeBytes(t, 1); }
 
 // KvBlockStore: K and V in fixed-size blocks of tokens, laid out per layer as [block][offset][kv_dim],

@@ -118,7 +118,16 @@ check "unknown flag suggestion" grep -q "did you mean '--temp'" "$tmp/err"
 "$LATHE" generate -m "$STORIES/stories260K.gguf" --top-p 0 > /dev/null 2>"$tmp/err"; rc=$?
 check "bad value" grep -q "top_p" "$tmp/err"
 "$LATHE" generate -m "$STORIES/stories260K.gguf" --kv-cache-dtype q8_0 > /dev/null 2>"$tmp/err"; rc=$?
-check "bad kv cache dtype" bash -c "[ $rc -eq 1 ] && grep -q -- \"--kv-cache-dtype 'q8_0': expected f32, f16 or bf16\" '$tmp/err'"
+check "bad kv cache dtype" bash -c "[ $rc -eq 1 ] && grep -q -- \"--kv-cache-dtype 'q8_0': expected auto, f32, f16 or bf16\" '$tmp/err'"
+# The KV cache's default element type (auto): f32 for an f32 model, f16 for a quantized one; a flag overrides.
+"$LATHE" convert "$STORIES/stories260K.gguf" --dtype q8_0 -o "$tmp/stories-q8.gguf" > /dev/null
+"$LATHE" bench -m "$STORIES/stories260K.gguf" -m "$tmp/stories-q8.gguf" --prompt-tokens 8 --gen-tokens 4 \
+  --threads-list 1 -r 1 > "$tmp/bench.out" 2>&1
+check "bench kv auto f32" grep -q "stories260K.gguf (f32 KV) | 1 |" "$tmp/bench.out"
+check "bench kv auto f16" grep -q "stories-q8.gguf (f16 KV) | 1 |" "$tmp/bench.out"
+"$LATHE" bench -m "$tmp/stories-q8.gguf" --prompt-tokens 8 --gen-tokens 4 --threads-list 1 -r 1 \
+  --kv-cache-dtype bf16 > "$tmp/bench.out" 2>&1
+check "bench kv flag" grep -q "stories-q8.gguf (bf16 KV) | 1 |" "$tmp/bench.out"
 
 # 7. SmolLM2 answers a question (greedy), and chat keeps history across turns.
 if [ -n "${LATHE_SMOLLM2:-}" ] && [ -f "$LATHE_SMOLLM2" ]; then

@@ -92,7 +92,7 @@ out=$("$LATHE" serve -m "$MODEL" --lora nodir 2>&1); [ $? -ne 0 ] && echo "$out"
   || { echo "FAIL: bad --lora: $out"; rc=1; }
 
 out=$("$LATHE" serve -m "$MODEL" --kv-cache-dtype int8 2>&1); [ $? -ne 0 ] \
-  && echo "$out" | grep -q -- "--kv-cache-dtype 'int8': expected f32, f16 or bf16" \
+  && echo "$out" | grep -q -- "--kv-cache-dtype 'int8': expected auto, f32, f16 or bf16" \
   || { echo "FAIL: bad --kv-cache-dtype: $out"; rc=1; }
 
 # `lathe bench serve`: a tiny workload through its in-process server at two concurrency levels,
