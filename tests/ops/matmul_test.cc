@@ -537,6 +537,25 @@ float TierBlockDot(DType dt, const uint8_t* row, const XB* x, int64_t nb) {
     return (float)r;
   };
   float acc = 0.0f, corr = 0.0f;
+  if (dt == DType::kQ4_K) {  // per 32-element sub-block: nibble codes, dw = d * sc, cw = dmin * m, kCorr = -1
+    ref::DecodedBlock db;
+    for (int64_t j = 0; j < nb; ++j) {
+      if (j % 8 == 0) ref::DecodeBlock(dt, row + j / 8 * sizeof(BlockQ4_K), &db);
+      int32_t t = 0;
+      for (int e = 0; e < 32; ++e) {
+        const int code = db.q[32 * (j % 8) + e];
+        if constexpr (std::is_same_v<XB, cpu::BlockQ16X>) {
+          t += code * (256 * x[j].hi[e] + x[j].lo[e]);
+        } else {
+          t += code * x[j].qs[e];
+        }
+      }
+      const float dw = db.d * (float)db.sc[2 * (j % 8)], cw = db.dmin * (float)db.mn[2 * (j % 8)];
+      acc = std::fma((float)t, rounded(dw * x[j].d), acc);
+      corr = std::fma(cw, x[j].s, corr);
+    }
+    return rounded(acc + rounded(corr * -1.0f));
+  }
   const bool q8 = dt == DType::kQ8_0, k5 = dt == DType::kQ5_0 || dt == DType::kQ5_1;
   const bool min = dt == DType::kQ4_1 || dt == DType::kQ5_1;
   const size_t bytes = (size_t)GetDTypeInfo(dt).block_bytes;
@@ -653,15 +672,17 @@ TEST(Avx512Tier, Int16QuantizerMatchesTheModel) {
   EXPECT_EQ(a[3].lo[1], 127);
 }
 
-// Prompt rows on the AVX-512 tier (MatMulInt16With): every row has the bits of TierBlockDot over its int16
-// codes, for every M (1 to past a tile and an x block), N with and without a 16-row or 4-row remainder, and
+// Prompt rows on the AVX-512 tier (MatMulInt16With; Q8_0 / Q4_* / Q5_* / Q4_K): every row has the bits of
+// TierBlockDot over its int16 codes, for every M (1 to past a tile and an x block), N with and without a 16-row or 4-row remainder, and
 // 1-3 threads; and the products are far closer to the f32 reference than the int8 ones.
 TEST(Avx512Tier, Int16PromptRowsMatchTheScalarBlockArithmetic) {
   LATHE_REQUIRE_TIER(IsaTier::kAvx512);
   const cpu::MatMulKernels& k = cpu::KernelsFor(IsaTier::kAvx512).mm;
   uint32_t seed = 2000;
-  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
-    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}, Shape{201, 64}}) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K}) {
+    for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}, Shape{201, 64}, Shape{20, 256},
+                    Shape{37, 512}}) {
+      if (dt == DType::kQ4_K && s.K % 256 != 0) continue;
       for (int64_t M : {1, 2, 3, 5, 8, 17, 34}) {
         testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
         ASSERT_TRUE(cpu::Int16Takes(k, w.t));
@@ -686,8 +707,10 @@ TEST(Avx512Tier, Int16PromptRowsMatchTheScalarBlockArithmetic) {
   }
   // The public entry point takes it for these types on this CPU, not for the K-quants or float weights.
   testing::TestWeight q8 = MakeWeight(DType::kQ8_0, 8, 64, 1), f = MakeWeight(DType::kF32, 8, 64, 2);
+  testing::TestWeight q6k = MakeWeight(DType::kQ6_K, 8, 256, 3);
   EXPECT_EQ(MatMulInt16Takes(q8.t), cpu::Best().mm.qgemm_runs != nullptr);
   EXPECT_FALSE(MatMulInt16Takes(f.t));
+  EXPECT_FALSE(MatMulInt16Takes(q6k.t));
   EXPECT_FALSE(cpu::Int16Takes(cpu::KernelsFor(IsaTier::kAvx2).mm, q8.t));
 }
 
@@ -712,8 +735,9 @@ TEST(Avx512Tier, MixedRowRunsEqualEachRowsOwnCall) {
       {{48, 64}, {{7, false}}},
       {{48, 64}, {{7, true}}},
   };
-  for (DType dt : {DType::kQ8_0, DType::kQ4_1, DType::kQ5_0}) {
-    for (const Case& c : cases) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_1, DType::kQ5_0, DType::kQ4_K}) {
+    for (Case c : cases) {
+      if (dt == DType::kQ4_K) c.s.K = (c.s.K + 255) / 256 * 256;  // whole 256-blocks
       int64_t M = 0;
       for (const RowRun& r : c.runs) M += r.n_rows;
       testing::TestWeight w = MakeWeight(dt, c.s.N, c.s.K, seed++);

@@ -348,7 +348,8 @@ void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, in
 bool Int16Takes(const MatMulKernels& k, const Tensor& w) {
   const DType t = w.dtype;
   return k.qgemm_runs && w.ndim() == 2 && w.shape[1] % 32 == 0 &&
-         (t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1);
+         (t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
+          (t == DType::kQ4_K && w.shape[1] % 256 == 0));
 }
 
 void MatMulRowsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
@@ -362,6 +363,15 @@ void MatMulRowsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, in
   }
   if (!any16) {  // sampled rows only: MatMul's int8 path (the GEMV below qgemm_min_m rows)
     MatMulWith(k, pool, x, M, w, y);
+    return;
+  }
+  if (IsKQuant(w.dtype) && any8) {  // K-quant sampled rows keep the K-quant GEMV's arithmetic: a call per run
+    const int64_t N = w.shape[0], K = w.shape[1];
+    int64_t r = 0;
+    for (const RowRun& run : runs) {
+      if (run.n_rows > 0) MatMulRowsWith(k, pool, x + r * K, run.n_rows, w, y + r * N, {&run, 1});
+      r += run.n_rows;
+    }
     return;
   }
   RowsGemm(k, pool, x, M, w, y, runs);

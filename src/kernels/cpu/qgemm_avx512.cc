@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/reference.h"
 #include "kernels/cpu/scratch.h"
 
 namespace lathe::kernels::cpu::avx512 {
@@ -42,6 +44,27 @@ struct alignas(64) Group16 {
   float dw[16];
   float cw[16];
 };
+
+// The block arithmetic's traits per weight type: Q8_0 / Q4_* / Q5_* from the AVX2 tier's Block32; Q4_K (int16
+// prompt rows only: its decode rows keep the K-quant GEMV's arithmetic) per 32-element sub-block j of a 256-block,
+// nibble codes q with dw = d * sc_j and cw = dmin * m_j (w = dw q - cw: kCorr = -1).
+template <DType T>
+struct QT : avx2::Block32<T> {
+  static constexpr bool kK = false;
+};
+template <>
+struct QT<DType::kQ4_K> {
+  static constexpr bool kQ8 = false, k5 = false, kMin = true, kK = true;
+  static constexpr float kCorr = -1.0f;
+  static constexpr size_t kBytes = sizeof(BlockQ4_K);
+};
+
+// Sub-block s (0-7) of a Q4_K block: its 32 nibble codes in element order.
+inline __m256i RowCodesQ4K(const uint8_t* b, int s) {
+  __m256i q = _mm256_loadu_si256((const __m256i*)(b + offsetof(BlockQ4_K, qs) + 32 * (s / 2)));
+  if (s & 1) q = _mm256_srli_epi16(q, 4);
+  return _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+}
 
 // A block's 32 codes in element order (Q8_0: signed q, flipped to unsigned by the caller).
 template <DType T>
@@ -68,24 +91,32 @@ inline __m256i RowCodes(const uint8_t* b) {
 // scales. Per block: the 16 rows' codes as 8 zmm z[a] = [row a | row a + 4] (a < 4) or [row a + 4 |
 // row a + 8] (a >= 4), then an 8 x 8 dword transpose in each 256-bit half (unpack 32, unpack 64) whose
 // last step, a lane shuffle across the halves, also puts the rows in lane order 0..15.
+// Q4_K: the rows' 8 sub-block scales (and mins) of a 256-block are decoded at its first sub-block.
 template <DType T>
 void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
-  using I = avx2::Block32<T>;
-  alignas(64) static const uint8_t kZeros[64] = {};  // one block of zero codes and scales, for rows >= nr
+  using I = QT<T>;
+  alignas(64) static const uint8_t kZeros[192] = {};  // one block of zero codes and scales, for rows >= nr
   const uint8_t* rp[16];
   size_t st[16];
   for (int r = 0; r < 16; ++r) {
     rp[r] = r < nr ? w + r * rb : kZeros;
     st[r] = r < nr ? I::kBytes : 0;
   }
+  alignas(64) float kdw[8][16] = {}, kcw[8][16] = {};
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                          _mm512_set1_epi32((int)rb));
   const __mmask16 live = Mask16(nr);
   for (int64_t j = 0; j < nb; ++j) {
+    const auto codes = [&](int r) {
+      if constexpr (I::kK) {
+        return RowCodesQ4K(rp[r] + j / 8 * st[r], (int)(j % 8));
+      } else {
+        return RowCodes<T>(rp[r] + j * st[r]);
+      }
+    };
     const auto pair = [&](int r0, int r1) {
-      return _mm512_inserti64x4(_mm512_castsi256_si512(RowCodes<T>(rp[r0] + j * st[r0])),
-                                RowCodes<T>(rp[r1] + j * st[r1]), 1);
+      return _mm512_inserti64x4(_mm512_castsi256_si512(codes(r0)), codes(r1), 1);
     };
     const auto transpose_half = [&](__m512i z0, __m512i z1, __m512i z2, __m512i z3, __m512i* a) {
       const __m512i l0 = _mm512_unpacklo_epi32(z0, z1), h0 = _mm512_unpackhi_epi32(z0, z1);
@@ -108,10 +139,27 @@ void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
       _mm512_store_si512(gb.u[k], lo);
       _mm512_store_si512(gb.u[k + 4], hi);
     }
-    const __m512i s = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, w + j * I::kBytes, 1);
-    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s));
-    _mm512_store_ps(gb.dw, dw);
-    _mm512_store_ps(gb.cw, I::kMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(s, 16))) : dw);
+    if constexpr (I::kK) {
+      if (j % 8 == 0) {
+        for (int r = 0; r < nr; ++r) {
+          const BlockQ4_K* b = (const BlockQ4_K*)(rp[r] + j / 8 * st[r]);
+          uint8_t sc[8], mn[8];
+          ref::KScaleMin(b->scales, sc, mn);
+          const float d = F16ToF32(b->d), dmin = F16ToF32(b->dmin);
+          for (int e = 0; e < 8; ++e) {
+            kdw[e][r] = d * (float)sc[e];
+            kcw[e][r] = dmin * (float)mn[e];
+          }
+        }
+      }
+      _mm512_store_ps(gb.dw, _mm512_load_ps(kdw[j % 8]));
+      _mm512_store_ps(gb.cw, _mm512_load_ps(kcw[j % 8]));
+    } else {
+      const __m512i s = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, w + j * I::kBytes, 1);
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s));
+      _mm512_store_ps(gb.dw, dw);
+      _mm512_store_ps(gb.cw, I::kMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(s, 16))) : dw);
+    }
   }
 }
 
@@ -146,7 +194,7 @@ inline void BlockDots(const Group16* const* gb, int64_t j, Codes codes, __m512i 
 template <DType T, int MR, int NG, class XB>
 void Tile(const Group16* const* gb, const XB* x, const int32_t* xstart, int64_t nb, float* y, int64_t ldy,
           __mmask16 last) {
-  using I = avx2::Block32<T>;
+  using I = QT<T>;
   constexpr bool kX16 = std::is_same_v<XB, BlockQ16X>;
   __m512 acc[MR][NG], corr[MR][NG];
 #pragma GCC unroll 8
@@ -326,6 +374,10 @@ void QGemmRuns(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun*
       return QGemmRunsT<DType::kQ5_0>(w, rb, n_rows, runs, n_runs, K);
     case DType::kQ5_1:
       return QGemmRunsT<DType::kQ5_1>(w, rb, n_rows, runs, n_runs, K);
+    case DType::kQ4_K:  // int16 runs only (MatMulRowsWith)
+      for (int r = 0; r < n_runs; ++r) LATHE_CHECK(runs[r].x16);
+      LATHE_CHECK(K % 256 == 0);
+      return QGemmRunsT<DType::kQ4_K>(w, rb, n_rows, runs, n_runs, K);
     default:
       LATHE_CHECK_MSG(false, "QGemm: unsupported weight dtype %s", DTypeName(t));
   }
