@@ -34,7 +34,7 @@ void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float*
 void MatMulBf16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 bool MatMulBf16Rounds(const Tensor& w);
 
-// Prompt rows of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K weights on CPUs with AVX-512 VNNI: x quantized to int16 per
+// Prompt rows of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K weights on CPUs with AVX-512 VNNI: x quantized to int16 per
 // block of 32 (cpu::BlockQ16X: ~2^-16 of the block's amax per element) times W's integer codes, exact int32
 // block sums on the int8 dot-product instructions (two passes), one fma per block: the int8 GEMM's arithmetic
 // with 256x finer x, at twice the f32 FMA rate per multiply-add. A row's result does not depend on M.

@@ -129,7 +129,7 @@ struct SeqInput {
 
 struct TransformerOptions {
   // Prompt rows (not PagedSeqInput::sampled_rows) of block-quantized weights use f32 activations; on CPUs
-  // with AVX-512 VNNI int16 ones for Q8_0 / Q4_* / Q5_* / Q4_K (kernels::MatMulRows, one pass over W with the
+  // with AVX-512 VNNI int16 ones for Q8_0 / Q4_* / Q5_* / Q4_K / Q5_K (kernels::MatMulRows, one pass over W with the
   // step's int8 sampled rows), elsewhere with avx512_bf16 bf16 ones times the dequantized weights rounded to
   // bf16 (kernels::MatMulBf16, as a BF16 model's prompt rows); this keeps f32 activations for every row (see kernels::MatMul):
   // exact products of the stored weights, slower decode. Off = llama.cpp's int8 activations.

@@ -537,10 +537,10 @@ float TierBlockDot(DType dt, const uint8_t* row, const XB* x, int64_t nb) {
     return (float)r;
   };
   float acc = 0.0f, corr = 0.0f;
-  if (dt == DType::kQ4_K) {  // per 32-element sub-block: nibble codes, dw = d * sc, cw = dmin * m, kCorr = -1
+  if (dt == DType::kQ4_K || dt == DType::kQ5_K) {  // per 32-element sub-block: dw = d * sc, cw = dmin * m, kCorr = -1
     ref::DecodedBlock db;
     for (int64_t j = 0; j < nb; ++j) {
-      if (j % 8 == 0) ref::DecodeBlock(dt, row + j / 8 * sizeof(BlockQ4_K), &db);
+      if (j % 8 == 0) ref::DecodeBlock(dt, row + j / 8 * GetDTypeInfo(dt).block_bytes, &db);
       int32_t t = 0;
       for (int e = 0; e < 32; ++e) {
         const int code = db.q[32 * (j % 8) + e];
@@ -679,10 +679,10 @@ TEST(Avx512Tier, Int16PromptRowsMatchTheScalarBlockArithmetic) {
   LATHE_REQUIRE_TIER(IsaTier::kAvx512);
   const cpu::MatMulKernels& k = cpu::KernelsFor(IsaTier::kAvx512).mm;
   uint32_t seed = 2000;
-  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K}) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K}) {
     for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}, Shape{201, 64}, Shape{20, 256},
                     Shape{37, 512}}) {
-      if (dt == DType::kQ4_K && s.K % 256 != 0) continue;
+      if (IsKQuant(dt) && s.K % 256 != 0) continue;
       for (int64_t M : {1, 2, 3, 5, 8, 17, 34}) {
         testing::TestWeight w = MakeWeight(dt, s.N, s.K, seed++);
         ASSERT_TRUE(cpu::Int16Takes(k, w.t));
@@ -735,9 +735,9 @@ TEST(Avx512Tier, MixedRowRunsEqualEachRowsOwnCall) {
       {{48, 64}, {{7, false}}},
       {{48, 64}, {{7, true}}},
   };
-  for (DType dt : {DType::kQ8_0, DType::kQ4_1, DType::kQ5_0, DType::kQ4_K}) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_1, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K}) {
     for (Case c : cases) {
-      if (dt == DType::kQ4_K) c.s.K = (c.s.K + 255) / 256 * 256;  // whole 256-blocks
+      if (IsKQuant(dt)) c.s.K = (c.s.K + 255) / 256 * 256;  // whole 256-blocks
       int64_t M = 0;
       for (const RowRun& r : c.runs) M += r.n_rows;
       testing::TestWeight w = MakeWeight(dt, c.s.N, c.s.K, seed++);

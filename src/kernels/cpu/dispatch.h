@@ -162,7 +162,7 @@ void MatMulBf16With(const MatMulKernels& k, ThreadPool& pool, const float* x, in
 // Whether MatMulBf16With takes k.bf16_dequant for w (kernels::MatMulBf16Rounds).
 bool Bf16DequantTakes(const MatMulKernels& k, const Tensor& w);
 // kernels::MatMulRows with one tier's kernels: REQUIRES Int16Takes(k, w) (k.qgemm_runs and a Q8_0 / Q4_* / Q5_*
-// w, or Q4_K: its int16 rows through qgemm_runs, its int8 rows through MatMulWith). MatMulInt16With: all M rows
+// w, or Q4_K / Q5_K: their int16 rows through qgemm_runs, their int8 rows through MatMulWith). MatMulInt16With: all M rows
 // int16.
 void MatMulRowsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
                     std::span<const RowRun> runs);

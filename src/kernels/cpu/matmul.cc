@@ -349,7 +349,7 @@ bool Int16Takes(const MatMulKernels& k, const Tensor& w) {
   const DType t = w.dtype;
   return k.qgemm_runs && w.ndim() == 2 && w.shape[1] % 32 == 0 &&
          (t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
-          (t == DType::kQ4_K && w.shape[1] % 256 == 0));
+          ((t == DType::kQ4_K || t == DType::kQ5_K) && w.shape[1] % 256 == 0));
 }
 
 void MatMulRowsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,

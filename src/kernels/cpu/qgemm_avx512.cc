@@ -45,25 +45,40 @@ struct alignas(64) Group16 {
   float cw[16];
 };
 
-// The block arithmetic's traits per weight type: Q8_0 / Q4_* / Q5_* from the AVX2 tier's Block32; Q4_K (int16
-// prompt rows only: its decode rows keep the K-quant GEMV's arithmetic) per 32-element sub-block j of a 256-block,
-// nibble codes q with dw = d * sc_j and cw = dmin * m_j (w = dw q - cw: kCorr = -1).
+// The block arithmetic's traits per weight type: Q8_0 / Q4_* / Q5_* from the AVX2 tier's Block32; Q4_K / Q5_K
+// (int16 prompt rows only: their decode rows keep the K-quant GEMV's arithmetic) per 32-element sub-block j of a
+// 256-block, codes q (nibble, + the fifth bit for Q5_K) with dw = d * sc_j and cw = dmin * m_j (w = dw q - cw:
+// kCorr = -1). Both K blocks start with d, dmin and the 12 packed scale bytes.
 template <DType T>
 struct QT : avx2::Block32<T> {
   static constexpr bool kK = false;
 };
-template <>
-struct QT<DType::kQ4_K> {
-  static constexpr bool kQ8 = false, k5 = false, kMin = true, kK = true;
+template <DType T, class B>
+struct QTK {
+  static constexpr bool kQ8 = false, k5 = T == DType::kQ5_K, kMin = true, kK = true;
   static constexpr float kCorr = -1.0f;
-  static constexpr size_t kBytes = sizeof(BlockQ4_K);
+  static constexpr size_t kBytes = sizeof(B);
+  static constexpr size_t kQsOff = offsetof(B, qs);
 };
+template <>
+struct QT<DType::kQ4_K> : QTK<DType::kQ4_K, BlockQ4_K> {};
+template <>
+struct QT<DType::kQ5_K> : QTK<DType::kQ5_K, BlockQ5_K> {};
+static_assert(offsetof(BlockQ4_K, scales) == 4 && offsetof(BlockQ5_K, scales) == 4);
 
-// Sub-block s (0-7) of a Q4_K block: its 32 nibble codes in element order.
-inline __m256i RowCodesQ4K(const uint8_t* b, int s) {
-  __m256i q = _mm256_loadu_si256((const __m256i*)(b + offsetof(BlockQ4_K, qs) + 32 * (s / 2)));
+// Sub-block s (0-7) of a Q4_K / Q5_K block: its 32 codes in element order.
+template <DType T>
+inline __m256i RowCodesK(const uint8_t* b, int s) {
+  using I = QT<T>;
+  __m256i q = _mm256_loadu_si256((const __m256i*)(b + I::kQsOff + 32 * (s / 2)));
   if (s & 1) q = _mm256_srli_epi16(q, 4);
-  return _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+  q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+  if constexpr (I::k5) {  // bit s of qh[e] is element e's fifth bit (a 16-bit shift, then each byte's bit 0)
+    const __m256i h = _mm256_loadu_si256((const __m256i*)(b + offsetof(BlockQ5_K, qh)));
+    const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(h, s), _mm256_set1_epi8(1));
+    q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+  }
+  return q;
 }
 
 // A block's 32 codes in element order (Q8_0: signed q, flipped to unsigned by the caller).
@@ -110,7 +125,7 @@ void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
   for (int64_t j = 0; j < nb; ++j) {
     const auto codes = [&](int r) {
       if constexpr (I::kK) {
-        return RowCodesQ4K(rp[r] + j / 8 * st[r], (int)(j % 8));
+        return RowCodesK<T>(rp[r] + j / 8 * st[r], (int)(j % 8));
       } else {
         return RowCodes<T>(rp[r] + j * st[r]);
       }
@@ -142,10 +157,12 @@ void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
     if constexpr (I::kK) {
       if (j % 8 == 0) {
         for (int r = 0; r < nr; ++r) {
-          const BlockQ4_K* b = (const BlockQ4_K*)(rp[r] + j / 8 * st[r]);
+          const uint8_t* b = rp[r] + j / 8 * st[r];
+          uint16_t h[2];
+          std::memcpy(h, b, 4);
           uint8_t sc[8], mn[8];
-          ref::KScaleMin(b->scales, sc, mn);
-          const float d = F16ToF32(b->d), dmin = F16ToF32(b->dmin);
+          ref::KScaleMin(b + 4, sc, mn);
+          const float d = F16ToF32(h[0]), dmin = F16ToF32(h[1]);
           for (int e = 0; e < 8; ++e) {
             kdw[e][r] = d * (float)sc[e];
             kcw[e][r] = dmin * (float)mn[e];
@@ -375,9 +392,11 @@ void QGemmRuns(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun*
     case DType::kQ5_1:
       return QGemmRunsT<DType::kQ5_1>(w, rb, n_rows, runs, n_runs, K);
     case DType::kQ4_K:  // int16 runs only (MatMulRowsWith)
+    case DType::kQ5_K:
       for (int r = 0; r < n_runs; ++r) LATHE_CHECK(runs[r].x16);
       LATHE_CHECK(K % 256 == 0);
-      return QGemmRunsT<DType::kQ4_K>(w, rb, n_rows, runs, n_runs, K);
+      return t == DType::kQ4_K ? QGemmRunsT<DType::kQ4_K>(w, rb, n_rows, runs, n_runs, K)
+                               : QGemmRunsT<DType::kQ5_K>(w, rb, n_rows, runs, n_runs, K);
     default:
       LATHE_CHECK_MSG(false, "QGemm: unsupported weight dtype %s", DTypeName(t));
   }
