@@ -178,7 +178,8 @@ int64_t TrainGemmAPanelFloats(int64_t R, int64_t Kd, int64_t L, bool a_rows_cont
 // block of a W whose columns are B's (the input gradient through a quantized weight), else 1.
 int64_t TrainGemmBPanelFloats(int64_t Kd, int64_t L, int64_t col_align);
 // Floats of each thread's own GEMM buffers at most (few-rows strips, A tiles, converted B panels and
-// W rows) over products whose inner dimensions are at most max_inner; converts_w: some W is not f32
+// W rows, split chunks' partial tiles) over products whose inner dimensions and rows are at most max_inner;
+// converts_w: some W is not f32
 // (f16 / bf16 / quantized) and is converted panel by panel, its columns aligned to col_align.
 int64_t TrainGemmThreadFloats(int64_t max_inner, bool converts_w, int64_t col_align);
 
