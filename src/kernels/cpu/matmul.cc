@@ -124,7 +124,8 @@ void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t
   }, 2.0 * M * N * K);
 }
 
-// Runs of int8 (sampled) and int16 (prompt) rows of Q8_0 / Q4_* / Q5_* through k.qgemm_runs: each row
+// Runs of int8 (sampled) and int16 (prompt) rows of Q8_0 / Q4_* / Q5_* (int16 rows alone: also Q4_K / Q5_K)
+// through k.qgemm_runs: each row
 // quantized once by its kind (Q8_0's int8 dot starts with it), tasks = weight row blocks (whole 16-row units,
 // ~kGemvBlockBytes at most, a multiple of the thread count where N allows) x blocks of ~kXBlockBytes of
 // quantized rows, every task one kernel call over the runs it meets, so the step's rows share one unpacked
