@@ -206,8 +206,8 @@ inline void BlockDots(const Group16* const* gb, int64_t j, Codes codes, __m512i 
 
 // y for MR x rows and NG groups of 16 weight rows over all nb blocks; `last` masks the stored lanes of
 // the last group. XB = BlockQ8X (int8 x; xstart, Q8_0 only: per (x row, block) -128 * the sum of x's codes)
-// or BlockQ16X (int16 x codes c = 256 hi + lo: the hi products first, shifted left by 8, then the lo ones
-// and, for Q8_0, -128 * csum; the same exact int32 T as one pass over c, since |T| < 2^28).
+// or BlockQ16X (int16 x codes c = 256 hi + lo: the hi and the lo bytes' products in two chains, the lo one
+// starting at Q8_0's -128 * csum, T = (hi sum << 8) + lo sum: the exact int32 T of one pass over c, |T| < 2^28).
 template <DType T, int MR, int NG, class XB>
 void Tile(const Group16* const* gb, const XB* x, const int32_t* xstart, int64_t nb, float* y, int64_t ldy,
           __mmask16 last) {
