@@ -312,7 +312,7 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   const bool quant = IsQuantized(w.dtype);
   if (quant && !exact_activations) {
     if (k.qgemm && M >= k.qgemm_min_m && !IsKQuant(w.dtype)) {  // the tiers' qgemm: Q8_0, Q4_*, Q5_*
-      if (Int16Takes(k, w)) {  // the same GEMM through qgemm_runs: Q8_0's dot starts computed once, not per task
+      if (k.qgemm_runs) {  // the same GEMM through qgemm_runs: Q8_0's dot starts computed once, not per task
         const RowRun run{M, false};
         RowsGemm(k, pool, x, M, w, y, {&run, 1});
       } else {
