@@ -82,55 +82,13 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
   }, 2.0 * M * N * K);
 }
 
-// Batched int8 GEMM for block types (k.qgemm): x quantized once, tasks = weight row blocks (whole
-// 16-row units, ~kGemvBlockBytes at most, a multiple of the thread count where N allows) x x-row blocks
-// of ~kXBlockBytes of int8 rows; the N % 4
-// tail rows through gemv with gemv_exact_m x rows per call (their M = 1 kernel, as Gemv).
-void QuantGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w,
-               float* y) {
-  const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
-  LATHE_CHECK(K % 32 == 0);
-  const size_t rb = w.row_bytes();
-  const uint8_t* wd = (const uint8_t*)w.data;
-  static thread_local std::vector<BlockQ8X> xq_buf;
-  BlockQ8X* xq = Scratch(xq_buf, (size_t)(M * nb));
-  pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) {
-    for (int64_t m = b; m < e; ++m) k.quantize_x(x + m * K, K, xq + m * nb);
-  });
-  // W in blocks of whole 16-row units (the AVX-512 kernel's zmm of rows; the last unit may hold 4-12),
-  // at most ~kGemvBlockBytes each, as many blocks as it takes to give every thread the same number.
-  const int64_t n4 = N / 4 * 4, n_units = (n4 + 15) / 16, P = pool.size();
-  const int64_t units = std::max<int64_t>(1, std::min(kGemvBlockBytes / (int64_t)rb / 16, (n_units + P - 1) / P));
-  int64_t n_wblocks = (n_units + units - 1) / units;
-  n_wblocks = std::min(n_units, (n_wblocks + P - 1) / P * P);
-  const auto wblock_row = [&](int64_t b) { return std::min(n4, b * n_units / n_wblocks * 16); };
-  int64_t mb = std::max<int64_t>(4, kXBlockBytes / (nb * (int64_t)sizeof(BlockQ8X)) / 4 * 4);
-  const int64_t n_mblocks = (M + mb - 1) / mb;
-  mb = ((M + n_mblocks - 1) / n_mblocks + 3) / 4 * 4;
-  const int64_t tail_tasks = n4 < N ? n_mblocks : 0;
-  pool.ParallelFor(n_mblocks * n_wblocks + tail_tasks, 1, [&](int64_t b, int64_t e, int) {
-    for (int64_t t = b; t < e; ++t) {
-      if (t >= n_mblocks * n_wblocks) {  // the last N % 4 rows
-        const int64_t m0 = (t - n_mblocks * n_wblocks) * mb, m1 = std::min(M, m0 + mb);
-        const int64_t g = std::clamp<int64_t>(k.gemv_exact_m, 1, 4);
-        for (int64_t m = m0; m < m1; m += g)
-          k.gemv(w.dtype, wd + n4 * rb, rb, N - n4, xq + m * nb, std::min(g, m1 - m), K, y + m * N + n4, N);
-        continue;
-      }
-      const int64_t m0 = (t / n_wblocks) * mb, m1 = std::min(M, m0 + mb);
-      const int64_t n0 = wblock_row(t % n_wblocks), nr = wblock_row(t % n_wblocks + 1) - n0;
-      if (m0 < m1) k.qgemm(w.dtype, wd + n0 * rb, rb, nr, xq + m0 * nb, m1 - m0, K, y + m0 * N + n0, N);
-    }
-  }, 2.0 * M * N * K);
-}
-
-// Runs of int8 (sampled) and int16 (prompt) rows of Q8_0 / Q4_* / Q5_* (int16 rows alone: also Q4_K / Q5_K)
-// through k.qgemm_runs: each row
-// quantized once by its kind (Q8_0's int8 dot starts with it), tasks = weight row blocks (whole 16-row units,
-// ~kGemvBlockBytes at most, a multiple of the thread count where N allows) x blocks of ~kXBlockBytes of
-// quantized rows, every task one kernel call over the runs it meets, so the step's rows share one unpacked
-// pass of W. The N % 4 tail rows: int8 rows through gemv (their M = 1 kernel, as QuantGemm), int16 rows
-// through the GEMM.
+// The int8 GEMM for block types: runs of int8 (sampled) and int16 (prompt) rows of Q8_0 / Q4_* / Q5_* (int16
+// rows alone: also Q4_K / Q5_K) through k.qgemm_runs, or int8 rows alone through k.qgemm on tiers without
+// qgemm_runs (AVX2). Each row quantized once by its kind (Q8_0's int8 dot starts with it), tasks = weight row
+// blocks (whole 16-row units: the AVX-512 kernel's zmm of rows, the last may hold 4-12; ~kGemvBlockBytes at
+// most, a multiple of the thread count where N allows) x blocks of ~kXBlockBytes of quantized rows, every task
+// one kernel call over the runs it meets, so the step's rows share one unpacked pass of W. The N % 4 tail
+// rows: int8 rows through gemv (their M = 1 kernel, gemv_exact_m rows per call), int16 rows through the GEMM.
 void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
               std::span<const RowRun> runs) {
   const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
@@ -150,7 +108,7 @@ void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t 
   static thread_local std::vector<int32_t> start_buf;
   BlockQ8X* x8 = n8 ? Scratch(x8_buf, (size_t)(n8 * nb)) : nullptr;
   BlockQ16X* x16 = n16 ? Scratch(x16_buf, (size_t)(n16 * nb)) : nullptr;
-  int32_t* starts = n8 && q8 ? Scratch(start_buf, (size_t)(n8 * nb)) : nullptr;
+  int32_t* starts = n8 && q8 && k.x_starts ? Scratch(start_buf, (size_t)(n8 * nb)) : nullptr;
   pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t m = b; m < e; ++m) {
       if (slot[m] >= 0) {
@@ -192,7 +150,11 @@ void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t 
         q.ldy = N;
       }
       if (n == kMaxQRuns || (b == m1 && n > 0)) {
-        k.qgemm_runs(w.dtype, wd + n0 * rb, rb, nr, qr, n, K);
+        if (k.qgemm_runs) {
+          k.qgemm_runs(w.dtype, wd + n0 * rb, rb, nr, qr, n, K);
+        } else {  // int8 runs only (Int16Takes needs qgemm_runs)
+          for (int i = 0; i < n; ++i) k.qgemm(w.dtype, wd + n0 * rb, rb, nr, qr[i].x8, qr[i].m, K, qr[i].y, qr[i].ldy);
+        }
         n = 0;
       }
       a = b;
@@ -312,12 +274,8 @@ void MatMulWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_
   const bool quant = IsQuantized(w.dtype);
   if (quant && !exact_activations) {
     if (k.qgemm && M >= k.qgemm_min_m && !IsKQuant(w.dtype)) {  // the tiers' qgemm: Q8_0, Q4_*, Q5_*
-      if (k.qgemm_runs) {  // the same GEMM through qgemm_runs: Q8_0's dot starts computed once, not per task
-        const RowRun run{M, false};
-        RowsGemm(k, pool, x, M, w, y, {&run, 1});
-      } else {
-        QuantGemm(k, pool, x, M, w, y);
-      }
+      const RowRun run{M, false};
+      RowsGemm(k, pool, x, M, w, y, {&run, 1});
     } else {
       Gemv(k, pool, x, M, w, y);
     }
