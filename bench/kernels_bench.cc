@@ -23,6 +23,8 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/kernels.h"
 #include "kernels/train_ops.h"
+#include "model/config.h"
+#include "model/transformer.h"
 
 namespace lathe::bench {
 namespace {
@@ -287,13 +289,15 @@ void BM_PagedAttention(benchmark::State& state, int64_t n_pos, bool old_path) {
       benchmark::Counter((double)n_pos * group * kv_heads * state.iterations(), benchmark::Counter::kIsRate);
 }
 
-// One c=32 serving step's decode attention over `layers` layers (30: all of SmolLM2's; 1: one layer's 37 MB,
+// One c=32 serving step's decode attention over `layers` layers (30: all of SmolLM2's; 1: one layer's K/V,
 // which a large L3 holds): 32 sequences with 64-191 cached positions each
 // (`lathe bench serve`'s default workload mid-generation), SmolLM2-135M's shape (3 KV heads of 3 query heads,
-// head_dim 64), f32 K/V in blocks of 16 scattered over a pool of that size per layer (30 layers: ~1.1 GB, so
+// head_dim 64), f32 or f16 (`lathe serve`'s default cache for 16-bit and quantized models) K/V in the engine's
+// KvBlockStore (its layout), blocks of 16 scattered over a pool of that size (30 layers: ~1.1 GB in f32, so
 // K/V come from DRAM as in the engine), one kernels::GroupAttentionRows call per (sequence, KV head) with
-// one token, as Transformer::Attention makes them. Counters: GFLOP/s (q.k and p.v) and K/V GB/s.
-void BM_DecodeAttention(benchmark::State& state, int layers, int threads) {
+// one token, as Transformer::Attention makes them. Counters: GFLOP/s (q.k and p.v) and K/V GB/s (bytes as
+// stored).
+void BM_DecodeAttention(benchmark::State& state, int layers, int threads, DType kv) {
   constexpr int kSeqs = 32, group = 3, hd = 64, kv_heads = 3, bs = 16;
   const int64_t kv_dim = kv_heads * hd;
   std::mt19937 rng(11);
@@ -306,35 +310,44 @@ void BM_DecodeAttention(benchmark::State& state, int layers, int threads) {
   std::vector<int32_t> perm(total_blocks);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
+  model::ModelConfig c;
+  c.n_layers = layers;
+  c.n_heads = group * kv_heads;
+  c.n_kv_heads = kv_heads;
+  c.head_dim = hd;
+  model::KvBlockStore store(c, total_blocks, bs, kv, /*populate=*/true);
   std::vector<std::vector<int64_t>> offs(kSeqs);
   int64_t next = 0, positions = 0;
   for (int s = 0; s < kSeqs; ++s) {
     const int64_t nb = (n_pos[s] + bs - 1) / bs;
-    for (int64_t p = 0; p < n_pos[s]; ++p) offs[s].push_back(((int64_t)perm[next + p / bs] * bs + p % bs) * kv_dim);
+    for (int64_t p = 0; p < n_pos[s]; ++p) offs[s].push_back(store.PosOffset(perm[next + p / bs], p % bs));
     next += nb;
     positions += n_pos[s];
   }
-  const size_t layer_floats = (size_t)total_blocks * bs * kv_dim;
-  // Huge pages where the kernel gives them, as the engine's KvBlockStore asks for.
-  HugePageBuffer kb(layer_floats * layers * sizeof(float)), vb(layer_floats * layers * sizeof(float));
-  float* k = (float*)kb.data();
-  float* v = (float*)vb.data();
-  for (size_t i = 0; i < layer_floats * layers; ++i) k[i] = v[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  std::vector<float> row(kv_dim);
+  for (int l = 0; l < layers; ++l)
+    for (int64_t b = 0; b < total_blocks; ++b)
+      for (int64_t o = 0; o < bs; ++o) {
+        for (int64_t j = 0; j < kv_dim; ++j)
+          row[j] = (float)((((l * total_blocks + b) * bs + o) * kv_dim + j) * 2654435761u % 1000) * 1e-3f - 0.5f;
+        store.Write(l, b, o, row.data(), row.data());
+      }
+  const size_t elt = model::KvElemBytes(kv);
   const std::vector<float> q = RandomFloats((int64_t)kSeqs * group * kv_heads * hd, 7);
   std::vector<float> out(q.size());
   ThreadPool pool(threads);
   std::vector<std::vector<float>> sc(threads, std::vector<float>(group * 256));
   for (auto _ : state) {
     for (int l = 0; l < layers; ++l) {
-      const float* kl = k + l * layer_floats;
-      const float* vl = v + l * layer_floats;
+      const uint8_t* kl = (const uint8_t*)store.KLayer(l);
+      const uint8_t* vl = (const uint8_t*)store.VLayer(l);
       pool.ParallelFor(kSeqs * kv_heads, 1, [&](int64_t b, int64_t e, int t) {
         for (int64_t it = b; it < e; ++it) {
           const int s = (int)(it / kv_heads), g = (int)(it % kv_heads);
           const int64_t qo = ((int64_t)s * group * kv_heads + g * group) * hd;
-          kernels::GroupAttentionRows(q.data() + qo, group * kv_heads * hd, 1, group, kl + g * hd, vl + g * hd,
-                                      offs[s].data(), n_pos[s] - 1, hd, 0.125f, out.data() + qo,
-                                      group * kv_heads * hd, sc[t].data());
+          kernels::GroupAttentionRows(q.data() + qo, group * kv_heads * hd, 1, group, kl + store.HeadOffset(g) * elt,
+                                      vl + store.HeadOffset(g) * elt, kv, offs[s].data(), n_pos[s] - 1, hd, 0.125f,
+                                      out.data() + qo, group * kv_heads * hd, sc[t].data());
         }
       });
     }
@@ -344,7 +357,7 @@ void BM_DecodeAttention(benchmark::State& state, int layers, int threads) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(per_iter * 4.0 * hd * group * kv_heads * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
   state.counters["KV_GB/s"] =
-      benchmark::Counter(per_iter * 2.0 * kv_dim * 4 * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+      benchmark::Counter(per_iter * 2.0 * kv_dim * elt * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
 // Training attention over one T-token row (512: the bench's rows; 2048: LLaMA-Factory's default cutoff_len) of SmolLM2-135M's shape (9 query heads, 3 KV heads,
@@ -633,12 +646,13 @@ void RegisterAll() {
                                        .c_str(),
                                    BM_PagedAttention, n_pos, old_path)
           ->UseRealTime();
+  for (DType kv : {DType::kF32, DType::kF16})
   for (int layers : {30, 1})
     for (int threads : {1, 2})
-      benchmark::RegisterBenchmark(("decode_attention/c32/f32/layers:" + std::to_string(layers) + "/threads:" +
-                                    std::to_string(threads))
+      benchmark::RegisterBenchmark(("decode_attention/c32/" + std::string(DTypeName(kv)) + "/layers:" +
+                                    std::to_string(layers) + "/threads:" + std::to_string(threads))
                                        .c_str(),
-                                   BM_DecodeAttention, layers, threads)
+                                   BM_DecodeAttention, layers, threads, kv)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
   for (bool bf16 : {true, false})

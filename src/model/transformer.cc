@@ -19,6 +19,8 @@ KvBlockStore::KvBlockStore(const ModelConfig& c, int64_t n_blocks, int64_t block
     : n_layers_(c.n_layers),
       n_blocks_(n_blocks),
       block_size_(block_size),
+      n_kv_heads_(c.n_kv_heads),
+      head_dim_(c.head_dim),
       kv_dim_(c.kv_dim()),
       dtype_(kv_dtype),
       elt_(KvElemBytes(kv_dtype)) {
@@ -53,24 +55,28 @@ void LoadRow(DType t, const uint8_t* src, int64_t n, float* dst) {
 }  // namespace
 
 void KvBlockStore::Write(int64_t layer, int64_t block, int64_t offset, const float* k, const float* v) {
-  const size_t i = Index(layer, block, offset) * elt_;
-  kernels::RoundKv(dtype_, k, kv_dim_, k_.data() + i);
-  kernels::RoundKv(dtype_, v, kv_dim_, v_.data() + i);
+  for (int64_t h = 0; h < n_kv_heads_; ++h) {
+    const size_t i = Index(layer, block, h, offset) * elt_;
+    kernels::RoundKv(dtype_, k + h * head_dim_, head_dim_, k_.data() + i);
+    kernels::RoundKv(dtype_, v + h * head_dim_, head_dim_, v_.data() + i);
+  }
 }
 
 void KvBlockStore::ReadK(int64_t layer, int64_t block, int64_t offset, float* out) const {
-  LoadRow(dtype_, k_.data() + Index(layer, block, offset) * elt_, kv_dim_, out);
+  for (int64_t h = 0; h < n_kv_heads_; ++h)
+    LoadRow(dtype_, k_.data() + Index(layer, block, h, offset) * elt_, head_dim_, out + h * head_dim_);
 }
 
 void KvBlockStore::ReadV(int64_t layer, int64_t block, int64_t offset, float* out) const {
-  LoadRow(dtype_, v_.data() + Index(layer, block, offset) * elt_, kv_dim_, out);
+  for (int64_t h = 0; h < n_kv_heads_; ++h)
+    LoadRow(dtype_, v_.data() + Index(layer, block, h, offset) * elt_, head_dim_, out + h * head_dim_);
 }
 
 void KvBlockStore::CopyBlock(int64_t src, int64_t dst) {
-  const size_t n = (size_t)block_size_ * kv_dim_ * elt_;
+  const size_t n = (size_t)block_size_ * kv_dim_ * elt_;  // a block is contiguous within a layer
   for (int64_t l = 0; l < n_layers_; ++l) {
-    std::memcpy(k_.data() + Index(l, dst, 0) * elt_, k_.data() + Index(l, src, 0) * elt_, n);
-    std::memcpy(v_.data() + Index(l, dst, 0) * elt_, v_.data() + Index(l, src, 0) * elt_, n);
+    std::memcpy(k_.data() + Index(l, dst, 0, 0) * elt_, k_.data() + Index(l, src, 0, 0) * elt_, n);
+    std::memcpy(v_.data() + Index(l, dst, 0, 0) * elt_, v_.data() + Index(l, src, 0, 0) * elt_, n);
   }
 }
 
@@ -198,7 +204,7 @@ void Transformer::ApplyRope(float* x, int64_t n_heads, int64_t pos) const {
 void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const PagedSeqInput> batch) {
   const ModelConfig& c = w_.config;
   const int64_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
-  const int64_t q_dim = c.q_dim(), bs = store.block_size(), kv_dim = store.kv_dim();
+  const int64_t q_dim = c.q_dim(), bs = store.block_size();
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t window = c.WindowOf(layer);
   // Work items: (sequence, KV head, chunk of that sequence's new tokens); the `group` query heads of
@@ -235,13 +241,13 @@ void Transformer::Attention(KvBlockStore& store, int64_t layer, std::span<const 
     for (int64_t it = b; it < e; ++it) {
       const Item& item = items[it];
       const PagedSeqInput& seq = batch[item.seq];
-      const int64_t kvo = item.kv_head * hd;
+      const int64_t kvo = store.HeadOffset(item.kv_head);
       // Offsets of every position's K/V row in the layer (same layout for K and V).
       const int64_t n_pos = seq.start_pos + item.t1;
       if ((int64_t)off.size() < n_pos) off.resize(n_pos);
       const int64_t n_tok = item.t1 - item.t0;
       if ((int64_t)sc.size() < n_tok * group * n_pos) sc.resize(n_tok * group * n_pos);
-      for (int64_t p = 0; p < n_pos; ++p) off[p] = ((int64_t)seq.block_table[p / bs] * bs + p % bs) * kv_dim;
+      for (int64_t p = 0; p < n_pos; ++p) off[p] = store.PosOffset(seq.block_table[p / bs], p % bs);
       const int64_t r = item.row0 + item.t0, h0 = item.kv_head * group;
       kernels::GroupAttentionRows(&q_[r * q_dim + h0 * hd], q_dim, n_tok, (int)group, k_layer + kvo * elt,
                                   v_layer + kvo * elt, kvt, off.data(), seq.start_pos + item.t0, (int)hd, scale,

@@ -52,10 +52,15 @@ class KvBlockStore {
   size_t bytes() const { return k_.size() + v_.size(); }
   // Bytes one block takes across all layers (K and V).
   static size_t BlockBytes(const ModelConfig& config, int64_t block_size, DType kv_dtype = DType::kF32);
-  // A layer's K / V elements (of dtype()), position rows found by element offsets.
-  const void* KLayer(int64_t layer) const { return k_.data() + Index(layer, 0, 0) * elt_; }
-  const void* VLayer(int64_t layer) const { return v_.data() + Index(layer, 0, 0) * elt_; }
-  // Stores one position's K and V rows (kv_dim floats each), rounded to dtype().
+  // A layer's K / V elements (of dtype()). Within a layer each block holds its positions head by head
+  // ([block][kv head][position][head_dim]): one KV head's slice of a block is one contiguous run (2 KiB at
+  // SmolLM2's head_dim 64 in f16), which a decode step's attention of that head reads whole. Position p of
+  // KV head h is at element HeadOffset(h) + PosOffset(block, offset) from the layer's start.
+  const void* KLayer(int64_t layer) const { return k_.data() + Index(layer, 0, 0, 0) * elt_; }
+  const void* VLayer(int64_t layer) const { return v_.data() + Index(layer, 0, 0, 0) * elt_; }
+  int64_t HeadOffset(int64_t kv_head) const { return kv_head * block_size_ * head_dim_; }
+  int64_t PosOffset(int64_t block, int64_t offset) const { return (block * block_size_ * n_kv_heads_ + offset) * head_dim_; }
+  // Stores one position's K and V rows (kv_dim floats each, head after head), rounded to dtype().
   void Write(int64_t layer, int64_t block, int64_t offset, const float* k, const float* v);
   // One position's row widened to f32 (tests, tools).
   void ReadK(int64_t layer, int64_t block, int64_t offset, float* out) const;
@@ -64,10 +69,10 @@ class KvBlockStore {
   void CopyBlock(int64_t src, int64_t dst);
 
  private:
-  size_t Index(int64_t layer, int64_t block, int64_t offset) const {
-    return (((size_t)layer * n_blocks_ + block) * block_size_ + offset) * kv_dim_;
+  size_t Index(int64_t layer, int64_t block, int64_t kv_head, int64_t offset) const {
+    return ((((size_t)layer * n_blocks_ + block) * n_kv_heads_ + kv_head) * block_size_ + offset) * head_dim_;
   }
-  int64_t n_layers_, n_blocks_, block_size_, kv_dim_;
+  int64_t n_layers_, n_blocks_, block_size_, n_kv_heads_, head_dim_, kv_dim_;
   DType dtype_;
   size_t elt_;  // bytes per element
   // Anonymous huge-page memory: a 16-position block per 4 KiB page had a decode step's attention

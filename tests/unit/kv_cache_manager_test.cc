@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/transformer.h"
 
 namespace lathe::serve {
 namespace {
@@ -54,6 +58,60 @@ model::ModelConfig TinyConfig() {
   c.n_kv_heads = 1;
   c.head_dim = 4;
   return c;
+}
+
+// The store's layout as the attention reads it: position (block, offset) of KV head h at element
+// HeadOffset(h) + PosOffset(block, offset) of the layer, each head's slice of a block one contiguous run of
+// block_size * head_dim elements; Write / ReadK / ReadV / CopyBlock agree with it, every dtype.
+TEST(KvBlockStore, HeadMajorBlocksAsTheAttentionReadsThem) {
+  model::ModelConfig c;
+  c.n_layers = 3;
+  c.n_heads = 6;
+  c.n_kv_heads = 3;
+  c.head_dim = 8;
+  const int64_t kv_dim = c.kv_dim(), bs = 4, n_blocks = 5;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    model::KvBlockStore store(c, n_blocks, bs, t);
+    // Values exact in every dtype: small integers, V = -K.
+    auto value = [&](int64_t l, int64_t b, int64_t o, int64_t j) { return (float)((l * 7 + b * 5 + o * 3 + j) % 61); };
+    std::vector<float> k(kv_dim), v(kv_dim);
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      for (int64_t b = 0; b < n_blocks; ++b)
+        for (int64_t o = 0; o < bs; ++o) {
+          for (int64_t j = 0; j < kv_dim; ++j) k[j] = value(l, b, o, j), v[j] = -k[j];
+          store.Write(l, b, o, k.data(), v.data());
+        }
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      for (int64_t b = 0; b < n_blocks; ++b)
+        for (int64_t h = 0; h < c.n_kv_heads; ++h) {
+          // One head's slice of the block: consecutive positions head_dim elements apart.
+          ASSERT_EQ(store.PosOffset(b, 1) - store.PosOffset(b, 0), c.head_dim);
+          for (int64_t o = 0; o < bs; ++o)
+            for (int64_t d = 0; d < c.head_dim; ++d) {
+              const int64_t e = store.HeadOffset(h) + store.PosOffset(b, o) + d;
+              float kv[2];
+              for (int w = 0; w < 2; ++w) {
+                const void* base = w ? store.VLayer(l) : store.KLayer(l);
+                kv[w] = t == DType::kF32 ? ((const float*)base)[e]
+                        : t == DType::kF16 ? F16ToF32(((const uint16_t*)base)[e])
+                                           : BF16ToF32(((const uint16_t*)base)[e]);
+              }
+              ASSERT_EQ(kv[0], value(l, b, o, h * c.head_dim + d)) << DTypeName(t) << " l" << l << " b" << b << " h" << h;
+              ASSERT_EQ(kv[1], -kv[0]);
+            }
+        }
+    store.CopyBlock(1, 3);
+    std::vector<float> rk(kv_dim), rv(kv_dim);
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      for (int64_t o = 0; o < bs; ++o) {
+        store.ReadK(l, 3, o, rk.data());
+        store.ReadV(l, 3, o, rv.data());
+        for (int64_t j = 0; j < kv_dim; ++j) {
+          ASSERT_EQ(rk[j], value(l, 1, o, j)) << DTypeName(t);
+          ASSERT_EQ(rv[j], -value(l, 1, o, j)) << DTypeName(t);
+        }
+      }
+  }
 }
 
 // 16 blocks of 4 tokens and a manager over them.
