@@ -59,7 +59,9 @@ class KvBlockStore {
   const void* KLayer(int64_t layer) const { return k_.data() + Index(layer, 0, 0, 0) * elt_; }
   const void* VLayer(int64_t layer) const { return v_.data() + Index(layer, 0, 0, 0) * elt_; }
   int64_t HeadOffset(int64_t kv_head) const { return kv_head * block_size_ * head_dim_; }
-  int64_t PosOffset(int64_t block, int64_t offset) const { return (block * block_size_ * n_kv_heads_ + offset) * head_dim_; }
+  int64_t PosOffset(int64_t block, int64_t offset) const {
+    return (block * block_size_ * n_kv_heads_ + offset) * head_dim_;
+  }
   // Stores one position's K and V rows (kv_dim floats each, head after head), rounded to dtype().
   void Write(int64_t layer, int64_t block, int64_t offset, const float* k, const float* v);
   // One position's row widened to f32 (tests, tools).

@@ -96,7 +96,8 @@ TEST(KvBlockStore, HeadMajorBlocksAsTheAttentionReadsThem) {
                         : t == DType::kF16 ? F16ToF32(((const uint16_t*)base)[e])
                                            : BF16ToF32(((const uint16_t*)base)[e]);
               }
-              ASSERT_EQ(kv[0], value(l, b, o, h * c.head_dim + d)) << DTypeName(t) << " l" << l << " b" << b << " h" << h;
+              ASSERT_EQ(kv[0], value(l, b, o, h * c.head_dim + d))
+                  << DTypeName(t) << " l" << l << " b" << b << " h" << h;
               ASSERT_EQ(kv[1], -kv[0]);
             }
         }

@@ -23,25 +23,6 @@ inline __m256 Load8(const KvBf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 
-// Software prefetch kAhead positions ahead (the AVX-512 kernel's, attention_avx512.cc): a decode step's K / V
-// come from DRAM in one-block runs the hardware prefetcher does not pick up. K to L1 ahead of the scores, V
-// to L2 with it and to L1 ahead of the mix.
-constexpr int64_t kAhead = 16;
-template <typename E, int C>
-inline void PrefetchSlice(const E* row, bool l1) {
-  constexpr int kBytes = 8 * C * (int)sizeof(E);
-  const char* p = (const char*)row;
-#pragma GCC unroll 8
-  for (int b = 0; b < kBytes + 63; b += 64) {  // every line the slice touches, wherever it starts
-    const char* a = p + std::min(b, kBytes - 1);
-    if (l1) {
-      _mm_prefetch(a, _MM_HINT_T0);
-    } else {
-      _mm_prefetch(a, _MM_HINT_T1);
-    }
-  }
-}
-
 // Scores of one head (head_dim = 8 * C) against positions [0, n): 4 positions per step, their 4
 // sums reduced together by two rounds of hadd.
 // Positions up to n_off of off exist (the prefetch stops there); v: the V rows prefetched alongside.
@@ -54,9 +35,9 @@ void Scores(const float* q, const E* k, const E* v, const int64_t* off, int64_t 
   const __m128 sv = _mm_set1_ps(scale);
   int64_t p = 0;
   for (; p + 4 <= n; p += 4) {
-    for (int64_t j = p + kAhead; j < std::min(n_off, p + kAhead + 4); ++j) {
-      PrefetchSlice<E, C>(k + off[j], true);
-      PrefetchSlice<E, C>(v + off[j], false);
+    for (int64_t j = p + kKvAhead; j < std::min(n_off, p + kKvAhead + 4); ++j) {
+      PrefetchKvSlice<E, 8 * C>(k + off[j], true);
+      PrefetchKvSlice<E, 8 * C>(v + off[j], false);
     }
     const E* k0 = k + off[p];
     const E* k1 = k + off[p + 1];
@@ -130,7 +111,8 @@ void MixBlock(const E* v, const int64_t* off, int64_t n_off, int64_t n, const fl
   }
   int64_t p = 0;
   for (; p + U <= n; p += U) {
-    for (int64_t j = p + kAhead; j < std::min(n_off, p + kAhead + U); ++j) PrefetchSlice<E, C>(v + off[j], true);
+    for (int64_t j = p + kKvAhead; j < std::min(n_off, p + kKvAhead + U); ++j)
+      PrefetchKvSlice<E, 8 * C>(v + off[j], true);
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
       const E* vr = v + off[p + u];
@@ -173,11 +155,11 @@ void GroupAttendC(const float* q, int group, const E* k, const E* v, const int64
                   float scale, float* out, float* sc) {
   for (int h = 0; h < group; ++h) {
     if (h == 0)
-      for (int64_t j = 0; j < std::min(n, kAhead); ++j) PrefetchSlice<E, C>(k + off[j], true);
+      for (int64_t j = 0; j < std::min(n, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(k + off[j], true);
     Scores<E, C>(q + h * 8 * C, k, v, off, n, n, scale, sc);
     Table().softmax(sc, n);
     if (h == 0)
-      for (int64_t j = 0; j < std::min(n, kAhead); ++j) PrefetchSlice<E, C>(v + off[j], true);
+      for (int64_t j = 0; j < std::min(n, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(v + off[j], true);
     Mix<E, C>(v, off, n, sc, out + h * 8 * C);
   }
 }
@@ -190,7 +172,7 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
                       const int64_t* off, int64_t n_pos0, float scale, float* out, int64_t out_stride, float* sc) {
   constexpr int64_t hd = 8 * C;
   const int64_t n_max = n_pos0 + n_tok;  // scores row stride
-  for (int64_t j = 0; j < std::min(n_max, kAhead); ++j) PrefetchSlice<E, C>(k + off[j], true);
+  for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(k + off[j], true);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
     for (int64_t t = std::max<int64_t>(0, p0 - n_pos0); t < n_tok; ++t) {
       const int64_t len = std::min(kPosBlock, n_pos0 + t + 1 - p0);
@@ -201,7 +183,7 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
   }
   for (int64_t t = 0; t < n_tok; ++t)
     for (int h = 0; h < group; ++h) Table().softmax(sc + (t * group + h) * n_max, n_pos0 + t + 1);
-  for (int64_t j = 0; j < std::min(n_max, kAhead); ++j) PrefetchSlice<E, C>(v + off[j], true);
+  for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(v + off[j], true);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
     for (int64_t t = std::max<int64_t>(0, p0 - n_pos0); t < n_tok; ++t) {
       const int64_t len = std::min(kPosBlock, n_pos0 + t + 1 - p0);

@@ -44,26 +44,6 @@ inline __m256 Load8(const KvBf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 
-// Software prefetch, kAhead positions ahead of the position loops: a decode step reads each sequence's
-// K / V once, from DRAM, in runs of one block (a KV head's 16 positions), too short and too scattered for the
-// hardware prefetcher to pick up (bench decode_attention: 1.2-1.6x with it). K lines go to L1 ahead of the
-// scores, V lines to L2 then (the mix reads them after the softmax) and to L1 ahead of the mix.
-constexpr int64_t kAhead = 16;
-template <typename E, int C>
-inline void PrefetchSlice(const E* row, bool l1) {
-  constexpr int kBytes = 8 * C * (int)sizeof(E);
-  const char* p = (const char*)row;
-#pragma GCC unroll 8
-  for (int b = 0; b < kBytes + 63; b += 64) {  // every line the slice touches, wherever it starts
-    const char* a = p + std::min(b, kBytes - 1);
-    if (l1) {
-      _mm_prefetch(a, _MM_HINT_T0);
-    } else {
-      _mm_prefetch(a, _MM_HINT_T1);
-    }
-  }
-}
-
 // Scores of R query rows (head_dim = 8 C, C even) for the position groups [g0, g1) (positions 4 g ..
 // 4 g + 3 of the block). Per position the AVX2 kernel keeps two 8-lane chains, even and odd 8-float
 // chunks, started by a multiply: here the low and high halves of one zmm chain over 16-float chunks,
@@ -78,9 +58,9 @@ void Scores4(const float* const* q, const E* k, const E* v, const int64_t* off, 
   const __m128 sv = _mm_set1_ps(scale);
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t p = 4 * g;
-    for (int64_t j = p + kAhead; j < std::min(n_off, p + kAhead + 4); ++j) {
-      PrefetchSlice<E, C>(k + off[j], true);
-      PrefetchSlice<E, C>(v + off[j], false);
+    for (int64_t j = p + kKvAhead; j < std::min(n_off, p + kKvAhead + 4); ++j) {
+      PrefetchKvSlice<E, 8 * C>(k + off[j], true);
+      PrefetchKvSlice<E, 8 * C>(v + off[j], false);
     }
     const E* kr[4] = {k + off[p], k + off[p + 1], k + off[p + 2], k + off[p + 3]};
     __m512 acc[R][4];
@@ -129,7 +109,7 @@ void MixRows(const E* v, const int64_t* off, int64_t n_off, int64_t p0, int64_t 
              __m512 (&acc)[R][C / 2]) {
   constexpr int Z = C / 2;
   for (int64_t p = p0; p < p1; ++p) {
-    if (p + kAhead < n_off) PrefetchSlice<E, C>(v + off[p + kAhead], true);
+    if (p + kKvAhead < n_off) PrefetchKvSlice<E, 8 * C>(v + off[p + kKvAhead], true);
     const E* vr = v + off[p];
     __m512 vv[Z];
 #pragma GCC unroll 8
@@ -246,7 +226,7 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
     }
     return n;
   };
-  for (int64_t j = 0; j < std::min(n_max, kAhead); ++j) PrefetchSlice<E, C>(k + off[j], true);
+  for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(k + off[j], true);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
     const int n = fill(p0);  // positions below relative to the block: off + p0, each row's sc + p0
     ScoresBlock<E, C>(rows.data(), n, k, v, off + p0, n_max - p0, scale);
@@ -255,7 +235,7 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
   const KernelTable& t5 = Table();
   for (int64_t t = 0; t < n_tok; ++t)
     for (int h = 0; h < group; ++h) t5.softmax(sc + (t * group + h) * n_max, n_pos0 + t + 1);
-  for (int64_t j = 0; j < std::min(n_max, kAhead); ++j) PrefetchSlice<E, C>(v + off[j], true);
+  for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(v + off[j], true);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
     const int n = fill(p0);
     MixBlock<E, C>(rows.data(), n, v, off + p0, n_max - p0, p0 > 0);
