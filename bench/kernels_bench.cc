@@ -17,7 +17,6 @@
 
 #include "baseline_gemv.h"
 #include "core/cpu.h"
-#include "core/huge_buffer.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/reference.h"
@@ -647,14 +646,14 @@ void RegisterAll() {
                                    BM_PagedAttention, n_pos, old_path)
           ->UseRealTime();
   for (DType kv : {DType::kF32, DType::kF16})
-  for (int layers : {30, 1})
-    for (int threads : {1, 2})
-      benchmark::RegisterBenchmark(("decode_attention/c32/" + std::string(DTypeName(kv)) + "/layers:" +
-                                    std::to_string(layers) + "/threads:" + std::to_string(threads))
-                                       .c_str(),
-                                   BM_DecodeAttention, layers, threads, kv)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
+    for (int layers : {30, 1})
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark(("decode_attention/c32/" + std::string(DTypeName(kv)) + "/layers:" +
+                                      std::to_string(layers) + "/threads:" + std::to_string(threads))
+                                         .c_str(),
+                                     BM_DecodeAttention, layers, threads, kv)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
   for (bool bf16 : {true, false})
     for (bool full : {false, true})
       for (int threads : {1, 2}) {

@@ -153,9 +153,8 @@ void Mix(const E* v, const int64_t* off, int64_t n, const float* sc, float* out)
 template <typename E, int C>
 void GroupAttendC(const float* q, int group, const E* k, const E* v, const int64_t* off, int64_t n,
                   float scale, float* out, float* sc) {
+  for (int64_t j = 0; j < std::min(n, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(k + off[j], true);
   for (int h = 0; h < group; ++h) {
-    if (h == 0)
-      for (int64_t j = 0; j < std::min(n, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(k + off[j], true);
     Scores<E, C>(q + h * 8 * C, k, v, off, n, n, scale, sc);
     Table().softmax(sc, n);
     if (h == 0)
