@@ -80,6 +80,8 @@ std::string CpuFeatures::ToString() const {
   return s.empty() ? "none" : s;
 }
 
+CpuFeatures DetectCpuFeatures() { return Detect(); }
+
 const CpuFeatures& GetCpuFeatures() {
   static const CpuFeatures f = Detect();
   return f;

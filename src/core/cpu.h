@@ -31,6 +31,10 @@ struct CpuFeatures {
 // Detected once. The environment variable LATHE_ISA=scalar|avx2|avx512 caps the tier used
 // (for testing the slower paths on a fast machine).
 const CpuFeatures& GetCpuFeatures();
+// A fresh cpuid reading (GetCpuFeatures keeps its first one): for work whose result does not depend on the
+// tier, so that doing it does not fix the process's tier (tests/emu builds a model natively, then runs it on an
+// emulated CPU whose CPUID must decide).
+CpuFeatures DetectCpuFeatures();
 
 // True where the CPU executes 256-bit vector operations as two 128-bit halves: AMD Zen 1 / Zen+
 // (family 17h, models below 30h) and Hygon Dhyana (family 18h). The AVX2 tier then takes the split

@@ -810,6 +810,9 @@ namespace {
 // AVX-512 table is only read here, never called, on CPUs without AVX-512).
 TEST(KernelDispatch, TablesAreCompleteAndTagged) {
   for (IsaTier t : AllTiers()) {
+    // A table is built with its tier's instructions (the AVX-512 one zeroes its fields with a zmm store): only
+    // on CPUs that have the tier (tests/emu checks the AVX-512 table elsewhere).
+    if (!testing::CpuHasTier(t)) continue;
     const cpu::KernelTable& kt = cpu::KernelsFor(t);
     EXPECT_EQ(kt.tier, t);
     EXPECT_TRUE(kt.mm.quantize_x && kt.mm.gemv && kt.mm.dequant_rows && kt.mm.panel) << IsaTierName(t);

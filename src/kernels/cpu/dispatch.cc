@@ -83,8 +83,11 @@ size_t StripWeightBytes(DType t, int64_t N, int64_t K) {
 }
 
 StripWeight PackStripWeight(ThreadPool& pool, const Tensor& w, void* out, bool bf16_dot) {
-  if (bf16_dot) return cpu::PackStripWeightWith(cpu::Best().mm, pool, w, out);
-  cpu::MatMulKernels mm = cpu::Best().mm;
+  if (bf16_dot && w.dtype == DType::kBF16) return cpu::PackStripWeightWith(cpu::Best().mm, pool, w, out);
+  // The plain strips are the same bytes on every tier (a transpose): packed with the AVX2 table where the CPU has
+  // it, asked of cpuid afresh, so that loading a model does not fix the tier its products will take (Best()).
+  cpu::MatMulKernels mm =
+      cpu::KernelsFor(DetectCpuFeatures().HasAvx2Tier() ? IsaTier::kAvx2 : IsaTier::kScalar).mm;
   mm.bf16_strips = nullptr;
   return cpu::PackStripWeightWith(mm, pool, w, out);
 }
