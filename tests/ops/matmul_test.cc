@@ -641,9 +641,20 @@ void QuantizeX16Model(const float* x, int64_t K, cpu::BlockQ16X* out) {
   }
 }
 
-TEST(Avx512Tier, Int16QuantizerMatchesTheModel) {
-  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
-  const cpu::MatMulKernels& k = cpu::KernelsFor(IsaTier::kAvx512).mm;
+// The int16 tiers: AVX2 (vpmaddwd on int16 codes) and AVX-512 (vpdpbusd on their two bytes) give int16 rows
+// the same bits.
+class Int16Tier : public ::testing::TestWithParam<IsaTier> {};
+INSTANTIATE_TEST_SUITE_P(Tiers, Int16Tier, ::testing::Values(IsaTier::kAvx2, IsaTier::kAvx512),
+                         testing::TierParamName);
+
+// Code e of a block in the layout of tier t's quantize_x16 (dispatch.h, BlockQ16X).
+int32_t TierCode(IsaTier t, const cpu::BlockQ16X& b, int e) {
+  return t == IsaTier::kAvx512 ? 256 * b.hi[e] + b.lo[e] : b.c[e];
+}
+
+TEST_P(Int16Tier, QuantizerMatchesTheModel) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::MatMulKernels& k = cpu::KernelsFor(GetParam()).mm;
   ASSERT_NE(k.quantize_x16, nullptr);
   const int64_t K = 192;
   std::vector<float> x = RandomVec(K, 1900);
@@ -659,25 +670,25 @@ TEST(Avx512Tier, Int16QuantizerMatchesTheModel) {
     EXPECT_EQ(a[j].s, b[j].s) << j;
     EXPECT_EQ(a[j].csum, b[j].csum) << j;
     for (int e = 0; e < 32; ++e) {
-      ASSERT_EQ(a[j].hi[e], b[j].hi[e]) << j << " " << e;
-      ASSERT_EQ(a[j].lo[e], b[j].lo[e]) << j << " " << e;
-      const float back = (float)(256 * a[j].hi[e] + a[j].lo[e]) * a[j].d;
+      const int32_t code = TierCode(GetParam(), a[j], e);
+      ASSERT_EQ(code, 256 * b[j].hi[e] + b[j].lo[e]) << j << " " << e;
+      const float back = (float)code * a[j].d;
       EXPECT_LE(std::fabs(back - x[32 * j + e]), 0.5001f * a[j].d + 1e-30f) << j << " " << e;
     }
   }
   EXPECT_EQ(a[1].csum, 0);
-  EXPECT_EQ(a[3].hi[0], -127);
-  EXPECT_EQ(a[3].lo[0], -127);
-  EXPECT_EQ(a[3].hi[1], 127);
-  EXPECT_EQ(a[3].lo[1], 127);
+  EXPECT_EQ(TierCode(GetParam(), a[3], 0), -cpu::kQ16Max);
+  EXPECT_EQ(TierCode(GetParam(), a[3], 1), cpu::kQ16Max);
+  EXPECT_EQ(b[3].hi[0], -127);
+  EXPECT_EQ(b[3].lo[0], -127);
 }
 
-// Prompt rows on the AVX-512 tier (MatMulInt16With; Q8_0 / Q4_* / Q5_* / Q4_K): every row has the bits of
-// TierBlockDot over its int16 codes, for every M (1 to past a tile and an x block), N with and without a 16-row or 4-row remainder, and
-// 1-3 threads; and the products are far closer to the f32 reference than the int8 ones.
-TEST(Avx512Tier, Int16PromptRowsMatchTheScalarBlockArithmetic) {
-  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
-  const cpu::MatMulKernels& k = cpu::KernelsFor(IsaTier::kAvx512).mm;
+// Prompt rows on the int16 tiers (MatMulInt16With; Q8_0 / Q4_* / Q5_* / Q4_K / Q5_K): every row has the bits of
+// TierBlockDot over its int16 codes, for every M (1 to past a tile and an x block), N with and without a 16-, 8- or
+// 4-row remainder, and 1-3 threads; and the products are far closer to the f32 reference than the int8 ones.
+TEST_P(Int16Tier, PromptRowsMatchTheScalarBlockArithmetic) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::MatMulKernels& k = cpu::KernelsFor(GetParam()).mm;
   uint32_t seed = 2000;
   for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K}) {
     for (Shape s : {Shape{4, 32}, Shape{37, 96}, Shape{130, 576}, Shape{66, 1536}, Shape{201, 64}, Shape{20, 256},
@@ -711,15 +722,16 @@ TEST(Avx512Tier, Int16PromptRowsMatchTheScalarBlockArithmetic) {
   EXPECT_EQ(MatMulInt16Takes(q8.t), cpu::Best().mm.qgemm_runs != nullptr);
   EXPECT_FALSE(MatMulInt16Takes(f.t));
   EXPECT_FALSE(MatMulInt16Takes(q6k.t));
-  EXPECT_FALSE(cpu::Int16Takes(cpu::KernelsFor(IsaTier::kAvx2).mm, q8.t));
+  EXPECT_TRUE(cpu::Int16Takes(cpu::KernelsFor(IsaTier::kAvx2).mm, q8.t));
+  EXPECT_FALSE(cpu::Int16Takes(cpu::KernelsFor(IsaTier::kScalar).mm, q8.t));
 }
 
 // A step's sampled (int8) and prompt (int16) rows in one MatMulRowsWith call: every int8 row has the bits MatMul
 // gives it alone (M = 1), every int16 row the bits of MatMulInt16With on its own, for run patterns with one run,
 // alternating runs (more than kMaxQRuns of them), several x-row blocks (K = 1536, M = 250) and N % 4 tails.
-TEST(Avx512Tier, MixedRowRunsEqualEachRowsOwnCall) {
-  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
-  const cpu::MatMulKernels& k = cpu::KernelsFor(IsaTier::kAvx512).mm;
+TEST_P(Int16Tier, MixedRowRunsEqualEachRowsOwnCall) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::MatMulKernels& k = cpu::KernelsFor(GetParam()).mm;
   uint32_t seed = 2100;
   struct Case {
     Shape s;

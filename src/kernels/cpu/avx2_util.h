@@ -4,9 +4,12 @@
 
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/reference.h"
 
 namespace lathe::kernels::cpu::avx2 {
 
@@ -16,6 +19,11 @@ MatMulKernels GetMatMulKernels(bool split);
 template <bool kSplit>
 void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K,
            float* y, int64_t ldy);
+// MatMulKernels::qgemm_runs / quantize_x16 (qgemm16_avx2.cc): int16 prompt rows on vpmaddwd (int8 runs through
+// QGemm<kSplit>).
+template <bool kSplit>
+void QGemmRuns(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun* runs, int n_runs, int64_t K);
+void QuantizeX16(const float* x, int64_t K, BlockQ16X* out);
 
 inline float HsumPs(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -59,6 +67,57 @@ struct Block32 {
   static constexpr size_t kQsOff = kQ8 ? 2 : Q4Block<T>::kQsOff;
   static constexpr float kCorr = kQ8 ? 0.0f : Q4Block<T>::kCorr;
 };
+
+// Sub-block s (0-7) of a Q4_K / Q5_K block b: its 32 codes (0-15, Q5_K 0-31) in element order, as bytes.
+template <DType T>
+inline __m256i KCodes(const uint8_t* b, int s) {
+  static_assert(T == DType::kQ4_K || T == DType::kQ5_K);
+  constexpr size_t kQs = T == DType::kQ4_K ? offsetof(BlockQ4_K, qs) : offsetof(BlockQ5_K, qs);
+  __m256i q = _mm256_loadu_si256((const __m256i*)(b + kQs + 32 * (s / 2)));
+  if (s & 1) q = _mm256_srli_epi16(q, 4);
+  q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+  if constexpr (T == DType::kQ5_K) {  // bit s of qh[e] is element e's fifth bit (a 16-bit shift, then each byte's bit 0)
+    const __m256i h = _mm256_loadu_si256((const __m256i*)(b + offsetof(BlockQ5_K, qh)));
+    const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(h, s), _mm256_set1_epi8(1));
+    q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+  }
+  return q;
+}
+
+// The 8 sub-blocks' factors of a Q4_K / Q5_K block b (both start with d, dmin and the 12 packed scale bytes):
+// w = dw[e] * q - cw[e], dw[e] = d * sc_e, cw[e] = dmin * m_e.
+inline void KSubScales(const uint8_t* b, float* dw, float* cw) {
+  static_assert(offsetof(BlockQ4_K, scales) == 4 && offsetof(BlockQ5_K, scales) == 4);
+  uint16_t h[2];
+  std::memcpy(h, b, 4);
+  uint8_t sc[8], mn[8];
+  ref::KScaleMin(b + 4, sc, mn);
+  const float d = F16ToF32(h[0]), dmin = F16ToF32(h[1]);
+  for (int e = 0; e < 8; ++e) {
+    dw[e] = d * (float)sc[e];
+    cw[e] = dmin * (float)mn[e];
+  }
+}
+
+// The int16 prompt rows' block traits per weight type (qgemm_avx512.cc, qgemm16_avx2.cc): Q8_0 / Q4_* / Q5_* from the AVX2 tier's Block32; Q4_K / Q5_K
+// (int16 prompt rows only: their decode rows keep the K-quant GEMV's arithmetic) per 32-element sub-block j of a
+// 256-block, codes q (nibble, + the fifth bit for Q5_K) with dw = d * sc_j and cw = dmin * m_j (w = dw q - cw:
+// kCorr = -1). Both K blocks start with d, dmin and the 12 packed scale bytes.
+template <DType T>
+struct Int16Block : Block32<T> {
+  static constexpr bool kK = false;
+};
+template <DType T, class B>
+struct Int16KBlock {
+  static constexpr bool kQ8 = false, k5 = T == DType::kQ5_K, kMin = true, kK = true;
+  static constexpr float kCorr = -1.0f;
+  static constexpr size_t kBytes = sizeof(B);
+  static constexpr size_t kQsOff = offsetof(B, qs);
+};
+template <>
+struct Int16Block<DType::kQ4_K> : Int16KBlock<DType::kQ4_K, BlockQ4_K> {};
+template <>
+struct Int16Block<DType::kQ5_K> : Int16KBlock<DType::kQ5_K, BlockQ5_K> {};
 
 // Q5: the 32 fifth bits (u32 at qh, bit e = element e) as 0x10 bytes: h0 = elements 0-15, h1 = 16-31.
 // Through a 256 x 8-byte table (byte k = 0x10 if bit k is set): two 8-byte loads per half keep the

@@ -23,19 +23,25 @@ struct BlockQ8X {
 };
 static_assert(sizeof(BlockQ8X) == 40);
 
-// One row of activations quantized to int16 for prompt rows (MatMulKernels::qgemm16): per 32-element block
-// the codes c = round(x / d) in [-kQ16Max, kQ16Max], d = amax / kQ16Max, stored as two int8 halves c = 256 * hi
-// + lo (lo in [-128, 127], hi in [-127, 127]) so the int8 dot-product instructions take them in two passes;
-// csum = sum(c), s = d * csum (the Q4 offset / min term). ~2^-16 of the block's amax per element: 128x finer
-// than bf16 x near the amax. Internal layout.
+// One row of activations quantized to int16 for prompt rows (MatMulKernels::qgemm_runs): per 32-element block
+// the codes c = round(x / d) in [-kQ16Max, kQ16Max], d = amax / kQ16Max; csum = sum(c), s = d * csum (the Q4
+// offset / min term). ~2^-16 of the block's amax per element: 128x finer than bf16 x near the amax. The codes'
+// 64 bytes are laid out for the tier whose quantize_x16 wrote them (its qgemm_runs reads them): AVX-512 as two
+// int8 halves c = 256 * hi + lo (lo in [-128, 127], hi in [-127, 127]) for vpdpbusd's two passes; AVX2 as the
+// int16 c itself for vpmaddwd. Internal layout.
 constexpr int32_t kQ16Max = 127 * 256 + 127;
 struct BlockQ16X {
   float d;
   float s;
   int32_t csum;
   int32_t pad;
-  int8_t hi[32];
-  int8_t lo[32];
+  union {
+    struct {
+      int8_t hi[32];
+      int8_t lo[32];
+    };
+    int16_t c[32];
+  };
 };
 static_assert(sizeof(BlockQ16X) == 80);
 
@@ -90,8 +96,9 @@ struct MatMulKernels {
   // The int8 GEMM's arithmetic over runs of int8 and int16 x rows (QRun) at once, each pass of weight rows
   // unpacked once for all of them: a step's sampled rows (int8) and prompt rows (int16, MatMulRowsWith) share
   // W's stream. For int16 rows T is the exact int32 dot of the weight codes and x's int16 codes. Any n_rows
-  // (1..N) and m per run; a row's result does not depend on the other rows. K % 32 == 0. Null where a tier
-  // has none (AVX-512 VNNI only: on AVX2 two int8 passes per product are slower than f32 FMAs).
+  // (1..N) and m per run; a row's result does not depend on the other rows. K % 32 == 0. The AVX2 and
+  // AVX-512 tiers give int16 rows the same bits (vpmaddwd on int16 codes, vpdpbusd on their two bytes); the
+  // scalar tier has none.
   void (*qgemm_runs)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun* runs, int n_runs,
                      int64_t K) = nullptr;
   void (*quantize_x16)(const float* x, int64_t K, BlockQ16X* out) = nullptr;

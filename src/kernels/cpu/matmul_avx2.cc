@@ -503,6 +503,8 @@ void Panel(const float* x, int64_t ldx, int64_t m_rows, const float* w, int64_t 
 MatMulKernels GetMatMulKernels(bool split) {
   MatMulKernels k = {QuantizeX, split ? Gemv<true> : Gemv<false>, DequantRows, Panel, kNR, kMR, 4};
   k.qgemm = split ? QGemm<true> : QGemm<false>;
+  k.qgemm_runs = split ? QGemmRuns<true> : QGemmRuns<false>;
+  k.quantize_x16 = QuantizeX16;
   k.tier = IsaTier::kAvx2;
   return k;
 }

@@ -45,41 +45,9 @@ struct alignas(64) Group16 {
   float cw[16];
 };
 
-// The block arithmetic's traits per weight type: Q8_0 / Q4_* / Q5_* from the AVX2 tier's Block32; Q4_K / Q5_K
-// (int16 prompt rows only: their decode rows keep the K-quant GEMV's arithmetic) per 32-element sub-block j of a
-// 256-block, codes q (nibble, + the fifth bit for Q5_K) with dw = d * sc_j and cw = dmin * m_j (w = dw q - cw:
-// kCorr = -1). Both K blocks start with d, dmin and the 12 packed scale bytes.
+// The int16 rows' block traits (avx2_util.h), shared with the AVX2 tier's int16 GEMM.
 template <DType T>
-struct QT : avx2::Block32<T> {
-  static constexpr bool kK = false;
-};
-template <DType T, class B>
-struct QTK {
-  static constexpr bool kQ8 = false, k5 = T == DType::kQ5_K, kMin = true, kK = true;
-  static constexpr float kCorr = -1.0f;
-  static constexpr size_t kBytes = sizeof(B);
-  static constexpr size_t kQsOff = offsetof(B, qs);
-};
-template <>
-struct QT<DType::kQ4_K> : QTK<DType::kQ4_K, BlockQ4_K> {};
-template <>
-struct QT<DType::kQ5_K> : QTK<DType::kQ5_K, BlockQ5_K> {};
-static_assert(offsetof(BlockQ4_K, scales) == 4 && offsetof(BlockQ5_K, scales) == 4);
-
-// Sub-block s (0-7) of a Q4_K / Q5_K block: its 32 codes in element order.
-template <DType T>
-inline __m256i RowCodesK(const uint8_t* b, int s) {
-  using I = QT<T>;
-  __m256i q = _mm256_loadu_si256((const __m256i*)(b + I::kQsOff + 32 * (s / 2)));
-  if (s & 1) q = _mm256_srli_epi16(q, 4);
-  q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
-  if constexpr (I::k5) {  // bit s of qh[e] is element e's fifth bit (a 16-bit shift, then each byte's bit 0)
-    const __m256i h = _mm256_loadu_si256((const __m256i*)(b + offsetof(BlockQ5_K, qh)));
-    const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(h, s), _mm256_set1_epi8(1));
-    q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
-  }
-  return q;
-}
+using QT = avx2::Int16Block<T>;
 
 // A block's 32 codes in element order (Q8_0: signed q, flipped to unsigned by the caller).
 template <DType T>
@@ -125,7 +93,7 @@ void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
   for (int64_t j = 0; j < nb; ++j) {
     const auto codes = [&](int r) {
       if constexpr (I::kK) {
-        return RowCodesK<T>(rp[r] + j / 8 * st[r], (int)(j % 8));
+        return avx2::KCodes<T>(rp[r] + j / 8 * st[r], (int)(j % 8));
       } else {
         return RowCodes<T>(rp[r] + j * st[r]);
       }
@@ -157,16 +125,9 @@ void UnpackGroup(const uint8_t* w, size_t rb, int nr, int64_t nb, Group16* g) {
     if constexpr (I::kK) {
       if (j % 8 == 0) {
         for (int r = 0; r < nr; ++r) {
-          const uint8_t* b = rp[r] + j / 8 * st[r];
-          uint16_t h[2];
-          std::memcpy(h, b, 4);
-          uint8_t sc[8], mn[8];
-          ref::KScaleMin(b + 4, sc, mn);
-          const float d = F16ToF32(h[0]), dmin = F16ToF32(h[1]);
-          for (int e = 0; e < 8; ++e) {
-            kdw[e][r] = d * (float)sc[e];
-            kcw[e][r] = dmin * (float)mn[e];
-          }
+          float dw[8], cw[8];
+          avx2::KSubScales(rp[r] + j / 8 * st[r], dw, cw);
+          for (int e = 0; e < 8; ++e) kdw[e][r] = dw[e], kcw[e][r] = cw[e];
         }
       }
       _mm512_store_ps(gb.dw, _mm512_load_ps(kdw[j % 8]));
