@@ -34,10 +34,11 @@ void MatMul(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float*
 void MatMulBf16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 bool MatMulBf16Rounds(const Tensor& w);
 
-// Prompt rows of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K weights on CPUs with AVX-512 VNNI: x quantized to int16 per
-// block of 32 (cpu::BlockQ16X: ~2^-16 of the block's amax per element) times W's integer codes, exact int32
-// block sums on the int8 dot-product instructions (two passes), one fma per block: the int8 GEMM's arithmetic
-// with 256x finer x, at twice the f32 FMA rate per multiply-add. A row's result does not depend on M.
+// Prompt rows of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K weights on the AVX2 and AVX-512 tiers: x quantized to
+// int16 per block of 32 (cpu::BlockQ16X: ~2^-16 of the block's amax per element) times W's integer codes, exact
+// int32 block sums (AVX-512 VNNI: the int8 dot-product instructions in two passes; AVX2: vpmaddwd on the codes
+// widened to int16), one fma per block: the int8 GEMM's arithmetic with 256x finer x, the same bits on both tiers,
+// more multiply-adds per cycle than the f32 FMA path. A row's result does not depend on M.
 // MatMulInt16Takes(w): whether this CPU and w take it (else MatMulBf16 / MatMul(..., true)); LATHE_INT16_PROMPT=0
 // says no (A/B runs).
 void MatMulInt16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);

@@ -167,6 +167,56 @@ void AddMatMulCases() {
   }
 }
 
+// Int16 prompt rows (MatMulInt16With) and a step's mixed int8 / int16 row runs (MatMulRowsWith): the AVX-512
+// tier's vpdpbusd form has the bits of the AVX2 tier's vpmaddwd form (computed natively), for every int16 type,
+// N with 16- / 8- / 4-row remainders and M past a tile.
+void AddInt16Cases() {
+  struct Shape {
+    int64_t N, K;
+  };
+  uint32_t seed = 500;
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K}) {
+    for (Shape s : {Shape{37, 256}, Shape{20, 512}}) {
+      for (int64_t M : {3, 9}) {
+        auto w = std::make_shared<TestWeight>(MakeWeight(dt, s.N, s.K, seed));
+        auto x = std::make_shared<std::vector<float>>(RandomVec(M * s.K, seed + 1));
+        seed += 2;
+        // Mixed runs: rows 0-1 int16, then int8 (not for the K-quants: their int8 rows take the K-quant GEMV).
+        const bool mixed = !IsKQuant(dt);
+        auto runs = std::make_shared<std::vector<RowRun>>(
+            mixed ? std::vector<RowRun>{{2, true}, {M - 2, false}} : std::vector<RowRun>{{M, true}});
+        Case c;
+        c.name = std::string("int16 rows ") + DTypeName(dt) + " M=" + std::to_string(M) + " N=" + std::to_string(s.N) +
+                 " K=" + std::to_string(s.K);
+        auto y16 = NewOut(c, M * s.N), yr = NewOut(c, M * s.N), y8 = NewOut(c, M * s.N);
+        c.run = [=] {
+          ThreadPool pool(1);
+          if (!cpu::Int16Takes(Tier().mm, w->t)) return;
+          cpu::MatMulInt16With(Tier().mm, pool, x->data(), M, w->t, y16->v.data());
+          cpu::MatMulRowsWith(Tier().mm, pool, x->data(), M, w->t, yr->v.data(), *runs);
+          for (int64_t i = mixed ? 2 : M; i < M; ++i)  // the int8 rows alone (M = 1)
+            cpu::MatMulWith(Tier().mm, pool, x->data() + i * s.K, 1, w->t, y8->v.data() + i * s.N);
+        };
+        c.check = [=]() -> std::string {
+          ThreadPool pool(1);
+          const cpu::MatMulKernels& a2 = cpu::KernelsFor(IsaTier::kAvx2).mm;
+          std::vector<float> want16(M * s.N), wantr(M * s.N);
+          cpu::MatMulInt16With(a2, pool, x->data(), M, w->t, want16.data());
+          if (y16->v != want16) return "int16 rows differ from the AVX2 tier's";
+          // The int16 rows of the mixed call: the int16 bits; its int8 rows: the tier's own int8 rows (M = 1).
+          for (int64_t i = 0; i < M; ++i) {
+            const std::vector<float>& want = !mixed || i < 2 ? want16 : y8->v;
+            if (!std::equal(yr->v.begin() + i * s.N, yr->v.begin() + (i + 1) * s.N, want.begin() + i * s.N))
+              return "mixed runs: row " + std::to_string(i) + " differs from its own call";
+          }
+          return "";
+        };
+        Cases().push_back(std::move(c));
+      }
+    }
+  }
+}
+
 // The GEMV kernel for every x row count it takes (1..4), y with a row stride wider than N.
 void AddGemvCases() {
   for (DType dt : WithExt(true)) {
@@ -579,6 +629,7 @@ int main(int argc, char** argv) {
   if (shared) AddModelCase(shared);
   AddMatMulCases();
   AddGemvCases();
+  AddInt16Cases();
   AddDequantCases();
   AddElementwiseCases();
   AddAttentionCases();

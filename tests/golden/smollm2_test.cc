@@ -146,11 +146,11 @@ TEST(SmolLM2Rows, PromptRowsF32AndDecodeRowsInt8WhateverTheBatch) {  // f32: int
     SeqInput in8{0, prompt, true, n};
     ASSERT_TRUE(tf.Forward(ci, {&in8, 1}, &alone_int8).ok());
   }
-  // Without the bf16 dot product or AVX-512 VNNI: the same f32 layer matmuls; only the head's near-top logits
-  // are refined (recomputed) in tf. With VNNI (kernels::MatMulInt16): int16 x blocks times the weights' codes,
-  // measured 0.008 from the exact model (Xeon, Q4_1). With only the bf16 dot product (kernels::MatMulBf16):
-  // bf16 x times bf16-rounded weights, 0.43. Both closer to the exact model than int8 prompt rows (2.2), and
-  // each row's argmax unchanged.
+  // Scalar tier (neither int16 nor the bf16 dot product): the same f32 layer matmuls; only the head's near-top
+  // logits are refined (recomputed) in tf. With AVX2 / AVX-512 (kernels::MatMulInt16): int16 x blocks times the
+  // weights' codes, measured 0.008 from the exact model (Xeon and Zen 3, Q4_1). With only the bf16 dot product
+  // (kernels::MatMulBf16): bf16 x times bf16-rounded weights, 0.43. Both closer to the exact model than int8 prompt
+  // rows (2.2), and each row's argmax unchanged.
   const bool int16 = kernels::MatMulInt16Takes(w->layers[0].wq);
   const bool bf16 = !int16 && kernels::MatMulBf16Rounds(w->layers[0].wq);
   double de = 0, d8e = 0;

@@ -76,7 +76,7 @@ inline __m256i KCodes(const uint8_t* b, int s) {
   __m256i q = _mm256_loadu_si256((const __m256i*)(b + kQs + 32 * (s / 2)));
   if (s & 1) q = _mm256_srli_epi16(q, 4);
   q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
-  if constexpr (T == DType::kQ5_K) {  // bit s of qh[e] is element e's fifth bit (a 16-bit shift, then each byte's bit 0)
+  if constexpr (T == DType::kQ5_K) {  // bit s of qh[e] is element e's fifth bit (16-bit shift, then each byte's bit 0)
     const __m256i h = _mm256_loadu_si256((const __m256i*)(b + offsetof(BlockQ5_K, qh)));
     const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(h, s), _mm256_set1_epi8(1));
     q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
@@ -99,10 +99,10 @@ inline void KSubScales(const uint8_t* b, float* dw, float* cw) {
   }
 }
 
-// The int16 prompt rows' block traits per weight type (qgemm_avx512.cc, qgemm16_avx2.cc): Q8_0 / Q4_* / Q5_* from the AVX2 tier's Block32; Q4_K / Q5_K
-// (int16 prompt rows only: their decode rows keep the K-quant GEMV's arithmetic) per 32-element sub-block j of a
-// 256-block, codes q (nibble, + the fifth bit for Q5_K) with dw = d * sc_j and cw = dmin * m_j (w = dw q - cw:
-// kCorr = -1). Both K blocks start with d, dmin and the 12 packed scale bytes.
+// The int16 prompt rows' block traits per weight type (qgemm_avx512.cc, qgemm16_avx2.cc): Q8_0 / Q4_* / Q5_* from
+// Block32; Q4_K / Q5_K (int16 prompt rows only: their decode rows keep the K-quant GEMV's arithmetic) per 32-element
+// sub-block j of a 256-block, codes q (nibble, + the fifth bit for Q5_K) with dw = d * sc_j and cw = dmin * m_j
+// (w = dw q - cw: kCorr = -1). Both K blocks start with d, dmin and the 12 packed scale bytes.
 template <DType T>
 struct Int16Block : Block32<T> {
   static constexpr bool kK = false;
