@@ -216,8 +216,8 @@ void BM_QGemm(benchmark::State& state, DType dt, Shape s, int64_t M, bool old_pa
 
 // Prompt rows of a block-quantized W, the three forms of the same product in one run (same weights and x):
 // f32 x on dequantized panels (MatMul exact), bf16 x times the dequantized weights rounded to bf16 (where the
-// table has bf16_dequant), int16 x on the int16 GEMM (where the table has qgemm_runs: AVX-512 VNNI, AVX2 vpmaddwd; the transformer's
-// choice there).
+// table has bf16_dequant), int16 x on the int16 GEMM (where the table has qgemm_runs: AVX-512 VNNI, AVX2 vpmaddwd;
+// the transformer's choice there).
 void BM_PromptRows(benchmark::State& state, DType dt, Shape s, int64_t M, int form, int threads) {
   ThreadPool pool(threads);
   Weights w = MakeWeights(dt, s, 1);

@@ -9,9 +9,9 @@
 // Where the AVX-512 tier feeds c to vpdpbusd as two int8 halves, here c stays int16 (BlockQ16X::c, this file's
 // quantizer) and the weight codes are widened to int16 once per pass of weight rows: vpmaddwd multiplies 16
 // int16 pairs into 8 int32 lanes, so one instruction and its vpaddd add 16 products where an f32 FMA adds 8 (on
-// Zen 3 8 vpmaddwd + 8 vpaddd run in the time of 8 FMAs: twice the multiply-adds of the f32 path the prompt
-// rows took on this tier before). Exact: |c| <= 32639 and |code| <= 128, so a lane's pair is below 2^24 and a
-// block's 16 pairs below 2^28.
+// Zen 3, measured alone: 8 vpmaddwd + 8 vpaddd in 1.3-1.4x the time of 8 FMAs, i.e. 1.4-1.5x the multiply-adds
+// of the f32 path the prompt rows took on this tier before). Exact: |c| <= 32639 and |code| <= 128, so a lane's
+// pair is below 2^24 and a block's 16 pairs below 2^28.
 //
 // Layout: 8 weight rows per ymm, one int32 lane a row. A block of 8 rows is unpacked into 16 ymm, ymm k
 // holding elements 2k and 2k + 1 of every row as two int16 (an 8 x 8 dword transpose of each half of the
