@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
+#include "core/check.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/reference.h"
 
@@ -118,6 +120,27 @@ template <>
 struct Int16Block<DType::kQ4_K> : Int16KBlock<DType::kQ4_K, BlockQ4_K> {};
 template <>
 struct Int16Block<DType::kQ5_K> : Int16KBlock<DType::kQ5_K, BlockQ5_K> {};
+
+// f(std::integral_constant<DType, T>{}) for an int16-row weight type t (Q8_0 / Q4_* / Q5_*, and Q4_K / Q5_K whose
+// K must be a multiple of 256): the type switch of both tiers' int16 GEMMs. `what` names the caller in the error.
+template <class F>
+void WithInt16Type(DType t, int64_t K, const char* what, F&& f) {
+  using D = DType;
+  switch (t) {
+    case D::kQ8_0: return f(std::integral_constant<D, D::kQ8_0>{});
+    case D::kQ4_0: return f(std::integral_constant<D, D::kQ4_0>{});
+    case D::kQ4_1: return f(std::integral_constant<D, D::kQ4_1>{});
+    case D::kQ5_0: return f(std::integral_constant<D, D::kQ5_0>{});
+    case D::kQ5_1: return f(std::integral_constant<D, D::kQ5_1>{});
+    case D::kQ4_K:
+    case D::kQ5_K:
+      LATHE_CHECK_MSG(K % 256 == 0, "%s: %s needs K %% 256 == 0, got %lld", what, DTypeName(t), (long long)K);
+      if (t == D::kQ4_K) return f(std::integral_constant<D, D::kQ4_K>{});
+      return f(std::integral_constant<D, D::kQ5_K>{});
+    default:
+      LATHE_CHECK_MSG(false, "%s: unsupported weight dtype %s", what, DTypeName(t));
+  }
+}
 
 // Q5: the 32 fifth bits (u32 at qh, bit e = element e) as 0x10 bytes: h0 = elements 0-15, h1 = 16-31.
 // Through a 256 x 8-byte table (byte k = 0x10 if bit k is set): two 8-byte loads per half keep the

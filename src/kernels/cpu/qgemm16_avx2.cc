@@ -265,26 +265,7 @@ void QGemmRuns(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun*
     }
   }
   if (!any16) return;
-  switch (t) {
-    case DType::kQ8_0:
-      return QGemm16T<DType::kQ8_0>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ4_0:
-      return QGemm16T<DType::kQ4_0>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ4_1:
-      return QGemm16T<DType::kQ4_1>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ5_0:
-      return QGemm16T<DType::kQ5_0>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ5_1:
-      return QGemm16T<DType::kQ5_1>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ4_K:
-      LATHE_CHECK(K % 256 == 0);
-      return QGemm16T<DType::kQ4_K>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ5_K:
-      LATHE_CHECK(K % 256 == 0);
-      return QGemm16T<DType::kQ5_K>(w, rb, n_rows, runs, n_runs, K);
-    default:
-      LATHE_CHECK_MSG(false, "QGemmRuns: unsupported weight dtype %s", DTypeName(t));
-  }
+  WithInt16Type(t, K, "QGemmRuns", [&](auto T) { QGemm16T<decltype(T)::value>(w, rb, n_rows, runs, n_runs, K); });
 }
 
 template void QGemmRuns<true>(DType, const uint8_t*, size_t, int64_t, const QRun*, int, int64_t);

@@ -341,26 +341,10 @@ void XStarts(const BlockQ8X* x, int64_t n, int32_t* out) {
 
 void QGemmRuns(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun* runs, int n_runs, int64_t K) {
   LATHE_CHECK(K % 32 == 0);
-  switch (t) {
-    case DType::kQ8_0:
-      return QGemmRunsT<DType::kQ8_0>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ4_0:
-      return QGemmRunsT<DType::kQ4_0>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ4_1:
-      return QGemmRunsT<DType::kQ4_1>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ5_0:
-      return QGemmRunsT<DType::kQ5_0>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ5_1:
-      return QGemmRunsT<DType::kQ5_1>(w, rb, n_rows, runs, n_runs, K);
-    case DType::kQ4_K:  // int16 runs only (MatMulRowsWith)
-    case DType::kQ5_K:
-      for (int r = 0; r < n_runs; ++r) LATHE_CHECK(runs[r].x16);
-      LATHE_CHECK(K % 256 == 0);
-      return t == DType::kQ4_K ? QGemmRunsT<DType::kQ4_K>(w, rb, n_rows, runs, n_runs, K)
-                               : QGemmRunsT<DType::kQ5_K>(w, rb, n_rows, runs, n_runs, K);
-    default:
-      LATHE_CHECK_MSG(false, "QGemm: unsupported weight dtype %s", DTypeName(t));
-  }
+  if (IsKQuant(t))  // int16 runs only (MatMulRowsWith)
+    for (int r = 0; r < n_runs; ++r) LATHE_CHECK(runs[r].x16);
+  avx2::WithInt16Type(t, K, "QGemmRuns",
+                      [&](auto T) { QGemmRunsT<decltype(T)::value>(w, rb, n_rows, runs, n_runs, K); });
 }
 
 void QGemm(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const BlockQ8X* x, int64_t m, int64_t K, float* y,

@@ -447,11 +447,14 @@ int64_t GemmThreadFloats(const TrainKernelTable& tk, int64_t max_inner, bool con
   // where a panel-path task holds at most kPanelABlockFloats / inner rows (plus one tile's rounding; any
   // chunk up to max_inner may be the one split, so the shortest such), an in-place one kRowBlock; and never
   // more than a product's rows (tokens or a weight's dimension: max_inner bounds them too, rounded to tiles).
-  const int64_t task_rows = std::max(kPanelABlockFloats / (kSubInner + 1) + 2 * tk.panel_rows, kRowBlock);
-  const int64_t rows_bound = (std::max<int64_t>(1, max_inner) + tk.panel_rows - 1) / tk.panel_rows * tk.panel_rows +
-                             tk.panel_rows;
-  const int64_t partials =
-      tk.gemm_panel && inner > kSubInner ? std::min(task_rows, rows_bound) * tk.panel_cols : 0;
+  // (Tiers without a panel tile have panel_rows = 0: none of this applies.)
+  int64_t partials = 0;
+  if (tk.gemm_panel && inner > kSubInner) {
+    const int64_t task_rows = std::max(kPanelABlockFloats / (kSubInner + 1) + 2 * tk.panel_rows, kRowBlock);
+    const int64_t rows_bound =
+        (std::max<int64_t>(1, max_inner) + tk.panel_rows - 1) / tk.panel_rows * tk.panel_rows + tk.panel_rows;
+    partials = std::min(task_rows, rows_bound) * tk.panel_cols;
+  }
   return tmp + atile + partials + inner * kGemmTileC + kFewRows * kColBlock + (converts_w ? inner * kColBlock : 0);
 }
 
