@@ -83,8 +83,8 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
 }
 
 // The int8 GEMM for block types: runs of int8 (sampled) and int16 (prompt) rows of Q8_0 / Q4_* / Q5_* (int16
-// rows alone: also Q4_K / Q5_K) through k.qgemm_runs, or int8 rows alone through k.qgemm on tiers without
-// qgemm_runs (AVX2). Each row quantized once by its kind (Q8_0's int8 dot starts with it), tasks = weight row
+// rows alone: also Q4_K / Q5_K) through k.qgemm_runs (every table with a qgemm has it). Each row quantized once by
+// its kind (Q8_0's int8 dot starts with it), tasks = weight row
 // blocks (whole 16-row units: the AVX-512 kernel's zmm of rows, the last may hold 4-12; ~kGemvBlockBytes at
 // most, a multiple of the thread count where N allows) x blocks of ~kXBlockBytes of quantized rows, every task
 // one kernel call over the runs it meets, so the step's rows share one unpacked pass of W. The N % 4 tail
@@ -92,7 +92,7 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
 void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
               std::span<const RowRun> runs) {
   const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
-  LATHE_CHECK(K % 32 == 0);
+  LATHE_CHECK(K % 32 == 0 && k.qgemm_runs);
   const size_t rb = w.row_bytes();
   const uint8_t* wd = (const uint8_t*)w.data;
   const bool q8 = w.dtype == DType::kQ8_0;
@@ -150,11 +150,7 @@ void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t 
         q.ldy = N;
       }
       if (n == kMaxQRuns || (b == m1 && n > 0)) {
-        if (k.qgemm_runs) {
-          k.qgemm_runs(w.dtype, wd + n0 * rb, rb, nr, qr, n, K);
-        } else {  // int8 runs only (Int16Takes needs qgemm_runs)
-          for (int i = 0; i < n; ++i) k.qgemm(w.dtype, wd + n0 * rb, rb, nr, qr[i].x8, qr[i].m, K, qr[i].y, qr[i].ldy);
-        }
+        k.qgemm_runs(w.dtype, wd + n0 * rb, rb, nr, qr, n, K);
         n = 0;
       }
       a = b;
