@@ -25,6 +25,7 @@ uint64_t Xgetbv() {
 CpuFeatures Detect() {
   CpuFeatures f;
   unsigned a, b, c, d;
+  if (__get_cpuid(0, &a, &b, &c, &d)) f.intel = b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;  // GenuineIntel
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   bool osxsave = c & (1u << 27);
   bool avx = c & (1u << 28);

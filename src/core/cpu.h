@@ -17,6 +17,8 @@ struct CpuFeatures {
   bool avx512_bf16 = false;
   bool avx512_vnni = false;
   bool avx_vnni = false;
+  // Vendor GenuineIntel (tuning only: the training GEMM's sub-chunks, kernels/cpu/train_matmul.cc).
+  bool intel = false;
   // Convenience: the full set each kernel tier is compiled for (LATHE_AVX2_FLAGS and
   // LATHE_AVX512_FLAGS in CMakeLists.txt). The AVX-512 tier is compiled with VNNI and requires it
   // (its int8 GEMM, qgemm_avx512.cc, issues vpdpbusd), not avx512_bf16: Cascade Lake, Ice Lake and

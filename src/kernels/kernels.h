@@ -39,10 +39,14 @@ bool MatMulBf16Rounds(const Tensor& w);
 // int32 block sums (AVX-512 VNNI: the int8 dot-product instructions in two passes; AVX2: vpmaddwd on the codes
 // widened to int16), one fma per block: the int8 GEMM's arithmetic with 256x finer x, the same bits on both tiers,
 // more multiply-adds per cycle than the f32 FMA path. A row's result does not depend on M.
-// MatMulInt16Takes(w): whether this CPU and w take it (else MatMulBf16 / MatMul(..., true)); LATHE_INT16_PROMPT=0
-// says no (A/B runs).
+// MatMulInt16Takes(w): whether this CPU and w take it (else MatMulBf16 / MatMul(..., true)): Int16PromptRows() and
+// a weight the tier's int16 GEMM has.
 void MatMulInt16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 bool MatMulInt16Takes(const Tensor& w);
+// Whether prompt rows take the int16 form on this CPU: yes unless vdpbf16ps runs at its own rate (UsesBf16Dot() and
+// not Bf16PairsOnFma(): AMD Zen 4 / 5), where the bf16 rows (MatMulBf16) are faster. LATHE_INT16_PROMPT=0 / 1
+// forces one (A/B runs, tests).
+bool Int16PromptRows();
 // A step's rows in runs of one precision: sampled rows (int16 = false) take MatMul's int8 activations, prompt
 // rows MatMulInt16's int16 ones, every row with the bits it gets in those calls; where both kinds are present
 // they share one pass over W. REQUIRES MatMulInt16Takes(w) and the runs' n_rows to add up to M.

@@ -716,10 +716,12 @@ TEST_P(Int16Tier, PromptRowsMatchTheScalarBlockArithmetic) {
       }
     }
   }
-  // The public entry point takes it for these types on this CPU, not for the K-quants or float weights.
+  // The public entry point takes it for these types where this CPU's policy says int16 (Int16PromptRows: not
+  // where vdpbf16ps runs at its own rate, unless LATHE_INT16_PROMPT forces it), never for Q6_K or float weights.
   testing::TestWeight q8 = MakeWeight(DType::kQ8_0, 8, 64, 1), f = MakeWeight(DType::kF32, 8, 64, 2);
   testing::TestWeight q6k = MakeWeight(DType::kQ6_K, 8, 256, 3);
-  EXPECT_EQ(MatMulInt16Takes(q8.t), cpu::Best().mm.qgemm_runs != nullptr);
+  if (!std::getenv("LATHE_INT16_PROMPT")) EXPECT_EQ(Int16PromptRows(), !(UsesBf16Dot() && !Bf16PairsOnFma()));
+  EXPECT_EQ(MatMulInt16Takes(q8.t), Int16PromptRows() && cpu::Best().mm.qgemm_runs != nullptr);
   EXPECT_FALSE(MatMulInt16Takes(f.t));
   EXPECT_FALSE(MatMulInt16Takes(q6k.t));
   EXPECT_TRUE(cpu::Int16Takes(cpu::KernelsFor(IsaTier::kAvx2).mm, q8.t));

@@ -62,14 +62,22 @@ void MatMulRows(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, fl
   cpu::MatMulRowsWith(cpu::Best().mm, pool, x, M, w, y, runs);
 }
 
-bool MatMulInt16Takes(const Tensor& w) {
-  // LATHE_INT16_PROMPT=0 keeps the previous prompt-row forms (bf16 / f32 x) for A/B runs in one binary.
-  static const bool enabled = [] {
-    const char* env = std::getenv("LATHE_INT16_PROMPT");
-    return !(env && std::strcmp(env, "0") == 0);
+bool Int16PromptRows() {
+  static const bool on = [] {
+    if (const char* env = std::getenv("LATHE_INT16_PROMPT")) {
+      if (!std::strcmp(env, "0")) return false;
+      if (!std::strcmp(env, "1")) return true;
+    }
+    // Where vdpbf16ps runs at its own rate (AMD Zen 4 / 5: twice the f32 FMA rate, as many multiply-adds per
+    // instruction as the int16 form's two vpdpbusd passes take) the bf16 rows need no per-block float work:
+    // SmolLM2 pp512 on Zen 5 1410-1460 vs 1190-1270 tok/s for the int16 rows (Q4_1 / Q8_0 / Q4_K_M, 1 thread,
+    // bench/RESULTS.md). Where it runs on FMAs (Intel) or is absent (AVX2) the int16 rows are the faster form.
+    return !(UsesBf16Dot() && !Bf16PairsOnFma());
   }();
-  return enabled && cpu::Int16Takes(cpu::Best().mm, w);
+  return on;
 }
+
+bool MatMulInt16Takes(const Tensor& w) { return Int16PromptRows() && cpu::Int16Takes(cpu::Best().mm, w); }
 
 void MatMulShared(ThreadPool& pool, const float* x, int64_t M, std::span<const Tensor* const> ws,
                   std::span<float* const> ys, bool exact_activations) {

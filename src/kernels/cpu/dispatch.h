@@ -96,7 +96,8 @@ struct MatMulKernels {
   // The int8 GEMM's arithmetic over runs of int8 and int16 x rows (QRun) at once, each pass of weight rows
   // unpacked once for all of them: a step's sampled rows (int8) and prompt rows (int16, MatMulRowsWith) share
   // W's stream. For int16 rows T is the exact int32 dot of the weight codes and x's int16 codes. Any n_rows
-  // (1..N) and m per run; a row's result does not depend on the other rows. K % 32 == 0. The AVX2 and
+  // (1..N) and m per run, except that the AVX2 tier's int8 runs (its qgemm) need n_rows % 4 == 0; a row's
+  // result does not depend on the other rows. K % 32 == 0. The AVX2 and
   // AVX-512 tiers give int16 rows the same bits (vpmaddwd on int16 codes, vpdpbusd on their two bytes); the
   // scalar tier has none.
   void (*qgemm_runs)(DType t, const uint8_t* w, size_t rb, int64_t n_rows, const QRun* runs, int n_runs,
