@@ -25,19 +25,22 @@ inline __m256 Load8(const KvBf16* p) {
 
 // Scores of one head (head_dim = 8 * C) against positions [0, n): 4 positions per step, their 4
 // sums reduced together by two rounds of hadd.
-// Positions up to n_off of off exist (the prefetch stops there); v: the V rows prefetched alongside.
+// Positions up to n_off of off exist (the prefetch stops there); v: the V rows prefetched alongside. prefetch =
+// false where the positions are in cache already (a prompt's later queries over a block the first one read).
 template <typename E, int C>
 void Scores(const float* q, const E* k, const E* v, const int64_t* off, int64_t n_off, int64_t n, float scale,
-            float* sc) {
+            float* sc, bool prefetch = true) {
   __m256 qv[C];
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) qv[c] = _mm256_loadu_ps(q + 8 * c);
   const __m128 sv = _mm_set1_ps(scale);
   int64_t p = 0;
   for (; p + 4 <= n; p += 4) {
-    for (int64_t j = p + kKvAhead; j < std::min(n_off, p + kKvAhead + 4); ++j) {
-      PrefetchKvSlice<E, 8 * C>(k + off[j], true);
-      PrefetchKvSlice<E, 8 * C>(v + off[j], false);
+    if (prefetch) {
+      for (int64_t j = p + kKvAhead; j < std::min(n_off, p + kKvAhead + 4); ++j) {
+        PrefetchKvSlice<E, 8 * C>(k + off[j], true);
+        PrefetchKvSlice<E, 8 * C>(v + off[j], false);
+      }
     }
     const E* k0 = k + off[p];
     const E* k1 = k + off[p + 1];
@@ -100,7 +103,8 @@ constexpr int64_t kPosBlock = 64;
 // first (which starts from out) at the block's end. From head_dim 32 on, U = 1: one chain per 8
 // floats continuing from out, as one pass over all positions.
 template <typename E, int C, bool kAccumulate = false>
-void MixBlock(const E* v, const int64_t* off, int64_t n_off, int64_t n, const float* sc, float* out) {
+void MixBlock(const E* v, const int64_t* off, int64_t n_off, int64_t n, const float* sc, float* out,
+              bool prefetch = true) {
   constexpr int U = C >= 4 ? 1 : 4 / C;
   __m256 acc[U][C];
 #pragma GCC unroll 16
@@ -111,8 +115,9 @@ void MixBlock(const E* v, const int64_t* off, int64_t n_off, int64_t n, const fl
   }
   int64_t p = 0;
   for (; p + U <= n; p += U) {
-    for (int64_t j = p + kKvAhead; j < std::min(n_off, p + kKvAhead + U); ++j)
-      PrefetchKvSlice<E, 8 * C>(v + off[j], true);
+    if (prefetch)
+      for (int64_t j = p + kKvAhead; j < std::min(n_off, p + kKvAhead + U); ++j)
+        PrefetchKvSlice<E, 8 * C>(v + off[j], true);
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
       const E* vr = v + off[p + u];
@@ -165,7 +170,9 @@ void GroupAttendC(const float* q, int group, const E* k, const E* v, const int64
 
 // n_tok consecutive tokens (token t sees positions [0, n_pos0 + t]), `group` heads each. Pass 1
 // writes every query's scores block by block, then each row gets its softmax, then pass 2 mixes V
-// block by block. Per query the arithmetic equals GroupAttendC's.
+// block by block. Per query the arithmetic equals GroupAttendC's. Only the first query row of a block
+// prefetches: the others find the block in L1 (stories260K's 8-float heads ran 2x slower prefetching for
+// every row, three prefetches per position of 8 FMAs).
 template <typename E, int C>
 void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group, const E* k, const E* v,
                       const int64_t* off, int64_t n_pos0, float scale, float* out, int64_t out_stride, float* sc) {
@@ -173,26 +180,29 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
   const int64_t n_max = n_pos0 + n_tok;  // scores row stride
   for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(k + off[j], true);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
-    for (int64_t t = std::max<int64_t>(0, p0 - n_pos0); t < n_tok; ++t) {
+    const int64_t t0 = std::max<int64_t>(0, p0 - n_pos0);
+    for (int64_t t = t0; t < n_tok; ++t) {
       const int64_t len = std::min(kPosBlock, n_pos0 + t + 1 - p0);
       for (int h = 0; h < group; ++h)
         Scores<E, C>(q + t * q_stride + h * hd, k, v, off + p0, n_max - p0, len, scale,
-                     sc + (t * group + h) * n_max + p0);
+                     sc + (t * group + h) * n_max + p0, t == t0 && h == 0);
     }
   }
   for (int64_t t = 0; t < n_tok; ++t)
     for (int h = 0; h < group; ++h) Table().softmax(sc + (t * group + h) * n_max, n_pos0 + t + 1);
   for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(v + off[j], true);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
-    for (int64_t t = std::max<int64_t>(0, p0 - n_pos0); t < n_tok; ++t) {
+    const int64_t t0 = std::max<int64_t>(0, p0 - n_pos0);
+    for (int64_t t = t0; t < n_tok; ++t) {
       const int64_t len = std::min(kPosBlock, n_pos0 + t + 1 - p0);
       for (int h = 0; h < group; ++h) {
         const float* s = sc + (t * group + h) * n_max + p0;
         float* o = out + t * out_stride + h * hd;
+        const bool first = t == t0 && h == 0;
         if (p0 == 0) {
-          MixBlock<E, C>(v, off, n_max, len, s, o);
+          MixBlock<E, C>(v, off, n_max, len, s, o, first);
         } else {
-          MixBlock<E, C, true>(v, off + p0, n_max - p0, len, s, o);
+          MixBlock<E, C, true>(v, off + p0, n_max - p0, len, s, o, first);
         }
       }
     }

@@ -52,15 +52,17 @@ inline __m256 Load8(const KvBf16* p) {
 // Positions up to n_off of off exist (the prefetch stops there); v: the V rows to prefetch alongside.
 template <typename E, int C, int R>
 void Scores4(const float* const* q, const E* k, const E* v, const int64_t* off, int64_t n_off, int64_t g0,
-             int64_t g1, float scale, float* const* sc) {
+             int64_t g1, float scale, float* const* sc, bool prefetch = true) {
   static_assert(C % 2 == 0);
   constexpr int Z = C / 2;
   const __m128 sv = _mm_set1_ps(scale);
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t p = 4 * g;
-    for (int64_t j = p + kKvAhead; j < std::min(n_off, p + kKvAhead + 4); ++j) {
-      PrefetchKvSlice<E, 8 * C>(k + off[j], true);
-      PrefetchKvSlice<E, 8 * C>(v + off[j], false);
+    if (prefetch) {
+      for (int64_t j = p + kKvAhead; j < std::min(n_off, p + kKvAhead + 4); ++j) {
+        PrefetchKvSlice<E, 8 * C>(k + off[j], true);
+        PrefetchKvSlice<E, 8 * C>(v + off[j], false);
+      }
     }
     const E* kr[4] = {k + off[p], k + off[p + 1], k + off[p + 2], k + off[p + 3]};
     __m512 acc[R][4];
@@ -106,10 +108,10 @@ void ScoresTail(const float* q, const E* k, const int64_t* off, int64_t p0, int6
 // position order (the AVX2 kernel's, from head_dim 32 on), 16 lanes per zmm, each V row read once.
 template <typename E, int C, int R>
 void MixRows(const E* v, const int64_t* off, int64_t n_off, int64_t p0, int64_t p1, const float* const* sc,
-             __m512 (&acc)[R][C / 2]) {
+             __m512 (&acc)[R][C / 2], bool prefetch = true) {
   constexpr int Z = C / 2;
   for (int64_t p = p0; p < p1; ++p) {
-    if (p + kKvAhead < n_off) PrefetchKvSlice<E, 8 * C>(v + off[p + kKvAhead], true);
+    if (prefetch && p + kKvAhead < n_off) PrefetchKvSlice<E, 8 * C>(v + off[p + kKvAhead], true);
     const E* vr = v + off[p];
     __m512 vv[Z];
 #pragma GCC unroll 8
@@ -131,7 +133,8 @@ struct Row {
 };
 
 // Rows of one position block in batches of up to R (kMaxRows, or 2 for 128-float heads in the mix):
-// the part every row of a batch sees together, then each row's remainder alone.
+// the part every row of a batch sees together, then each row's remainder alone. Only the first batch
+// prefetches (the block is in L1 for the rest), as the AVX2 rows kernel.
 template <typename E, int C>
 void ScoresBlock(const Row* rows, int n, const E* k, const E* v, const int64_t* off, int64_t n_off, float scale) {
   for (int i0 = 0; i0 < n; i0 += kMaxRows) {
@@ -143,14 +146,14 @@ void ScoresBlock(const Row* rows, int n, const E* k, const E* v, const int64_t* 
     for (int i = 0; i < m; ++i) qs[i] = rows[i0 + i].q, scs[i] = rows[i0 + i].sc;
     const int64_t g_common = common / 4;
     switch (m) {
-      case 4: Scores4<E, C, 4>(qs, k, v, off, n_off, 0, g_common, scale, scs); break;
-      case 3: Scores4<E, C, 3>(qs, k, v, off, n_off, 0, g_common, scale, scs); break;
-      case 2: Scores4<E, C, 2>(qs, k, v, off, n_off, 0, g_common, scale, scs); break;
-      default: Scores4<E, C, 1>(qs, k, v, off, n_off, 0, g_common, scale, scs); break;
+      case 4: Scores4<E, C, 4>(qs, k, v, off, n_off, 0, g_common, scale, scs, i0 == 0); break;
+      case 3: Scores4<E, C, 3>(qs, k, v, off, n_off, 0, g_common, scale, scs, i0 == 0); break;
+      case 2: Scores4<E, C, 2>(qs, k, v, off, n_off, 0, g_common, scale, scs, i0 == 0); break;
+      default: Scores4<E, C, 1>(qs, k, v, off, n_off, 0, g_common, scale, scs, i0 == 0); break;
     }
     for (int i = 0; i < m; ++i) {
       const Row& r = rows[i0 + i];
-      Scores4<E, C, 1>(&qs[i], k, v, off, n_off, g_common, r.len / 4, scale, &scs[i]);
+      Scores4<E, C, 1>(&qs[i], k, v, off, n_off, g_common, r.len / 4, scale, &scs[i], i0 == 0 && i == 0);
       ScoresTail<E, C>(r.q, k, off, r.len / 4 * 4, r.len, scale, r.sc);
     }
   }
@@ -159,7 +162,7 @@ void ScoresBlock(const Row* rows, int n, const E* k, const E* v, const int64_t* 
 // M rows mixed together over the positions they all see (each V row read once for the M), then each
 // row's remainder alone. Per row one FMA chain per lane in position order, whatever M: the same bits.
 template <typename E, int C, int M>
-void MixGroup(const Row* rows, const E* v, const int64_t* off, int64_t n_off, bool accumulate) {
+void MixGroup(const Row* rows, const E* v, const int64_t* off, int64_t n_off, bool accumulate, bool prefetch) {
   constexpr int Z = C / 2;
   __m512 acc[M][Z];
   const float* scs[M];
@@ -171,14 +174,14 @@ void MixGroup(const Row* rows, const E* v, const int64_t* off, int64_t n_off, bo
 #pragma GCC unroll 8
     for (int z = 0; z < Z; ++z) acc[i][z] = accumulate ? _mm512_loadu_ps(r.out + 16 * z) : _mm512_setzero_ps();
   }
-  MixRows<E, C, M>(v, off, n_off, 0, common, scs, acc);
+  MixRows<E, C, M>(v, off, n_off, 0, common, scs, acc, prefetch);
   for (int i = 0; i < M; ++i) {
     const Row& r = rows[i];
     __m512 one[1][Z];
 #pragma GCC unroll 8
     for (int z = 0; z < Z; ++z) one[0][z] = acc[i][z];
     const float* s1[1] = {r.sc};
-    MixRows<E, C, 1>(v, off, n_off, common, r.len, s1, one);
+    MixRows<E, C, 1>(v, off, n_off, common, r.len, s1, one, prefetch && i == 0);
 #pragma GCC unroll 8
     for (int z = 0; z < Z; ++z) _mm512_storeu_ps(r.out + 16 * z, one[0][z]);
   }
@@ -193,16 +196,16 @@ void MixBlock(const Row* rows, int n, const E* v, const int64_t* off, int64_t n_
   for (int i0 = 0; i0 < n; i0 += R) {
     switch (std::min(R, n - i0)) {
       case 4:
-        if constexpr (R >= 4) MixGroup<E, C, 4>(rows + i0, v, off, n_off, accumulate);
+        if constexpr (R >= 4) MixGroup<E, C, 4>(rows + i0, v, off, n_off, accumulate, i0 == 0);
         break;
       case 3:
-        if constexpr (R >= 3) MixGroup<E, C, 3>(rows + i0, v, off, n_off, accumulate);
+        if constexpr (R >= 3) MixGroup<E, C, 3>(rows + i0, v, off, n_off, accumulate, i0 == 0);
         break;
       case 2:
-        MixGroup<E, C, 2>(rows + i0, v, off, n_off, accumulate);
+        MixGroup<E, C, 2>(rows + i0, v, off, n_off, accumulate, i0 == 0);
         break;
       default:
-        MixGroup<E, C, 1>(rows + i0, v, off, n_off, accumulate);
+        MixGroup<E, C, 1>(rows + i0, v, off, n_off, accumulate, i0 == 0);
         break;
     }
   }
