@@ -83,6 +83,13 @@ std::string CpuFeatures::ToString() const {
 
 CpuFeatures DetectCpuFeatures() { return Detect(); }
 
+std::optional<bool> EnvSwitch(const char* name) {
+  const char* v = std::getenv(name);
+  if (v && !std::strcmp(v, "1")) return true;
+  if (v && !std::strcmp(v, "0")) return false;
+  return std::nullopt;
+}
+
 const CpuFeatures& GetCpuFeatures() {
   static const CpuFeatures f = Detect();
   return f;
@@ -90,10 +97,7 @@ const CpuFeatures& GetCpuFeatures() {
 
 bool Splits256BitOps() {
   static const bool split = [] {
-    if (const char* v = std::getenv("LATHE_AVX2_SPLIT")) {
-      if (!std::strcmp(v, "1")) return true;
-      if (!std::strcmp(v, "0")) return false;
-    }
+    if (const std::optional<bool> forced = EnvSwitch("LATHE_AVX2_SPLIT")) return *forced;
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
     char vendor[13];

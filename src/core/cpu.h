@@ -1,6 +1,7 @@
 // Run-time CPU feature detection (cpuid + xgetbv). Kernels dispatch on these.
 #pragma once
 
+#include <optional>
 #include <string>
 
 namespace lathe {
@@ -58,6 +59,9 @@ bool UsesBf16Dot();
 // half the FMA rate: 82 vs 166 GFLOP/s on an Emerald Rapids Xeon; Zen 4/5 at twice it). LATHE_BF16_PAIRS=fma
 // or dp forces one (tests run both).
 bool Bf16PairsOnFma();
+// A LATHE_* environment switch that forces a tuning choice: true for "1", false for "0", nullopt when unset or
+// anything else (LATHE_AVX2_SPLIT, LATHE_INT16_PROMPT, LATHE_GEMM_SUBCHUNKS).
+std::optional<bool> EnvSwitch(const char* name);
 
 // One core's f32 FMA throughput in GFLOP/s (the peak that benchmarks' MFU and "% of peak" divide
 // by), measured with 12 independent FMA chains in registers at the vector width of BestIsaTier():

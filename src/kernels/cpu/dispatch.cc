@@ -64,10 +64,7 @@ void MatMulRows(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, fl
 
 bool Int16PromptRows() {
   static const bool on = [] {
-    if (const char* env = std::getenv("LATHE_INT16_PROMPT")) {
-      if (!std::strcmp(env, "0")) return false;
-      if (!std::strcmp(env, "1")) return true;
-    }
+    if (const std::optional<bool> forced = EnvSwitch("LATHE_INT16_PROMPT")) return *forced;
     // Where vdpbf16ps runs at its own rate (AMD Zen 4 / 5: twice the f32 FMA rate, as many multiply-adds per
     // instruction as the int16 form's two vpdpbusd passes take) the bf16 rows need no per-block float work:
     // SmolLM2 pp512 on Zen 5 1410-1460 vs 1190-1270 tok/s for the int16 rows (Q4_1 / Q8_0 / Q4_K_M, 1 thread,

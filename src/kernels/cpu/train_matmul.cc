@@ -1,7 +1,6 @@
 // Blocked GEMM driver behind LinearForward (Y = X . W^T), MatMulBackwardInput (dX = dY . W, W in
 // any stored dtype) and MatMulBackwardWeight (dW += dY^T . X): packs panels, runs a tier's micro-kernels.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -45,10 +44,7 @@ int64_t PanelColBlock(int64_t col_align) {
 constexpr int64_t kSubInner = 160;
 bool SubChunks() {
   static const bool on = [] {
-    if (const char* e = std::getenv("LATHE_GEMM_SUBCHUNKS")) {
-      if (!std::strcmp(e, "0")) return false;
-      if (!std::strcmp(e, "1")) return true;
-    }
+    if (const std::optional<bool> forced = EnvSwitch("LATHE_GEMM_SUBCHUNKS")) return *forced;
     return GetCpuFeatures().intel;
   }();
   return on;
