@@ -143,7 +143,8 @@ inline void WidenPairs(const uint32_t* a, int64_t lda, int64_t R, int64_t Lp, fl
 inline __m256i Bf16Of(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
 // One row of L floats -> L bf16 (cvtneps, the tail masked), plus a 0 after an odd L: the row as (L + 1) / 2
-// pairs. Every f32 -> bf16 conversion of this file goes through Bf16Of.
+// pairs. Every f32 -> bf16 conversion of this file is vcvtneps2bf16 (Bf16Of) or vcvtne2ps2bf16 (PairOf,
+// StripOfRowsT): the same RNE.
 inline void RowToPairs(const float* a, int64_t L, uint16_t* o) {
   int64_t l = 0;
   for (; l + 16 <= L; l += 16) _mm256_storeu_si256((__m256i*)(o + l), Bf16Of(_mm512_loadu_ps(a + l)));
@@ -164,22 +165,37 @@ inline void PairRows(ThreadPool& pool, const float* a, int64_t lda, int64_t R, i
   }, 2.0 * R * L);
 }
 
+// 16 dwords of pairs (a[k], b[k]) from two 16-lane rows: one vcvtne2ps2bf16 (a's bf16 in words 0-15, b's in
+// 16-31; the same RNE as Bf16Of's vcvtneps2bf16) and one word permutation interleaving the halves.
+inline __m512i PairIdx() {
+  return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19,
+                          3, 18, 2, 17, 1, 16, 0);
+}
+inline __m512i PairOf(__m512 a, __m512 b, __m512i idx) {
+  return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+inline __m512i PairOf(__m256i a, __m256i b, __m512i idx) {  // two rows of 16 bf16
+  return _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+}
+
 // Pairs of two rows (f32 holding bf16 values, or bf16): (r0[k], r1[k]) for k < n, 0 past n (up to the next
 // multiple of 16), columns k .. k + 15 at out + (k / 16) * ostride (one pair of each of 16 strips); r1 null (the
 // missing row of an odd count) gives 0.
 template <typename T>
 void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out, int64_t ostride) {
+  const __m512i idx = PairIdx();
   for (int64_t k = 0; k < n; k += 16) {
     const __mmask16 m = (__mmask16)(n - k >= 16 ? 0xffff : (1u << (n - k)) - 1);
-    __m256i lo, hi = _mm256_setzero_si256();
+    __m512i d;
     if constexpr (sizeof(T) == 4) {
-      lo = Bf16Of(_mm512_maskz_loadu_ps(m, (const float*)r0 + k));
-      if (r1) hi = Bf16Of(_mm512_maskz_loadu_ps(m, (const float*)r1 + k));
+      const __m512 lo = _mm512_maskz_loadu_ps(m, (const float*)r0 + k);
+      const __m512 hi = r1 ? _mm512_maskz_loadu_ps(m, (const float*)r1 + k) : _mm512_setzero_ps();
+      d = PairOf(lo, hi, idx);
     } else {
-      lo = _mm256_maskz_loadu_epi16(m, r0 + k);
-      if (r1) hi = _mm256_maskz_loadu_epi16(m, r1 + k);
+      const __m256i lo = _mm256_maskz_loadu_epi16(m, r0 + k);
+      const __m256i hi = r1 ? _mm256_maskz_loadu_epi16(m, r1 + k) : _mm256_setzero_si256();
+      d = PairOf(lo, hi, idx);
     }
-    const __m512i d = _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
     _mm512_storeu_si512(out + (k / 16) * ostride, d);
   }
 }
@@ -191,6 +207,7 @@ inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, 
   const int64_t Lp = (L + 1) / 2;
   constexpr int64_t kB = 16;
   pool.ParallelFor((Lp + kB - 1) / kB, 1, [&](int64_t b, int64_t e, int) {
+    const __m512i idx = PairIdx();
     for (int64_t pb = b; pb < e; ++pb) {
       const int64_t p0 = pb * kB, np = std::min(kB, Lp - p0);
       const __mmask16 pm = (__mmask16)(np >= 16 ? 0xffff : (1u << np) - 1);
@@ -205,10 +222,9 @@ inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, 
             r[p] = _mm512_setzero_ps();
             continue;
           }
-          const __m256i lo = Bf16Of(_mm512_maskz_loadu_ps(im, m + l * ldm + i0));
-          const __m256i hi = l + 1 < L ? Bf16Of(_mm512_maskz_loadu_ps(im, m + (l + 1) * ldm + i0)) : _mm256_setzero_si256();
-          r[p] = _mm512_castsi512_ps(
-              _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)));
+          const __m512 lo = _mm512_maskz_loadu_ps(im, m + l * ldm + i0);
+          const __m512 hi = l + 1 < L ? _mm512_maskz_loadu_ps(im, m + (l + 1) * ldm + i0) : _mm512_setzero_ps();
+          r[p] = _mm512_castsi512_ps(PairOf(lo, hi, idx));
         }
         Transpose16(r);
         for (int64_t i = 0; i < ni; ++i) _mm512_mask_storeu_ps((float*)(out + (i0 + i) * Lp + p0), pm, r[i]);
@@ -220,75 +236,82 @@ inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, 
 // B(l, k) = m[l * ldm + k] (row-major, L x Kd) -> pair strips: strip s's pair p at out + (s * Lp + p) * 16,
 // columns past Kd zero.
 // sstride: dwords from one strip to the next (0: Lp * 16, the strips back to back).
+// Strip by strip (each task a run of whole strips): one output stream written in order and one constant-stride
+// input stream (16 columns of every row), where row pair by row pair would write to every strip at once.
 template <typename T>
 void PairStripsRows(ThreadPool& pool, const T* m, int64_t ldm, int64_t L, int64_t Kd, uint32_t* out,
                     int64_t sstride = 0) {
-  const int64_t Lp = (L + 1) / 2, ss = sstride > 0 ? sstride : Lp * 16;
-  pool.ParallelFor(Lp, 8, [&](int64_t b, int64_t e, int) {
-    for (int64_t p = b; p < e; ++p) {
-      const T* r1 = 2 * p + 1 < L ? m + (2 * p + 1) * ldm : nullptr;
-      PairTwoRows<T>(m + 2 * p * ldm, r1, Kd, out + p * 16, ss);
+  const int64_t Lp = (L + 1) / 2, ss = sstride > 0 ? sstride : Lp * 16, n_strips = (Kd + 15) / 16;
+  pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
+    const __m512i idx = PairIdx();
+    for (int64_t s = b; s < e; ++s) {
+      const int64_t k = 16 * s;
+      const __mmask16 mk = (__mmask16)(Kd - k >= 16 ? 0xffff : (1u << (Kd - k)) - 1);
+      uint32_t* o = out + s * ss;
+      const T* r = m + k;
+      for (int64_t p = 0; p < Lp; ++p, r += 2 * ldm) {
+        const bool two = 2 * p + 1 < L;
+        __m512i d;
+        if constexpr (sizeof(T) == 4) {
+          d = PairOf(_mm512_maskz_loadu_ps(mk, (const float*)r),
+                     two ? _mm512_maskz_loadu_ps(mk, (const float*)r + ldm) : _mm512_setzero_ps(), idx);
+        } else {
+          d = PairOf(_mm256_maskz_loadu_epi16(mk, r), two ? _mm256_maskz_loadu_epi16(mk, r + ldm) : _mm256_setzero_si256(),
+                     idx);
+        }
+        _mm512_storeu_si512(o + p * 16, d);
+      }
     }
   }, 2.0 * L * Kd);
 }
 
-// B(l, k) = W(k, l) for W (Kd, L) row-major (the forward's W^T) -> pair strips as above.
+// One pair strip (Lp x 16 dwords, Lp = (L + 1) / 2) from 16 rows of L values (f32, rounded to bf16 by Bf16Of's
+// RNE, or bf16 as stored), ld apart, rows from nj on zero: per 16 pairs, each row's 32 values as 16 pair dwords
+// (zero past L), then the 16 x 16 dword block transposed in registers.
 template <typename T>
-void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t L, uint32_t* out,
-                 int64_t sstride = 0) {
-  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16, ss = sstride > 0 ? sstride : Lp * 16;
-  pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
-    std::vector<uint32_t> rows(16 * (size_t)Lp);
-    for (int64_t s = b; s < e; ++s) {
-      const int nj = (int)std::min<int64_t>(16, Kd - 16 * s);
-      // Each W row's pairs (PairRows' form), then the 16 x Lp block transposed into the strip.
-      for (int j = 0; j < 16; ++j) {
-        uint32_t* o = rows.data() + j * Lp;
-        if (j >= nj) {
-          std::memset(o, 0, sizeof(uint32_t) * Lp);
-          continue;
-        }
-        const T* r = w + (16 * s + j) * ldw;
-        uint16_t* o16 = (uint16_t*)o;
-        if constexpr (sizeof(T) == 4) {
-          RowToPairs((const float*)r, L, o16);
-        } else {
-          std::memcpy(o16, r, sizeof(uint16_t) * L);
-          if (L & 1) o16[L] = 0;
-        }
-      }
-      uint32_t* st = out + s * ss;
-      for (int64_t p = 0; p < Lp; ++p)
-        for (int j = 0; j < 16; ++j) st[p * 16 + j] = rows[j * Lp + p];
-    }
-  }, 2.0 * Kd * L);
-}
-
-// One pair strip (Lp x 16 dwords, Lp = (L + 1) / 2) from 16 f32 rows of L values, ld apart (rows from nj
-// on zero): per 16 pairs, each row's 32 values rounded to bf16 (Bf16Of; zero past L), then the 16 x 16
-// dword block transposed in registers. The layout of PairStripsT's strips.
-inline void StripOfRows(const float* rows, int64_t ld, int nj, int64_t L, uint32_t* st) {
+void StripOfRowsT(const T* rows, int64_t ld, int nj, int64_t L, uint32_t* st) {
   const int64_t Lp = (L + 1) / 2;
   for (int64_t p = 0; p < Lp; p += 16) {
     const int64_t l = 2 * p, n = std::min<int64_t>(32, L - l);
-    const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
-    const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
     __m512 r[16];  // dwords (bf16 pairs) moved as floats: the transpose only shuffles lanes
+    if constexpr (sizeof(T) == 4) {
+      const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+      const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n <= 16 ? 0 : (1u << (n - 16)) - 1);
 #pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) {
-      if (j < nj) {
-        const float* row = rows + j * ld + l;
-        const __m256i lo = Bf16Of(_mm512_maskz_loadu_ps(m0, row));
-        const __m256i hi = Bf16Of(_mm512_maskz_loadu_ps(m1, row + 16));
-        r[j] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1));
-      } else {
-        r[j] = _mm512_setzero_ps();
+      for (int j = 0; j < 16; ++j) {
+        if (j < nj) {
+          const float* row = (const float*)rows + j * ld + l;
+          r[j] = (__m512)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, row + 16), _mm512_maskz_loadu_ps(m0, row));
+        } else {
+          r[j] = _mm512_setzero_ps();
+        }
       }
+    } else {
+      const __mmask32 m = (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1);
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j)
+        r[j] = j < nj ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, (const uint16_t*)rows + j * ld + l))
+                      : _mm512_setzero_ps();
     }
     Transpose16(r);
     const int64_t np = std::min<int64_t>(16, Lp - p);
     for (int64_t k = 0; k < np; ++k) _mm512_storeu_ps((float*)(st + (p + k) * 16), r[k]);
   }
+}
+inline void StripOfRows(const float* rows, int64_t ld, int nj, int64_t L, uint32_t* st) {
+  StripOfRowsT<float>(rows, ld, nj, L, st);
+}
+
+// B(l, k) = W(k, l) for W (Kd, L) row-major (the forward's W^T) -> pair strips as above, one StripOfRowsT per
+// 16 rows of W.
+template <typename T>
+void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t L, uint32_t* out,
+                 int64_t sstride = 0) {
+  const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16, ss = sstride > 0 ? sstride : Lp * 16;
+  pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t s = b; s < e; ++s)
+      StripOfRowsT<T>(w + 16 * s * ldw, ldw, (int)std::min<int64_t>(16, Kd - 16 * s), L, out + s * ss);
+  }, 2.0 * Kd * L);
 }
 
 }  // namespace
