@@ -180,11 +180,15 @@ inline __m512i PairOf(__m256i a, __m256i b, __m512i idx) {  // two rows of 16 bf
 
 // Pairs of two rows (f32 holding bf16 values, or bf16): (r0[k], r1[k]) for k < n, 0 past n (up to the next
 // multiple of 16), columns k .. k + 15 at out + (k / 16) * ostride (one pair of each of 16 strips); r1 null (the
-// missing row of an odd count) gives 0.
+// missing row of an odd count) gives 0. pf0 / pf1 (optional): the next rows to be paired, fetched column by
+// column alongside (W comes from DRAM, where the hardware's prefetch alone leaves the loop waiting on it).
 template <typename T>
-void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out, int64_t ostride) {
+void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out, int64_t ostride, const T* pf0 = nullptr,
+                 const T* pf1 = nullptr) {
   const __m512i idx = PairIdx();
   for (int64_t k = 0; k < n; k += 16) {
+    if (pf0) _mm_prefetch((const char*)(pf0 + k), _MM_HINT_T0);
+    if (pf1) _mm_prefetch((const char*)(pf1 + k), _MM_HINT_T0);
     const __mmask16 m = (__mmask16)(n - k >= 16 ? 0xffff : (1u << (n - k)) - 1);
     __m512i d;
     if constexpr (sizeof(T) == 4) {
@@ -236,31 +240,28 @@ inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, 
 // B(l, k) = m[l * ldm + k] (row-major, L x Kd) -> pair strips: strip s's pair p at out + (s * Lp + p) * 16,
 // columns past Kd zero.
 // sstride: dwords from one strip to the next (0: Lp * 16, the strips back to back).
-// Strip by strip (each task a run of whole strips): one output stream written in order and one constant-stride
-// input stream (16 columns of every row), where row pair by row pair would write to every strip at once.
+// Blocks of 8 row pairs: each pair of rows read in order (the next pair prefetched alongside) into a per-thread
+// block of strips, then copied out strip by strip (8 consecutive lines each) rather than scattered over every
+// strip at once. A 1536 x 576 f32 W on Zen 5, 1 thread: from cache 275 -> 97 us, from DRAM 385-560 -> 220 us.
 template <typename T>
 void PairStripsRows(ThreadPool& pool, const T* m, int64_t ldm, int64_t L, int64_t Kd, uint32_t* out,
                     int64_t sstride = 0) {
+  constexpr int64_t kP = 8;
   const int64_t Lp = (L + 1) / 2, ss = sstride > 0 ? sstride : Lp * 16, n_strips = (Kd + 15) / 16;
-  pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
-    const __m512i idx = PairIdx();
-    for (int64_t s = b; s < e; ++s) {
-      const int64_t k = 16 * s;
-      const __mmask16 mk = (__mmask16)(Kd - k >= 16 ? 0xffff : (1u << (Kd - k)) - 1);
-      uint32_t* o = out + s * ss;
-      const T* r = m + k;
-      for (int64_t p = 0; p < Lp; ++p, r += 2 * ldm) {
-        const bool two = 2 * p + 1 < L;
-        __m512i d;
-        if constexpr (sizeof(T) == 4) {
-          d = PairOf(_mm512_maskz_loadu_ps(mk, (const float*)r),
-                     two ? _mm512_maskz_loadu_ps(mk, (const float*)r + ldm) : _mm512_setzero_ps(), idx);
-        } else {
-          d = PairOf(_mm256_maskz_loadu_epi16(mk, r), two ? _mm256_maskz_loadu_epi16(mk, r + ldm) : _mm256_setzero_si256(),
-                     idx);
-        }
-        _mm512_storeu_si512(o + p * 16, d);
+  pool.ParallelFor((Lp + kP - 1) / kP, 1, [&](int64_t b, int64_t e, int) {
+    static thread_local std::vector<uint32_t> buf;
+    if (buf.size() < (size_t)(kP * n_strips * 16)) buf.resize((size_t)(kP * n_strips * 16));
+    for (int64_t blk = b; blk < e; ++blk) {
+      const int64_t p0 = blk * kP, np = std::min(kP, Lp - p0);
+      for (int64_t p = 0; p < np; ++p) {
+        const int64_t r = 2 * (p0 + p);
+        const T* r0 = m + r * ldm;
+        PairTwoRows<T>(r0, r + 1 < L ? r0 + ldm : nullptr, Kd, buf.data() + p * n_strips * 16, 16,
+                       r + 2 < L ? r0 + 2 * ldm : nullptr, r + 3 < L ? r0 + 3 * ldm : nullptr);
       }
+      for (int64_t s = 0; s < n_strips; ++s)
+        for (int64_t p = 0; p < np; ++p)
+          _mm512_storeu_si512(out + s * ss + (p0 + p) * 16, _mm512_loadu_si512(buf.data() + (p * n_strips + s) * 16));
     }
   }, 2.0 * L * Kd);
 }
@@ -302,15 +303,36 @@ inline void StripOfRows(const float* rows, int64_t ld, int nj, int64_t L, uint32
   StripOfRowsT<float>(rows, ld, nj, L, st);
 }
 
-// B(l, k) = W(k, l) for W (Kd, L) row-major (the forward's W^T) -> pair strips as above, one StripOfRowsT per
-// 16 rows of W.
+// B(l, k) = W(k, l) for W (Kd, L) row-major (the forward's W^T) -> pair strips as above: per strip, its 16 W
+// rows as pairs into a per-thread buffer, each row read in order with the row two ahead prefetched alongside,
+// then the buffer's 16 x 16 dword blocks transposed in registers (StripOfRowsT over the pairs as bf16 rows).
+// A 1536 x 576 f32 W on Zen 5, 1 thread: from cache 255 -> 101-114 us, from DRAM 264 -> 197-206 us.
 template <typename T>
 void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t L, uint32_t* out,
                  int64_t sstride = 0) {
   const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16, ss = sstride > 0 ? sstride : Lp * 16;
   pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
-    for (int64_t s = b; s < e; ++s)
-      StripOfRowsT<T>(w + 16 * s * ldw, ldw, (int)std::min<int64_t>(16, Kd - 16 * s), L, out + s * ss);
+    static thread_local std::vector<uint16_t> buf;
+    if (buf.size() < (size_t)(32 * Lp)) buf.resize((size_t)(32 * Lp));
+    for (int64_t s = b; s < e; ++s) {
+      const int nj = (int)std::min<int64_t>(16, Kd - 16 * s);
+      for (int j = 0; j < nj; ++j) {
+        const T* r = w + (16 * s + j) * ldw;
+        const T* pf = 16 * s + j + 2 < Kd ? r + 2 * ldw : nullptr;
+        uint16_t* o = buf.data() + j * 2 * Lp;
+        for (int64_t l = 0; l < L; l += 16) {
+          if (pf) _mm_prefetch((const char*)(pf + l), _MM_HINT_T0);
+          const __mmask16 m = (__mmask16)(L - l >= 16 ? 0xffff : (1u << (L - l)) - 1);
+          if constexpr (sizeof(T) == 4) {
+            _mm256_mask_storeu_epi16(o + l, m, Bf16Of(_mm512_maskz_loadu_ps(m, (const float*)r + l)));
+          } else {
+            _mm256_mask_storeu_epi16(o + l, m, _mm256_maskz_loadu_epi16(m, r + l));
+          }
+        }
+        if (L & 1) o[L] = 0;
+      }
+      StripOfRowsT<uint16_t>(buf.data(), 2 * Lp, nj, 2 * Lp, out + s * ss);
+    }
   }, 2.0 * Kd * L);
 }
 
