@@ -211,12 +211,13 @@ float CrossEntropyBackward(ThreadPool& pool,
                            bool bf16 = false,
                            HeadGradParts* head_grad_later = nullptr);  // instead of dw_head_accum (null then)
 // The loss's head gradient held back: CrossEntropyBackward given head_grad_later returns the loss and dx and
-// keeps, chunk after chunk, the bf16 pairs of the head-gradient products (the softmax gradient's and x's);
-// AddHeadGrad then adds them into dw_head_accum in chunk order, the bits of the direct call. For full
-// fine-tuning with row-group workers, whose additions into the head's gradient go in group order: a group's
-// dx no longer waits for the earlier groups' losses. Only where HeadGradCanWait(w_head, bf16) holds (the bf16
-// path; an f32 head would keep 4 bytes per logit). Holds (V + C rounded up to 16) x 2 bytes per labelled token
-// (HeadGradPartsBytes).
+// keeps, chunk after chunk, the bf16 pairs of the head-gradient product (the softmax gradient's and x's) side
+// by side along its inner dimension; AddHeadGrad then adds that one product over every chunk's pairs into
+// dw_head_accum: the bits of the direct call, which on the bf16 path does the same with pairs of its own
+// (one pass over the f32 head gradient a call, not one a chunk). For full fine-tuning, whose row-group workers
+// add into the head's gradient in group order: a group's dx never waits for the earlier groups' losses. Only
+// where HeadGradCanWait(w_head, bf16) holds (the bf16 path; an f32 head would keep 4 bytes per logit). Holds
+// (V + C rounded up to 16) x 2 bytes per labelled token (HeadGradPartsBytes).
 struct HeadGradParts {
   std::vector<uint32_t> a, b;   // each chunk's dlogits^T pairs (V x n/2) and x pairs (C/16 strips x n/2)
   std::vector<int64_t> tokens;  // each chunk's token count

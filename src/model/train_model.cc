@@ -1108,9 +1108,10 @@ double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool la
       loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
                                            (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16);
     };
-    if (g_head_ && order_.on() && kernels::HeadGradCanWait(head_eff_, opt_.bf16)) {
+    if (g_head_ && kernels::HeadGradCanWait(head_eff_, opt_.bf16)) {
       // Loss and dx now, beside the other workers' losses; only the head gradient's product waits for the
-      // earlier groups' (the bits of ce() in turn).
+      // earlier groups' (the bits of ce() in turn), or with one worker follows at once. The pairs are the
+      // worker's own (head_later_), which the memory plan counts per worker.
       loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), nullptr, xfr, N, head_eff_, targets_.data(),
                                            (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16,
                                            &head_later_);

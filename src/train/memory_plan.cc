@@ -383,11 +383,12 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add("temporary", W * 4 * chunk * (V + 2.0 * dim + 3 + std::ceil(V / 256.0)),
       StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim + softmax partials) x 4 B%s", chunk,
                 (long long)V, per_worker.c_str()));
-  // Full bf16 on W > 1 workers: each worker keeps its group's head-gradient pairs until the earlier groups
-  // have added theirs (kernels::HeadGradParts; train_model.cc), for every token of the group at most.
-  if (W > 1 && s.method == "full" && s.precision == "bf16" && UsesBf16Dot() && dim % 2 == 0) {
+  // Full bf16: each worker keeps its group's head-gradient pairs for one product over the whole group, added
+  // once the earlier groups have added theirs (kernels::HeadGradParts; train_model.cc), for every token of the
+  // group at most.
+  if (s.method == "full" && s.precision == "bf16" && UsesBf16Dot() && dim % 2 == 0) {
     add("temporary", W * (double)kernels::HeadGradPartsBytes(V, dim, (int64_t)N, s.loss_chunk_tokens),
-        StrFormat("loss's head-gradient pairs held for the group order: %.0f tokens x (vocab %lld + dim) x 2 B%s", N,
+        StrFormat("loss's head-gradient pairs of the group: %.0f tokens x (vocab %lld + dim) x 2 B%s", N,
                   (long long)V, per_worker.c_str()));
   }
   // The GEMMs of a step (kernels/cpu/train_matmul.cc; a quantized base's forward runs the inference
@@ -467,7 +468,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     const bool head_on_pairs = (!lora || s.head_dtype != DType::kF32 || head_copy) && dim % 2 == 0;
     if (head_on_pairs) {
       pair_gemm(0, chunk, dim);             // logits^T: x's pairs only
-      if (!lora) pair_gemm(V, dim, chunk);  // the head's gradient
+      // (the trained head's gradient: its pairs go to the loss's HeadGradParts, counted above)
       // dx from the head's pairs: dlogits' pairs; a head not packed beforehand (a quantized base's head as
       // stored) goes into pairs one inner chunk at a time (avx512bf16::HeadBackwardInputTRows: dim x the chunk's
       // pairs), a head in a block type dequantized first (2 x the chunk's pairs x dim floats).

@@ -773,6 +773,27 @@ TEST(TrainBf16Dot, CrossEntropyLogitsArePairArithmetic) {
       num += (dw[i] - dw_ref[i]) * (dw[i] - dw_ref[i]), den += (dw_ref[i] - dw0[i]) * (dw_ref[i] - dw0[i]);
     EXPECT_LT(std::sqrt(num / den), 1e-2) << threads;
     EXPECT_GT(std::sqrt(num / den), 1e-5) << threads;
+    // Held back (HeadGradParts: every chunk's pairs side by side, odd chunks padded, one product) and added
+    // later: the direct call's bits, the loss and dx unchanged; the same at either thread count. Chunks of 7:
+    // five of them (7, 7, 7, 7, 2 labelled tokens).
+    {
+      HeadGradParts later;
+      std::vector<float> dx7(T * C), dxl(T * C, -1.0f), dw7 = dw0, dwl = dw0;
+      const float loss7 = CrossEntropyBackward(pool, dx7.data(), dw7.data(), x.data(), T, w, labels.data(),
+                                               (float)norm, 1.0f, 7, nullptr, /*bf16=*/true);
+      EXPECT_EQ(loss7, CrossEntropyBackward(pool, dxl.data(), nullptr, x.data(), T, w, labels.data(), (float)norm,
+                                            1.0f, 7, nullptr, /*bf16=*/true, &later));
+      EXPECT_EQ(dxl, dx7) << threads;
+      EXPECT_EQ(later.tokens, (std::vector<int64_t>{7, 7, 7, 7, 2}));
+      AddHeadGrad(pool, dwl.data(), later);
+      ASSERT_EQ(dwl, dw7) << threads;
+      static std::vector<float> dw7_one_thread;
+      if (threads == 1) dw7_one_thread = dw7;
+      ASSERT_EQ(dw7, dw7_one_thread) << threads;
+      double n7 = 0;
+      for (int64_t i = 0; i < V * C; ++i) n7 += (dw7[i] - dw_ref[i]) * (dw7[i] - dw_ref[i]);
+      EXPECT_LT(std::sqrt(n7 / den), 1e-2) << threads;
+    }
     // dx from the head packed as bf16 pairs (PackForBackwardInputBf16): dlogits rounded to bf16, so within
     // bf16's rounding of the double reference and not equal to the f32 dx; the loss unchanged.
     PackedBackwardB packed;

@@ -322,24 +322,15 @@ void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float
 
 // dw (V, C) += dyT . x for dyT (V, n) (the loss's dlogits^T, rounded to bf16 as packed) and x (n, C): pairs
 // along the n tokens.
-void HeadBackwardWeightT(ThreadPool& pool, float* dw, const float* dy_t, const float* x, int64_t n, int64_t V,
-                         int64_t C) {
-  const int64_t np = (n + 1) / 2;
-  uint32_t* a = ABuf((size_t)(V * np));
-  uint32_t* b = BBuf((size_t)((C + 15) / 16 * 16 * np));
-  HeadWeightGradPairs(pool, dy_t, x, n, V, C, a, b);
-  HeadWeightGradFromPairs(pool, dw, n, V, C, a, b);
-}
-
 void HeadWeightGradPairs(ThreadPool& pool, const float* dy_t, const float* x, int64_t n, int64_t V, int64_t C,
-                         uint32_t* a, uint32_t* b) {
-  PairRows(pool, dy_t, n, V, n, a);
-  PairStripsRows<float>(pool, x, C, n, C, b);
+                         uint32_t* a, uint32_t* b, int64_t pairs) {
+  PairRows(pool, dy_t, n, V, n, a, pairs);
+  PairStripsRows<float>(pool, x, C, n, C, b, pairs * 16);
 }
 
-void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t n, int64_t V, int64_t C, const uint32_t* a,
+void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t pairs, int64_t V, int64_t C, const uint32_t* a,
                              const uint32_t* b) {
-  PairGemm(pool, dw, C, V, C, (n + 1) / 2, a, b, /*accumulate=*/true);
+  PairGemm(pool, dw, C, V, C, pairs, a, b, /*accumulate=*/true);
 }
 
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,

@@ -285,14 +285,13 @@ void TrainLoraBackwardInput(ThreadPool& pool, float* dx, float* dmid, const floa
 // packed): a bf16 W read in place; another dtype dequantized 64 rows per task and rounded to bf16 pairs (the
 // same bits as the bf16 copy of its values).
 void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n);
-// dw (V, C) += dyT . x, dyT (V, n) (rounded to bf16 as packed), x (n, C): the loss's head gradient.
-void HeadBackwardWeightT(ThreadPool& pool, float* dw, const float* dy_t, const float* x, int64_t n, int64_t V,
-                         int64_t C);
-// HeadBackwardWeightT in two halves, the same bits: the operands' pairs into a (V x (n + 1) / 2 dwords) and b
-// (PairStripsRowsDwords(n, C)), then dw += their product.
+// The loss's head gradient dw (V, C) += dyT . x over every chunk of a call, dyT (V, n) (rounded to bf16 as packed),
+// x (n, C), in two halves: each chunk's operand pairs into the call's A (V rows of `pairs` dwords, the chunk's
+// (n + 1) / 2 at its offset: a = A + offset) and B (C / 16 strips of `pairs` x 16 dwords: b = B + 16 offset), then
+// one product over all `pairs` (one pass over dw where per-chunk products made one a chunk).
 void HeadWeightGradPairs(ThreadPool& pool, const float* dy_t, const float* x, int64_t n, int64_t V, int64_t C,
-                         uint32_t* a, uint32_t* b);
-void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t n, int64_t V, int64_t C, const uint32_t* a,
+                         uint32_t* a, uint32_t* b, int64_t pairs);
+void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t pairs, int64_t V, int64_t C, const uint32_t* a,
                              const uint32_t* b);
 // dx (n, C) = dy . W from dyT (V, n) (rounded to bf16 as packed) and W's pairs along V (PackPairsAlongRows).
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,

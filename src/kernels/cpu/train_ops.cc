@@ -415,13 +415,11 @@ bool HeadGradCanWait(const Tensor& w_head, bool bf16) {
 }
 
 void AddHeadGrad(ThreadPool& pool, float* dw_head_accum, const HeadGradParts& parts) {
-  const int64_t V = parts.V, C = parts.C;
-  size_t ao = 0, bo = 0;
-  for (int64_t n : parts.tokens) {
-    cpu::avx512bf16::HeadWeightGradFromPairs(pool, dw_head_accum, n, V, C, parts.a.data() + ao, parts.b.data() + bo);
-    ao += (size_t)(V * ((n + 1) / 2));
-    bo += (size_t)cpu::avx512bf16::PairStripsRowsDwords(n, C);
-  }
+  int64_t pairs = 0;
+  for (int64_t n : parts.tokens) pairs += (n + 1) / 2;
+  if (pairs > 0)
+    cpu::avx512bf16::HeadWeightGradFromPairs(pool, dw_head_accum, pairs, parts.V, parts.C, parts.a.data(),
+                                             parts.b.data());
 }
 
 int64_t HeadGradPartsBytes(int64_t V, int64_t C, int64_t tokens, int64_t chunk_tokens) {

@@ -45,16 +45,21 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   bf16_dot = bf16_dot && w_head.dtype != DType::kF32 && C % 2 == 0 && (w_head.dtype == DType::kBF16 || !dw);
   const bool transposed = w_head.dtype == DType::kF32 || bf16_dot;
   std::vector<float> cmax(transposed ? ct : 0), csum(transposed ? ct : 0), bpart;
-  size_t later_a = 0, later_b = 0;  // where the next chunk's head-gradient pairs go
-  if (head_grad_later) {
-    LATHE_CHECK(bf16_dot && dx && !dw);
-    HeadGradParts& p = *head_grad_later;
+  // A bf16 head's gradient: every chunk's operand pairs side by side along the inner dimension (HeadGradParts),
+  // one product over them all at the end (AddHeadGrad), here or, given head_grad_later, by the caller.
+  if (head_grad_later) LATHE_CHECK(bf16_dot && dx && !dw);
+  static thread_local HeadGradParts own_parts;
+  HeadGradParts* parts = head_grad_later ? head_grad_later : bf16_dot && dw ? &own_parts : nullptr;
+  int64_t later_pairs = 0, next_pair = 0;  // the call's head-gradient pairs; where the next chunk's go
+  if (parts) {
+    HeadGradParts& p = *parts;
     p.V = V;
     p.C = C;
     p.tokens.clear();
-    const int64_t n = (int64_t)rows.size(), pairs = n / ct * ((ct + 1) / 2) + (n % ct + 1) / 2;
-    p.a.resize((size_t)(V * pairs));
-    p.b.resize((size_t)((C + 15) / 16 * 16 * pairs));
+    const int64_t n = (int64_t)rows.size();
+    later_pairs = n / ct * ((ct + 1) / 2) + (n % ct + 1) / 2;
+    p.a.resize((size_t)(V * later_pairs));
+    p.b.resize((size_t)((C + 15) / 16 * 16 * later_pairs));
   }
   double loss = 0;
   for (size_t r0 = 0; r0 < rows.size(); r0 += ct) {
@@ -135,24 +140,22 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
       MatMulBackwardInputWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
     }
     for (int64_t i = 0; i < nc; ++i) std::memcpy(dx + rows[r0 + i] * C, &dxc[i * C], sizeof(float) * C);
-    if (head_grad_later) {
-      HeadGradParts& p = *head_grad_later;
-      avx512bf16::HeadWeightGradPairs(pool, logits.data(), xc.data(), nc, V, C, p.a.data() + later_a,
-                                      p.b.data() + later_b);
+    if (parts) {
+      HeadGradParts& p = *parts;
+      avx512bf16::HeadWeightGradPairs(pool, logits.data(), xc.data(), nc, V, C, p.a.data() + next_pair,
+                                      p.b.data() + 16 * next_pair, later_pairs);
       p.tokens.push_back(nc);
-      later_a += (size_t)(V * ((nc + 1) / 2));
-      later_b += (size_t)avx512bf16::PairStripsRowsDwords(nc, C);
+      next_pair += (nc + 1) / 2;
     }
-    if (dw) {
-      if (bf16_dot) {
-        avx512bf16::HeadBackwardWeightT(pool, dw, logits.data(), xc.data(), nc, V, C);
-      } else if (transposed) {
+    if (dw && !parts) {
+      if (transposed) {
         MatMulBackwardWeightTWith(tk, pool, dw, logits.data(), xc.data(), nc, V, C);
       } else {
         MatMulBackwardWeightWith(tk, pool, dw, logits.data(), xc.data(), nc, V, C);
       }
     }
   }
+  if (dw && parts) AddHeadGrad(pool, dw, *parts);
   return (float)(loss / normalizer);
 }
 
