@@ -498,8 +498,12 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // Where the pair tiles run on FMAs (Bf16PairsOnFma): a task's A rows of one inner chunk widened to floats,
   // 64 rows x 2 x up to 384 pairs (Bf16PairsChunk; avx512bf16::PairGemmBlock), attention tiles 8 rows at most.
   const double widened = bf16_dot && Bf16PairsOnFma() ? 64.0 * 2 * 384 : 0.0;
+  // The pair packers' blocks on the bf16 dot product (bf16_pairs.h): 8 row pairs of strips (PairStripsRows) and
+  // 16 rows of bf16 pairs (PairStripsT), each up to the widest linear dimension: 16 floats per column.
+  const double packers = bf16_dot ? 16.0 * std::max({dim, qd, ffn}) : 0.0;
   const double per_thread =
       4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 + widened +
+             packers +
              (dequant_rows ? std::max(16.0 * std::max({dim, qd, ffn}), 64.0 * dim) + 32.0 * dim : 0.0));
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
   // (kernels::AttentionBackwardRuns), and its dK / dV key tiles (+ per-head parts where the heads are not

@@ -14,6 +14,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu/avx512_transpose.h"
+#include "kernels/cpu/scratch.h"
 
 namespace lathe::kernels::cpu::avx512bf16 {
 namespace {
@@ -145,9 +146,13 @@ inline __m256i Bf16Of(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 // One row of L floats -> L bf16 (cvtneps, the tail masked), plus a 0 after an odd L: the row as (L + 1) / 2
 // pairs. Every f32 -> bf16 conversion of this file is vcvtneps2bf16 (Bf16Of) or vcvtne2ps2bf16 (PairOf,
 // StripOfRowsT): the same RNE.
-inline void RowToPairs(const float* a, int64_t L, uint16_t* o) {
+// pf (optional): the next row to be converted, fetched line by line alongside (a W read from DRAM).
+inline void RowToPairs(const float* a, int64_t L, uint16_t* o, const float* pf = nullptr) {
   int64_t l = 0;
-  for (; l + 16 <= L; l += 16) _mm256_storeu_si256((__m256i*)(o + l), Bf16Of(_mm512_loadu_ps(a + l)));
+  for (; l + 16 <= L; l += 16) {
+    if (pf) _mm_prefetch((const char*)(pf + l), _MM_HINT_T0);
+    _mm256_storeu_si256((__m256i*)(o + l), Bf16Of(_mm512_loadu_ps(a + l)));
+  }
   if (l < L) {
     const __mmask16 m = (__mmask16)((1u << (L - l)) - 1);
     _mm256_mask_storeu_epi16(o + l, m, Bf16Of(_mm512_maskz_loadu_ps(m, a + l)));
@@ -249,19 +254,19 @@ void PairStripsRows(ThreadPool& pool, const T* m, int64_t ldm, int64_t L, int64_
   constexpr int64_t kP = 8;
   const int64_t Lp = (L + 1) / 2, ss = sstride > 0 ? sstride : Lp * 16, n_strips = (Kd + 15) / 16;
   pool.ParallelFor((Lp + kP - 1) / kP, 1, [&](int64_t b, int64_t e, int) {
-    static thread_local std::vector<uint32_t> buf;
-    if (buf.size() < (size_t)(kP * n_strips * 16)) buf.resize((size_t)(kP * n_strips * 16));
+    static thread_local std::vector<uint32_t> block;  // the memory plan's per-thread packing scratch
+    uint32_t* buf = Scratch(block, (size_t)(kP * n_strips * 16));
     for (int64_t blk = b; blk < e; ++blk) {
       const int64_t p0 = blk * kP, np = std::min(kP, Lp - p0);
       for (int64_t p = 0; p < np; ++p) {
         const int64_t r = 2 * (p0 + p);
         const T* r0 = m + r * ldm;
-        PairTwoRows<T>(r0, r + 1 < L ? r0 + ldm : nullptr, Kd, buf.data() + p * n_strips * 16, 16,
+        PairTwoRows<T>(r0, r + 1 < L ? r0 + ldm : nullptr, Kd, buf + p * n_strips * 16, 16,
                        r + 2 < L ? r0 + 2 * ldm : nullptr, r + 3 < L ? r0 + 3 * ldm : nullptr);
       }
       for (int64_t s = 0; s < n_strips; ++s)
         for (int64_t p = 0; p < np; ++p)
-          _mm512_storeu_si512(out + s * ss + (p0 + p) * 16, _mm512_loadu_si512(buf.data() + (p * n_strips + s) * 16));
+          _mm512_storeu_si512(out + s * ss + (p0 + p) * 16, _mm512_loadu_si512(buf + (p * n_strips + s) * 16));
     }
   }, 2.0 * L * Kd);
 }
@@ -312,26 +317,26 @@ void PairStripsT(ThreadPool& pool, const T* w, int64_t ldw, int64_t Kd, int64_t 
                  int64_t sstride = 0) {
   const int64_t Lp = (L + 1) / 2, n_strips = (Kd + 15) / 16, ss = sstride > 0 ? sstride : Lp * 16;
   pool.ParallelFor(n_strips, 1, [&](int64_t b, int64_t e, int) {
-    static thread_local std::vector<uint16_t> buf;
-    if (buf.size() < (size_t)(32 * Lp)) buf.resize((size_t)(32 * Lp));
+    static thread_local std::vector<uint16_t> rows;  // the memory plan's per-thread packing scratch
+    uint16_t* buf = Scratch(rows, (size_t)(32 * Lp));
     for (int64_t s = b; s < e; ++s) {
       const int nj = (int)std::min<int64_t>(16, Kd - 16 * s);
       for (int j = 0; j < nj; ++j) {
         const T* r = w + (16 * s + j) * ldw;
         const T* pf = 16 * s + j + 2 < Kd ? r + 2 * ldw : nullptr;
-        uint16_t* o = buf.data() + j * 2 * Lp;
-        for (int64_t l = 0; l < L; l += 16) {
-          if (pf) _mm_prefetch((const char*)(pf + l), _MM_HINT_T0);
-          const __mmask16 m = (__mmask16)(L - l >= 16 ? 0xffff : (1u << (L - l)) - 1);
-          if constexpr (sizeof(T) == 4) {
-            _mm256_mask_storeu_epi16(o + l, m, Bf16Of(_mm512_maskz_loadu_ps(m, (const float*)r + l)));
-          } else {
-            _mm256_mask_storeu_epi16(o + l, m, _mm256_maskz_loadu_epi16(m, r + l));
+        uint16_t* o = buf + j * 2 * Lp;
+        if constexpr (sizeof(T) == 4) {
+          RowToPairs((const float*)r, L, o, (const float*)pf);
+        } else {
+          for (int64_t l = 0; l < L; l += 32) {
+            if (pf) _mm_prefetch((const char*)(pf + l), _MM_HINT_T0);
+            const __mmask32 m = (__mmask32)(L - l >= 32 ? 0xffffffffu : (1u << (L - l)) - 1);
+            _mm512_mask_storeu_epi16(o + l, m, _mm512_maskz_loadu_epi16(m, r + l));
           }
+          if (L & 1) o[L] = 0;
         }
-        if (L & 1) o[L] = 0;
       }
-      StripOfRowsT<uint16_t>(buf.data(), 2 * Lp, nj, 2 * Lp, out + s * ss);
+      StripOfRowsT<uint16_t>(buf, 2 * Lp, nj, 2 * Lp, out + s * ss);
     }
   }, 2.0 * Kd * L);
 }
