@@ -44,7 +44,8 @@ double MeasurePeak(int threads, bool bf16 = false) {
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<double> g(threads * 8, 0);
     pool.ParallelFor(threads, 1, [&](int64_t b, int64_t e, int t) {
-      for (int64_t i = b; i < e; ++i) g[i * 8] = bf16 ? MeasureBf16DotPeakGflops() : MeasureFmaPeakGflops();
+      for (int64_t i = b; i < e; ++i)
+        g[i * 8] = !bf16 ? MeasureFmaPeakGflops() : UsesAmxBf16() ? MeasureAmxBf16PeakGflops() : MeasureBf16DotPeakGflops();
     });
     double sum = 0;
     for (int i = 0; i < threads; ++i) sum += g[i * 8];
@@ -418,6 +419,7 @@ int RunBenchTrain(int argc, char** argv) {
               "MFU = model FLOPs / measured peak: f32 FMA for f32 rows, %s\n",
               n_mm / 1e6, 6 * n_mm / 1e9, 4 * n_mm / 1e9, attn / 1e9,
               !UsesBf16Dot()     ? "and for bf16-mode rows too (no bf16 dot product used on this CPU)"
+              : UsesAmxBf16()    ? "AMX's bf16 tiles (tdpbf16ps) for bf16-mode rows (their linears and head run on them)"
               : Bf16PairsOnFma() ? "and for bf16-mode rows too (their bf16 pair products run on FMAs here: "
                                    "vdpbf16ps is slower on this CPU)"
                                  : "the bf16 dot product (vdpbf16ps) for bf16-mode rows");
@@ -426,7 +428,8 @@ int RunBenchTrain(int argc, char** argv) {
     peak[i] = MeasurePeak(threads[i]);
     peak16[i] = UsesBf16Dot() ? MeasurePeak(threads[i], /*bf16=*/true) : peak[i];
     std::printf("measured f32 FMA peak, %d thread(s): %.1f GFLOP/s", threads[i], peak[i]);
-    if (UsesBf16Dot() && !Bf16PairsOnFma()) std::printf("; bf16 dot-product peak: %.1f GFLOP/s", peak16[i]);
+    if (UsesAmxBf16()) std::printf("; AMX bf16 peak: %.1f GFLOP/s", peak16[i]);
+    else if (UsesBf16Dot() && !Bf16PairsOnFma()) std::printf("; bf16 dot-product peak: %.1f GFLOP/s", peak16[i]);
     std::printf("\n");
   }
   std::fflush(stdout);

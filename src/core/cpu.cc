@@ -6,6 +6,8 @@
 
 #include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +36,7 @@ CpuFeatures Detect() {
   uint64_t xcr0 = osxsave ? Xgetbv() : 0;
   bool ymm_ok = (xcr0 & 0x6) == 0x6;
   bool zmm_ok = (xcr0 & 0xe6) == 0xe6;
+  bool tiles_ok = (xcr0 & 0x60000) == 0x60000;  // XTILECFG (bit 17) and XTILEDATA (bit 18)
   if (!avx || !ymm_ok) {
     f.fma = f.f16c = false;
     return f;
@@ -42,6 +45,10 @@ CpuFeatures Detect() {
   __cpuid_count(7, 0, a, b, c, d);
   f.avx2 = b & (1u << 5);
   f.bmi2 = b & (1u << 8);
+  if (tiles_ok) {
+    f.amx_bf16 = d & (1u << 22);
+    f.amx_tile = d & (1u << 24);
+  }
   if (zmm_ok) {
     f.avx512f = b & (1u << 16);
     f.avx512dq = b & (1u << 17);
@@ -78,6 +85,8 @@ std::string CpuFeatures::ToString() const {
   add(avx512_bf16, "avx512_bf16");
   add(avx512_vnni, "avx512_vnni");
   add(avx_vnni, "avx_vnni");
+  add(amx_tile, "amx_tile");
+  add(amx_bf16, "amx_bf16");
   return s.empty() ? "none" : s;
 }
 
@@ -228,6 +237,63 @@ bool Bf16PairsOnFma() {
   }();
   return on;
 }
+
+namespace {
+
+// Linux's arch_prctl codes for the dynamically enabled tile state (asm/prctl.h, Linux 5.16+).
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+// The tile configuration of MeasureAmxBf16PeakGflops: palette 1, 8 tiles of 16 rows x 64 bytes.
+struct alignas(64) PeakTileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+__attribute__((target("amx-tile,amx-bf16"))) double AmxBf16Peak(long long iters) {
+  static const PeakTileConfig cfg;
+  alignas(64) static const uint16_t ones[16 * 32] = {};  // zeros: the rate does not depend on the values
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long long it = 0; it < iters; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  _tile_release();
+  return (double)iters * 4 * 16 * 16 * 32 * 2 / s * 1e-9;
+}
+
+}  // namespace
+
+bool UsesAmxBf16() {
+  static const bool on = [] {
+    if (!UsesBf16Dot()) return false;
+    if (const char* env = std::getenv("LATHE_BF16_PAIRS")) {
+      if (!std::strcmp(env, "fma") || !std::strcmp(env, "dp")) return false;
+    }
+    const CpuFeatures& f = GetCpuFeatures();
+    if (!f.amx_tile || !f.amx_bf16) return false;
+    // Permission for the process's threads to use the tile data (refused: an old kernel, or a signal stack
+    // too small for the larger frames; then the pair tiles run).
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return on;
+}
+
+double MeasureAmxBf16PeakGflops(long long iters) { return UsesAmxBf16() ? AmxBf16Peak(iters) : 0.0; }
 
 double MeasureFmaPeakGflops(long long iters) {
   switch (BestIsaTier()) {

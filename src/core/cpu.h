@@ -18,6 +18,10 @@ struct CpuFeatures {
   bool avx512_bf16 = false;
   bool avx512_vnni = false;
   bool avx_vnni = false;
+  // AMX tiles with bf16 products (Sapphire Rapids and later Xeons): cpuid and the OS's XCR0 tile state. Using
+  // them also needs the kernel's per-process permission (UsesAmxBf16 asks for it).
+  bool amx_tile = false;
+  bool amx_bf16 = false;
   // Vendor GenuineIntel (tuning only: the training GEMM's sub-chunks, kernels/cpu/train_matmul.cc).
   bool intel = false;
   // Convenience: the full set each kernel tier is compiled for (LATHE_AVX2_FLAGS and
@@ -59,6 +63,14 @@ bool UsesBf16Dot();
 // half the FMA rate: 82 vs 166 GFLOP/s on an Emerald Rapids Xeon; Zen 4/5 at twice it). LATHE_BF16_PAIRS=fma
 // or dp forces one (tests run both).
 bool Bf16PairsOnFma();
+// Where UsesBf16Dot(): whether the training GEMM's bf16 products (kernels/cpu/bf16dot_amx.cc: the linears' forward,
+// input and weight gradients, LoRA's fused products, the loss head's) run on AMX tiles (tdpbf16ps, 16 x 16 x 32
+// per instruction) instead of the pair tiles: the CPU has amx_tile and amx_bf16 and Linux grants the process the
+// tile state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once here). Their arithmetic is then AMX's, not the pair
+// chain's: per element one tdpbf16ps per 16 pairs onto an f32 accumulator, close to the exact sum (measured:
+// within a few f32 ulps of the exact dot, not the bits of any chain of f32 adds). LATHE_BF16_PAIRS=dp or fma turns
+// it off; amx (or unset) keeps it where the CPU has it.
+bool UsesAmxBf16();
 // A LATHE_* environment switch that forces a tuning choice: true for "1", false for "0", nullopt when unset or
 // anything else (LATHE_AVX2_SPLIT, LATHE_INT16_PROMPT, LATHE_GEMM_SUBCHUNKS).
 std::optional<bool> EnvSwitch(const char* name);
@@ -72,5 +84,8 @@ double MeasureFmaPeakGflops(long long iters = 30'000'000);
 // divides by there. vdpbf16ps zmm, 12 chains (each instruction 64 flops), or where Bf16PairsOnFma the zmm FMA
 // peak, which the pair tiles then run on.
 double MeasureBf16DotPeakGflops(long long iters = 30'000'000);
+// One core's AMX bf16 throughput in GFLOP/s where UsesAmxBf16(), else 0: 4 tile accumulators, 2 A and 2 B tiles
+// in registers (tdpbf16ps: 16 x 16 x 32 multiply-adds each). iters x 4 instructions (1M: ~20 ms).
+double MeasureAmxBf16PeakGflops(long long iters = 1'000'000);
 
 }  // namespace lathe

@@ -435,29 +435,61 @@ TEST(TrainMatMulPerf, GflopsAtM2048) {
 // bit-identical to the pair arithmetic written out in scalar code (bf16 operands, per inner chunk of
 // Bf16PairsChunk pairs one chain acc = (acc + a[2p+1] b[2p+1]) + a[2p] b[2p], chunks added in order),
 // for y = x W^T (W bf16 and f32, the latter rounded as packed), dx = dy W and dW += dy^T x, at 1 and 2
-// threads: odd inner dimensions, column tails, several chunks, partial row tiles, accumulate.
+// threads: odd inner dimensions, column tails, several chunks, partial row tiles, accumulate. On AMX tiles
+// (UsesAmxBf16: the products' arithmetic is AMX's own, one tdpbf16ps per 16 pairs, whose internal rounding no
+// chain of f32 adds reproduces) each element within (steps + 2) x 2^-24 of the sum of its terms' magnitudes
+// of the exact sum instead: a dropped, doubled or misplaced product (a tail pair, a pair's halves swapped, a
+// wrong column) is ~1/L of that sum, far outside; AmxProductsDependOnlyOnTheirRow checks AMX's own bits.
 namespace {
+struct PairExpect {
+  std::vector<float> chain;         // the pair chains' bits
+  std::vector<double> exact, mag;   // the exact sum (c0 included) and the sum of its terms' magnitudes
+  int64_t steps = 0;                // AMX steps of 16 pairs
+};
 // C(i, k) over l < L of A(i, l) B(l, k); a(i, l), b(l, k) give bf16 values as floats.
 template <typename FA, typename FB>
-std::vector<float> PairRef(int64_t R, int64_t Kd, int64_t L, FA a, FB b, const std::vector<float>* c0) {
+PairExpect PairRef(int64_t R, int64_t Kd, int64_t L, FA a, FB b, const std::vector<float>* c0) {
   const int64_t Lp = (L + 1) / 2, chunk = cpu::Bf16PairsChunk(Lp);
-  std::vector<float> c(R * Kd);
+  PairExpect e;
+  e.chain.resize(R * Kd), e.exact.resize(R * Kd), e.mag.resize(R * Kd);
+  e.steps = (Lp + 15) / 16;
   for (int64_t i = 0; i < R; ++i)
     for (int64_t k = 0; k < Kd; ++k) {
       auto av = [&](int64_t l) { return l < L ? a(i, l) : 0.0f; };
       auto bv = [&](int64_t l) { return l < L ? b(l, k) : 0.0f; };
       float total = c0 ? (*c0)[i * Kd + k] : 0.0f;
+      double ex = total, mag = std::fabs((double)total);
       for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
         float acc = 0.0f;
         for (int64_t p = p0; p < std::min(Lp, p0 + chunk); ++p) {
           acc = std::fma(av(2 * p + 1), bv(2 * p + 1), acc);
           acc = std::fma(av(2 * p), bv(2 * p), acc);
+          for (int64_t l : {2 * p, 2 * p + 1}) {
+            const double t = (double)av(l) * bv(l);
+            ex += t, mag += std::fabs(t);
+          }
         }
         total = p0 == 0 && !c0 ? acc : total + acc;
       }
-      c[i * Kd + k] = total;
+      e.chain[i * Kd + k] = total, e.exact[i * Kd + k] = ex, e.mag[i * Kd + k] = mag;
     }
-  return c;
+  return e;
+}
+::testing::AssertionResult MatchesPairs(const std::vector<float>& got, const PairExpect& e) {
+  if (got.size() != e.chain.size()) return ::testing::AssertionFailure() << "size " << got.size();
+  if (!UsesAmxBf16()) {
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != e.chain[i] && !(std::isnan(got[i]) && std::isnan(e.chain[i])))
+        return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << " vs the chain's " << e.chain[i];
+    return ::testing::AssertionSuccess();
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double bound = (double)(e.steps + 2) * std::ldexp(1.0, -24) * e.mag[i];
+    if (!(std::fabs(got[i] - e.exact[i]) <= bound))
+      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << " vs exact " << e.exact[i]
+                                           << " (bound " << bound << ")";
+  }
+  return ::testing::AssertionSuccess();
 }
 std::vector<float> Bf16Values(int64_t n, uint32_t seed) {
   std::vector<float> v = RandomVec(n, seed);
@@ -484,34 +516,85 @@ TEST(TrainBf16Dot, ProductsBitIdenticalToPairReference) {
     tb.data = wb.data(), tb.dtype = DType::kBF16, tb.shape = {N, K};
     auto W = [&](int64_t n, int64_t k) { return BF16ToF32(wb[n * K + k]); };
     const std::vector<float> y0 = RandomVec(M * N, seed++), dx0 = RandomVec(M * K, seed++);
-    const std::vector<float> yref = PairRef(M, N, K, [&](int64_t i, int64_t l) { return x[i * K + l]; },
+    const PairExpect yref = PairRef(M, N, K, [&](int64_t i, int64_t l) { return x[i * K + l]; },
                                             [&](int64_t l, int64_t n) { return W(n, l); }, nullptr);
-    const std::vector<float> yacc = PairRef(M, N, K, [&](int64_t i, int64_t l) { return x[i * K + l]; },
+    const PairExpect yacc = PairRef(M, N, K, [&](int64_t i, int64_t l) { return x[i * K + l]; },
                                             [&](int64_t l, int64_t n) { return W(n, l); }, &y0);
-    const std::vector<float> dxref = PairRef(M, K, N, [&](int64_t i, int64_t l) { return dy[i * N + l]; }, W, nullptr);
-    const std::vector<float> dxacc = PairRef(M, K, N, [&](int64_t i, int64_t l) { return dy[i * N + l]; }, W, &dx0);
+    const PairExpect dxref = PairRef(M, K, N, [&](int64_t i, int64_t l) { return dy[i * N + l]; }, W, nullptr);
+    const PairExpect dxacc = PairRef(M, K, N, [&](int64_t i, int64_t l) { return dy[i * N + l]; }, W, &dx0);
     const std::vector<float> dw0 = RandomVec(N * K, seed++);
-    const std::vector<float> dwref = PairRef(N, K, M, [&](int64_t n, int64_t m) { return dy[m * N + n]; },
+    const PairExpect dwref = PairRef(N, K, M, [&](int64_t n, int64_t m) { return dy[m * N + n]; },
                                              [&](int64_t m, int64_t k) { return x[m * K + k]; }, &dw0);
     for (int threads : {1, 2}) {
       ThreadPool pool(threads);
       for (const Tensor* t : {&tb, &tf}) {
         std::vector<float> y(M * N, -1.0f);
         LinearForwardBf16(pool, y.data(), x.data(), M, *t);
-        ASSERT_EQ(y, yref) << "forward " << DTypeName(t->dtype) << " M=" << M << " N=" << N << " K=" << K;
+        ASSERT_TRUE(MatchesPairs(y, yref)) << "forward " << DTypeName(t->dtype) << " M=" << M << " N=" << N << " K=" << K;
         y = y0;
         LinearForwardBf16(pool, y.data(), x.data(), M, *t, /*accumulate=*/true);
-        ASSERT_EQ(y, yacc) << "forward += M=" << M;
+        ASSERT_TRUE(MatchesPairs(y, yacc)) << "forward += M=" << M;
         std::vector<float> dx(M * K, -1.0f);
         MatMulBackwardInputBf16(pool, dx.data(), dy.data(), M, *t);
-        ASSERT_EQ(dx, dxref) << "input grad " << DTypeName(t->dtype) << " M=" << M << " N=" << N << " K=" << K;
+        ASSERT_TRUE(MatchesPairs(dx, dxref)) << "input grad " << DTypeName(t->dtype) << " M=" << M << " N=" << N << " K=" << K;
         dx = dx0;
         MatMulBackwardInputBf16(pool, dx.data(), dy.data(), M, *t, /*accumulate=*/true);
-        ASSERT_EQ(dx, dxacc) << "input grad += M=" << M;
+        ASSERT_TRUE(MatchesPairs(dx, dxacc)) << "input grad += M=" << M;
       }
       std::vector<float> dw = dw0;
       MatMulBackwardWeightBf16(pool, dw.data(), dy.data(), x.data(), M, N, K);
-      ASSERT_EQ(dw, dwref) << "weight grad M=" << M << " N=" << N << " K=" << K << " threads=" << threads;
+      ASSERT_TRUE(MatchesPairs(dw, dwref)) << "weight grad M=" << M << " N=" << N << " K=" << K << " threads=" << threads;
+    }
+  }
+}
+
+// On AMX tiles (UsesAmxBf16) the products' own bits: a row's result does not depend on the other rows (the whole
+// batch, its first row alone, its rows from 5 on) or on the thread count, and a product split along its inner
+// dimension at 32 values (16 pairs: one tile step) into a call and an accumulating call gives the one call's bits
+// (the accumulator is C's f32 value between steps); the weight gradient the same at 1 and 2 threads.
+TEST(TrainBf16Dot, AmxProductsDependOnlyOnTheirRow) {
+  if (!UsesAmxBf16()) GTEST_SKIP() << "no AMX tiles (amx_tile + amx_bf16 and the kernel's permission), or LATHE_BF16_PAIRS=dp|fma";
+  uint32_t seed = 7900;
+  struct S { int64_t M, N, K; };
+  for (S s : {S{70, 100, 576}, S{37, 33, 97}, S{130, 48, 1537}}) {
+    const int64_t M = s.M, N = s.N, K = s.K, K1 = 32, K2 = K - K1;
+    const std::vector<float> x = Bf16Values(M * K, seed++), dy = Bf16Values(M * N, seed++);
+    const std::vector<float> wf = RandomVec(N * K, seed++);
+    std::vector<uint16_t> w(N * K);
+    for (int64_t i = 0; i < N * K; ++i) w[i] = F32ToBF16(wf[i]);
+    auto view = [](const void* d, int64_t rows, int64_t cols) {
+      Tensor v;
+      v.data = d, v.dtype = DType::kBF16, v.shape = {rows, cols};
+      return v;
+    };
+    std::vector<float> x1(M * K1), x2(M * K2);
+    std::vector<uint16_t> w1(N * K1), w2(N * K2);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) (k < K1 ? x1[i * K1 + k] : x2[i * K2 + k - K1]) = x[i * K + k];
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) (k < K1 ? w1[n * K1 + k] : w2[n * K2 + k - K1]) = w[n * K + k];
+    const Tensor W = view(w.data(), N, K), W1 = view(w1.data(), N, K1), W2 = view(w2.data(), N, K2);
+    std::vector<float> y1t;
+    std::vector<float> dw1t;
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      std::vector<float> y(M * N);
+      LinearForwardBf16(pool, y.data(), x.data(), M, W);
+      if (threads == 1) y1t = y;
+      ASSERT_EQ(y, y1t) << "threads=" << threads << " M=" << M << " N=" << N << " K=" << K;
+      std::vector<float> one(N), rest((M - 5) * N);
+      LinearForwardBf16(pool, one.data(), x.data(), 1, W);
+      LinearForwardBf16(pool, rest.data(), x.data() + 5 * K, M - 5, W);
+      ASSERT_EQ(one, std::vector<float>(y.begin(), y.begin() + N)) << "row 0 alone, K=" << K;
+      ASSERT_EQ(rest, std::vector<float>(y.begin() + 5 * N, y.end())) << "rows 5.. alone, K=" << K;
+      std::vector<float> split(M * N);
+      LinearForwardBf16(pool, split.data(), x1.data(), M, W1);
+      LinearForwardBf16(pool, split.data(), x2.data(), M, W2, /*accumulate=*/true);
+      ASSERT_EQ(split, y) << "split at 32, K=" << K;
+      std::vector<float> dw(N * K, 0.5f);
+      MatMulBackwardWeightBf16(pool, dw.data(), dy.data(), x.data(), M, N, K);
+      if (threads == 1) dw1t = dw;
+      ASSERT_EQ(dw, dw1t) << "weight grad threads=" << threads << " K=" << K;
     }
   }
 }
@@ -558,8 +641,8 @@ TEST(TrainBf16Dot, FusedProductsBitIdenticalToPairReference) {
     const auto bb = [&](int64_t l, int64_t k) {
       return cat(l, N, (N + 1) / 2, r, [&](int64_t n) { return w[n * K + k]; }, [&](int64_t j) { return aw[j * K + k]; });
     };
-    const std::vector<float> yref = PairRef(M, N, Lf, fa, fb, nullptr), yacc = PairRef(M, N, Lf, fa, fb, &y0);
-    const std::vector<float> dxref = PairRef(M, K, Lb, ba, bb, nullptr), dxacc = PairRef(M, K, Lb, ba, bb, &dx0);
+    const PairExpect yref = PairRef(M, N, Lf, fa, fb, nullptr), yacc = PairRef(M, N, Lf, fa, fb, &y0);
+    const PairExpect dxref = PairRef(M, K, Lb, ba, bb, nullptr), dxacc = PairRef(M, K, Lb, ba, bb, &dx0);
     for (int threads : {1, 2}) {
       ThreadPool pool(threads);
       for (DType t : {DType::kBF16, DType::kF32}) {
@@ -569,16 +652,16 @@ TEST(TrainBf16Dot, FusedProductsBitIdenticalToPairReference) {
         const Tensor A = view(h ? (const void*)aw16.data() : aw.data(), t, r, K);
         std::vector<float> y(M * N, -1.0f);
         LinearForwardBf16Plus(pool, y.data(), x.data(), M, W, x2.data(), B);
-        ASSERT_EQ(y, yref) << "fused forward " << DTypeName(t) << " M=" << M << " N=" << N << " K=" << K;
+        ASSERT_TRUE(MatchesPairs(y, yref)) << "fused forward " << DTypeName(t) << " M=" << M << " N=" << N << " K=" << K;
         y = y0;
         LinearForwardBf16Plus(pool, y.data(), x.data(), M, W, x2.data(), B, /*accumulate=*/true);
-        ASSERT_EQ(y, yacc) << "fused forward += " << DTypeName(t) << " K=" << K;
+        ASSERT_TRUE(MatchesPairs(y, yacc)) << "fused forward += " << DTypeName(t) << " K=" << K;
         std::vector<float> dx(M * K, -1.0f);
         MatMulBackwardInputBf16Plus(pool, dx.data(), dy.data(), M, W, dy2.data(), A);
-        ASSERT_EQ(dx, dxref) << "fused input grad " << DTypeName(t) << " M=" << M << " N=" << N << " K=" << K;
+        ASSERT_TRUE(MatchesPairs(dx, dxref)) << "fused input grad " << DTypeName(t) << " M=" << M << " N=" << N << " K=" << K;
         dx = dx0;
         MatMulBackwardInputBf16Plus(pool, dx.data(), dy.data(), M, W, dy2.data(), A, /*accumulate=*/true);
-        ASSERT_EQ(dx, dxacc) << "fused input grad += " << DTypeName(t) << " K=" << K;
+        ASSERT_TRUE(MatchesPairs(dx, dxacc)) << "fused input grad += " << DTypeName(t) << " K=" << K;
       }
     }
   }

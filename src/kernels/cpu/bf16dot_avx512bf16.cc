@@ -30,6 +30,7 @@
 
 #include "core/check.h"
 #include "core/cpu.h"
+#include "kernels/cpu/bf16_amx.h"
 #include "kernels/cpu/bf16_pairs.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/scratch.h"
@@ -80,9 +81,13 @@ void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, in
 
 // C(R, Kd) (=, or += with accumulate) A . B from A as row-major pairs (R x Lp) and B as pair strips.
 // lda: A's row stride in dwords (0: Lp), for an A whose rows hold more pairs than this product sums over.
+// Where UsesAmxBf16() the training products run on AMX tiles (bf16_amx.h: AMX's arithmetic); amx = false keeps
+// the pair tiles (inference, whose decode rows take RowGemm's pair arithmetic: a prompt row's result must not
+// depend on its batch).
 void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
-              const uint32_t* b, bool accumulate, int64_t lda = 0) {
+              const uint32_t* b, bool accumulate, int64_t lda = 0, bool amx = true) {
   if (lda <= 0) lda = Lp;
+  if (amx && UsesAmxBf16()) return amx::PairGemm(pool, c, ldc, R, Kd, Lp, a, lda, b, accumulate);
   const bool fma = Bf16PairsOnFma();
   const int64_t n_strips = (Kd + 15) / 16;
   const int64_t n_groups = (n_strips + kS - 1) / kS, n_mb = (R + kMBlock - 1) / kMBlock;
@@ -307,6 +312,7 @@ void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float
   // Another dtype: each task dequantizes its kMBlock rows of W and rounds them into row pairs (a per-thread
   // buffer), then runs PairGemm's block over every strip group: per element PairGemm's chain on bf16(W).
   const int64_t n_groups = ((n + 15) / 16 + kS - 1) / kS;
+  const bool amx_tiles = UsesAmxBf16();
   pool.ParallelFor((V + kMBlock - 1) / kMBlock, 1, [&](int64_t tb, int64_t te, int) {
     float* f = DequantBuf((size_t)(kMBlock * C));
     static thread_local std::vector<uint32_t> abuf;
@@ -315,7 +321,11 @@ void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float
       const int64_t m0 = t * kMBlock, m1 = std::min(V, m0 + kMBlock);
       kernels::DequantizeRows(w, m0, m1 - m0, f);
       for (int64_t i = 0; i < m1 - m0; ++i) RowToPairs(f + i * C, C, (uint16_t*)(a + i * Cp));
-      PairGemmBlock(logits_t, n, m0, m1, 0, n_groups, n, Cp, a, Cp, b, /*accumulate=*/false);
+      if (amx_tiles) {
+        amx::PairGemmBlock(logits_t, n, m0, m1, 0, (n + 15) / 16, n, Cp, a, Cp, b, Cp * 16, /*accumulate=*/false);
+      } else {
+        PairGemmBlock(logits_t, n, m0, m1, 0, n_groups, n, Cp, a, Cp, b, /*accumulate=*/false);
+      }
     }
   }, 2.0 * V * n * C);
 }
@@ -343,7 +353,9 @@ void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t 
 
 void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, const Tensor& w) {
   LATHE_CHECK(w.ndim() == 2 && w.dtype != DType::kF32);
-  const int64_t V = w.shape[0], C = w.shape[1], vp = (V + 1) / 2, chunk = Bf16PairsChunk(vp);
+  // On AMX tiles chunks of whole 16-pair steps: the chunks' accumulating calls then give one call's bits.
+  const int64_t V = w.shape[0], C = w.shape[1], vp = (V + 1) / 2;
+  const int64_t chunk = UsesAmxBf16() ? (Bf16PairsChunk(vp) + 15) / 16 * 16 : Bf16PairsChunk(vp);
   uint32_t* a = ABuf((size_t)(n * vp));
   PairRowsT(pool, dy_t, n, V, n, a);
   uint32_t* b = BBuf((size_t)((C + 15) / 16 * 16 * chunk));
@@ -605,7 +617,7 @@ void StripsMatMul(ThreadPool& pool, const float* x, int64_t M, const uint32_t* s
   uint32_t* a = ABuf((size_t)(M * Kp));
   PairRows(pool, x, K, M, K, a);
   if (M <= kRowGemmMaxM) return RowGemm(pool, y, M, N, Kp, a, strips);
-  PairGemm(pool, y, N, M, N, Kp, a, strips, /*accumulate=*/false);
+  PairGemm(pool, y, N, M, N, Kp, a, strips, /*accumulate=*/false, 0, /*amx=*/false);
 }
 
 }  // namespace lathe::kernels::cpu::avx512bf16

@@ -1,4 +1,4 @@
-// Training attention in bf16 mixed precision on vdpbf16ps (avx512_bf16), as autocast runs SDPA on bf16
+// Training attention in bf16 mixed precision on vdpbf16ps (avx512_bf16; AMX tiles where UsesAmxBf16), as autocast runs SDPA on bf16
 // q / k / v: the drivers of train_attention_driver.h (mask, tile ranges, online softmax and its backward
 // in f32) over products whose operands are rounded to bf16 and multiplied in pairs with f32 sums: Q, K, V
 // and dO as packed once per call, the probabilities P and the score gradient dS per tile. Scores are
@@ -15,6 +15,7 @@
 #include "core/cpu.h"
 #include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/avx512_util.h"
+#include "kernels/cpu/bf16_amx.h"
 #include "kernels/cpu/bf16_pairs.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/train_attention_driver.h"
@@ -30,9 +31,11 @@ constexpr int kStripsPerTile = 3;  // the register tile's width in 16-column str
 // 2), which would broadcast A's pairs for 8 products each.
 // Where Bf16PairsOnFma, A's rows are widened once (WidenPairs) and the tiles take the FMA form (TileFmaFor):
 // the same bits.
+// Where UsesAmxBf16, the product runs on AMX tiles instead (bf16_amx.h: AMX's arithmetic, mr of a tile's 16 rows).
 void MulTile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, int64_t np, float* c, int64_t ldc,
              int mr, int64_t nc, bool store) {
   const int64_t n_strips = (nc + 15) / 16;
+  if (UsesAmxBf16()) return amx::PairGemmBlock(c, ldc, 0, mr, 0, n_strips, nc, np, a, lda, b, sstride, !store);
   const bool fma = Bf16PairsOnFma();
   float* af = nullptr;
   if (fma) {

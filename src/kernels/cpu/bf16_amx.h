@@ -1,0 +1,29 @@
+// bf16 pair products on AMX tiles (bf16dot_amx.cc), for the pair GEMM of bf16dot_avx512bf16.cc where
+// UsesAmxBf16() (core/cpu.h). Operands in the pair layouts of bf16_pairs.h: A row-major pairs (lda dwords a row),
+// B 16-column pair strips (strip s at b + s * sstride, its pair p at + p * 16: one 64-byte row of a B tile).
+// Per C element: one tdpbf16ps per 16 pairs (a call's last partial step zero-padded) onto an f32 accumulator that
+// starts at zero, or at C's value with accumulate. That accumulator is C's own f32 value between steps, so a
+// product split along its pairs at multiples of 16 into accumulating calls gives the one call's bits; a row's
+// result depends only on its own A row and B, not on M, the other rows, the task split or the thread count.
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+
+namespace lathe::kernels::cpu::amx {
+
+// C rows [m0, m1) (c + i * ldc, row i absolute; a at A's row m0, lda dwords apart) over strips [s0, s1) of B
+// (Kd columns in all: the last strip's columns past Kd left alone), Lp pairs. On the calling thread, whose tile
+// configuration stays loaded after it (for the next small product) until ReleaseTiles.
+void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, int64_t s1, int64_t Kd, int64_t Lp,
+                   const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, bool accumulate);
+
+// Returns the calling thread's tiles to the init state (nothing held, nothing for the OS to save).
+void ReleaseTiles();
+
+// C (R, Kd), row stride ldc, (=, +=) A . B over Lp pairs, strips Lp * 16 dwords apart, the pool's threads.
+void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
+              int64_t lda, const uint32_t* b, bool accumulate);  // each task's thread releases its tiles
+
+}  // namespace lathe::kernels::cpu::amx
