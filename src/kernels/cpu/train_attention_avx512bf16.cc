@@ -148,8 +148,11 @@ inline __mmask16 RangeMask(int64_t lo, int64_t hi, int64_t j) {
   return b > a ? (__mmask16)((((uint32_t)1 << b) - 1) & ~(((uint32_t)1 << a) - 1)) : (__mmask16)0;
 }
 
-struct Bf16Attention {
-  static constexpr int64_t kRowTile = kR;
+// kRows: the query rows of one product (TileRanges' row granularity): the pair tiles' 8, or 32 on AMX tiles
+// (two of their row tiles, so each small product keeps them busy longer per configuration and C load).
+template <int64_t kRows>
+struct Bf16AttentionT {
+  static constexpr int64_t kRowTile = kRows;
   static constexpr int64_t kKeyTile = 16;
   Dims d;
   float scale;
@@ -157,7 +160,7 @@ struct Bf16Attention {
   const uint32_t *qp = nullptr, *dop = nullptr, *kt = nullptr, *vt = nullptr, *vs = nullptr, *ks = nullptr,
                  *qT = nullptr, *doT = nullptr;
 
-  Bf16Attention(const Dims& d_, float scale_) : d(d_), scale(scale_), Dp((d_.D + 1) / 2), Tp((d_.T + 1) / 2) {}
+  Bf16AttentionT(const Dims& d_, float scale_) : d(d_), scale(scale_), Dp((d_.D + 1) / 2), Tp((d_.T + 1) / 2) {}
   int64_t KeyStrips() const { return (d.T + 15) / 16; }
   int64_t ColStripsDwords() const { return KeyStrips() * Dp * 16; }       // kt / vt per kv head
   int64_t RowStripsDwords() const { return (d.D + 15) / 16 * Tp * 16; }   // vs / ks per kv head
@@ -168,10 +171,10 @@ struct Bf16Attention {
                           int64_t k0, int64_t nk, const TileRanges& tr, bool scaled) const {
     const int64_t lda = (int64_t)d.n_head * Dp;
     const uint32_t* btg = bt + g * ColStripsDwords();
-    for (int64_t r0 = 0, rt = 0; r0 < nq; r0 += kR, ++rt) {
+    for (int64_t r0 = 0, rt = 0; r0 < nq; r0 += kRows, ++rt) {
       const int64_t j_lo = tr.clo[rt], j_hi = tr.chi[rt];
       if (j_hi <= j_lo) continue;
-      const int mr = (int)std::min<int64_t>(kR, nq - r0);
+      const int mr = (int)std::min<int64_t>(kRows, nq - r0);
       const int64_t nc = std::min(nk - j_lo, (j_hi - j_lo + 15) / 16 * 16);
       float* c = S + r0 * nk + j_lo;
       MulTile(ap + ((q0 + r0) * d.n_head + h) * Dp, lda, btg + (k0 + j_lo) / 16 * Dp * 16, Dp * 16, Dp, c, nk, mr,
@@ -199,11 +202,11 @@ struct Bf16Attention {
                               const uint32_t* mp, const TileRanges& tr) const {
     const int64_t nkp = (nk + 1) / 2;
     const uint32_t* xg = xs + g * RowStripsDwords();
-    for (int64_t r0 = 0, rt = 0; r0 < nq; r0 += kR, ++rt) {
+    for (int64_t r0 = 0, rt = 0; r0 < nq; r0 += kRows, ++rt) {
       const int64_t pl = tr.clo[rt] / 2, ph = (tr.chi[rt] + 1) / 2;
       if (ph <= pl) continue;
       MulTile(mp + r0 * nkp + pl, nkp, xg + (k0 / 2 + pl) * 16, Tp * 16, ph - pl, o + r0 * ldo, ldo,
-              (int)std::min<int64_t>(kR, nq - r0), d.D, /*store=*/false);
+              (int)std::min<int64_t>(kRows, nq - r0), d.D, /*store=*/false);
     }
   }
   // A key tile's (D x kKTile) Y^T += X^T . M, M (nq x nk) as strips of 16 keys paired along the queries,
@@ -224,9 +227,9 @@ struct Bf16Attention {
       if (hi <= lo) continue;
       const int64_t pl = lo / 2, ph = (hi + 1) / 2;
       const int64_t nc = std::min<int64_t>(nk, 16 * s1) - 16 * s0;
-      for (int64_t r0 = 0; r0 < d.D; r0 += kR)
+      for (int64_t r0 = 0; r0 < d.D; r0 += kRows)
         MulTile(xh + r0 * Tp + q0 / 2 + pl, Tp, ms + (s0 * nqp + pl) * 16, nqp * 16, ph - pl, yt + r0 * kKTile + 16 * s0,
-                kKTile, (int)std::min<int64_t>(kR, d.D - r0), nc, /*store=*/false);
+                kKTile, (int)std::min<int64_t>(kRows, d.D - r0), nc, /*store=*/false);
     }
   }
 
@@ -281,24 +284,28 @@ struct Bf16Attention {
 };
 
 // The packs, each into its own per-thread buffer of the calling thread.
-const uint32_t* RowPairs(ThreadPool& pool, std::vector<uint32_t>& buf, const Bf16Attention& a, const float* x) {
+template <typename A>
+const uint32_t* RowPairs(ThreadPool& pool, std::vector<uint32_t>& buf, const A& a, const float* x) {
   uint32_t* out = Scratch(buf, (size_t)(a.d.T * a.d.n_head * a.Dp));
   PairRows(pool, x, a.d.D, a.d.T * a.d.n_head, a.d.D, out);
   return out;
 }
-const uint32_t* KeyStrips(ThreadPool& pool, std::vector<uint32_t>& buf, const Bf16Attention& a, const float* x) {
+template <typename A>
+const uint32_t* KeyStrips(ThreadPool& pool, std::vector<uint32_t>& buf, const A& a, const float* x) {
   const int64_t per = a.ColStripsDwords(), ld = (int64_t)a.d.n_kv_head * a.d.D;
   uint32_t* out = Scratch(buf, (size_t)(per * a.d.n_kv_head));
   for (int g = 0; g < a.d.n_kv_head; ++g) PairStripsT<float>(pool, x + g * a.d.D, ld, a.d.T, a.d.D, out + g * per);
   return out;
 }
-const uint32_t* SeqStrips(ThreadPool& pool, std::vector<uint32_t>& buf, const Bf16Attention& a, const float* x) {
+template <typename A>
+const uint32_t* SeqStrips(ThreadPool& pool, std::vector<uint32_t>& buf, const A& a, const float* x) {
   const int64_t per = a.RowStripsDwords(), ld = (int64_t)a.d.n_kv_head * a.d.D;
   uint32_t* out = Scratch(buf, (size_t)(per * a.d.n_kv_head));
   for (int g = 0; g < a.d.n_kv_head; ++g) PairStripsRows<float>(pool, x + g * a.d.D, ld, a.d.T, a.d.D, out + g * per);
   return out;
 }
-const uint32_t* Transposed(ThreadPool& pool, std::vector<uint32_t>& buf, const Bf16Attention& a, const float* x) {
+template <typename A>
+const uint32_t* Transposed(ThreadPool& pool, std::vector<uint32_t>& buf, const A& a, const float* x) {
   const int64_t per = a.TransposedDwords(), ld = (int64_t)a.d.n_head * a.d.D;
   uint32_t* out = Scratch(buf, (size_t)(per * a.d.n_head));
   for (int h = 0; h < a.d.n_head; ++h) PairRowsT(pool, x + h * a.d.D, ld, a.d.T, a.d.D, out + h * per);
@@ -307,7 +314,8 @@ const uint32_t* Transposed(ThreadPool& pool, std::vector<uint32_t>& buf, const B
 
 // delta[t, h] = bf16(dout) . out: the dO the products take (dop, as pairs), so the score gradients of a row
 // sum to zero as the softmax's do; f32 sums, 16 lanes then reduced.
-const float* RoundedDelta(ThreadPool& pool, const Bf16Attention& a, const uint32_t* dop, const float* out) {
+template <typename A>
+const float* RoundedDelta(ThreadPool& pool, const A& a, const uint32_t* dop, const float* out) {
   static thread_local std::vector<float> buf;
   const int64_t R = a.d.T * a.d.n_head, D = a.d.D, Dp = a.Dp;
   float* delta = Scratch(buf, (size_t)R);
@@ -327,13 +335,11 @@ const float* RoundedDelta(ThreadPool& pool, const Bf16Attention& a, const uint32
   return delta;
 }
 
-}  // namespace
-
-void FlashAttentionForward(const TrainKernelTable& tk, ThreadPool& pool, float* out, float* lse, const float* q,
-                           const float* k, const float* v, const int32_t* seg, int64_t T, int n_head, int n_kv_head,
-                           int head_dim, float scale, int64_t window) {
-  LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0 && window >= 0);
-  Bf16Attention ops(Dims{T, n_head, n_kv_head, head_dim}, scale);
+template <typename Ops>
+void Forward(const TrainKernelTable& tk, ThreadPool& pool, float* out, float* lse, const float* q, const float* k,
+             const float* v, const int32_t* seg, int64_t T, int n_head, int n_kv_head, int head_dim, float scale,
+             int64_t window) {
+  Ops ops(Dims{T, n_head, n_kv_head, head_dim}, scale);
   static thread_local std::vector<uint32_t> qp_buf, kt_buf, vs_buf;
   ops.qp = RowPairs(pool, qp_buf, ops, q);
   ops.kt = KeyStrips(pool, kt_buf, ops, k);
@@ -341,12 +347,11 @@ void FlashAttentionForward(const TrainKernelTable& tk, ThreadPool& pool, float* 
   AttentionForward(WithRowHelpers(tk), pool, ops, out, lse, seg, T, n_head, n_kv_head, head_dim, window);
 }
 
-void FlashAttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq, float* dk,
-                            float* dv, const float* dout, const float* q, const float* k, const float* v,
-                            const float* out, const float* lse, const int32_t* seg, int64_t T, int n_head,
-                            int n_kv_head, int head_dim, float scale, int64_t window) {
-  LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0 && window >= 0);
-  Bf16Attention ops(Dims{T, n_head, n_kv_head, head_dim}, scale);
+template <typename Ops>
+void Backward(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq, float* dk, float* dv,
+              const float* dout, const float* q, const float* k, const float* v, const float* out, const float* lse,
+              const int32_t* seg, int64_t T, int n_head, int n_kv_head, int head_dim, float scale, int64_t window) {
+  Ops ops(Dims{T, n_head, n_kv_head, head_dim}, scale);
   static thread_local std::vector<uint32_t> qp_buf, dop_buf, kt_buf, vt_buf, ks_buf, qT_buf, doT_buf;
   ops.qp = RowPairs(pool, qp_buf, ops, q);
   ops.dop = RowPairs(pool, dop_buf, ops, dout);
@@ -359,8 +364,30 @@ void FlashAttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, T
   AttentionBackward(WithRowHelpers(tk), kt, pool, ops, delta, dq, dk, dv, lse, seg, T, n_head, n_kv_head, head_dim, scale, window);
 }
 
+using PairAttention = Bf16AttentionT<kR>;
+using AmxAttention = Bf16AttentionT<32>;
+
+}  // namespace
+
+void FlashAttentionForward(const TrainKernelTable& tk, ThreadPool& pool, float* out, float* lse, const float* q,
+                           const float* k, const float* v, const int32_t* seg, int64_t T, int n_head, int n_kv_head,
+                           int head_dim, float scale, int64_t window) {
+  LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0 && window >= 0);
+  (UsesAmxBf16() ? Forward<AmxAttention> : Forward<PairAttention>)(tk, pool, out, lse, q, k, v, seg, T, n_head,
+                                                                    n_kv_head, head_dim, scale, window);
+}
+
+void FlashAttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dq, float* dk,
+                            float* dv, const float* dout, const float* q, const float* k, const float* v,
+                            const float* out, const float* lse, const int32_t* seg, int64_t T, int n_head,
+                            int n_kv_head, int head_dim, float scale, int64_t window) {
+  LATHE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0 && head_dim > 0 && window >= 0);
+  (UsesAmxBf16() ? Backward<AmxAttention> : Backward<PairAttention>)(tk, kt, pool, dq, dk, dv, dout, q, k, v, out, lse,
+                                                                     seg, T, n_head, n_kv_head, head_dim, scale, window);
+}
+
 int64_t FlashAttentionPairsBytes(int64_t T, int n_head, int n_kv_head, int head_dim) {
-  const Bf16Attention a(Dims{T, n_head, n_kv_head, head_dim}, 1.0f);
+  const PairAttention a(Dims{T, n_head, n_kv_head, head_dim}, 1.0f);
   // Backward: qp, dop, qT, doT per query head; kt, vt, ks per kv head (the forward's are fewer).
   return 4 * (2 * T * n_head * a.Dp + 2 * n_head * a.TransposedDwords() +
               n_kv_head * (2 * a.ColStripsDwords() + a.RowStripsDwords()));
