@@ -88,6 +88,17 @@ void Kernel(const uint32_t* at, const uint32_t* b, int64_t sstride, int64_t step
   const int64_t n = steps + (btail ? 1 : 0);
   for (int64_t s = 0; s < n; ++s) {
     const bool tail = s == steps;
+    // The next step's B lines fetched into L1 while this one runs (the tile load would wait on L2: measured +8-10%
+    // on SmolLM2's 512-row products; two or four steps ahead the same, A's tiles too a loss).
+    if (s + 1 < steps) {
+      const char* p0 = (const char*)(b + 256 * (s + 1));
+      const char* p1 = (const char*)(b1 + 256 * (s + 1));
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) {
+        _mm_prefetch(p0 + 64 * r, _MM_HINT_T0);
+        if constexpr (NT > 1) _mm_prefetch(p1 + 64 * r, _MM_HINT_T0);
+      }
+    }
     _tile_loadd(4, at + 512 * s, 64);
     _tile_loadd(6, tail ? btail : b + 256 * s, 64);
     _tile_dpbf16ps(0, 4, 6);
