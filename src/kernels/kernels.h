@@ -44,7 +44,8 @@ bool MatMulBf16Rounds(const Tensor& w);
 void MatMulInt16(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 bool MatMulInt16Takes(const Tensor& w);
 // Whether prompt rows take the int16 form on this CPU: yes unless vdpbf16ps runs at its own rate (UsesBf16Dot() and
-// not Bf16PairsOnFma(): AMD Zen 4 / 5), where the bf16 rows (MatMulBf16) are faster. LATHE_INT16_PROMPT=0 / 1
+// not Bf16PairsOnFma(): AMD Zen 4 / 5) or the bf16 rows run on AMX tiles (UsesAmxBf16), where the bf16 rows
+// (MatMulBf16) are faster. LATHE_INT16_PROMPT=0 / 1
 // forces one (A/B runs, tests).
 bool Int16PromptRows();
 // A step's rows in runs of one precision: sampled rows (int16 = false) take MatMul's int8 activations, prompt

@@ -163,12 +163,22 @@ TEST(SmolLM2Rows, PromptRowsF32AndDecodeRowsInt8WhateverTheBatch) {  // f32: int
   if (int16 || bf16) {
     EXPECT_LT(de, int16 ? 0.05 : 0.6);
     EXPECT_LT(de, d8e);
+    // Each row's argmax the exact model's, or (a near tie: bf16 rows on AMX tiles flip row 16, whose exact top two,
+    // tokens 4649 and 260, are 0.031 apart) a token the exact model puts within 2 x de of its top; one such row.
+    int flips = 0;
     for (int64_t i = 0; i < n; ++i) {
       auto row = [&](const std::vector<float>& v) { return v.begin() + i * V; };
-      EXPECT_EQ(std::max_element(row(alone), row(alone) + V) - row(alone),
-                std::max_element(row(alone_exact), row(alone_exact) + V) - row(alone_exact))
-          << "argmax of prompt row " << i;
+      const int64_t a = std::max_element(row(alone), row(alone) + V) - row(alone);
+      const int64_t e = std::max_element(row(alone_exact), row(alone_exact) + V) - row(alone_exact);
+      if (a == e) continue;
+      ++flips;
+      std::printf("prompt row %lld: argmax %lld, the exact model's %lld (exact logits %.4f vs %.4f)\n", (long long)i,
+                  (long long)a, (long long)e, row(alone_exact)[a], row(alone_exact)[e]);
+      EXPECT_GE(row(alone_exact)[a], row(alone_exact)[e] - 2 * de)
+          << "argmax of prompt row " << i << ": token " << a << " (exact logit " << row(alone_exact)[a] << ") vs "
+          << e << " (" << row(alone_exact)[e] << ")";
     }
+    EXPECT_LE(flips, 1) << "prompt rows whose argmax is not the exact model's";
   } else {
     EXPECT_LT(de, 1e-4);
   }

@@ -365,8 +365,9 @@ TEST(Bf16PairStrips, FormFollowsTheEnvironment) {
 
 // Prompt rows of block-quantized weights on CPUs with avx512_bf16 (MatMulBf16With, the table's bf16_dequant):
 // each dequantized weight (the scalar reference dequantizer's value) rounded to bf16, then exactly the pair
-// arithmetic of Bf16PairsReference on that bf16 W, bit for bit at every M and thread count (a prompt row's
-// result does not depend on its chunk), every block type, N and K tails, several inner chunks.
+// arithmetic of Bf16PairsReference on that bf16 W (on AMX tiles: AMX's, within its bound of the exact sum), bit for
+// bit at every M and thread count (a prompt row's result does not depend on its chunk), every block type, N and K
+// tails, several inner chunks.
 TEST(Bf16DequantRows, BitIdenticalToTheReferenceOnRoundedW) {
   if (!GetCpuFeatures().HasAvx512Tier() || !GetCpuFeatures().avx512_bf16)
     GTEST_SKIP() << "no avx512_bf16 on this CPU";
@@ -387,7 +388,24 @@ TEST(Bf16DequantRows, BitIdenticalToTheReferenceOnRoundedW) {
       for (int64_t M : {1, 2, 7, 8, 9, 20, 65, 130}) {
         const std::vector<float> x = RandomVec(M * K, seed++);
         std::vector<float> ref(M * N, -1.0f);
-        cpu::Bf16PairsReference(x.data(), M, wr, ref.data());
+        if (UsesAmxBf16()) {
+          // On AMX tiles AMX's arithmetic (bf16_amx.h): the exact sum of the bf16 products within (steps + 2) x
+          // 2^-24 of the sum of their magnitudes, and each row's bits those of the row alone (M = 1).
+          ThreadPool pool(1);
+          for (int64_t i = 0; i < M; ++i) cpu::MatMulBf16With(kt.mm, pool, x.data() + i * K, 1, w.t, ref.data() + i * N);
+          const double tol = (double)((K + 1) / 2 / 16 + 3) * std::ldexp(1.0, -24);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t n = 0; n < N; ++n) {
+              double ex = 0, mag = 0;
+              for (int64_t kk = 0; kk < K; ++kk) {
+                const double t = (double)BF16ToF32(F32ToBF16(x[i * K + kk])) * BF16ToF32(wb[n * K + kk]);
+                ex += t, mag += std::fabs(t);
+              }
+              ASSERT_LE(std::fabs(ref[i * N + n] - ex), tol * mag) << DTypeName(dt) << " N=" << N << " K=" << K;
+            }
+        } else {
+          cpu::Bf16PairsReference(x.data(), M, wr, ref.data());
+        }
         for (int threads : {1, 2, 3}) {
           ThreadPool pool(threads);
           std::vector<float> y(M * N + 16, -2.0f);
@@ -717,10 +735,12 @@ TEST_P(Int16Tier, PromptRowsMatchTheScalarBlockArithmetic) {
     }
   }
   // The public entry point takes it for these types where this CPU's policy says int16 (Int16PromptRows: not
-  // where vdpbf16ps runs at its own rate, unless LATHE_INT16_PROMPT forces it), never for Q6_K or float weights.
+  // where vdpbf16ps runs at its own rate or AMX tiles run the bf16 rows, unless LATHE_INT16_PROMPT forces it), never
+  // for Q6_K or float weights.
   testing::TestWeight q8 = MakeWeight(DType::kQ8_0, 8, 64, 1), f = MakeWeight(DType::kF32, 8, 64, 2);
   testing::TestWeight q6k = MakeWeight(DType::kQ6_K, 8, 256, 3);
-  if (!std::getenv("LATHE_INT16_PROMPT")) EXPECT_EQ(Int16PromptRows(), !(UsesBf16Dot() && !Bf16PairsOnFma()));
+  if (!std::getenv("LATHE_INT16_PROMPT"))
+    EXPECT_EQ(Int16PromptRows(), !(UsesBf16Dot() && (!Bf16PairsOnFma() || UsesAmxBf16())));
   EXPECT_EQ(MatMulInt16Takes(q8.t), Int16PromptRows() && cpu::Best().mm.qgemm_runs != nullptr);
   EXPECT_FALSE(MatMulInt16Takes(f.t));
   EXPECT_FALSE(MatMulInt16Takes(q6k.t));

@@ -146,7 +146,7 @@ KernelFn KernelFor(int mt, int nt) {
   return nt > 1 ? &Kernel<1, 2> : &Kernel<1, 1>;
 }
 
-// A block's tiles (TileA), then B's last partial steps.
+// A block's tiles (TileA).
 uint32_t* TileBuf(size_t n) {
   static thread_local std::vector<uint32_t> buf;
   return Scratch(buf, n);
@@ -154,16 +154,20 @@ uint32_t* TileBuf(size_t n) {
 
 }  // namespace
 
-void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, int64_t s1, int64_t Kd, int64_t Lp,
-                   const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, bool accumulate) {
+int64_t TiledDwords(int64_t rows, int64_t Lp) { return (rows + 31) / 32 * ((Lp + 15) / 16) * 512; }
+
+void TileRows(const uint32_t* a, int64_t lda, int64_t rows, int64_t Lp, uint32_t* out) { TileA(a, lda, rows, Lp, out); }
+
+void PairGemmBlockTiled(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, int64_t s1, int64_t Kd, int64_t Lp,
+                        const uint32_t* at, const uint32_t* b, int64_t sstride, bool accumulate) {
   if (m1 <= m0 || s1 <= s0) return;
   const int64_t steps = Lp / 16, kt = Lp % 16, rows = m1 - m0, S = (Lp + 15) / 16;
-  // A in tiles (TileA), then each strip's last partial step zero-padded (strip s's at bt + (s - s0) * 256).
-  const int64_t a_dw = (rows + 31) / 32 * S * 512, b_dw = kt ? (s1 - s0 + 1) / 2 * 2 * 256 : 0;
-  uint32_t* at = TileBuf((size_t)(a_dw + b_dw));
-  uint32_t* bt = at + a_dw;
-  TileA(a, lda, rows, Lp, at);
+  // Each strip's last partial step zero-padded (strip s's at bt + (s - s0) * 256).
+  uint32_t* bt = nullptr;
   if (kt) {
+    static thread_local std::vector<uint32_t> buf;
+    const int64_t b_dw = (s1 - s0 + 1) / 2 * 2 * 256;
+    bt = Scratch(buf, (size_t)b_dw);
     std::memset(bt, 0, (size_t)b_dw * 4);
     for (int64_t s = s0; s < s1; ++s) std::memcpy(bt + (s - s0) * 256, b + s * sstride + 256 * steps, (size_t)kt * 64);
   }
@@ -182,6 +186,14 @@ void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, in
                                    kt ? bt + (s - s0) * 256 : nullptr, c + (m0 + i) * ldc + 16 * s, ldc, accumulate);
     }
   }
+}
+
+void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, int64_t s1, int64_t Kd, int64_t Lp,
+                   const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, bool accumulate) {
+  if (m1 <= m0 || s1 <= s0) return;
+  uint32_t* at = TileBuf((size_t)TiledDwords(m1 - m0, Lp));
+  TileA(a, lda, m1 - m0, Lp, at);
+  PairGemmBlockTiled(c, ldc, m0, m1, s0, s1, Kd, Lp, at, b, sstride, accumulate);
 }
 
 void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,

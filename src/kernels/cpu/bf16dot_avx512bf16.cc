@@ -41,6 +41,9 @@ namespace lathe::kernels::cpu::avx512bf16 {
 namespace {
 
 constexpr int64_t kMBlock = 64;  // A rows per task
+// Columns of a block-quantized W dequantized at a time: a whole number of quant blocks (256: every block type's size
+// divides it).
+constexpr int64_t kDequantCols = 256;
 
 // A rows widened for the FMA tiles (per thread, grown never shrunk).
 float* WideBuf(size_t n) {
@@ -449,6 +452,57 @@ bool StripOfQuantRows(DType t, const uint8_t* w, size_t rb, int nj, int64_t K, u
 
 }  // namespace
 
+namespace {
+
+// W's strips s0 .. s0 + ns - 1 dequantized and rounded into bf16 pair strips at bs (Kp * 16 dwords apart).
+void DequantStrips(const MatMulKernels& k, const Tensor& w, int64_t s0, int64_t ns, float* rows, uint32_t* bs) {
+  const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2;
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  const DTypeInfo& qi = GetDTypeInfo(w.dtype);
+  for (int64_t s = 0; s < ns; ++s) {
+    const int nj = (int)std::min<int64_t>(16, N - 16 * (s0 + s));
+    if (StripOfQuantRows(w.dtype, wd + 16 * (s0 + s) * rb, rb, nj, K, bs + s * Kp * 16)) continue;
+    // kDequantCols columns of the 16 rows at a time (16 KiB of floats: they stay in L1 between
+    // the dequantization and the packing; whole rows of K = 1536 were 96 KiB).
+    for (int64_t c0 = 0; c0 < K; c0 += kDequantCols) {
+      const int64_t L = std::min(kDequantCols, K - c0);
+      k.dequant_rows(w.dtype, wd + 16 * (s0 + s) * rb + c0 / qi.block_size * qi.block_bytes, rb, nj, L, rows,
+                     kDequantCols);
+      StripOfRows(rows, kDequantCols, nj, L, bs + s * Kp * 16 + c0 / 2 * 16);
+    }
+  }
+}
+
+// DequantMatMul on AMX tiles (UsesAmxBf16): x's pairs put in tile order once (every task reads all M rows), then
+// per task kAmxStrips strips of W dequantized as above and all rows run over them (amx::PairGemmBlockTiled): per
+// element AMX's arithmetic on the rounded W, for every M (a prompt row's result does not depend on its chunk).
+constexpr int64_t kAmxStrips = 4;
+void DequantMatMulAmx(const MatMulKernels& k, ThreadPool& pool, const uint32_t* a, int64_t M, const Tensor& w,
+                      float* y) {
+  const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2, n_strips = (N + 15) / 16;
+  static thread_local std::vector<uint32_t> tiled_buf;
+  const int64_t S = (Kp + 15) / 16, n_rp = (M + 31) / 32;
+  uint32_t* at = Scratch(tiled_buf, (size_t)amx::TiledDwords(M, Kp));
+  pool.ParallelFor(n_rp, 1, [&](int64_t b, int64_t e, int) {
+    amx::TileRows(a + 32 * b * Kp, Kp, std::min(M, 32 * e) - 32 * b, Kp, at + b * S * 512);
+  }, 2.0 * M * Kp);
+  pool.ParallelFor((n_strips + kAmxStrips - 1) / kAmxStrips, 1, [&](int64_t gb, int64_t ge, int) {
+    static thread_local std::vector<float> rows_buf;
+    static thread_local std::vector<uint32_t> strips_buf;
+    float* rows = Scratch(rows_buf, (size_t)(16 * kDequantCols));
+    uint32_t* bs = Scratch(strips_buf, (size_t)(kAmxStrips * 16 * Kp));
+    for (int64_t g = gb; g < ge; ++g) {
+      const int64_t s0 = g * kAmxStrips, ns = std::min<int64_t>(kAmxStrips, n_strips - s0);
+      DequantStrips(k, w, s0, ns, rows, bs);
+      amx::PairGemmBlockTiled(y + 16 * s0, N, 0, M, 0, ns, N - 16 * s0, Kp, at, bs, Kp * 16, /*accumulate=*/false);
+    }
+    amx::ReleaseTiles();
+  }, 2.0 * M * N * K);
+}
+
+}  // namespace
+
 // MatMulKernels::bf16_dequant: y(M, N) = bf16(x) . bf16(W)^T for a block-quantized W (N, K). A task takes kS
 // strips of W at a time: dequantized (k.dequant_rows, f32) into a per-thread buffer, rounded to bf16 pair
 // strips (StripOfRows), and every row of x run over them; never the whole W. Per element the arithmetic of
@@ -457,14 +511,10 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
   const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2, n_strips = (N + 15) / 16;
   if (M <= 0 || N <= 0) return;
   const int64_t chunk = Bf16PairsChunk(Kp), n_groups = (n_strips + kS - 1) / kS;
-  const size_t rb = w.row_bytes();
-  const uint8_t* wd = (const uint8_t*)w.data;
-  // Column chunks a whole number of quant blocks (256: every block type's size divides it).
-  const DTypeInfo& qi = GetDTypeInfo(w.dtype);
-  constexpr int64_t kDequantCols = 256;
-  LATHE_CHECK(kDequantCols % qi.block_size == 0);
+  LATHE_CHECK(kDequantCols % GetDTypeInfo(w.dtype).block_size == 0);
   uint32_t* a = ABuf((size_t)(M * Kp));
   PairRows(pool, x, K, M, K, a);
+  if (UsesAmxBf16()) return DequantMatMulAmx(k, pool, a, M, w, y);
   const bool fma = Bf16PairsOnFma();
   float* af = nullptr;  // the FMA tiles' A: every task reads all M rows, so widened once
   if (fma) {
@@ -480,18 +530,7 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
     uint32_t* bs = Scratch(strips_buf, (size_t)(kS * 16 * Kp));
     for (int64_t g = gb; g < ge; ++g) {
       const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
-      for (int64_t s = 0; s < ns; ++s) {
-        const int nj = (int)std::min<int64_t>(16, N - 16 * (s0 + s));
-        if (StripOfQuantRows(w.dtype, wd + 16 * (s0 + s) * rb, rb, nj, K, bs + s * Kp * 16)) continue;
-        // kDequantCols columns of the 16 rows at a time (16 KiB of floats: they stay in L1 between
-        // the dequantization and the packing; whole rows of K = 1536 were 96 KiB).
-        for (int64_t c0 = 0; c0 < K; c0 += kDequantCols) {
-          const int64_t L = std::min(kDequantCols, K - c0);
-          k.dequant_rows(w.dtype, wd + 16 * (s0 + s) * rb + c0 / qi.block_size * qi.block_bytes, rb, nj, L, rows,
-                         kDequantCols);
-          StripOfRows(rows, kDequantCols, nj, L, bs + s * Kp * 16 + c0 / 2 * 16);
-        }
-      }
+      DequantStrips(k, w, s0, ns, rows, bs);
       const int nc_last = (int)std::min<int64_t>(16, N - 16 * (s0 + ns - 1));
       const TileFn full = TileFor(kR, (int)ns);
       const TileFmaFn full_fma = TileFmaFor(kR, (int)ns);

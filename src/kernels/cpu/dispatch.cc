@@ -68,8 +68,9 @@ bool Int16PromptRows() {
     // Where vdpbf16ps runs at its own rate (AMD Zen 4 / 5: twice the f32 FMA rate, as many multiply-adds per
     // instruction as the int16 form's two vpdpbusd passes take) the bf16 rows need no per-block float work:
     // SmolLM2 pp512 on Zen 5 1410-1460 vs 1190-1270 tok/s for the int16 rows (Q4_1 / Q8_0 / Q4_K_M, 1 thread,
-    // bench/RESULTS.md). Where it runs on FMAs (Intel) or is absent (AVX2) the int16 rows are the faster form.
-    return !(UsesBf16Dot() && !Bf16PairsOnFma());
+    // bench/RESULTS.md). Where it runs on FMAs (Intel) or is absent (AVX2) the int16 rows are the faster form, except
+    // where the bf16 rows run on AMX tiles (UsesAmxBf16: Xeons from Sapphire Rapids on).
+    return !(UsesBf16Dot() && (!Bf16PairsOnFma() || UsesAmxBf16()));
   }();
   return on;
 }
