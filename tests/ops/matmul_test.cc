@@ -261,6 +261,30 @@ TEST_P(MatMulTier, ChainGemvEqualsTheGemmPerElement) {
   }
 }
 
+// On AMX tiles (UsesAmxBf16) the bf16 products take AMX's arithmetic (kernels/cpu/bf16_amx.h), whose rounding no
+// scalar chain reproduces: ref = each row of x alone (one_row: an M = 1 call), and each element within (steps + 3) x
+// 2^-24 of the sum of its products' magnitudes of the exact sum of bf16(x) times the bf16 weights wb (N x K). The
+// callers then check every M and thread count against ref bit for bit (a row's result does not depend on its batch).
+template <typename F>
+::testing::AssertionResult AmxRowsReference(F one_row, const std::vector<float>& x, int64_t M, int64_t N, int64_t K,
+                                            const std::vector<uint16_t>& wb, std::vector<float>* ref) {
+  ref->assign(M * N, -1.0f);
+  for (int64_t i = 0; i < M; ++i) one_row(x.data() + i * K, ref->data() + i * N);
+  const double tol = (double)((K + 1) / 2 / 16 + 3) * std::ldexp(1.0, -24);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t n = 0; n < N; ++n) {
+      double ex = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double t = (double)BF16ToF32(F32ToBF16(x[i * K + k])) * BF16ToF32(wb[n * K + k]);
+        ex += t, mag += std::fabs(t);
+      }
+      const double got = (*ref)[i * N + n];
+      if (!(std::fabs(got - ex) <= tol * mag))
+        return ::testing::AssertionFailure() << "row " << i << " column " << n << ": " << got << " vs exact " << ex;
+    }
+  return ::testing::AssertionSuccess();
+}
+
 // Float weights packed in strips (kernels::StripWeight): MatMulStrips gives every element the bits of
 // the GEMM driver's y = x W^T on the unpacked W (MatMulForwardWith) at every M, on both of its paths
 // (strip GEMV below kStripGemvMaxM rows, the GEMM from it on) and any thread count: N not a multiple
@@ -281,7 +305,12 @@ TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
                         cpu::kStripGemvMaxM, int64_t{41}}) {
         const std::vector<float> x = RandomVec(M * s.K, seed++);
         std::vector<float> ref(M * s.N, -1.0f);
-        if (sw.bf16_pairs) {  // vdpbf16ps strips (CPUs with avx512_bf16): their own arithmetic
+        if (sw.bf16_pairs && UsesAmxBf16()) {  // on AMX tiles: AMX's arithmetic
+          const std::vector<uint16_t> wb((const uint16_t*)w.t.data, (const uint16_t*)w.t.data + s.N * s.K);
+          ASSERT_TRUE(AmxRowsReference(
+              [&](const float* xi, float* yi) { cpu::MatMulStripsWith(kt.mm, pool1, xi, 1, sw, yi); }, x, M, s.N,
+              s.K, wb, &ref));
+        } else if (sw.bf16_pairs) {  // vdpbf16ps strips (CPUs with avx512_bf16): their own arithmetic
           cpu::Bf16PairsReference(x.data(), M, w.t, ref.data());
         } else {
           cpu::MatMulForwardWith(tk, kt, pool1, ref.data(), x.data(), M, w.t);
@@ -304,9 +333,9 @@ TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
 
 // BF16 weights on CPUs with avx512_bf16 (the AVX-512 table's bf16_strips): packed in pair strips and
 // multiplied with vdpbf16ps, every element bit-identical to the scalar definition of that arithmetic
-// (Bf16PairsReference: x rounded to bf16, pairs odd element first, chunks added in order) at every M and
-// thread count, so a row's result does not depend on its batch; N and K tails (odd K), several inner
-// chunks, partial strip groups. Without the instruction the table keeps the f32-arithmetic strips.
+// (Bf16PairsReference: x rounded to bf16, pairs odd element first, chunks added in order; on AMX tiles AMX's, within
+// its bound of the exact sum) at every M and thread count, so a row's result does not depend on its batch; N and K
+// tails (odd K), several inner chunks, partial strip groups. Without the instruction the table keeps the f32-arithmetic strips.
 TEST(Bf16PairStrips, BitIdenticalToTheReference) {
   if (!GetCpuFeatures().HasAvx512Tier() || !GetCpuFeatures().avx512_bf16)
     GTEST_SKIP() << "no avx512_bf16 on this CPU";
@@ -324,7 +353,15 @@ TEST(Bf16PairStrips, BitIdenticalToTheReference) {
     for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 19, 20, 41, 64, 70, 130}) {
       const std::vector<float> x = RandomVec(M * s.K, seed++);
       std::vector<float> ref(M * s.N, -1.0f);
-      cpu::Bf16PairsReference(x.data(), M, w.t, ref.data());
+      if (UsesAmxBf16()) {
+        const std::vector<uint16_t> wb((const uint16_t*)w.t.data, (const uint16_t*)w.t.data + s.N * s.K);
+        ASSERT_TRUE(AmxRowsReference(
+            [&](const float* xi, float* yi) { cpu::MatMulStripsWith(kt.mm, pool1, xi, 1, sw, yi); }, x, M, s.N, s.K,
+            wb, &ref))
+            << "N=" << s.N << " K=" << s.K;
+      } else {
+        cpu::Bf16PairsReference(x.data(), M, w.t, ref.data());
+      }
       for (int threads : {1, 2, 3}) {
         ThreadPool pool(threads);
         std::vector<float> y(M * s.N + 16, -2.0f);
@@ -389,20 +426,10 @@ TEST(Bf16DequantRows, BitIdenticalToTheReferenceOnRoundedW) {
         const std::vector<float> x = RandomVec(M * K, seed++);
         std::vector<float> ref(M * N, -1.0f);
         if (UsesAmxBf16()) {
-          // On AMX tiles AMX's arithmetic (bf16_amx.h): the exact sum of the bf16 products within (steps + 2) x
-          // 2^-24 of the sum of their magnitudes, and each row's bits those of the row alone (M = 1).
-          ThreadPool pool(1);
-          for (int64_t i = 0; i < M; ++i) cpu::MatMulBf16With(kt.mm, pool, x.data() + i * K, 1, w.t, ref.data() + i * N);
-          const double tol = (double)((K + 1) / 2 / 16 + 3) * std::ldexp(1.0, -24);
-          for (int64_t i = 0; i < M; ++i)
-            for (int64_t n = 0; n < N; ++n) {
-              double ex = 0, mag = 0;
-              for (int64_t kk = 0; kk < K; ++kk) {
-                const double t = (double)BF16ToF32(F32ToBF16(x[i * K + kk])) * BF16ToF32(wb[n * K + kk]);
-                ex += t, mag += std::fabs(t);
-              }
-              ASSERT_LE(std::fabs(ref[i * N + n] - ex), tol * mag) << DTypeName(dt) << " N=" << N << " K=" << K;
-            }
+          ASSERT_TRUE(AmxRowsReference(
+              [&](const float* xi, float* yi) { cpu::MatMulBf16With(kt.mm, pool1, xi, 1, w.t, yi); }, x, M, N, K,
+              wb, &ref))
+              << DTypeName(dt) << " N=" << N << " K=" << K;
         } else {
           cpu::Bf16PairsReference(x.data(), M, wr, ref.data());
         }

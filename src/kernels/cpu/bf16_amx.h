@@ -21,7 +21,7 @@ void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, in
 
 // A's rows [0, rows) (lda dwords apart, Lp pairs each) in tile order (TiledDwords(rows, Lp) dwords at out): row
 // pair q's step s of ceil(Lp / 16) at out + (q * S + s) * 512, its rows 0-15 then 16-31, each row's 16 pairs in
-// 64 bytes, zero past Lp and past the rows. For an A that many blocks share (PairGemmBlockTiled).
+// 64 bytes, zero past Lp (a partial row tile's missing rows left unwritten: never loaded). For an A that many blocks share (PairGemmBlockTiled).
 int64_t TiledDwords(int64_t rows, int64_t Lp);
 void TileRows(const uint32_t* a, int64_t lda, int64_t rows, int64_t Lp, uint32_t* out);
 // PairGemmBlock with A already in tile order: at holds rows [m0, m1) (TileRows of A's rows from m0; m0 a

@@ -47,6 +47,11 @@ class Tiles {
       if (rr[i] > 0) cfg.rows[4 + i] = (uint8_t)rr[i], cfg.colsb[4 + i] = 64;
       if (nn[i] > 0) cfg.rows[6 + i] = 16, cfg.colsb[6 + i] = (uint16_t)(4 * nn[i]);
     }
+    if (r1 == 0) {  // one row tile: 5 a second A, 2 and 3 second B strips (Kernel<1, NT> alternates the two sets)
+      cfg.rows[5] = (uint8_t)r0, cfg.colsb[5] = 64;
+      for (int j = 0; j < 2; ++j)
+        if (nn[j] > 0) cfg.rows[2 + j] = 16, cfg.colsb[2 + j] = (uint16_t)(4 * nn[j]);
+    }
     _tile_loadconfig(&cfg);
     loaded_ = true, r0_ = r0, r1_ = r1, n0_ = n0, n1_ = n1;
   }
@@ -86,13 +91,47 @@ void Kernel(const uint32_t* at, const uint32_t* b, int64_t sstride, int64_t step
   }
   const uint32_t* b1 = b + sstride;
   const int64_t n = steps + (btail ? 1 : 0);
+  if constexpr (MT == 1) {
+    // One row tile (decode, small batches: W streams from DRAM): two sets of input tiles, one step each in turn, so
+    // a step's loads need not wait for the previous step's products to release their tiles.
+#define LATHE_AMX_STEP(TA, TB0, TB1, st)                                                      \
+  do {                                                                                        \
+    const bool tl = (st) == steps;                                                            \
+    _tile_loadd(TA, at + 512 * (st), 64);                                                     \
+    _tile_loadd(TB0, tl ? btail : b + 256 * (st), 64);                                        \
+    if constexpr (NT > 1) _tile_loadd(TB1, tl ? btail + 256 : b1 + 256 * (st), 64);            \
+    _tile_dpbf16ps(0, TA, TB0);                                                               \
+    if constexpr (NT > 1) _tile_dpbf16ps(1, TA, TB1);                                         \
+  } while (0)
+    // The two steps' B lines requested just before their tile loads (SmolLM2 bf16 decode, 2 threads: 96-97 tok/s
+    // without, 101-102 so, 97-106 two steps ahead, L2 prefetches 4-16 steps ahead no better; single-buffered tiles
+    // and rows past `rows` zero-filled: 82-88; the pair tiles' RowGemm: 104-108).
+    for (int64_t s = 0; s < n; s += 2) {
+      for (int64_t q = s; q < std::min(steps, s + 2); ++q) {
+        const char* p0 = (const char*)(b + 256 * q);
+        const char* p1 = (const char*)(b1 + 256 * q);
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r) {
+          _mm_prefetch(p0 + 64 * r, _MM_HINT_T0);
+          if constexpr (NT > 1) _mm_prefetch(p1 + 64 * r, _MM_HINT_T0);
+        }
+      }
+      LATHE_AMX_STEP(4, 6, 7, s);
+      if (s + 1 < n) LATHE_AMX_STEP(5, 2, 3, s + 1);
+    }
+#undef LATHE_AMX_STEP
+    _tile_stored(0, c, sc);
+    if constexpr (NT > 1) _tile_stored(1, c + 16, sc);
+    return;
+  }
   for (int64_t s = 0; s < n; ++s) {
     const bool tail = s == steps;
     // The next step's B lines fetched into L1 while this one runs (the tile load would wait on L2: measured +8-10%
     // on SmolLM2's 512-row products; two or four steps ahead the same, A's tiles too a loss).
-    if (s + 1 < steps) {
-      const char* p0 = (const char*)(b + 256 * (s + 1));
-      const char* p1 = (const char*)(b1 + 256 * (s + 1));
+    const int64_t pd = 1;
+    if (s + pd < steps) {
+      const char* p0 = (const char*)(b + 256 * (s + pd));
+      const char* p1 = (const char*)(b1 + 256 * (s + pd));
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r) {
         _mm_prefetch(p0 + 64 * r, _MM_HINT_T0);
@@ -119,8 +158,8 @@ void Kernel(const uint32_t* at, const uint32_t* b, int64_t sstride, int64_t step
 }
 
 // A rows [0, rows) (lda dwords apart, Lp pairs each) -> AMX tiles: row pair q's step s (of S = ceil(Lp / 16)) at
-// out + (q * S + s) * 512, its rows 0-15 then 16-31, each row's 16 pairs in 64 bytes; zero past Lp and past the
-// rows. Each tile load is then 1 KB in one piece (a strided A: 16 lines 4 * lda bytes apart; measured ~20% more
+// out + (q * S + s) * 512, its rows 0-15 then 16-31, each row's 16 pairs in 64 bytes; zero past Lp (rows past
+// `rows` are not written: Tiles::Shape gives a partial row tile only its rows). Each tile load is then 1 KB in one piece (a strided A: 16 lines 4 * lda bytes apart; measured ~20% more
 // products per second from L2 in one piece, and the last partial step comes for free).
 void TileA(const uint32_t* a, int64_t lda, int64_t rows, int64_t Lp, uint32_t* out) {
   const int64_t S = (Lp + 15) / 16, full = Lp / 16, kt = Lp % 16;
@@ -129,10 +168,7 @@ void TileA(const uint32_t* a, int64_t lda, int64_t rows, int64_t Lp, uint32_t* o
     for (int r = 0; r < 32; ++r) {
       const int64_t i = 32 * q + r;
       uint32_t* o = out + q * S * 512 + (r / 16) * 256 + (r % 16) * 16;
-      if (i >= rows) {
-        for (int64_t s = 0; s < S; ++s) _mm512_storeu_si512(o + 512 * s, _mm512_setzero_si512());
-        continue;
-      }
+      if (i >= rows) break;  // a partial row tile's missing rows: its configuration loads only those present
       const uint32_t* src = a + i * lda;
       for (int64_t s = 0; s < full; ++s) _mm512_storeu_si512(o + 512 * s, _mm512_loadu_si512(src + 16 * s));
       if (kt) _mm512_storeu_si512(o + 512 * full, _mm512_maskz_loadu_epi32(tail, src + 16 * full));

@@ -109,7 +109,7 @@ struct MatMulKernels {
   // (AVX2: kGemvQuantMaxM + 1; AVX-512's VNNI GEMM: 8, measured in qgemm_avx512.cc).
   int64_t qgemm_min_m = kGemvQuantMaxM + 1;
   // y(M, N) = bf16(x) . W^T for BF16 weights in pair strips (StripWeight::bf16_pairs) with vdpbf16ps,
-  // threads included; the arithmetic of Bf16PairsReference. Only on the AVX-512 table of CPUs with
+  // threads included; the arithmetic of Bf16PairsReference (AMX's where UsesAmxBf16). Only on the AVX-512 table of CPUs with
   // avx512_bf16 (null elsewhere: PackStripWeightWith then keeps the f32-arithmetic strips).
   void (*bf16_strips)(ThreadPool& pool, const float* x, int64_t M, const uint32_t* strips, int64_t N, int64_t K,
                       float* y) = nullptr;
