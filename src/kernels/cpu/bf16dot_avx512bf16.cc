@@ -453,6 +453,17 @@ bool StripOfQuantRows(DType t, const uint8_t* w, size_t rb, int nj, int64_t K, u
 
 namespace {
 
+// A task's buffers for DequantStrips (the calling thread's): 16 x kDequantCols floats, ns strips of Kp pairs.
+struct DequantScratch {
+  float* rows;
+  uint32_t* strips;
+};
+DequantScratch DequantBuffers(int64_t ns, int64_t Kp) {
+  static thread_local std::vector<float> rows_buf;
+  static thread_local std::vector<uint32_t> strips_buf;
+  return {Scratch(rows_buf, (size_t)(16 * kDequantCols)), Scratch(strips_buf, (size_t)(ns * 16 * Kp))};
+}
+
 // W's strips s0 .. s0 + ns - 1 dequantized and rounded into bf16 pair strips at bs (Kp * 16 dwords apart).
 void DequantStrips(const MatMulKernels& k, const Tensor& w, int64_t s0, int64_t ns, float* rows, uint32_t* bs) {
   const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2;
@@ -473,31 +484,37 @@ void DequantStrips(const MatMulKernels& k, const Tensor& w, int64_t s0, int64_t 
   }
 }
 
+// Per task of g strips of W: dequantized into the thread's strips (DequantStrips), then run(s0, ns, strips).
+template <typename Run>
+void OverDequantStrips(const MatMulKernels& k, ThreadPool& pool, const Tensor& w, int64_t g, double work, Run run) {
+  const int64_t Kp = (w.shape[1] + 1) / 2, n_strips = (w.shape[0] + 15) / 16;
+  pool.ParallelFor((n_strips + g - 1) / g, 1, [&](int64_t tb, int64_t te, int) {
+    const DequantScratch scratch = DequantBuffers(g, Kp);
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t s0 = t * g, ns = std::min<int64_t>(g, n_strips - s0);
+      DequantStrips(k, w, s0, ns, scratch.rows, scratch.strips);
+      run(s0, ns, (const uint32_t*)scratch.strips);
+    }
+  }, work);
+}
+
 // DequantMatMul on AMX tiles (UsesAmxBf16): x's pairs put in tile order once (every task reads all M rows), then
 // per task kAmxStrips strips of W dequantized as above and all rows run over them (amx::PairGemmBlockTiled): per
 // element AMX's arithmetic on the rounded W, for every M (a prompt row's result does not depend on its chunk).
 constexpr int64_t kAmxStrips = 4;
 void DequantMatMulAmx(const MatMulKernels& k, ThreadPool& pool, const uint32_t* a, int64_t M, const Tensor& w,
                       float* y) {
-  const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2, n_strips = (N + 15) / 16;
+  const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2;
   static thread_local std::vector<uint32_t> tiled_buf;
   const int64_t S = (Kp + 15) / 16, n_rp = (M + 31) / 32;
   uint32_t* at = Scratch(tiled_buf, (size_t)amx::TiledDwords(M, Kp));
   pool.ParallelFor(n_rp, 1, [&](int64_t b, int64_t e, int) {
     amx::TileRows(a + 32 * b * Kp, Kp, std::min(M, 32 * e) - 32 * b, Kp, at + b * S * 512);
   }, 2.0 * M * Kp);
-  pool.ParallelFor((n_strips + kAmxStrips - 1) / kAmxStrips, 1, [&](int64_t gb, int64_t ge, int) {
-    static thread_local std::vector<float> rows_buf;
-    static thread_local std::vector<uint32_t> strips_buf;
-    float* rows = Scratch(rows_buf, (size_t)(16 * kDequantCols));
-    uint32_t* bs = Scratch(strips_buf, (size_t)(kAmxStrips * 16 * Kp));
-    for (int64_t g = gb; g < ge; ++g) {
-      const int64_t s0 = g * kAmxStrips, ns = std::min<int64_t>(kAmxStrips, n_strips - s0);
-      DequantStrips(k, w, s0, ns, rows, bs);
-      amx::PairGemmBlockTiled(y + 16 * s0, N, 0, M, 0, ns, N - 16 * s0, Kp, at, bs, Kp * 16, /*accumulate=*/false);
-    }
+  OverDequantStrips(k, pool, w, kAmxStrips, 2.0 * M * N * K, [&](int64_t s0, int64_t ns, const uint32_t* bs) {
+    amx::PairGemmBlockTiled(y + 16 * s0, N, 0, M, 0, ns, N - 16 * s0, Kp, at, bs, Kp * 16, /*accumulate=*/false);
     amx::ReleaseTiles();
-  }, 2.0 * M * N * K);
+  });
 }
 
 }  // namespace
@@ -507,9 +524,9 @@ void DequantMatMulAmx(const MatMulKernels& k, ThreadPool& pool, const uint32_t* 
 // strips (StripOfRows), and every row of x run over them; never the whole W. Per element the arithmetic of
 // Bf16PairsReference on the rounded W, for every M: a row's result does not depend on its batch.
 void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
-  const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2, n_strips = (N + 15) / 16;
+  const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2;
   if (M <= 0 || N <= 0) return;
-  const int64_t chunk = Bf16PairsChunk(Kp), n_groups = (n_strips + kS - 1) / kS;
+  const int64_t chunk = Bf16PairsChunk(Kp);
   LATHE_CHECK(kDequantCols % GetDTypeInfo(w.dtype).block_size == 0);
   uint32_t* a = ABuf((size_t)(M * Kp));
   PairRows(pool, x, K, M, K, a);
@@ -522,35 +539,27 @@ void DequantMatMul(const MatMulKernels& k, ThreadPool& pool, const float* x, int
       WidenPairs(a + b * Kp, Kp, e - b, Kp, af + b * 2 * Kp, 2 * Kp);
     }, 2.0 * M * Kp);
   }
-  pool.ParallelFor(n_groups, 1, [&](int64_t gb, int64_t ge, int) {
-    static thread_local std::vector<float> rows_buf;
-    static thread_local std::vector<uint32_t> strips_buf;
-    float* rows = Scratch(rows_buf, (size_t)(16 * kDequantCols));
-    uint32_t* bs = Scratch(strips_buf, (size_t)(kS * 16 * Kp));
-    for (int64_t g = gb; g < ge; ++g) {
-      const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
-      DequantStrips(k, w, s0, ns, rows, bs);
-      const int nc_last = (int)std::min<int64_t>(16, N - 16 * (s0 + ns - 1));
-      const TileFn full = TileFor(kR, (int)ns);
-      const TileFmaFn full_fma = TileFmaFor(kR, (int)ns);
-      for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
-        const int64_t m1 = std::min(M, m0 + kMBlock);
-        for (int64_t p0 = 0; p0 < Kp; p0 += chunk) {
-          const int64_t np = std::min(chunk, Kp - p0);
-          for (int64_t i = m0; i < m1; i += kR) {
-            const int r = (int)std::min<int64_t>(kR, m1 - i);
-            if (fma) {
-              (r == kR ? full_fma : TileFmaFor(r, (int)ns))(af + i * 2 * Kp + 2 * p0, 2 * Kp, bs + p0 * 16, Kp * 16,
-                                                            np, y + i * N + 16 * s0, N, p0 == 0, nc_last);
-            } else {
-              (r == kR ? full : TileFor(r, (int)ns))(a + i * Kp + p0, Kp, bs + p0 * 16, Kp * 16, np,
-                                                     y + i * N + 16 * s0, N, p0 == 0, nc_last);
-            }
+  OverDequantStrips(k, pool, w, kS, 2.0 * M * N * K, [&](int64_t s0, int64_t ns, const uint32_t* bs) {
+    const int nc_last = (int)std::min<int64_t>(16, N - 16 * (s0 + ns - 1));
+    const TileFn full = TileFor(kR, (int)ns);
+    const TileFmaFn full_fma = TileFmaFor(kR, (int)ns);
+    for (int64_t m0 = 0; m0 < M; m0 += kMBlock) {
+      const int64_t m1 = std::min(M, m0 + kMBlock);
+      for (int64_t p0 = 0; p0 < Kp; p0 += chunk) {
+        const int64_t np = std::min(chunk, Kp - p0);
+        for (int64_t i = m0; i < m1; i += kR) {
+          const int r = (int)std::min<int64_t>(kR, m1 - i);
+          if (fma) {
+            (r == kR ? full_fma : TileFmaFor(r, (int)ns))(af + i * 2 * Kp + 2 * p0, 2 * Kp, bs + p0 * 16, Kp * 16, np,
+                                                          y + i * N + 16 * s0, N, p0 == 0, nc_last);
+          } else {
+            (r == kR ? full : TileFor(r, (int)ns))(a + i * Kp + p0, Kp, bs + p0 * 16, Kp * 16, np,
+                                                   y + i * N + 16 * s0, N, p0 == 0, nc_last);
           }
         }
       }
     }
-  }, 2.0 * M * N * K);
+  });
 }
 
 namespace {
