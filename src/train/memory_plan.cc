@@ -501,9 +501,16 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // The pair packers' blocks on the bf16 dot product (bf16_pairs.h): 8 row pairs of strips (PairStripsRows) and
   // 16 rows of bf16 pairs (PairStripsT), each up to the widest linear dimension: 16 floats per column.
   const double packers = bf16_dot ? 16.0 * std::max({dim, qd, ffn}) : 0.0;
+  // On AMX tiles (UsesAmxBf16; kernels/cpu/bf16dot_amx.cc): a task's A rows in tile order, 64 rows of the widest inner
+  // dimension's pairs rounded up to 16 (the loss's input gradient: the vocabulary's, 6.3 MB for SmolLM2), and its
+  // strips' zero-padded last steps, 256 dwords a strip of the widest output.
+  const double amx_tiles = bf16_dot && UsesAmxBf16()
+                               ? 64.0 * (double)(((max_inner + 1) / 2 + 15) / 16 * 16) +
+                                     256.0 * (double)((std::max({dim, qd, ffn}) + 15) / 16)
+                               : 0.0;
   const double per_thread =
       4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 + widened +
-             packers +
+             packers + amx_tiles +
              (dequant_rows ? std::max(16.0 * std::max({dim, qd, ffn}), 64.0 * dim) + 32.0 * dim : 0.0));
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
   // (kernels::AttentionBackwardRuns), and its dK / dV key tiles (+ per-head parts where the heads are not
@@ -513,7 +520,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const double attn_keys = 4.0 * (double)kernels::AttentionBackwardKeyFloats(
                                      s.seq_len, (int)c.n_heads, (int)c.n_kv_heads, (int)c.head_dim, W > 1 ? 1 : s.threads);
   add("temporary", s.threads * per_thread + W * (dq_partials + attn_keys),
-      StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing, attention tiles) + %.0f KiB of "
+      StrFormat("per-thread kernel scratch: %d threads x %.0f KiB (matmul packing and AMX tiles, attention tiles) + %.0f KiB of "
                 "attention dQ partials and dK / dV tiles%s",
                 s.threads, per_thread / 1024, (dq_partials + attn_keys) / 1024, per_worker.c_str()));
   // bf16 mode on CPUs with the bf16 dot product: the attention's products take their operands as bf16 pairs,
