@@ -72,7 +72,7 @@ Tiles& ThreadTiles() {
 }
 
 // MT row tiles x NT strips: `steps` full steps of 16 pairs from B's strips, then (btail non-null) one step from
-// the zero-padded copy btail (16 x 16 dwords per strip). A in tiles (TileA): step s's row tiles at at + s * 512
+// the zero-padded copy btail (16 x 16 dwords per strip). A in tiles (TileRows): step s's row tiles at at + s * 512
 // and + 256, the last partial step's included.
 template <int MT, int NT>
 void Kernel(const uint32_t* at, const uint32_t* b, int64_t sstride, int64_t steps, const uint32_t* btail, float* c,
@@ -124,14 +124,14 @@ void Kernel(const uint32_t* at, const uint32_t* b, int64_t sstride, int64_t step
     if constexpr (NT > 1) _tile_stored(1, c + 16, sc);
     return;
   }
+  // Two row tiles: one set of input tiles, each loaded once a step for two products.
   for (int64_t s = 0; s < n; ++s) {
     const bool tail = s == steps;
     // The next step's B lines fetched into L1 while this one runs (the tile load would wait on L2: measured +8-10%
     // on SmolLM2's 512-row products; two or four steps ahead the same, A's tiles too a loss).
-    const int64_t pd = 1;
-    if (s + pd < steps) {
-      const char* p0 = (const char*)(b + 256 * (s + pd));
-      const char* p1 = (const char*)(b1 + 256 * (s + pd));
+    if (s + 1 < steps) {
+      const char* p0 = (const char*)(b + 256 * (s + 1));
+      const char* p1 = (const char*)(b1 + 256 * (s + 1));
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r) {
         _mm_prefetch(p0 + 64 * r, _MM_HINT_T0);
@@ -145,23 +145,22 @@ void Kernel(const uint32_t* at, const uint32_t* b, int64_t sstride, int64_t step
       _tile_loadd(7, tail ? btail + 256 : b1 + 256 * s, 64);
       _tile_dpbf16ps(1, 4, 7);
     }
-    if constexpr (MT > 1) {
-      _tile_loadd(5, at + 512 * s + 256, 64);
-      _tile_dpbf16ps(2, 5, 6);
-      if constexpr (NT > 1) _tile_dpbf16ps(3, 5, 7);
-    }
+    _tile_loadd(5, at + 512 * s + 256, 64);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (NT > 1) _tile_dpbf16ps(3, 5, 7);
   }
   _tile_stored(0, c, sc);
   if constexpr (NT > 1) _tile_stored(1, c + 16, sc);
-  if constexpr (MT > 1) _tile_stored(2, c + 16 * ldc, sc);
-  if constexpr (MT > 1 && NT > 1) _tile_stored(3, c + 16 * ldc + 16, sc);
+  _tile_stored(2, c + 16 * ldc, sc);
+  if constexpr (NT > 1) _tile_stored(3, c + 16 * ldc + 16, sc);
 }
 
-// A rows [0, rows) (lda dwords apart, Lp pairs each) -> AMX tiles: row pair q's step s (of S = ceil(Lp / 16)) at
-// out + (q * S + s) * 512, its rows 0-15 then 16-31, each row's 16 pairs in 64 bytes; zero past Lp (rows past
-// `rows` are not written: Tiles::Shape gives a partial row tile only its rows). Each tile load is then 1 KB in one piece (a strided A: 16 lines 4 * lda bytes apart; measured ~20% more
-// products per second from L2 in one piece, and the last partial step comes for free).
-void TileA(const uint32_t* a, int64_t lda, int64_t rows, int64_t Lp, uint32_t* out) {
+}  // namespace
+
+// TileRows (bf16_amx.h): each tile load is then 1 KB in one piece (a strided A: 16 lines 4 * lda bytes apart;
+// measured ~20% more products per second from L2 in one piece), and the last partial step comes for free. Rows past
+// `rows` are not written: Tiles::Shape gives a partial row tile only its rows.
+void TileRows(const uint32_t* a, int64_t lda, int64_t rows, int64_t Lp, uint32_t* out) {
   const int64_t S = (Lp + 15) / 16, full = Lp / 16, kt = Lp % 16;
   const __mmask16 tail = (__mmask16)((1u << kt) - 1);
   for (int64_t q = 0; q < (rows + 31) / 32; ++q)
@@ -175,6 +174,8 @@ void TileA(const uint32_t* a, int64_t lda, int64_t rows, int64_t Lp, uint32_t* o
     }
 }
 
+namespace {
+
 using KernelFn = void (*)(const uint32_t*, const uint32_t*, int64_t, int64_t, const uint32_t*, float*, int64_t, bool);
 
 KernelFn KernelFor(int mt, int nt) {
@@ -182,7 +183,7 @@ KernelFn KernelFor(int mt, int nt) {
   return nt > 1 ? &Kernel<1, 2> : &Kernel<1, 1>;
 }
 
-// A block's tiles (TileA).
+// A block's tiles (TileRows).
 uint32_t* TileBuf(size_t n) {
   static thread_local std::vector<uint32_t> buf;
   return Scratch(buf, n);
@@ -191,8 +192,6 @@ uint32_t* TileBuf(size_t n) {
 }  // namespace
 
 int64_t TiledDwords(int64_t rows, int64_t Lp) { return (rows + 31) / 32 * ((Lp + 15) / 16) * 512; }
-
-void TileRows(const uint32_t* a, int64_t lda, int64_t rows, int64_t Lp, uint32_t* out) { TileA(a, lda, rows, Lp, out); }
 
 void PairGemmBlockTiled(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, int64_t s1, int64_t Kd, int64_t Lp,
                         const uint32_t* at, const uint32_t* b, int64_t sstride, bool accumulate) {
@@ -228,7 +227,7 @@ void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, in
                    const uint32_t* a, int64_t lda, const uint32_t* b, int64_t sstride, bool accumulate) {
   if (m1 <= m0 || s1 <= s0) return;
   uint32_t* at = TileBuf((size_t)TiledDwords(m1 - m0, Lp));
-  TileA(a, lda, m1 - m0, Lp, at);
+  TileRows(a, lda, m1 - m0, Lp, at);
   PairGemmBlockTiled(c, ldc, m0, m1, s0, s1, Kd, Lp, at, b, sstride, accumulate);
 }
 
