@@ -443,11 +443,13 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // weights) and a bf16 head's logits and gradient convert their operands to pairs first, into two
   // buffers of the calling thread (bf16dot_avx512bf16.cc): A (R x L/2 dwords; the head's own rows are
   // read in place) and B (Kd rounded to 16 x L/2 dwords), each the largest of the step's products.
+  double amx_pairs = 0;  // the widest inner dimension of one product, in pairs (the AMX tiles' A rows below)
   if (s.precision == "bf16" && UsesBf16Dot()) {
     double pa = 0, pb = 0, ct = 0, fs = 0;
     // extra: a second product's inner dimension summed in the same pairs (LoRA's rank r in the base product).
     auto pair_gemm = [&](double R, double Kd, double L, double extra = 0) {
       const double pairs = std::ceil(L / 2) + std::ceil(extra / 2);
+      amx_pairs = std::max(amx_pairs, pairs);
       pa = std::max(pa, R * pairs);
       pb = std::max(pb, std::ceil(Kd / 16) * 16 * pairs);
     };
@@ -476,6 +478,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       pa = std::max(pa, chunk * vp);
       const double chunk_pairs = nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8;  // Bf16PairsChunk
       if (!(head_pairs && ph > 0)) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * chunk_pairs);
+      amx_pairs = std::max(amx_pairs, head_pairs && ph > 0 ? vp : chunk_pairs);
       if (lora && !head_copy && s.head_dtype != DType::kBF16) fs = 2 * chunk_pairs * dim;
     }
     add("temporary", W * 4 * (pa + pb + ct + fs),
@@ -501,12 +504,12 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // The pair packers' blocks on the bf16 dot product (bf16_pairs.h): 8 row pairs of strips (PairStripsRows) and
   // 16 rows of bf16 pairs (PairStripsT), each up to the widest linear dimension: 16 floats per column.
   const double packers = bf16_dot ? 16.0 * std::max({dim, qd, ffn}) : 0.0;
-  // On AMX tiles (UsesAmxBf16; kernels/cpu/bf16dot_amx.cc): a task's A rows in tile order, 64 rows of the widest inner
-  // dimension's pairs rounded up to 16 (the loss's input gradient: the vocabulary's, 6.3 MB for SmolLM2), and its
-  // strips' zero-padded last steps, 256 dwords a strip of the widest output.
+  // On AMX tiles (UsesAmxBf16; kernels/cpu/bf16dot_amx.cc): a task's A rows in tile order, 64 rows of the widest
+  // product's pairs rounded up to 16 (the loss's input gradient from a packed head: the vocabulary's, 6.3 MB for
+  // SmolLM2; one inner chunk's where the head goes into pairs chunk by chunk), and its strips' zero-padded last
+  // steps, 256 dwords a strip of the widest output.
   const double amx_tiles = bf16_dot && UsesAmxBf16()
-                               ? 64.0 * (double)(((max_inner + 1) / 2 + 15) / 16 * 16) +
-                                     256.0 * (double)((std::max({dim, qd, ffn}) + 15) / 16)
+                               ? 64.0 * std::ceil(amx_pairs / 16) * 16 + 256.0 * (double)((std::max({dim, qd, ffn}) + 15) / 16)
                                : 0.0;
   const double per_thread =
       4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 + widened +
