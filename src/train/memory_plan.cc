@@ -443,14 +443,21 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // weights) and a bf16 head's logits and gradient convert their operands to pairs first, into two
   // buffers of the calling thread (bf16dot_avx512bf16.cc): A (R x L/2 dwords; the head's own rows are
   // read in place) and B (Kd rounded to 16 x L/2 dwords), each the largest of the step's products.
-  double amx_pairs = 0;  // the widest inner dimension of one product, in pairs (the AMX tiles' A rows below)
+  // On AMX tiles the packers write A in tile order (rows to a multiple of 32, pairs to one of 16); the products whose
+  // A is read as row-major pairs (a bf16 head's rows for its logits, the head gradient's pairs over the group's
+  // tokens, a fused product whose first part ends inside a step) copy each task's rows into tile order: amx_pairs is
+  // the widest of those (the AMX tiles' A rows below).
+  const bool amx = bf16_dot && UsesAmxBf16();
+  double amx_pairs = 0;
   if (s.precision == "bf16" && UsesBf16Dot()) {
     double pa = 0, pb = 0, ct = 0, fs = 0;
+    const auto up = [](double v, double m) { return std::ceil(v / m) * m; };
     // extra: a second product's inner dimension summed in the same pairs (LoRA's rank r in the base product).
     auto pair_gemm = [&](double R, double Kd, double L, double extra = 0) {
       const double pairs = std::ceil(L / 2) + std::ceil(extra / 2);
-      amx_pairs = std::max(amx_pairs, pairs);
-      pa = std::max(pa, R * pairs);
+      const bool tiled = amx && (extra == 0 || (int64_t)std::ceil(L / 2) % 16 == 0);
+      if (amx && !tiled) amx_pairs = std::max(amx_pairs, pairs);
+      pa = std::max(pa, tiled ? up(R, 32) * up(pairs, 16) : R * pairs);
       pb = std::max(pb, std::ceil(Kd / 16) * 16 * pairs);
     };
     for (const auto& l : Linears(c)) {
@@ -469,16 +476,17 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     // f32 source).
     const bool head_on_pairs = (!lora || s.head_dtype != DType::kF32 || head_copy) && dim % 2 == 0;
     if (head_on_pairs) {
-      pair_gemm(0, chunk, dim);             // logits^T: x's pairs only
+      pair_gemm(0, chunk, dim);             // logits^T: x's pairs only (the head's rows read in place)
+      if (amx) amx_pairs = std::max(amx_pairs, std::ceil(dim / 2.0));
+      if (amx && full) amx_pairs = std::max(amx_pairs, std::ceil((double)N / 2));  // the head gradient's pairs
       // (the trained head's gradient: its pairs go to the loss's HeadGradParts, counted above)
       // dx from the head's pairs: dlogits' pairs; a head not packed beforehand (a quantized base's head as
       // stored) goes into pairs one inner chunk at a time (avx512bf16::HeadBackwardInputTRows: dim x the chunk's
       // pairs), a head in a block type dequantized first (2 x the chunk's pairs x dim floats).
       const double vp = std::ceil((double)V / 2), nch = std::ceil(vp / 384);
-      pa = std::max(pa, chunk * vp);
+      pa = std::max(pa, amx ? up(chunk, 32) * up(vp, 16) : chunk * vp);
       const double chunk_pairs = nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8;  // Bf16PairsChunk
       if (!(head_pairs && ph > 0)) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * chunk_pairs);
-      amx_pairs = std::max(amx_pairs, head_pairs && ph > 0 ? vp : chunk_pairs);
       if (lora && !head_copy && s.head_dtype != DType::kBF16) fs = 2 * chunk_pairs * dim;
     }
     add("temporary", W * 4 * (pa + pb + ct + fs),
@@ -504,10 +512,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // The pair packers' blocks on the bf16 dot product (bf16_pairs.h): 8 row pairs of strips (PairStripsRows) and
   // 16 rows of bf16 pairs (PairStripsT), each up to the widest linear dimension: 16 floats per column.
   const double packers = bf16_dot ? 16.0 * std::max({dim, qd, ffn}) : 0.0;
-  // On AMX tiles (UsesAmxBf16; kernels/cpu/bf16dot_amx.cc): a task's A rows in tile order, 64 rows of the widest
-  // product's pairs rounded up to 16 (the loss's input gradient from a packed head: the vocabulary's, 6.3 MB for
-  // SmolLM2; one inner chunk's where the head goes into pairs chunk by chunk), and its strips' zero-padded last
-  // steps, 256 dwords a strip of the widest output.
+  // On AMX tiles (UsesAmxBf16; kernels/cpu/bf16dot_amx.cc): a task's A rows in tile order where its product reads
+  // A as row-major pairs, 64 rows of amx_pairs rounded up to 16 (above), and its strips' zero-padded last steps,
+  // 256 dwords a strip of the widest output.
   const double amx_tiles = bf16_dot && UsesAmxBf16()
                                ? 64.0 * std::ceil(amx_pairs / 16) * 16 + 256.0 * (double)((std::max({dim, qd, ffn}) + 15) / 16)
                                : 0.0;

@@ -11,6 +11,7 @@
 
 #include "core/cpu.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/bf16_amx.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/train_dispatch.h"
 #include "kernels/cpu/train_reference.h"
@@ -595,6 +596,105 @@ TEST(TrainBf16Dot, AmxProductsDependOnlyOnTheirRow) {
       MatMulBackwardWeightBf16(pool, dw.data(), dy.data(), x.data(), M, N, K);
       if (threads == 1) dw1t = dw;
       ASSERT_EQ(dw, dw1t) << "weight grad threads=" << threads << " K=" << K;
+    }
+  }
+}
+
+// On AMX the products' A operand is packed straight into tile order (PairRowsTiled / PairRowsTTiled, then
+// amx::PairGemmTiled) instead of row-major pairs that amx::PairGemm's tasks copy into tile order: the same bits.
+// Checked against amx::PairGemm over operands paired here in plain C++ (pairs (v[2p], v[2p + 1]) of bf16, an odd
+// length's last pair zero-padded; B in 16-column pair strips): forward, input and weight gradients (both of the
+// latter's forms), the fused LoRA forms (x's pairs end at a whole step: the tiled concatenation), odd K and M
+// rows past a row pair, 1 and 2 threads.
+TEST(TrainBf16Dot, AmxTiledOperandsGiveTheRowMajorBits) {
+  if (!UsesAmxBf16()) GTEST_SKIP() << "no AMX tiles (amx_tile + amx_bf16 and the kernel's permission), or LATHE_BF16_PAIRS=dp|fma";
+  uint32_t seed = 8100;
+  auto bits = [](float f) { return (uint32_t)F32ToBF16(f); };
+  // Rows of A (R x L, a(i, l)) as row-major pairs.
+  auto rows = [&](int64_t R, int64_t L, auto a) {
+    const int64_t Lp = (L + 1) / 2;
+    std::vector<uint32_t> out(R * Lp);
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t p = 0; p < Lp; ++p)
+        out[i * Lp + p] = bits(a(i, 2 * p)) | (2 * p + 1 < L ? bits(a(i, 2 * p + 1)) << 16 : 0u);
+    return out;
+  };
+  // B (L x Kd, b(l, k)) as pair strips: strip s's pair p at (s * Lp + p) * 16.
+  auto strips = [&](int64_t L, int64_t Kd, auto b) {
+    const int64_t Lp = (L + 1) / 2, ns = (Kd + 15) / 16;
+    std::vector<uint32_t> out(ns * Lp * 16, 0);
+    for (int64_t k = 0; k < Kd; ++k)
+      for (int64_t p = 0; p < Lp; ++p)
+        out[(k / 16 * Lp + p) * 16 + k % 16] =
+            bits(b(2 * p, k)) | (2 * p + 1 < L ? bits(b(2 * p + 1, k)) << 16 : 0u);
+    return out;
+  };
+  struct S { int64_t M, N, K, r; };
+  for (S s : {S{70, 100, 576, 16}, S{37, 33, 97, 5}, S{33, 48, 1537, 8}, S{130, 20, 64, 4}}) {
+    const int64_t M = s.M, N = s.N, K = s.K, r = s.r;
+    const std::vector<float> x = Bf16Values(M * K, seed++), dy = Bf16Values(M * N, seed++);
+    const std::vector<float> x2 = Bf16Values(M * r, seed++), bw = Bf16Values(N * r, seed++);
+    const std::vector<float> w = Bf16Values(N * K, seed++);
+    Tensor W, B;
+    W.data = w.data(), W.dtype = DType::kF32, W.shape = {N, K};
+    B.data = bw.data(), B.dtype = DType::kF32, B.shape = {N, r};
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      const std::string at = " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                             " threads=" + std::to_string(threads);
+      {  // y = x W^T
+        std::vector<float> got(M * N), want(M * N);
+        LinearForwardBf16(pool, got.data(), x.data(), M, W);
+        const auto a = rows(M, K, [&](int64_t i, int64_t l) { return x[i * K + l]; });
+        const auto b = strips(K, N, [&](int64_t l, int64_t n) { return w[n * K + l]; });
+        cpu::amx::PairGemm(pool, want.data(), N, M, N, (K + 1) / 2, a.data(), (K + 1) / 2, b.data(), false);
+        ASSERT_EQ(got, want) << "forward" << at;
+      }
+      {  // dx = dy W
+        std::vector<float> got(M * K), want(M * K);
+        MatMulBackwardInputBf16(pool, got.data(), dy.data(), M, W);
+        const auto a = rows(M, N, [&](int64_t i, int64_t l) { return dy[i * N + l]; });
+        const auto b = strips(N, K, [&](int64_t l, int64_t k) { return w[l * K + k]; });
+        cpu::amx::PairGemm(pool, want.data(), K, M, K, (N + 1) / 2, a.data(), (N + 1) / 2, b.data(), false);
+        ASSERT_EQ(got, want) << "input gradient" << at;
+      }
+      for (int64_t kk : {K, r}) {  // dw (N, kk) += dy^T x[:, :kk]: kk = r takes the narrow form (dw^T += x^T dy)
+        std::vector<float> xs(M * kk);
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t k = 0; k < kk; ++k) xs[i * kk + k] = x[i * K + k];
+        std::vector<float> got(N * kk, 0.25f), want(N * kk, 0.25f);
+        MatMulBackwardWeightBf16(pool, got.data(), dy.data(), xs.data(), M, N, kk);
+        if (kk <= 16 * 4 && N > 2 * kk) {  // the narrow form's own order of operands: dw^T (kk, N) += x^T . dy
+          std::vector<float> wt(kk * N);
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t k = 0; k < kk; ++k) wt[k * N + n] = want[n * kk + k];
+          const auto a = rows(kk, M, [&](int64_t k, int64_t l) { return xs[l * kk + k]; });
+          const auto b = strips(M, N, [&](int64_t l, int64_t n) { return dy[l * N + n]; });
+          cpu::amx::PairGemm(pool, wt.data(), N, kk, N, (M + 1) / 2, a.data(), (M + 1) / 2, b.data(), true);
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t k = 0; k < kk; ++k) want[n * kk + k] = wt[k * N + n];
+        } else {
+          const auto a = rows(N, M, [&](int64_t n, int64_t l) { return dy[l * N + n]; });
+          const auto b = strips(M, kk, [&](int64_t l, int64_t k) { return xs[l * kk + k]; });
+          cpu::amx::PairGemm(pool, want.data(), kk, N, kk, (M + 1) / 2, a.data(), (M + 1) / 2, b.data(), true);
+        }
+        ASSERT_EQ(got, want) << "weight gradient kk=" << kk << at;
+      }
+      {  // y = x W^T + x2 B^T: one inner dimension of x's pairs then x2's
+        const int64_t Kp = (K + 1) / 2, Lp = Kp + (r + 1) / 2;
+        std::vector<float> got(M * N), want(M * N);
+        LinearForwardBf16Plus(pool, got.data(), x.data(), M, W, x2.data(), B);
+        const auto cat = [&](int64_t i, int64_t l) {
+          return l < 2 * Kp ? (l < K ? x[i * K + l] : 0.0f) : (l - 2 * Kp < r ? x2[i * r + l - 2 * Kp] : 0.0f);
+        };
+        const auto catb = [&](int64_t l, int64_t n) {
+          return l < 2 * Kp ? (l < K ? w[n * K + l] : 0.0f) : (l - 2 * Kp < r ? bw[n * r + l - 2 * Kp] : 0.0f);
+        };
+        const auto a = rows(M, 2 * Lp, cat);
+        const auto b = strips(2 * Lp, N, catb);
+        cpu::amx::PairGemm(pool, want.data(), N, M, N, Lp, a.data(), Lp, b.data(), false);
+        ASSERT_EQ(got, want) << "fused forward" << at;
+      }
     }
   }
 }

@@ -26,8 +26,14 @@ int64_t TiledDwords(int64_t rows, int64_t Lp);
 void TileRows(const uint32_t* a, int64_t lda, int64_t rows, int64_t Lp, uint32_t* out);
 // PairGemmBlock with A already in tile order: at holds rows [m0, m1) (TileRows of A's rows from m0; m0 a
 // multiple of 32 within a larger tiled A: at + m0 / 32 * ceil(Lp / 16) * 512). The same bits.
+// qstride: dwords between at's row pairs (0: ceil(Lp / 16) * 512; more for the first Lp pairs of a wider tiled A).
 void PairGemmBlockTiled(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, int64_t s1, int64_t Kd, int64_t Lp,
-                        const uint32_t* at, const uint32_t* b, int64_t sstride, bool accumulate);
+                        const uint32_t* at, const uint32_t* b, int64_t sstride, bool accumulate, int64_t qstride = 0);
+
+// PairGemm with A (R rows) already in tile order (TileRows' layout, row pairs qstride dwords apart: 0 for
+// ceil(Lp / 16) * 512), as the packers write it for AMX (bf16_pairs.h, TiledPairs): no per-task copy. The same bits.
+void PairGemmTiled(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* at,
+                   int64_t qstride, const uint32_t* b, bool accumulate);  // each task's thread releases its tiles
 
 // Returns the calling thread's tiles to the init state (nothing held, nothing for the OS to save).
 void ReleaseTiles();

@@ -170,6 +170,33 @@ inline void PairRows(ThreadPool& pool, const float* a, int64_t lda, int64_t R, i
   }, 2.0 * R * L);
 }
 
+// The AMX A operand's tile order (bf16_amx.h, TileRows), written by the packers below where the products run on AMX
+// (no per-task copy): row i's pairs 16 s .. 16 s + 15 at TiledRow(out, qs, i, s), qs dwords between row pairs
+// (TiledStride(Lp): ceil(Lp / 16) steps of 512 dwords), each step's pairs past the row's last one zero.
+inline int64_t TiledStride(int64_t Lp) { return (Lp + 15) / 16 * 512; }
+inline uint32_t* TiledRow(uint32_t* out, int64_t qs, int64_t i, int64_t s) {
+  return out + i / 32 * qs + s * 512 + (i % 32) * 16;
+}
+
+// RowToPairs into tile order: row i's (L + 1) / 2 pairs from step s0 on (the same conversion, RNE).
+inline void RowToTiledPairs(const float* a, int64_t L, uint32_t* out, int64_t qs, int64_t i, int64_t s0) {
+  for (int64_t l = 0, st = s0; l < L; l += 32, ++st) {
+    const int64_t n = std::min<int64_t>(32, L - l);
+    const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+    const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n > 16 ? (1u << (n - 16)) - 1 : 0);
+    const __m512 lo = _mm512_maskz_loadu_ps(m0, a + l), hi = _mm512_maskz_loadu_ps(m1, a + l + 16);
+    _mm512_storeu_si512(TiledRow(out, qs, i, st), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
+// PairRows into tile order (R rows from step s0 on, row pairs qs dwords apart).
+inline void PairRowsTiled(ThreadPool& pool, const float* a, int64_t lda, int64_t R, int64_t L, uint32_t* out,
+                          int64_t qs, int64_t s0 = 0) {
+  pool.ParallelFor(R, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) RowToTiledPairs(a + i * lda, L, out, qs, i, s0);
+  }, 2.0 * R * L);
+}
+
 // 16 dwords of pairs (a[k], b[k]) from two 16-lane rows: one vcvtne2ps2bf16 (a's bf16 in words 0-15, b's in
 // 16-31; the same RNE as Bf16Of's vcvtneps2bf16) and one word permutation interleaving the halves.
 inline __m512i PairIdx() {
@@ -212,7 +239,9 @@ void PairTwoRows(const T* r0, const T* r1, int64_t n, uint32_t* out, int64_t ost
 // A = M^T for a row-major M (L rows of R: dy in the weight gradient) -> out[i * Lp + p] = (M[2p][i],
 // M[2p + 1][i]): per block of 16 pairs and 16 columns, pairs of two rows of M (16 dwords each), then the
 // 16 x 16 dword block transposed in registers.
-inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t R, uint32_t* out) {
+// store(i, pb, v, pm): row i's pairs 16 pb .. (v's lanes pm; the lanes past the last pair zero).
+template <typename Store>
+inline void PairRowsTWith(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t R, Store store) {
   const int64_t Lp = (L + 1) / 2;
   constexpr int64_t kB = 16;
   pool.ParallelFor((Lp + kB - 1) / kB, 1, [&](int64_t b, int64_t e, int) {
@@ -236,10 +265,23 @@ inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, 
           r[p] = _mm512_castsi512_ps(PairOf(lo, hi, idx));
         }
         Transpose16(r);
-        for (int64_t i = 0; i < ni; ++i) _mm512_mask_storeu_ps((float*)(out + (i0 + i) * Lp + p0), pm, r[i]);
+        for (int64_t i = 0; i < ni; ++i) store(i0 + i, pb, r[i], pm);
       }
     }
   }, 2.0 * L * R);
+}
+inline void PairRowsT(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t R, uint32_t* out) {
+  const int64_t Lp = (L + 1) / 2;
+  PairRowsTWith(pool, m, ldm, L, R, [out, Lp](int64_t i, int64_t pb, __m512 v, __mmask16 pm) {
+    _mm512_mask_storeu_ps((float*)(out + i * Lp + 16 * pb), pm, v);
+  });
+}
+// PairRowsT into tile order (row pairs TiledStride((L + 1) / 2) dwords apart).
+inline void PairRowsTTiled(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t R, uint32_t* out) {
+  const int64_t qs = TiledStride((L + 1) / 2);
+  PairRowsTWith(pool, m, ldm, L, R, [out, qs](int64_t i, int64_t pb, __m512 v, __mmask16) {
+    _mm512_storeu_ps((float*)TiledRow(out, qs, i, pb), v);
+  });
 }
 
 // B(l, k) = m[l * ldm + k] (row-major, L x Kd) -> pair strips: strip s's pair p at out + (s * Lp + p) * 16,

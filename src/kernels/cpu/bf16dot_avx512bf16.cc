@@ -128,6 +128,43 @@ uint32_t* BBuf(size_t n) {
   return Scratch(buf, n);
 }
 
+// A pair product's A operand from f32 rows: row-major pairs for the pair tiles (PairRows / PairRowsT, Lp dwords a
+// row), or where the products run on AMX tiles (UsesAmxBf16) written straight into tile order (PairRowsTiled /
+// PairRowsTTiled), so that amx::PairGemmTiled's tasks need no copy of their rows (amx::PairGemm's TileRows was ~6%
+// of a bf16 training step). The same bits either way. PairGemmA runs C = A . B over either form; stride: A's row
+// stride (row-major, 0: Lp) or its row pairs' (tiled, 0: TiledStride(Lp)), for the first Lp pairs of a wider A.
+bool TiledA() { return UsesAmxBf16(); }
+uint32_t* PackRowsA(ThreadPool& pool, const float* a, int64_t lda, int64_t R, int64_t L) {
+  const int64_t Lp = (L + 1) / 2;
+  if (TiledA()) {
+    uint32_t* at = ABuf((size_t)amx::TiledDwords(R, Lp));
+    PairRowsTiled(pool, a, lda, R, L, at, TiledStride(Lp));
+    return at;
+  }
+  uint32_t* ap = ABuf((size_t)(R * Lp));
+  PairRows(pool, a, lda, R, L, ap);
+  return ap;
+}
+// A = M^T for M (L rows of R, ldm apart): R rows of (L + 1) / 2 pairs.
+uint32_t* PackColsA(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t R) {
+  const int64_t Lp = (L + 1) / 2;
+  if (TiledA()) {
+    uint32_t* at = ABuf((size_t)amx::TiledDwords(R, Lp));
+    PairRowsTTiled(pool, m, ldm, L, R, at);
+    return at;
+  }
+  uint32_t* ap = ABuf((size_t)(R * Lp));
+  PairRowsT(pool, m, ldm, L, R, ap);
+  return ap;
+}
+void PairGemmA(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
+               const uint32_t* b, bool accumulate, int64_t stride = 0) {
+  if (TiledA()) return amx::PairGemmTiled(pool, c, ldc, R, Kd, Lp, a, stride, b, accumulate);
+  PairGemm(pool, c, ldc, R, Kd, Lp, a, b, accumulate, stride, /*amx=*/false);
+}
+// A's pairs from pair p0 on (p0 a multiple of 16 in tile order).
+const uint32_t* PairsFrom(const uint32_t* a, int64_t p0) { return TiledA() ? a + p0 / 16 * 512 : a + p0; }
+
 // Rows of a W stored in another dtype (f16, block or packed quant), dequantized to f32 on their way to pairs.
 float* DequantBuf(size_t n) {
   static thread_local std::vector<float> buf;
@@ -189,12 +226,20 @@ template <typename Strips>
 void ConcatPairGemm(ThreadPool& pool, float* c, int64_t M, int64_t Kd, const float* a1, int64_t L1, const float* a2,
                     int64_t L2, const Tensor& w1, const Tensor& w2, Strips strips, bool accumulate) {
   const int64_t L1p = (L1 + 1) / 2, Lp = L1p + (L2 + 1) / 2;
-  uint32_t* a = ABuf((size_t)(M * Lp));
+  // Tile order where a2's pairs start at a step (else A row-major, tiled per task by amx::PairGemm).
+  const bool tiled = TiledA() && L1p % 16 == 0;
+  uint32_t* a = ABuf(tiled ? (size_t)amx::TiledDwords(M, Lp) : (size_t)(M * Lp));
   uint32_t* b = BBuf((size_t)((Kd + 15) / 16 * 16 * Lp));
-  PairRows(pool, a1, L1, M, L1, a, Lp);
-  PairRows(pool, a2, L2, M, L2, a + L1p, Lp);
+  if (tiled) {
+    PairRowsTiled(pool, a1, L1, M, L1, a, TiledStride(Lp));
+    PairRowsTiled(pool, a2, L2, M, L2, a, TiledStride(Lp), L1p / 16);
+  } else {
+    PairRows(pool, a1, L1, M, L1, a, Lp);
+    PairRows(pool, a2, L2, M, L2, a + L1p, Lp);
+  }
   strips(pool, w1, b, Lp * 16);
   strips(pool, w2, b + L1p * 16, Lp * 16);
+  if (tiled) return amx::PairGemmTiled(pool, c, Kd, M, Kd, Lp, a, 0, b, accumulate);
   PairGemm(pool, c, Kd, M, Kd, Lp, a, b, accumulate);
 }
 
@@ -206,15 +251,27 @@ void ConcatPairGemmChained(ThreadPool& pool, float* c, int64_t M, int64_t Kd, co
                            const std::function<const float*(float*)>& second, const Tensor& w2, Strips strips,
                            bool accumulate) {
   const int64_t L1p = (L1 + 1) / 2, Lp = L1p + (r + 1) / 2;
-  uint32_t* a = ABuf((size_t)(M * Lp));
-  PairRows(pool, a1, L1, M, L1, a, Lp);
+  const bool tiled = TiledA() && L1p % 16 == 0;  // as in ConcatPairGemm
+  const int64_t qs = TiledStride(Lp);
+  uint32_t* a = ABuf(tiled ? (size_t)amx::TiledDwords(M, Lp) : (size_t)(M * Lp));
+  if (tiled) {
+    PairRowsTiled(pool, a1, L1, M, L1, a, qs);
+  } else {
+    PairRows(pool, a1, L1, M, L1, a, Lp);
+  }
   uint32_t* rb = BBuf((size_t)((r + 15) / 16 * 16 * L1p));
   rstrips(pool, rw, rb, L1p * 16);
-  PairGemm(pool, mid, r, M, r, L1p, a, rb, /*accumulate=*/false, Lp);
-  PairRows(pool, second(mid), r, M, r, a + L1p, Lp);
+  if (tiled) {
+    amx::PairGemmTiled(pool, mid, r, M, r, L1p, a, qs, rb, /*accumulate=*/false);
+    PairRowsTiled(pool, second(mid), r, M, r, a, qs, L1p / 16);
+  } else {
+    PairGemm(pool, mid, r, M, r, L1p, a, rb, /*accumulate=*/false, Lp);
+    PairRows(pool, second(mid), r, M, r, a + L1p, Lp);
+  }
   uint32_t* b = BBuf((size_t)((Kd + 15) / 16 * 16 * Lp));
   strips(pool, w1, b, Lp * 16);
   strips(pool, w2, b + L1p * 16, Lp * 16);
+  if (tiled) return amx::PairGemmTiled(pool, c, Kd, M, Kd, Lp, a, 0, b, accumulate);
   PairGemm(pool, c, Kd, M, Kd, Lp, a, b, accumulate);
 }
 
@@ -253,21 +310,19 @@ void TrainBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64_
 // y (M, N) (=, +=) x . W^T, W (N, K) f32 or bf16 holding bf16 values.
 void TrainForward(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate) {
   const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2;
-  uint32_t* a = ABuf((size_t)(M * Kp));
+  const uint32_t* a = PackRowsA(pool, x, K, M, K);
   uint32_t* b = BBuf((size_t)((N + 15) / 16 * 16 * Kp));
-  PairRows(pool, x, K, M, K, a);
   StripsT(pool, w, b, 0);
-  PairGemm(pool, y, N, M, N, Kp, a, b, accumulate);
+  PairGemmA(pool, y, N, M, N, Kp, a, b, accumulate);
 }
 
 // dx (M, K) (=, +=) dy . W, W (N, K).
 void TrainBackwardInput(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, bool accumulate) {
   const int64_t N = w.shape[0], K = w.shape[1], Np = (N + 1) / 2;
-  uint32_t* a = ABuf((size_t)(M * Np));
+  const uint32_t* a = PackRowsA(pool, dy, N, M, N);
   uint32_t* b = BBuf((size_t)((K + 15) / 16 * 16 * Np));
-  PairRows(pool, dy, N, M, N, a);
   StripsRows(pool, w, b, 0);
-  PairGemm(pool, dx, K, M, K, Np, a, b, accumulate);
+  PairGemmA(pool, dx, K, M, K, Np, a, b, accumulate);
 }
 
 float* CBuf(size_t n) {
@@ -285,19 +340,17 @@ void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const flo
   if (K <= 16 * kS && N > 2 * K) {
     float* ct = CBuf((size_t)(K * N));
     TransposeF32(dw, N, K, K, ct, N);
-    uint32_t* a = ABuf((size_t)(K * Mp));
+    const uint32_t* a = PackColsA(pool, x, K, M, K);
     uint32_t* b = BBuf((size_t)((N + 15) / 16 * 16 * Mp));
-    PairRowsT(pool, x, K, M, K, a);
     PairStripsRows<float>(pool, dy, N, M, N, b);
-    PairGemm(pool, ct, N, K, N, Mp, a, b, /*accumulate=*/true);
+    PairGemmA(pool, ct, N, K, N, Mp, a, b, /*accumulate=*/true);
     TransposeF32(ct, K, N, N, dw, K);
     return;
   }
-  uint32_t* a = ABuf((size_t)(N * Mp));
+  const uint32_t* a = PackColsA(pool, dy, N, M, N);
   uint32_t* b = BBuf((size_t)((K + 15) / 16 * 16 * Mp));
-  PairRowsT(pool, dy, N, M, N, a);
   PairStripsRows<float>(pool, x, K, M, K, b);
-  PairGemm(pool, dw, K, N, K, Mp, a, b, /*accumulate=*/true);
+  PairGemmA(pool, dw, K, N, K, Mp, a, b, /*accumulate=*/true);
 }
 
 // logitsT (V, n) = W . x^T for a bf16 head W (V, C), C even: W's rows are already row-major pairs (read in
@@ -348,9 +401,8 @@ void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t pairs, int64_t
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,
                         const uint32_t* w_pairs) {
   const int64_t vp = (V + 1) / 2;
-  uint32_t* a = ABuf((size_t)(n * vp));
-  PairRowsT(pool, dy_t, n, V, n, a);
-  PairGemm(pool, dx, C, n, C, vp, a, w_pairs, /*accumulate=*/false);
+  const uint32_t* a = PackColsA(pool, dy_t, n, V, n);
+  PairGemmA(pool, dx, C, n, C, vp, a, w_pairs, /*accumulate=*/false);
 }
 
 void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, const Tensor& w) {
@@ -358,8 +410,7 @@ void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int6
   // On AMX tiles chunks of whole 16-pair steps: the chunks' accumulating calls then give one call's bits.
   const int64_t V = w.shape[0], C = w.shape[1], vp = (V + 1) / 2;
   const int64_t chunk = UsesAmxBf16() ? (Bf16PairsChunk(vp) + 15) / 16 * 16 : Bf16PairsChunk(vp);
-  uint32_t* a = ABuf((size_t)(n * vp));
-  PairRowsT(pool, dy_t, n, V, n, a);
+  const uint32_t* a = PackColsA(pool, dy_t, n, V, n);
   uint32_t* b = BBuf((size_t)((C + 15) / 16 * 16 * chunk));
   const uint16_t* wd = (const uint16_t*)w.data;
   // Another dtype: the chunk's rows dequantized first (a buffer of the calling thread's), rounded as they are
@@ -374,7 +425,7 @@ void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int6
     } else {
       PairStripsRows<uint16_t>(pool, wd + r0 * C, C, rows, C, b);
     }
-    PairGemm(pool, dx, C, n, C, np, a + p0, b, /*accumulate=*/p0 > 0, vp);
+    PairGemmA(pool, dx, C, n, C, np, PairsFrom(a, p0), b, /*accumulate=*/p0 > 0, TiledA() ? TiledStride(vp) : vp);
   }
 }
 
