@@ -348,7 +348,9 @@ int RunBenchServe(int argc, char** argv) {
             "(0,32,64) runs every level once per value, on fresh engines, interleaved",
             "64");
   args.Flag("--prefill-tokens-per-decode-row",
-            "engine: raise that cap to this many prompt tokens per decode row (0 = the fixed cap)", "2");
+            "engine: raise that cap to this many prompt tokens per decode row (0 = the fixed cap; auto = 8 where "
+            "the prompt rows run on AMX tiles, else 2)",
+            "auto");
   args.Flag("--kv-cache-memory", "engine: KV cache bytes", "1073741824");
   args.Flag("--block-size", "engine: tokens per KV-cache block", "16");
   AddKvCacheDTypeFlag(args);
@@ -386,9 +388,12 @@ int RunBenchServe(int argc, char** argv) {
   }
   if (!rounds.ok() || *rounds < 1 || *rounds > 100)
     return Fail("bench serve", Status::Error("--rounds must be in 1..100"));
-  auto ppr = args.Int("prefill-tokens-per-decode-row");
-  if (!ppr.ok() || *ppr < 0)
-    return Fail("bench serve", Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer"));
+  if (args.Get("prefill-tokens-per-decode-row") != "auto") {
+    auto ppr = args.Int("prefill-tokens-per-decode-row");
+    if (!ppr.ok() || *ppr < 0)
+      return Fail("bench serve",
+                  Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer or auto"));
+  }
   if (levels.empty() || std::any_of(levels.begin(), levels.end(), [](int c) { return c < 1; }) ||
       plen.size() != 2 || olen.size() != 2 || plen[0] < 1 || plen[1] < plen[0] || olen[0] < 1 ||
       olen[1] < olen[0] || !nreq.ok() || !seed.ok() || !mns.ok() || !mbt.ok() || !kvb.ok() || !sys_n.ok() ||
@@ -437,6 +442,8 @@ int RunBenchServe(int argc, char** argv) {
   ec.max_num_seqs = *mns;
   ec.max_num_batched_tokens = *mbt;
   ec.max_prefill_tokens_with_decode = caps[0];
+  auto ppr = PrefillTokensPerDecodeRowFromArgs(args, (*lm)->weights);
+  if (!ppr.ok()) return Fail("bench serve", ppr.status());
   ec.prefill_tokens_per_decode_row = *ppr;
   ec.max_model_len = std::min<int64_t>((*lm)->weights.config.max_seq_len, 4096);
   auto kvt = KvCacheDTypeFromArgs(args, (*lm)->weights);

@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "core/cpu.h"
 #include "core/thread_pool.h"
+#include "kernels/kernels.h"
 #include "model/transformer.h"
 
 namespace lathe::cli {
@@ -51,6 +53,20 @@ Result<DType> KvCacheDTypeFromArgs(const Args& args, const model::ModelWeights& 
   DType t;
   ParseDType(v, &t);
   return t;
+}
+
+Result<int64_t> PrefillTokensPerDecodeRowFromArgs(const Args& args, const model::ModelWeights& w) {
+  const std::string v = args.Get("prefill-tokens-per-decode-row");
+  if (v == "auto") {
+    if (w.layers.empty() || !UsesAmxBf16()) return kPromptTokensPerDecodeRow;
+    const Tensor& t = w.layers[0].w_gate;
+    const bool amx_rows = t.dtype == DType::kBF16 ||
+                          (kernels::MatMulBf16Rounds(t) && !kernels::MatMulInt16Takes(t));
+    return amx_rows ? kAmxPromptTokensPerDecodeRow : kPromptTokensPerDecodeRow;
+  }
+  auto n = args.Int("prefill-tokens-per-decode-row");
+  if (!n.ok() || *n < 0) return Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer or auto");
+  return *n;
 }
 
 int ThreadsFromArgs(const Args& args) {

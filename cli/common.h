@@ -26,6 +26,13 @@ void AddKvCacheDTypeFlag(Args& args);
 Status CheckKvCacheDTypeFlag(const Args& args);
 Result<DType> KvCacheDTypeFromArgs(const Args& args, const model::ModelWeights& w);
 
+// The serving engine's --prefill-tokens-per-decode-row: a non-negative integer, or auto (the default):
+// kAmxPromptTokensPerDecodeRow where the model's prompt rows run on AMX tiles (UsesAmxBf16, linear weights bf16 or
+// block-quantized on the bf16 prompt rows: ~3x cheaper per row than on FMAs, so a step can carry more of the
+// arrivals' prompt tokens for the same latency), else kPromptTokensPerDecodeRow (bench/RESULTS.md, "Serving").
+constexpr int64_t kPromptTokensPerDecodeRow = 2, kAmxPromptTokensPerDecodeRow = 8;
+Result<int64_t> PrefillTokensPerDecodeRowFromArgs(const Args& args, const model::ModelWeights& w);
+
 // JSON-escapes into a quoted string (invalid UTF-8 is replaced by U+FFFD).
 std::string JsonString(const std::string& s);
 

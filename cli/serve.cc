@@ -88,8 +88,9 @@ int RunServe(int argc, char** argv) {
             "64");
   args.Flag("--prefill-tokens-per-decode-row",
             "raise that cap to this many prompt tokens per decode row of the step (many streams' arrivals "
-            "keep pace); 0 = the fixed cap",
-            "2");
+            "keep pace); 0 = the fixed cap; auto = 8 where the prompt rows run on AMX tiles (bf16 or "
+            "block-quantized weights on a Xeon with amx_bf16), else 2",
+            "auto");
   args.Flag("--max-num-seqs", "sequences running at once", "64");
   args.Flag("--max-model-len", "context length per request (prompt + completion); default min(model's, 4096)",
             "0");
@@ -112,7 +113,6 @@ int RunServe(int argc, char** argv) {
   auto mbt = args.Int("max-num-batched-tokens");
   auto mns = args.Int("max-num-seqs");
   auto mpd = args.Int("max-prefill-tokens-with-decode");
-  auto ppr = args.Int("prefill-tokens-per-decode-row");
   auto mml = args.Int("max-model-len");
   if (!port.ok() || *port < 0 || *port > 65535)
     return Fail("serve", Status::Error("--port must be in 0..65535"));
@@ -123,8 +123,11 @@ int RunServe(int argc, char** argv) {
   if (!mns.ok() || *mns < 1) return Fail("serve", Status::Error("--max-num-seqs must be a positive integer"));
   if (!mpd.ok() || *mpd < 0)
     return Fail("serve", Status::Error("--max-prefill-tokens-with-decode must be a non-negative integer"));
-  if (!ppr.ok() || *ppr < 0)
-    return Fail("serve", Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer"));
+  if (args.Get("prefill-tokens-per-decode-row") != "auto") {
+    auto ppr = args.Int("prefill-tokens-per-decode-row");
+    if (!ppr.ok() || *ppr < 0)
+      return Fail("serve", Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer or auto"));
+  }
   if (!mml.ok() || *mml < 0)
     return Fail("serve", Status::Error("--max-model-len must be a non-negative integer"));
   if (args.Has("adapter")) {
@@ -138,6 +141,8 @@ int RunServe(int argc, char** argv) {
   ec.max_num_batched_tokens = *mbt;
   ec.max_num_seqs = *mns;
   ec.max_prefill_tokens_with_decode = *mpd;
+  auto ppr = PrefillTokensPerDecodeRowFromArgs(args, (*lm)->weights);
+  if (!ppr.ok()) return Fail("serve", ppr.status());
   ec.prefill_tokens_per_decode_row = *ppr;
   ec.prefix_caching = !args.On("no-prefix-caching");
   ec.max_model_len = *mml > 0 ? *mml : std::min<int64_t>(mc.max_seq_len, 4096);

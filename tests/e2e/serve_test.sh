@@ -106,6 +106,8 @@ python3 - "$tmp/bench.out" "$tmp/bench_prof.json" <<'PY' || { echo "FAIL: bench 
 import json, re, sys
 text = open(sys.argv[1]).read()
 assert re.search(r"engine: \d+ KV blocks x 8 tokens \(bf16\)", text), text
+# --prefill-tokens-per-decode-row auto: an f32 model's prompt rows run on FMAs on every CPU, so 2.
+assert "prefill-tokens-per-decode-row 2;" in text, text
 assert re.search(r"profile of the last level \(concurrency 2\)", text), text
 assert re.search(r"^attention +\d+", text, re.M) and re.search(r"^matmul_", text, re.M), text
 trace = json.load(open(sys.argv[2]))
