@@ -222,10 +222,12 @@ struct HeadGradParts {
   std::vector<uint32_t> a, b;   // each chunk's dlogits^T pairs (V x n/2) and x pairs (C/16 strips x n/2)
   std::vector<int64_t> tokens;  // each chunk's token count
   int64_t V = 0, C = 0;
+  bool tiled = false;           // a in the AMX tiles' order (V rounded to 32 rows, the pairs to 16)
 };
 bool HeadGradCanWait(const Tensor& w_head, bool bf16);
 void AddHeadGrad(ThreadPool& pool, float* dw_head_accum, const HeadGradParts& parts);
-// Bytes of HeadGradParts for `tokens` labelled tokens in chunks of chunk_tokens.
+// Bytes of HeadGradParts for `tokens` labelled tokens in chunks of chunk_tokens (tiled where the CPU's products would
+// keep a in tile order).
 int64_t HeadGradPartsBytes(int64_t V, int64_t C, int64_t tokens, int64_t chunk_tokens);
 // bf16 (bf16 mixed precision, where UsesBf16Dot()): a bf16 head's logits on vdpbf16ps, x rounded to bf16
 // and the pair arithmetic over C (Bf16PairsReference), and dw_head from the softmax gradient rounded to

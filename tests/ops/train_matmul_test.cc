@@ -894,6 +894,50 @@ TEST(TrainBf16Dot, OtherDtypesAreTheirRoundedDequantizedValues) {
   }
 }
 
+// The head gradient's pairs in AMX tile order (HeadGradTiled: chunks of a multiple of 32 tokens, every chunk's pairs
+// from a whole step): chunks of 32 (tiled on AMX) and of 16 (row-major pairs) pair the same labelled tokens in the
+// same order, so on AMX the two give the same bits; held back and added later the same again; and either is the
+// bf16-rounded gradient (a wrong layout would be far off). 72 labelled tokens: chunks 32, 32, 8.
+TEST(TrainBf16Dot, HeadGradientPairsInTileOrder) {
+  if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
+  const int64_t T = 90, V = 333, C = 64;
+  const std::vector<float> x = RandomVec(T * C, 7400), wf = RandomVec(V * C, 7401, 0.3f);
+  std::vector<uint16_t> wb(V * C);
+  for (int64_t i = 0; i < V * C; ++i) wb[i] = F32ToBF16(wf[i]);
+  Tensor w;
+  w.data = wb.data(), w.dtype = DType::kBF16, w.shape = {V, C};
+  std::vector<int32_t> labels(T);
+  for (int64_t t = 0; t < T; ++t) labels[t] = t % 5 == 3 ? kIgnoreLabel : (int32_t)((t * 131) % V);
+  EXPECT_EQ(cpu::avx512bf16::HeadGradTiled(32), UsesAmxBf16());
+  EXPECT_FALSE(cpu::avx512bf16::HeadGradTiled(16));
+  const std::vector<float> dw0 = RandomVec(V * C, 7402, 1e-3f);
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    std::vector<float> dx32(T * C), dx16(T * C), dxl(T * C), dw32 = dw0, dw16 = dw0, dwl = dw0;
+    const float l32 = CrossEntropyBackward(pool, dx32.data(), dw32.data(), x.data(), T, w, labels.data(), 72.0f, 1.0f,
+                                           32, nullptr, /*bf16=*/true);
+    const float l16 = CrossEntropyBackward(pool, dx16.data(), dw16.data(), x.data(), T, w, labels.data(), 72.0f, 1.0f,
+                                           16, nullptr, /*bf16=*/true);
+    EXPECT_EQ(l32, l16);
+    HeadGradParts later;
+    EXPECT_EQ(l32, CrossEntropyBackward(pool, dxl.data(), nullptr, x.data(), T, w, labels.data(), 72.0f, 1.0f, 32,
+                                        nullptr, /*bf16=*/true, &later));
+    EXPECT_EQ(later.tokens, (std::vector<int64_t>{32, 32, 8}));
+    EXPECT_EQ(later.tiled, UsesAmxBf16());
+    EXPECT_EQ((int64_t)(later.a.size() + later.b.size()) * 4, HeadGradPartsBytes(V, C, 72, 32));
+    AddHeadGrad(pool, dwl.data(), later);
+    ASSERT_EQ(dwl, dw32) << threads;
+    if (UsesAmxBf16()) ASSERT_EQ(dw32, dw16) << threads;
+    // Against the double gradient from the bf16-rounded dlogits' source (the f32 path's dw).
+    std::vector<float> dwf = dw0, dxf(T * C);
+    CrossEntropyBackward(pool, dxf.data(), dwf.data(), x.data(), T, w, labels.data(), 72.0f);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < V * C; ++i)
+      num += (dw32[i] - dwf[i]) * (dw32[i] - dwf[i]), den += (dwf[i] - dw0[i]) * (dwf[i] - dw0[i]);
+    EXPECT_LT(std::sqrt(num / den), 2e-2) << threads;
+  }
+}
+
 // The loss over a bf16 head in bf16 mode on vdpbf16ps (CrossEntropy*(..., bf16 = true)): its logits are
 // the pair arithmetic's (Bf16PairsReference on x and the head), so the loss equals a double softmax over
 // those logits (up to f32 softmax rounding) and differs from the f32 path's (x not rounded); dx and dw take

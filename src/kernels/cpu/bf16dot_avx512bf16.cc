@@ -387,14 +387,22 @@ void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float
 
 // dw (V, C) += dyT . x for dyT (V, n) (the loss's dlogits^T, rounded to bf16 as packed) and x (n, C): pairs
 // along the n tokens.
+bool HeadGradTiled(int64_t chunk_tokens) { return TiledA() && (chunk_tokens + 1) / 2 % 16 == 0; }
+
 void HeadWeightGradPairs(ThreadPool& pool, const float* dy_t, const float* x, int64_t n, int64_t V, int64_t C,
-                         uint32_t* a, uint32_t* b, int64_t pairs) {
-  PairRows(pool, dy_t, n, V, n, a, pairs);
-  PairStripsRows<float>(pool, x, C, n, C, b, pairs * 16);
+                         uint32_t* a, int64_t offset, uint32_t* b, int64_t pairs, bool tiled) {
+  if (tiled) {
+    LATHE_CHECK(offset % 16 == 0);
+    PairRowsTiled(pool, dy_t, n, V, n, a, TiledStride(pairs), offset / 16);
+  } else {
+    PairRows(pool, dy_t, n, V, n, a + offset, pairs);
+  }
+  PairStripsRows<float>(pool, x, C, n, C, b + 16 * offset, pairs * 16);
 }
 
 void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t pairs, int64_t V, int64_t C, const uint32_t* a,
-                             const uint32_t* b) {
+                             const uint32_t* b, bool tiled) {
+  if (tiled) return amx::PairGemmTiled(pool, dw, C, V, C, pairs, a, 0, b, /*accumulate=*/true);
   PairGemm(pool, dw, C, V, C, pairs, a, b, /*accumulate=*/true);
 }
 

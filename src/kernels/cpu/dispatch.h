@@ -287,12 +287,14 @@ void TrainLoraBackwardInput(ThreadPool& pool, float* dx, float* dmid, const floa
 void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n);
 // The loss's head gradient dw (V, C) += dyT . x over every chunk of a call, dyT (V, n) (rounded to bf16 as packed),
 // x (n, C), in two halves: each chunk's operand pairs into the call's A (V rows of `pairs` dwords, the chunk's
-// (n + 1) / 2 at its offset: a = A + offset) and B (C / 16 strips of `pairs` x 16 dwords: b = B + 16 offset), then
-// one product over all `pairs` (one pass over dw where per-chunk products made one a chunk).
+// (n + 1) / 2 from pair `offset` on) and B (C / 16 strips of `pairs` x 16 dwords: the chunk's at B + 16 offset),
+// then one product over all `pairs` (one pass over dw where per-chunk products made one a chunk). tiled (AMX, every
+// chunk's offset a multiple of 16: HeadGradTiled): A in the AMX tile order (amx::TiledDwords(V, pairs) dwords).
+bool HeadGradTiled(int64_t chunk_tokens);
 void HeadWeightGradPairs(ThreadPool& pool, const float* dy_t, const float* x, int64_t n, int64_t V, int64_t C,
-                         uint32_t* a, uint32_t* b, int64_t pairs);
+                         uint32_t* a, int64_t offset, uint32_t* b, int64_t pairs, bool tiled);
 void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t pairs, int64_t V, int64_t C, const uint32_t* a,
-                             const uint32_t* b);
+                             const uint32_t* b, bool tiled);
 // dx (n, C) = dy . W from dyT (V, n) (rounded to bf16 as packed) and W's pairs along V (PackPairsAlongRows).
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,
                         const uint32_t* w_pairs);

@@ -419,12 +419,16 @@ void AddHeadGrad(ThreadPool& pool, float* dw_head_accum, const HeadGradParts& pa
   for (int64_t n : parts.tokens) pairs += (n + 1) / 2;
   if (pairs > 0)
     cpu::avx512bf16::HeadWeightGradFromPairs(pool, dw_head_accum, pairs, parts.V, parts.C, parts.a.data(),
-                                             parts.b.data());
+                                             parts.b.data(), parts.tiled);
 }
 
 int64_t HeadGradPartsBytes(int64_t V, int64_t C, int64_t tokens, int64_t chunk_tokens) {
   int64_t pairs = 0;  // sum over the chunks of (n + 1) / 2
   if (chunk_tokens > 0) pairs = tokens / chunk_tokens * ((chunk_tokens + 1) / 2) + (tokens % chunk_tokens + 1) / 2;
+  // The chunk CrossEntropyWith takes: at most the tokens themselves.
+  if (chunk_tokens > 0 && UsesBf16Dot() &&
+      cpu::avx512bf16::HeadGradTiled(std::min<int64_t>(chunk_tokens, std::max<int64_t>(1, tokens))))
+    return 4 * ((V + 31) / 32 * 32 * ((pairs + 15) / 16 * 16) + (C + 15) / 16 * 16 * pairs);
   return 4 * (V + (C + 15) / 16 * 16) * pairs;
 }
 

@@ -58,7 +58,8 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     p.tokens.clear();
     const int64_t n = (int64_t)rows.size();
     later_pairs = n / ct * ((ct + 1) / 2) + (n % ct + 1) / 2;
-    p.a.resize((size_t)(V * later_pairs));
+    p.tiled = avx512bf16::HeadGradTiled(ct);
+    p.a.resize(p.tiled ? (size_t)((V + 31) / 32 * 32 * ((later_pairs + 15) / 16 * 16)) : (size_t)(V * later_pairs));
     p.b.resize((size_t)((C + 15) / 16 * 16 * later_pairs));
   }
   double loss = 0;
@@ -142,8 +143,8 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     for (int64_t i = 0; i < nc; ++i) std::memcpy(dx + rows[r0 + i] * C, &dxc[i * C], sizeof(float) * C);
     if (parts) {
       HeadGradParts& p = *parts;
-      avx512bf16::HeadWeightGradPairs(pool, logits.data(), xc.data(), nc, V, C, p.a.data() + next_pair,
-                                      p.b.data() + 16 * next_pair, later_pairs);
+      avx512bf16::HeadWeightGradPairs(pool, logits.data(), xc.data(), nc, V, C, p.a.data(), next_pair, p.b.data(),
+                                      later_pairs, p.tiled);
       p.tokens.push_back(nc);
       next_pair += (nc + 1) / 2;
     }
