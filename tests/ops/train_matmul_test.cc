@@ -894,20 +894,34 @@ TEST(TrainBf16Dot, OtherDtypesAreTheirRoundedDequantizedValues) {
   }
 }
 
+// A bf16 head's loss case: x (T, C) and a bf16 head (V, C) from seeds, every fifth token from the fourth unlabelled.
+struct Bf16HeadCase {
+  int64_t T, V, C;
+  std::vector<float> x;
+  std::vector<uint16_t> wb;
+  Tensor w;
+  std::vector<int32_t> labels;
+  Bf16HeadCase(int64_t t, int64_t v, int64_t c, uint32_t seed) : T(t), V(v), C(c), x(RandomVec(t * c, seed)) {
+    const std::vector<float> wf = RandomVec(V * C, seed + 1, 0.3f);
+    wb.resize(V * C);
+    for (int64_t i = 0; i < V * C; ++i) wb[i] = F32ToBF16(wf[i]);
+    w.data = wb.data(), w.dtype = DType::kBF16, w.shape = {V, C};
+    labels.resize(T);
+    for (int64_t i = 0; i < T; ++i) labels[i] = i % 5 == 3 ? kIgnoreLabel : (int32_t)((i * 131) % V);
+  }
+};
+
 // The head gradient's pairs in AMX tile order (HeadGradTiled: chunks of a multiple of 32 tokens, every chunk's pairs
 // from a whole step): chunks of 32 (tiled on AMX) and of 16 (row-major pairs) pair the same labelled tokens in the
 // same order, so on AMX the two give the same bits; held back and added later the same again; and either is the
 // bf16-rounded gradient (a wrong layout would be far off). 72 labelled tokens: chunks 32, 32, 8.
 TEST(TrainBf16Dot, HeadGradientPairsInTileOrder) {
   if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
-  const int64_t T = 90, V = 333, C = 64;
-  const std::vector<float> x = RandomVec(T * C, 7400), wf = RandomVec(V * C, 7401, 0.3f);
-  std::vector<uint16_t> wb(V * C);
-  for (int64_t i = 0; i < V * C; ++i) wb[i] = F32ToBF16(wf[i]);
-  Tensor w;
-  w.data = wb.data(), w.dtype = DType::kBF16, w.shape = {V, C};
-  std::vector<int32_t> labels(T);
-  for (int64_t t = 0; t < T; ++t) labels[t] = t % 5 == 3 ? kIgnoreLabel : (int32_t)((t * 131) % V);
+  const Bf16HeadCase hc(90, 333, 64, 7400);
+  const int64_t T = hc.T, V = hc.V, C = hc.C;
+  const std::vector<float>& x = hc.x;
+  const Tensor& w = hc.w;
+  const std::vector<int32_t>& labels = hc.labels;
   EXPECT_EQ(cpu::avx512bf16::HeadGradTiled(32), UsesAmxBf16());
   EXPECT_FALSE(cpu::avx512bf16::HeadGradTiled(16));
   const std::vector<float> dw0 = RandomVec(V * C, 7402, 1e-3f);
@@ -945,14 +959,12 @@ TEST(TrainBf16Dot, HeadGradientPairsInTileOrder) {
 // two chunks of 256 and 245 pairs) equals dx from the head packed whole, bit for bit.
 TEST(TrainBf16Dot, CrossEntropyLogitsArePairArithmetic) {
   if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
-  const int64_t T = 37, V = 1001, C = 64;
-  const std::vector<float> x = RandomVec(T * C, 7300), wf = RandomVec(V * C, 7301, 0.3f);
-  std::vector<uint16_t> wb(V * C);
-  for (int64_t i = 0; i < V * C; ++i) wb[i] = F32ToBF16(wf[i]);
-  Tensor w;
-  w.data = wb.data(), w.dtype = DType::kBF16, w.shape = {V, C};
-  std::vector<int32_t> labels(T);
-  for (int64_t t = 0; t < T; ++t) labels[t] = t % 5 == 3 ? kIgnoreLabel : (int32_t)((t * 131) % V);
+  const Bf16HeadCase hc(37, 1001, 64, 7300);
+  const int64_t T = hc.T, V = hc.V, C = hc.C;
+  const std::vector<float>& x = hc.x;
+  const std::vector<uint16_t>& wb = hc.wb;
+  const Tensor& w = hc.w;
+  const std::vector<int32_t>& labels = hc.labels;
   std::vector<float> logits(T * V);
   cpu::Bf16PairsReference(x.data(), T, w, logits.data());
   double loss_ref = 0;

@@ -233,44 +233,39 @@ void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t s0, in
 }
 
 namespace {
-constexpr int64_t kTaskRows = 64;  // C rows per PairGemm task
-// Strips per task: enough tasks to share among the threads (4 a thread), strips in pairs (the register tile's two).
-int64_t TaskStrips(int64_t n_strips, int64_t n_mb, int64_t th) {
+// PairGemm's tasks: 64 C rows x a group of strips, enough of them to share among the threads (4 a thread), strips in
+// pairs (the register tile's two); block(m0, m1, s0, s1) runs one, each thread releases its tiles at the end.
+template <typename Block>
+void OverTasks(ThreadPool& pool, int64_t R, int64_t Kd, int64_t Lp, Block block) {
+  constexpr int64_t kRows = 64;
+  const int64_t n_strips = (Kd + 15) / 16, n_mb = (R + kRows - 1) / kRows, th = pool.size();
   const int64_t want = th > 1 ? 4 * th : 1, n_sg_want = std::max<int64_t>(1, (want + n_mb - 1) / n_mb);
-  return std::max<int64_t>(2, ((n_strips + n_sg_want - 1) / n_sg_want + 1) / 2 * 2);
+  const int64_t per = std::max<int64_t>(2, ((n_strips + n_sg_want - 1) / n_sg_want + 1) / 2 * 2);
+  const int64_t n_sg = (n_strips + per - 1) / per;
+  pool.ParallelFor(n_mb * n_sg, 1, [&](int64_t tb, int64_t te, int) {
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t mb = t / n_sg, sg = t % n_sg;
+      const int64_t m0 = mb * kRows, s0 = sg * per;
+      block(m0, std::min(R, m0 + kRows), s0, std::min(n_strips, s0 + per));
+    }
+    ReleaseTiles();
+  }, 2.0 * R * Kd * Lp * 2);
 }
 }  // namespace
 
 void PairGemm(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* a,
               int64_t lda, const uint32_t* b, bool accumulate) {
-  constexpr int64_t kRows = kTaskRows;
-  const int64_t n_strips = (Kd + 15) / 16, n_mb = (R + kRows - 1) / kRows;
-  const int64_t per = TaskStrips(n_strips, n_mb, pool.size()), n_sg = (n_strips + per - 1) / per;
-  pool.ParallelFor(n_mb * n_sg, 1, [&](int64_t tb, int64_t te, int) {
-    for (int64_t t = tb; t < te; ++t) {
-      const int64_t mb = t / n_sg, sg = t % n_sg;
-      const int64_t m0 = mb * kRows, m1 = std::min(R, m0 + kRows);
-      const int64_t s0 = sg * per, s1 = std::min(n_strips, s0 + per);
-      PairGemmBlock(c, ldc, m0, m1, s0, s1, Kd, Lp, a + m0 * lda, lda, b, Lp * 16, accumulate);
-    }
-    ReleaseTiles();
-  }, 2.0 * R * Kd * Lp * 2);
+  OverTasks(pool, R, Kd, Lp, [&](int64_t m0, int64_t m1, int64_t s0, int64_t s1) {
+    PairGemmBlock(c, ldc, m0, m1, s0, s1, Kd, Lp, a + m0 * lda, lda, b, Lp * 16, accumulate);
+  });
 }
 
 void PairGemmTiled(ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t Lp, const uint32_t* at,
                    int64_t qstride, const uint32_t* b, bool accumulate) {
   if (qstride <= 0) qstride = (Lp + 15) / 16 * 512;
-  const int64_t n_strips = (Kd + 15) / 16, n_mb = (R + kTaskRows - 1) / kTaskRows;
-  const int64_t per = TaskStrips(n_strips, n_mb, pool.size()), n_sg = (n_strips + per - 1) / per;
-  pool.ParallelFor(n_mb * n_sg, 1, [&](int64_t tb, int64_t te, int) {
-    for (int64_t t = tb; t < te; ++t) {
-      const int64_t mb = t / n_sg, sg = t % n_sg;
-      const int64_t m0 = mb * kTaskRows, m1 = std::min(R, m0 + kTaskRows);
-      const int64_t s0 = sg * per, s1 = std::min(n_strips, s0 + per);
-      PairGemmBlockTiled(c, ldc, m0, m1, s0, s1, Kd, Lp, at + m0 / 32 * qstride, b, Lp * 16, accumulate, qstride);
-    }
-    ReleaseTiles();
-  }, 2.0 * R * Kd * Lp * 2);
+  OverTasks(pool, R, Kd, Lp, [&](int64_t m0, int64_t m1, int64_t s0, int64_t s1) {
+    PairGemmBlockTiled(c, ldc, m0, m1, s0, s1, Kd, Lp, at + m0 / 32 * qstride, b, Lp * 16, accumulate, qstride);
+  });
 }
 
 void ReleaseTiles() { ThreadTiles().Release(); }
