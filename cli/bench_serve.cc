@@ -388,12 +388,7 @@ int RunBenchServe(int argc, char** argv) {
   }
   if (!rounds.ok() || *rounds < 1 || *rounds > 100)
     return Fail("bench serve", Status::Error("--rounds must be in 1..100"));
-  if (args.Get("prefill-tokens-per-decode-row") != "auto") {
-    auto ppr = args.Int("prefill-tokens-per-decode-row");
-    if (!ppr.ok() || *ppr < 0)
-      return Fail("bench serve",
-                  Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer or auto"));
-  }
+  if (Status pst = CheckPrefillTokensPerDecodeRowFlag(args); !pst.ok()) return Fail("bench serve", pst);
   if (levels.empty() || std::any_of(levels.begin(), levels.end(), [](int c) { return c < 1; }) ||
       plen.size() != 2 || olen.size() != 2 || plen[0] < 1 || plen[1] < plen[0] || olen[0] < 1 ||
       olen[1] < olen[0] || !nreq.ok() || !seed.ok() || !mns.ok() || !mbt.ok() || !kvb.ok() || !sys_n.ok() ||

@@ -55,9 +55,16 @@ Result<DType> KvCacheDTypeFromArgs(const Args& args, const model::ModelWeights& 
   return t;
 }
 
+Status CheckPrefillTokensPerDecodeRowFlag(const Args& args) {
+  if (args.Get("prefill-tokens-per-decode-row") == "auto") return Status::Ok();
+  auto n = args.Int("prefill-tokens-per-decode-row");
+  if (!n.ok() || *n < 0) return Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer or auto");
+  return Status::Ok();
+}
+
 Result<int64_t> PrefillTokensPerDecodeRowFromArgs(const Args& args, const model::ModelWeights& w) {
-  const std::string v = args.Get("prefill-tokens-per-decode-row");
-  if (v == "auto") {
+  if (Status st = CheckPrefillTokensPerDecodeRowFlag(args); !st.ok()) return st;
+  if (args.Get("prefill-tokens-per-decode-row") == "auto") {
     if (w.layers.empty() || !UsesAmxBf16()) return kPromptTokensPerDecodeRow;
     const Tensor& t = w.layers[0].w_gate;
     const bool amx_rows = t.dtype == DType::kBF16 ||
@@ -65,7 +72,6 @@ Result<int64_t> PrefillTokensPerDecodeRowFromArgs(const Args& args, const model:
     return amx_rows ? kAmxPromptTokensPerDecodeRow : kPromptTokensPerDecodeRow;
   }
   auto n = args.Int("prefill-tokens-per-decode-row");
-  if (!n.ok() || *n < 0) return Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer or auto");
   return *n;
 }
 

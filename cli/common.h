@@ -31,6 +31,8 @@ Result<DType> KvCacheDTypeFromArgs(const Args& args, const model::ModelWeights& 
 // block-quantized on the bf16 prompt rows: ~3x cheaper per row than on FMAs, so a step can carry more of the
 // arrivals' prompt tokens for the same latency), else kPromptTokensPerDecodeRow (bench/RESULTS.md, "Serving").
 constexpr int64_t kPromptTokensPerDecodeRow = 2, kAmxPromptTokensPerDecodeRow = 8;
+// CheckPrefillTokensPerDecodeRowFlag validates the flag before a model is loaded.
+Status CheckPrefillTokensPerDecodeRowFlag(const Args& args);
 Result<int64_t> PrefillTokensPerDecodeRowFromArgs(const Args& args, const model::ModelWeights& w);
 
 // JSON-escapes into a quoted string (invalid UTF-8 is replaced by U+FFFD).

@@ -123,11 +123,7 @@ int RunServe(int argc, char** argv) {
   if (!mns.ok() || *mns < 1) return Fail("serve", Status::Error("--max-num-seqs must be a positive integer"));
   if (!mpd.ok() || *mpd < 0)
     return Fail("serve", Status::Error("--max-prefill-tokens-with-decode must be a non-negative integer"));
-  if (args.Get("prefill-tokens-per-decode-row") != "auto") {
-    auto ppr = args.Int("prefill-tokens-per-decode-row");
-    if (!ppr.ok() || *ppr < 0)
-      return Fail("serve", Status::Error("--prefill-tokens-per-decode-row must be a non-negative integer or auto"));
-  }
+  if (Status pst = CheckPrefillTokensPerDecodeRowFlag(args); !pst.ok()) return Fail("serve", pst);
   if (!mml.ok() || *mml < 0)
     return Fail("serve", Status::Error("--max-model-len must be a non-negative integer"));
   if (args.Has("adapter")) {
