@@ -515,7 +515,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // On AMX tiles (UsesAmxBf16; kernels/cpu/bf16dot_amx.cc): a task's A rows in tile order where its product reads
   // A as row-major pairs, 64 rows of amx_pairs rounded up to 16 (above), and its strips' zero-padded last steps,
   // 256 dwords a strip of the widest output.
-  const double amx_tiles = bf16_dot && UsesAmxBf16()
+  const double amx_tiles = amx
                                ? 64.0 * std::ceil(amx_pairs / 16) * 16 + 256.0 * (double)((std::max({dim, qd, ffn}) + 15) / 16)
                                : 0.0;
   const double per_thread =

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/cpu/bf16_amx.h"
 #include "kernels/cpu/train_dispatch.h"
 #include "kernels/cpu/train_reference.h"
 #include "kernels/kernels.h"
@@ -428,7 +429,7 @@ int64_t HeadGradPartsBytes(int64_t V, int64_t C, int64_t tokens, int64_t chunk_t
   // The chunk CrossEntropyWith takes: at most the tokens themselves.
   if (chunk_tokens > 0 && UsesBf16Dot() &&
       cpu::avx512bf16::HeadGradTiled(std::min<int64_t>(chunk_tokens, std::max<int64_t>(1, tokens))))
-    return 4 * ((V + 31) / 32 * 32 * ((pairs + 15) / 16 * 16) + (C + 15) / 16 * 16 * pairs);
+    return 4 * (cpu::amx::TiledDwords(V, pairs) + (C + 15) / 16 * 16 * pairs);
   return 4 * (V + (C + 15) / 16 * 16) * pairs;
 }
 

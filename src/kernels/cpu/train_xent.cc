@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/cpu/bf16_amx.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/train_dispatch.h"
 #include "kernels/train_ops.h"
@@ -59,7 +60,7 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     const int64_t n = (int64_t)rows.size();
     later_pairs = n / ct * ((ct + 1) / 2) + (n % ct + 1) / 2;
     p.tiled = avx512bf16::HeadGradTiled(ct);
-    p.a.resize(p.tiled ? (size_t)((V + 31) / 32 * 32 * ((later_pairs + 15) / 16 * 16)) : (size_t)(V * later_pairs));
+    p.a.resize(p.tiled ? (size_t)amx::TiledDwords(V, later_pairs) : (size_t)(V * later_pairs));
     p.b.resize((size_t)((C + 15) / 16 * 16 * later_pairs));
   }
   double loss = 0;
