@@ -35,17 +35,26 @@ int TruncInt(float v) {
   return (int)v;
 }
 
-// Symmetric: L in [0, 2 nmax), scale by a search over 19 candidate inverse scales weighted by x^2
-// (ggml's make_qx_quants with rmse_type 1 and no importance weights).
-float MakeQxQuants(int n, int nmax, const float* x, int8_t* L) {
-  float max = 0, amax = 0;
+// The first of x's n values of the largest magnitude (0 when all are 0), that magnitude in *amax: the signed
+// extreme ggml's quantizers scale by.
+float SignedAbsMax(const float* x, int n, float* amax) {
+  float max = 0;
+  *amax = 0;
   for (int i = 0; i < n; ++i) {
     const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
+    if (ax > *amax) {
+      *amax = ax;
       max = x[i];
     }
   }
+  return max;
+}
+
+// Symmetric: L in [0, 2 nmax), scale by a search over 19 candidate inverse scales weighted by x^2
+// (ggml's make_qx_quants with rmse_type 1 and no importance weights).
+float MakeQxQuants(int n, int nmax, const float* x, int8_t* L) {
+  float amax;
+  const float max = SignedAbsMax(x, n, &amax);
   if (amax < kGroupMaxEps) {
     for (int i = 0; i < n; ++i) L[i] = 0;
     return 0.f;
@@ -86,14 +95,8 @@ float MakeQxQuants(int n, int nmax, const float* x, int8_t* L) {
 // the x^2-weighted error (ggml's make_q3_quants with do_rmse). L in [0, 2 nmax) on return, except
 // an all-zero sub-block, whose L stay 0.
 float MakeQ3Quants(int n, int nmax, const float* x, int8_t* L) {
-  float max = 0, amax = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
+  float amax;
+  const float max = SignedAbsMax(x, n, &amax);
   if (amax < kGroupMaxEps) {
     for (int i = 0; i < n; ++i) L[i] = 0;
     return 0.f;
@@ -217,14 +220,8 @@ void PackQ5(const uint8_t* L, uint8_t* qh, uint8_t* qs) {
 }
 
 void QuantizeQ5_0(const float* x, BlockQ5_0* y) {
-  float amax = 0, max = 0;
-  for (int j = 0; j < 32; ++j) {
-    if (amax < std::fabs(x[j])) {
-      amax = std::fabs(x[j]);
-      max = x[j];
-    }
-  }
-  const float d = max / -16;
+  float amax;
+  const float d = SignedAbsMax(x, 32, &amax) / -16;
   const float id = d ? 1.0f / d : 0.0f;
   y->d = F32ToF16(d);
   uint8_t L[32];
