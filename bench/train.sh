@@ -6,7 +6,12 @@
 # Env: LATHE (binary, default build/lathe), PY (default the refenv's python), TCMALLOC (preloaded for
 # torch when present: PEERS.md's best setting), ROUNDS (default 1: lathe's rows, then torch's, this
 # many times over, alternating; each speed cell keeps its best round and each RSS cell its highest, so
-# on a noisy shared host both sides get the same chances at a quiet minute).
+# on a noisy shared host both sides get the same chances at a quiet minute), TORCH_MODEL (hf, the default:
+# transformers' LlamaForCausalLM + PEFT on the refenv's torch; compact: the same model in plain PyTorch, for
+# ../shared/PEERS.md's "best PyTorch", Debian's python3-torch 1.13, on which transformers and PEFT do not run:
+#   apt-get install python3-torch
+#   PY=/usr/bin/python3 TORCH_MODEL=compact OPENBLAS_CORETYPE=SkylakeX bash bench/train.sh --rows full-f32,...
+# where OPENBLAS_CORETYPE=SkylakeX keeps Debian's OpenBLAS 0.3.21 from taking AMD's AVX-512 cores for Haswell).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LATHE=${LATHE:-build/lathe}
@@ -15,14 +20,15 @@ TCMALLOC=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 ROUNDS=${ROUNDS:-1}
+TORCH_MODEL=${TORCH_MODEL:-hf}
 pre=""
 [ -f "$TCMALLOC" ] && pre="$TCMALLOC"
 for round in $(seq "$ROUNDS"); do
   echo "== round $round/$ROUNDS, lathe ($(git rev-parse --short HEAD 2>/dev/null || echo unknown)): $LATHE bench train $*" |
     tee -a "$out/lathe.txt"
   "$LATHE" bench train "$@" | tee -a "$out/lathe.txt"
-  echo "== round $round/$ROUNDS, torch: LD_PRELOAD=$pre $PY bench/train_torch.py $*"
-  LD_PRELOAD="$pre" "$PY" bench/train_torch.py "$@" | tee -a "$out/torch.txt"
+  echo "== round $round/$ROUNDS, torch: LD_PRELOAD=$pre $PY bench/train_torch.py --model $TORCH_MODEL $*"
+  LD_PRELOAD="$pre" "$PY" bench/train_torch.py --model "$TORCH_MODEL" "$@" | tee -a "$out/torch.txt"
 done
 echo
 # tok/CPU-s: tokens per CPU-second (user + sys of the process over its fastest step): with 1 thread
