@@ -9,9 +9,10 @@
 # on a noisy shared host both sides get the same chances at a quiet minute), TORCH_MODEL (hf, the default:
 # transformers' LlamaForCausalLM + PEFT on the refenv's torch; compact: the same model in plain PyTorch, for
 # ../shared/PEERS.md's "best PyTorch", Debian's python3-torch 1.13, on which transformers and PEFT do not run:
-#   apt-get install python3-torch
+#   apt-get install python3-torch libopenblas0-pthread libopenblas0-openmp   # else torch 1.13 gets netlib's BLAS
 #   PY=/usr/bin/python3 TORCH_MODEL=compact OPENBLAS_CORETYPE=SkylakeX bash bench/train.sh --rows full-f32,...
-# where OPENBLAS_CORETYPE=SkylakeX keeps Debian's OpenBLAS 0.3.21 from taking AMD's AVX-512 cores for Haswell).
+# with LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp for PEERS.md's other variant; SkylakeX keeps
+# Debian's OpenBLAS 0.3.21 from taking AMD's AVX-512 cores for Haswell).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LATHE=${LATHE:-build/lathe}
