@@ -68,7 +68,22 @@ def vm_hwm_mb():
     return 0.0
 
 
-def compact_llama(cfg_vocab, dim, ffn, layers, heads, kv_heads, theta, eps, lora_rank, lora_alpha):
+# SmolLM2-135M's shapes (random weights), for both models.
+SMOLLM2 = dict(vocab=49152, dim=576, ffn=1536, layers=30, heads=9, kv_heads=3, theta=100000.0, eps=1e-5)
+
+
+def hf_config():
+    from transformers import LlamaConfig
+    m = SMOLLM2
+    return LlamaConfig(vocab_size=m["vocab"], hidden_size=m["dim"], intermediate_size=m["ffn"],
+                       num_hidden_layers=m["layers"], num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"],
+                       max_position_embeddings=8192, rms_norm_eps=m["eps"], rope_theta=m["theta"],
+                       tie_word_embeddings=True, attn_implementation="sdpa")
+
+
+def compact_llama(lora_rank, lora_alpha=32, vocab=SMOLLM2["vocab"], dim=SMOLLM2["dim"], ffn=SMOLLM2["ffn"],
+                  layers=SMOLLM2["layers"], heads=SMOLLM2["heads"], kv_heads=SMOLLM2["kv_heads"],
+                  theta=SMOLLM2["theta"], eps=SMOLLM2["eps"]):
     """SmolLM2-135M's architecture in plain PyTorch (1.13 and later): RMSNorm, half-split RoPE, grouped-query
     causal attention through an explicit T x T softmax (1.13 has no fused attention), SwiGLU MLP, tied head;
     with lora_rank > 0 every decoder linear frozen and two f32 factors per target (B zero, A Kaiming-uniform,
@@ -136,7 +151,7 @@ def compact_llama(cfg_vocab, dim, ffn, layers, heads, kv_heads, theta, eps, lora
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.embed = torch.nn.Parameter(torch.randn(cfg_vocab, dim) * 0.02)
+            self.embed = torch.nn.Parameter(torch.randn(vocab, dim) * 0.02)
             if lora_rank > 0:
                 self.embed.requires_grad_(False)
             self.blocks = torch.nn.ModuleList(Block() for _ in range(layers))
@@ -152,7 +167,7 @@ def compact_llama(cfg_vocab, dim, ffn, layers, heads, kv_heads, theta, eps, lora
             for b in self.blocks:
                 x = b(x, cos, sin, mask)
             logits = F.linear(self.norm(x), self.embed)  # tied head
-            return F.cross_entropy(logits[:, :-1].reshape(-1, cfg_vocab).float(), ids[:, 1:].reshape(-1))
+            return F.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(), ids[:, 1:].reshape(-1))
 
     return Model()
 
@@ -161,13 +176,10 @@ def check_compact():
     """--check-compact (needs transformers): the compact model, given LlamaForCausalLM's random weights, gives its
     loss (2 x 48 random tokens) to 1e-4; exits 1 otherwise."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                      rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, attn_implementation="sdpa")
-    hf = LlamaForCausalLM(cfg).eval()
-    c = compact_llama(49152, 576, 1536, 30, 9, 3, 100000.0, 1e-5, 0, 32).eval()
+    hf = LlamaForCausalLM(hf_config()).eval()
+    c = compact_llama(lora_rank=0).eval()
     sd = hf.state_dict()
     names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
              "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
@@ -197,16 +209,13 @@ def child(row, threads, seq, batch, steps, compact=False):
         if row in MEMORY_ROWS:
             print(f"NA {row} {threads} n/a: --model compact runs the four main rows only", flush=True)
             return
-        model = compact_llama(49152, 576, 1536, 30, 9, 3, 100000.0, 1e-5, 16 if lora else 0, 32)
-        run_rows(model, row, threads, seq, batch, steps, base, optim, 49152, lambda ids: model(ids), [])
+        model = compact_llama(lora_rank=16 if lora else 0)
+        run_rows(model, row, threads, seq, batch, steps, base, optim, SMOLLM2["vocab"], lambda ids: model(ids), [])
         return
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
     if base != "f32":
         torch.set_default_dtype(torch.bfloat16)  # build the random model in bf16 (a bf16 checkpoint)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                      rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
-                      attn_implementation="sdpa")
+    cfg = hf_config()
     model = LlamaForCausalLM(cfg)
     torch.set_default_dtype(torch.float32)
     if base in ("nf4", "int8"):
