@@ -192,7 +192,7 @@ def check_compact():
             b.n2.weight.copy_(sd[p + "post_attention_layernorm.weight"])
             for n, k in names.items():
                 getattr(b, n).weight.copy_(sd[p + k + ".weight"])
-        ids = torch.randint(0, 49152, (2, 48), generator=torch.Generator().manual_seed(1))
+        ids = torch.randint(0, SMOLLM2["vocab"], (2, 48), generator=torch.Generator().manual_seed(1))
         a, b = hf(input_ids=ids, labels=ids).loss.item(), c(ids).item()
     print(f"check-compact: LlamaForCausalLM loss {a:.6f}, compact {b:.6f}, |diff| {abs(a - b):.2e}")
     sys.exit(0 if abs(a - b) <= 1e-4 else 1)
@@ -210,7 +210,7 @@ def child(row, threads, seq, batch, steps, compact=False):
             print(f"NA {row} {threads} n/a: --model compact runs the four main rows only", flush=True)
             return
         model = compact_llama(lora_rank=16 if lora else 0)
-        run_rows(model, row, threads, seq, batch, steps, base, optim, SMOLLM2["vocab"], lambda ids: model(ids), [])
+        run_rows(model, row, threads, seq, batch, steps, base, optim, SMOLLM2["vocab"], model, [])
         return
     from transformers import LlamaForCausalLM
     if base != "f32":
@@ -262,7 +262,6 @@ def run_rows(model, row, threads, seq, batch, steps, base, optim, vocab, loss_of
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = loss_of(ids)
         if optim != "adamw":
-            import warnings
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
                 loss.backward()
