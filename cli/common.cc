@@ -34,7 +34,7 @@ Result<std::unique_ptr<model::LoadedModel>> LoadModelFromArgs(const Args& args) 
 
 void AddKvCacheDTypeFlag(Args& args) {
   args.Flag("--kv-cache-dtype",
-            "KV cache element type: auto (f32 for an f32 model, else f16: llama.cpp's default cache), f32 (exact), "
+            "KV cache element type: auto (the model's own for f32 and bf16 models, else f16: llama.cpp's default cache), f32 (exact), "
             "f16 or bf16 (half the memory and the attention's reads)",
             "auto");
 }

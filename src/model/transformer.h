@@ -24,11 +24,14 @@ namespace lathe::model {
 
 // The element types a KV cache may hold (f32, f16, bf16), and their size.
 inline bool IsKvCacheDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-// The commands' default KV element type (`--kv-cache-dtype auto`): f32 for a model whose linear weights are f32
-// (exact, as its weights), f16 for every other (16-bit and block-quantized weights: llama.cpp's default cache,
-// and vLLM's auto = the model's 16-bit dtype): half the cache's memory and the attention's reads.
+// The commands' default KV element type (`--kv-cache-dtype auto`): the model's own for f32 and bf16 linear
+// weights (f32 exact; bf16 as PyTorch and vLLM's auto keep a bf16 model's cache, and where UsesBf16Dot its
+// attention then runs on vdpbf16ps: attention_avx512bf16.cc), f16 for every other (f16 and block-quantized
+// weights: llama.cpp's default cache). 16 bits: half the cache's memory and the attention's reads.
 inline DType DefaultKvCacheDType(const ModelWeights& w) {
-  return !w.layers.empty() && w.layers[0].wq.dtype == DType::kF32 ? DType::kF32 : DType::kF16;
+  if (w.layers.empty()) return DType::kF16;
+  const DType t = w.layers[0].wq.dtype;
+  return t == DType::kF32 || t == DType::kBF16 ? t : DType::kF16;
 }
 inline size_t KvElemBytes(DType t) { return DTypeBytes(t, 1); }
 

@@ -195,6 +195,9 @@ TEST_P(AttentionTier, GroupAttentionRowsMatchesPerToken) {
   }
 }
 
+// Whether a tier's table runs a bf16 KV cache on vdpbf16ps (attention_avx512bf16.cc).
+bool Bf16KvOnDot(const cpu::KernelTable& kt) { return kt.group_attend_rows == cpu::avx512bf16::GroupAttendRows; }
+
 // A KV cache of f16 / bf16 elements: each tier's kernels widen them exactly and run the f32 arithmetic,
 // so one token (GroupAttention) and a run of tokens (GroupAttentionRows, windows too) give the very bits
 // of the f32 call on the widened values: head sizes with zmm kernels (32, 64, 128), AVX2-only ones (8,
@@ -209,6 +212,7 @@ TEST_P(AttentionTier, SixteenBitKvEqualsF32OnTheWidenedValues) {
                          {5, 16, 3, 64, 12}, {100, 70, 1, 64, 64}, {0, 130, 2, 32, 129}};
   const int64_t block_size = 16, n_kv_head = 2;
   for (DType kvt : {DType::kF16, DType::kBF16}) {
+    if (kvt == DType::kBF16 && Bf16KvOnDot(kt)) continue;  // its own arithmetic: Bf16KvOnVdpbf16ps below
     for (const RunCase& kc : cases) {
       const int64_t n_pos = kc.n_pos0 + kc.n_tok, kv_dim = n_kv_head * kc.head_dim;
       int64_t pool_blocks;
@@ -249,6 +253,114 @@ TEST_P(AttentionTier, SixteenBitKvEqualsF32OnTheWidenedValues) {
       for (int64_t i = 0; i < kc.group * kc.head_dim; ++i) {
         ASSERT_EQ(one[i], want[t * q_stride + h0 * kc.head_dim + i])
             << IsaTierName(GetParam()) << " " << DTypeName(kvt) << " one token hd=" << kc.head_dim << " at " << i;
+      }
+    }
+  }
+}
+
+// The bf16 cache on vdpbf16ps (the AVX-512 table where UsesBf16Dot): its definition written out on f32 FMAs
+// (vdpbf16ps adds a pair's odd product, then its even one, each product exact in f32: one FMA each), with the
+// tier's own softmax, gives the very bits, for runs of tokens (GroupAttentionRows) and one token
+// (GroupAttention, the decode step's call) alike; head sizes 32 / 64 / 96 / 128, odd and even key counts, runs
+// across the 16-position score blocks and the 64-position V blocks, windows. The other head sizes keep the f32
+// arithmetic on the widened values. And against the double definition on the bf16 values: within bf16's
+// rounding of q and the probabilities.
+TEST(AttentionBf16Kv, Bf16KvOnVdpbf16ps) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::KernelTable& kt = cpu::KernelsFor(IsaTier::kAvx512);
+  if (!Bf16KvOnDot(kt)) GTEST_SKIP() << "the bf16 products do not run on vdpbf16ps here (UsesBf16Dot)";
+  uint32_t seed = 2600;
+  const RunCase cases[] = {{0, 1, 3, 64},    {36, 1, 3, 64},  {37, 1, 3, 64},   {0, 70, 3, 64},  {63, 2, 3, 64},
+                           {100, 9, 2, 128}, {5, 16, 4, 32},  {0, 33, 2, 96},   {61, 9, 4, 128}, {127, 6, 3, 64},
+                           {0, 130, 1, 32},  {200, 16, 3, 64}, {5, 16, 3, 64, 12}, {100, 70, 1, 64, 64},
+                           {0, 130, 2, 32, 129}, {7, 5, 3, 20}, {60, 9, 3, 24}};
+  const int64_t block_size = 16, n_kv_head = 2;
+  const auto softmax = cpu::avx512::Table().softmax;
+  for (const RunCase& kc : cases) {
+    const int hd = kc.head_dim;
+    const bool dot = hd % 32 == 0;
+    const int64_t n_pos = kc.n_pos0 + kc.n_tok, kv_dim = n_kv_head * hd;
+    int64_t pool_blocks;
+    const std::vector<int64_t> off = ScatteredOffsets(n_pos, block_size, kv_dim, &pool_blocks);
+    const size_t n = (size_t)(pool_blocks * block_size * kv_dim);
+    const std::vector<float> k = RandomVec(n, seed++, 3.0f), v = RandomVec(n, seed++, 3.0f);
+    std::vector<uint16_t> k16(n), v16(n);
+    std::vector<float> kw(n), vw(n);
+    for (size_t i = 0; i < n; ++i) {
+      k16[i] = F32ToBF16(k[i]), v16[i] = F32ToBF16(v[i]);
+      kw[i] = BF16ToF32(k16[i]), vw[i] = BF16ToF32(v16[i]);
+    }
+    const int64_t q_stride = n_kv_head * kc.group * hd;
+    const std::vector<float> q = RandomVec(kc.n_tok * q_stride, seed++, 2.0f);
+    const float scale = 1.0f / std::sqrt((float)hd);
+    const int64_t g = 1, h0 = g * kc.group, ko = g * hd;
+    // The definition, row by row: keys [lo, end) of token t.
+    std::vector<float> want(kc.n_tok * q_stride, 0.0f), exact(kc.n_tok * q_stride, 0.0f);
+    for (int64_t t = 0; t < kc.n_tok; ++t) {
+      const int64_t end = kc.n_pos0 + t + 1, lo = kc.window > 0 ? std::max<int64_t>(0, end - kc.window) : 0;
+      const int64_t nk = end - lo;
+      for (int h = 0; h < kc.group; ++h) {
+        const float* qr = q.data() + t * q_stride + (h0 + h) * hd;
+        std::vector<float> qb(hd), s(nk + 1, 0.0f);
+        for (int i = 0; i < hd; ++i) qb[i] = BF16ToF32(F32ToBF16(qr[i]));
+        for (int64_t p = 0; p < nk; ++p) {
+          const float* kr = kw.data() + ko + off[lo + p];
+          float a = 0.0f;
+          for (int i = 0; i < hd; i += 2) a = std::fma(qb[i], kr[i], std::fma(qb[i + 1], kr[i + 1], a));
+          s[p] = a * scale;
+        }
+        softmax(s.data(), nk);
+        std::vector<float> pr(nk + 1, 0.0f);
+        for (int64_t p = 0; p < nk; ++p) pr[p] = BF16ToF32(F32ToBF16(s[p]));
+        float* o = want.data() + t * q_stride + (h0 + h) * hd;
+        for (int i = 0; i < hd; ++i) {
+          float a = 0.0f;
+          for (int64_t p = 0; p < nk; p += 2) {
+            const float v1 = p + 1 < nk ? vw[ko + off[lo + p + 1] + i] : 0.0f;
+            a = std::fma(pr[p], vw[ko + off[lo + p] + i], std::fma(pr[p + 1], v1, a));
+          }
+          o[i] = a;
+        }
+        // The double definition on the bf16 cache and the f32 q.
+        std::vector<double> sd(nk);
+        double mx = -1e300, sum = 0;
+        for (int64_t p = 0; p < nk; ++p) {
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += (double)qr[i] * kw[ko + off[lo + p] + i];
+          mx = std::max(mx, sd[p] = d * scale);
+        }
+        for (auto& x : sd) sum += (x = std::exp(x - mx));
+        for (int i = 0; i < hd; ++i) {
+          double a = 0;
+          for (int64_t p = 0; p < nk; ++p) a += sd[p] / sum * vw[ko + off[lo + p] + i];
+          exact[t * q_stride + (h0 + h) * hd + i] = (float)a;
+        }
+      }
+    }
+    std::vector<float> got(kc.n_tok * q_stride, 0.0f), one(kc.group * hd), scores(kc.n_tok * kc.group * n_pos),
+        sc(n_pos);
+    cpu::GroupAttentionRowsWith(kt, q.data() + h0 * hd, q_stride, kc.n_tok, kc.group, k16.data() + ko,
+                                v16.data() + ko, DType::kBF16, off.data(), kc.n_pos0, hd, scale, got.data() + h0 * hd,
+                                q_stride, scores.data(), kc.window);
+    if (!dot) {  // the f32 arithmetic on the widened values
+      cpu::GroupAttentionRowsWith(kt, q.data() + h0 * hd, q_stride, kc.n_tok, kc.group, kw.data() + ko,
+                                  vw.data() + ko, off.data(), kc.n_pos0, hd, scale, want.data() + h0 * hd, q_stride,
+                                  scores.data(), kc.window);
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "rows n_pos0=" << kc.n_pos0 << " n_tok=" << kc.n_tok << " hd=" << hd
+                                 << " window=" << kc.window << " at " << i;
+    }
+    if (dot) {
+      EXPECT_LE(NormalizedError(got, exact), 1e-2) << "n_pos0=" << kc.n_pos0 << " hd=" << hd;
+    }
+    for (int64_t t = 0; t < kc.n_tok; ++t) {  // each token alone (a decode step's call)
+      const int64_t end = kc.n_pos0 + t + 1, lo = kc.window > 0 ? std::max<int64_t>(0, end - kc.window) : 0;
+      cpu::GroupAttentionWith(kt, q.data() + t * q_stride + h0 * hd, kc.group, k16.data() + ko, v16.data() + ko,
+                              DType::kBF16, off.data() + lo, end - lo, hd, scale, one.data(), sc.data());
+      for (int64_t i = 0; i < kc.group * hd; ++i) {
+        ASSERT_EQ(one[i], want[t * q_stride + h0 * hd + i])
+            << "one token t=" << t << " n_pos0=" << kc.n_pos0 << " hd=" << hd << " at " << i;
       }
     }
   }

@@ -129,6 +129,12 @@ const KernelTable& Table() {
     k.round_kv = avx2::RoundKv;
     k.group_attend = avx2::GroupAttend;
     k.group_attend_rows = GroupAttendRows;  // the AVX2 arithmetic, K / V rows shared by 4 queries
+    // A bf16 cache on vdpbf16ps where the bf16 products run there (attention_avx512bf16.cc; the other dtypes
+    // and head sizes pass through to the two above).
+    if (GetCpuFeatures().avx512_bf16 && (BestIsaTier() != IsaTier::kAvx512 || UsesBf16Dot())) {
+      k.group_attend = avx512bf16::GroupAttend;
+      k.group_attend_rows = avx512bf16::GroupAttendRows;
+    }
     return k;
   }();
   return t;
