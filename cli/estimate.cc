@@ -78,7 +78,8 @@ int RunEstimate(int argc, char** argv) {
   args.Flag("--world-size", "devices (processes)", "1");
   args.Bool("--offload", "optimizer states (and ZeRO-3 params) in host memory");
   args.Flag("--dtype", "inference weight dtype (f32, f16, bf16, q8_0, q4_0, q4_1)", "bf16");
-  args.Flag("--kv-dtype", "inference KV cache dtype", "f32");
+  args.Flag("--kv-dtype", "inference KV cache dtype: auto (what `lathe serve` / `generate` take for --dtype: f32 / bf16 "
+                          "as the weights, else f16), f32, f16 or bf16", "auto");
   args.Flag("--kv-tokens", "inference: tokens per sequence in the KV cache", "4096");
   args.Flag("--kv-seqs", "inference: sequences in the KV cache", "1");
   args.Bool("--lathe", "plan `lathe train` itself (f32 activations and gradients, bf16 shadows, kernel scratch, "
@@ -115,15 +116,18 @@ int RunEstimate(int argc, char** argv) {
     if (!ParseDType(args.Get("dtype"), &s.weight_dtype)) {
       return Fail("estimate", Status::Error("--dtype: expected f32, f16, bf16, q8_0, q4_0 or q4_1"));
     }
-    if (!ParseDType(args.Get("kv-dtype"), &s.kv_dtype) || !model::IsKvCacheDType(s.kv_dtype)) {
-      return Fail("estimate", Status::Error("--kv-dtype '" + args.Get("kv-dtype") + "': expected f32, f16 or bf16"));
+    if (args.Get("kv-dtype") == "auto") {
+      s.kv_dtype = model::DefaultKvCacheDTypeFor(s.weight_dtype);
+    } else if (!ParseDType(args.Get("kv-dtype"), &s.kv_dtype) || !model::IsKvCacheDType(s.kv_dtype)) {
+      return Fail("estimate",
+                  Status::Error("--kv-dtype '" + args.Get("kv-dtype") + "': expected auto, f32, f16 or bf16"));
     }
     st = num("kv-tokens", &s.kv_tokens);
     if (st.ok()) st = num("kv-seqs", &s.kv_seqs);
     if (!st.ok()) return Fail("estimate", st);
     plan = train::PlanInference(*cfg, s);
     what = StrFormat("inference, %s weights, KV %lld tokens x %lld seqs (%s)", args.Get("dtype").c_str(),
-                     (long long)s.kv_tokens, (long long)s.kv_seqs, args.Get("kv-dtype").c_str());
+                     (long long)s.kv_tokens, (long long)s.kv_seqs, DTypeName(s.kv_dtype));
   } else {
     train::TrainSetup s;
     s.param_count = params;

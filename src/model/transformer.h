@@ -28,10 +28,12 @@ inline bool IsKvCacheDType(DType t) { return t == DType::kF32 || t == DType::kF1
 // weights (f32 exact; bf16 as PyTorch and vLLM's auto keep a bf16 model's cache, and where UsesBf16Dot its
 // attention then runs on vdpbf16ps: attention_avx512bf16.cc), f16 for every other (f16 and block-quantized
 // weights: llama.cpp's default cache). 16 bits: half the cache's memory and the attention's reads.
+// DefaultKvCacheDTypeFor: the same rule for a linear-weight dtype (`lathe estimate --inference --kv-dtype auto`).
+inline DType DefaultKvCacheDTypeFor(DType weights) {
+  return weights == DType::kF32 || weights == DType::kBF16 ? weights : DType::kF16;
+}
 inline DType DefaultKvCacheDType(const ModelWeights& w) {
-  if (w.layers.empty()) return DType::kF16;
-  const DType t = w.layers[0].wq.dtype;
-  return t == DType::kF32 || t == DType::kBF16 ? t : DType::kF16;
+  return w.layers.empty() ? DType::kF16 : DefaultKvCacheDTypeFor(w.layers[0].wq.dtype);
 }
 inline size_t KvElemBytes(DType t) { return DTypeBytes(t, 1); }
 

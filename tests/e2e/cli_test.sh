@@ -68,6 +68,11 @@ check "info" bash -c "'$LATHE' info '$STORIES/stories260K.gguf' | grep -q 'llama
 check "estimate 7B f16 = 14 GB" python3 -c "
 import json; r = json.load(open('$tmp/est.json'))
 w = [l for l in r['lines'] if l['category'] == 'weights'][0]['bytes']; assert abs(w - 14e9) < 1e7, w"
+# The KV cache as the commands take it by default (auto: f16 for f16 weights, bf16 for bf16): 7B = 32 layers x
+# 2 x 4096 x 2 bytes per token.
+check "estimate KV auto" python3 -c "
+import json; r = json.load(open('$tmp/est.json'))
+kv = [l for l in r['lines'] if l['category'] == 'kv_cache'][0]['bytes']; assert kv == 32 * 2 * 4096 * 2, kv"
 check "estimate from gguf" bash -c "'$LATHE' estimate '$STORIES/stories260K.gguf' --method full --precision fp32 | grep -q 'total'"
 "$LATHE" estimate --arch llama-7b --optim adam > /dev/null 2>"$tmp/err"; rc=$?
 check "estimate bad optimizer" bash -c "[ $rc -eq 1 ] && grep -q \"did you mean 'adamw'\" '$tmp/err'"
