@@ -16,6 +16,10 @@ int RunEval(int argc, char** argv) {
   args.Flag("--separator", "document separator in the file", "<|endoftext|>");
   args.Flag("-c,--ctx-size", "tokens per document (longer ones are cut)", "512");
   args.Flag("--max-docs", "score at most this many documents (0 = all)", "0");
+  args.Flag("--kv-cache-dtype",
+            "KV cache element type: f32 (the default: exact scores), f16, bf16, or auto (what generate / serve "
+            "take: the model's own for f32 and bf16 models, else f16), to measure a 16-bit cache's cost",
+            "f32");
   args.Bool("--json", "print a JSON line");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("eval", st);
@@ -30,8 +34,11 @@ int RunEval(int argc, char** argv) {
   if (!max_docs.ok() || *max_docs < 0) return Fail("eval", Status::Error("--max-docs must be a non-negative integer"));
   auto text = ReadFileToString(args.Get("text"));
   if (!text.ok()) return Fail("eval", text.status());
+  if (Status kst = CheckKvCacheDTypeFlag(args); !kst.ok()) return Fail("eval", kst);
   auto lm = LoadModelFromArgs(args);
   if (!lm.ok()) return Fail("eval", lm.status());
+  auto kvt = KvCacheDTypeFromArgs(args, (*lm)->weights);
+  if (!kvt.ok()) return Fail("eval", kvt.status());
   std::vector<std::string> docs = tools::SplitDocuments(*text, args.Get("separator"));
   if (*max_docs > 0 && (int64_t)docs.size() > *max_docs) docs.resize(*max_docs);
   ThreadPool pool(ThreadsFromArgs(args));
@@ -39,7 +46,7 @@ int RunEval(int argc, char** argv) {
   topts.adapter = (*lm)->adapter.get();
   model::Transformer tf((*lm)->weights, pool, topts);
   auto t0 = std::chrono::steady_clock::now();
-  auto r = tools::EvaluateNll(tf, *(*lm)->tokenizer, docs, *ctx);
+  auto r = tools::EvaluateNll(tf, *(*lm)->tokenizer, docs, *ctx, /*batch_tokens=*/2048, *kvt);
   if (!r.ok()) return Fail("eval", r.status());
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (args.On("json")) {

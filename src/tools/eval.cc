@@ -32,7 +32,8 @@ std::vector<std::string> SplitDocuments(const std::string& text, const std::stri
 }
 
 Result<NllResult> EvaluateNll(model::Transformer& tf, const tokenizer::Tokenizer& tok,
-                              const std::vector<std::string>& documents, int64_t max_len, int64_t batch_tokens) {
+                              const std::vector<std::string>& documents, int64_t max_len, int64_t batch_tokens,
+                              DType kv_dtype) {
   if (tok.bos_id() < 0) return Status::Error("evaluation needs a BOS token to condition the first token on");
   const int64_t V = tf.config().vocab_size;
   std::vector<std::vector<int32_t>> seqs;
@@ -52,7 +53,7 @@ Result<NllResult> EvaluateNll(model::Transformer& tf, const tokenizer::Tokenizer
     size_t j = i;
     int64_t tokens = 0;
     while (j < seqs.size() && (j == i || tokens + (int64_t)seqs[j].size() <= batch_tokens)) tokens += (int64_t)seqs[j++].size();
-    model::KvCache cache(tf.config(), (int)(j - i), max_len);
+    model::KvCache cache(tf.config(), (int)(j - i), max_len, /*block_size=*/16, kv_dtype);
     std::vector<model::SeqInput> batch;
     for (size_t k = i; k < j; ++k) batch.push_back({(int)(k - i), seqs[k], true});
     LATHE_RETURN_IF_ERROR(tf.Forward(cache, batch, &logits));

@@ -30,6 +30,6 @@ std::vector<std::string> SplitDocuments(const std::string& text, const std::stri
 // the first is scored. Documents are batched up to `batch_tokens` tokens per forward call.
 Result<NllResult> EvaluateNll(model::Transformer& tf, const tokenizer::Tokenizer& tok,
                               const std::vector<std::string>& documents, int64_t max_len,
-                              int64_t batch_tokens = 2048);
+                              int64_t batch_tokens = 2048, DType kv_dtype = DType::kF32);
 
 }  // namespace lathe::tools

@@ -47,6 +47,17 @@ check "tokenize --no-bos" test "$("$LATHE" tokenize -m "$STORIES/stories260K.ggu
 "$LATHE" eval -m "$STORIES/stories260K.gguf" --text "$SHARED/data/tinystories/validation_100.txt" --json > "$tmp/eval.json"
 check "eval nll" python3 -c "
 import json; r = json.load(open('$tmp/eval.json')); assert abs(r['mean_nll'] - 1.3196398797561912) < 5e-4, r"
+# A bf16 KV cache scores the same documents a little worse than the exact one, not differently by much.
+"$LATHE" eval -m "$STORIES/stories260K.gguf" --text "$SHARED/data/tinystories/validation_100.txt" --max-docs 20 \
+  --json > "$tmp/eval20.json"
+"$LATHE" eval -m "$STORIES/stories260K.gguf" --text "$SHARED/data/tinystories/validation_100.txt" --max-docs 20 \
+  --kv-cache-dtype bf16 --json > "$tmp/eval20-bf16.json"
+check "eval bf16 kv" python3 -c "
+import json; a, b = (json.load(open(f)) for f in ('$tmp/eval20.json', '$tmp/eval20-bf16.json'))
+assert a['tokens'] == b['tokens'] and a['mean_nll'] != b['mean_nll'] and abs(a['mean_nll'] - b['mean_nll']) < 0.01, (a, b)"
+"$LATHE" eval -m "$STORIES/stories260K.gguf" --text "$SHARED/data/tinystories/validation_100.txt" \
+  --kv-cache-dtype fp8 > /dev/null 2> "$tmp/err"; rc=$?
+check "eval bad kv dtype" bash -c "[ $rc -eq 1 ] && grep -q -- \"--kv-cache-dtype 'fp8': expected auto, f32, f16 or bf16\" '$tmp/err'"
 
 # 4b. --profile writes a Chrome trace Perfetto can open (JSON with X events, shapes, FLOPs).
 "$LATHE" generate -m "$STORIES/stories260K.gguf" -p "Once" -n 8 --temp 0 --profile "$tmp/trace.json" > /dev/null 2> "$tmp/prof.txt"
