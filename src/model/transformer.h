@@ -157,7 +157,7 @@ struct TransformerOptions {
   // When set, its LoRA deltas are added to the adapted linear layers. Not owned.
   const LoraAdapter* adapter = nullptr;
   // Float (f32 / f16 / bf16) linear weights are repacked at construction into 16-row strips
-  // (kernels::StripWeight, same bytes as stored) and their file pages dropped (a file-mapped weight is
+  // (kernels::StripWeight, same bytes as stored), one arena on transparent huge pages, and their file pages dropped (a file-mapped weight is
   // not resident twice): decode streams each strip, prefill runs the training GEMM on them without
   // packing, and a row's result still does not depend on its batch. Off: the weights are read as
   // stored (the dot-product GEMV and panel).
@@ -243,7 +243,7 @@ class Transformer {
   // Strip copies of the float linear weights (strip_float_weights), by the stored tensor's data.
   const kernels::StripWeight* Strips(const Tensor& w) const;
   std::unordered_map<const void*, kernels::StripWeight> strips_;
-  std::vector<std::unique_ptr<uint8_t[]>> strip_bufs_;
+  HugePageBuffer strip_arena_;  // the strip copies (strips_), one mapping on transparent huge pages
 };
 
 // Rope inverse frequencies for a config (theta, rope_dim, linear or llama3 scaling, or the
