@@ -96,6 +96,52 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"prefill_cap_tight_blocks", {24, 4, 64, 64, 512, true, 3}}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
+// A bf16 cache on SmolLM2 (head size 64: the attention runs on vdpbf16ps where the CPU has avx512_bf16,
+// kernels/cpu/attention_avx512bf16.cc; stories260K's 8 keeps the f32 kernels): under chunked prefill (7-token
+// budget), prefix sharing and block-shortage preemption, every greedy output equals one request at a time on
+// a bf16 cache.
+TEST(Engine, Bf16CacheOnSmolLM2EqualsOneAtATime) {
+  const std::string path = lathe::testing::SmolLM2Path();
+  LATHE_REQUIRE_FILE(path);
+  auto g = formats::GgufFile::Open(path);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto w = model::LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ThreadPool pool(2);
+  const int kTokens = 12;
+  std::vector<std::vector<int32_t>> prompts;
+  const std::vector<int32_t> shared = {1, 504, 3287, 314, 253, 1345, 282, 4087, 30, 2396, 2191, 17, 10, 308, 29, 38};
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> ids = i % 2 ? shared : std::vector<int32_t>{1};
+    for (int j = 0; j < 5 + 9 * i; ++j) ids.push_back(300 + (i * 397 + j * 113) % 9000);
+    prompts.push_back(ids);
+  }
+  for (const auto& [name, cfg] : std::vector<std::pair<std::string, EngineConfig>>{
+           {"chunked_prefill", {256, 16, 7, 64, 512, true, 64, 2, DType::kBF16}},
+           {"tight_blocks", {14, 16, 64, 64, 512, true, 64, 2, DType::kBF16}}}) {
+    Engine engine(*w, pool, cfg);
+    std::map<int64_t, std::vector<int32_t>> got;
+    std::map<int64_t, size_t> which;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestOptions o;
+      o.sampling.temperature = 0;
+      o.max_tokens = kTokens;
+      auto id = engine.AddRequest(prompts[i], o, [&](const TokenEvent& e) { got[e.request_id].push_back(e.token); });
+      ASSERT_TRUE(id.ok()) << id.status().message();
+      which[*id] = i;
+    }
+    int steps = 0;
+    while (engine.Step()) ASSERT_LT(++steps, 5000);
+    for (auto& [id, i] : which) {
+      EXPECT_EQ(got[id], GreedyAlone(*w, pool, prompts[i], kTokens, nullptr, DType::kBF16)) << name << " prompt " << i;
+    }
+    EXPECT_EQ(engine.stats().blocks_used, 0) << name;
+    if (name == "tight_blocks") {
+      EXPECT_GT(engine.stats().preemptions, 0);
+    }
+  }
+}
+
 // echo + logprobs (lm-eval's loglikelihood requests): the logprob of every prompt token after the
 // first equals the log-softmax of the plain Transformer's logits at the position before it, under
 // chunked prefill, preemption and a warm prefix cache (which such requests must not take hits

@@ -29,12 +29,14 @@ inline std::unique_ptr<model::ModelWeights> Stories() {
 }
 
 // n greedy tokens after `ids`, with `adapter` applied when non-null.
+// kv: the cache's element type.
 inline std::vector<int32_t> GreedyAlone(const model::ModelWeights& w, ThreadPool& pool, std::vector<int32_t> ids,
-                                        int n, const model::LoraAdapter* adapter = nullptr) {
+                                        int n, const model::LoraAdapter* adapter = nullptr,
+                                        DType kv = DType::kF32) {
   model::TransformerOptions o;
   o.adapter = adapter;
   model::Transformer tf(w, pool, o);
-  model::KvCache cache(w.config, 1, (int64_t)ids.size() + n + 1);
+  model::KvCache cache(w.config, 1, (int64_t)ids.size() + n + 1, /*block_size=*/16, kv);
   std::vector<float> lg;
   std::vector<int32_t> out;
   model::SeqInput in{0, ids, false};
