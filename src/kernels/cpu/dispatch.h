@@ -309,7 +309,8 @@ void PackPairStrips(ThreadPool& pool, const Tensor& w, uint32_t* out);
 // A bf16 W (N, K) as pairs along N: 16-column strips of (N + 1) / 2 dwords (PairStripsRowsDwords(N, K)).
 void PackPairsAlongRows(ThreadPool& pool, const Tensor& w, uint32_t* out);
 inline int64_t PairStripsRowsDwords(int64_t N, int64_t K) { return (K + 15) / 16 * 16 * ((N + 1) / 2); }
-// KernelTable::group_attend_rows / group_attend of the AVX-512 table where UsesBf16Dot (attention_avx512bf16.cc):
+// KernelTable::group_attend_rows / group_attend of the AVX-512 table where UsesBf16Dot and not Bf16PairsOnFma
+// (attention_avx512bf16.cc):
 // a bf16 KV cache (head sizes 32, 64, 96, 128) on vdpbf16ps, q and the probabilities rounded to bf16, each row's
 // result independent of the call's other rows (a prompt token's equals its decode step's); every other cache
 // dtype and head size through avx512::GroupAttendRows / avx2::GroupAttend.
