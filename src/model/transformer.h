@@ -25,7 +25,7 @@ namespace lathe::model {
 // The element types a KV cache may hold (f32, f16, bf16), and their size.
 inline bool IsKvCacheDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 // The commands' default KV element type (`--kv-cache-dtype auto`): the model's own for f32 and bf16 linear
-// weights (f32 exact; bf16 as PyTorch and vLLM's auto keep a bf16 model's cache, and where UsesBf16Dot its
+// weights (f32 exact; bf16 as PyTorch and vLLM's auto keep a bf16 model's cache, and on AMD Zen 4 / 5 its
 // attention then runs on vdpbf16ps: attention_avx512bf16.cc), f16 for every other (f16 and block-quantized
 // weights: llama.cpp's default cache). 16 bits: half the cache's memory and the attention's reads.
 // DefaultKvCacheDTypeFor: the same rule for a linear-weight dtype (`lathe estimate --inference --kv-dtype auto`).
