@@ -85,7 +85,47 @@ struct Kernel {
       _mm512_mask_storeu_ps(rows[r].sc + b0, Mask16(rows[r].n - b0), _mm512_mul_ps(acc[r], sv));
   }
 
+  // The scores of M rows (a decode step's group) block by block, each transposed block consumed from the
+  // registers it was transposed in (no staging): the same chains as ScoreTile's, pair by pair in order.
+  template <int M>
+  static void ScoresFew(const Row* rows, const KvBf16* k, const int64_t* off, int64_t n_max, float scale) {
+    for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<KvBf16, HD>(k + off[j], true);
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int64_t b0 = 0; b0 < n_max; b0 += kScoreBlock) {
+      const int64_t nb = std::min(kScoreBlock, n_max - b0);
+      for (int64_t j = b0 + kKvAhead; j < std::min(n_max, b0 + kKvAhead + kScoreBlock); ++j)
+        PrefetchKvSlice<KvBf16, HD>(k + off[j], true);
+      __m512 acc[M];
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+#pragma GCC unroll 1
+      for (int c = 0; c < D / 16; ++c) {
+        __m512 t[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j)
+          t[j] = j < nb ? _mm512_loadu_ps((const float*)(k + off[b0 + j]) + 16 * c) : _mm512_setzero_ps();
+        Transpose16(t);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) {
+#pragma GCC unroll 8
+          for (int r = 0; r < M; ++r)
+            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)t[i], (__m512bh)_mm512_set1_epi32((int)rows[r].qb[16 * c + i]));
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r)
+        _mm512_mask_storeu_ps(rows[r].sc + b0, Mask16(rows[r].n - b0), _mm512_mul_ps(acc[r], sv));
+    }
+  }
+
   static void Scores(const Row* rows, int n_rows, const KvBf16* k, const int64_t* off, int64_t n_max, float scale) {
+    switch (n_rows) {
+      case 1: return ScoresFew<1>(rows, k, off, n_max, scale);
+      case 2: return ScoresFew<2>(rows, k, off, n_max, scale);
+      case 3: return ScoresFew<3>(rows, k, off, n_max, scale);
+      case 4: return ScoresFew<4>(rows, k, off, n_max, scale);
+      default: break;
+    }
     alignas(64) uint32_t kt[D * 16];
     for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<KvBf16, HD>(k + off[j], true);
     int i0 = 0;  // rows are in order of n: the first one that sees the block
@@ -183,7 +223,64 @@ struct Kernel {
     }
   }
 
+  // M rows (a decode step's group, or a short run) over every position with their chains in registers and each
+  // pair's V rows interleaved in registers (no staging): the pairs every row holds whole together, then each
+  // row's rest alone, as MixTile; stored in dimension order.
+  template <int M>
+  static void MixFew(const Row* rows, const KvBf16* v, const int64_t* off) {
+    __m512 acc[M][Z];
+    const uint32_t* pb[M];
+    int64_t common = rows[0].n / 2;
+    for (int r = 0; r < M; ++r) {
+      pb[r] = rows[r].pb;
+      common = std::min(common, rows[r].n / 2);
+#pragma GCC unroll 8
+      for (int z = 0; z < Z; ++z) acc[r][z] = _mm512_setzero_ps();
+    }
+    for (int64_t j = 0; j < std::min<int64_t>(2 * common, kKvAhead); ++j) PrefetchKvSlice<KvBf16, HD>(v + off[j], true);
+    for (int64_t j = 0; j < common; ++j) {
+      const int64_t p = 2 * j;
+      if (p + kKvAhead + 1 < 2 * common) {
+        PrefetchKvSlice<KvBf16, HD>(v + off[p + kKvAhead], true);
+        PrefetchKvSlice<KvBf16, HD>(v + off[p + kKvAhead + 1], true);
+      }
+      __m512i w[Z];
+      Interleave(v + off[p], v + off[p + 1], w);
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r) {
+        const __m512bh pr = (__m512bh)_mm512_set1_epi32((int)pb[r][j]);
+#pragma GCC unroll 8
+        for (int z = 0; z < Z; ++z) acc[r][z] = _mm512_dpbf16_ps(acc[r][z], (__m512bh)w[z], pr);
+      }
+    }
+    for (int r = 0; r < M; ++r) {
+      const Row& row = rows[r];
+      for (int64_t j = common; j < (row.n + 1) / 2; ++j) {
+        const int64_t p = 2 * j;
+        __m512i w[Z];
+        Interleave(v + off[p], p + 1 < row.n ? v + off[p + 1] : nullptr, w);
+        const __m512bh pr = (__m512bh)_mm512_set1_epi32((int)pb[r][j]);
+#pragma GCC unroll 8
+        for (int z = 0; z < Z; ++z) acc[r][z] = _mm512_dpbf16_ps(acc[r][z], (__m512bh)w[z], pr);
+      }
+#pragma GCC unroll 8
+      for (int z = 0; z < Z; ++z) _mm512_storeu_ps(row.acc + 16 * z, acc[r][z]);
+    }
+  }
+
   static void Mix(const Row* rows, int n_rows, const KvBf16* v, const int64_t* off, int64_t n_max) {
+    if (n_rows <= kMixRows) {
+      switch (n_rows) {
+        case 8: if constexpr (kMixRows >= 8) return MixFew<8>(rows, v, off); break;
+        case 7: if constexpr (kMixRows >= 7) return MixFew<7>(rows, v, off); break;
+        case 6: if constexpr (kMixRows >= 6) return MixFew<6>(rows, v, off); break;
+        case 5: if constexpr (kMixRows >= 5) return MixFew<5>(rows, v, off); break;
+        case 4: if constexpr (kMixRows >= 4) return MixFew<4>(rows, v, off); break;
+        case 3: if constexpr (kMixRows >= 3) return MixFew<3>(rows, v, off); break;
+        case 2: return MixFew<2>(rows, v, off);
+        default: return MixFew<1>(rows, v, off);
+      }
+    }
     alignas(64) uint32_t vp[kMixBlock / 2 * HD];
     for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<KvBf16, HD>(v + off[j], true);
     int i0 = 0;
