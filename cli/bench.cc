@@ -102,6 +102,7 @@ int RunBench(int argc, char** argv) {
   args.Flag("-r,--repetitions", "repetitions per measurement (best is reported)", "3");
   args.Flag("--depth", "decode after this many tokens of context (llama-bench's -d): the KV cache each step reads", "0");
   AddKvCacheDTypeFlag(args);
+  AddInt8PromptFlag(args);
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("bench", st);
   if (args.help_requested() || args.All("model").empty()) {
@@ -156,7 +157,9 @@ int RunBench(int argc, char** argv) {
     for (auto& t : context) t = (int32_t)(rng() % w.config.vocab_size);
     for (size_t ti = 0; ti < thread_list.size(); ++ti) {
       ThreadPool pool(thread_list[ti]);
-      model::Transformer tf(w, pool);
+      model::TransformerOptions topts;
+      topts.int8_prompt_rows = args.On("int8-prompt");
+      model::Transformer tf(w, pool, topts);
       model::KvCache cache(w.config, 1, std::max(*pp, *depth) + *tg + 1, 16, *kvt);
       std::vector<float> logits;
       Row row{path, thread_list[ti], 0, 0, 0, bw[ti], *kvt};

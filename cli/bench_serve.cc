@@ -260,10 +260,12 @@ struct LocalServer {
 };
 
 Result<std::unique_ptr<LocalServer>> StartLocal(const model::LoadedModel& lm, ThreadPool& pool,
-                                                serve::EngineConfig ec, Profiler* profiler = nullptr) {
+                                                serve::EngineConfig ec, Profiler* profiler = nullptr,
+                                                bool int8_prompt = false) {
   auto s = std::make_unique<LocalServer>();
   model::TransformerOptions to;
   to.profiler = profiler;
+  to.int8_prompt_rows = int8_prompt;
   s->engine = std::make_unique<serve::Engine>(lm.weights, pool, ec, to);
   s->engine->Start();
   server::ServerOptions so;
@@ -354,6 +356,7 @@ int RunBenchServe(int argc, char** argv) {
   args.Flag("--kv-cache-memory", "engine: KV cache bytes", "1073741824");
   args.Flag("--block-size", "engine: tokens per KV-cache block", "16");
   AddKvCacheDTypeFlag(args);
+  AddInt8PromptFlag(args);
   args.Flag("--system-prompt-tokens", "shared-prefix benchmark: prefix length (0 = skip)", "384");
   args.Flag("--rounds", "run every level (and --max-prefill-tokens-with-decode value) this many times", "1");
   args.Flag("--profile",
@@ -460,7 +463,7 @@ int RunBenchServe(int argc, char** argv) {
     ep.api_key = args.Get("api-key");
     ep.model = args.Get("served-model");
   } else {
-    auto s = StartLocal(**lm, pool, ec, profiler.get());
+    auto s = StartLocal(**lm, pool, ec, profiler.get(), args.On("int8-prompt"));
     if (!s.ok()) return Fail("bench serve", s.status());
     local = std::move(*s);
     ep.host = "127.0.0.1";
@@ -520,7 +523,7 @@ int RunBenchServe(int argc, char** argv) {
     if (local && !results.empty()) {
       local.reset();
       ec.max_prefill_tokens_with_decode = cap;
-      auto s = StartLocal(**lm, pool, ec, profiler.get());
+      auto s = StartLocal(**lm, pool, ec, profiler.get(), args.On("int8-prompt"));
       if (!s.ok()) return Fail("bench serve", s.status());
       local = std::move(*s);
       ep.port = local->http->port();
@@ -598,7 +601,7 @@ int RunBenchServe(int argc, char** argv) {
       local.reset();
       serve::EngineConfig off_cfg = ec;
       off_cfg.prefix_caching = false;
-      auto s = StartLocal(**lm, pool, off_cfg);
+      auto s = StartLocal(**lm, pool, off_cfg, nullptr, args.On("int8-prompt"));
       if (!s.ok()) return Fail("bench serve", s.status());
       local = std::move(*s);
       ep.port = local->http->port();

@@ -23,6 +23,8 @@ int ThreadsFromArgs(const Args& args);
 // auto (the default) = model::DefaultKvCacheDType of the loaded model. CheckKvCacheDTypeFlag validates the
 // value before a model is loaded; KvCacheDTypeFromArgs gives the type for a model.
 void AddKvCacheDTypeFlag(Args& args);
+// --int8-prompt: model::TransformerOptions::int8_prompt_rows, for the commands that run prompts.
+void AddInt8PromptFlag(Args& args);
 Status CheckKvCacheDTypeFlag(const Args& args);
 Result<DType> KvCacheDTypeFromArgs(const Args& args, const model::ModelWeights& w);
 

@@ -20,6 +20,7 @@ int RunEval(int argc, char** argv) {
             "KV cache element type: f32 (the default: exact scores), f16, bf16, or auto (what generate / serve "
             "take: the model's own for f32 and bf16 models, else f16), to measure a 16-bit cache's cost",
             "f32");
+  AddInt8PromptFlag(args);
   args.Bool("--json", "print a JSON line");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("eval", st);
@@ -44,6 +45,7 @@ int RunEval(int argc, char** argv) {
   ThreadPool pool(ThreadsFromArgs(args));
   model::TransformerOptions topts;
   topts.adapter = (*lm)->adapter.get();
+  topts.int8_prompt_rows = args.On("int8-prompt");
   model::Transformer tf((*lm)->weights, pool, topts);
   auto t0 = std::chrono::steady_clock::now();
   auto r = tools::EvaluateNll(tf, *(*lm)->tokenizer, docs, *ctx, /*batch_tokens=*/2048, *kvt);

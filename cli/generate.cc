@@ -19,6 +19,7 @@ int RunGenerate(int argc, char** argv) {
   args.Flag("-c,--ctx-size", "context length (prompt + generated); 0 = prompt + n-predict", "0");
   args.Flag("--stop", "stop string (repeatable)");
   AddKvCacheDTypeFlag(args);
+  AddInt8PromptFlag(args);
   args.Bool("--chat", "wrap the prompt as a user message in the model's chat template");
   args.Flag("--system", "system message (with --chat)");
   args.Flag("--template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
@@ -73,6 +74,7 @@ int RunGenerate(int argc, char** argv) {
   Profiler profiler;
   model::TransformerOptions topts;
   topts.exact_activations = args.On("exact-activations");
+  topts.int8_prompt_rows = args.On("int8-prompt");
   topts.adapter = (*lm)->adapter.get();
   if (args.Has("profile")) {
     topts.profiler = &profiler;

@@ -81,6 +81,7 @@ int RunServe(int argc, char** argv) {
             "max-num-seqs full contexts, at most max(1 GiB, 4 full contexts) and a quarter of free RAM");
   args.Flag("--block-size", "tokens per KV-cache block", "16");
   AddKvCacheDTypeFlag(args);
+  AddInt8PromptFlag(args);
   args.Flag("--max-num-batched-tokens", "tokens per engine step (the batch's token budget)", "512");
   args.Flag("--max-prefill-tokens-with-decode",
             "prompt tokens in a step that also decodes (bounds the inter-token latency of running streams "
@@ -218,6 +219,7 @@ int RunServe(int argc, char** argv) {
   ThreadPool pool(ThreadsFromArgs(args));
   Profiler profiler;
   model::TransformerOptions topts;
+  topts.int8_prompt_rows = args.On("int8-prompt");
   const bool profile = args.Has("profile");
   if (profile) {
     if (args.Get("profile").empty()) return Fail("serve", Status::Error("--profile: expected an output FILE"));

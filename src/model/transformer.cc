@@ -326,7 +326,10 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
   token_runs_.clear();
   out_runs_.clear();
   for (const PagedSeqInput& s : batch) {
-    const int64_t n = (int64_t)s.tokens.size(), n_exact = n - std::clamp<int64_t>(s.sampled_rows, 0, n);
+    const int64_t n = (int64_t)s.tokens.size();
+    const int64_t n_exact = options_.int8_prompt_rows && !options_.exact_activations
+                                ? 0
+                                : n - std::clamp<int64_t>(s.sampled_rows, 0, n);
     AddRun(&token_runs_, n_exact, true);
     AddRun(&token_runs_, n - n_exact, false);
     if (s.all_logits) {

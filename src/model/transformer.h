@@ -152,6 +152,11 @@ struct TransformerOptions {
   // avx512_bf16 take bf16-rounded x (vdpbf16ps, kernels::StripWeight) at every M, as llama.cpp does;
   // their head's top logits are recomputed the same way, and exact_activations keeps f32 x there too.
   bool exact_activations = false;
+  // Prompt rows of block-quantized weights on int8 activations, as the sampled rows (and llama.cpp's every row):
+  // one arithmetic and one pass over W for a serving step's prompt and decode rows (SmolLM2 Q8_0 on Zen 4:
+  // c=32 +30%, bench/RESULTS.md), at int8's precision for the prompt's K / V and logits. Each row's result
+  // still does not depend on its batch. Ignored with exact_activations.
+  bool int8_prompt_rows = false;
   // When set, every op of Forward is recorded (name, shape, time, FLOPs, bytes). Not owned.
   Profiler* profiler = nullptr;
   // When set, its LoRA deltas are added to the adapted linear layers. Not owned.

@@ -144,6 +144,15 @@ check "bench kv auto f16" grep -q "stories-q8.gguf (f16 KV) | 1 |" "$tmp/bench.o
 "$LATHE" bench -m "$tmp/stories-q8.gguf" --prompt-tokens 8 --gen-tokens 4 --threads-list 1 -r 1 \
   --kv-cache-dtype bf16 > "$tmp/bench.out" 2>&1
 check "bench kv flag" grep -q "stories-q8.gguf (bf16 KV) | 1 |" "$tmp/bench.out"
+# --int8-prompt: the prompt rows of the quantized model on int8 activations score the documents differently,
+# by int8's rounding only.
+for f in "" --int8-prompt; do
+  "$LATHE" eval -m "$tmp/stories-q8.gguf" --text "$SHARED/data/tinystories/validation_100.txt" --max-docs 20 $f \
+    --json > "$tmp/eval-q8$f.json"
+done
+check "eval int8 prompt" python3 -c "
+import json; a, b = (json.load(open(f)) for f in ('$tmp/eval-q8.json', '$tmp/eval-q8--int8-prompt.json'))
+assert a['tokens'] == b['tokens'] and a['mean_nll'] != b['mean_nll'] and abs(a['mean_nll'] - b['mean_nll']) < 0.005, (a, b)"
 
 # 7. SmolLM2 answers a question (greedy), and chat keeps history across turns.
 if [ -n "${LATHE_SMOLLM2:-}" ] && [ -f "$LATHE_SMOLLM2" ]; then

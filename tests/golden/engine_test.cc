@@ -96,11 +96,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"prefill_cap_tight_blocks", {24, 4, 64, 64, 512, true, 3}}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
-// A bf16 cache on SmolLM2 (head size 64: the attention runs on vdpbf16ps where the CPU has avx512_bf16,
-// kernels/cpu/attention_avx512bf16.cc; stories260K's 8 keeps the f32 kernels): under chunked prefill (7-token
-// budget), prefix sharing and block-shortage preemption, every greedy output equals one request at a time on
-// a bf16 cache.
-TEST(Engine, Bf16CacheOnSmolLM2EqualsOneAtATime) {
+// SmolLM2 (Q4_1) under chunked prefill (7-token budget), prefix sharing and block-shortage preemption, every
+// greedy output equal to one request at a time: on a bf16 cache (head size 64: the attention runs on vdpbf16ps
+// where the CPU has it at full rate, kernels/cpu/attention_avx512bf16.cc; stories260K's 8 keeps the f32
+// kernels), and with int8 prompt rows (TransformerOptions::int8_prompt_rows: the sampled rows' arithmetic for
+// every row) on the f16 cache.
+TEST(Engine, SmolLM2Bf16CacheAndInt8PromptEqualOneAtATime) {
   const std::string path = lathe::testing::SmolLM2Path();
   LATHE_REQUIRE_FILE(path);
   auto g = formats::GgufFile::Open(path);
@@ -116,10 +117,19 @@ TEST(Engine, Bf16CacheOnSmolLM2EqualsOneAtATime) {
     for (int j = 0; j < 5 + 9 * i; ++j) ids.push_back(300 + (i * 397 + j * 113) % 9000);
     prompts.push_back(ids);
   }
-  for (const auto& [name, cfg] : std::vector<std::pair<std::string, EngineConfig>>{
-           {"chunked_prefill", {256, 16, 7, 64, 512, true, 64, 2, DType::kBF16}},
-           {"tight_blocks", {14, 16, 64, 64, 512, true, 64, 2, DType::kBF16}}}) {
-    Engine engine(*w, pool, cfg);
+  struct Run {
+    std::string name;
+    EngineConfig cfg;
+    bool int8_prompt;
+  };
+  for (const Run& run : std::vector<Run>{{"chunked_prefill", {256, 16, 7, 64, 512, true, 64, 2, DType::kBF16}, false},
+                                         {"tight_blocks", {14, 16, 64, 64, 512, true, 64, 2, DType::kBF16}, false},
+                                         {"int8_prompt", {256, 16, 7, 64, 512, true, 64, 2, DType::kF16}, true},
+                                         {"int8_prompt_tight", {14, 16, 64, 64, 512, true, 64, 2, DType::kF16}, true}}) {
+    const std::string& name = run.name;
+    model::TransformerOptions to;
+    to.int8_prompt_rows = run.int8_prompt;
+    Engine engine(*w, pool, run.cfg, to);
     std::map<int64_t, std::vector<int32_t>> got;
     std::map<int64_t, size_t> which;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -133,10 +143,11 @@ TEST(Engine, Bf16CacheOnSmolLM2EqualsOneAtATime) {
     int steps = 0;
     while (engine.Step()) ASSERT_LT(++steps, 5000);
     for (auto& [id, i] : which) {
-      EXPECT_EQ(got[id], GreedyAlone(*w, pool, prompts[i], kTokens, nullptr, DType::kBF16)) << name << " prompt " << i;
+      EXPECT_EQ(got[id], GreedyAlone(*w, pool, prompts[i], kTokens, nullptr, run.cfg.kv_cache_dtype, run.int8_prompt))
+          << name << " prompt " << i;
     }
     EXPECT_EQ(engine.stats().blocks_used, 0) << name;
-    if (name == "tight_blocks") {
+    if (name.find("tight") != std::string::npos) {
       EXPECT_GT(engine.stats().preemptions, 0);
     }
   }

@@ -29,12 +29,13 @@ inline std::unique_ptr<model::ModelWeights> Stories() {
 }
 
 // n greedy tokens after `ids`, with `adapter` applied when non-null.
-// kv: the cache's element type.
+// kv: the cache's element type; int8_prompt: TransformerOptions::int8_prompt_rows.
 inline std::vector<int32_t> GreedyAlone(const model::ModelWeights& w, ThreadPool& pool, std::vector<int32_t> ids,
                                         int n, const model::LoraAdapter* adapter = nullptr,
-                                        DType kv = DType::kF32) {
+                                        DType kv = DType::kF32, bool int8_prompt = false) {
   model::TransformerOptions o;
   o.adapter = adapter;
+  o.int8_prompt_rows = int8_prompt;
   model::Transformer tf(w, pool, o);
   model::KvCache cache(w.config, 1, (int64_t)ids.size() + n + 1, /*block_size=*/16, kv);
   std::vector<float> lg;
