@@ -196,7 +196,9 @@ TEST_P(AttentionTier, GroupAttentionRowsMatchesPerToken) {
 }
 
 // Whether a tier's table runs a bf16 KV cache on vdpbf16ps (attention_avx512bf16.cc).
-bool Bf16KvOnDot(const cpu::KernelTable& kt) { return kt.group_attend_rows == cpu::avx512bf16::GroupAttendRows; }
+bool Bf16KvOnDot(const cpu::KernelTable& kt) {
+  return kt.group_attend_rows == cpu::avx512bf16::GroupAttendRows && !Bf16PairsOnFma();
+}
 
 // A KV cache of f16 / bf16 elements: each tier's kernels widen them exactly and run the f32 arithmetic,
 // so one token (GroupAttention) and a run of tokens (GroupAttentionRows, windows too) give the very bits

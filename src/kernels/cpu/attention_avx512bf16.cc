@@ -371,7 +371,7 @@ bool WithHeadDim(int head_dim, F&& f) {
 bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group, const void* k, const void* v,
                      DType kv, const int64_t* off, int64_t n_pos0, int head_dim, float scale, float* out,
                      int64_t out_stride, float* scores) {
-  if (kv == DType::kBF16 && WithHeadDim(head_dim, [&](auto kern) {
+  if (kv == DType::kBF16 && !Bf16PairsOnFma() && WithHeadDim(head_dim, [&](auto kern) {
         kern.Run(q, q_stride, n_tok, group, (const KvBf16*)k, (const KvBf16*)v, off, n_pos0, scale, out, out_stride,
                  scores);
       })) {
@@ -383,7 +383,7 @@ bool GroupAttendRows(const float* q, int64_t q_stride, int64_t n_tok, int group,
 
 bool GroupAttend(const float* q, int group, const void* k, const void* v, DType kv, const int64_t* off,
                  int64_t n_pos, int head_dim, float scale, float* out, float* scores) {
-  if (kv == DType::kBF16 && WithHeadDim(head_dim, [&](auto kern) {
+  if (kv == DType::kBF16 && !Bf16PairsOnFma() && WithHeadDim(head_dim, [&](auto kern) {
         // The caller's scores hold n_pos floats (one head's at a time); the rows kernel keeps every head's.
         static thread_local std::vector<float> sc_buf;
         float* sc = Scratch(sc_buf, (size_t)(group * n_pos));

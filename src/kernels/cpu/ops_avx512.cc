@@ -130,11 +130,11 @@ const KernelTable& Table() {
     k.group_attend = avx2::GroupAttend;
     k.group_attend_rows = GroupAttendRows;  // the AVX2 arithmetic, K / V rows shared by 4 queries
     // A bf16 cache on vdpbf16ps where the bf16 products run there at their own rate (attention_avx512bf16.cc;
-    // the other dtypes and head sizes pass through to the two above). Not where vdpbf16ps runs at half the
-    // FMA rate (Bf16PairsOnFma: Intel's cores), where the same products would take twice the f32 kernels'
-    // time: there a bf16 cache keeps the f32 arithmetic on its widened values.
-    if (GetCpuFeatures().avx512_bf16 && (BestIsaTier() != IsaTier::kAvx512 || UsesBf16Dot()) &&
-        !Bf16PairsOnFma()) {
+    // the other dtypes and head sizes pass through to the two above, and so does every call where vdpbf16ps
+    // runs at half the FMA rate, Bf16PairsOnFma: Intel's cores, where the same products would take twice the
+    // f32 kernels' time). Bf16PairsOnFma is asked there, at the first bf16 cache's call, not here: it times
+    // both instructions, which tests/emu's emulated CPU cannot (no clock).
+    if (GetCpuFeatures().avx512_bf16 && (BestIsaTier() != IsaTier::kAvx512 || UsesBf16Dot())) {
       k.group_attend = avx512bf16::GroupAttend;
       k.group_attend_rows = avx512bf16::GroupAttendRows;
     }
