@@ -85,6 +85,20 @@ struct Kernel {
       _mm512_mask_storeu_ps(rows[r].sc + b0, Mask16(rows[r].n - b0), _mm512_mul_ps(acc[r], sv));
   }
 
+  // The K rows of positions [b0, b0 + nb) (nb <= 16; zero past nb), pair dwords [16 c, 16 c + 16) of each,
+  // transposed: t[i] holds pair 16 c + i of the 16 positions. And the prefetch of the block 16 positions ahead.
+  __attribute__((always_inline)) static inline void TransposedChunk(const KvBf16* k, const int64_t* off, int64_t b0,
+                                                                    int64_t nb, int c, __m512 (&t)[16]) {
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j)
+      t[j] = j < nb ? _mm512_loadu_ps((const float*)(k + off[b0 + j]) + 16 * c) : _mm512_setzero_ps();
+    Transpose16(t);
+  }
+  static void PrefetchAhead(const KvBf16* k, const int64_t* off, int64_t b0, int64_t n_max) {
+    for (int64_t j = b0 + kKvAhead; j < std::min(n_max, b0 + kKvAhead + kScoreBlock); ++j)
+      PrefetchKvSlice<KvBf16, HD>(k + off[j], true);
+  }
+
   // The scores of M rows (a decode step's group) block by block, each transposed block consumed from the
   // registers it was transposed in (no staging): the same chains as ScoreTile's, pair by pair in order.
   template <int M>
@@ -93,18 +107,14 @@ struct Kernel {
     const __m512 sv = _mm512_set1_ps(scale);
     for (int64_t b0 = 0; b0 < n_max; b0 += kScoreBlock) {
       const int64_t nb = std::min(kScoreBlock, n_max - b0);
-      for (int64_t j = b0 + kKvAhead; j < std::min(n_max, b0 + kKvAhead + kScoreBlock); ++j)
-        PrefetchKvSlice<KvBf16, HD>(k + off[j], true);
+      PrefetchAhead(k, off, b0, n_max);
       __m512 acc[M];
 #pragma GCC unroll 8
       for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
 #pragma GCC unroll 1
       for (int c = 0; c < D / 16; ++c) {
         __m512 t[16];
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; ++j)
-          t[j] = j < nb ? _mm512_loadu_ps((const float*)(k + off[b0 + j]) + 16 * c) : _mm512_setzero_ps();
-        Transpose16(t);
+        TransposedChunk(k, off, b0, nb, c, t);
 #pragma GCC unroll 16
         for (int i = 0; i < 16; ++i) {
 #pragma GCC unroll 8
@@ -131,14 +141,10 @@ struct Kernel {
     int i0 = 0;  // rows are in order of n: the first one that sees the block
     for (int64_t b0 = 0; b0 < n_max; b0 += kScoreBlock) {
       const int64_t nb = std::min(kScoreBlock, n_max - b0);
-      for (int64_t j = b0 + kKvAhead; j < std::min(n_max, b0 + kKvAhead + kScoreBlock); ++j)
-        PrefetchKvSlice<KvBf16, HD>(k + off[j], true);
+      PrefetchAhead(k, off, b0, n_max);
       for (int c = 0; c < D / 16; ++c) {
         __m512 r[16];
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; ++j)
-          r[j] = j < nb ? _mm512_loadu_ps((const float*)(k + off[b0 + j]) + 16 * c) : _mm512_setzero_ps();
-        Transpose16(r);
+        TransposedChunk(k, off, b0, nb, c, r);
 #pragma GCC unroll 16
         for (int i = 0; i < 16; ++i) _mm512_store_ps((float*)kt + (16 * c + i) * 16, r[i]);
       }
