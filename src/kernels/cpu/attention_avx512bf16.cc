@@ -231,7 +231,7 @@ struct Kernel {
 
   // M rows (a decode step's group, or a short run) over every position with their chains in registers and each
   // pair's V rows interleaved in registers (no staging): the pairs every row holds whole together, then each
-  // row's rest alone, as MixTile; stored in dimension order.
+  // row's rest alone, as MixTile; the chains left in each row's acc (interleaved order, for Store).
   template <int M>
   static void MixFew(const Row* rows, const KvBf16* v, const int64_t* off) {
     __m512 acc[M][Z];
