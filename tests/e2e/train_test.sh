@@ -83,10 +83,9 @@ done
 # TensorBoard's own reader sees the scalars (tensorboard from PyPI in a cached venv; this check
 # is skipped, with a message, only when PyPI cannot be reached).
 tbvenv="${XDG_CACHE_HOME:-$HOME/.cache}/lathe/tb-venv"
-if [ ! -x "$tbvenv/bin/python" ] || ! "$tbvenv/bin/python" -c "import tensorboard" 2> /dev/null; then
-  (python3 -m venv "$tbvenv" && "$tbvenv/bin/pip" install -q tensorboard==2.18.0) > "$tmp/pip.log" 2>&1 || true
-fi
-if "$tbvenv/bin/python" -c "import tensorboard" 2> /dev/null; then
+. "$(dirname "${BASH_SOURCE[0]}")/../pip_venv.sh"
+tb_check="import sys, tensorboard; sys.exit(tensorboard.__version__ != '2.18.0')"
+if lathe_pip_venv_install "$tbvenv" "$tb_check" tensorboard==2.18.0 > "$tmp/pip.log" 2>&1; then
   check "tensorboard reads the run" "$tbvenv/bin/python" - "$tmp/lora/runs" <<'PY'
 import glob, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
