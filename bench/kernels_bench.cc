@@ -182,6 +182,23 @@ void BM_Prefill(benchmark::State& state, DType dt, Shape s, int threads) {
                                                  benchmark::Counter::kIsRate);
 }
 
+// The same product from the 16-row strips the Transformer packs float weights into (kernels::StripWeight:
+// prefill's path for F32 / F16 / BF16 models, no packing of W per call).
+void BM_PrefillStrips(benchmark::State& state, DType dt, Shape s, int threads) {
+  ThreadPool pool(threads);
+  Weights w = MakeWeights(dt, s, 1);
+  std::vector<uint8_t> strips(kernels::StripWeightBytes(dt, s.N, s.K));
+  const kernels::StripWeight sw = kernels::PackStripWeight(pool, w.t[0], strips.data());
+  const std::vector<float> x = RandomFloats(kPrefillM * s.K, 2);
+  std::vector<float> y(kPrefillM * s.N);
+  for (auto _ : state) {
+    kernels::MatMulStrips(pool, x.data(), kPrefillM, sw, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kPrefillM * s.N * s.K * state.iterations() * 1e-9,
+                                                 benchmark::Counter::kIsRate);
+}
+
 // Small batches (several decoding sequences at once): where GEMV hands over to the panel path.
 void BM_Batch(benchmark::State& state, DType dt, Shape s, int64_t M) {
   ThreadPool pool(1);
@@ -570,6 +587,13 @@ void RegisterAll() {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
   }
+  for (Shape s : kShapes)
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark(Name("prefill_strips", DTypeName(dt), s, threads).c_str(), BM_PrefillStrips, dt,
+                                     s, threads)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
   for (DType dt : kTypes)
     for (int64_t M : {2, 3, 4, 5, 6, 7, 8, 12, 15, 16, 24, 32})
       benchmark::RegisterBenchmark(

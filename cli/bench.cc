@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/cpu.h"
+#include "core/profiler.h"
 #include "kernels/kernels.h"
 #include "model/transformer.h"
 
@@ -101,6 +102,9 @@ int RunBench(int argc, char** argv) {
   args.Flag("--threads-list", "thread counts to run", "1,2");
   args.Flag("-r,--repetitions", "repetitions per measurement (best is reported)", "3");
   args.Flag("--depth", "decode after this many tokens of context (llama-bench's -d): the KV cache each step reads", "0");
+  args.Flag("--profile",
+            "after the timed runs, profile one more prefill per model and thread count (warm caches, a Transformer of "
+            "its own): print the top ops and write a Chrome trace of the last one to this file");
   AddKvCacheDTypeFlag(args);
   AddInt8PromptFlag(args);
   Status st = args.Parse(argc, argv);
@@ -186,6 +190,28 @@ int RunBench(int argc, char** argv) {
           tok = (int32_t)(std::max_element(logits.begin(), logits.end()) - logits.begin());
         }
         row.decode_tps = std::max(row.decode_tps, *tg / Seconds(t0, Clock::now()));
+      }
+      if (args.Has("profile")) {
+        // Its own Transformer (the timed one stays without a profiler); the first prefill warms its buffers.
+        Profiler profiler;
+        model::TransformerOptions popts = topts;
+        popts.profiler = &profiler;
+        model::Transformer ptf(w, pool, popts);
+        model::SeqInput in{0, std::span<const int32_t>(prompt), false};
+        for (int r = 0; r < 2; ++r) {
+          cache.Clear(0);
+          if (r == 1) {
+            profiler.Clear();
+            pool.SetProfiler(&profiler);
+          }
+          Status fs = ptf.Forward(cache, std::span<const model::SeqInput>(&in, 1), &logits);
+          if (!fs.ok()) return Fail("bench", fs);
+        }
+        pool.SetProfiler(nullptr);
+        std::printf("profile of one pp%lld prefill, %s, %d thread(s):\n%s", (long long)*pp, path.c_str(),
+                    thread_list[ti], profiler.Summary(20).c_str());
+        Status ps = profiler.WriteChromeTrace(args.Get("profile"));
+        if (!ps.ok()) return Fail("bench", ps.WithContext("--profile"));
       }
       // KV bytes read per decode step, averaged over the run.
       double kv = (double)w.config.n_layers * 2 * w.config.kv_dim() * model::KvElemBytes(*kvt) * (*depth + *tg / 2.0);

@@ -3,7 +3,8 @@
 // rows (a token's query heads and the next token's) instead of once per query. Per query the operations
 // and their order are those of avx2::GroupAttend, so a prompt token's output equals the one a decode
 // step would give it (the batch invariance the engine relies on). K / V elements of any kv_elem.h type,
-// widened to f32 exactly on load.
+// widened to f32 exactly on load. Blocks that many rows see take their scores from K transposed 16
+// positions at a time (ScoresBlockT): the same additions, without Scores4's horizontal sums.
 // GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -13,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/kv_elem.h"
 
@@ -23,6 +25,10 @@ namespace {
 // The AVX2 kernel's position blocks: scores group positions by 4 from each block's start.
 constexpr int64_t kPosBlock = 64;
 constexpr int kMaxRows = 4;
+// Rows of a position block from which its scores take transposed K (ScoresBlockT: the same bits): the
+// transposes of a 16-position sub-block cost about what Scores4's horizontal sums cost four rows.
+constexpr int kMinRowsTransposed = 8;
+constexpr int kRowsT = 4;
 
 // avx2_util.h's HsumPs, the same operations (that header must not be compiled with these flags).
 inline float HsumPs(__m256 v) {
@@ -132,6 +138,121 @@ struct Row {
   int64_t len;  // positions of the current block this row sees
 };
 
+// The same scores (Scores4's arithmetic, bit for bit) with K transposed: 16 positions in the lanes of one zmm,
+// so nothing is summed across lanes. Scores4's lane l of a position's chain holds dims 16 z + l over z (a
+// multiply, then FMAs); here c_l is that chain for 16 positions at once (q[16 z + l] broadcast times row 16 z + l
+// of the transposed block), and its tree (a_i = c_i + c_(i+8), then ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 +
+// a7)), times scale) is the hadd / 128-bit-halves tree of Scores4 done lane-wise: the same additions of the same
+// values. Per row and 16 positions: 16 Z multiply-adds and 16 vertical ops, against Scores4's ~40 shuffles and
+// horizontal adds (port 5, which Intel's cores share with the 512-bit FMAs). The transpose (Z 16 x 16 blocks per
+// 16 positions) pays off over many rows: prompt runs.
+//
+// kt[d * 16 + j] = K(q0 + j, d) widened to f32 for the positions j < nj of the sub-block, 0 past them.
+template <typename E, int C>
+void TransposeK(const E* k, const int64_t* off, int64_t q0, int64_t nj, float* kt) {
+  constexpr int Z = C / 2;
+#pragma GCC unroll 1
+  for (int z = 0; z < Z; ++z) {
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) r[j] = j < nj ? Load16(k + off[q0 + j] + 16 * z) : _mm512_setzero_ps();
+    Transpose16(r);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(kt + (16 * z + i) * 16, r[i]);
+  }
+}
+
+// s[r] = the 16 scores of row q[r] against the transposed block kt (M <= 4 rows: at most 5 live zmm a row).
+template <int M>
+struct Zmms {
+  __m512 v[M];
+};
+template <int M>
+__attribute__((always_inline)) inline Zmms<M> AddZ(const Zmms<M>& x, const Zmms<M>& y) {
+  Zmms<M> o;
+#pragma GCC unroll 4
+  for (int r = 0; r < M; ++r) o.v[r] = _mm512_add_ps(x.v[r], y.v[r]);
+  return o;
+}
+// The chain of lane l (dims l, l + 16, ..) for M rows.
+template <int C, int M>
+__attribute__((always_inline)) inline Zmms<M> ChainT(const float* const* q, const float* kt, int l) {
+  constexpr int Z = C / 2;
+  Zmms<M> c;
+#pragma GCC unroll 8
+  for (int z = 0; z < Z; ++z) {
+    const __m512 kv = _mm512_load_ps(kt + (16 * z + l) * 16);
+#pragma GCC unroll 4
+    for (int r = 0; r < M; ++r) {
+      const __m512 qv = _mm512_set1_ps(q[r][16 * z + l]);
+      c.v[r] = z == 0 ? _mm512_mul_ps(qv, kv) : _mm512_fmadd_ps(qv, kv, c.v[r]);
+    }
+  }
+  return c;
+}
+template <int C, int M>
+__attribute__((always_inline)) inline Zmms<M> PairT(const float* const* q, const float* kt, int i) {
+  Zmms<M> a = AddZ<M>(ChainT<C, M>(q, kt, i), ChainT<C, M>(q, kt, i + 8));
+  // Pins the pair's sums here: otherwise GCC runs chains of later pairs first and spills finished ones.
+#pragma GCC unroll 4
+  for (int r = 0; r < M; ++r) asm("" : "+v"(a.v[r]));
+  return a;
+}
+template <int C, int M>
+__attribute__((always_inline)) inline Zmms<M> QuadT(const float* const* q, const float* kt, int i0) {
+  const Zmms<M> e0 = AddZ<M>(PairT<C, M>(q, kt, i0), PairT<C, M>(q, kt, i0 + 1));
+  return AddZ<M>(e0, AddZ<M>(PairT<C, M>(q, kt, i0 + 2), PairT<C, M>(q, kt, i0 + 3)));
+}
+template <int C, int M>
+__attribute__((always_inline)) inline void ScoreTileT(const float* const* q, const float* kt, __m512 scale,
+                                                      __m512* s) {
+  const Zmms<M> f0 = QuadT<C, M>(q, kt, 0);
+  const Zmms<M> t = AddZ<M>(f0, QuadT<C, M>(q, kt, 4));
+#pragma GCC unroll 4
+  for (int r = 0; r < M; ++r) s[r] = _mm512_mul_ps(t.v[r], scale);
+}
+
+// ScoresBlock's stores (every row's positions below len / 4 * 4 of the block, then its tail) from transposed K.
+template <typename E, int C>
+void ScoresBlockT(const Row* rows, int n, const E* k, const int64_t* off, int64_t n_off, float scale) {
+  constexpr int64_t hd = 8 * C;
+  alignas(64) static thread_local float kt_buf[16 * 128];
+  static_assert(hd <= 128);
+  float* const kt = kt_buf;  // one TLS address, not one per access
+  const __m512 sv = _mm512_set1_ps(scale);
+  const int64_t n_pos = std::min(kPosBlock, n_off);
+  int first = 0;  // rows are in token order: each len at least the one before
+  for (int64_t q0 = 0; q0 < n_pos; q0 += 16) {
+    while (first < n && rows[first].len / 4 * 4 <= q0) ++first;
+    if (first == n) break;
+    const int64_t nj = std::min<int64_t>(16, n_pos - q0);
+    for (int64_t j = q0 + 16; j < std::min(n_pos, q0 + 32); ++j) PrefetchKvSlice<E, hd>(k + off[j], true);
+    TransposeK<E, C>(k, off, q0, nj, kt);
+    for (int i0 = first; i0 < n; i0 += kRowsT) {
+      const int m = std::min(kRowsT, n - i0);
+      const float* qs[4];
+      for (int i = 0; i < m; ++i) qs[i] = rows[i0 + i].q;
+      // Without this GCC hoists the block's Z x 16 loads out of the row loop and spills them (the same loads
+      // from the stack, plus moves); read through ktr, each tile loads its rows of kt as it uses them.
+      const float* ktr = kt;
+      asm("" : "+r"(ktr));
+      __m512 s[4];
+      switch (m) {
+        case 4: ScoreTileT<C, 4>(qs, ktr, sv, s); break;
+        case 3: ScoreTileT<C, 3>(qs, ktr, sv, s); break;
+        case 2: ScoreTileT<C, 2>(qs, ktr, sv, s); break;
+        default: ScoreTileT<C, 1>(qs, ktr, sv, s); break;
+      }
+      for (int i = 0; i < m; ++i) {
+        const int64_t full = rows[i0 + i].len / 4 * 4 - q0;  // this row's positions of the sub-block, full groups
+        _mm512_mask_storeu_ps(rows[i0 + i].sc + q0, full >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << full) - 1),
+                              s[i]);
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) ScoresTail<E, C>(rows[i].q, k, off, rows[i].len / 4 * 4, rows[i].len, scale, rows[i].sc);
+}
+
 // Rows of one position block in batches of up to R (kMaxRows, or 2 for 128-float heads in the mix):
 // the part every row of a batch sees together, then each row's remainder alone. Only the first batch
 // prefetches (the block is in L1 for the rest), as the AVX2 rows kernel.
@@ -232,7 +353,10 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
   for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(k + off[j], true);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
     const int n = fill(p0);  // positions below relative to the block: off + p0, each row's sc + p0
-    ScoresBlock<E, C>(rows.data(), n, k, v, off + p0, n_max - p0, scale);
+    if (n >= kMinRowsTransposed)
+      ScoresBlockT<E, C>(rows.data(), n, k, off + p0, n_max - p0, scale);
+    else
+      ScoresBlock<E, C>(rows.data(), n, k, v, off + p0, n_max - p0, scale);
   }
   // This tier's softmax: avx2::Softmax's bits (the decode kernel's) on 16 lanes.
   const KernelTable& t5 = Table();
