@@ -87,6 +87,10 @@ StripWeight PackStripWeight(ThreadPool& pool, const Tensor& w, void* out, bool b
 // bits), whatever M: a row's result does not depend on what it is batched with (below
 // cpu::kStripGemvMaxM rows the strip GEMV, from it on the GEMM).
 void MatMulStrips(ThreadPool& pool, const float* x, int64_t M, const StripWeight& w, float* y);
+// ys[i](M, N_i) = x(M, K) . ws[i]^T for strip weights that share x (q / k / v, gate / up): bit for bit one
+// MatMulStrips per weight; prompt rows of plain strips pack x for the GEMM once for all of them.
+void MatMulStripsShared(ThreadPool& pool, const float* x, int64_t M, std::span<const StripWeight* const> ws,
+                        std::span<float* const> ys);
 
 // out(n_rows, K) = dequantize(w[row_begin : row_begin + n_rows]) for a 2-D w of any dtype.
 void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out);

@@ -538,11 +538,15 @@ void Transformer::LinearShared(const char* name, const float* x, int64_t M, int6
     stripped = stripped || Strips(*p.w) ||
                (exact && !options_.exact_activations &&
                 (kernels::MatMulInt16Takes(*p.w) || kernels::MatMulBf16Rounds(*p.w)));
-  if (M != 1 || stripped) {
+  // Several rows of weights that are all strips: one kernels::MatMulStripsShared (x packed once for the GEMM).
+  bool all_strips = M > 1;
+  for (const SharedPart& p : parts) all_strips = all_strips && Strips(*p.w);
+  if ((M != 1 || stripped) && !all_strips) {
     for (const SharedPart& p : parts) Linear(p.name, x, M, *p.w, p.y, layer, p.module);
     return;
   }
   const Tensor* ws[4];
+  const kernels::StripWeight* sws[4];
   float* ys[4];
   size_t n = 0;
   double flops = 0, bytes = 4.0 * M * (*parts.begin()).w->shape[1];
@@ -550,6 +554,7 @@ void Transformer::LinearShared(const char* name, const float* x, int64_t M, int6
   for (const SharedPart& p : parts) {
     LATHE_CHECK(n < 4);
     ws[n] = p.w;
+    sws[n] = Strips(*p.w);
     ys[n++] = p.y;
     flops += 2.0 * M * p.w->numel();
     bytes += (double)p.w->nbytes() + 4.0 * M * p.w->shape[0];
@@ -557,7 +562,13 @@ void Transformer::LinearShared(const char* name, const float* x, int64_t M, int6
   }
   {
     ScopedOp op(options_.profiler, name, flops, bytes, shape);
-    kernels::MatMulShared(pool_, x, M, std::span<const Tensor* const>(ws, n), std::span<float* const>(ys, n), exact);
+    if (all_strips) {
+      kernels::MatMulStripsShared(pool_, x, M, std::span<const kernels::StripWeight* const>(sws, n),
+                                  std::span<float* const>(ys, n));
+    } else {
+      kernels::MatMulShared(pool_, x, M, std::span<const Tensor* const>(ws, n), std::span<float* const>(ys, n),
+                            exact);
+    }
   }
   for (const SharedPart& p : parts) AddLora(x, p.y, layer, p.module);
 }

@@ -331,6 +331,60 @@ TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
   }
 }
 
+// Strip weights that share x (q / k / v, gate / up): MatMulStripsShared gives each y the bits of its own
+// MatMulStrips call at every M (the GEMV rows, and the GEMM's rows where x is packed once for all the weights)
+// and thread count: products wide enough for the panel path (x shared), narrow ones (each its own), two inner
+// chunks (K = 1537), a prompt longer than one A micro-panel superblock would hold whole (M = 1900, K = 576).
+TEST_P(MatMulTier, SharedStripsEqualOneCallPerWeight) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::KernelTable& kt = cpu::KernelsFor(GetParam());
+  uint32_t seed = 2600;
+  ThreadPool pool1(1);
+  struct Case {
+    int64_t K;
+    std::vector<int64_t> Ns;
+    std::vector<int64_t> Ms;
+  };
+  const Case cases[] = {{576, {200, 192, 576}, {1, 5, cpu::kStripGemvMaxM, 41, 300}},
+                        {100, {17, 40}, {3, 41}},
+                        {1537, {240, 33}, {cpu::kStripGemvMaxM, 70}},
+                        {576, {1536, 1536}, {1900}}};
+  const bool panel = cpu::TrainKernelsFor(GetParam()).gemm_panel != nullptr;  // tiers where x can be shared
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (const Case& c : cases) {
+      if (c.Ms.front() > 1000 && !panel) continue;  // elsewhere one call per weight anyway: not worth the time
+      std::vector<testing::TestWeight> ws;
+      std::vector<std::vector<uint8_t>> packed;
+      std::vector<StripWeight> sws;
+      for (int64_t N : c.Ns) {
+        ws.push_back(MakeWeight(dt, N, c.K, seed++));
+        packed.emplace_back(StripWeightBytes(dt, N, c.K));
+      }
+      for (size_t i = 0; i < ws.size(); ++i) sws.push_back(cpu::PackStripWeightWith(kt.mm, pool1, ws[i].t, packed[i].data()));
+      std::vector<const StripWeight*> sw_ptrs;
+      for (const StripWeight& sw : sws) sw_ptrs.push_back(&sw);
+      for (int64_t M : c.Ms) {
+        const std::vector<float> x = RandomVec(M * c.K, seed++);
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          std::vector<std::vector<float>> want, got;
+          std::vector<float*> ys;
+          for (size_t i = 0; i < sws.size(); ++i) {
+            want.emplace_back(M * c.Ns[i], -1.0f);
+            cpu::MatMulStripsWith(kt.mm, pool, x.data(), M, sws[i], want.back().data());
+            got.emplace_back(M * c.Ns[i], -2.0f);
+          }
+          for (auto& g : got) ys.push_back(g.data());
+          cpu::MatMulStripsSharedWith(kt.mm, pool, x.data(), M, sw_ptrs, ys);
+          for (size_t i = 0; i < sws.size(); ++i)
+            ASSERT_EQ(got[i], want[i]) << IsaTierName(GetParam()) << " " << DTypeName(dt) << " K=" << c.K
+                                       << " weight " << i << " M=" << M << " threads=" << threads;
+        }
+      }
+    }
+  }
+}
+
 // BF16 weights on CPUs with avx512_bf16 (the AVX-512 table's bf16_strips): packed in pair strips and
 // multiplied with vdpbf16ps, every element bit-identical to the scalar definition of that arithmetic
 // (Bf16PairsReference: x rounded to bf16, pairs odd element first, chunks added in order; on AMX tiles AMX's, within

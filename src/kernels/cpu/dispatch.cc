@@ -102,6 +102,11 @@ void MatMulStrips(ThreadPool& pool, const float* x, int64_t M, const StripWeight
   cpu::MatMulStripsWith(cpu::Best().mm, pool, x, M, w, y);
 }
 
+void MatMulStripsShared(ThreadPool& pool, const float* x, int64_t M, std::span<const StripWeight* const> ws,
+                        std::span<float* const> ys) {
+  cpu::MatMulStripsSharedWith(cpu::Best().mm, pool, x, M, ws, ys);
+}
+
 void DequantizeRows(const Tensor& w, int64_t row_begin, int64_t n_rows, float* out) {
   const int64_t K = w.shape.back();
   if (IsPackedQuant(w.dtype)) {

@@ -179,6 +179,8 @@ bool Int16Takes(const MatMulKernels& k, const Tensor& w);
 // kernels::MatMulStrips / PackStripWeight with one tier's kernels (matmul.cc).
 void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const StripWeight& w,
                       float* y);
+void MatMulStripsSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
+                            std::span<const StripWeight* const> ws, std::span<float* const> ys);
 StripWeight PackStripWeightWith(const MatMulKernels& k, ThreadPool& pool, const Tensor& w, void* out);
 constexpr int64_t kStripGemvMaxM = 20;
 // The inner chunks of the bf16 pair arithmetic (MatMulKernels::bf16_strips): Kp pairs in one chunk up to

@@ -402,6 +402,21 @@ void MatMulStripsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, 
   }, 2.0 * M * w.N * w.K);
 }
 
+void MatMulStripsSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
+                            std::span<const StripWeight* const> ws, std::span<float* const> ys) {
+  LATHE_CHECK(ws.size() == ys.size());
+  bool gemm = M >= kStripGemvMaxM && !ws.empty() && ws.size() <= 4;
+  for (const StripWeight* w : ws) gemm = gemm && !w->bf16_pairs && w->K == ws[0]->K && w->N > 0;
+  if (!gemm) {
+    for (size_t i = 0; i < ws.size(); ++i) MatMulStripsWith(k, pool, x, M, *ws[i], ys[i]);
+    return;
+  }
+  StripsProduct ps[4];
+  for (size_t i = 0; i < ws.size(); ++i) ps[i] = {ws[i]->dtype, ws[i]->data, ws[i]->N, ys[i]};
+  MatMulForwardStripsShared(TrainKernelsFor(k.tier), k, pool, x, M, ws[0]->K,
+                            std::span<const StripsProduct>(ps, ws.size()));
+}
+
 void Bf16PairsReference(const float* x, int64_t M, const Tensor& w, float* y) {
   LATHE_CHECK(w.ndim() == 2 && w.dtype == DType::kBF16);
   const int64_t N = w.shape[0], K = w.shape[1], Kp = (K + 1) / 2, chunk = Bf16PairsChunk(Kp);

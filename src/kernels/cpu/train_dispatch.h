@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 
 #include "core/cpu.h"
 #include "core/tensor.h"
@@ -176,6 +177,17 @@ void MatMulForwardMm(const TrainKernelTable& tk, const MatMulKernels& mm, Thread
 // MatMulForwardWith on the unpacked W.
 void MatMulForwardStrips(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
                          const float* x, int64_t M, DType t, const void* strips, int64_t N, int64_t K);
+// MatMulForwardStrips for several W sharing x (q / k / v, gate / up), bit for bit: where the products' plans
+// pack x the same way (one round, one superblock: prompt runs of the models lathe serves), x is packed once
+// for all of them instead of once per product.
+struct StripsProduct {
+  DType t;
+  const void* strips;
+  int64_t N;
+  float* y;  // (M, N)
+};
+void MatMulForwardStripsShared(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, const float* x,
+                               int64_t M, int64_t K, std::span<const StripsProduct> ws);
 // The length of the inner chunks the GEMM driver sums an inner dimension L in (each chunk one FMA chain
 // per C element, the chunks added in order): L itself up to 768, longer ones in equal chunks.
 int64_t GemmInnerChunk(int64_t L);

@@ -185,10 +185,32 @@ GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64
 // With bpre (B already packed for every column and inner row, PackForBackwardInput's layout: strip
 // s over all L rows at bpre + s * L * kGemmTileC) nothing is packed and the micro-kernel calls and
 // their order are the same, so the result is bit-identical.
+// The panel path's A micro-panels of one round (inner chunks c0 .. c0 + n_lc - 1, rows s0 .. s1 - 1): micro-panel
+// t of chunk lc at out + (lc * n_tiles + t) * pr * inner, (l, i) at [l * pr + i], rows past s1 zero.
+void PackAPanels(const TrainKernelTable& tk, ThreadPool& pool, const GemmPlan& plan, const float* a, int64_t a_rs,
+                 int64_t a_is, int64_t L, int64_t c0, int64_t n_lc, int64_t s0, int64_t s1, float* out) {
+  const int64_t pr = plan.panel_rows, inner = plan.inner, n_tiles = (s1 - s0 + pr - 1) / pr;
+  pool.ParallelFor(n_lc * n_tiles, 1, [&](int64_t tb, int64_t te, int) {
+    for (int64_t u = tb; u < te; ++u) {
+      const int64_t lc = u / n_tiles, ri = s0 + u % n_tiles * pr;
+      const int64_t l0 = (c0 + lc) * inner, nl = std::min(inner, L - l0);
+      const int mr = (int)std::min<int64_t>(pr, s1 - ri);
+      float* o = out + u * pr * inner;
+      if (a_is == 1) {
+        tk.pack_panel_rows(o, a + ri * a_rs + l0, a_rs, nl, mr);
+      } else {
+        PackATile(o, a + ri * a_rs + l0 * a_is, a_rs, a_is, nl, mr, (int)pr);
+      }
+    }
+  });
+}
+
+// apre: A already packed by PackAPanels for the whole product (a plan of one round and one superblock, as
+// PlanOneRound says), shared by products with the same A (MatMulForwardStripsShared); nothing else changes.
 template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
           const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b,
-          const float* bpre = nullptr, int64_t col_align = 1) {
+          const float* bpre = nullptr, int64_t col_align = 1, const float* apre = nullptr) {
   if (R <= 0 || Kd <= 0) return;
   if (L <= 0) {
     if (!accumulate)
@@ -217,20 +239,15 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     // Panel path: A micro-panel t (rows s0 + pr t ..) of chunk lc at apanels + (lc * n_tiles + t) * pr
     // * inner, (l, i) at [l * pr + i], rows past s1 zero.
     const int64_t n_tiles = (s1 - s0 + MR - 1) / MR;
-    float* apanels = pr ? SharedAPanels((size_t)(n_lc * n_tiles * pr * inner)) : nullptr;
-    if (pr) pool.ParallelFor(n_lc * n_tiles, 1, [&](int64_t tb, int64_t te, int) {
-      for (int64_t u = tb; u < te; ++u) {
-        const int64_t lc = u / n_tiles, ri = s0 + u % n_tiles * pr;
-        const int64_t l0 = (c0 + lc) * inner, nl = std::min(inner, L - l0);
-        const int mr = (int)std::min<int64_t>(pr, s1 - ri);
-        float* out = apanels + u * pr * inner;
-        if (a_is == 1) {
-          tk.pack_panel_rows(out, a + ri * a_rs + l0, a_rs, nl, mr);
-        } else {
-          PackATile(out, a + ri * a_rs + l0 * a_is, a_rs, a_is, nl, mr, (int)pr);
-        }
-      }
-    });
+    const float* apanels = nullptr;
+    if (apre) {
+      LATHE_CHECK(pr && n_lc == n_lc_all && s0 == 0 && s1 == R);
+      apanels = apre;
+    } else if (pr) {
+      float* packed = SharedAPanels((size_t)(n_lc * n_tiles * pr * inner));
+      PackAPanels(tk, pool, plan, a, a_rs, a_is, L, c0, n_lc, s0, s1, packed);
+      apanels = packed;
+    }
     for (int64_t g0 = 0; g0 < Kd; g0 += group) {
     const int64_t gk = std::min(group, Kd - g0);
     const int64_t n_cb = (gk + col_block - 1) / col_block;
@@ -502,13 +519,16 @@ void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt,
 
 int64_t GemmInnerChunk(int64_t L) { return InnerChunk(L); }
 
-void MatMulForwardStrips(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
-                         const float* x, int64_t M, DType t, const void* strips, int64_t N, int64_t K) {
+namespace {
+
+// MatMulForwardStrips, with A packed beforehand (apre, PackAPanels for the whole product) or not.
+void StripsGemm(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y, const float* x,
+                int64_t M, DType t, const void* strips, int64_t N, int64_t K, const float* apre) {
   LATHE_CHECK(t == DType::kF32 || t == DType::kF16 || t == DType::kBF16);
   if (t == DType::kF32) {  // the strips are the forward's B packed for every column and inner row
     Gemm(tk, pool, y, N, M, N, K, x, K, 1, false, [](int64_t, int64_t, int64_t, int64_t, float*, int64_t*, int64_t) {
       return (const float*)nullptr;
-    }, (const float*)strips);
+    }, (const float*)strips, 1, apre);
     return;
   }
   const uint16_t* s16 = (const uint16_t*)strips;
@@ -526,7 +546,36 @@ void MatMulForwardStrips(const TrainKernelTable& tk, const MatMulKernels& mm, Th
     }
     return nullptr;
   };
-  Gemm(tk, pool, y, N, M, N, K, x, K, 1, false, fill);
+  Gemm(tk, pool, y, N, M, N, K, x, K, 1, false, fill, nullptr, 1, apre);
+}
+
+}  // namespace
+
+void MatMulForwardStrips(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
+                         const float* x, int64_t M, DType t, const void* strips, int64_t N, int64_t K) {
+  StripsGemm(tk, mm, pool, y, x, M, t, strips, N, K, nullptr);
+}
+
+void MatMulForwardStripsShared(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, const float* x,
+                               int64_t M, int64_t K, std::span<const StripsProduct> ws) {
+  // A is packed once where every product's plan packs it the same way in one round of one superblock (the
+  // panel path; SmolLM2's q / k / v and gate / up at any prompt length up to kSharedAFloats / K rows).
+  bool share = ws.size() > 1 && M > 0;
+  GemmPlan first;
+  for (size_t i = 0; i < ws.size() && share; ++i) {
+    const GemmPlan p = PlanGemm(tk, &pool, M, ws[i].N, K, 1, ws[i].t == DType::kF32, 1);
+    if (i == 0) first = p;
+    share = p.panel_rows && p.chunks == p.n_lc_all && p.sb_rows >= M && p.panel_rows == first.panel_rows &&
+            p.inner == first.inner;
+  }
+  if (!share) {
+    for (const StripsProduct& w : ws) StripsGemm(tk, mm, pool, w.y, x, M, w.t, w.strips, w.N, K, nullptr);
+    return;
+  }
+  const int64_t pr = first.panel_rows, n_tiles = (M + pr - 1) / pr;
+  float* apre = SharedAPanels((size_t)(first.n_lc_all * n_tiles * pr * first.inner));
+  PackAPanels(tk, pool, first, x, K, 1, K, 0, first.n_lc_all, 0, M, apre);
+  for (const StripsProduct& w : ws) StripsGemm(tk, mm, pool, w.y, x, M, w.t, w.strips, w.N, K, apre);
 }
 
 void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* y,
