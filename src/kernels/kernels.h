@@ -56,6 +56,9 @@ struct RowRun {
   bool int16 = false;
 };
 void MatMulRows(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y, std::span<const RowRun> runs);
+// MatMulRows for weights that share x (each MatMulInt16Takes): bit for bit one call per weight, x quantized once.
+void MatMulRowsShared(ThreadPool& pool, const float* x, int64_t M, std::span<const Tensor* const> ws,
+                      std::span<float* const> ys, std::span<const RowRun> runs);
 
 // ys[i](M, N_i) = x(M, K) . ws[i](N_i, K)^T for weights that share x (q/k/v, gate/up): bit for bit
 // the results of one MatMul per weight. Where every one of those calls would take the M = 1 GEMV

@@ -541,7 +541,11 @@ void Transformer::LinearShared(const char* name, const float* x, int64_t M, int6
   // Several rows of weights that are all strips: one kernels::MatMulStripsShared (x packed once for the GEMM).
   bool all_strips = M > 1;
   for (const SharedPart& p : parts) all_strips = all_strips && Strips(*p.w);
-  if ((M != 1 || stripped) && !all_strips) {
+  // Several rows of block-quantized weights on the int8 GEMM's runs (Linear's MatMulRows): one
+  // kernels::MatMulRowsShared (x quantized once).
+  bool all_rows = M > 1 && !options_.exact_activations;
+  for (const SharedPart& p : parts) all_rows = all_rows && !Strips(*p.w) && kernels::MatMulInt16Takes(*p.w);
+  if ((M != 1 || stripped) && !all_strips && !all_rows) {
     for (const SharedPart& p : parts) Linear(p.name, x, M, *p.w, p.y, layer, p.module);
     return;
   }
@@ -565,6 +569,11 @@ void Transformer::LinearShared(const char* name, const float* x, int64_t M, int6
     if (all_strips) {
       kernels::MatMulStripsShared(pool_, x, M, std::span<const kernels::StripWeight* const>(sws, n),
                                   std::span<float* const>(ys, n));
+    } else if (all_rows) {
+      row_runs_.clear();
+      for (const PrecisionRun& run : token_runs_) row_runs_.push_back({run.n_rows, run.exact});
+      kernels::MatMulRowsShared(pool_, x, M, std::span<const Tensor* const>(ws, n), std::span<float* const>(ys, n),
+                                row_runs_);
     } else {
       kernels::MatMulShared(pool_, x, M, std::span<const Tensor* const>(ws, n), std::span<float* const>(ys, n),
                             exact);

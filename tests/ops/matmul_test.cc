@@ -875,6 +875,54 @@ TEST_P(Int16Tier, MixedRowRunsEqualEachRowsOwnCall) {
   }
 }
 
+// Weights that share x (q / k / v, gate / up) in one MatMulRowsSharedWith call: each y equals its own MatMulRowsWith
+// call bit for bit: one dtype and mixed ones (Q8_0's dot starts computed for the int8 rows when any weight needs
+// them), prompt rows alone, int8 and int16 runs together, K-quants (int16 rows alone share x; with int8 rows each
+// weight keeps its own calls), N % 4 tails, 1-3 threads.
+TEST_P(Int16Tier, SharedRowsEqualOneCallPerWeight) {
+  LATHE_REQUIRE_TIER(GetParam());
+  const cpu::MatMulKernels& k = cpu::KernelsFor(GetParam()).mm;
+  uint32_t seed = 2200;
+  struct Case {
+    int64_t K;
+    std::vector<DType> dts;
+    std::vector<int64_t> Ns;
+    std::vector<RowRun> runs;
+  };
+  const std::vector<Case> cases = {
+      {576, {DType::kQ4_1, DType::kQ4_1, DType::kQ4_1}, {130, 66, 66}, {{40, true}}},
+      {576, {DType::kQ8_0, DType::kQ4_1, DType::kQ5_0}, {64, 50, 33}, {{3, false}, {9, true}, {2, false}}},
+      {1536, {DType::kQ4_0, DType::kQ8_0}, {66, 48}, {{100, true}, {20, false}, {30, true}}},
+      {512, {DType::kQ4_K, DType::kQ5_K}, {64, 40}, {{25, true}}},
+      {512, {DType::kQ4_K, DType::kQ4_1}, {64, 40}, {{5, false}, {25, true}}},
+      {64, {DType::kQ8_0, DType::kQ8_0}, {48, 20}, {{7, false}}},
+  };
+  for (const Case& c : cases) {
+    int64_t M = 0;
+    for (const RowRun& r : c.runs) M += r.n_rows;
+    std::vector<testing::TestWeight> ws;
+    std::vector<const Tensor*> wp;
+    for (size_t i = 0; i < c.dts.size(); ++i) ws.push_back(MakeWeight(c.dts[i], c.Ns[i], c.K, seed++));
+    for (const testing::TestWeight& w : ws) wp.push_back(&w.t);
+    const std::vector<float> x = RandomVec(M * c.K, seed++);
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<std::vector<float>> want, got;
+      std::vector<float*> ys;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        want.emplace_back(M * c.Ns[i], -1.0f);
+        cpu::MatMulRowsWith(k, pool, x.data(), M, ws[i].t, want.back().data(), c.runs);
+        got.emplace_back(M * c.Ns[i], -2.0f);
+      }
+      for (auto& g : got) ys.push_back(g.data());
+      cpu::MatMulRowsSharedWith(k, pool, x.data(), M, wp, ys, c.runs);
+      for (size_t i = 0; i < ws.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << IsaTierName(GetParam()) << " K=" << c.K << " weight " << i << " "
+                                   << DTypeName(c.dts[i]) << " threads=" << threads;
+    }
+  }
+}
+
 // The public entry points (best tier) agree with the reference too.
 TEST(MatMulPublic, BestTierAndDequantizeRows) {
   ThreadPool pool(2);

@@ -62,6 +62,11 @@ void MatMulRows(ThreadPool& pool, const float* x, int64_t M, const Tensor& w, fl
   cpu::MatMulRowsWith(cpu::Best().mm, pool, x, M, w, y, runs);
 }
 
+void MatMulRowsShared(ThreadPool& pool, const float* x, int64_t M, std::span<const Tensor* const> ws,
+                      std::span<float* const> ys, std::span<const RowRun> runs) {
+  cpu::MatMulRowsSharedWith(cpu::Best().mm, pool, x, M, ws, ys, runs);
+}
+
 bool Int16PromptRows() {
   static const bool on = [] {
     if (const std::optional<bool> forced = EnvSwitch("LATHE_INT16_PROMPT")) return *forced;

@@ -174,6 +174,10 @@ bool Bf16DequantTakes(const MatMulKernels& k, const Tensor& w);
 // int16.
 void MatMulRowsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
                     std::span<const RowRun> runs);
+// MatMulRowsWith for weights that share x (q / k / v, gate / up), bit for bit: x's rows quantized once for all of
+// them where every weight takes the int8 GEMM's runs with the same K.
+void MatMulRowsSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
+                          std::span<const Tensor* const> ws, std::span<float* const> ys, std::span<const RowRun> runs);
 void MatMulInt16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y);
 bool Int16Takes(const MatMulKernels& k, const Tensor& w);
 // kernels::MatMulStrips / PackStripWeight with one tier's kernels (matmul.cc).

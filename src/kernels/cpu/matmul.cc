@@ -89,14 +89,16 @@ void Gemv(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, c
 // most, a multiple of the thread count where N allows) x blocks of ~kXBlockBytes of quantized rows, every task
 // one kernel call over the runs it meets, so the step's rows share one unpacked pass of W. The N % 4 tail
 // rows: int8 rows through gemv (their M = 1 kernel, gemv_exact_m rows per call), int16 rows through the GEMM.
-void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
-              std::span<const RowRun> runs) {
-  const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
-  LATHE_CHECK(K % 32 == 0 && k.qgemm_runs);
-  const size_t rb = w.row_bytes();
-  const uint8_t* wd = (const uint8_t*)w.data;
-  const bool q8 = w.dtype == DType::kQ8_0;
-  // Each row's index in the array of its kind: >= 0 int8, < 0 int16 (-1 - index).
+// RowsGemm's x: each row quantized by its kind (the caller's thread-local buffers, valid until its next call).
+struct QuantizedRows {
+  const int64_t* slot = nullptr;  // each row's index in the array of its kind: >= 0 int8, < 0 int16 (-1 - index)
+  const BlockQ8X* x8 = nullptr;
+  const BlockQ16X* x16 = nullptr;
+  const int32_t* starts = nullptr;  // Q8_0's int8 dot starts of the int8 rows (with_starts)
+};
+QuantizedRows QuantizeRows(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, int64_t K,
+                           std::span<const RowRun> runs, bool with_starts) {
+  const int64_t nb = K / 32;
   static thread_local std::vector<int64_t> slot_buf;
   int64_t* slot = Scratch(slot_buf, (size_t)M);
   int64_t n8 = 0, n16 = 0, r = 0;
@@ -108,7 +110,7 @@ void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t 
   static thread_local std::vector<int32_t> start_buf;
   BlockQ8X* x8 = n8 ? Scratch(x8_buf, (size_t)(n8 * nb)) : nullptr;
   BlockQ16X* x16 = n16 ? Scratch(x16_buf, (size_t)(n16 * nb)) : nullptr;
-  int32_t* starts = n8 && q8 && k.x_starts ? Scratch(start_buf, (size_t)(n8 * nb)) : nullptr;
+  int32_t* starts = n8 && with_starts && k.x_starts ? Scratch(start_buf, (size_t)(n8 * nb)) : nullptr;
   pool.ParallelFor(M, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t m = b; m < e; ++m) {
       if (slot[m] >= 0) {
@@ -119,6 +121,22 @@ void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t 
       }
     }
   });
+  return QuantizedRows{slot, x8, x16, starts};
+}
+
+void RowsGemmOn(const MatMulKernels& k, ThreadPool& pool, const QuantizedRows& qx, int64_t M, const Tensor& w,
+                float* y) {
+  const int64_t N = w.shape[0], K = w.shape[1], nb = K / 32;
+  LATHE_CHECK(K % 32 == 0 && k.qgemm_runs);
+  const size_t rb = w.row_bytes();
+  const uint8_t* wd = (const uint8_t*)w.data;
+  const int64_t* slot = qx.slot;
+  const BlockQ8X* x8 = qx.x8;
+  const BlockQ16X* x16 = qx.x16;
+  // Q8_0's starts where the quantized rows carry them (another dtype's product ignores them).
+  const int32_t* starts = w.dtype == DType::kQ8_0 ? qx.starts : nullptr;
+  int64_t n8 = 0, n16 = 0;
+  for (int64_t m = 0; m < M; ++m) (slot[m] >= 0 ? n8 : n16)++;
   const int64_t n4 = N / 4 * 4, n_units = (n4 + 15) / 16, P = pool.size();
   const int64_t units = std::max<int64_t>(1, std::min(kGemvBlockBytes / (int64_t)rb / 16, (n_units + P - 1) / P));
   int64_t n_wblocks = std::max<int64_t>(1, (n_units + units - 1) / units);
@@ -181,6 +199,12 @@ void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t 
       if (m0 < m1 && nr > 0) gemm(m0, m1, n0, nr, /*int16_only=*/false);
     }
   }, 2.0 * M * N * K);
+}
+
+void RowsGemm(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y,
+              std::span<const RowRun> runs) {
+  LATHE_CHECK(w.shape[1] % 32 == 0 && k.qgemm_runs);
+  RowsGemmOn(k, pool, QuantizeRows(k, pool, x, M, w.shape[1], runs, w.dtype == DType::kQ8_0), M, w, y);
 }
 
 // W rows per ChainGemv block: every x row (4 per kernel call) runs over a block while it is in L1 / L2.
@@ -330,6 +354,31 @@ void MatMulRowsWith(const MatMulKernels& k, ThreadPool& pool, const float* x, in
     return;
   }
   RowsGemm(k, pool, x, M, w, y, runs);
+}
+
+void MatMulRowsSharedWith(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M,
+                          std::span<const Tensor* const> ws, std::span<float* const> ys, std::span<const RowRun> runs) {
+  LATHE_CHECK(ws.size() == ys.size());
+  bool any16 = false, any8 = false;
+  for (const RowRun& run : runs) {
+    if (run.n_rows <= 0) continue;
+    (run.int16 ? any16 : any8) = true;
+  }
+  // x quantized once where every weight would take RowsGemm with the same K (not the K-quants' per-run calls).
+  bool share = any16 && M > 0 && !ws.empty();
+  bool q8 = false;
+  for (const Tensor* w : ws) {
+    LATHE_CHECK(Int16Takes(k, *w));
+    share = share && w->shape[1] == ws[0]->shape[1] && w->shape[0] > 0 && !(IsKQuant(w->dtype) && any8);
+    q8 = q8 || w->dtype == DType::kQ8_0;
+  }
+  if (!share) {
+    for (size_t i = 0; i < ws.size(); ++i) MatMulRowsWith(k, pool, x, M, *ws[i], ys[i], runs);
+    return;
+  }
+  LATHE_CHECK(ws[0]->shape[1] % 32 == 0 && k.qgemm_runs);
+  const QuantizedRows qx = QuantizeRows(k, pool, x, M, ws[0]->shape[1], runs, q8);
+  for (size_t i = 0; i < ws.size(); ++i) RowsGemmOn(k, pool, qx, M, *ws[i], ys[i]);
 }
 
 void MatMulInt16With(const MatMulKernels& k, ThreadPool& pool, const float* x, int64_t M, const Tensor& w, float* y) {
