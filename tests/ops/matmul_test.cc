@@ -331,6 +331,28 @@ TEST_P(MatMulTier, StripsEqualTheGemmAtEveryM) {
   }
 }
 
+// A shared-x product (shared(pool, ys)) against one call per weight (one(pool, i, y)) on 1-3 threads: each of the
+// Ns.size() outputs (M x Ns[i]) bit for bit.
+template <typename One, typename Shared>
+::testing::AssertionResult SharedEqualsOneCallEach(const std::vector<int64_t>& Ns, int64_t M, const One& one,
+                                                   const Shared& shared) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<std::vector<float>> want, got;
+    std::vector<float*> ys;
+    for (size_t i = 0; i < Ns.size(); ++i) {
+      want.emplace_back(M * Ns[i], -1.0f);
+      one(pool, i, want.back().data());
+      got.emplace_back(M * Ns[i], -2.0f);
+    }
+    for (auto& g : got) ys.push_back(g.data());
+    shared(pool, std::span<float* const>(ys));
+    for (size_t i = 0; i < Ns.size(); ++i)
+      if (got[i] != want[i]) return ::testing::AssertionFailure() << "weight " << i << " threads=" << threads;
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Strip weights that share x (q / k / v, gate / up): MatMulStripsShared gives each y the bits of its own
 // MatMulStrips call at every M (the GEMV rows, and the GEMM's rows where x is packed once for all the weights)
 // and thread count: products wide enough for the panel path (x shared), narrow ones (each its own), two inner
@@ -365,21 +387,13 @@ TEST_P(MatMulTier, SharedStripsEqualOneCallPerWeight) {
       for (const StripWeight& sw : sws) sw_ptrs.push_back(&sw);
       for (int64_t M : c.Ms) {
         const std::vector<float> x = RandomVec(M * c.K, seed++);
-        for (int threads : {1, 2, 3}) {
-          ThreadPool pool(threads);
-          std::vector<std::vector<float>> want, got;
-          std::vector<float*> ys;
-          for (size_t i = 0; i < sws.size(); ++i) {
-            want.emplace_back(M * c.Ns[i], -1.0f);
-            cpu::MatMulStripsWith(kt.mm, pool, x.data(), M, sws[i], want.back().data());
-            got.emplace_back(M * c.Ns[i], -2.0f);
-          }
-          for (auto& g : got) ys.push_back(g.data());
-          cpu::MatMulStripsSharedWith(kt.mm, pool, x.data(), M, sw_ptrs, ys);
-          for (size_t i = 0; i < sws.size(); ++i)
-            ASSERT_EQ(got[i], want[i]) << IsaTierName(GetParam()) << " " << DTypeName(dt) << " K=" << c.K
-                                       << " weight " << i << " M=" << M << " threads=" << threads;
-        }
+        ASSERT_TRUE(SharedEqualsOneCallEach(
+            c.Ns, M,
+            [&](ThreadPool& pool, size_t i, float* y) { cpu::MatMulStripsWith(kt.mm, pool, x.data(), M, sws[i], y); },
+            [&](ThreadPool& pool, std::span<float* const> ys) {
+              cpu::MatMulStripsSharedWith(kt.mm, pool, x.data(), M, sw_ptrs, ys);
+            }))
+            << IsaTierName(GetParam()) << " " << DTypeName(dt) << " K=" << c.K << " M=" << M;
       }
     }
   }
@@ -905,21 +919,13 @@ TEST_P(Int16Tier, SharedRowsEqualOneCallPerWeight) {
     for (size_t i = 0; i < c.dts.size(); ++i) ws.push_back(MakeWeight(c.dts[i], c.Ns[i], c.K, seed++));
     for (const testing::TestWeight& w : ws) wp.push_back(&w.t);
     const std::vector<float> x = RandomVec(M * c.K, seed++);
-    for (int threads : {1, 2, 3}) {
-      ThreadPool pool(threads);
-      std::vector<std::vector<float>> want, got;
-      std::vector<float*> ys;
-      for (size_t i = 0; i < ws.size(); ++i) {
-        want.emplace_back(M * c.Ns[i], -1.0f);
-        cpu::MatMulRowsWith(k, pool, x.data(), M, ws[i].t, want.back().data(), c.runs);
-        got.emplace_back(M * c.Ns[i], -2.0f);
-      }
-      for (auto& g : got) ys.push_back(g.data());
-      cpu::MatMulRowsSharedWith(k, pool, x.data(), M, wp, ys, c.runs);
-      for (size_t i = 0; i < ws.size(); ++i)
-        ASSERT_EQ(got[i], want[i]) << IsaTierName(GetParam()) << " K=" << c.K << " weight " << i << " "
-                                   << DTypeName(c.dts[i]) << " threads=" << threads;
-    }
+    ASSERT_TRUE(SharedEqualsOneCallEach(
+        c.Ns, M,
+        [&](ThreadPool& pool, size_t i, float* y) { cpu::MatMulRowsWith(k, pool, x.data(), M, ws[i].t, y, c.runs); },
+        [&](ThreadPool& pool, std::span<float* const> ys) {
+          cpu::MatMulRowsSharedWith(k, pool, x.data(), M, wp, ys, c.runs);
+        }))
+        << IsaTierName(GetParam()) << " K=" << c.K << " first dtype " << DTypeName(c.dts[0]);
   }
 }
 
