@@ -365,6 +365,25 @@ void GroupAttendRowsC(const float* q, int64_t q_stride, int64_t n_tok, int group
   for (int64_t j = 0; j < std::min(n_max, kKvAhead); ++j) PrefetchKvSlice<E, 8 * C>(v + off[j], true);
   for (int64_t p0 = 0; p0 < n_max; p0 += kPosBlock) {
     const int n = fill(p0);
+    if constexpr (!std::is_same_v<E, float>) {
+      // 16-bit V that many rows read: widened (exactly) once into f32 rows, so the mix's FMAs do not share their
+      // ports with a conversion per row group; the same products, the same bits.
+      if (n >= kMinRowsTransposed) {
+        alignas(64) static thread_local float vw_buf[kPosBlock * 128];
+        alignas(64) static thread_local int64_t offw_buf[kPosBlock];
+        static_assert(8 * C <= 128);
+        float* const vw = vw_buf;
+        int64_t* const offw = offw_buf;
+        const int64_t nb = std::min(kPosBlock, n_max - p0);
+        for (int64_t j = 0; j < nb; ++j) {
+          offw[j] = j * 8 * C;
+#pragma GCC unroll 8
+          for (int z = 0; z < C / 2; ++z) _mm512_store_ps(vw + j * 8 * C + 16 * z, Load16(v + off[p0 + j] + 16 * z));
+        }
+        MixBlock<float, C>(rows.data(), n, vw, offw, nb, p0 > 0);
+        continue;
+      }
+    }
     MixBlock<E, C>(rows.data(), n, v, off + p0, n_max - p0, p0 > 0);
   }
 }
