@@ -498,9 +498,7 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
       kernels::MatMulStrips(pool_, x, M, *sw, y);
     } else if (!options_.exact_activations && kernels::MatMulInt16Takes(w)) {
       // Sampled rows int8, prompt rows int16, one pass over W for both.
-      row_runs_.clear();
-      for (const PrecisionRun& run : runs) row_runs_.push_back({run.n_rows, run.exact});
-      kernels::MatMulRows(pool_, x, M, w, y, row_runs_);
+      kernels::MatMulRows(pool_, x, M, w, y, RowRunsOf(runs));
     } else if (options_.exact_activations || !IsQuantized(w.dtype) || runs.size() < 2) {
       const bool exact = options_.exact_activations || (runs.size() == 1 && runs.front().exact);
       MatMulRun(x, M, w, y, exact);
@@ -514,6 +512,12 @@ void Transformer::Linear(const char* name, const float* x, int64_t M, const Tens
     }
   }
   if (layer >= 0) AddLora(x, y, layer, module);
+}
+
+std::span<const kernels::RowRun> Transformer::RowRunsOf(const std::vector<PrecisionRun>& runs) {
+  row_runs_.clear();
+  for (const PrecisionRun& run : runs) row_runs_.push_back({run.n_rows, run.exact});
+  return row_runs_;
 }
 
 void Transformer::MatMulRun(const float* x, int64_t M, const Tensor& w, float* y, bool exact) {
@@ -570,10 +574,8 @@ void Transformer::LinearShared(const char* name, const float* x, int64_t M, int6
       kernels::MatMulStripsShared(pool_, x, M, std::span<const kernels::StripWeight* const>(sws, n),
                                   std::span<float* const>(ys, n));
     } else if (all_rows) {
-      row_runs_.clear();
-      for (const PrecisionRun& run : token_runs_) row_runs_.push_back({run.n_rows, run.exact});
       kernels::MatMulRowsShared(pool_, x, M, std::span<const Tensor* const>(ws, n), std::span<float* const>(ys, n),
-                                row_runs_);
+                                RowRunsOf(token_runs_));
     } else {
       kernels::MatMulShared(pool_, x, M, std::span<const Tensor* const>(ws, n), std::span<float* const>(ys, n),
                             exact);

@@ -232,6 +232,8 @@ class Transformer {
   static void AddRun(std::vector<PrecisionRun>* runs, int64_t n, bool exact);
   std::vector<PrecisionRun> token_runs_, out_runs_;
   std::vector<kernels::RowRun> row_runs_;  // Linear's runs for kernels::MatMulRows
+  // runs as kernels::MatMulRows takes them (exact rows int16, the others int8), in row_runs_.
+  std::span<const kernels::RowRun> RowRunsOf(const std::vector<PrecisionRun>& runs);
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rows_, lora_mid_, lora_out_;
   std::vector<int64_t> row_pos_;  // position of each stacked row
   std::vector<int32_t> row_block_;  // the cache block of each stacked row's position

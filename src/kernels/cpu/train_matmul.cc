@@ -168,23 +168,6 @@ GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64
   return p;
 }
 
-// C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
-// fill_b(l0, nl, k0, nk, panel, &ld, mpw) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
-// either into the source or into ThreadTmp (nl x nk floats) after converting; or nullptr after writing the
-// packed panel itself in micro-panels mpw columns wide (PanelStrip). k0 is a multiple of col_align.
-// Per round of inner chunks: B is packed once (in parallel, into a buffer the threads share) into
-// 16-column strips per (column block, inner chunk) panel (interleaved 48-column micro-panels on the panel
-// path); then each task runs its row tiles over the panels. A: on tiers with a panel tile (gemm_panel)
-// packed once per round into micro-panels shared by the tasks; there, and where the panel tile reads A's
-// rows in place (gemm_panel_rows), micro-panel by micro-panel in sub-chunks of the inner chunk, all the
-// task's row tiles over each sub-chunk (its B in L1, the chains carried through partial tiles); otherwise,
-// with contiguous rows (a_is == 1: the forward and the input gradient), read in place by the rows
-// micro-kernel, else (the weight gradient, A = dY^T) a 6-row tile packed per use.
-// Each C element sums its inner chunks in order with the same FMAs whichever micro-kernel runs, so
-// the result depends neither on the threads nor on the tier.
-// With bpre (B already packed for every column and inner row, PackForBackwardInput's layout: strip
-// s over all L rows at bpre + s * L * kGemmTileC) nothing is packed and the micro-kernel calls and
-// their order are the same, so the result is bit-identical.
 // The panel path's A micro-panels of one round (inner chunks c0 .. c0 + n_lc - 1, rows s0 .. s1 - 1): micro-panel
 // t of chunk lc at out + (lc * n_tiles + t) * pr * inner, (l, i) at [l * pr + i], rows past s1 zero.
 void PackAPanels(const TrainKernelTable& tk, ThreadPool& pool, const GemmPlan& plan, const float* a, int64_t a_rs,
@@ -205,8 +188,25 @@ void PackAPanels(const TrainKernelTable& tk, ThreadPool& pool, const GemmPlan& p
   });
 }
 
-// apre: A already packed by PackAPanels for the whole product (a plan of one round and one superblock, as
-// PlanOneRound says), shared by products with the same A (MatMulForwardStripsShared); nothing else changes.
+// C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
+// fill_b(l0, nl, k0, nk, panel, &ld, mpw) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
+// either into the source or into ThreadTmp (nl x nk floats) after converting; or nullptr after writing the
+// packed panel itself in micro-panels mpw columns wide (PanelStrip). k0 is a multiple of col_align.
+// Per round of inner chunks: B is packed once (in parallel, into a buffer the threads share) into
+// 16-column strips per (column block, inner chunk) panel (interleaved 48-column micro-panels on the panel
+// path); then each task runs its row tiles over the panels. A: on tiers with a panel tile (gemm_panel)
+// packed once per round into micro-panels shared by the tasks; there, and where the panel tile reads A's
+// rows in place (gemm_panel_rows), micro-panel by micro-panel in sub-chunks of the inner chunk, all the
+// task's row tiles over each sub-chunk (its B in L1, the chains carried through partial tiles); otherwise,
+// with contiguous rows (a_is == 1: the forward and the input gradient), read in place by the rows
+// micro-kernel, else (the weight gradient, A = dY^T) a 6-row tile packed per use.
+// Each C element sums its inner chunks in order with the same FMAs whichever micro-kernel runs, so
+// the result depends neither on the threads nor on the tier.
+// With bpre (B already packed for every column and inner row, PackForBackwardInput's layout: strip
+// s over all L rows at bpre + s * L * kGemmTileC) nothing is packed and the micro-kernel calls and
+// their order are the same, so the result is bit-identical.
+// apre: A already packed by PackAPanels for the whole product (only for a plan of one round and one superblock,
+// which MatMulForwardStripsShared checks), shared by products with the same A; nothing else changes.
 template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
           const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b,
