@@ -28,7 +28,6 @@ constexpr int kMaxRows = 4;
 // Rows of a position block from which its scores take transposed K (ScoresBlockT: the same bits): the
 // transposes of a 16-position sub-block cost about what Scores4's horizontal sums cost four rows.
 constexpr int kMinRowsTransposed = 8;
-constexpr int kRowsT = 4;
 
 // avx2_util.h's HsumPs, the same operations (that header must not be compiled with these flags).
 inline float HsumPs(__m256 v) {
@@ -228,15 +227,15 @@ void ScoresBlockT(const Row* rows, int n, const E* k, const int64_t* off, int64_
     const int64_t nj = std::min<int64_t>(16, n_pos - q0);
     for (int64_t j = q0 + 16; j < std::min(n_pos, q0 + 32); ++j) PrefetchKvSlice<E, hd>(k + off[j], true);
     TransposeK<E, C>(k, off, q0, nj, kt);
-    for (int i0 = first; i0 < n; i0 += kRowsT) {
-      const int m = std::min(kRowsT, n - i0);
-      const float* qs[4];
+    for (int i0 = first; i0 < n; i0 += kMaxRows) {
+      const int m = std::min(kMaxRows, n - i0);
+      const float* qs[kMaxRows];
       for (int i = 0; i < m; ++i) qs[i] = rows[i0 + i].q;
       // Without this GCC hoists the block's Z x 16 loads out of the row loop and spills them (the same loads
       // from the stack, plus moves); read through ktr, each tile loads its rows of kt as it uses them.
       const float* ktr = kt;
       asm("" : "+r"(ktr));
-      __m512 s[4];
+      __m512 s[kMaxRows];
       switch (m) {
         case 4: ScoreTileT<C, 4>(qs, ktr, sv, s); break;
         case 3: ScoreTileT<C, 3>(qs, ktr, sv, s); break;
