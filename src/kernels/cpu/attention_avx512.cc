@@ -161,7 +161,7 @@ void TransposeK(const E* k, const int64_t* off, int64_t q0, int64_t nj, float* k
   }
 }
 
-// s[r] = the 16 scores of row q[r] against the transposed block kt (M <= 4 rows: at most 5 live zmm a row).
+// s[r] = the 16 scores of row r of q against the transposed block kt (M <= 4 rows: at most 5 live zmm a row).
 template <int M>
 struct Zmms {
   __m512 v[M];
@@ -173,7 +173,7 @@ __attribute__((always_inline)) inline Zmms<M> AddZ(const Zmms<M>& x, const Zmms<
   for (int r = 0; r < M; ++r) o.v[r] = _mm512_add_ps(x.v[r], y.v[r]);
   return o;
 }
-// The chain of lane l (dims l, l + 16, ..) for M rows.
+// The chain of lane l (dims l, l + 16, ..) for M rows q[0 .. M).
 template <int C, int M>
 __attribute__((always_inline)) inline Zmms<M> ChainT(const float* const* q, const float* kt, int l) {
   constexpr int Z = C / 2;
@@ -202,13 +202,24 @@ __attribute__((always_inline)) inline Zmms<M> QuadT(const float* const* q, const
   const Zmms<M> e0 = AddZ<M>(PairT<C, M>(q, kt, i0), PairT<C, M>(q, kt, i0 + 1));
   return AddZ<M>(e0, AddZ<M>(PairT<C, M>(q, kt, i0 + 2), PairT<C, M>(q, kt, i0 + 3)));
 }
+// The scores of rows[0 .. M) for the 16 positions q0 .. q0 + 15 of the block, stored below each row's len / 4 * 4.
+// Out of line, one function per tile shape: inlined into ScoresBlockT, the four shapes' Z x 16 x M checked scalar
+// broadcasts made one function that clang's ASan/UBSan build took 18 minutes to compile (9 of them allocating
+// registers for the C = 16 tiles; 2 minutes out of line). Out of line also keeps GCC from hoisting the block's
+// Z x 16 loads of kt out of the row loop and spilling them (what an asm barrier on kt did before).
 template <int C, int M>
-__attribute__((always_inline)) inline void ScoreTileT(const float* const* q, const float* kt, __m512 scale,
-                                                      __m512* s) {
+__attribute__((noinline)) void ScoreTileT(const Row* rows, const float* kt, int64_t q0, __m512 scale) {
+  const float* q[M];
+#pragma GCC unroll 4
+  for (int r = 0; r < M; ++r) q[r] = rows[r].q;
   const Zmms<M> f0 = QuadT<C, M>(q, kt, 0);
   const Zmms<M> t = AddZ<M>(f0, QuadT<C, M>(q, kt, 4));
 #pragma GCC unroll 4
-  for (int r = 0; r < M; ++r) s[r] = _mm512_mul_ps(t.v[r], scale);
+  for (int r = 0; r < M; ++r) {
+    const int64_t full = rows[r].len / 4 * 4 - q0;  // this row's positions of the sub-block, full groups
+    _mm512_mask_storeu_ps(rows[r].sc + q0, full >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << full) - 1),
+                          _mm512_mul_ps(t.v[r], scale));
+  }
 }
 
 // ScoresBlock's stores (every row's positions below len / 4 * 4 of the block, then its tail) from transposed K.
@@ -228,24 +239,11 @@ void ScoresBlockT(const Row* rows, int n, const E* k, const int64_t* off, int64_
     for (int64_t j = q0 + 16; j < std::min(n_pos, q0 + 32); ++j) PrefetchKvSlice<E, hd>(k + off[j], true);
     TransposeK<E, C>(k, off, q0, nj, kt);
     for (int i0 = first; i0 < n; i0 += kMaxRows) {
-      const int m = std::min(kMaxRows, n - i0);
-      const float* qs[kMaxRows];
-      for (int i = 0; i < m; ++i) qs[i] = rows[i0 + i].q;
-      // Without this GCC hoists the block's Z x 16 loads out of the row loop and spills them (the same loads
-      // from the stack, plus moves); read through ktr, each tile loads its rows of kt as it uses them.
-      const float* ktr = kt;
-      asm("" : "+r"(ktr));
-      __m512 s[kMaxRows];
-      switch (m) {
-        case 4: ScoreTileT<C, 4>(qs, ktr, sv, s); break;
-        case 3: ScoreTileT<C, 3>(qs, ktr, sv, s); break;
-        case 2: ScoreTileT<C, 2>(qs, ktr, sv, s); break;
-        default: ScoreTileT<C, 1>(qs, ktr, sv, s); break;
-      }
-      for (int i = 0; i < m; ++i) {
-        const int64_t full = rows[i0 + i].len / 4 * 4 - q0;  // this row's positions of the sub-block, full groups
-        _mm512_mask_storeu_ps(rows[i0 + i].sc + q0, full >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << full) - 1),
-                              s[i]);
+      switch (std::min(kMaxRows, n - i0)) {
+        case 4: ScoreTileT<C, 4>(rows + i0, kt, q0, sv); break;
+        case 3: ScoreTileT<C, 3>(rows + i0, kt, q0, sv); break;
+        case 2: ScoreTileT<C, 2>(rows + i0, kt, q0, sv); break;
+        default: ScoreTileT<C, 1>(rows + i0, kt, q0, sv); break;
       }
     }
   }
