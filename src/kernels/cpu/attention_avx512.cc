@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/avx512_transpose.h"
+#include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/kv_elem.h"
 
@@ -217,8 +218,7 @@ __attribute__((noinline)) void ScoreTileT(const Row* rows, const float* kt, int6
 #pragma GCC unroll 4
   for (int r = 0; r < M; ++r) {
     const int64_t full = rows[r].len / 4 * 4 - q0;  // this row's positions of the sub-block, full groups
-    _mm512_mask_storeu_ps(rows[r].sc + q0, full >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << full) - 1),
-                          _mm512_mul_ps(t.v[r], scale));
+    _mm512_mask_storeu_ps(rows[r].sc + q0, MaskUpTo16(full), _mm512_mul_ps(t.v[r], scale));
   }
 }
 

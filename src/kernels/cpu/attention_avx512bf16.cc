@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels/cpu/avx512_transpose.h"
+#include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/kv_elem.h"
 #include "kernels/cpu/scratch.h"
@@ -49,14 +50,10 @@ struct Row {
   int64_t n;           // keys the row sees: positions [0, n)
 };
 
-inline __mmask16 Mask16(int64_t n) {
-  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-}
-
 // f32 values rounded to bf16 (nearest even), 32 at a time: n of them from x (0 past n), as 16 pair dwords.
 inline __m512i RoundPairs(const float* x, int64_t n) {
-  const __m512 lo = _mm512_maskz_loadu_ps(Mask16(n), x);
-  const __m512 hi = n > 16 ? _mm512_maskz_loadu_ps(Mask16(n - 16), x + 16) : _mm512_setzero_ps();
+  const __m512 lo = _mm512_maskz_loadu_ps(avx512::MaskUpTo16(n), x);
+  const __m512 hi = n > 16 ? _mm512_maskz_loadu_ps(avx512::MaskUpTo16(n - 16), x + 16) : _mm512_setzero_ps();
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
@@ -82,7 +79,7 @@ struct Kernel {
     const __m512 sv = _mm512_set1_ps(scale);
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
-      _mm512_mask_storeu_ps(rows[r].sc + b0, Mask16(rows[r].n - b0), _mm512_mul_ps(acc[r], sv));
+      _mm512_mask_storeu_ps(rows[r].sc + b0, avx512::MaskUpTo16(rows[r].n - b0), _mm512_mul_ps(acc[r], sv));
   }
 
   // The K rows of positions [b0, b0 + nb) (nb <= 16; zero past nb), pair dwords [16 c, 16 c + 16) of each,
@@ -124,7 +121,7 @@ struct Kernel {
       }
 #pragma GCC unroll 8
       for (int r = 0; r < M; ++r)
-        _mm512_mask_storeu_ps(rows[r].sc + b0, Mask16(rows[r].n - b0), _mm512_mul_ps(acc[r], sv));
+        _mm512_mask_storeu_ps(rows[r].sc + b0, avx512::MaskUpTo16(rows[r].n - b0), _mm512_mul_ps(acc[r], sv));
     }
   }
 

@@ -21,6 +21,10 @@ void XStarts(const BlockQ8X* x, int64_t n, int32_t* out);
 
 // Lanes [0, n) of 16, n in [0, 16].
 inline __mmask16 Mask16(int64_t n) { return (__mmask16)((1u << n) - 1); }
+// Lanes [0, n) of 16 for any n: all 16 from n = 16 on, none for n <= 0.
+inline __mmask16 MaskUpTo16(int64_t n) {
+  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
 
 inline float Hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -12,6 +12,10 @@
 // The key-major gradients are formed transposed: a key tile's dV^T (D x kKTile) += dO^T P and
 // dK^T += Q^T dS, with P and dS converted to strips of 16 keys paired along the tile's queries, so no
 // tile is transposed before its product.
+//
+// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "core/cpu.h"
 #include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/avx512_util.h"
@@ -255,7 +259,7 @@ struct Bf16AttentionT {
       if (mb) eb = _mm512_maskz_mov_ps(mb, avx512::ExpPs(_mm512_sub_ps(_mm512_maskz_loadu_ps(mb, row + j + 16), sh)));
       sum = _mm512_add_ps(sum, _mm512_add_ps(ea, eb));
       const int64_t np = std::min<int64_t>(16, nkp - j / 2);  // the pad after an odd nk: eb's lane 0, zero
-      _mm512_mask_storeu_epi32(out + j / 2, (__mmask16)(np >= 16 ? 0xffff : (1u << np) - 1),
+      _mm512_mask_storeu_epi32(out + j / 2, avx512::MaskUpTo16(np),
                                (__m512i)_mm512_cvtne2ps_pbh(eb, ea));
     }
     return _mm512_reduce_add_ps(sum);
