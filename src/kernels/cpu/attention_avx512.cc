@@ -30,14 +30,6 @@ constexpr int kMaxRows = 4;
 // transposes of a 16-position sub-block cost about what Scores4's horizontal sums cost four rows.
 constexpr int kMinRowsTransposed = 8;
 
-// avx2_util.h's HsumPs, the same operations (that header must not be compiled with these flags).
-inline float HsumPs(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // K / V elements widened to f32 (exact), 16 or 8 at a time.
 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 Load16(const KvF16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
@@ -98,7 +90,7 @@ void Scores4(const float* const* q, const E* k, const E* v, const int64_t* off, 
 }
 
 // The last n % 4 positions of a row's block, as the AVX2 kernel: one 8-lane chain over the chunks in
-// order, HsumPs, times scale.
+// order, Hsum256 (avx2_util.h's HsumPs, the same operations), times scale.
 template <typename E, int C>
 void ScoresTail(const float* q, const E* k, const int64_t* off, int64_t p0, int64_t p1, float scale, float* sc) {
   for (int64_t p = p0; p < p1; ++p) {
@@ -106,7 +98,7 @@ void ScoresTail(const float* q, const E* k, const int64_t* off, int64_t p0, int6
     __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), Load8(kr));
 #pragma GCC unroll 16
     for (int c = 1; c < C; ++c) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), Load8(kr + 8 * c), a);
-    sc[p] = HsumPs(a) * scale;
+    sc[p] = Hsum256(a) * scale;
   }
 }
 
@@ -162,7 +154,7 @@ void TransposeK(const E* k, const int64_t* off, int64_t q0, int64_t nj, float* k
   }
 }
 
-// s[r] = the 16 scores of row r of q against the transposed block kt (M <= 4 rows: at most 5 live zmm a row).
+// One zmm per row of a tile (M <= 4 rows: at most 5 live zmm a row).
 template <int M>
 struct Zmms {
   __m512 v[M];
