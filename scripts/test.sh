@@ -25,7 +25,8 @@ cmake --build build -j "$jobs"
 # The sanitizer build compiles at -O1 with line tables only (-g1): UBSan's checks made -O2 -g compile
 # 2.3x slower; the reports keep file:line. One clang build serves both the sanitizer tests and the
 # fuzz targets: LATHE_FUZZ instruments all of lathe_lib with ASan/UBSan (plus libFuzzer's coverage
-# counters, which the test binaries carry unused), so the library is compiled once, not twice.
+# counters outside the kernels, which the test binaries carry unused), so the library is compiled
+# once, not twice.
 sanitize_flags="-O1 -g1 -DNDEBUG"
 echo "== ASan/UBSan build (clang; also the fuzz targets)"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLATHE_FUZZ=ON \

@@ -1,7 +1,10 @@
 // cpuid-based feature detection.
-// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
+// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive; clang has no such
+// warning group).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "core/cpu.h"
 
 #include <cpuid.h>
@@ -219,13 +222,9 @@ double MeasureBf16DotPeakGflops(long long iters) {
   return Bf16PairsOnFma() ? FmaPeakZmm(iters) : Bf16DotPeakZmm(iters);
 }
 
-bool Bf16PairsOnFma() {
+bool Bf16PairsOnFmaDefault() {
   static const bool on = [] {
     if (!UsesBf16Dot()) return false;
-    if (const char* env = std::getenv("LATHE_BF16_PAIRS")) {
-      if (!std::strcmp(env, "fma")) return true;
-      if (!std::strcmp(env, "dp")) return false;
-    }
     // 20k iterations of 12 instructions: ~0.1-0.3 ms per run. The best of 3 interleaved runs of each rides
     // out a clock ramp or a preemption; the two rates differ by 2x either way on the CPUs measured.
     double dp = 0, fma = 0;
@@ -234,6 +233,18 @@ bool Bf16PairsOnFma() {
       fma = std::max(fma, FmaPeakZmm(20'000));
     }
     return dp < 0.8 * fma;
+  }();
+  return on;
+}
+
+bool Bf16PairsOnFma() {
+  static const bool on = [] {
+    if (!UsesBf16Dot()) return false;
+    if (const char* env = std::getenv("LATHE_BF16_PAIRS")) {
+      if (!std::strcmp(env, "fma")) return true;
+      if (!std::strcmp(env, "dp")) return false;
+    }
+    return Bf16PairsOnFmaDefault();
   }();
   return on;
 }
@@ -278,17 +289,24 @@ __attribute__((target("amx-tile,amx-bf16"))) double AmxBf16Peak(long long iters)
 
 }  // namespace
 
-bool UsesAmxBf16() {
+bool UsesAmxBf16Default() {
   static const bool on = [] {
     if (!UsesBf16Dot()) return false;
-    if (const char* env = std::getenv("LATHE_BF16_PAIRS")) {
-      if (!std::strcmp(env, "fma") || !std::strcmp(env, "dp")) return false;
-    }
     const CpuFeatures& f = GetCpuFeatures();
     if (!f.amx_tile || !f.amx_bf16) return false;
     // Permission for the process's threads to use the tile data (refused: an old kernel, or a signal stack
     // too small for the larger frames; then the pair tiles run).
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return on;
+}
+
+bool UsesAmxBf16() {
+  static const bool on = [] {
+    if (const char* env = std::getenv("LATHE_BF16_PAIRS")) {
+      if (!std::strcmp(env, "fma") || !std::strcmp(env, "dp")) return false;
+    }
+    return UsesAmxBf16Default();
   }();
   return on;
 }

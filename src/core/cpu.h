@@ -63,6 +63,9 @@ bool UsesBf16Dot();
 // half the FMA rate: 82 vs 166 GFLOP/s on an Emerald Rapids Xeon; Zen 4/5 at twice it). LATHE_BF16_PAIRS=fma
 // or dp forces one (tests run both).
 bool Bf16PairsOnFma();
+// The *Default() of a tuning switch: this CPU's own choice, whatever the LATHE_* variable forces (the tests' forced
+// runs skip themselves where they would repeat the unforced run: tests/test_util.cc).
+bool Bf16PairsOnFmaDefault();
 // Where UsesBf16Dot(): whether the training GEMM's bf16 products (kernels/cpu/bf16dot_amx.cc: the linears' forward,
 // input and weight gradients, LoRA's fused products, the loss head's) run on AMX tiles (tdpbf16ps, 16 x 16 x 32
 // per instruction) instead of the pair tiles: the CPU has amx_tile and amx_bf16 and Linux grants the process the
@@ -71,6 +74,7 @@ bool Bf16PairsOnFma();
 // within a few f32 ulps of the exact dot, not the bits of any chain of f32 adds). LATHE_BF16_PAIRS=dp or fma turns
 // it off; amx (or unset) keeps it where the CPU has it.
 bool UsesAmxBf16();
+bool UsesAmxBf16Default();
 // A LATHE_* environment switch that forces a tuning choice: true for "1", false for "0", nullopt when unset or
 // anything else (LATHE_AVX2_SPLIT, LATHE_INT16_PROMPT, LATHE_GEMM_SUBCHUNKS).
 std::optional<bool> EnvSwitch(const char* name);

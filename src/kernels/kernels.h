@@ -46,8 +46,9 @@ bool MatMulInt16Takes(const Tensor& w);
 // Whether prompt rows take the int16 form on this CPU: yes unless vdpbf16ps runs at its own rate (UsesBf16Dot() and
 // not Bf16PairsOnFma(): AMD Zen 4 / 5) or the bf16 rows run on AMX tiles (UsesAmxBf16), where the bf16 rows
 // (MatMulBf16) are faster. LATHE_INT16_PROMPT=0 / 1
-// forces one (A/B runs, tests).
+// forces one (A/B runs, tests); Int16PromptRowsDefault() is the policy's choice whatever the variable says.
 bool Int16PromptRows();
+bool Int16PromptRowsDefault();
 // A step's rows in runs of one precision: sampled rows (int16 = false) take MatMul's int8 activations, prompt
 // rows MatMulInt16's int16 ones, every row with the bits it gets in those calls; where both kinds are present
 // they share one pass over W. REQUIRES MatMulInt16Takes(w) and the runs' n_rows to add up to M.

@@ -205,7 +205,9 @@ TEST(SmolLM2Rows, PromptRowsF32AndDecodeRowsInt8WhateverTheBatch) {  // f32: int
   for (int64_t i = 0; i < n * V; ++i) dp = std::max(dp, (double)std::fabs(mixed[V + i] - alone[i]));
   std::printf("prompt rows beside a decode row vs alone, max |logit diff|: %.4g\n", dp);
   EXPECT_LT(dp, 1e-3);
-  if (int16) EXPECT_EQ(dp, 0.0) << "int16 prompt rows: one arithmetic per row whatever the batch";
+  if (int16) {
+    EXPECT_EQ(dp, 0.0) << "int16 prompt rows: one arithmetic per row whatever the batch";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, SmolLM2, ::testing::Values(true, false),

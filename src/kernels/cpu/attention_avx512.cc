@@ -5,9 +5,6 @@
 // step would give it (the batch invariance the engine relies on). K / V elements of any kv_elem.h type,
 // widened to f32 exactly on load. Blocks that many rows see take their scores from K transposed 16
 // positions at a time (ScoresBlockT): the same additions, without Scores4's horizontal sums.
-// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>

@@ -18,9 +18,6 @@
 // positions in the lanes of one zmm, no horizontal sums; V rows are interleaved by position pairs
 // (vpunpck{l,h}wd) so a lane holds one head dimension, in an order undone when the rows are stored.
 //
-// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>

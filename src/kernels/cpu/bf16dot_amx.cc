@@ -5,8 +5,6 @@
 // configuration (fewer rows, fewer columns: nothing read or written past an edge), the last partial step of
 // pairs from zero-padded copies. One tdpbf16ps does 16 x 16 x 32 multiply-adds: ~2.9 TFLOP/s on one core of the
 // Xeon measured (Granite Rapids class, 2.6 GHz), 14x its f32 FMA peak.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "kernels/cpu/bf16_amx.h"
 
 #include <immintrin.h>

@@ -18,9 +18,6 @@
 // Where vdpbf16ps does fewer multiply-adds per second than two f32 FMAs (Bf16PairsOnFma: Intel's cores), the
 // tiles take the FMA form of TileT (bf16_pairs.h): the same chains on FMAs, A widened to floats per call or
 // inner chunk.
-// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>

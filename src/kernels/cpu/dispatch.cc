@@ -67,9 +67,8 @@ void MatMulRowsShared(ThreadPool& pool, const float* x, int64_t M, std::span<con
   cpu::MatMulRowsSharedWith(cpu::Best().mm, pool, x, M, ws, ys, runs);
 }
 
-bool Int16PromptRows() {
+bool Int16PromptRowsDefault() {
   static const bool on = [] {
-    if (const std::optional<bool> forced = EnvSwitch("LATHE_INT16_PROMPT")) return *forced;
     // Where vdpbf16ps runs at its own rate (AMD Zen 4 / 5: twice the f32 FMA rate, as many multiply-adds per
     // instruction as the int16 form's two vpdpbusd passes take) the bf16 rows need no per-block float work:
     // SmolLM2 pp512 on Zen 5 1410-1460 vs 1190-1270 tok/s for the int16 rows (Q4_1 / Q8_0 / Q4_K_M, 1 thread,
@@ -77,6 +76,11 @@ bool Int16PromptRows() {
     // where the bf16 rows run on AMX tiles (UsesAmxBf16: Xeons from Sapphire Rapids on).
     return !(UsesBf16Dot() && (!Bf16PairsOnFma() || UsesAmxBf16()));
   }();
+  return on;
+}
+
+bool Int16PromptRows() {
+  static const bool on = EnvSwitch("LATHE_INT16_PROMPT").value_or(Int16PromptRowsDefault());
   return on;
 }
 

@@ -1,9 +1,6 @@
 // AVX-512 (F/BW/VL/DQ) matmul kernels: f32/f16/bf16 GEMV on zmm, row dequantization and the 6 x 4
 // zmm FMA prefill panel; the 32-element block types' 4-row GEMV on zmm (QuantRowsZ) in the arithmetic of
 // the VNNI int8 GEMM (qgemm_avx512.cc), the K-quants on the AVX2 table's int8 GEMV.
-// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>

@@ -1,8 +1,5 @@
 // AVX-512 elementwise and reduction ops (RmsNorm, SiluMul, Dot, Axpy, Softmax) and the AVX-512
 // kernel table. Tails use masked loads/stores.
-// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>

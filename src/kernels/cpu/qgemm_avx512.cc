@@ -14,9 +14,6 @@
 // replaced spent 3 float ops per 4 rows and block, more than the dot products themselves).
 // vpdpbusd multiplies unsigned by signed bytes: the weights enter unsigned (nibbles; q + 128 for Q8_0,
 // whose dot then starts from -128 * sum(x) of the block).
-// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>

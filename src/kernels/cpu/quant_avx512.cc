@@ -1,9 +1,6 @@
 // AVX-512 decode kernels for packed 4-bit weights: the 16-entry codebook sits in one zmm register and
 // vpermps looks up 16 codes at once, in natural element order. The int8 dot is the AVX2 one.
 // Exercised by the QuantMatMulTier tests on AVX-512 machines (skipped elsewhere).
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined operands.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "kernels/cpu/quant.h"

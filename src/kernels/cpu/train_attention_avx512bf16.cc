@@ -13,9 +13,6 @@
 // dK^T += Q^T dS, with P and dS converted to strips of 16 keys paired along the tile's queries, so no
 // tile is transposed before its product.
 //
-// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "core/cpu.h"
 #include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/avx512_util.h"

@@ -26,6 +26,11 @@ namespace lathe::kernels::cpu {
 // GEMM register tile shared by every tier, so packing and blocking live once in train_matmul.cc.
 constexpr int kGemmTileR = 6;   // rows of C per tile
 constexpr int kGemmTileC = 16;  // columns of C per tile
+// Whether the f32 GEMM's panel path splits its inner chunks into L1-sized sub-chunks (train_matmul.cc says why: on
+// Intel's cores); LATHE_GEMM_SUBCHUNKS=0 / 1 forces one (the op tests run both). GemmSubChunksDefault(): the CPU's
+// own choice whatever the variable says.
+bool GemmSubChunks();
+bool GemmSubChunksDefault();
 
 struct TrainKernelTable {
   IsaTier tier;

@@ -39,16 +39,9 @@ int64_t PanelColBlock(int64_t col_align) {
 // each micro-panel's B sub-chunk (48 x kSubInner floats, 30 KiB) in L1 for all the task's row tiles: faster on
 // Intel's cores (Emerald Rapids: kernels +4-10%, thirty-seventh session), slower on AMD's (Zen 4: 1-thread
 // kernels -5-6%, thirty-ninth; Zen 5: F32 pp512 -2-8% at 1 and 2 threads, forty-first), which run whole chunks.
-// The same bits either way (each C element's chain goes on through the partial tiles). SubChunks() says which;
-// LATHE_GEMM_SUBCHUNKS=0 / 1 forces one (the op tests run both).
+// The same bits either way (each C element's chain goes on through the partial tiles). GemmSubChunks() says which
+// (train_dispatch.h).
 constexpr int64_t kSubInner = 160;
-bool SubChunks() {
-  static const bool on = [] {
-    if (const std::optional<bool> forced = EnvSwitch("LATHE_GEMM_SUBCHUNKS")) return *forced;
-    return GetCpuFeatures().intel;
-  }();
-  return on;
-}
 // Products with at most this many rows (the LoRA rank) go through FewRowsGemm.
 constexpr int64_t kFewRows = 3 * kGemmTileR;
 // A task's rows on those tiers: their A micro-panels (rows x chunk) at most this many floats (1 MiB,
@@ -324,7 +317,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
             const int64_t pc = tk.panel_cols;
             // One-strip products with A's rows in place (LoRA's x A^T) keep whole chunks: their B strip is
             // small, and short runs of rows 6 KiB apart (x of 1536 columns) measured 1.6x slower split.
-            const int64_t n_sub = (!pr && nk <= kGemmTileC) || !SubChunks() ? 1 : (nl + kSubInner - 1) / kSubInner;
+            const int64_t n_sub = (!pr && nk <= kGemmTileC) || !GemmSubChunks() ? 1 : (nl + kSubInner - 1) / kSubInner;
             const int64_t sub = ((nl + n_sub - 1) / n_sub + kGemmTileC - 1) / kGemmTileC * kGemmTileC;
             float* part = n_sub > 1 ? ThreadPartials((size_t)((r1 - r0 + MR - 1) / MR * MR * pc)) : nullptr;
             for (int64_t j = 0; j < nk; j += pc) {
@@ -384,6 +377,13 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
 }
 
 }  // namespace
+
+bool GemmSubChunksDefault() { return GetCpuFeatures().intel; }
+
+bool GemmSubChunks() {
+  static const bool on = EnvSwitch("LATHE_GEMM_SUBCHUNKS").value_or(GemmSubChunksDefault());
+  return on;
+}
 
 namespace {
 
@@ -472,13 +472,13 @@ int64_t GemmThreadFloats(const TrainKernelTable& tk, int64_t max_inner, bool con
       tk.gemm_panel ? std::max(kColBlock, PanelColBlock(std::max<int64_t>(1, col_align))) : kColBlock;
   const int64_t tmp = std::max((inner + 1) * kColBlock, converts_w ? inner * panel_cols : 0);
   const int64_t atile = std::max(inner * kFewRows, tk.gemm_panel ? 0 : inner * kRowBlock);
-  // ThreadPartials: a task's row tiles x one micro-panel, only where chunks are split (SubChunks(), inner > kSubInner),
+  // ThreadPartials: a task's row tiles x one micro-panel, only where chunks are split (GemmSubChunks(), inner > kSubInner),
   // where a panel-path task holds at most kPanelABlockFloats / inner rows (plus one tile's rounding; any
   // chunk up to max_inner may be the one split, so the shortest such), an in-place one kRowBlock; and never
   // more than a product's rows (tokens or a weight's dimension: max_inner bounds them too, rounded to tiles).
   // (Tiers without a panel tile have panel_rows = 0: none of this applies.)
   int64_t partials = 0;
-  if (tk.gemm_panel && SubChunks() && inner > kSubInner) {
+  if (tk.gemm_panel && GemmSubChunks() && inner > kSubInner) {
     const int64_t task_rows = std::max(kPanelABlockFloats / (kSubInner + 1) + 2 * tk.panel_rows, kRowBlock);
     const int64_t rows_bound =
         (std::max<int64_t>(1, max_inner) + tk.panel_rows - 1) / tk.panel_rows * tk.panel_rows + tk.panel_rows;

@@ -3,9 +3,6 @@
 // packed A micro-panels (24 accumulators), B strips packed by 16 x 16 transposes; every other op is the
 // AVX2 table's. Per C element the FMAs and their order are those of the AVX2 6 x 16 tile, so the results
 // are bit-identical to the AVX2 tier's.
-// GCC 12 warns on its own _mm512_undefined_* inside the intrinsics headers (a false positive).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
