@@ -435,7 +435,7 @@ struct HttpServer::Impl {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, states, first, apply, all_done, id, created, model, chat, include_usage, n_prompt](
+        [job, states, first, apply, all_done, id, created, model, chat, include_usage, n_prompt](
             size_t, httplib::DataSink& sink) -> bool {
           if (all_done()) {
             if (include_usage) {

@@ -837,8 +837,10 @@ TEST_P(Int16Tier, PromptRowsMatchTheScalarBlockArithmetic) {
   // for Q6_K or float weights.
   testing::TestWeight q8 = MakeWeight(DType::kQ8_0, 8, 64, 1), f = MakeWeight(DType::kF32, 8, 64, 2);
   testing::TestWeight q6k = MakeWeight(DType::kQ6_K, 8, 256, 3);
-  if (!std::getenv("LATHE_INT16_PROMPT"))
-    EXPECT_EQ(Int16PromptRows(), !(UsesBf16Dot() && (!Bf16PairsOnFma() || UsesAmxBf16())));
+  EXPECT_EQ(Int16PromptRowsDefault(), !(UsesBf16Dot() && (!Bf16PairsOnFma() || UsesAmxBf16())));
+  if (!std::getenv("LATHE_INT16_PROMPT")) {
+    EXPECT_EQ(Int16PromptRows(), Int16PromptRowsDefault());
+  }
   EXPECT_EQ(MatMulInt16Takes(q8.t), Int16PromptRows() && cpu::Best().mm.qgemm_runs != nullptr);
   EXPECT_FALSE(MatMulInt16Takes(f.t));
   EXPECT_FALSE(MatMulInt16Takes(q6k.t));

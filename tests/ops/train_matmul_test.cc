@@ -941,7 +941,9 @@ TEST(TrainBf16Dot, HeadGradientPairsInTileOrder) {
     EXPECT_EQ((int64_t)(later.a.size() + later.b.size()) * 4, HeadGradPartsBytes(V, C, 72, 32));
     AddHeadGrad(pool, dwl.data(), later);
     ASSERT_EQ(dwl, dw32) << threads;
-    if (UsesAmxBf16()) ASSERT_EQ(dw32, dw16) << threads;
+    if (UsesAmxBf16()) {
+      ASSERT_EQ(dw32, dw16) << threads;
+    }
     // Against the double gradient from the bf16-rounded dlogits' source (the f32 path's dw).
     std::vector<float> dwf = dw0, dxf(T * C);
     CrossEntropyBackward(pool, dxf.data(), dwf.data(), x.data(), T, w, labels.data(), 72.0f);
@@ -1048,8 +1050,9 @@ TEST(TrainBf16Dot, CrossEntropyLogitsArePairArithmetic) {
     EXPECT_GT(std::sqrt(num / den), 1e-6) << threads;
     ASSERT_EQ(dx, dxp) << threads;
     for (int64_t t = 0; t < T; ++t)  // ignored tokens: zero rows
-      if (labels[t] == kIgnoreLabel)
+      if (labels[t] == kIgnoreLabel) {
         for (int64_t c = 0; c < C; ++c) ASSERT_EQ(dxp[t * C + c], 0.0f);
+      }
   }
 }
 

@@ -79,7 +79,9 @@ TEST(TransientFloats, ZeroFilledWritableAndAlignedForHugePages) {
     ASSERT_EQ(b.size(), n);
     if (n == 0) continue;
     ASSERT_NE(b.data(), nullptr);
-    if (n * sizeof(float) >= (2u << 20)) EXPECT_EQ((uintptr_t)b.data() % (2u << 20), 0u) << n;
+    if (n * sizeof(float) >= (2u << 20)) {
+      EXPECT_EQ((uintptr_t)b.data() % (2u << 20), 0u) << n;
+    }
     for (size_t i = 0; i < n; i += 997) EXPECT_EQ(b[i], 0.0f) << i;
     EXPECT_EQ(b[n - 1], 0.0f);
     for (size_t i = 0; i < n; ++i) b[i] = (float)(i % 1024);

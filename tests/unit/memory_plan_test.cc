@@ -288,7 +288,9 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     // The plan's row-group workers are the model's: two groups on two threads run on two workers, but full
     // fine-tuning's on one.
     EXPECT_EQ(LatheWorkers(c, s), (*tm)->MaxRowGroupWorkers(B));
-    if (st.row_group_tokens == T) EXPECT_EQ((*tm)->MaxRowGroupWorkers(B), std::string(st.method) == "full" ? 1 : 2);
+    if (st.row_group_tokens == T) {
+      EXPECT_EQ((*tm)->MaxRowGroupWorkers(B), std::string(st.method) == "full" ? 1 : 2);
+    }
     EXPECT_EQ(p.trainable_params, (*tm)->trainable_count());
     EXPECT_DOUBLE_EQ(p.Bytes("gradients"), (double)got.gradients);
     EXPECT_DOUBLE_EQ(p.Bytes("lora"), (double)got.lora);
