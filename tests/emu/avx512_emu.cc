@@ -103,7 +103,7 @@ const DType kExtTypes[] = {DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_
 std::vector<DType> WithExt(bool all_ext) {
   std::vector<DType> v(std::begin(kWeightTypes), std::end(kWeightTypes));
   if (all_ext) {
-    v.insert(v.end(), std::begin(kExtTypes), std::end(kExtTypes));
+    for (DType t : kExtTypes) v.push_back(t);  // not a range insert: GCC 12's -Warray-bounds misfires on it
   } else {
     v.push_back(DType::kQ5_1);
     v.push_back(DType::kQ4_K);
