@@ -80,7 +80,10 @@ bool Int16PromptRowsDefault() {
 }
 
 bool Int16PromptRows() {
-  static const bool on = EnvSwitch("LATHE_INT16_PROMPT").value_or(Int16PromptRowsDefault());
+  static const bool on = [] {  // the default only when not forced: it times vdpbf16ps against FMAs (Bf16PairsOnFma)
+    const std::optional<bool> forced = EnvSwitch("LATHE_INT16_PROMPT");
+    return forced ? *forced : Int16PromptRowsDefault();
+  }();
   return on;
 }
 
