@@ -14,6 +14,11 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
                                    g.path().c_str(), a.c_str()));
   }
   LATHE_ASSIGN_OR_RETURN(c.n_layers, g.GetInt(a + ".block_count"));
+  // Each block has tensors of its own in the file: a count beyond them is corrupt (and would size the layer table).
+  if (c.n_layers <= 0 || c.n_layers > (int64_t)g.tensors().size()) {
+    return Status::Error(StrFormat("%s: %s.block_count is %lld; expected 1 to %zu (the file's tensor count)",
+                                   g.path().c_str(), a.c_str(), (long long)c.n_layers, g.tensors().size()));
+  }
   LATHE_ASSIGN_OR_RETURN(c.dim, g.GetInt(a + ".embedding_length"));
   LATHE_ASSIGN_OR_RETURN(c.ffn_dim, g.GetInt(a + ".feed_forward_length"));
   LATHE_ASSIGN_OR_RETURN(c.n_heads, g.GetInt(a + ".attention.head_count"));
@@ -55,9 +60,15 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
 
 namespace {
 
+// A tensor's view in the mapping, or an owned copy where the file's alignment leaves it misaligned for its type.
+Result<Tensor> Get(ModelWeights& w, const formats::GgufFile& g, const std::string& name) {
+  LATHE_ASSIGN_OR_RETURN(Tensor t, g.GetTensor(name));
+  return w.Aligned(std::move(t));
+}
+
 // f32 view, or an owned f32 copy for 1-D tensors stored in another dtype (norms, biases).
 Result<Tensor> Vector(ModelWeights& w, const formats::GgufFile& g, const std::string& name) {
-  LATHE_ASSIGN_OR_RETURN(Tensor t, g.GetTensor(name));
+  LATHE_ASSIGN_OR_RETURN(Tensor t, Get(w, g, name));
   if (t.dtype == DType::kF32) return t;
   if (t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
     return Status::Error(StrFormat("%s: tensor '%s' is %s; 1-D weights must be f32, f16 or bf16", g.path().c_str(),
@@ -76,12 +87,12 @@ Result<ModelWeights> LoadGgufWeights(std::shared_ptr<formats::GgufFile> gp) {
   ModelWeights w;
   LATHE_ASSIGN_OR_RETURN(w.config, ConfigFromGguf(g));
   w.owners.push_back(gp);
-  LATHE_ASSIGN_OR_RETURN(w.tok_embd, g.GetTensor("token_embd.weight"));
+  LATHE_ASSIGN_OR_RETURN(w.tok_embd, Get(w, g, "token_embd.weight"));
   LATHE_ASSIGN_OR_RETURN(w.output_norm, Vector(w, g, "output_norm.weight"));
   if (w.config.tied_embeddings) {
     w.output = w.tok_embd;
   } else {
-    LATHE_ASSIGN_OR_RETURN(w.output, g.GetTensor("output.weight"));
+    LATHE_ASSIGN_OR_RETURN(w.output, Get(w, g, "output.weight"));
   }
   if (g.FindTensor("rope_freqs.weight")) {
     LATHE_ASSIGN_OR_RETURN(w.rope_freqs, Vector(w, g, "rope_freqs.weight"));
@@ -95,13 +106,13 @@ Result<ModelWeights> LoadGgufWeights(std::shared_ptr<formats::GgufFile> gp) {
     std::string p = "blk." + std::to_string(i) + ".";
     LATHE_ASSIGN_OR_RETURN(l.attn_norm, Vector(w, g, p + "attn_norm.weight"));
     LATHE_ASSIGN_OR_RETURN(l.ffn_norm, Vector(w, g, p + "ffn_norm.weight"));
-    LATHE_ASSIGN_OR_RETURN(l.wq, g.GetTensor(p + "attn_q.weight"));
-    LATHE_ASSIGN_OR_RETURN(l.wk, g.GetTensor(p + "attn_k.weight"));
-    LATHE_ASSIGN_OR_RETURN(l.wv, g.GetTensor(p + "attn_v.weight"));
-    LATHE_ASSIGN_OR_RETURN(l.wo, g.GetTensor(p + "attn_output.weight"));
-    LATHE_ASSIGN_OR_RETURN(l.w_gate, g.GetTensor(p + "ffn_gate.weight"));
-    LATHE_ASSIGN_OR_RETURN(l.w_up, g.GetTensor(p + "ffn_up.weight"));
-    LATHE_ASSIGN_OR_RETURN(l.w_down, g.GetTensor(p + "ffn_down.weight"));
+    LATHE_ASSIGN_OR_RETURN(l.wq, Get(w, g, p + "attn_q.weight"));
+    LATHE_ASSIGN_OR_RETURN(l.wk, Get(w, g, p + "attn_k.weight"));
+    LATHE_ASSIGN_OR_RETURN(l.wv, Get(w, g, p + "attn_v.weight"));
+    LATHE_ASSIGN_OR_RETURN(l.wo, Get(w, g, p + "attn_output.weight"));
+    LATHE_ASSIGN_OR_RETURN(l.w_gate, Get(w, g, p + "ffn_gate.weight"));
+    LATHE_ASSIGN_OR_RETURN(l.w_up, Get(w, g, p + "ffn_up.weight"));
+    LATHE_ASSIGN_OR_RETURN(l.w_down, Get(w, g, p + "ffn_down.weight"));
     if (w.config.qkv_bias) {
       LATHE_ASSIGN_OR_RETURN(l.bq, Vector(w, g, p + "attn_q.bias"));
       LATHE_ASSIGN_OR_RETURN(l.bk, Vector(w, g, p + "attn_k.bias"));

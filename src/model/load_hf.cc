@@ -330,13 +330,7 @@ class WeightReader {
       return Status::Error(StrFormat("%s: tensor '%s' has dtype %s; weights must be f32, f16 or bf16",
                                      set_.FileFor(name)->path().c_str(), name.c_str(), DTypeName(t.dtype)));
     }
-    if (!formats::IsAligned(t)) {
-      auto copy = std::make_shared<std::vector<uint64_t>>((t.nbytes() + 7) / 8);
-      std::memcpy(copy->data(), t.data, t.nbytes());
-      t.data = copy->data();
-      w_->owners.push_back(copy);
-    }
-    return t;
+    return w_->Aligned(std::move(t));
   }
 
   // A 1-D tensor (norm weight, bias) converted to f32.

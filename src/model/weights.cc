@@ -1,5 +1,9 @@
-// ModelWeights helpers: owned buffers and shape validation.
+// ModelWeights helpers: owned buffers, aligned copies and shape validation.
 #include "model/weights.h"
+
+#include <cstring>
+
+#include "formats/safetensors.h"
 
 namespace lathe::model {
 
@@ -24,10 +28,24 @@ Tensor ModelWeights::OwnF32(std::vector<float> data, std::vector<int64_t> shape)
   return t;
 }
 
+Tensor ModelWeights::Aligned(Tensor t) {
+  if (formats::IsAligned(t)) return t;
+  auto copy = std::make_shared<std::vector<uint64_t>>((t.nbytes() + 7) / 8);
+  std::memcpy(copy->data(), t.data, t.nbytes());
+  t.data = copy->data();
+  owners.push_back(copy);
+  return t;
+}
+
 namespace {
 Status CheckShape(const std::string& source, const std::string& name, const Tensor& t,
                   std::vector<int64_t> want) {
   if (!t.data) return Status::Error(StrFormat("%s: missing tensor %s", source.c_str(), name.c_str()));
+  // Plain integer, bool and f64 tensors are not weights the kernels read (a file may still label one so).
+  if (t.dtype == DType::kF64 || (t.dtype >= DType::kI8 && t.dtype <= DType::kBool)) {
+    return Status::Error(StrFormat("%s: tensor %s has dtype %s; weights must be f32, f16, bf16 or a quantized block "
+                                   "type", source.c_str(), name.c_str(), DTypeName(t.dtype)));
+  }
   if (t.shape != want) {
     Tensor w;
     w.shape = want;

@@ -1,8 +1,8 @@
-# Makes the seed inputs of the tokenizer and dataset fuzz targets (tests/fuzz/corpus/tokenizer,
-# tests/fuzz/corpus/dataset): small files written by the libraries that define the formats
+# Makes the seed inputs of the tokenizer, dataset and model fuzz targets (tests/fuzz/corpus/tokenizer,
+# tests/fuzz/corpus/dataset, tests/fuzz/corpus/model): small files written by the libraries that define the formats
 # (HF tokenizers' tokenizer.json, a SentencePiece model trained by sentencepiece, a llama2.c
-# tokenizer.bin as llama2.c's tokenizer.py exports it) and LLaMA-Factory-style data files, each
-# behind the fuzz target's selector byte(s).
+# tokenizer.bin as llama2.c's tokenizer.py exports it, tiny Llama models as GGUF by llama.cpp's gguf-py and as
+# llama2.c .bin in run.c's layout) and LLaMA-Factory-style data files, each behind the fuzz target's selector byte(s).
 # Run: ~/.cache/lathe/refenv/bin/python tools/ref/make_fuzz_seeds.py
 import io
 import json
@@ -10,6 +10,8 @@ import os
 import struct
 import tempfile
 
+import gguf
+import numpy as np
 import sentencepiece as spm
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -96,7 +98,69 @@ def datasets():
     write("dataset", "text.txt", bytes([4 | 0x10]) + "\n".join(TEXT[:5]).encode())
 
 
+def llama2c_model(dim, hidden, layers, heads, kv, vocab, seq, rng):
+    # run.c's checkpoint: 7 int32 (a negative vocab_size: an untied classifier stored last), then the f32 arrays.
+    hd = dim // heads
+    n = (abs(vocab) * dim + layers * dim + layers * dim * dim + 2 * layers * kv * hd * dim + layers * dim * dim
+         + layers * dim + 3 * layers * dim * hidden + dim + (abs(vocab) * dim if vocab < 0 else 0))
+    return struct.pack("<7i", dim, hidden, layers, heads, kv, vocab, seq) + rng.uniform(-1, 1, n).astype("<f4").tobytes()
+
+
+def gguf_model(dim, hidden, layers, heads, kv, vocab, tied, qtype, rng):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.gguf")
+        w = gguf.GGUFWriter(path, "llama")
+        w.add_block_count(layers)
+        w.add_embedding_length(dim)
+        w.add_feed_forward_length(hidden)
+        w.add_head_count(heads)
+        w.add_head_count_kv(kv)
+        w.add_context_length(16)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_freq_base(10000.0)
+        hd = dim // heads
+
+        def add(name, shape, quant=True):
+            a = rng.uniform(-1, 1, shape).astype(np.float32)
+            if quant and qtype != gguf.GGMLQuantizationType.F32:
+                w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+            else:
+                w.add_tensor(name, a)
+
+        add("token_embd.weight", (vocab, dim))
+        for i in range(layers):
+            add(f"blk.{i}.attn_norm.weight", (dim,), False)
+            add(f"blk.{i}.attn_q.weight", (dim, dim))
+            add(f"blk.{i}.attn_k.weight", (kv * hd, dim))
+            add(f"blk.{i}.attn_v.weight", (kv * hd, dim))
+            add(f"blk.{i}.attn_output.weight", (dim, dim))
+            add(f"blk.{i}.ffn_norm.weight", (dim,), False)
+            add(f"blk.{i}.ffn_gate.weight", (hidden, dim))
+            add(f"blk.{i}.ffn_up.weight", (hidden, dim))
+            add(f"blk.{i}.ffn_down.weight", (dim, hidden))
+        add("output_norm.weight", (dim,), False)
+        if not tied:
+            add("output.weight", (vocab, dim))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def models():
+    # model_fuzz's selector byte: even = GGUF, odd = llama2.c.
+    rng = np.random.default_rng(7)
+    write("model", "llama2c_tied.bin", b"\x01" + llama2c_model(8, 8, 1, 2, 1, 8, 8, rng))
+    write("model", "llama2c_untied_gqa.bin", b"\x01" + llama2c_model(8, 12, 2, 2, 1, -6, 4, rng))
+    write("model", "gguf_f32_tied.gguf", b"\x00" + gguf_model(8, 8, 1, 2, 1, 8, True, gguf.GGMLQuantizationType.F32, rng))
+    write("model", "gguf_q8_0_untied.gguf",
+          b"\x00" + gguf_model(32, 32, 1, 2, 1, 4, False, gguf.GGMLQuantizationType.Q8_0, rng))
+
+
 if __name__ == "__main__":
     tokenizer_json()
     sentencepiece_model()
     datasets()
+    models()
