@@ -1,6 +1,7 @@
 // libFuzzer target for the tokenizer files a model directory brings (downloaded, untrusted):
 // tokenizer.json (HF: BPE vocab, merges, added tokens, normalizers, pre-tokenizer regexes),
-// tokenizer.model (SentencePiece protobuf, decoded by hand) and llama2.c tokenizer.bin. The first
+// tokenizer.model (SentencePiece protobuf, decoded by hand), llama2.c tokenizer.bin and a GGUF's tokenizer.ggml.*
+// metadata (gpt2 BPE with merges, llama SentencePiece with scores and token types). The first
 // byte picks the reader, the rest is the file. Any bytes must load or give an error, never crash
 // or hit UB; a tokenizer that loads must encode and decode text, its own bytes included.
 #include <cstddef>
@@ -8,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "formats/gguf.h"
 #include "fuzz_file.h"
 #include "tokenizer/tokenizer.h"
 
@@ -15,13 +17,19 @@ using lathe::tokenizer::Tokenizer;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  const uint8_t kind = data[0] % 3;
+  const uint8_t kind = data[0] % 4;
   const int vocab_size = 1 + data[1] % 64;  // llama2.c's header does not say; the model's does
-  lathe::fuzz::MemFile file("tokenizer", data + 2, size - 2);
-  lathe::Result<std::unique_ptr<Tokenizer>> tok =
-      kind == 0   ? Tokenizer::FromTokenizerJson(file.path())
-      : kind == 1 ? Tokenizer::FromSentencePieceModel(file.path())
-                  : Tokenizer::FromLlama2cBin(file.path(), vocab_size);
+  lathe::Result<std::unique_ptr<Tokenizer>> tok = lathe::Status::Error("unset");
+  if (kind == 3) {
+    auto g = lathe::formats::GgufFile::Parse(data + 2, size - 2, "fuzz.gguf");
+    if (!g.ok()) return 0;
+    tok = Tokenizer::FromGguf(**g);
+  } else {
+    lathe::fuzz::MemFile file("tokenizer", data + 2, size - 2);
+    tok = kind == 0   ? Tokenizer::FromTokenizerJson(file.path())
+          : kind == 1 ? Tokenizer::FromSentencePieceModel(file.path())
+                      : Tokenizer::FromLlama2cBin(file.path(), vocab_size);
+  }
   if (!tok.ok()) return 0;
   const Tokenizer& t = **tok;
   const int32_t n = t.vocab_size();

@@ -1,7 +1,7 @@
 # Makes the seed inputs of the tokenizer, dataset and model fuzz targets (tests/fuzz/corpus/tokenizer,
 # tests/fuzz/corpus/dataset, tests/fuzz/corpus/model): small files written by the libraries that define the formats
 # (HF tokenizers' tokenizer.json, a SentencePiece model trained by sentencepiece, a llama2.c
-# tokenizer.bin as llama2.c's tokenizer.py exports it, tiny Llama models as GGUF by llama.cpp's gguf-py and as
+# tokenizer.bin as llama2.c's tokenizer.py exports it, both vocabularies as vocab-only GGUFs, tiny Llama models as GGUF by llama.cpp's gguf-py and as
 # llama2.c .bin in run.c's layout) and LLaMA-Factory-style data files, each behind the fuzz target's selector byte(s).
 # Run: ~/.cache/lathe/refenv/bin/python tools/ref/make_fuzz_seeds.py
 import io
@@ -27,6 +27,28 @@ def write(sub, name, data):
         f.write(data)
 
 
+def vocab_gguf(model, tokens, scores, types, merges=None, bos=None, eos=None, unk=None):
+    # A GGUF holding only tokenizer metadata (llama.cpp's ggml-vocab-*.gguf files are the same kind).
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "v.gguf")
+        w = gguf.GGUFWriter(path, "llama")
+        w.add_tokenizer_model(model)
+        w.add_token_list(tokens)
+        if scores is not None:
+            w.add_token_scores(scores)
+        w.add_token_types(types)
+        if merges is not None:
+            w.add_token_merges(merges)
+        for key, v in (("bos", bos), ("eos", eos), ("unk", unk)):
+            if v is not None and v >= 0:
+                getattr(w, f"add_{key}_token_id")(v)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.close()
+        with open(path, "rb") as f:
+            return f.read()
+
+
 def tokenizer_json():
     # Byte-level BPE (GPT-2 / Llama 3 / Qwen style) with special tokens and an NFC normalizer.
     tok = Tokenizer(models.BPE())
@@ -39,6 +61,14 @@ def tokenizer_json():
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(TEXT, trainer)
     write("tokenizer", "bytelevel.json", b"\x00\x00" + tok.to_str().encode())
+    # The same vocabulary as a vocab-only GGUF (tokenizer.ggml.model "gpt2"), as convert_hf_to_gguf.py writes it.
+    spec = json.loads(tok.to_str())
+    vocab = sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])
+    special = {t["content"] for t in spec["added_tokens"] if t["special"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    write("tokenizer", "gpt2_vocab.gguf", b"\x03\x00" + vocab_gguf(
+        "gpt2", [t for t, _ in vocab], None, [3 if t in special else 1 for t, _ in vocab], merges=merges,
+        bos=spec["model"]["vocab"]["<|im_start|>"], eos=spec["model"]["vocab"]["<|im_end|>"]))
     # SentencePiece-style BPE with byte fallback (Llama 2 / Mistral tokenizer.json).
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
@@ -60,6 +90,12 @@ def sentencepiece_model():
         data = open(os.path.join(d, "m.model"), "rb").read()
     write("tokenizer", "sentencepiece.model", b"\x01\x00" + data)
     sp = spm.SentencePieceProcessor(model_proto=data)
+    # The same model as a vocab-only GGUF (tokenizer.ggml.model "llama": pieces, scores, token types).
+    n_sp = sp.get_piece_size()
+    types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1 for i in range(n_sp)]
+    write("tokenizer", "llama_vocab.gguf", b"\x03\x00" + vocab_gguf(
+        "llama", [sp.id_to_piece(i) for i in range(n_sp)], [sp.get_score(i) for i in range(n_sp)], types,
+        bos=sp.bos_id(), eos=sp.eos_id(), unk=sp.unk_id()))
     # llama2.c's tokenizer.py export: max_token_length, then per token score (f32), length, bytes,
     # with U+2581 written as a space and <s> / </s> as "\n<s>\n" / "\n</s>\n".
     n = min(sp.get_piece_size(), 64)
@@ -149,7 +185,7 @@ def gguf_model(dim, hidden, layers, heads, kv, vocab, tied, qtype, rng):
             return f.read()
 
 
-def models():
+def model_files():
     # model_fuzz's selector byte: even = GGUF, odd = llama2.c.
     rng = np.random.default_rng(7)
     write("model", "llama2c_tied.bin", b"\x01" + llama2c_model(8, 8, 1, 2, 1, 8, 8, rng))
@@ -163,4 +199,4 @@ if __name__ == "__main__":
     tokenizer_json()
     sentencepiece_model()
     datasets()
-    models()
+    model_files()
