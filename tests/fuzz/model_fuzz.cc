@@ -1,7 +1,8 @@
 // libFuzzer target for model files (downloaded, untrusted) past their container parsers: the first byte picks a
 // GGUF file (GgufFile::Parse, then LoadGgufWeights: the architecture's hyper-parameters against the tensors'
-// names, shapes and types) or a llama2.c .bin (LoadLlama2cBin: the header against the file size); the rest is the
-// file. Any bytes must load or give an error, never crash or hit UB. A model that loads (a small one: its weights
+// names, shapes and types), a llama2.c .bin (LoadLlama2cBin: the header against the file size) or a HF model
+// directory (LoadHfModelDir: config.json, a 0 byte, then model.safetensors; the names, shapes and dtypes against
+// the config, conversions, the Q/K permutation); the rest is the file(s). Any bytes must load or give an error, never crash or hit UB. A model that loads (a small one: its weights
 // are in the input) must run a forward of a two-token prompt and one more token through a KV cache, token ids taken
 // from the input's first bytes (within the vocabulary the model declares).
 #include <cstddef>
@@ -14,6 +15,7 @@
 #include "formats/gguf.h"
 #include "fuzz_file.h"
 #include "model/load_gguf.h"
+#include "model/load_hf.h"
 #include "model/load_llama2c.h"
 #include "model/transformer.h"
 
@@ -48,19 +50,26 @@ void RunForward(const ModelWeights& w, const uint8_t* data, size_t size) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const bool gguf = data[0] % 2 == 0;
+  const int kind = data[0] % 3;  // 0: GGUF, 1: llama2.c, 2: HF directory
   ++data, --size;
   Result<ModelWeights> w = lathe::Status::Error("unset");
   std::vector<uint64_t> copy;  // the file at an aligned address, as a mapping puts it (the input after the selector is not)
-  if (gguf) {
+  if (kind == 0) {
     copy.resize(size / 8 + 1);  // never empty: memcpy takes no null pointer
     std::memcpy(copy.data(), data, size);
     auto g = lathe::formats::GgufFile::Parse((const uint8_t*)copy.data(), size, "fuzz.gguf");
     if (!g.ok()) return 0;
     w = lathe::model::LoadGgufWeights(std::shared_ptr<lathe::formats::GgufFile>(std::move(*g)));
-  } else {
+  } else if (kind == 1) {
     lathe::fuzz::MemFile file("model.bin", data, size);
     w = lathe::model::LoadLlama2cBin(file.path());
+  } else {
+    static const std::string dir = lathe::fuzz::TempDir("model_fuzz");
+    const uint8_t* zero = static_cast<const uint8_t*>(std::memchr(data, 0, size));
+    const size_t cfg_len = zero ? (size_t)(zero - data) : size, st_off = zero ? cfg_len + 1 : size;
+    lathe::fuzz::WriteFile(dir + "/config.json", data, cfg_len);
+    lathe::fuzz::WriteFile(dir + "/model.safetensors", data + st_off, size - st_off);
+    w = lathe::model::LoadHfModelDir(dir);
   }
   if (!w.ok()) return 0;
   RunForward(*w, data, size);

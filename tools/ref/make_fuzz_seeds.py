@@ -1,8 +1,9 @@
 # Makes the seed inputs of the tokenizer, dataset and model fuzz targets (tests/fuzz/corpus/tokenizer,
 # tests/fuzz/corpus/dataset, tests/fuzz/corpus/model): small files written by the libraries that define the formats
-# (HF tokenizers' tokenizer.json, a SentencePiece model trained by sentencepiece, a llama2.c
-# tokenizer.bin as llama2.c's tokenizer.py exports it, both vocabularies as vocab-only GGUFs, tiny Llama models as GGUF by llama.cpp's gguf-py and as
-# llama2.c .bin in run.c's layout) and LLaMA-Factory-style data files, each behind the fuzz target's selector byte(s).
+# (HF tokenizers' tokenizer.json, a SentencePiece model trained by sentencepiece, a llama2.c tokenizer.bin as
+# llama2.c's tokenizer.py exports it, both vocabularies as vocab-only GGUFs by llama.cpp's gguf-py; tiny Llama models
+# as GGUF by gguf-py, as llama2.c .bin in run.c's layout and as HF directories by the safetensors package) and
+# LLaMA-Factory-style data files, each behind the fuzz target's selector byte(s).
 # Run: ~/.cache/lathe/refenv/bin/python tools/ref/make_fuzz_seeds.py
 import io
 import json
@@ -185,14 +186,51 @@ def gguf_model(dim, hidden, layers, heads, kv, vocab, tied, qtype, rng):
             return f.read()
 
 
+def hf_model(arch, dim, hidden, layers, heads, kv, vocab, tied, dtype, rng):
+    # config.json, a 0 byte, then model.safetensors written by the safetensors package (transformers' names).
+    from safetensors.numpy import save
+    cfg = {"architectures": [arch + "ForCausalLM"], "model_type": arch.lower(), "hidden_size": dim,
+           "intermediate_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": 16, "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0, "tie_word_embeddings": tied, "hidden_act": "silu"}
+    hd = dim // heads
+    t = {}
+
+    def add(name, shape):
+        t[name] = rng.uniform(-1, 1, shape).astype(dtype)
+
+    add("model.embed_tokens.weight", (vocab, dim))
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        add(p + "input_layernorm.weight", (dim,))
+        add(p + "self_attn.q_proj.weight", (dim, dim))
+        add(p + "self_attn.k_proj.weight", (kv * hd, dim))
+        add(p + "self_attn.v_proj.weight", (kv * hd, dim))
+        if arch == "Qwen2":
+            add(p + "self_attn.q_proj.bias", (dim,))
+            add(p + "self_attn.k_proj.bias", (kv * hd,))
+            add(p + "self_attn.v_proj.bias", (kv * hd,))
+        add(p + "self_attn.o_proj.weight", (dim, dim))
+        add(p + "post_attention_layernorm.weight", (dim,))
+        add(p + "mlp.gate_proj.weight", (hidden, dim))
+        add(p + "mlp.up_proj.weight", (hidden, dim))
+        add(p + "mlp.down_proj.weight", (dim, hidden))
+    add("model.norm.weight", (dim,))
+    if not tied:
+        add("lm_head.weight", (vocab, dim))
+    return json.dumps(cfg).encode() + b"\x00" + save(t)
+
+
 def model_files():
-    # model_fuzz's selector byte: even = GGUF, odd = llama2.c.
+    # model_fuzz's selector byte: 0 = GGUF, 1 = llama2.c, 2 = HF directory.
     rng = np.random.default_rng(7)
     write("model", "llama2c_tied.bin", b"\x01" + llama2c_model(8, 8, 1, 2, 1, 8, 8, rng))
     write("model", "llama2c_untied_gqa.bin", b"\x01" + llama2c_model(8, 12, 2, 2, 1, -6, 4, rng))
     write("model", "gguf_f32_tied.gguf", b"\x00" + gguf_model(8, 8, 1, 2, 1, 8, True, gguf.GGMLQuantizationType.F32, rng))
     write("model", "gguf_q8_0_untied.gguf",
           b"\x00" + gguf_model(32, 32, 1, 2, 1, 4, False, gguf.GGMLQuantizationType.Q8_0, rng))
+    write("model", "hf_llama_f32_tied", b"\x02" + hf_model("Llama", 8, 8, 1, 2, 1, 8, True, np.float32, rng))
+    write("model", "hf_qwen2_f16_untied", b"\x02" + hf_model("Qwen2", 8, 12, 2, 2, 1, 6, False, np.float16, rng))
 
 
 if __name__ == "__main__":
