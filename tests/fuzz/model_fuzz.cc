@@ -1,10 +1,12 @@
-// libFuzzer target for model files (downloaded, untrusted) past their container parsers: the first byte picks a
-// GGUF file (GgufFile::Parse, then LoadGgufWeights: the architecture's hyper-parameters against the tensors'
-// names, shapes and types), a llama2.c .bin (LoadLlama2cBin: the header against the file size) or a HF model
-// directory (LoadHfModelDir: config.json, a 0 byte, then model.safetensors; the names, shapes and dtypes against
-// the config, conversions, the Q/K permutation); the rest is the file(s). Any bytes must load or give an error, never crash or hit UB. A model that loads (a small one: its weights
-// are in the input) must run a forward of a two-token prompt and one more token through a KV cache, token ids taken
-// from the input's first bytes (within the vocabulary the model declares).
+// libFuzzer target for model files (downloaded, untrusted) past their container parsers. The first byte picks
+// - a GGUF file: GgufFile::Parse, then LoadGgufWeights (the architecture's hyper-parameters against the tensors'
+//   names, shapes and types);
+// - a llama2.c .bin: LoadLlama2cBin (the header against the file size);
+// - a HF model directory: LoadHfModelDir on config.json, a 0 byte, then model.safetensors (names, shapes and dtypes
+//   against the config, conversions, the Q/K permutation);
+// the rest is the file(s). Any bytes must load or give an error, never crash or hit UB. A model that loads (a small
+// one: its weights are in the input) must run a forward of a two-token prompt and one more token through a KV cache,
+// token ids taken from the input's first bytes (within the vocabulary the model declares).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -53,7 +55,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int kind = data[0] % 3;  // 0: GGUF, 1: llama2.c, 2: HF directory
   ++data, --size;
   Result<ModelWeights> w = lathe::Status::Error("unset");
-  std::vector<uint64_t> copy;  // the file at an aligned address, as a mapping puts it (the input after the selector is not)
+  // The GGUF at an aligned address, as a mapping puts it (the input after the selector byte is not).
+  std::vector<uint64_t> copy;
   if (kind == 0) {
     copy.resize(size / 8 + 1);  // never empty: memcpy takes no null pointer
     std::memcpy(copy.data(), data, size);
