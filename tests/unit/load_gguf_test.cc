@@ -85,18 +85,25 @@ Result<ModelWeights> Load(const std::vector<uint8_t>& bytes) {
   return LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
 }
 
+// Logits of a two-token prompt (both rows) through a KV cache.
+Result<std::vector<float>> TwoTokens(const ModelWeights& w) {
+  ThreadPool pool(1);
+  Transformer tf(w, pool);
+  KvCache cache(w.config, 1, 4);
+  const int32_t ids[2] = {1, 5};
+  SeqInput in{0, {ids, 2}, true};
+  std::vector<float> logits;
+  LATHE_RETURN_IF_ERROR(tf.Forward(cache, {&in, 1}, &logits));
+  return logits;
+}
+
 TEST(LoadGguf, TinyModelLoadsAndRuns) {
   Built b = Build(1);
   auto w = Load(b.bytes);
   ASSERT_TRUE(w.ok()) << w.status().message();
-  ThreadPool pool(1);
-  Transformer tf(*w, pool);
-  KvCache cache(w->config, 1, 4);
-  const int32_t ids[2] = {1, 5};
-  SeqInput in{0, {ids, 2}, true};
-  std::vector<float> logits;
-  ASSERT_TRUE(tf.Forward(cache, {&in, 1}, &logits).ok());
-  EXPECT_EQ((int64_t)logits.size(), 2 * kVocab);
+  auto logits = TwoTokens(*w);
+  ASSERT_TRUE(logits.ok()) << logits.status().message();
+  EXPECT_EQ((int64_t)logits->size(), 2 * kVocab);
 }
 
 TEST(LoadGguf, BlockCountBeyondTheTensorsIsAnError) {
@@ -137,13 +144,8 @@ TEST(LoadGguf, TensorsMisalignedByTheFileAreCopiedAligned) {
       const std::vector<float>& want = b.values[names[i]];
       EXPECT_EQ(std::vector<float>(ts[i]->as<float>(), ts[i]->as<float>() + want.size()), want) << names[i];
     }
-    ThreadPool pool(1);
-    Transformer tf(*w, pool);
-    KvCache cache(w->config, 1, 4);
-    const int32_t ids[2] = {2, 3};
-    SeqInput in{0, {ids, 2}, false};
-    std::vector<float> logits;
-    ASSERT_TRUE(tf.Forward(cache, {&in, 1}, &logits).ok());
+    auto logits = TwoTokens(*w);
+    ASSERT_TRUE(logits.ok()) << logits.status().message();
   }
   EXPECT_TRUE(saw_misaligned);
 }
