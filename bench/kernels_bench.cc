@@ -472,6 +472,67 @@ void BM_TrainGemm(benchmark::State& state, int kind, Shape s, int64_t kTrainM, i
       benchmark::Counter(2.0 * kTrainM * s.N * s.K * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
 
+// LoRA's f32 products around every decoder linear of one 512-token row group (SmolLM2-135M's 30 layers x q, k, v,
+// o, gate, up, down, each with its own f32 W, rank-16 A and B: W from DRAM as in training), as the trainer runs
+// them in f32 mode: kind 0 = the forward (mid = x A^T, then y = x W^T and y += (s mid) B^T), kind 1 = the input
+// gradient (dmid = dy B, then dx = dy W and dx += dmid A); plus = the update inside the base product where
+// kernels::LinearPlusFused holds (TrainModelOptions::lora_plus_products), else the separate products.
+// GFLOP/s of the base products only, so the rows compare as times.
+void BM_TrainLoraLinears(benchmark::State& state, int kind, bool plus, int threads) {
+  ThreadPool pool(threads);
+  constexpr int kLayers = 30;
+  constexpr int64_t M = 512, r = 16;
+  const Shape per_layer[] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};
+  std::vector<std::vector<float>> ws, as, bs;
+  std::vector<Tensor> tw, ta, tb;
+  double flops = 0;
+  auto tensor = [](std::vector<float>& v, int64_t n, int64_t k) {
+    Tensor t;
+    t.data = (void*)v.data();
+    t.dtype = DType::kF32;
+    t.shape = {n, k};
+    return t;
+  };
+  ws.reserve(kLayers * 7), as.reserve(kLayers * 7), bs.reserve(kLayers * 7);
+  for (int l = 0; l < kLayers; ++l)
+    for (Shape s : per_layer) {
+      const uint32_t seed = (uint32_t)ws.size() * 3 + 7;
+      ws.push_back(RandomFloats(s.N * s.K, seed));
+      as.push_back(RandomFloats(r * s.K, seed + 1));
+      bs.push_back(RandomFloats(s.N * r, seed + 2));
+      tw.push_back(tensor(ws.back(), s.N, s.K));
+      ta.push_back(tensor(as.back(), r, s.K));
+      tb.push_back(tensor(bs.back(), s.N, r));
+      flops += 2.0 * M * s.N * s.K;
+    }
+  const std::vector<float> in = RandomFloats(M * 1536, 3);
+  std::vector<float> out(M * 1536), mid(M * r);
+  for (auto _ : state) {
+    for (size_t i = 0; i < tw.size(); ++i) {
+      const int64_t N = tw[i].shape[0], K = tw[i].shape[1];
+      if (kind == 0) {
+        kernels::LinearForward(pool, mid.data(), in.data(), M, ta[i]);
+        if (plus && kernels::LinearPlusFused(N, K, r)) {
+          kernels::LinearForwardPlus(pool, out.data(), in.data(), M, tw[i], mid.data(), tb[i]);
+        } else {
+          kernels::LinearForward(pool, out.data(), in.data(), M, tw[i]);
+          kernels::LinearForward(pool, out.data(), mid.data(), M, tb[i], /*accumulate=*/true);
+        }
+      } else {
+        kernels::MatMulBackwardInput(pool, mid.data(), in.data(), M, tb[i]);
+        if (plus && kernels::LinearPlusFused(K, N, r)) {
+          kernels::MatMulBackwardInputPlus(pool, out.data(), in.data(), M, tw[i], mid.data(), ta[i]);
+        } else {
+          kernels::MatMulBackwardInput(pool, out.data(), in.data(), M, tw[i]);
+          kernels::MatMulBackwardInput(pool, out.data(), mid.data(), M, ta[i], /*accumulate=*/true);
+        }
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
 // One training step's decoder-linear products in bf16 mode, as the trainer runs them for one 512-token row
 // group: every linear of SmolLM2-135M's 30 layers (q, k, v, o, gate, up, down) with its own f32 master W
 // and f32 gradient (850 MB together, so W and dW come from DRAM as in training), kind 0 = y = x W^T,
@@ -611,6 +672,15 @@ void RegisterAll() {
       for (int threads : {1, 2})
         benchmark::RegisterBenchmark((Name("train512", train_kinds[kind], s, 0) + "/pool:" + std::to_string(threads)).c_str(),
                                      BM_TrainGemm, kind, s, (int64_t)512, threads)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+  for (int kind : {0, 1})
+    for (int threads : {1, 2})
+      for (bool plus : {false, true})
+        benchmark::RegisterBenchmark((std::string("train_lora_f32/") + (kind == 0 ? "forward" : "input_grad") +
+                                     (plus ? "/plus" : "/separate") + "/threads:" + std::to_string(threads))
+                                        .c_str(),
+                                    BM_TrainLoraLinears, kind, plus, threads)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
   // The loss's head products per 128-token chunk (train_xent.cc): the head's weight gradient

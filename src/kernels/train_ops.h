@@ -151,6 +151,19 @@ void LoraBackwardInputBf16(ThreadPool& pool, float* dx, float* dmid, const float
                            const Tensor& b, const Tensor& a, const std::function<const float*(float*)>& second,
                            bool accumulate = false);
 
+// The same two products summed in one in f32 (the training GEMM): y (M, N) (=, +=) x . W^T + x2 . W2^T and dx (M, K)
+// (=, +=) dy . W + dy2 . W2, W2 f32, the inner dimensions concatenated (x's then x2's, each output one FMA chain per
+// inner chunk of the total): LoRA's rank-r update inside the base product in f32 mode, with no second pass over
+// y or dx (the pass that product costs is most of it: its inner dimension is the rank). Only where
+// LinearPlusFused(output columns, W's inner dimension, W2's) holds: CPUs with the GEMM's panel tile (AVX-512), W
+// f32 / f16 / bf16 for the forward (any dtype MatMulBackwardInput takes for the input gradient), and no more
+// inner chunks than W's alone; elsewhere the caller runs the two products.
+bool LinearPlusFused(int64_t Kd, int64_t L, int64_t L2);
+void LinearForwardPlus(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, const float* x2,
+                       const Tensor& w2, bool accumulate = false);
+void MatMulBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, const float* dy2,
+                             const Tensor& w2, bool accumulate = false);
+
 // A weight W (N, K) that does not change between calls (a frozen output head), packed once as the
 // B operand of dX = dY . W: MatMulBackwardInput / CrossEntropyBackward given it skip re-packing W on
 // every call and return bit-identical results. f32 whatever W's dtype: ~4 * N * K bytes.

@@ -665,6 +665,19 @@ void RowGroupWorker::LinForward(const Lin& L, const float* x, float* y, float* m
   // The bf16 kernels round their operands as they pack them (the same bits as rounding first): x is rounded
   // here only for a product that takes it as given.
   const float* xr = Bf16Dot() ? x : Round(x, N * L.in, rx_);
+  if (LoraPlusForward(L)) {
+    // f32 mode: mid = drop(x) A^T first, then y = [x | scale mid] . [W | B]^T in one product (one pass over y).
+    const LoraParam& p = L.lora;
+    const float* xd = train && opt_.lora_dropout > 0 ? Dropped(x, L.in, layer, mod, xd_) : x;
+    Forward(mid, xd == x ? xr : Round(xd, N * p.in, rx2_), p.a_eff, false);  // (N, r)
+    kernels::LinearForwardPlus(*pool_, y, xr, N, L.eff, ScaledMid(p, mid), p.b_eff);
+    if (L.bias) {
+      Par(N, 16, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r) kernels::Axpy(y + r * L.out, 1.0f, L.bias, L.out);
+      });
+    }
+    return;
+  }
   Forward(y, xr, L.eff, false);
   if (L.bias) {
     Par(N, 16, [&](int64_t b, int64_t e, int) {
@@ -732,7 +745,9 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const float* dyr = bf16dot ? dy : Round(dy, N * L.out, rdy_);
   // LoRA's input gradient inside the base product (without dropout): dx = [dy | dmid] . [W ; A] below.
   const bool fused_dx = need_dx && LoraFused(L) && opt_.lora_dropout <= 0;
-  if (need_dx && !fused_dx) InputGrad(dx, dyr, L.eff, accumulate);
+  // f32 mode: dx = [dy | dmid] . [W ; A] in one product after dmid (below).
+  const bool plus_dx = need_dx && LoraPlusInputGrad(L);
+  if (need_dx && !fused_dx && !plus_dx) InputGrad(dx, dyr, L.eff, accumulate);
   if (L.grad) {
     const float* xr = bf16dot ? x : Round(x, N * L.in, rx_);
     order_.Add(L.grad, group_, [&] {
@@ -771,6 +786,10 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
   WeightGrad(GradA(L, layer, mod), dmr, bf16dot ? xd : Round(xd, N * p.in, rx_), p.a_eff);
   if (!need_dx || fused_dx) return;
+  if (plus_dx) {
+    kernels::MatMulBackwardInputPlus(*pool_, dx, dyr, N, L.eff, dmr, p.a_eff, accumulate);
+    return;
+  }
   if (!drop) {
     InputGrad(dx, dmr, p.a_eff, /*accumulate=*/true);
     return;

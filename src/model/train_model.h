@@ -92,6 +92,10 @@ struct TrainModelOptions {
   // more groups or accumulated micro-batches the next forward holds the activations next to every
   // gradient anyway, and faulting the pages back in each step costs time (~1.4 GB/s under KVM).
   bool hand_back_pages = true;
+  // f32 mode: LoRA's rank-r update inside the base product (y = [x | scale mid] . [W | B]^T, and without dropout
+  // dx = [dy | dmid] . [W ; A]) where kernels::LinearPlusFused holds, instead of a second product adding into y / dx.
+  // Only the summation order changes; false runs the separate products (tests compare the two).
+  bool lora_plus_products = true;
   Profiler* profiler = nullptr;     // when set, the big ops of each call are recorded
 };
 

@@ -171,6 +171,19 @@ class RowGroupWorker {
   bool LoraFused(const Lin& L) const {
     return L.lora.on && Bf16Dot();
   }
+  // The f32 GEMM's form of the same (kernels::LinearPlusFused): the forward's y = [x | scale mid] . [W | B]^T over a
+  // float W, and without dropout the input gradient's dx = [dy | dmid] . [W ; A], each where it costs no extra inner
+  // chunk.
+  bool LoraPlusForward(const Lin& L) const {
+    const DType t = L.eff.dtype;
+    return L.lora.on && opt_.lora_plus_products && !Bf16Dot() &&
+           (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) && L.lora.b_eff.dtype == DType::kF32 &&
+           kernels::LinearPlusFused(L.out, L.in, L.lora.r);
+  }
+  bool LoraPlusInputGrad(const Lin& L) const {
+    return L.lora.on && opt_.lora_plus_products && !Bf16Dot() && opt_.lora_dropout <= 0 &&
+           L.lora.a_eff.dtype == DType::kF32 && kernels::LinearPlusFused(L.in, L.out, L.lora.r);
+  }
   void LinForward(const Lin& L, const float* x, float* y, float* mid, int64_t layer, int mod, bool train);
   // y (=, +=) x w^T, dx (=, +=) dy w, dw += dy^T x over the group's N_ rows (one dispatch for every product).
   void Forward(float* y, const float* x, const Tensor& w, bool accumulate);

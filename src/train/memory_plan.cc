@@ -410,6 +410,11 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
       for (auto [L2, K2] : {std::pair<int64_t, int64_t>{l.in, r}, {r, l.out}, {(int64_t)N, r}, {l.out, r},
                             {(int64_t)N, l.in}, {r, l.in}})
         panels = std::max(panels, SharedPanelFloats(L2, K2));
+      // f32 mode's fused LoRA products (kernels::LinearPlusFused): the base's inner dimension plus the rank.
+      if (!bf16_dot && kernels::LinearPlusFused(l.out, l.in, r))
+        panels = std::max(panels, SharedPanelFloats(l.in + r, l.out));
+      if (!bf16_dot && kernels::LinearPlusFused(l.in, l.out, r))
+        panels = std::max(panels, SharedPanelFloats(l.out + r, l.in, BaseColAlign(s)));
     }
   }
   if (no_f32_gemm) panels = 0;
@@ -430,6 +435,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     a_gemm(N, l.in, l.out, true, false);
     if (!lora) a_gemm(l.out, l.in, (int64_t)N, false, false);
     if (lora) {
+      if (!bf16_dot && kernels::LinearPlusFused(l.out, l.in, r)) a_gemm(N, l.out, l.in + r, true, false);
+      if (!bf16_dot && kernels::LinearPlusFused(l.in, l.out, r)) a_gemm(N, l.in, l.out + r, true, false);
       a_gemm(N, l.out, r, true, false);
       a_gemm(N, l.in, r, true, false);
       a_gemm(l.out, r, (int64_t)N, false, false);

@@ -13,9 +13,11 @@
 #include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kernels/train_ops.h"
 #include "model/loader.h"
 #include "model/transformer.h"
 #include "train/optimizer.h"
+#include "random_model.h"
 #include "train_test_util.h"
 
 namespace lathe::model {
@@ -346,6 +348,57 @@ TEST(TrainModelRowGroups, FullWorkersOnUntiedAndBiasModelsGiveOneWorkersBits) {
         EXPECT_EQ(std::memcmp(params[0][i].data(), params[1][i].data(), params[0][i].size() * 4), 0) << i;
     }
   }
+}
+
+// f32 mode's fused LoRA products (TrainModelOptions::lora_plus_products: the update inside the base product,
+// forward and input gradient) give the separate products' loss and gradients up to summation order, with and
+// without dropout (the forward only), one and two workers. No fixture model is wide enough for the GEMM's panel
+// path (>= 192 output columns), so a random 2-layer one is: dim 192, 3 heads of 64, one KV head (k / v: 64
+// columns, separate forward, fused input gradient), ffn 256, rank 8.
+TEST(TrainModelLoraPlus, FusedProductsEqualTheSeparateOnes) {
+  if (!kernels::LinearPlusFused(192, 192, 8)) GTEST_SKIP() << "no fused products on this CPU's kernels";
+  ModelConfig c;
+  c.n_layers = 2;
+  c.dim = 192;
+  c.n_heads = 3;
+  c.n_kv_heads = 1;
+  c.head_dim = 64;
+  c.rope_dim = 64;
+  c.ffn_dim = 256;
+  c.vocab_size = 300;
+  c.max_seq_len = 64;
+  c.tied_embeddings = true;
+  const ModelWeights w = testing::RandomModelWeights(c, 11);
+  Batch b;
+  b.B = 2;
+  b.T = 40;
+  for (int64_t i = 0; i < b.B * b.T; ++i) {
+    b.ids.push_back((int32_t)((i * 37 + 5) % c.vocab_size));
+    b.labels.push_back(i % b.T < 6 ? -100 : (int32_t)((i * 53 + 1) % c.vocab_size));
+  }
+  ThreadPool pool(2);
+  for (double dropout : {0.0, 0.1})
+    for (int64_t workers : {1, 2}) {
+      SCOPED_TRACE(StrFormat("dropout %.1f, %lld workers", dropout, (long long)workers));
+      TrainModelOptions o = Lora(dropout);
+      o.lora_rank = 8;
+      o.row_group_tokens = b.T;
+      o.row_group_workers = workers;
+      o.lora_plus_products = false;
+      auto sep = Make(w, pool, o);
+      o.lora_plus_products = true;
+      auto fused = Make(w, pool, o);
+      ASSERT_TRUE(sep && fused);
+      NonZeroB(*sep);
+      NonZeroB(*fused);
+      const Grads ref = RunSteps(*sep, {b}, 64.0), got = RunSteps(*fused, {b}, 64.0);
+      const double e = WorstErr(got, ref);
+      std::printf("lora plus products (dropout %.1f, %lld workers): loss %.9g vs %.9g, worst grad normalized error %.3g\n",
+                  dropout, (long long)workers, got.loss, ref.loss, e);
+      EXPECT_NEAR(got.loss, ref.loss, 1e-6 * ref.loss);
+      EXPECT_LT(e, 5e-6);
+      EXPECT_NE(got.g, ref.g) << "the same bits: the fused products did not run";
+    }
 }
 
 TEST(TrainModelCheckpointing, EqualsNoCheckpointing) {

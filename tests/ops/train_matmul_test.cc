@@ -326,6 +326,79 @@ TEST(TrainGemmTile, Avx512DriverEqualsAvx2) {
   }
 }
 
+// The "plus" products (LoRA's rank-r update inside the base product in f32 mode) are the products over the
+// concatenated operands, bit for bit: y = [x | x2] . [W | W2]^T and dx = [dy | dy2] . [W ; W2] through the plain
+// GEMM on copies (W's dtype dequantized exactly to f32 beside W2), with the second source split into the panels
+// of a chunk, in the first or the second of two chunks, overwrite and accumulate, 1 and 2 threads.
+TEST(TrainGemmPlus, EqualsTheProductOverConcatenatedOperands) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(IsaTier::kAvx512);
+  const cpu::KernelTable& kt = cpu::KernelsFor(IsaTier::kAvx512);
+  EXPECT_TRUE(cpu::PlusFusedWith(tk, 576, 576, 16));
+  EXPECT_FALSE(cpu::PlusFusedWith(tk, 576, 1536, 16));  // 1552 takes 3 chunks, 1536 two
+  EXPECT_FALSE(cpu::PlusFusedWith(tk, 16, 576, 16));    // narrow outputs: no panel path
+  EXPECT_FALSE(cpu::PlusFusedWith(cpu::TrainKernelsFor(IsaTier::kAvx2), 576, 576, 16));
+  struct Case {
+    int64_t M, N, K, r;
+  };
+  // (output columns N for the forward, K for the input gradient: both >= 192.)
+  const Case cases[] = {{1, 200, 576, 16}, {7, 192, 64, 1}, {130, 600, 576, 16}, {97, 384, 1520, 16},
+                        {33, 250, 1500, 8}, {20, 193, 700, 3}};
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (const Case& c : cases)
+      for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+        const std::string where = std::string(DTypeName(dt)) + " " + std::to_string(c.M) + "x" + std::to_string(c.N) +
+                                  "x" + std::to_string(c.K) + " r" + std::to_string(c.r) + " threads " +
+                                  std::to_string(threads);
+        // Forward: W (N, K), W2 (N, r); output columns N.
+        if (dt != DType::kQ8_0 && cpu::PlusFusedWith(tk, c.N, c.K, c.r)) {
+          const testing::TestWeight w = MakeWeight(dt, c.N, c.K, 80);
+          const testing::TestWeight w2 = MakeWeight(DType::kF32, c.N, c.r, 81);
+          const std::vector<float> x = RandomVec(c.M * c.K, 82), x2 = RandomVec(c.M * c.r, 83);
+          const std::vector<double> wd = Dequantized(w.t);
+          const int64_t L = c.K + c.r;
+          std::vector<float> xc(c.M * L), wc(c.N * L);
+          for (int64_t m = 0; m < c.M; ++m)
+            for (int64_t l = 0; l < L; ++l) xc[m * L + l] = l < c.K ? x[m * c.K + l] : x2[m * c.r + l - c.K];
+          for (int64_t n = 0; n < c.N; ++n)
+            for (int64_t l = 0; l < L; ++l)
+              wc[n * L + l] = l < c.K ? (float)wd[n * c.K + l] : ((const float*)w2.t.data)[n * c.r + l - c.K];
+          Tensor wct = w.t;
+          wct.data = wc.data(), wct.dtype = DType::kF32, wct.shape = {c.N, L};
+          for (bool acc : {false, true}) {
+            std::vector<float> y = RandomVec(c.M * c.N, 84), ye = y;
+            cpu::MatMulForwardPlusWith(tk, kt.mm, pool, y.data(), x.data(), c.M, w.t, x2.data(), w2.t, acc);
+            cpu::MatMulForwardWith(tk, kt, pool, ye.data(), xc.data(), c.M, wct, acc);
+            EXPECT_EQ(y, ye) << "forward " << where << (acc ? " accumulate" : "");
+          }
+        }
+        // Input gradient: W (N, K) any dtype, W2 (r, K); output columns K.
+        if (cpu::PlusFusedWith(tk, c.K, c.N, c.r) && c.K % 32 == 0) {
+          const testing::TestWeight w = MakeWeight(dt, c.N, c.K, 90);
+          const testing::TestWeight w2 = MakeWeight(DType::kF32, c.r, c.K, 91);
+          const std::vector<float> dy = RandomVec(c.M * c.N, 92), dy2 = RandomVec(c.M * c.r, 93);
+          const std::vector<double> wd = Dequantized(w.t);
+          const int64_t L = c.N + c.r;
+          std::vector<float> dyc(c.M * L), wc(L * c.K);
+          for (int64_t m = 0; m < c.M; ++m)
+            for (int64_t l = 0; l < L; ++l) dyc[m * L + l] = l < c.N ? dy[m * c.N + l] : dy2[m * c.r + l - c.N];
+          for (int64_t l = 0; l < L; ++l)
+            for (int64_t k = 0; k < c.K; ++k)
+              wc[l * c.K + k] = l < c.N ? (float)wd[l * c.K + k] : ((const float*)w2.t.data)[(l - c.N) * c.K + k];
+          Tensor wct = w.t;
+          wct.data = wc.data(), wct.dtype = DType::kF32, wct.shape = {L, c.K};
+          for (bool acc : {false, true}) {
+            std::vector<float> dx = RandomVec(c.M * c.K, 94), dxe = dx;
+            cpu::MatMulBackwardInputPlusWith(tk, kt, pool, dx.data(), dy.data(), c.M, w.t, dy2.data(), w2.t, acc);
+            cpu::MatMulBackwardInputWith(tk, kt, pool, dxe.data(), dyc.data(), c.M, wct, acc);
+            EXPECT_EQ(dx, dxe) << "input grad " << where << (acc ? " accumulate" : "");
+          }
+        }
+      }
+  }
+}
+
 TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
   const auto [tier, threads] = GetParam();
   LATHE_REQUIRE_TIER(tier);

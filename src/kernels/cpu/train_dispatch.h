@@ -182,6 +182,18 @@ void MatMulForwardMm(const TrainKernelTable& tk, const MatMulKernels& mm, Thread
 // MatMulForwardWith on the unpacked W.
 void MatMulForwardStrips(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
                          const float* x, int64_t M, DType t, const void* strips, int64_t N, int64_t K);
+// The "plus" products (train_ops.h LinearForwardPlus / MatMulBackwardInputPlus) with one tier's tables: y (M, N)
+// (=, +=) x . W^T + x2 . W2^T and dx (M, K) (=, +=) dy . W + dy2 . W2, one GEMM over the inner dimensions
+// concatenated (each C element one chain per inner chunk of the total). W2 f32. REQUIRES PlusFusedWith(tk, Kd, L,
+// L2) (Kd the output columns, L W's inner dimension, L2 W2's): the panel path, and L + L2 in as many inner chunks
+// as L alone.
+bool PlusFusedWith(const TrainKernelTable& tk, int64_t Kd, int64_t L, int64_t L2);
+void MatMulForwardPlusWith(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
+                           const float* x, int64_t M, const Tensor& w, const float* x2, const Tensor& w2,
+                           bool accumulate = false);
+void MatMulBackwardInputPlusWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
+                                 const float* dy, int64_t M, const Tensor& w, const float* dy2, const Tensor& w2,
+                                 bool accumulate = false);
 // MatMulForwardStrips for several W sharing x (q / k / v, gate / up), bit for bit: where the products' plans
 // pack x the same way (one round, one superblock: prompt runs of the models lathe serves), x is packed once
 // for all of them instead of once per product.

@@ -119,6 +119,15 @@ float* PanelStrip(float* panel, int64_t nl, int64_t nk, int64_t mpw, int64_t j0,
   return panel + m0 * nl + (j0 - m0);
 }
 
+// A second source of A's rows on the panel path: A(i, l) = p[i * rs + l - from] for l >= from (the first source
+// holds l < from). The "plus" products' [x | x2] without a concatenated copy: PackAPanels packs the two parts
+// of a chunk that spans both side by side.
+struct ASecond {
+  const float* p = nullptr;
+  int64_t rs = 0;
+  int64_t from = 0;
+};
+
 // Rows of A in the panel path (0: no panel path) and the rounds' shapes, shared with the memory plan.
 struct GemmPlan {
   int panel_rows = 0;     // rows per packed A micro-panel; 0 = the 6 x 16 tiles
@@ -164,7 +173,8 @@ GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64
 // The panel path's A micro-panels of one round (inner chunks c0 .. c0 + n_lc - 1, rows s0 .. s1 - 1): micro-panel
 // t of chunk lc at out + (lc * n_tiles + t) * pr * inner, (l, i) at [l * pr + i], rows past s1 zero.
 void PackAPanels(const TrainKernelTable& tk, ThreadPool& pool, const GemmPlan& plan, const float* a, int64_t a_rs,
-                 int64_t a_is, int64_t L, int64_t c0, int64_t n_lc, int64_t s0, int64_t s1, float* out) {
+                 int64_t a_is, int64_t L, int64_t c0, int64_t n_lc, int64_t s0, int64_t s1, float* out,
+                 const ASecond* a2 = nullptr) {
   const int64_t pr = plan.panel_rows, inner = plan.inner, n_tiles = (s1 - s0 + pr - 1) / pr;
   pool.ParallelFor(n_lc * n_tiles, 1, [&](int64_t tb, int64_t te, int) {
     for (int64_t u = tb; u < te; ++u) {
@@ -172,7 +182,11 @@ void PackAPanels(const TrainKernelTable& tk, ThreadPool& pool, const GemmPlan& p
       const int64_t l0 = (c0 + lc) * inner, nl = std::min(inner, L - l0);
       const int mr = (int)std::min<int64_t>(pr, s1 - ri);
       float* o = out + u * pr * inner;
-      if (a_is == 1) {
+      if (a2 && l0 + nl > a2->from) {  // (a_is == 1: Gemm checks) the first source's part, then the second's
+        const int64_t n1 = std::max<int64_t>(0, a2->from - l0);
+        if (n1 > 0) tk.pack_panel_rows(o, a + ri * a_rs + l0, a_rs, n1, mr);
+        tk.pack_panel_rows(o + n1 * pr, a2->p + ri * a2->rs + (l0 + n1 - a2->from), a2->rs, nl - n1, mr);
+      } else if (a_is == 1) {
         tk.pack_panel_rows(o, a + ri * a_rs + l0, a_rs, nl, mr);
       } else {
         PackATile(o, a + ri * a_rs + l0 * a_is, a_rs, a_is, nl, mr, (int)pr);
@@ -203,7 +217,8 @@ void PackAPanels(const TrainKernelTable& tk, ThreadPool& pool, const GemmPlan& p
 template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
           const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b,
-          const float* bpre = nullptr, int64_t col_align = 1, const float* apre = nullptr) {
+          const float* bpre = nullptr, int64_t col_align = 1, const float* apre = nullptr,
+          const ASecond* a2 = nullptr) {
   if (R <= 0 || Kd <= 0) return;
   if (L <= 0) {
     if (!accumulate)
@@ -214,6 +229,8 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
   // head's input gradient) and columns per round (whole column blocks, at least one).
   const GemmPlan plan = PlanGemm(tk, &pool, R, Kd, L, a_is, bpre != nullptr, col_align);
   const int64_t pr = plan.panel_rows;
+  // A second A source only where A is packed (the panel path), never read in place.
+  LATHE_CHECK(!a2 || (pr && a_is == 1 && !apre));
   const bool rows_kernel = !pr && a_is == 1;
   // Rows read in place by the tier's panel tile where it has that form.
   const bool panel_in_place = rows_kernel && tk.gemm_panel_rows;
@@ -238,7 +255,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
       apanels = apre;
     } else if (pr) {
       float* packed = SharedAPanels((size_t)(n_lc * n_tiles * pr * inner));
-      PackAPanels(tk, pool, plan, a, a_rs, a_is, L, c0, n_lc, s0, s1, packed);
+      PackAPanels(tk, pool, plan, a, a_rs, a_is, L, c0, n_lc, s0, s1, packed, a2);
       apanels = packed;
     }
     for (int64_t g0 = 0; g0 < Kd; g0 += group) {
@@ -583,39 +600,107 @@ void MatMulForwardWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   MatMulForwardMm(tk, kt.mm, pool, y, x, M, w, accumulate);
 }
 
+namespace {
+
+// The forward's B (l, k) = W(k, l) for inner rows [l0, l0 + nl) and columns [k0, k0 + nk) of W (N, K) in f32 / f16 /
+// bf16 or a block type (converted to f32 first), transposed straight into the 16-column strips of a panel nl_panel
+// rows deep from its row `row` on (each W row's run of nl floats becomes one strip column).
+void PackForwardB(const TrainKernelTable& tk, const MatMulKernels& mm, const Tensor& w, int64_t l0, int64_t nl,
+                  int64_t k0, int64_t nk, float* panel, int64_t nl_panel, int64_t row, int64_t mpw) {
+  static thread_local std::vector<float> rows_buf;
+  const int64_t K = w.shape[1];
+  const DType t = w.dtype;
+  const float* src = (const float*)w.data + k0 * K + l0;
+  int64_t src_ld = K;
+  if (t != DType::kF32) {  // block types from the whole blocks around the rows (chunks need not start on one)
+    const int64_t bs = GetDTypeInfo(t).block_size, b0 = l0 / bs * bs, b1 = std::min(K, (l0 + nl + bs - 1) / bs * bs);
+    const size_t rb = w.row_bytes();
+    float* rows = Scratch(rows_buf, (size_t)(nk * (b1 - b0)));
+    mm.dequant_rows(t, (const uint8_t*)w.data + k0 * rb + DTypeBytes(t, b0), rb, nk, b1 - b0, rows, b1 - b0);
+    src = rows + (l0 - b0);
+    src_ld = b1 - b0;
+  }
+  for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
+    int64_t ldo = 0;
+    float* bs = PanelStrip(panel, nl_panel, nk, mpw, j0, &ldo) + row * ldo;
+    tk.pack_strip_t(bs, ldo, src + j0 * src_ld, src_ld, nl, (int)std::min<int64_t>(kGemmTileC, nk - j0));
+  }
+}
+
+// Inner chunks of an inner dimension L.
+int64_t InnerChunks(int64_t L) { return (L + InnerChunk(L) - 1) / InnerChunk(L); }
+
+}  // namespace
+
 void MatMulForwardMm(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
                      const float* x, int64_t M, const Tensor& w, bool accumulate) {
   LATHE_CHECK(w.ndim() == 2);
   const int64_t N = w.shape[0], K = w.shape[1];
-  const DType t = w.dtype;
-  LATHE_CHECK(!IsPackedQuant(t));
-  // Block types are dequantized from the whole blocks around each inner chunk (chunks need not start
-  // on a block: K = 2048 goes in 3 x 688).
-  const int64_t bs = GetDTypeInfo(t).block_size;
-  LATHE_CHECK(K % bs == 0);
-  const size_t rb = w.row_bytes();
-  const uint8_t* wd = (const uint8_t*)w.data;
-  // B(l, k) = W(k, l): W rows k0.. (converted to f32 first unless f32) written transposed straight
-  // into the panel's 16-column strips (each W row's run of nl floats becomes one strip column).
+  LATHE_CHECK(!IsPackedQuant(w.dtype));
+  LATHE_CHECK(K % GetDTypeInfo(w.dtype).block_size == 0);
   auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw) -> const float* {
-    static thread_local std::vector<float> rows_buf;
-    const float* src = (const float*)w.data + k0 * K + l0;
-    int64_t src_ld = K;
-    if (t != DType::kF32) {
-      const int64_t b0 = l0 / bs * bs, b1 = std::min(K, (l0 + nl + bs - 1) / bs * bs);
-      float* rows = Scratch(rows_buf, (size_t)(nk * (b1 - b0)));
-      mm.dequant_rows(t, wd + k0 * rb + DTypeBytes(t, b0), rb, nk, b1 - b0, rows, b1 - b0);
-      src = rows + (l0 - b0);
-      src_ld = b1 - b0;
-    }
-    for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
-      int64_t ldo = 0;
-      float* bs = PanelStrip(panel, nl, nk, mpw, j0, &ldo);
-      tk.pack_strip_t(bs, ldo, src + j0 * src_ld, src_ld, nl, (int)std::min<int64_t>(kGemmTileC, nk - j0));
-    }
+    PackForwardB(tk, mm, w, l0, nl, k0, nk, panel, nl, 0, mpw);
     return nullptr;
   };
   Gemm(tk, pool, y, N, M, N, K, x, K, 1, accumulate, fill);
+}
+
+bool PlusFusedWith(const TrainKernelTable& tk, int64_t Kd, int64_t L, int64_t L2) {
+  return tk.gemm_panel && Kd >= kPanelMinCols && L > 0 && L2 > 0 && InnerChunks(L + L2) == InnerChunks(L);
+}
+
+void MatMulForwardPlusWith(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, float* y,
+                           const float* x, int64_t M, const Tensor& w, const float* x2, const Tensor& w2,
+                           bool accumulate) {
+  LATHE_CHECK(w.ndim() == 2 && w2.ndim() == 2 && w2.dtype == DType::kF32 && w2.shape[0] == w.shape[0]);
+  LATHE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16);
+  const int64_t N = w.shape[0], K = w.shape[1], K2 = w2.shape[1];
+  LATHE_CHECK_MSG(PlusFusedWith(tk, N, K, K2), "MatMulForwardPlus: not one product here (N %lld, K %lld + %lld)",
+                  (long long)N, (long long)K, (long long)K2);
+  // B rows l < K: W^T; l >= K: W2^T.
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw) -> const float* {
+    const int64_t n1 = std::clamp<int64_t>(K - l0, 0, nl);
+    if (n1 > 0) PackForwardB(tk, mm, w, l0, n1, k0, nk, panel, nl, 0, mpw);
+    if (n1 < nl) PackForwardB(tk, mm, w2, l0 + n1 - K, nl - n1, k0, nk, panel, nl, n1, mpw);
+    return nullptr;
+  };
+  const ASecond a2{x2, K2, K};
+  Gemm(tk, pool, y, N, M, N, K + K2, x, K, 1, accumulate, fill, nullptr, 1, nullptr, &a2);
+}
+
+void MatMulBackwardInputPlusWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx,
+                                 const float* dy, int64_t M, const Tensor& w, const float* dy2, const Tensor& w2,
+                                 bool accumulate) {
+  LATHE_CHECK(w.ndim() == 2 && w2.ndim() == 2 && w2.dtype == DType::kF32 && w2.shape[1] == w.shape[1]);
+  const int64_t N = w.shape[0], K = w.shape[1], N2 = w2.shape[0];
+  LATHE_CHECK_MSG(PlusFusedWith(tk, K, N, N2), "MatMulBackwardInputPlus: not one product here (K %lld, N %lld + %lld)",
+                  (long long)K, (long long)N, (long long)N2);
+  const float* w2d = (const float*)w2.data;
+  WithBackwardInputFill(tk, kt, w, [&](const auto& fill_w, int64_t col_align) {
+    // B rows l < N: W's (as its own fill gives them); l >= N: W2's, f32 in place. Both into the panel's strips.
+    auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw) -> const float* {
+      const int64_t n1 = std::clamp<int64_t>(N - l0, 0, nl);
+      int64_t ld1 = 0;
+      const float* p1 = n1 > 0 ? fill_w(l0, n1, k0, nk, nullptr, &ld1, mpw) : nullptr;
+      for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
+        const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
+        int64_t ldo = 0;
+        float* bs = PanelStrip(panel, nl, nk, mpw, j0, &ldo);
+        for (int64_t l = 0; l < nl; ++l) {
+          const float* src = l < n1 ? p1 + l * ld1 + j0 : w2d + (l0 + l - N) * K + k0 + j0;
+          float* o = bs + l * ldo;
+          if (nj == kGemmTileC) {
+            std::memcpy(o, src, sizeof(float) * kGemmTileC);
+          } else {
+            for (int64_t j = 0; j < kGemmTileC; ++j) o[j] = j < nj ? src[j] : 0.0f;
+          }
+        }
+      }
+      return nullptr;
+    };
+    const ASecond a2{dy2, N2, N};
+    Gemm(tk, pool, dx, K, M, K, N + N2, dy, N, 1, accumulate, fill, nullptr, col_align, nullptr, &a2);
+  });
 }
 
 // P(n, k) = sum_m a[m * a_ld + n] * x[m * ldx + k] for n < N <= kFewRows (the LoRA rank), k < K, added

@@ -304,6 +304,18 @@ void MatMulBackwardWeight(ThreadPool& pool, float* dw_accum, const float* dy, co
   cpu::MatMulBackwardWeightWith(cpu::TrainBest(), pool, dw_accum, dy, x, M, N, K);
 }
 
+bool LinearPlusFused(int64_t Kd, int64_t L, int64_t L2) { return cpu::PlusFusedWith(cpu::TrainBest(), Kd, L, L2); }
+
+void LinearForwardPlus(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, const float* x2,
+                       const Tensor& w2, bool accumulate) {
+  cpu::MatMulForwardPlusWith(cpu::TrainBest(), cpu::Best().mm, pool, y, x, M, w, x2, w2, accumulate);
+}
+
+void MatMulBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, const float* dy2,
+                             const Tensor& w2, bool accumulate) {
+  cpu::MatMulBackwardInputPlusWith(cpu::TrainBest(), cpu::Best(), pool, dx, dy, M, w, dy2, w2, accumulate);
+}
+
 void LinearForwardBf16(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate) {
   LATHE_CHECK(UsesBf16Dot() && w.ndim() == 2);
   cpu::avx512bf16::TrainForward(pool, y, x, M, w, accumulate);
