@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/train_dispatch.h"
@@ -118,6 +119,54 @@ TEST_P(TrainOpsTier, SwiGluBitsMatchAvx2) {
       ASSERT_EQ(dg[i], want_dg[i]) << IsaTierName(GetParam()) << " n=" << n << " at " << i;
       ASSERT_EQ(du[i], want_du[i]) << IsaTierName(GetParam()) << " n=" << n << " at " << i;
     }
+  }
+}
+
+// The softmax helpers (the attention's row ones, the loss's logsumexp and column ones) on the AVX-512 tier are the
+// AVX2 ones on 16 lanes: the same bits for every length (16- and 8-lane blocks, libm tails), shifts that drive exp
+// into its clamps and subnormals, and -inf scores (masked keys), so a run's bits do not depend on the tier.
+TEST_P(TrainOpsTier, SoftmaxHelpersBitsMatchAvx2) {
+  LATHE_REQUIRE_TIER(GetParam());
+  LATHE_REQUIRE_TIER(IsaTier::kAvx2);
+  if (GetParam() == IsaTier::kScalar) GTEST_SKIP() << "the scalar reference uses std::exp";
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(GetParam());
+  const cpu::TrainKernelTable& t2 = cpu::TrainKernelsFor(IsaTier::kAvx2);
+  const float inf = std::numeric_limits<float>::infinity();
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (int64_t n = 1; n <= 300; n += n < 70 ? 1 : 37) {
+    std::vector<float> x = RandomVec(n, 40 + (uint32_t)n, 8.0f);
+    if (n > 20 && n % 3 == 0) x[2] = -inf, x[7] = 90.0f, x[17] = -100.0f;  // (one huge term hides the order of the rest)
+    const std::vector<float> p = RandomVec(n, 41), m = RandomVec(n, 42, 8.0f), s0 = RandomVec(n, 43);
+    SCOPED_TRACE(n);
+    EXPECT_EQ(tk.row_max(x.data(), n), t2.row_max(x.data(), n));
+    EXPECT_EQ(tk.logsumexp(x.data(), n), t2.logsumexp(x.data(), n));
+    for (float shift : {1.5f, 95.0f, -3.0f}) {
+      std::vector<float> a = x, b = x;
+      EXPECT_EQ(tk.exp_shift_sum(a.data(), n, shift), t2.exp_shift_sum(b.data(), n, shift)) << shift;
+      EXPECT_TRUE(same(a, b)) << "exp_shift_sum " << shift;
+      a = x, b = x;
+      tk.exp_shift_scale(a.data(), n, shift, 0.37f);
+      t2.exp_shift_scale(b.data(), n, shift, 0.37f);
+      EXPECT_TRUE(same(a, b)) << "exp_shift_scale " << shift;
+    }
+    std::vector<float> a = x, b = x;
+    tk.softmax_grad(a.data(), p.data(), n, 0.3f, 0.125f);
+    t2.softmax_grad(b.data(), p.data(), n, 0.3f, 0.125f);
+    EXPECT_TRUE(same(a, b)) << "softmax_grad";
+    a = m, b = m;
+    tk.col_max(a.data(), x.data(), n);
+    t2.col_max(b.data(), x.data(), n);
+    EXPECT_TRUE(same(a, b)) << "col_max";
+    a = s0, b = s0;
+    tk.col_exp_sum(a.data(), x.data(), m.data(), n);
+    t2.col_exp_sum(b.data(), x.data(), m.data(), n);
+    EXPECT_TRUE(same(a, b)) << "col_exp_sum";
+    a = x, b = x;
+    tk.col_exp_scale(a.data(), m.data(), 0.5f, n);
+    t2.col_exp_scale(b.data(), m.data(), 0.5f, n);
+    EXPECT_TRUE(same(a, b)) << "col_exp_scale";
   }
 }
 

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/avx512_util.h"
@@ -411,6 +412,119 @@ void FromBf16(float* out, const uint16_t* h, int64_t n) {
   if (i < n) avx2::TrainTable().from_bf16(out + i, h + i, n - i);
 }
 
+// The softmax row and column helpers of the AVX2 table on 16 lanes, the same bits: the same polynomial exp per
+// element (avx512::ExpPs equals avx2::ExpPs lane for lane), its 8-lane accumulators as the halves of one zmm (the
+// AVX2 helpers sum 16 elements at a time into two), a last whole 8 on ymm where AVX2 takes one, and the tails
+// (libm expf, added in order) exactly as the AVX2 helpers run them.
+float RowMax(const float* x, int64_t n) {  // the max of the elements: any order gives it
+  __m512 mv = _mm512_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+  float m = _mm512_reduce_max_ps(mv);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// lo + hi halves, then avx2::HsumPs's order.
+inline float SumHalves(__m512 s) {
+  const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_movehdup_ps(t));
+  return _mm_cvtss_f32(t);
+}
+
+float ExpShiftSum(float* x, int64_t n, float shift) {
+  const __m512 sh = _mm512_set1_ps(shift);
+  __m512 s = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = ExpPs(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh));
+    _mm512_storeu_ps(x + i, e);
+    s = _mm512_add_ps(s, e);
+  }
+  if (i + 8 <= n) {  // into the low half (AVX2's first accumulator)
+    const __m512 e = ExpPs(_mm512_sub_ps(_mm512_zextps256_ps512(_mm256_loadu_ps(x + i)), sh));
+    _mm256_storeu_ps(x + i, _mm512_castps512_ps256(e));
+    s = _mm512_mask_add_ps(s, 0x00ff, s, e);
+    i += 8;
+  }
+  float sum = SumHalves(s);
+  for (; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
+  return sum;
+}
+
+float LogSumExp(const float* x, int64_t n) {
+  const float m = RowMax(x, n);
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 s = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) s = _mm512_add_ps(s, ExpPs(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv)));
+  float sum = SumHalves(s);
+  for (; i < n; ++i) sum += std::exp(x[i] - m);
+  return m + std::log(sum);
+}
+
+// Elementwise: 16, then 8 (as AVX2), then libm's expf for the last n % 8.
+template <typename Op16, typename Tail>
+inline void Lanes(int64_t n, const Op16& op, const Tail& tail) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) op(i, (__mmask16)0xffff);
+  if (i + 8 <= n) op(i, (__mmask16)0x00ff), i += 8;
+  for (; i < n; ++i) tail(i);
+}
+
+void ExpShiftScale(float* x, int64_t n, float shift, float scale) {
+  const __m512 sh = _mm512_set1_ps(shift), sc = _mm512_set1_ps(scale);
+  Lanes(
+      n,
+      [&](int64_t i, __mmask16 k) {
+        _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(ExpPs(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), sh)), sc));
+      },
+      [&](int64_t i) { x[i] = std::exp(x[i] - shift) * scale; });
+}
+
+void SoftmaxGrad(float* ds, const float* p, int64_t n, float delta, float scale) {
+  const __m512 dl = _mm512_set1_ps(delta), sc = _mm512_set1_ps(scale);
+  Lanes(
+      n,
+      [&](int64_t i, __mmask16 k) {
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + i), _mm512_sub_ps(_mm512_maskz_loadu_ps(k, ds + i), dl));
+        _mm512_mask_storeu_ps(ds + i, k, _mm512_mul_ps(v, sc));
+      },
+      [&](int64_t i) { ds[i] = p[i] * (ds[i] - delta) * scale; });
+}
+
+void ColMax(float* m, const float* row, int64_t n) {
+  Lanes(
+      n,
+      [&](int64_t j, __mmask16 k) {
+        _mm512_mask_storeu_ps(m + j, k, _mm512_max_ps(_mm512_maskz_loadu_ps(k, m + j), _mm512_maskz_loadu_ps(k, row + j)));
+      },
+      [&](int64_t j) { m[j] = std::max(m[j], row[j]); });
+}
+
+void ColExpSum(float* s, const float* row, const float* m, int64_t n) {
+  Lanes(
+      n,
+      [&](int64_t j, __mmask16 k) {
+        const __m512 e = ExpPs(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), _mm512_maskz_loadu_ps(k, m + j)));
+        _mm512_mask_storeu_ps(s + j, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, s + j), e));
+      },
+      [&](int64_t j) { s[j] += std::exp(row[j] - m[j]); });
+}
+
+void ColExpScale(float* row, const float* shift, float scale, int64_t n) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  Lanes(
+      n,
+      [&](int64_t j, __mmask16 k) {
+        const __m512 e = ExpPs(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), _mm512_maskz_loadu_ps(k, shift + j)));
+        _mm512_mask_storeu_ps(row + j, k, _mm512_mul_ps(e, sc));
+      },
+      [&](int64_t j) { row[j] = std::exp(row[j] - shift[j]) * scale; });
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
@@ -424,6 +538,14 @@ const TrainKernelTable& TrainTable() {
     k.pack_panel_rows = avx2::PackPanelRows8;  // 256-bit transposes: nothing to gain from zmm
     k.swiglu_forward = SwiGluForward;
     k.swiglu_backward = SwiGluBackward;
+    k.logsumexp = LogSumExp;
+    k.exp_shift_scale = ExpShiftScale;
+    k.row_max = RowMax;
+    k.exp_shift_sum = ExpShiftSum;
+    k.softmax_grad = SoftmaxGrad;
+    k.col_max = ColMax;
+    k.col_exp_sum = ColExpSum;
+    k.col_exp_scale = ColExpScale;
     // to_bf16 stays the AVX2 one: on zmm (vpmovdw) it measured slower on Zen 5 (60 -> 71 ms a step).
     k.from_bf16 = FromBf16;
     k.panel_rows = kPanelR;
