@@ -476,8 +476,10 @@ void BM_TrainGemm(benchmark::State& state, int kind, Shape s, int64_t kTrainM, i
 // o, gate, up, down, each with its own f32 W, rank-16 A and B: W from DRAM as in training), as the trainer runs
 // them in f32 mode: kind 0 = the forward (mid = x A^T, then y = x W^T and y += (s mid) B^T), kind 1 = the input
 // gradient (dmid = dy B, then dx = dy W and dx += dmid A); plus = the update inside the base product where
-// kernels::LinearPlusFused holds (TrainModelOptions::lora_plus_products), else the separate products.
-// GFLOP/s of the base products only, so the rows compare as times.
+// kernels::LinearPlusFused holds (TrainModelOptions::lora_plus_products), else the separate products. kind 2 = the
+// LoRA gradients (dB = dy^T (s mid), dmid = dy B, dA = dmid^T x); plus = dB and dmid in one pass over dy
+// (kernels::LoraGradPair). GFLOP/s of the base products only (kind 2: of the three rank-r products), so the rows
+// compare as times.
 void BM_TrainLoraLinears(benchmark::State& state, int kind, bool plus, int threads) {
   ThreadPool pool(threads);
   constexpr int kLayers = 30;
@@ -503,13 +505,22 @@ void BM_TrainLoraLinears(benchmark::State& state, int kind, bool plus, int threa
       tw.push_back(tensor(ws.back(), s.N, s.K));
       ta.push_back(tensor(as.back(), r, s.K));
       tb.push_back(tensor(bs.back(), s.N, r));
-      flops += 2.0 * M * s.N * s.K;
+      flops += kind == 2 ? 2.0 * M * r * (2 * s.N + s.K) : 2.0 * M * s.N * s.K;
     }
   const std::vector<float> in = RandomFloats(M * 1536, 3);
-  std::vector<float> out(M * 1536), mid(M * r);
+  std::vector<float> out(M * 1536), mid(M * r), ga(r * 1536), gb(1536 * r);
+  const std::vector<float> smid = RandomFloats(M * r, 4);
   for (auto _ : state) {
     for (size_t i = 0; i < tw.size(); ++i) {
       const int64_t N = tw[i].shape[0], K = tw[i].shape[1];
+      if (kind == 2) {  // LoRA's gradients: dB, dmid (one pass over dy with plus, where it runs), dA
+        if (!plus || !kernels::LoraGradPair(pool, mid.data(), gb.data(), in.data(), smid.data(), tb[i], M)) {
+          kernels::MatMulBackwardWeight(pool, gb.data(), in.data(), smid.data(), M, N, r);
+          kernels::MatMulBackwardInput(pool, mid.data(), in.data(), M, tb[i]);
+        }
+        kernels::MatMulBackwardWeight(pool, ga.data(), mid.data(), in.data(), M, r, K);
+        continue;
+      }
       if (kind == 0) {
         kernels::LinearForward(pool, mid.data(), in.data(), M, ta[i]);
         if (plus && kernels::LinearPlusFused(N, K, r)) {
@@ -674,10 +685,11 @@ void RegisterAll() {
                                      BM_TrainGemm, kind, s, (int64_t)512, threads)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
-  for (int kind : {0, 1})
+  for (int kind : {0, 1, 2})
     for (int threads : {1, 2})
       for (bool plus : {false, true})
-        benchmark::RegisterBenchmark((std::string("train_lora_f32/") + (kind == 0 ? "forward" : "input_grad") +
+        benchmark::RegisterBenchmark((std::string("train_lora_f32/") +
+                                      (kind == 0 ? "forward" : kind == 1 ? "input_grad" : "lora_grads") +
                                      (plus ? "/plus" : "/separate") + "/threads:" + std::to_string(threads))
                                         .c_str(),
                                     BM_TrainLoraLinears, kind, plus, threads)

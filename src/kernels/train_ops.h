@@ -164,6 +164,14 @@ void LinearForwardPlus(ThreadPool& pool, float* y, const float* x, int64_t M, co
 void MatMulBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64_t M, const Tensor& w, const float* dy2,
                              const Tensor& w2, bool accumulate = false);
 
+// LoRA's backward over dy (M, out) in f32: dmid (M, r) = dy . B and dB (out, r) += dy^T . smid in one pass over dy,
+// bit for bit MatMulBackwardInput(dmid, dy, B) and MatMulBackwardWeight(dB, dy, smid). Runs where the CPU's kernels
+// have it (AVX-512), 1 <= r <= 16 and the pool has one thread (a row-group worker's); returns false (nothing
+// written) elsewhere, and the caller runs the two products. LoraGradPairFloats: its scratch per thread (floats).
+bool LoraGradPair(ThreadPool& pool, float* dmid, float* dB, const float* dy, const float* smid, const Tensor& b,
+                  int64_t M);
+int64_t LoraGradPairFloats(int64_t out);
+
 // A weight W (N, K) that does not change between calls (a frozen output head), packed once as the
 // B operand of dX = dY . W: MatMulBackwardInput / CrossEntropyBackward given it skip re-packing W on
 // every call and return bit-identical results. f32 whatever W's dtype: ~4 * N * K bytes.

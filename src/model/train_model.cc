@@ -767,8 +767,12 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const LoraParam& p = L.lora;
   // out = scale * mid B^T, mid = drop(x) A^T: gB += dy^T (scale mid), dmid = scale (dy B); the scale
   // goes on the rank-r side (N x r floats) instead of a pass over dy (N x out).
-  WeightGrad(GradB(L, layer, mod), dyr, ScaledMid(p, mid), p.b_eff);
+  const float* smid = ScaledMid(p, mid);
   dmid_.resize(N * p.r);
+  // f32 products (not the bf16 fused dx): dB and dmid in one pass over dy where the kernels have it, the same bits.
+  const bool pair = !fused_dx && !bf16dot && kernels::LoraGradPair(*pool_, dmid_.data(), GradB(L, layer, mod), dyr,
+                                                                   smid, p.b_eff, N);
+  if (!pair) WeightGrad(GradB(L, layer, mod), dyr, smid, p.b_eff);
   const auto scale_dmid = [&](float* dm) {
     Par(N, 64, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b * p.r; i < e * p.r; ++i) dm[i] *= p.scale;
@@ -777,6 +781,8 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   };
   if (fused_dx) {  // dmid = dy B on the same pairs of dy as the fused product
     kernels::LoraBackwardInputBf16(*pool_, dx, dmid_.data(), dyr, N, L.eff, p.b_eff, p.a_eff, scale_dmid, accumulate);
+  } else if (pair) {
+    scale_dmid(dmid_.data());
   } else {
     InputGrad(dmid_.data(), dyr, p.b_eff, false);  // (N, r)
     scale_dmid(dmid_.data());

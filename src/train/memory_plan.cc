@@ -528,6 +528,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const double per_thread =
       4.0 * ((double)kernels::TrainGemmThreadFloats(max_inner, converts_w, BaseColAlign(s)) + 3 * 96 * 128 + widened +
              packers + amx_tiles +
+             // LoRA's dB / dmid pass over dy in f32 (kernels::LoraGradPair): 16 floats per output of the widest linear
+             (lora && !bf16_dot ? (double)kernels::LoraGradPairFloats(std::max({dim, qd, ffn})) : 0.0) +
              (dequant_rows ? std::max(16.0 * std::max({dim, qd, ffn}), 64.0 * dim) + 32.0 * dim : 0.0));
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
   // (kernels::AttentionBackwardRuns), and its dK / dV key tiles (+ per-head parts where the heads are not

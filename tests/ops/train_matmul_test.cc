@@ -399,6 +399,37 @@ TEST(TrainGemmPlus, EqualsTheProductOverConcatenatedOperands) {
   }
 }
 
+// LoRA's dmid = dy . B and dB += dy^T . smid in one pass over dy (the AVX-512 table's lora_grad_pair) give the bits of
+// the two separate products, across token tiles (tails of 1-7 tokens), two chunks of dy's columns (1536, 1700) and
+// of tokens (900), ranks 1-16; and it declines ranks over 16, outputs of few rows and pools of two threads.
+TEST(TrainGemmLoraPair, EqualsTheSeparateProducts) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(IsaTier::kAvx512);
+  const cpu::KernelTable& kt = cpu::KernelsFor(IsaTier::kAvx512);
+  ThreadPool pool(1), pool2(2);
+  float f = 0;
+  EXPECT_FALSE(cpu::LoraGradPairWith(tk, pool, &f, &f, &f, &f, &f, 8, 192, 17));
+  EXPECT_FALSE(cpu::LoraGradPairWith(tk, pool, &f, &f, &f, &f, &f, 8, 18, 8));
+  EXPECT_FALSE(cpu::LoraGradPairWith(tk, pool2, &f, &f, &f, &f, &f, 8, 192, 8));
+  EXPECT_FALSE(cpu::LoraGradPairWith(cpu::TrainKernelsFor(IsaTier::kAvx2), pool, &f, &f, &f, &f, &f, 8, 192, 8));
+  struct Case {
+    int64_t M, out, r;
+  };
+  const Case cases[] = {{1, 192, 16}, {7, 19, 1}, {13, 576, 8}, {512, 1536, 16}, {900, 1700, 4}, {45, 200, 5}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.M) + "x" + std::to_string(c.out) + " r" + std::to_string(c.r));
+    const testing::TestWeight b = MakeWeight(DType::kF32, c.out, c.r, 60);
+    const std::vector<float> dy = RandomVec(c.M * c.out, 61), smid = RandomVec(c.M * c.r, 62);
+    std::vector<float> dmid(c.M * c.r, 7.0f), dmid_want(c.M * c.r), db = RandomVec(c.out * c.r, 63), db_want = db;
+    ASSERT_TRUE(cpu::LoraGradPairWith(tk, pool, dmid.data(), db.data(), dy.data(), smid.data(),
+                                      (const float*)b.t.data, c.M, c.out, c.r));
+    cpu::MatMulBackwardInputWith(tk, kt, pool, dmid_want.data(), dy.data(), c.M, b.t, false);
+    cpu::MatMulBackwardWeightWith(tk, pool, db_want.data(), dy.data(), smid.data(), c.M, c.out, c.r);
+    EXPECT_EQ(dmid, dmid_want);
+    EXPECT_EQ(db, db_want);
+  }
+}
+
 TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
   const auto [tier, threads] = GetParam();
   LATHE_REQUIRE_TIER(tier);

@@ -114,6 +114,12 @@ struct TrainKernelTable {
   // s < n_strips, i < m (1 <= m <= 4); the GEMM's arithmetic per element, as chain_gemv.
   void (*strip_gemv)(DType t, const uint8_t* strips, int64_t n_strips, int64_t K, int64_t inner, const float* x,
                      int64_t ldx, int m, float* y, int64_t ldy, int64_t n_cols) = nullptr;
+  // LoRA's two rank-r products over dy in one pass (1 <= r <= 16; null on tiers without it): dmid (M, r) = dy . B,
+  // one chain per chunk of out_chunk columns of dy, the chunks' sums added in order (MatMulBackwardInput's bits with
+  // B (out, r) as its W), and dB (out, r) += dy^T . smid, one chain per chunk of tok_chunk tokens, each added to dB
+  // as 0 + chain (MatMulBackwardWeight's few-rows bits). acc: out x 16 floats of scratch.
+  void (*lora_grad_pair)(float* dmid, float* dB, const float* dy, const float* smid, const float* B, int64_t M,
+                         int64_t out, int r, int64_t out_chunk, int64_t tok_chunk, float* acc) = nullptr;
   // out[i] = F32ToBF16(x[i]) / out[i] = BF16ToF32(h[i]) bit for bit (kernels::ToBf16 / FromBf16).
   void (*to_bf16)(uint16_t* out, const float* x, int64_t n) = nullptr;
   void (*from_bf16)(float* out, const uint16_t* h, int64_t n) = nullptr;
@@ -205,6 +211,11 @@ struct StripsProduct {
 };
 void MatMulForwardStripsShared(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool& pool, const float* x,
                                int64_t M, int64_t K, std::span<const StripsProduct> ws);
+// LoRA's dmid = dy . B and dB += dy^T . smid (B, dB: (out, r) f32) through tk.lora_grad_pair where it runs (the tier
+// has it, 1 <= r <= 16, out above the few-rows bound, a 1-thread pool: a worker's), bit for bit the separate
+// MatMulBackwardInputWith / MatMulBackwardWeightWith; false (nothing written) where it does not.
+bool LoraGradPairWith(const TrainKernelTable& tk, ThreadPool& pool, float* dmid, float* dB, const float* dy,
+                      const float* smid, const float* B, int64_t M, int64_t out, int64_t r);
 // The length of the inner chunks the GEMM driver sums an inner dimension L in (each chunk one FMA chain
 // per C element, the chunks added in order): L itself up to 768, longer ones in equal chunks.
 int64_t GemmInnerChunk(int64_t L);

@@ -703,6 +703,15 @@ void MatMulBackwardInputPlusWith(const TrainKernelTable& tk, const KernelTable& 
   });
 }
 
+bool LoraGradPairWith(const TrainKernelTable& tk, ThreadPool& pool, float* dmid, float* dB, const float* dy,
+                      const float* smid, const float* B, int64_t M, int64_t out, int64_t r) {
+  if (!tk.lora_grad_pair || r < 1 || r > 16 || out <= kFewRows || M <= 0 || pool.size() != 1) return false;
+  static thread_local std::vector<float> acc;
+  tk.lora_grad_pair(dmid, dB, dy, smid, B, M, out, (int)r, InnerChunk(out), InnerChunk(M),
+                    Scratch(acc, (size_t)(out * 16)));
+  return true;
+}
+
 // P(n, k) = sum_m a[m * a_ld + n] * x[m * ldx + k] for n < N <= kFewRows (the LoRA rank), k < K, added
 // to c[n * ldc + k], or with transposed to c[k * ldc + n] (then each inner chunk's sums go through a
 // per-thread buffer first). B = x is packed per (kColBlock, InnerChunk(M)) block into a per-thread

@@ -316,6 +316,15 @@ void MatMulBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64
   cpu::MatMulBackwardInputPlusWith(cpu::TrainBest(), cpu::Best(), pool, dx, dy, M, w, dy2, w2, accumulate);
 }
 
+bool LoraGradPair(ThreadPool& pool, float* dmid, float* dB, const float* dy, const float* smid, const Tensor& b,
+                  int64_t M) {
+  if (b.ndim() != 2 || b.dtype != DType::kF32) return false;
+  return cpu::LoraGradPairWith(cpu::TrainBest(), pool, dmid, dB, dy, smid, (const float*)b.data, M, b.shape[0],
+                               b.shape[1]);
+}
+
+int64_t LoraGradPairFloats(int64_t out) { return cpu::TrainBest().lora_grad_pair ? 16 * out : 0; }
+
 void LinearForwardBf16(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate) {
   LATHE_CHECK(UsesBf16Dot() && w.ndim() == 2);
   cpu::avx512bf16::TrainForward(pool, y, x, M, w, accumulate);

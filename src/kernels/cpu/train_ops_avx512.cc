@@ -525,6 +525,89 @@ void ColExpScale(float* row, const float* shift, float scale, int64_t n) {
       [&](int64_t j) { row[j] = std::exp(row[j] - shift[j]) * scale; });
 }
 
+// lora_grad_pair for NT (1..8) tokens from n0: their smid rows in registers, dy's columns in groups of four (four
+// independent dB chains beside the tokens' eight dmid chains), dB's chains in acc (row o at acc + 16 o).
+template <int NT>
+void LoraPairTile(float* dmid, const float* dy, const float* smid, const float* B, int64_t n0, int64_t out, int r,
+                  int64_t out_chunk, float* acc_buf) {
+  const __mmask16 mr = Mask16(r);
+  __m512 S[NT];
+  const float* dyr[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    S[t] = _mm512_maskz_loadu_ps(mr, smid + (n0 + t) * r);
+    dyr[t] = dy + (n0 + t) * out;
+  }
+  for (int64_t oc0 = 0; oc0 < out; oc0 += out_chunk) {
+    const int64_t oc1 = std::min(out, oc0 + out_chunk);
+    __m512 acc[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    int64_t o = oc0;
+    for (; o + 4 <= oc1; o += 4) {
+      __m512 bo[4], d[4];
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+        bo[u] = _mm512_maskz_loadu_ps(mr, B + (o + u) * r);
+        d[u] = _mm512_loadu_ps(acc_buf + (o + u) * 16);
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          const __m512 b = _mm512_set1_ps(dyr[t][o + u]);
+          acc[t] = _mm512_fmadd_ps(b, bo[u], acc[t]);
+          d[u] = _mm512_fmadd_ps(b, S[t], d[u]);
+        }
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc_buf + (o + u) * 16, d[u]);
+    }
+    for (; o < oc1; ++o) {
+      const __m512 bo = _mm512_maskz_loadu_ps(mr, B + o * r);
+      __m512 d = _mm512_loadu_ps(acc_buf + o * 16);
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        const __m512 b = _mm512_set1_ps(dyr[t][o]);
+        acc[t] = _mm512_fmadd_ps(b, bo, acc[t]);
+        d = _mm512_fmadd_ps(b, S[t], d);
+      }
+      _mm512_storeu_ps(acc_buf + o * 16, d);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      float* dm = dmid + (n0 + t) * r;
+      _mm512_mask_storeu_ps(dm, mr, oc0 == 0 ? acc[t] : _mm512_add_ps(_mm512_maskz_loadu_ps(mr, dm), acc[t]));
+    }
+  }
+}
+
+void LoraGradPair(float* dmid, float* dB, const float* dy, const float* smid, const float* B, int64_t M, int64_t out,
+                  int r, int64_t out_chunk, int64_t tok_chunk, float* acc_buf) {
+  const __mmask16 mr = Mask16(r);
+  for (int64_t c0 = 0; c0 < M; c0 += tok_chunk) {
+    const int64_t c1 = std::min(M, c0 + tok_chunk);
+    std::fill(acc_buf, acc_buf + out * 16, 0.0f);
+    for (int64_t n0 = c0; n0 < c1; n0 += 8) {
+      switch (std::min<int64_t>(8, c1 - n0)) {
+        case 8: LoraPairTile<8>(dmid, dy, smid, B, n0, out, r, out_chunk, acc_buf); break;
+        case 7: LoraPairTile<7>(dmid, dy, smid, B, n0, out, r, out_chunk, acc_buf); break;
+        case 6: LoraPairTile<6>(dmid, dy, smid, B, n0, out, r, out_chunk, acc_buf); break;
+        case 5: LoraPairTile<5>(dmid, dy, smid, B, n0, out, r, out_chunk, acc_buf); break;
+        case 4: LoraPairTile<4>(dmid, dy, smid, B, n0, out, r, out_chunk, acc_buf); break;
+        case 3: LoraPairTile<3>(dmid, dy, smid, B, n0, out, r, out_chunk, acc_buf); break;
+        case 2: LoraPairTile<2>(dmid, dy, smid, B, n0, out, r, out_chunk, acc_buf); break;
+        default: LoraPairTile<1>(dmid, dy, smid, B, n0, out, r, out_chunk, acc_buf); break;
+      }
+    }
+    // dB += 0 + chain (the few-rows product's sums go through a zeroed buffer first: -0 chains add as +0).
+    for (int64_t o = 0; o < out; ++o) {
+      float* db = dB + o * r;
+      const __m512 ch = _mm512_add_ps(_mm512_setzero_ps(), _mm512_loadu_ps(acc_buf + o * 16));
+      _mm512_mask_storeu_ps(db, mr, _mm512_add_ps(_mm512_maskz_loadu_ps(mr, db), ch));
+    }
+  }
+}
+
 }  // namespace
 
 const TrainKernelTable& TrainTable() {
@@ -553,6 +636,7 @@ const TrainKernelTable& TrainTable() {
     k.pack_strip_t = PackStripT;
     k.chain_gemv = ChainGemv;
     k.strip_gemv = StripGemv;
+    k.lora_grad_pair = LoraGradPair;
     return k;
   }();
   return t;
