@@ -1,4 +1,4 @@
-// A model of random f32 weights (N(0, 0.02) linears and embedding, unit norms, tied head) for a config, for tests
+// Small Llama-style configs, and a model of random f32 weights (N(0, 0.02) linears and embedding, unit norms, tied head) for a config, for tests
 // that need shapes no fixture has.
 #pragma once
 
@@ -8,6 +8,23 @@
 #include "model/weights.h"
 
 namespace lathe::testing {
+
+// A Llama-style config with a tied head, RoPE over the whole head and room for 64 positions.
+inline model::ModelConfig SmallLlamaConfig(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
+                                           int64_t head_dim, int64_t ffn_dim, int64_t vocab_size = 300) {
+  model::ModelConfig c;
+  c.n_layers = n_layers;
+  c.dim = dim;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
+  c.head_dim = head_dim;
+  c.rope_dim = head_dim;
+  c.ffn_dim = ffn_dim;
+  c.vocab_size = vocab_size;
+  c.max_seq_len = 64;
+  c.tied_embeddings = true;
+  return c;
+}
 
 inline model::ModelWeights RandomModelWeights(const model::ModelConfig& c, uint32_t seed = 7) {
   model::ModelWeights w;

@@ -357,17 +357,7 @@ TEST(TrainModelRowGroups, FullWorkersOnUntiedAndBiasModelsGiveOneWorkersBits) {
 // columns, separate forward, fused input gradient), ffn 256, rank 8.
 TEST(TrainModelLoraPlus, FusedProductsEqualTheSeparateOnes) {
   if (!kernels::LinearPlusFused(192, 192, 8)) GTEST_SKIP() << "no fused products on this CPU's kernels";
-  ModelConfig c;
-  c.n_layers = 2;
-  c.dim = 192;
-  c.n_heads = 3;
-  c.n_kv_heads = 1;
-  c.head_dim = 64;
-  c.rope_dim = 64;
-  c.ffn_dim = 256;
-  c.vocab_size = 300;
-  c.max_seq_len = 64;
-  c.tied_embeddings = true;
+  const ModelConfig c = testing::SmallLlamaConfig(2, 192, 3, 1, 64, 256);
   const ModelWeights w = testing::RandomModelWeights(c, 11);
   Batch b;
   b.B = 2;

@@ -145,20 +145,7 @@ struct Setting {
 };
 
 // A 2-layer GQA model with a tied head, small enough to train in a unit test.
-model::ModelConfig TinyConfig(int64_t ffn_dim) {
-  model::ModelConfig c;
-  c.n_layers = 2;
-  c.dim = 64;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.rope_dim = 16;
-  c.ffn_dim = ffn_dim;
-  c.vocab_size = 300;
-  c.max_seq_len = 64;
-  c.tied_embeddings = true;
-  return c;
-}
+model::ModelConfig TinyConfig(int64_t ffn_dim) { return testing::SmallLlamaConfig(2, 64, 4, 2, 16, ffn_dim); }
 
 // LoRA keeps an f32 copy of the frozen head for the loss's dx (PackedHeadBytes), but not over a
 // quantized base: a QLoRA / 8-bit run is saving memory (the plan agrees: PackedBaseWeightsUseLathesLayouts).
