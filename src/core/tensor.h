@@ -28,6 +28,9 @@ struct Tensor {
   template <typename T>
   const T* as() const { return static_cast<const T*>(data); }
   std::string ShapeString() const;
+  // True when data is aligned to the element size (safe to read as T* on any platform; block types: their f16
+  // fields' 2 bytes). A file may place a tensor anywhere (safetensors' header length, GGUF's general.alignment).
+  bool aligned() const;
 };
 
 }  // namespace lathe

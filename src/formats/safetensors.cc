@@ -95,12 +95,6 @@ const char* SafetensorsDTypeName(DType t) {
   return r < 0 ? nullptr : kStDTypes[r].name;
 }
 
-bool IsAligned(const Tensor& t) {
-  size_t a = (size_t)GetDTypeInfo(t.dtype).block_bytes;
-  if (IsQuantized(t.dtype)) a = 2;  // block structs hold f16 fields
-  return a <= 1 || ((uintptr_t)t.data % a) == 0;
-}
-
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   LATHE_ASSIGN_OR_RETURN(auto mf, MappedFile::Open(path));
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());

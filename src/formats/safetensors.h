@@ -44,7 +44,7 @@ class SafetensorsFile {
   const SafetensorsTensorInfo* FindTensor(const std::string& name) const;
   // A view of the tensor's bytes in the mapping (PyTorch shape). The data pointer is only as
   // aligned as the file makes it: files from the Python library align every tensor to its
-  // element size, hand-made files might not (see IsAligned).
+  // element size, hand-made files might not (see Tensor::aligned).
   Result<Tensor> GetTensor(const std::string& name) const;
   uint64_t data_offset() const { return data_offset_; }  // 8 + header length
   const uint8_t* base() const { return data_; }
@@ -63,9 +63,6 @@ class SafetensorsFile {
   std::vector<SafetensorsTensorInfo> tensors_;
   std::map<std::string, size_t> index_;
 };
-
-// True when t.data is aligned to its element size (safe to read as T* on any platform).
-bool IsAligned(const Tensor& t);
 
 // One or several safetensors files seen as one set of tensors: a single file, or a HF sharded
 // checkpoint described by model.safetensors.index.json ({"weight_map": {tensor: shard file}}).

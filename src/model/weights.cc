@@ -3,7 +3,6 @@
 
 #include <cstring>
 
-#include "formats/safetensors.h"
 
 namespace lathe::model {
 
@@ -29,7 +28,7 @@ Tensor ModelWeights::OwnF32(std::vector<float> data, std::vector<int64_t> shape)
 }
 
 Tensor ModelWeights::Aligned(Tensor t) {
-  if (formats::IsAligned(t)) return t;
+  if (t.aligned()) return t;
   auto copy = std::make_shared<std::vector<uint64_t>>((t.nbytes() + 7) / 8);
   std::memcpy(copy->data(), t.data, t.nbytes());
   t.data = copy->data();

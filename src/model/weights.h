@@ -35,7 +35,7 @@ struct ModelWeights {
   std::vector<std::shared_ptr<void>> owners;
   // Makes a float buffer owned by these weights and returns a Tensor over it.
   Tensor OwnF32(std::vector<float> data, std::vector<int64_t> shape);
-  // t itself where its data is aligned for its type (formats::IsAligned), else an owned copy: a file may place a
+  // t itself where its data is aligned for its type (Tensor::aligned), else an owned copy: a file may place a
   // tensor anywhere (safetensors' header length, a GGUF's general.alignment of 1 or 2), the kernels read it as T*.
   Tensor Aligned(Tensor t);
   // Bytes of every tensor as stored (a tied head once).

@@ -86,7 +86,7 @@ TEST(Safetensors, ReadsPythonWrittenFile) {
   for (const auto& ti : (*f)->tensors()) {
     auto t = (*f)->GetTensor(ti.name);
     ASSERT_TRUE(t.ok());
-    EXPECT_TRUE(IsAligned(*t)) << ti.name;
+    EXPECT_TRUE(t->aligned()) << ti.name;
   }
   auto missing = (*f)->GetTensor("nope");
   ASSERT_FALSE(missing.ok());
@@ -206,7 +206,7 @@ TEST(Safetensors, CorruptHeadersAreErrors) {
   EXPECT_FALSE((*f)->GetTensor("f8").ok());
 }
 
-// A header whose length is not a multiple of 8 leaves f32 data misaligned; IsAligned says so
+// A header whose length is not a multiple of 8 leaves f32 data misaligned; Tensor::aligned says so
 // (the HF loader copies such tensors instead of handing out misaligned float pointers).
 TEST(Safetensors, MisalignedDataIsReported) {
   std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
@@ -218,7 +218,7 @@ TEST(Safetensors, MisalignedDataIsReported) {
   ASSERT_TRUE(f.ok()) << f.status().message();
   auto t = (*f)->GetTensor("w");
   ASSERT_TRUE(t.ok());
-  EXPECT_FALSE(IsAligned(*t));
+  EXPECT_FALSE(t->aligned());
 }
 
 TEST(Safetensors, EveryTruncationIsAnError) {
