@@ -50,9 +50,15 @@ GradBuffer::GradBuffer(int64_t n) : bytes_((size_t)n * sizeof(float)) {
 
 GradBuffer::~GradBuffer() { munmap(p_, bytes_); }
 
-void GradBuffer::Zero(bool hand_back_pages) {
+void GradBuffer::Zero(bool hand_back_pages, ThreadPool* pool) {
   if (hand_back_pages) {
     LATHE_CHECK(madvise(p_, bytes_, MADV_DONTNEED) == 0);
+  } else if (pool) {  // 1 MiB pieces (a full fine-tune's 538 MB took 57 ms on one thread)
+    constexpr int64_t kPiece = (int64_t)1 << 18;
+    const int64_t n = (int64_t)(bytes_ / sizeof(float));
+    pool->ParallelFor((n + kPiece - 1) / kPiece, 1, [&](int64_t b, int64_t e, int) {
+      std::memset(p_ + b * kPiece, 0, sizeof(float) * (size_t)(std::min(n, e * kPiece) - b * kPiece));
+    });
   } else {
     std::memset(p_, 0, bytes_);
   }
@@ -471,7 +477,7 @@ void RowGroupWorker::AddGradsTo(ThreadPool& pool) {
 }
 
 void TrainModelImpl::ZeroGrad(bool hand_back_pages) {
-  for (GradBuffer& g : grads_) g.Zero(hand_back_pages);
+  for (GradBuffer& g : grads_) g.Zero(hand_back_pages, &pool_);
 }
 
 Status TrainModelImpl::CheckBatch(const TrainBatch& b) const {

@@ -66,7 +66,7 @@ struct Acts {
 // Gradient storage: anonymous mmapped pages. Zero(true) hands them back to the OS (they read as zero
 // until written again), so between steps and during the forward no full/freeze gradient is
 // resident; the backward brings each tensor's pages in as it writes them (as PyTorch's
-// zero_grad(set_to_none=True) frees its .grad tensors). Zero(false) writes zeros in place.
+// zero_grad(set_to_none=True) frees its .grad tensors). Zero(false) writes zeros in place (split over pool's threads).
 class GradBuffer {
  public:
   explicit GradBuffer(int64_t n);
@@ -74,7 +74,7 @@ class GradBuffer {
   GradBuffer(const GradBuffer&) = delete;
   GradBuffer& operator=(const GradBuffer&) = delete;
   float* data() const { return p_; }
-  void Zero(bool hand_back_pages);
+  void Zero(bool hand_back_pages, ThreadPool* pool = nullptr);
   // Makes the whole pages resident for writing (MADV_POPULATE_WRITE) once after each Zero that handed them
   // back: the advice walks every page even when all are resident (4.5 ms for SmolLM2's 113 MB head gradient),
   // and a full fine-tune asks before each row group's addition.
