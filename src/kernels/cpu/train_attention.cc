@@ -43,14 +43,19 @@ struct BOperand {
   const float* At(int64_t l, int64_t strip) const { return p + strip * stride + l * ldb; }
 };
 
-// c(R, N) (+)= A . B with A's rows read in place (row i at a + i * lda). With cols: row tile rt
-// writes only the column strips that cover [cols->clo[rt], cols->chi[rt]). With inner: row tile rt
-// sums only over [inner->clo[rt], inner->chi[rt]) of L (the rest of A's row is zero there).
+// The query rows of one register tile: the tier's panel tile (8 x 48, A's rows read in place) where it has one,
+// else the 6 x 16 / 6 x 32 tiles. Either gives every element the same FMA chain.
+int64_t AttentionRowTile(const TrainKernelTable& tk) { return tk.gemm_panel_rows ? tk.panel_rows : kGemmTileR; }
+
+// c(R, N) (+)= A . B with A's rows read in place (row i at a + i * lda), row tiles of AttentionRowTile(tk) rows.
+// With cols: row tile rt writes only the column strips that cover [cols->clo[rt], cols->chi[rt]). With inner: row
+// tile rt sums only over [inner->clo[rt], inner->chi[rt]) of L (the rest of A's row is zero there).
 void RowsTimesStrips(const TrainKernelTable& tk, float* c, int64_t ldc, int64_t R, int64_t N, int64_t L,
                      const float* a, int64_t lda, const BOperand& b, const TileRanges* cols,
                      const TileRanges* inner, bool overwrite) {
-  for (int64_t r0 = 0, rt = 0; r0 < R; r0 += kGemmTileR, ++rt) {
-    const int mr = (int)std::min<int64_t>(kGemmTileR, R - r0);
+  const int64_t row_tile = AttentionRowTile(tk);
+  for (int64_t r0 = 0, rt = 0; r0 < R; r0 += row_tile, ++rt) {
+    const int mr = (int)std::min<int64_t>(row_tile, R - r0);
     int64_t j_lo = 0, j_hi = N, l_lo = 0, l_hi = L;
     if (cols) j_lo = cols->clo[rt], j_hi = cols->chi[rt];
     if (inner) l_lo = inner->clo[rt], l_hi = inner->chi[rt];
@@ -58,28 +63,42 @@ void RowsTimesStrips(const TrainKernelTable& tk, float* c, int64_t ldc, int64_t 
     if (j_hi <= j_lo) continue;
     // Whole strips from j_lo (a multiple of 16) on, as far as N.
     const int64_t nc = std::min(N - j_lo, (j_hi - j_lo + kGemmTileC - 1) / kGemmTileC * kGemmTileC);
+    if (row_tile != kGemmTileR) {
+      for (int64_t j = 0; j < nc; j += tk.panel_cols)
+        tk.gemm_panel_rows(a + r0 * lda + l_lo, lda, b.At(l_lo, (j_lo + j) / kGemmTileC), b.stride, b.ldb, l_hi - l_lo,
+                           c + r0 * ldc + j_lo + j, ldc, mr, (int)std::min<int64_t>(tk.panel_cols, nc - j), overwrite,
+                           nullptr, nullptr);
+      continue;
+    }
     GemmStripsRows(tk, a + r0 * lda + l_lo, lda, b.At(l_lo, j_lo / kGemmTileC), b.stride, b.ldb, l_hi - l_lo,
                    c + r0 * ldc + j_lo, ldc, mr, nc, overwrite);
   }
 }
 
 // c(nk, N) += A^T . B for the key-major products dV += P^T dO and dK += dS^T Q: A (nq x nk, row
-// stride ld) read transposed, packed here per 6-key row tile over the query rows that see those
-// keys only (r.rlo / r.rhi), 6-float runs of each source row.
+// stride ld) read transposed, packed here per key row tile (AttentionRowTile keys: the panel tile's 8 or the
+// 6 x 16 tiles' 6) over the query rows that see those keys only (r.rlo / r.rhi), runs of that many floats of each
+// source row.
 void KeyRowsProduct(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64_t ldc, int64_t nk, int64_t N,
                     int64_t nq, const float* at, int64_t ld, const BOperand& b, const TileRanges& r) {
-  float* ap = Scratch(gs.a, (size_t)(nq * kGemmTileR));
-  for (int64_t rt = 0; rt < RowTiles(nk, kGemmTileR); ++rt) {
+  const int64_t kt = AttentionRowTile(tk);
+  float* ap = Scratch(gs.a, (size_t)(nq * kt));
+  for (int64_t rt = 0; rt < RowTiles(nk, kt); ++rt) {
     const int64_t l0 = r.rlo[rt], l1 = r.rhi[rt];
     if (l1 <= l0) continue;
-    const int64_t r0 = rt * kGemmTileR;
-    const int mr = (int)std::min<int64_t>(kGemmTileR, nk - r0);
-    if (mr == kGemmTileR) {
-      for (int64_t l = l0; l < l1; ++l)
-        std::memcpy(ap + (l - l0) * kGemmTileR, at + l * ld + r0, sizeof(float) * kGemmTileR);
+    const int64_t r0 = rt * kt;
+    const int mr = (int)std::min<int64_t>(kt, nk - r0);
+    if (mr == kt) {
+      for (int64_t l = l0; l < l1; ++l) std::memcpy(ap + (l - l0) * kt, at + l * ld + r0, sizeof(float) * kt);
     } else {
       for (int64_t l = l0; l < l1; ++l)
-        for (int i = 0; i < kGemmTileR; ++i) ap[(l - l0) * kGemmTileR + i] = i < mr ? at[l * ld + r0 + i] : 0.0f;
+        for (int i = 0; i < kt; ++i) ap[(l - l0) * kt + i] = i < mr ? at[l * ld + r0 + i] : 0.0f;
+    }
+    if (kt != kGemmTileR) {
+      for (int64_t j = 0; j < N; j += tk.panel_cols)
+        tk.gemm_panel(ap, b.At(l0, j / kGemmTileC), b.stride, b.ldb, l1 - l0, c + r0 * ldc + j, ldc, mr,
+                      (int)std::min<int64_t>(tk.panel_cols, N - j), /*overwrite=*/false, nullptr, nullptr);
+      continue;
     }
     GemmStrips(tk, ap, b.At(l0, 0), b.stride, b.ldb, l1 - l0, c + r0 * ldc, ldc, mr, N);
   }
@@ -138,8 +157,6 @@ SeqStrips Strips(ThreadPool& pool, std::vector<float>& buf, const SeqPack& sp, c
 // The f32 products: operands packed once per call for the whole sequence (SeqPack), every tile product
 // on the tier's 6 x 16 (or two-strip) GEMM tiles, scale folded into K's pack.
 struct F32Attention {
-  static constexpr int64_t kRowTile = kGemmTileR;
-  static constexpr int64_t kKeyTile = kGemmTileR;
   static constexpr bool kPacksSoftmax = false;
   const TrainKernelTable& tk;
   Dims d;
@@ -152,6 +169,8 @@ struct F32Attention {
 
   F32Attention(const TrainKernelTable& tk_, const Dims& d_) : tk(tk_), d(d_), sp{d_.T, d_.D} {}
   int64_t ldq() const { return (int64_t)d.n_head * d.D; }
+  int64_t RowTile() const { return AttentionRowTile(tk); }
+  int64_t KeyTile() const { return AttentionRowTile(tk); }
   void Scores(float* S, int h, int g, int64_t q0, int64_t nq, int64_t k0, int64_t nk, const TileRanges& tr) const {
     RowsTimesStrips(tk, S, nk, nq, nk, d.D, q + d.QRow(q0, h), ldq(),
                     {kc + g * sp.ColsSize() + k0 * d.D, kGemmTileC, (int64_t)d.D * kGemmTileC}, &tr, nullptr,

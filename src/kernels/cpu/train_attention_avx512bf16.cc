@@ -155,6 +155,8 @@ template <int64_t kRows>
 struct Bf16AttentionT {
   static constexpr int64_t kRowTile = kRows;
   static constexpr int64_t kKeyTile = 16;
+  int64_t RowTile() const { return kRowTile; }
+  int64_t KeyTile() const { return kKeyTile; }
   Dims d;
   float scale;
   int64_t Dp, Tp;

@@ -2,7 +2,7 @@
 // the f32 products (train_attention.cc) and bf16 mixed precision's products on vdpbf16ps
 // (train_attention_avx512bf16.cc): the mask and its tile ranges, the tiled online-softmax forward and the
 // one-pass backward with its tasks, written once over a product set `Ops`:
-//   kRowTile / kKeyTile: the query / key rows of the product set's register tiles (TileRanges' granularity);
+//   RowTile() / KeyTile(): the query / key rows of the product set's register tiles (TileRanges' granularity);
 //   Scores(S, h, g, q0, nq, k0, nk, tr): S (nq x nk) = scale Q K^T over the columns tr needs of each row tile;
 //   AddPV(o, g, q0, nq, k0, nk, P, tr): o (nq x D) += P V (forward);
 //   DoVt(dP, h, g, q0, nq, k0, nk, tr): dP = dO V^T (backward; as Scores, unscaled);
@@ -193,7 +193,7 @@ void AttentionForward(const TrainKernelTable& tk, ThreadPool& pool, const Ops& o
       for (int64_t k0 = 0; k0 < q1; k0 += kKTile) {
         const int64_t k1 = std::min(q1, k0 + kKTile), nk = k1 - k0;
         if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
-        tr.Set(mask, q0, nq, k0, nk, Ops::kRowTile, Ops::kKeyTile);
+        tr.Set(mask, q0, nq, k0, nk, ops.RowTile(), ops.KeyTile());
         ops.Scores(S, h, g, q0, nq, k0, nk, tr);
         const bool scattered = mask.Scattered() && !tr.full;
         for (int64_t i = 0; i < nq; ++i) {
@@ -312,7 +312,7 @@ void AttentionBackward(const TrainKernelTable& tk, const KernelTable& kt, Thread
     for (int64_t q0 = k0 / kQTile * kQTile; q0 < T; q0 += kQTile) {
       const int64_t q1 = std::min(T, q0 + kQTile), nq = q1 - q0;
       if (!mask.TileHasWork(q0, q1, k0, k1)) continue;
-      tr.Set(mask, q0, nq, k0, nk, Ops::kRowTile, Ops::kKeyTile);
+      tr.Set(mask, q0, nq, k0, nk, ops.RowTile(), ops.KeyTile());
       ops.Scores(P, h, g, q0, nq, k0, nk, tr);
       ops.DoVt(dS, h, g, q0, nq, k0, nk, tr);
       const bool scattered = mask.Scattered() && !tr.full;
