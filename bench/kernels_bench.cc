@@ -478,7 +478,7 @@ void BM_TrainGemm(benchmark::State& state, int kind, Shape s, int64_t kTrainM, i
 // gradient (dmid = dy B, then dx = dy W and dx += dmid A); plus = the update inside the base product where
 // kernels::LinearPlusFused holds (TrainModelOptions::lora_plus_products), else the separate products. kind 2 = the
 // LoRA gradients (dB = dy^T (s mid), dmid = dy B, dA = dmid^T x); plus = dB and dmid in one pass over dy
-// (kernels::LoraGradPair). GFLOP/s of the base products only (kind 2: of the three rank-r products), so the rows
+// (kernels::LoraGradPair) and dA with x read in place (kernels::LoraGradA). GFLOP/s of the base products only (kind 2: of the three rank-r products), so the rows
 // compare as times.
 void BM_TrainLoraLinears(benchmark::State& state, int kind, bool plus, int threads) {
   ThreadPool pool(threads);
@@ -518,7 +518,8 @@ void BM_TrainLoraLinears(benchmark::State& state, int kind, bool plus, int threa
           kernels::MatMulBackwardWeight(pool, gb.data(), in.data(), smid.data(), M, N, r);
           kernels::MatMulBackwardInput(pool, mid.data(), in.data(), M, tb[i]);
         }
-        kernels::MatMulBackwardWeight(pool, ga.data(), mid.data(), in.data(), M, r, K);
+        if (!plus || !kernels::LoraGradA(pool, ga.data(), mid.data(), in.data(), M, K, r))
+          kernels::MatMulBackwardWeight(pool, ga.data(), mid.data(), in.data(), M, r, K);
         continue;
       }
       if (kind == 0) {

@@ -171,6 +171,10 @@ void MatMulBackwardInputPlus(ThreadPool& pool, float* dx, const float* dy, int64
 bool LoraGradPair(ThreadPool& pool, float* dmid, float* dB, const float* dy, const float* smid, const Tensor& b,
                   int64_t M);
 int64_t LoraGradPairFloats(int64_t out);
+// LoRA's dA (r, K) += dmid^T . x in f32 with x read in place (no packed copy), bit for bit MatMulBackwardWeight(dA,
+// dmid, x, M, r, K). Runs where the CPU's kernels have it (AVX-512) and 1 <= r <= 16; false (nothing written)
+// elsewhere.
+bool LoraGradA(ThreadPool& pool, float* dA, const float* dmid, const float* x, int64_t M, int64_t K, int64_t r);
 
 // A weight W (N, K) that does not change between calls (a frozen output head), packed once as the
 // B operand of dX = dY . W: MatMulBackwardInput / CrossEntropyBackward given it skip re-packing W on

@@ -796,7 +796,10 @@ void RowGroupWorker::LinBackward(const Lin& L, const float* dy, const float* x, 
   const float* dmr = bf16dot ? dmid_.data() : Round(dmid_.data(), N * p.r, rmid_);
   const bool drop = opt_.lora_dropout > 0;
   const float* xd = drop ? Dropped(x, L.in, layer, mod, xd_) : x;
-  WeightGrad(GradA(L, layer, mod), dmr, bf16dot ? xd : Round(xd, N * p.in, rx_), p.a_eff);
+  const float* xa = bf16dot ? xd : Round(xd, N * p.in, rx_);
+  // f32 products: dA with x read in place where the kernels have it (the same bits).
+  if (bf16dot || !kernels::LoraGradA(*pool_, GradA(L, layer, mod), dmr, xa, N, p.in, p.r))
+    WeightGrad(GradA(L, layer, mod), dmr, xa, p.a_eff);
   if (!need_dx || fused_dx) return;
   if (plus_dx) {
     kernels::MatMulBackwardInputPlus(*pool_, dx, dyr, N, L.eff, dmr, p.a_eff, accumulate);

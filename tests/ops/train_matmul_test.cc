@@ -430,6 +430,32 @@ TEST(TrainGemmLoraPair, EqualsTheSeparateProducts) {
   }
 }
 
+// LoRA's dA += dmid^T . x with x read in place (the AVX-512 table's lora_grad_a, column blocks over the pool) gives
+// the bits of MatMulBackwardWeight's few-rows product: ranks 1-16, x widths across 16-column strips and 64-column
+// blocks, tokens in one and in two chunks (900), 1 and 2 threads.
+TEST(TrainGemmLoraGradA, EqualsTheFewRowsProduct) {
+  LATHE_REQUIRE_TIER(IsaTier::kAvx512);
+  const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(IsaTier::kAvx512);
+  ThreadPool pool1(1), pool2(2);
+  float f = 0;
+  EXPECT_FALSE(cpu::LoraGradAWith(tk, pool1, &f, &f, &f, 8, 64, 17));
+  EXPECT_FALSE(cpu::LoraGradAWith(cpu::TrainKernelsFor(IsaTier::kAvx2), pool1, &f, &f, &f, 8, 64, 8));
+  struct Case {
+    int64_t M, K, r;
+  };
+  const Case cases[] = {{1, 16, 1}, {7, 19, 16}, {512, 576, 16}, {900, 1536, 8}, {45, 200, 5}, {33, 64, 12}};
+  for (ThreadPool* pool : {&pool1, &pool2})
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::to_string(c.M) + "x" + std::to_string(c.K) + " r" + std::to_string(c.r) + " threads " +
+                   std::to_string(pool->size()));
+      const std::vector<float> dmid = RandomVec(c.M * c.r, 64), x = RandomVec(c.M * c.K, 65);
+      std::vector<float> da = RandomVec(c.r * c.K, 66), want = da;
+      ASSERT_TRUE(cpu::LoraGradAWith(tk, *pool, da.data(), dmid.data(), x.data(), c.M, c.K, c.r));
+      cpu::MatMulBackwardWeightWith(tk, *pool, want.data(), dmid.data(), x.data(), c.M, c.r, c.K);
+      EXPECT_EQ(da, want);
+    }
+}
+
 TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
   const auto [tier, threads] = GetParam();
   LATHE_REQUIRE_TIER(tier);

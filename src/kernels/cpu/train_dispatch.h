@@ -120,6 +120,11 @@ struct TrainKernelTable {
   // as 0 + chain (MatMulBackwardWeight's few-rows bits). acc: out x 16 floats of scratch.
   void (*lora_grad_pair)(float* dmid, float* dB, const float* dy, const float* smid, const float* B, int64_t M,
                          int64_t out, int r, int64_t out_chunk, int64_t tok_chunk, float* acc) = nullptr;
+  // LoRA's dA (r, K) += dmid^T . x for x's columns [k0, k1) (1 <= r <= 16; null on tiers without it), x read in
+  // place (M rows, K floats apart): one chain per chunk of tok_chunk tokens, each added to dA (MatMulBackwardWeight's
+  // few-rows bits).
+  void (*lora_grad_a)(float* dA, const float* dmid, const float* x, int64_t M, int64_t K, int r, int64_t k0, int64_t k1,
+                      int64_t tok_chunk) = nullptr;
   // out[i] = F32ToBF16(x[i]) / out[i] = BF16ToF32(h[i]) bit for bit (kernels::ToBf16 / FromBf16).
   void (*to_bf16)(uint16_t* out, const float* x, int64_t n) = nullptr;
   void (*from_bf16)(float* out, const uint16_t* h, int64_t n) = nullptr;
@@ -216,6 +221,10 @@ void MatMulForwardStripsShared(const TrainKernelTable& tk, const MatMulKernels& 
 // MatMulBackwardInputWith / MatMulBackwardWeightWith; false (nothing written) where it does not.
 bool LoraGradPairWith(const TrainKernelTable& tk, ThreadPool& pool, float* dmid, float* dB, const float* dy,
                       const float* smid, const float* B, int64_t M, int64_t out, int64_t r);
+// LoRA's dA (r, K) += dmid^T . x (dmid (M, r), x (M, K)) through tk.lora_grad_a where it runs (1 <= r <= 16), bit for
+// bit MatMulBackwardWeightWith(dA, dmid, x, M, r, K); false (nothing written) where it does not.
+bool LoraGradAWith(const TrainKernelTable& tk, ThreadPool& pool, float* dA, const float* dmid, const float* x,
+                   int64_t M, int64_t K, int64_t r);
 // The length of the inner chunks the GEMM driver sums an inner dimension L in (each chunk one FMA chain
 // per C element, the chunks added in order): L itself up to 768, longer ones in equal chunks.
 int64_t GemmInnerChunk(int64_t L);

@@ -712,6 +712,18 @@ bool LoraGradPairWith(const TrainKernelTable& tk, ThreadPool& pool, float* dmid,
   return true;
 }
 
+bool LoraGradAWith(const TrainKernelTable& tk, ThreadPool& pool, float* dA, const float* dmid, const float* x,
+                   int64_t M, int64_t K, int64_t r) {
+  if (!tk.lora_grad_a || r < 1 || r > 16 || M <= 0 || K <= 0) return false;
+  // Column blocks of 64 on the pool (each element's chain is the same whichever thread runs it).
+  constexpr int64_t kCols = 64;
+  const int64_t chunk = InnerChunk(M);
+  pool.ParallelFor((K + kCols - 1) / kCols, 1, [&](int64_t b, int64_t e, int) {
+    tk.lora_grad_a(dA, dmid, x, M, K, (int)r, b * kCols, std::min(K, e * kCols), chunk);
+  });
+  return true;
+}
+
 // P(n, k) = sum_m a[m * a_ld + n] * x[m * ldx + k] for n < N <= kFewRows (the LoRA rank), k < K, added
 // to c[n * ldc + k], or with transposed to c[k * ldc + n] (then each inner chunk's sums go through a
 // per-thread buffer first). B = x is packed per (kColBlock, InnerChunk(M)) block into a per-thread

@@ -323,6 +323,10 @@ bool LoraGradPair(ThreadPool& pool, float* dmid, float* dB, const float* dy, con
                                b.shape[1]);
 }
 
+bool LoraGradA(ThreadPool& pool, float* dA, const float* dmid, const float* x, int64_t M, int64_t K, int64_t r) {
+  return cpu::LoraGradAWith(cpu::TrainBest(), pool, dA, dmid, x, M, K, r);
+}
+
 int64_t LoraGradPairFloats(int64_t out) { return cpu::TrainBest().lora_grad_pair ? 16 * out : 0; }
 
 void LinearForwardBf16(ThreadPool& pool, float* y, const float* x, int64_t M, const Tensor& w, bool accumulate) {

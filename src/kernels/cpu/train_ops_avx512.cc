@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/check.h"
 #include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/train_dispatch.h"
@@ -581,6 +582,48 @@ void LoraPairTile(float* dmid, const float* dy, const float* smid, const float* 
   }
 }
 
+// lora_grad_a for R rank rows: a 16-column strip of x at a time, R chains (one per row of dA) over the chunk's tokens.
+template <int R>
+void LoraGradAT(float* dA, const float* dmid, const float* x, int64_t M, int64_t K, int64_t k0, int64_t k1,
+                int64_t tok_chunk) {
+  for (int64_t k = k0; k < k1; k += 16) {
+    const __mmask16 mk = Mask16(std::min<int64_t>(16, k1 - k));
+    for (int64_t c0 = 0; c0 < M; c0 += tok_chunk) {
+      const int64_t c1 = std::min(M, c0 + tok_chunk);
+      __m512 acc[R];
+#pragma GCC unroll 16
+      for (int j = 0; j < R; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t l = c0; l < c1; ++l) {
+        const __m512 xv = _mm512_maskz_loadu_ps(mk, x + l * K + k);
+        const float* d = dmid + l * R;
+#pragma GCC unroll 16
+        for (int j = 0; j < R; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(d[j]), xv, acc[j]);
+      }
+#pragma GCC unroll 16
+      for (int j = 0; j < R; ++j) {
+        float* o = dA + j * K + k;
+        _mm512_mask_storeu_ps(o, mk, _mm512_add_ps(_mm512_maskz_loadu_ps(mk, o), acc[j]));
+      }
+    }
+  }
+}
+
+void LoraGradA(float* dA, const float* dmid, const float* x, int64_t M, int64_t K, int r, int64_t k0, int64_t k1,
+               int64_t tok_chunk) {
+  switch (r) {
+#define LATHE_GRAD_A_CASE(R) \
+  case R:                    \
+    return LoraGradAT<R>(dA, dmid, x, M, K, k0, k1, tok_chunk);
+    LATHE_GRAD_A_CASE(1) LATHE_GRAD_A_CASE(2) LATHE_GRAD_A_CASE(3) LATHE_GRAD_A_CASE(4) LATHE_GRAD_A_CASE(5)
+    LATHE_GRAD_A_CASE(6) LATHE_GRAD_A_CASE(7) LATHE_GRAD_A_CASE(8) LATHE_GRAD_A_CASE(9) LATHE_GRAD_A_CASE(10)
+    LATHE_GRAD_A_CASE(11) LATHE_GRAD_A_CASE(12) LATHE_GRAD_A_CASE(13) LATHE_GRAD_A_CASE(14) LATHE_GRAD_A_CASE(15)
+    LATHE_GRAD_A_CASE(16)
+#undef LATHE_GRAD_A_CASE
+    default:
+      LATHE_CHECK_MSG(false, "LoraGradA: rank %d over 16", r);
+  }
+}
+
 void LoraGradPair(float* dmid, float* dB, const float* dy, const float* smid, const float* B, int64_t M, int64_t out,
                   int r, int64_t out_chunk, int64_t tok_chunk, float* acc_buf) {
   const __mmask16 mr = Mask16(r);
@@ -637,6 +680,7 @@ const TrainKernelTable& TrainTable() {
     k.chain_gemv = ChainGemv;
     k.strip_gemv = StripGemv;
     k.lora_grad_pair = LoraGradPair;
+    k.lora_grad_a = LoraGradA;
     return k;
   }();
   return t;
