@@ -128,6 +128,23 @@ struct ASecond {
   int64_t from = 0;
 };
 
+// Rows [0, n) of a row-major B (p, rows ld floats apart, nk columns) into a panel nl_panel rows deep (PanelStrip's
+// layout) from its row `row` on, zero past nk in the last strip.
+void CopyIntoStrips(float* panel, int64_t nl_panel, int64_t row, int64_t n, int64_t nk, int64_t mpw, const float* p,
+                    int64_t ld) {
+  for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
+    const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
+    int64_t ldo = 0;
+    float* bs = PanelStrip(panel, nl_panel, nk, mpw, j0, &ldo) + row * ldo;
+    if (nj == kGemmTileC) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
+      for (int64_t l = 0; l < n; ++l) std::memcpy(bs + l * ldo, p + l * ld + j0, sizeof(float) * kGemmTileC);
+    } else {
+      for (int64_t l = 0; l < n; ++l)
+        for (int64_t j = 0; j < kGemmTileC; ++j) bs[l * ldo + j] = j < nj ? p[l * ld + j0 + j] : 0.0f;
+    }
+  }
+}
+
 // Rows of A in the panel path (0: no panel path) and the rounds' shapes, shared with the memory plan.
 struct GemmPlan {
   int panel_rows = 0;     // rows per packed A micro-panel; 0 = the 6 x 16 tiles
@@ -271,19 +288,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         int64_t ld = 0;
         float* panel = bpack + u * panel_floats;
         const float* p = fill_b(l0, nl, k0, nk, panel, &ld, mpw);
-        if (!p) continue;
-        for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
-          const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
-          int64_t ldo = 0;
-          float* bs = PanelStrip(panel, nl, nk, mpw, j0, &ldo);
-          if (nj == kGemmTileC) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
-            for (int64_t l = 0; l < nl; ++l)
-              std::memcpy(bs + l * ldo, p + l * ld + j0, sizeof(float) * kGemmTileC);
-          } else {
-            for (int64_t l = 0; l < nl; ++l)
-              for (int64_t j = 0; j < kGemmTileC; ++j) bs[l * ldo + j] = j < nj ? p[l * ld + j0 + j] : 0.0f;
-          }
-        }
+        if (p) CopyIntoStrips(panel, nl, 0, nl, nk, mpw, p, ld);
       }
     });
     // Too few tasks for the threads to share evenly (k / v's 192 columns over 512 rows; the head's
@@ -680,22 +685,12 @@ void MatMulBackwardInputPlusWith(const TrainKernelTable& tk, const KernelTable& 
     // B rows l < N: W's (as its own fill gives them); l >= N: W2's, f32 in place. Both into the panel's strips.
     auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw) -> const float* {
       const int64_t n1 = std::clamp<int64_t>(N - l0, 0, nl);
-      int64_t ld1 = 0;
-      const float* p1 = n1 > 0 ? fill_w(l0, n1, k0, nk, nullptr, &ld1, mpw) : nullptr;
-      for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
-        const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
-        int64_t ldo = 0;
-        float* bs = PanelStrip(panel, nl, nk, mpw, j0, &ldo);
-        for (int64_t l = 0; l < nl; ++l) {
-          const float* src = l < n1 ? p1 + l * ld1 + j0 : w2d + (l0 + l - N) * K + k0 + j0;
-          float* o = bs + l * ldo;
-          if (nj == kGemmTileC) {
-            std::memcpy(o, src, sizeof(float) * kGemmTileC);
-          } else {
-            for (int64_t j = 0; j < kGemmTileC; ++j) o[j] = j < nj ? src[j] : 0.0f;
-          }
-        }
+      if (n1 > 0) {
+        int64_t ld1 = 0;
+        const float* p1 = fill_w(l0, n1, k0, nk, nullptr, &ld1, mpw);
+        CopyIntoStrips(panel, nl, 0, n1, nk, mpw, p1, ld1);
       }
+      if (n1 < nl) CopyIntoStrips(panel, nl, n1, nl - n1, nk, mpw, w2d + (l0 + n1 - N) * K + k0, K);
       return nullptr;
     };
     const ASecond a2{dy2, N2, N};
