@@ -23,6 +23,7 @@
 #include "kernels/kernels.h"
 #include "kernels/train_ops.h"
 #include "model/config.h"
+#include "model/train_model.h"
 #include "model/transformer.h"
 
 namespace lathe::bench {
@@ -549,7 +550,8 @@ void BM_TrainLoraLinears(benchmark::State& state, int kind, bool plus, int threa
 // group: every linear of SmolLM2-135M's 30 layers (q, k, v, o, gate, up, down) with its own f32 master W
 // and f32 gradient (850 MB together, so W and dW come from DRAM as in training), kind 0 = y = x W^T,
 // 1 = dx = dy W, 2 = dW += dy^T x. Operand packing is included, as in the trainer's per-op times.
-void BM_TrainBf16Linears(benchmark::State& state, int kind, int threads) {
+// bf16 = false: the same products in f32 (full-f32's linears; the f32 training GEMM on W as stored).
+void BM_TrainStepLinears(benchmark::State& state, int kind, int threads, bool bf16) {
   ThreadPool pool(threads);
   constexpr int kLayers = 30;
   const Shape per_layer[] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};
@@ -568,18 +570,26 @@ void BM_TrainBf16Linears(benchmark::State& state, int kind, int threads) {
       flops += 2.0 * kPrefillM * s.N * s.K;
     }
   std::vector<float> a = RandomFloats(kPrefillM * 1536, 3), b = RandomFloats(kPrefillM * 1536, 4);
-  kernels::RoundToBf16(a.data(), a.data(), (int64_t)a.size());
-  kernels::RoundToBf16(b.data(), b.data(), (int64_t)b.size());
+  if (bf16) {
+    kernels::RoundToBf16(a.data(), a.data(), (int64_t)a.size());
+    kernels::RoundToBf16(b.data(), b.data(), (int64_t)b.size());
+  }
   std::vector<float> o(kPrefillM * 1536);
   for (auto _ : state) {
     for (size_t i = 0; i < ts.size(); ++i) {
       const Tensor& w = ts[i];
-      if (kind == 0)
+      if (kind == 0 && bf16)
         kernels::LinearForwardBf16(pool, o.data(), a.data(), kPrefillM, w);
-      else if (kind == 1)
+      else if (kind == 0)
+        kernels::LinearForward(pool, o.data(), a.data(), kPrefillM, w);
+      else if (kind == 1 && bf16)
         kernels::MatMulBackwardInputBf16(pool, o.data(), a.data(), kPrefillM, w);
-      else
+      else if (kind == 1)
+        kernels::MatMulBackwardInput(pool, o.data(), a.data(), kPrefillM, w);
+      else if (bf16)
         kernels::MatMulBackwardWeightBf16(pool, gs[i].data(), a.data(), b.data(), kPrefillM, w.shape[0], w.shape[1]);
+      else
+        kernels::MatMulBackwardWeight(pool, gs[i].data(), a.data(), b.data(), kPrefillM, w.shape[0], w.shape[1]);
     }
     benchmark::DoNotOptimize(o.data());
   }
@@ -601,10 +611,13 @@ void BM_TrainLoss(benchmark::State& state, bool full, int threads, bool bf16) {
   w.data = bf16 ? (void*)w16.data() : (void*)wf.data();
   w.dtype = bf16 ? DType::kBF16 : DType::kF32;
   w.shape = {V, C};
+  // The head packed for dx only where the trainer keeps a packed copy (model::PackedHeadBytes: not for a trained f32
+  // head, whose input gradient packs W's panels per round of each chunk).
+  const bool use_packed = model::PackedHeadBytes(V, C, full, false, bf16) > 0;
   kernels::PackedBackwardB packed;
-  if (bf16) {
+  if (use_packed && bf16) {
     kernels::PackForBackwardInputBf16(pool, w, &packed);
-  } else {
+  } else if (use_packed) {
     kernels::PackForBackwardInput(pool, w, &packed);
   }
   std::vector<float> x = RandomFloats(T * C, 12), dx(T * C), dw(full ? V * C : 0);
@@ -613,7 +626,7 @@ void BM_TrainLoss(benchmark::State& state, bool full, int threads, bool bf16) {
   for (int64_t t = 0; t < T; ++t) labels[t] = (int32_t)((t * 7919) % V);
   for (auto _ : state) {
     benchmark::DoNotOptimize(kernels::CrossEntropyBackward(pool, dx.data(), full ? dw.data() : nullptr, x.data(), T,
-                                                           w, labels.data(), (float)T, 1.0f, 128, &packed, bf16));
+                                                           w, labels.data(), (float)T, 1.0f, 128, use_packed ? &packed : nullptr, bf16));
   }
   state.counters["GFLOP/s"] = benchmark::Counter((full ? 3 : 2) * 2.0 * T * V * C * state.iterations() * 1e-9,
                                                  benchmark::Counter::kIsRate);
@@ -773,15 +786,18 @@ void RegisterAll() {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
       }
-  if (UsesBf16Dot())
+  for (bool bf16 : {true, false})
     for (int kind : {0, 1, 2})
-      for (int threads : {1, 2})
-        benchmark::RegisterBenchmark((std::string("train_bf16_step/") + (kind == 0 ? "fwd" : kind == 1 ? "bwd_input" : "bwd_weight") +
+      for (int threads : {1, 2}) {
+        if (bf16 && !UsesBf16Dot()) continue;
+        benchmark::RegisterBenchmark((std::string(bf16 ? "train_bf16_step/" : "train_f32_step/") +
+                                      (kind == 0 ? "fwd" : kind == 1 ? "bwd_input" : "bwd_weight") +
                                       "/M:512/threads:" + std::to_string(threads))
                                          .c_str(),
-                                     BM_TrainBf16Linears, kind, threads)
+                                     BM_TrainStepLinears, kind, threads, bf16)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
+      }
   for (int64_t T : {512, 2048})
     for (bool backward : {false, true})
       for (bool bf16 : {false, true})

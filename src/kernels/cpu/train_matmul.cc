@@ -129,18 +129,24 @@ struct ASecond {
 };
 
 // Rows [0, n) of a row-major B (p, rows ld floats apart, nk columns) into a panel nl_panel rows deep (PanelStrip's
-// layout) from its row `row` on, zero past nk in the last strip.
+// layout) from its row `row` on, zero past nk in the last strip. Row by row, each row's run of nk floats read front
+// to back: B is often a weight row range straight from DRAM (W of 576 or 1536 floats a row, the head's 49152 x 576),
+// and a walk down one 16-column strip at a time (rows 2304 bytes apart, past the stride prefetcher's reach) read it
+// at ~6 GB/s on 2 threads (the trained head's input gradient, 18 of its 51 ms per 128-token chunk).
 void CopyIntoStrips(float* panel, int64_t nl_panel, int64_t row, int64_t n, int64_t nk, int64_t mpw, const float* p,
                     int64_t ld) {
-  for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
-    const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
-    int64_t ldo = 0;
-    float* bs = PanelStrip(panel, nl_panel, nk, mpw, j0, &ldo) + row * ldo;
-    if (nj == kGemmTileC) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
-      for (int64_t l = 0; l < n; ++l) std::memcpy(bs + l * ldo, p + l * ld + j0, sizeof(float) * kGemmTileC);
+  const int64_t nk16 = (nk + kGemmTileC - 1) / kGemmTileC * kGemmTileC;
+  for (int64_t m0 = 0; m0 < nk16; m0 += mpw) {  // micro-panels: each row's w floats, contiguous
+    const int64_t w = std::min(mpw, nk16 - m0), nj = std::min(w, nk - m0);
+    float* out = panel + m0 * nl_panel + row * w;
+    const float* in = p + m0;
+    if (nj == 48 && w == 48) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
+      for (int64_t l = 0; l < n; ++l) std::memcpy(out + l * 48, in + l * ld, sizeof(float) * 48);
+    } else if (nj == kGemmTileC && w == kGemmTileC) {
+      for (int64_t l = 0; l < n; ++l) std::memcpy(out + l * kGemmTileC, in + l * ld, sizeof(float) * kGemmTileC);
     } else {
       for (int64_t l = 0; l < n; ++l)
-        for (int64_t j = 0; j < kGemmTileC; ++j) bs[l * ldo + j] = j < nj ? p[l * ld + j0 + j] : 0.0f;
+        for (int64_t j = 0; j < w; ++j) out[l * w + j] = j < nj ? in[l * ld + j] : 0.0f;
     }
   }
 }
@@ -235,7 +241,7 @@ template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
           const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b,
           const float* bpre = nullptr, int64_t col_align = 1, const float* apre = nullptr,
-          const ASecond* a2 = nullptr) {
+          const ASecond* a2 = nullptr, bool fill_row_pieces = false) {
   if (R <= 0 || Kd <= 0) return;
   if (L <= 0) {
     if (!accumulate)
@@ -280,15 +286,28 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     const int64_t n_cb = (gk + col_block - 1) / col_block;
     // Panel (cb, lc) at bpack + (cb * n_lc + lc) * panel_floats; strip s of it s * nl * 16 on.
     float* bpack = bpre ? nullptr : SharedPanels((size_t)(n_cb * n_lc * panel_floats));
-    if (!bpre) pool.ParallelFor(n_cb * n_lc, 1, [&](int64_t tb, int64_t te, int) {
-      for (int64_t u = tb; u < te; ++u) {
+    // With fill_row_pieces (a fill that always returns a pointer and takes any row range) and panels the threads
+    // cannot share evenly (q / k / v / o's input gradient: 3 panels; the trained head's: 7 a round), each panel is
+    // filled in one row piece per thread. The panels' contents do not depend on the pieces.
+    const int64_t th_fill = pool.size(), n_fill = n_cb * n_lc;
+    const int64_t pieces = fill_row_pieces && th_fill > 1 && n_fill % th_fill != 0 ? th_fill : 1;
+    if (!bpre) pool.ParallelFor(n_fill * pieces, 1, [&](int64_t tb, int64_t te, int) {
+      for (int64_t v = tb; v < te; ++v) {
+        const int64_t u = v / pieces, piece = v % pieces;
         const int64_t cb = u / n_lc, lc = u % n_lc;
         const int64_t k0 = g0 + cb * col_block, nk = std::min(col_block, Kd - k0);
         const int64_t l0 = (c0 + lc) * inner, nl = std::min(inner, L - l0);
+        const int64_t r0 = nl * piece / pieces, r1 = nl * (piece + 1) / pieces;
         int64_t ld = 0;
         float* panel = bpack + u * panel_floats;
-        const float* p = fill_b(l0, nl, k0, nk, panel, &ld, mpw);
-        if (p) CopyIntoStrips(panel, nl, 0, nl, nk, mpw, p, ld);
+        if (pieces == 1) {
+          const float* p = fill_b(l0, nl, k0, nk, panel, &ld, mpw);
+          if (p) CopyIntoStrips(panel, nl, 0, nl, nk, mpw, p, ld);
+        } else if (r1 > r0) {
+          const float* p = fill_b(l0 + r0, r1 - r0, k0, nk, nullptr, &ld, mpw);
+          LATHE_CHECK(p != nullptr);
+          CopyIntoStrips(panel, nl, r0, r1 - r0, nk, mpw, p, ld);
+        }
       }
     });
     // Too few tasks for the threads to share evenly (k / v's 192 columns over 512 rows; the head's
@@ -411,7 +430,8 @@ namespace {
 
 // Calls body(fill, col_align) with the B fill of dX = dY . W for W's dtype: B(l, k) = W(l, k), f32 read
 // in place, other dtypes dequantized one panel at a time into the thread's ThreadTmp; columns from a
-// multiple of col_align (W's quantization block).
+// multiple of col_align (W's quantization block). Every fill returns a pointer, for any range of W's rows (Gemm's
+// fill_row_pieces).
 template <typename Body>
 void WithBackwardInputFill(const TrainKernelTable& tk, const KernelTable& kt, const Tensor& w, const Body& body) {
   LATHE_CHECK(w.ndim() == 2);
@@ -450,7 +470,8 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
   LATHE_CHECK(w.ndim() == 2);
   const int64_t N = w.shape[0], K = w.shape[1];
   WithBackwardInputFill(tk, kt, w, [&](const auto& fill, int64_t col_align) {
-    Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill, packed, col_align);
+    Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill, packed, col_align, nullptr, nullptr,
+         /*fill_row_pieces=*/true);
   });
 }
 
@@ -460,7 +481,8 @@ void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt,
   const int64_t N = w.shape[0], K = w.shape[1];
   // A(i, l) = dyT[l * M + i]: the packed-A path, 6 contiguous floats per inner row.
   WithBackwardInputFill(tk, kt, w, [&](const auto& fill, int64_t col_align) {
-    Gemm(tk, pool, dx, K, M, K, N, dyT, 1, M, accumulate, fill, packed, col_align);
+    Gemm(tk, pool, dx, K, M, K, N, dyT, 1, M, accumulate, fill, packed, col_align, nullptr, nullptr,
+         /*fill_row_pieces=*/true);
   });
 }
 
