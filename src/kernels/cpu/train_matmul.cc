@@ -219,9 +219,10 @@ void PackAPanels(const TrainKernelTable& tk, ThreadPool& pool, const GemmPlan& p
 }
 
 // C(R, Kd) (+)= A(R, L) . B(L, Kd), A(i, l) = a[i * a_rs + l * a_is], C rows ldc floats apart.
-// fill_b(l0, nl, k0, nk, panel, &ld, mpw) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
-// either into the source or into ThreadTmp (nl x nk floats) after converting; or nullptr after writing the
-// packed panel itself in micro-panels mpw columns wide (PanelStrip). k0 is a multiple of col_align.
+// fill_b(l0, nl, k0, nk, panel, &ld, mpw, row, nl_panel) returns a pointer p with B(l0 + l, k0 + k) = p[l * ld + k],
+// either into the source or into ThreadTmp (nl x nk floats) after converting; or nullptr after writing those nl
+// rows itself into rows row .. row + nl - 1 of a panel nl_panel rows deep, in micro-panels mpw columns wide
+// (PanelStrip). k0 is a multiple of col_align; a panel may come in row pieces (any l0 within its chunk).
 // Per round of inner chunks: B is packed once (in parallel, into a buffer the threads share) into
 // 16-column strips per (column block, inner chunk) panel (interleaved 48-column micro-panels on the panel
 // path); then each task runs its row tiles over the panels. A: on tiers with a panel tile (gemm_panel)
@@ -241,7 +242,7 @@ template <typename FillB>
 void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, int64_t R, int64_t Kd, int64_t L,
           const float* a, int64_t a_rs, int64_t a_is, bool accumulate, const FillB& fill_b,
           const float* bpre = nullptr, int64_t col_align = 1, const float* apre = nullptr,
-          const ASecond* a2 = nullptr, bool fill_row_pieces = false) {
+          const ASecond* a2 = nullptr) {
   if (R <= 0 || Kd <= 0) return;
   if (L <= 0) {
     if (!accumulate)
@@ -286,11 +287,10 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     const int64_t n_cb = (gk + col_block - 1) / col_block;
     // Panel (cb, lc) at bpack + (cb * n_lc + lc) * panel_floats; strip s of it s * nl * 16 on.
     float* bpack = bpre ? nullptr : SharedPanels((size_t)(n_cb * n_lc * panel_floats));
-    // With fill_row_pieces (a fill that always returns a pointer and takes any row range) and panels the threads
-    // cannot share evenly (q / k / v / o's input gradient: 3 panels; the trained head's: 7 a round), each panel is
-    // filled in one row piece per thread. The panels' contents do not depend on the pieces.
+    // Panels the threads cannot share evenly (q / k / v / o: 3 or 1; the trained head's input gradient: 7 a round)
+    // are filled in one row piece per thread. The panels' contents do not depend on the pieces.
     const int64_t th_fill = pool.size(), n_fill = n_cb * n_lc;
-    const int64_t pieces = fill_row_pieces && th_fill > 1 && n_fill % th_fill != 0 ? th_fill : 1;
+    const int64_t pieces = th_fill > 1 && n_fill % th_fill != 0 ? th_fill : 1;
     if (!bpre) pool.ParallelFor(n_fill * pieces, 1, [&](int64_t tb, int64_t te, int) {
       for (int64_t v = tb; v < te; ++v) {
         const int64_t u = v / pieces, piece = v % pieces;
@@ -300,13 +300,9 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
         const int64_t r0 = nl * piece / pieces, r1 = nl * (piece + 1) / pieces;
         int64_t ld = 0;
         float* panel = bpack + u * panel_floats;
-        if (pieces == 1) {
-          const float* p = fill_b(l0, nl, k0, nk, panel, &ld, mpw);
-          if (p) CopyIntoStrips(panel, nl, 0, nl, nk, mpw, p, ld);
-        } else if (r1 > r0) {
-          const float* p = fill_b(l0 + r0, r1 - r0, k0, nk, nullptr, &ld, mpw);
-          LATHE_CHECK(p != nullptr);
-          CopyIntoStrips(panel, nl, r0, r1 - r0, nk, mpw, p, ld);
+        if (r1 > r0) {
+          const float* p = fill_b(l0 + r0, r1 - r0, k0, nk, panel, &ld, mpw, r0, nl);
+          if (p) CopyIntoStrips(panel, nl, r0, r1 - r0, nk, mpw, p, ld);
         }
       }
     });
@@ -430,8 +426,7 @@ namespace {
 
 // Calls body(fill, col_align) with the B fill of dX = dY . W for W's dtype: B(l, k) = W(l, k), f32 read
 // in place, other dtypes dequantized one panel at a time into the thread's ThreadTmp; columns from a
-// multiple of col_align (W's quantization block). Every fill returns a pointer, for any range of W's rows (Gemm's
-// fill_row_pieces).
+// multiple of col_align (W's quantization block).
 template <typename Body>
 void WithBackwardInputFill(const TrainKernelTable& tk, const KernelTable& kt, const Tensor& w, const Body& body) {
   LATHE_CHECK(w.ndim() == 2);
@@ -439,7 +434,7 @@ void WithBackwardInputFill(const TrainKernelTable& tk, const KernelTable& kt, co
   if (IsPackedQuant(w.dtype)) {  // NF4/FP4/int8: B chunks dequantized straight from the packed buffer
     if (IsPacked4Bit(w.dtype)) LATHE_CHECK(K % kQuant4Block == 0);
     const quant::QuantKernels& qk = quant::QuantKernelsFor(tk.tier);
-    body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld, int64_t) -> const float* {
+    body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld, int64_t, int64_t, int64_t) -> const float* {
       float* tmp = ThreadTmp((size_t)(nl * nk));
       quant::DequantPackedBlock(qk, w, l0, nl, k0, nk, tmp, nk);
       *ld = nk;
@@ -451,7 +446,7 @@ void WithBackwardInputFill(const TrainKernelTable& tk, const KernelTable& kt, co
   const uint8_t* wd = (const uint8_t*)w.data;
   const DType t = w.dtype;
   if (IsQuantized(t)) LATHE_CHECK(K % 32 == 0);
-  body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld, int64_t) -> const float* {
+  body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld, int64_t, int64_t, int64_t) -> const float* {
     if (t == DType::kF32) {
       *ld = K;
       return (const float*)w.data + l0 * K + k0;
@@ -470,8 +465,7 @@ void MatMulBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, 
   LATHE_CHECK(w.ndim() == 2);
   const int64_t N = w.shape[0], K = w.shape[1];
   WithBackwardInputFill(tk, kt, w, [&](const auto& fill, int64_t col_align) {
-    Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill, packed, col_align, nullptr, nullptr,
-         /*fill_row_pieces=*/true);
+    Gemm(tk, pool, dx, K, M, K, N, dy, N, 1, accumulate, fill, packed, col_align);
   });
 }
 
@@ -481,8 +475,7 @@ void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt,
   const int64_t N = w.shape[0], K = w.shape[1];
   // A(i, l) = dyT[l * M + i]: the packed-A path, 6 contiguous floats per inner row.
   WithBackwardInputFill(tk, kt, w, [&](const auto& fill, int64_t col_align) {
-    Gemm(tk, pool, dx, K, M, K, N, dyT, 1, M, accumulate, fill, packed, col_align, nullptr, nullptr,
-         /*fill_row_pieces=*/true);
+    Gemm(tk, pool, dx, K, M, K, N, dyT, 1, M, accumulate, fill, packed, col_align);
   });
 }
 
@@ -549,7 +542,7 @@ void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt,
         const int64_t l0 = u / n_cb * kPiece, nl = std::min(kPiece, N - l0);
         const int64_t k0 = u % n_cb * kColBlock, nk = std::min(kColBlock, K - k0);
         int64_t ld = 0;
-        const float* p = fill(l0, nl, k0, nk, nullptr, &ld, kGemmTileC);
+        const float* p = fill(l0, nl, k0, nk, nullptr, &ld, kGemmTileC, 0, nl);
         for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
           const int64_t nj = std::min<int64_t>(kGemmTileC, nk - j0);
           float* bs = out + (k0 + j0) * N + l0 * kGemmTileC;
@@ -570,7 +563,7 @@ void StripsGemm(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool&
                 int64_t M, DType t, const void* strips, int64_t N, int64_t K, const float* apre) {
   LATHE_CHECK(t == DType::kF32 || t == DType::kF16 || t == DType::kBF16);
   if (t == DType::kF32) {  // the strips are the forward's B packed for every column and inner row
-    Gemm(tk, pool, y, N, M, N, K, x, K, 1, false, [](int64_t, int64_t, int64_t, int64_t, float*, int64_t*, int64_t) {
+    Gemm(tk, pool, y, N, M, N, K, x, K, 1, false, [](int64_t, int64_t, int64_t, int64_t, float*, int64_t*, int64_t, int64_t, int64_t) {
       return (const float*)nullptr;
     }, (const float*)strips, 1, apre);
     return;
@@ -578,10 +571,11 @@ void StripsGemm(const TrainKernelTable& tk, const MatMulKernels& mm, ThreadPool&
   const uint16_t* s16 = (const uint16_t*)strips;
   // Strip (k0 + j0) / 16's rows l0 .. l0 + nl - 1 are nl * 16 consecutive elements: one "row" to convert
   // into a plain strip, or nl rows of 16 into an interleaved micro-panel's.
-  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw) -> const float* {
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw, int64_t row,
+                  int64_t nl_panel) -> const float* {
     for (int64_t j0 = 0; j0 < nk; j0 += kGemmTileC) {
       int64_t ldo = 0;
-      float* bs = PanelStrip(panel, nl, nk, mpw, j0, &ldo);
+      float* bs = PanelStrip(panel, nl_panel, nk, mpw, j0, &ldo) + row * ldo;
       const uint8_t* src = (const uint8_t*)(s16 + (((k0 + j0) / kGemmTileC) * K + l0) * kGemmTileC);
       if (ldo == kGemmTileC)
         mm.dequant_rows(t, src, 0, 1, nl * kGemmTileC, bs, 0);
@@ -665,8 +659,9 @@ void MatMulForwardMm(const TrainKernelTable& tk, const MatMulKernels& mm, Thread
   const int64_t N = w.shape[0], K = w.shape[1];
   LATHE_CHECK(!IsPackedQuant(w.dtype));
   LATHE_CHECK(K % GetDTypeInfo(w.dtype).block_size == 0);
-  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw) -> const float* {
-    PackForwardB(tk, mm, w, l0, nl, k0, nk, panel, nl, 0, mpw);
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw, int64_t row,
+                  int64_t nl_panel) -> const float* {
+    PackForwardB(tk, mm, w, l0, nl, k0, nk, panel, nl_panel, row, mpw);
     return nullptr;
   };
   Gemm(tk, pool, y, N, M, N, K, x, K, 1, accumulate, fill);
@@ -685,10 +680,11 @@ void MatMulForwardPlusWith(const TrainKernelTable& tk, const MatMulKernels& mm, 
   LATHE_CHECK_MSG(PlusFusedWith(tk, N, K, K2), "MatMulForwardPlus: not one product here (N %lld, K %lld + %lld)",
                   (long long)N, (long long)K, (long long)K2);
   // B rows l < K: W^T; l >= K: W2^T.
-  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw) -> const float* {
+  auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw, int64_t row,
+                  int64_t nl_panel) -> const float* {
     const int64_t n1 = std::clamp<int64_t>(K - l0, 0, nl);
-    if (n1 > 0) PackForwardB(tk, mm, w, l0, n1, k0, nk, panel, nl, 0, mpw);
-    if (n1 < nl) PackForwardB(tk, mm, w2, l0 + n1 - K, nl - n1, k0, nk, panel, nl, n1, mpw);
+    if (n1 > 0) PackForwardB(tk, mm, w, l0, n1, k0, nk, panel, nl_panel, row, mpw);
+    if (n1 < nl) PackForwardB(tk, mm, w2, l0 + n1 - K, nl - n1, k0, nk, panel, nl_panel, row + n1, mpw);
     return nullptr;
   };
   const ASecond a2{x2, K2, K};
@@ -705,14 +701,15 @@ void MatMulBackwardInputPlusWith(const TrainKernelTable& tk, const KernelTable& 
   const float* w2d = (const float*)w2.data;
   WithBackwardInputFill(tk, kt, w, [&](const auto& fill_w, int64_t col_align) {
     // B rows l < N: W's (as its own fill gives them); l >= N: W2's, f32 in place. Both into the panel's strips.
-    auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw) -> const float* {
+    auto fill = [&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float* panel, int64_t*, int64_t mpw, int64_t row,
+                  int64_t nl_panel) -> const float* {
       const int64_t n1 = std::clamp<int64_t>(N - l0, 0, nl);
       if (n1 > 0) {
         int64_t ld1 = 0;
-        const float* p1 = fill_w(l0, n1, k0, nk, nullptr, &ld1, mpw);
-        CopyIntoStrips(panel, nl, 0, n1, nk, mpw, p1, ld1);
+        const float* p1 = fill_w(l0, n1, k0, nk, nullptr, &ld1, mpw, 0, n1);
+        CopyIntoStrips(panel, nl_panel, row, n1, nk, mpw, p1, ld1);
       }
-      if (n1 < nl) CopyIntoStrips(panel, nl, n1, nl - n1, nk, mpw, w2d + (l0 + n1 - N) * K + k0, K);
+      if (n1 < nl) CopyIntoStrips(panel, nl_panel, row + n1, nl - n1, nk, mpw, w2d + (l0 + n1 - N) * K + k0, K);
       return nullptr;
     };
     const ASecond a2{dy2, N2, N};
@@ -810,7 +807,7 @@ void FewRowsGemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t
 // transposed: a_rs = M, a_is = 1), B = x (M, K) rows.
 void WeightGrad(const TrainKernelTable& tk, ThreadPool& pool, float* dw, const float* a, int64_t a_rs, int64_t a_is,
                 const float* x, int64_t M, int64_t N, int64_t K) {
-  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, int64_t* ld, int64_t) -> const float* {
+  auto fill = [&](int64_t l0, int64_t, int64_t k0, int64_t, float*, int64_t* ld, int64_t, int64_t, int64_t) -> const float* {
     *ld = K;
     return x + l0 * K + k0;
   };
