@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/avx512_transpose.h"
 #include "kernels/cpu/avx512_util.h"
 #include "kernels/cpu/train_dispatch.h"
@@ -428,11 +429,7 @@ float RowMax(const float* x, int64_t n) {  // the max of the elements: any order
 
 // lo + hi halves, then avx2::HsumPs's order.
 inline float SumHalves(__m512 s) {
-  const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-  __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  t = _mm_add_ss(t, _mm_movehdup_ps(t));
-  return _mm_cvtss_f32(t);
+  return avx2::HsumPs(_mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1)));
 }
 
 float ExpShiftSum(float* x, int64_t n, float shift) {
