@@ -49,10 +49,13 @@ struct Shape {
 const Shape kQuantShapes[] = {{1, 1, 32}, {7, 13, 64}, {13, 300, 96}, {200, 37, 288}, {6, 16, 256}};
 // Plus LoRA-like skinny shapes (rank 1 and 16 on either side), K = 1, inner dimensions in one chunk
 // (<= 768), in 3 (1700 and the weight gradient's 900 tokens: uneven last chunk) and in several rounds
-// of chunks (4200, 4300: the GEMM packs B round by round then), on the panel path (>= 192 columns) too.
+// of chunks (4200, 4300: the GEMM packs B round by round then), on the panel path (>= 192 columns) too; few rows
+// over a long inner dimension (128 x 4300 x 72, 64 x 2000 x 200: the loss's input gradient, which 2 threads split
+// by columns, kColSplitRows).
 const Shape kF32Shapes[] = {{1, 1, 1},   {5, 7, 19},    {197, 261, 263}, {2, 259, 17}, {37, 16, 1},
                             {9, 1, 40},  {193, 600, 16}, {193, 16, 600}, {61, 3, 520}, {20, 530, 2},
-                            {3, 4200, 40}, {4200, 3, 20}, {128, 4300, 72}, {70, 200, 1700}, {900, 250, 300}};
+                            {3, 4200, 40}, {4200, 3, 20}, {128, 4300, 72}, {70, 200, 1700}, {900, 250, 300},
+                            {64, 2000, 200}};
 
 class TrainMatMul : public ::testing::TestWithParam<std::tuple<IsaTier, int>> {};
 

@@ -60,6 +60,13 @@ constexpr int64_t kPanelMinCols = 192;
 // Rows per A superblock before a round takes fewer inner chunks instead (fewer chunks per round
 // means C read and written once more per round; fewer rows, B streamed once more per superblock).
 constexpr int64_t kPanelMinRows = 256;
+// Panel-path products with at most this many rows and a long inner dimension (over two inner chunks: the loss's
+// 128-token chunks, the head's input gradient, 128 rows x 576 columns over 49152 inner rows; not the decoder
+// linears at M <= 256, whose products were not measured so) split over the threads by columns: one task per thread,
+// each all the rows x its share of the columns (whole micro-panels), so each B sub-chunk serves every row tile
+// once (split by rows, each thread's 32 rows re-read the whole shared B from L3). Loss of a 512-token group,
+// 2 threads: 459 -> 420 ms (fifty-third session).
+constexpr int64_t kColSplitRows = 256;
 
 // The caller's shared panel buffers and each thread's B conversion / A tile buffers, one set for
 // every instantiation of Gemm (a static inside the template would be one per fill type).
@@ -160,6 +167,7 @@ struct GemmPlan {
   int64_t sb_rows = 0;    // rows per A superblock (all of R unless the panel path's A would not fit)
   int64_t col_block = 0;  // columns per packed B panel (and per task)
   int64_t group = 0;      // columns per round's packed B (whole col_blocks)
+  bool col_split = false;  // one column block per thread, all rows in each (kColSplitRows)
 };
 
 // col_align: the B fill's column alignment (a quantized W's block; 1 for plain types).
@@ -182,6 +190,19 @@ GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64
     p.sb_rows = std::min(r_pad, std::max<int64_t>(pr, kSharedAFloats / (p.chunks * p.inner) / pr * pr));
   }
   p.group = bpre ? Kd : std::max<int64_t>(1, kSharedBFloats / (p.chunks * panel)) * p.col_block;
+  // Few rows on several threads: column blocks of Kd / threads (whole micro-panels), every column in each round
+  // (fewer inner chunks a round: B and A within kSharedBFloats / kSharedAFloats), all rows in one superblock.
+  // Only with a pool: the memory plan's calls (pool null) take the row-split plan, whose A and B panels are at
+  // least as large.
+  if (p.panel_rows && !bpre && pool && pool->size() > 1 && R <= kColSplitRows && p.n_lc_all > 2 && col_align == 1) {
+    const int64_t th = pool->size(), pc = tk.panel_cols, pr = p.panel_rows, r_pad = (R + pr - 1) / pr * pr;
+    p.col_split = true;
+    p.col_block = ((Kd + th - 1) / th + pc - 1) / pc * pc;
+    p.group = (Kd + p.col_block - 1) / p.col_block * p.col_block;
+    p.chunks = std::clamp<int64_t>(std::min(kSharedBFloats / (p.group * p.inner), kSharedAFloats / (r_pad * p.inner)),
+                                   1, p.n_lc_all);
+    p.sb_rows = r_pad;
+  }
   // With bpre (nothing to pack per block) up to 20 strips per column block, the block count a multiple
   // of the threads, so a small-R product (the head's 128-row chunks) still splits evenly.
   if (bpre && pool) {
@@ -318,7 +339,7 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
       row_block = ((rows + n - 1) / n + MR - 1) / MR * MR;
     }
     const int64_t th = pool.size();
-    const int64_t want = th > 1 ? (bpre ? 1 : 2) * th : 1;
+    const int64_t want = th > 1 ? (bpre || plan.col_split ? 1 : 2) * th : 1;
     if ((rows + row_block - 1) / row_block * n_cb < want) {
       const int64_t parts = (want + n_cb - 1) / n_cb;
       row_block = std::max<int64_t>(MR, ((rows + parts - 1) / parts + MR - 1) / MR * MR);
