@@ -47,6 +47,15 @@ struct BOperand {
 // else the 6 x 16 / 6 x 32 tiles. Either gives every element the same FMA chain.
 int64_t AttentionRowTile(const TrainKernelTable& tk) { return tk.gemm_panel_rows ? tk.panel_rows : kGemmTileR; }
 
+// Columns of the next panel-tile call with `left` columns to go: the tier's panel width, but a last 16 after it
+// (head_dim 64 = 48 + 16) goes as 32 + 32: the one-strip tile's 8 broadcasts per 8 multiply-adds ran at ~60% of the
+// three-strip tile's rate (perf, attention backward); the two-strip tile's 8 per 16 do not hold the FMAs up. Each
+// element's FMA chain is the same whichever tile computes it.
+int PanelStep(const TrainKernelTable& tk, int64_t left) {
+  const int64_t pc = tk.panel_cols;
+  return (int)(left == pc + kGemmTileC && pc == 3 * kGemmTileC ? 2 * kGemmTileC : std::min<int64_t>(pc, left));
+}
+
 // c(R, N) (+)= A . B with A's rows read in place (row i at a + i * lda), row tiles of AttentionRowTile(tk) rows.
 // With cols: row tile rt writes only the column strips that cover [cols->clo[rt], cols->chi[rt]). With inner: row
 // tile rt sums only over [inner->clo[rt], inner->chi[rt]) of L (the rest of A's row is zero there).
@@ -64,10 +73,11 @@ void RowsTimesStrips(const TrainKernelTable& tk, float* c, int64_t ldc, int64_t 
     // Whole strips from j_lo (a multiple of 16) on, as far as N.
     const int64_t nc = std::min(N - j_lo, (j_hi - j_lo + kGemmTileC - 1) / kGemmTileC * kGemmTileC);
     if (row_tile != kGemmTileR) {
-      for (int64_t j = 0; j < nc; j += tk.panel_cols)
+      for (int64_t j = 0, w = 0; j < nc; j += w) {
+        w = PanelStep(tk, nc - j);
         tk.gemm_panel_rows(a + r0 * lda + l_lo, lda, b.At(l_lo, (j_lo + j) / kGemmTileC), b.stride, b.ldb, l_hi - l_lo,
-                           c + r0 * ldc + j_lo + j, ldc, mr, (int)std::min<int64_t>(tk.panel_cols, nc - j), overwrite,
-                           nullptr, nullptr);
+                           c + r0 * ldc + j_lo + j, ldc, mr, (int)w, overwrite, nullptr, nullptr);
+      }
       continue;
     }
     GemmStripsRows(tk, a + r0 * lda + l_lo, lda, b.At(l_lo, j_lo / kGemmTileC), b.stride, b.ldb, l_hi - l_lo,
@@ -95,9 +105,11 @@ void KeyRowsProduct(const TrainKernelTable& tk, GemmScratch& gs, float* c, int64
         for (int i = 0; i < kt; ++i) ap[(l - l0) * kt + i] = i < mr ? at[l * ld + r0 + i] : 0.0f;
     }
     if (kt != kGemmTileR) {
-      for (int64_t j = 0; j < N; j += tk.panel_cols)
-        tk.gemm_panel(ap, b.At(l0, j / kGemmTileC), b.stride, b.ldb, l1 - l0, c + r0 * ldc + j, ldc, mr,
-                      (int)std::min<int64_t>(tk.panel_cols, N - j), /*overwrite=*/false, nullptr, nullptr);
+      for (int64_t j = 0, w = 0; j < N; j += w) {
+        w = PanelStep(tk, N - j);
+        tk.gemm_panel(ap, b.At(l0, j / kGemmTileC), b.stride, b.ldb, l1 - l0, c + r0 * ldc + j, ldc, mr, (int)w,
+                      /*overwrite=*/false, nullptr, nullptr);
+      }
       continue;
     }
     GemmStrips(tk, ap, b.At(l0, 0), b.stride, b.ldb, l1 - l0, c + r0 * ldc, ldc, mr, N);
