@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -326,6 +327,33 @@ TEST(TrainGemmTile, Avx512DriverEqualsAvx2) {
     cpu::MatMulBackwardWeightTWith(tw, pool, dw.data(), dyT.data(), x.data(), s.M, s.N, s.K);
     cpu::MatMulBackwardWeightTWith(t2, pool, dw2.data(), dyT.data(), x.data(), s.M, s.N, s.K);
     EXPECT_EQ(dw, dw2) << "weight grad, transposed dY " << where;
+  }
+}
+
+// The memory plan's bounds on the GEMM's shared panels (GemmAPanelFloatsWith / GemmBPanelFloatsWith, which the
+// trainer's plan counts) cover what a 2-thread product takes: row-split products, the few-row column split (the
+// loss's input gradient, 128 x 576 over a long inner dimension) and a few-row shape whose column split would need
+// more B than the row-split plan (64 x 1360 over 5000: it keeps the row split). Each product runs on a fresh
+// thread, whose panel buffers start empty.
+TEST(TrainGemmPlan, SharedPanelsStayWithinTheMemoryPlan) {
+  const cpu::TrainKernelTable& tk = cpu::TrainBest();
+  const cpu::KernelTable& kt = cpu::Best();
+  ThreadPool pool(2);
+  const Shape shapes[] = {{128, 6000, 576}, {64, 5000, 1360}, {512, 1536, 576}, {200, 2500, 300}, {16, 3000, 100}};
+  for (const Shape& s : shapes) {
+    const std::string where = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
+    const testing::TestWeight w = MakeWeight(DType::kF32, s.N, s.K, 91);
+    const std::vector<float> dyT = RandomVec(s.N * s.M, 92);
+    std::vector<float> dx(s.M * s.K);
+    cpu::GemmSharedFloats used;
+    std::thread([&] {
+      cpu::MatMulBackwardInputTWith(tk, kt, pool, dx.data(), dyT.data(), s.M, w.t, false);
+      used = cpu::GemmSharedPanelFloats();
+    }).join();
+    // dX (M x K) = dY (M x N) . W: R = M, Kd = K, L = N, A = dY^T (rows not contiguous).
+    EXPECT_LE(used.a, cpu::GemmAPanelFloatsWith(tk, s.M, s.K, s.N, /*a_rows_contiguous=*/false, false)) << where;
+    EXPECT_LE(used.b, cpu::GemmBPanelFloatsWith(tk, s.K, s.N, 1)) << where;
+    EXPECT_GT(used.b, 0) << where;
   }
 }
 

@@ -176,6 +176,13 @@ void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt,
                               const float* packed = nullptr);
 void PackForBackwardInputWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, const Tensor& w,
                               float* out);
+// The floats the calling thread's shared GEMM panels hold (their high-water marks: A's micro-panels and B's
+// panels, which the caller packs and the pool's threads read), for tests that the memory plan's bounds
+// (GemmAPanelFloatsWith / GemmBPanelFloatsWith) cover what the GEMM takes.
+struct GemmSharedFloats {
+  int64_t a = 0, b = 0;
+};
+GemmSharedFloats GemmSharedPanelFloats();
 // TrainGemmAPanelFloats (train_ops.h) for one tier's table.
 int64_t GemmAPanelFloatsWith(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous,
                              bool prepacked_b);

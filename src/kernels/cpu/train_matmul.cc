@@ -70,14 +70,16 @@ constexpr int64_t kColSplitRows = 256;
 
 // The caller's shared panel buffers and each thread's B conversion / A tile buffers, one set for
 // every instantiation of Gemm (a static inside the template would be one per fill type).
-float* SharedPanels(size_t n) {
+std::vector<float>& SharedPanelsBuf() {
   static thread_local std::vector<float> buf;  // the caller's; the workers only read it
-  return Scratch(buf, n);
+  return buf;
 }
-float* SharedAPanels(size_t n) {
+std::vector<float>& SharedAPanelsBuf() {
   static thread_local std::vector<float> buf;
-  return Scratch(buf, n);
+  return buf;
 }
+float* SharedPanels(size_t n) { return Scratch(SharedPanelsBuf(), n); }
+float* SharedAPanels(size_t n) { return Scratch(SharedAPanelsBuf(), n); }
 float* ThreadTmp(size_t n) {
   static thread_local std::vector<float> buf;
   return Scratch(buf, n);
@@ -191,17 +193,23 @@ GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64
   }
   p.group = bpre ? Kd : std::max<int64_t>(1, kSharedBFloats / (p.chunks * panel)) * p.col_block;
   // Few rows on several threads: column blocks of Kd / threads (whole micro-panels), every column in each round
-  // (fewer inner chunks a round: B and A within kSharedBFloats / kSharedAFloats), all rows in one superblock.
-  // Only with a pool: the memory plan's calls (pool null) take the row-split plan, whose A and B panels are at
-  // least as large.
+  // (fewer inner chunks a round), all rows in one superblock. Only with a pool: the memory plan's calls (pool null)
+  // take the row-split plan, so the split is kept only where its shared A and B panels are no larger than that
+  // plan's (GemmAPanelFloatsWith / GemmBPanelFloatsWith count those).
   if (p.panel_rows && !bpre && pool && pool->size() > 1 && R <= kColSplitRows && p.n_lc_all > 2 && col_align == 1) {
     const int64_t th = pool->size(), pc = tk.panel_cols, pr = p.panel_rows, r_pad = (R + pr - 1) / pr * pr;
-    p.col_split = true;
-    p.col_block = ((Kd + th - 1) / th + pc - 1) / pc * pc;
-    p.group = (Kd + p.col_block - 1) / p.col_block * p.col_block;
-    p.chunks = std::clamp<int64_t>(std::min(kSharedBFloats / (p.group * p.inner), kSharedAFloats / (r_pad * p.inner)),
-                                   1, p.n_lc_all);
-    p.sb_rows = r_pad;
+    GemmPlan q = p;
+    q.col_split = true;
+    q.col_block = ((Kd + th - 1) / th + pc - 1) / pc * pc;
+    q.group = (Kd + q.col_block - 1) / q.col_block * q.col_block;
+    q.chunks = std::clamp<int64_t>(std::min(kSharedBFloats / (q.group * q.inner), kSharedAFloats / (r_pad * q.inner)),
+                                   1, q.n_lc_all);
+    q.sb_rows = r_pad;
+    auto b_floats = [&](const GemmPlan& g) {
+      return (std::min(g.group, Kd) + g.col_block - 1) / g.col_block * g.chunks * g.inner * g.col_block;
+    };
+    auto a_floats = [](const GemmPlan& g) { return g.chunks * (g.sb_rows + g.panel_rows - 1) / g.panel_rows * g.panel_rows * g.inner; };
+    if (b_floats(q) <= b_floats(p) && a_floats(q) <= a_floats(p)) p = q;
   }
   // With bpre (nothing to pack per block) up to 20 strips per column block, the block count a multiple
   // of the threads, so a small-R product (the head's 128-row chunks) still splits evenly.
@@ -498,6 +506,10 @@ void MatMulBackwardInputTWith(const TrainKernelTable& tk, const KernelTable& kt,
   WithBackwardInputFill(tk, kt, w, [&](const auto& fill, int64_t col_align) {
     Gemm(tk, pool, dx, K, M, K, N, dyT, 1, M, accumulate, fill, packed, col_align);
   });
+}
+
+GemmSharedFloats GemmSharedPanelFloats() {
+  return {(int64_t)SharedAPanelsBuf().size(), (int64_t)SharedPanelsBuf().size()};
 }
 
 int64_t GemmAPanelFloatsWith(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous,
