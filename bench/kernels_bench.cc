@@ -626,7 +626,8 @@ void BM_TrainLoss(benchmark::State& state, bool full, int threads, bool bf16) {
   for (int64_t t = 0; t < T; ++t) labels[t] = (int32_t)((t * 7919) % V);
   for (auto _ : state) {
     benchmark::DoNotOptimize(kernels::CrossEntropyBackward(pool, dx.data(), full ? dw.data() : nullptr, x.data(), T,
-                                                           w, labels.data(), (float)T, 1.0f, 128, use_packed ? &packed : nullptr, bf16));
+                                                           w, labels.data(), (float)T, 1.0f, 128,
+                                                           use_packed ? &packed : nullptr, bf16));
   }
   state.counters["GFLOP/s"] = benchmark::Counter((full ? 3 : 2) * 2.0 * T * V * C * state.iterations() * 1e-9,
                                                  benchmark::Counter::kIsRate);

@@ -65,7 +65,7 @@ constexpr int64_t kPanelMinRows = 256;
 // linears at M <= 256, whose products were not measured so) split over the threads by columns: one task per thread,
 // each all the rows x its share of the columns (whole micro-panels), so each B sub-chunk serves every row tile
 // once (split by rows, each thread's 32 rows re-read the whole shared B from L3). Loss of a 512-token group,
-// 2 threads: 459 -> 420 ms (fifty-third session).
+// 2 threads: 463 -> 439 ms (fifty-third session).
 constexpr int64_t kColSplitRows = 256;
 
 // The caller's shared panel buffers and each thread's B conversion / A tile buffers, one set for
@@ -172,6 +172,15 @@ struct GemmPlan {
   bool col_split = false;  // one column block per thread, all rows in each (kColSplitRows)
 };
 
+// Floats of a plan's shared panels (what GemmAPanelFloatsWith / GemmBPanelFloatsWith count): A's micro-panels of a
+// round (panel path only) and the B panels of a round's column group.
+int64_t APanelFloats(const GemmPlan& p) {
+  return p.panel_rows ? p.chunks * ((p.sb_rows + p.panel_rows - 1) / p.panel_rows * p.panel_rows) * p.inner : 0;
+}
+int64_t BPanelFloats(const GemmPlan& p, int64_t Kd) {
+  return (std::min(p.group, Kd) + p.col_block - 1) / p.col_block * p.chunks * p.inner * p.col_block;
+}
+
 // col_align: the B fill's column alignment (a quantized W's block; 1 for plain types).
 GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64_t Kd, int64_t L, int64_t a_is,
                   bool bpre, int64_t col_align) {
@@ -205,11 +214,7 @@ GemmPlan PlanGemm(const TrainKernelTable& tk, ThreadPool* pool, int64_t R, int64
     q.chunks = std::clamp<int64_t>(std::min(kSharedBFloats / (q.group * q.inner), kSharedAFloats / (r_pad * q.inner)),
                                    1, q.n_lc_all);
     q.sb_rows = r_pad;
-    auto b_floats = [&](const GemmPlan& g) {
-      return (std::min(g.group, Kd) + g.col_block - 1) / g.col_block * g.chunks * g.inner * g.col_block;
-    };
-    auto a_floats = [](const GemmPlan& g) { return g.chunks * (g.sb_rows + g.panel_rows - 1) / g.panel_rows * g.panel_rows * g.inner; };
-    if (b_floats(q) <= b_floats(p) && a_floats(q) <= a_floats(p)) p = q;
+    if (BPanelFloats(q, Kd) <= BPanelFloats(p, Kd) && APanelFloats(q) <= APanelFloats(p)) p = q;
   }
   // With bpre (nothing to pack per block) up to 20 strips per column block, the block count a multiple
   // of the threads, so a small-R product (the head's 128-row chunks) still splits evenly.
@@ -463,7 +468,8 @@ void WithBackwardInputFill(const TrainKernelTable& tk, const KernelTable& kt, co
   if (IsPackedQuant(w.dtype)) {  // NF4/FP4/int8: B chunks dequantized straight from the packed buffer
     if (IsPacked4Bit(w.dtype)) LATHE_CHECK(K % kQuant4Block == 0);
     const quant::QuantKernels& qk = quant::QuantKernelsFor(tk.tier);
-    body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld, int64_t, int64_t, int64_t) -> const float* {
+    body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld, int64_t, int64_t,
+             int64_t) -> const float* {
       float* tmp = ThreadTmp((size_t)(nl * nk));
       quant::DequantPackedBlock(qk, w, l0, nl, k0, nk, tmp, nk);
       *ld = nk;
@@ -475,7 +481,8 @@ void WithBackwardInputFill(const TrainKernelTable& tk, const KernelTable& kt, co
   const uint8_t* wd = (const uint8_t*)w.data;
   const DType t = w.dtype;
   if (IsQuantized(t)) LATHE_CHECK(K % 32 == 0);
-  body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld, int64_t, int64_t, int64_t) -> const float* {
+  body([&](int64_t l0, int64_t nl, int64_t k0, int64_t nk, float*, int64_t* ld, int64_t, int64_t,
+           int64_t) -> const float* {
     if (t == DType::kF32) {
       *ld = K;
       return (const float*)w.data + l0 * K + k0;
@@ -515,20 +522,14 @@ GemmSharedFloats GemmSharedPanelFloats() {
 int64_t GemmAPanelFloatsWith(const TrainKernelTable& tk, int64_t R, int64_t Kd, int64_t L, bool a_rows_contiguous,
                              bool prepacked_b) {
   if (R <= 0 || Kd <= 0 || L <= 0) return 0;
-  const GemmPlan p = PlanGemm(tk, nullptr, R, Kd, L, a_rows_contiguous ? 1 : 2, prepacked_b, 1);
-  if (!p.panel_rows) return 0;
-  const int64_t n_lc = std::min(p.chunks, p.n_lc_all);
-  return n_lc * (p.sb_rows + p.panel_rows - 1) / p.panel_rows * p.panel_rows * p.inner;
+  return APanelFloats(PlanGemm(tk, nullptr, R, Kd, L, a_rows_contiguous ? 1 : 2, prepacked_b, 1));
 }
 
 int64_t GemmBPanelFloatsWith(const TrainKernelTable& tk, int64_t Kd, int64_t L, int64_t col_align) {
   if (Kd <= 0 || L <= 0) return 0;
   int64_t most = 0;
-  for (int64_t a_is : {1, 2}) {  // the panel path's column blocks, and the 6 x 16 tiles'
-    const GemmPlan p = PlanGemm(tk, nullptr, 1, Kd, L, a_is, false, col_align);
-    const int64_t n_cb = (std::min(p.group, Kd) + p.col_block - 1) / p.col_block;
-    most = std::max(most, n_cb * std::min(p.chunks, p.n_lc_all) * p.inner * p.col_block);
-  }
+  for (int64_t a_is : {1, 2})  // the panel path's column blocks, and the 6 x 16 tiles'
+    most = std::max(most, BPanelFloats(PlanGemm(tk, nullptr, 1, Kd, L, a_is, false, col_align), Kd));
   return most;
 }
 
