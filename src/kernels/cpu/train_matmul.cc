@@ -149,8 +149,9 @@ void CopyIntoStrips(float* panel, int64_t nl_panel, int64_t row, int64_t n, int6
     const int64_t w = std::min(mpw, nk16 - m0), nj = std::min(w, nk - m0);
     float* out = panel + m0 * nl_panel + row * w;
     const float* in = p + m0;
-    if (nj == 48 && w == 48) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
-      for (int64_t l = 0; l < n; ++l) std::memcpy(out + l * 48, in + l * ld, sizeof(float) * 48);
+    constexpr int64_t kWide = 3 * kGemmTileC;  // the panel tile's micro-panel (AVX-512: 48 columns)
+    if (nj == kWide && w == kWide) {  // constant-size copies inline (a libc memcpy per 64 bytes showed up)
+      for (int64_t l = 0; l < n; ++l) std::memcpy(out + l * kWide, in + l * ld, sizeof(float) * kWide);
     } else if (nj == kGemmTileC && w == kGemmTileC) {
       for (int64_t l = 0; l < n; ++l) std::memcpy(out + l * kGemmTileC, in + l * ld, sizeof(float) * kGemmTileC);
     } else {
@@ -323,8 +324,8 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
     float* bpack = bpre ? nullptr : SharedPanels((size_t)(n_cb * n_lc * panel_floats));
     // Panels the threads cannot share evenly (q / k / v / o: 3 or 1; the trained head's input gradient: 7 a round)
     // are filled in one row piece per thread. The panels' contents do not depend on the pieces.
-    const int64_t th_fill = pool.size(), n_fill = n_cb * n_lc;
-    const int64_t pieces = th_fill > 1 && n_fill % th_fill != 0 ? th_fill : 1;
+    const int64_t th = pool.size(), n_fill = n_cb * n_lc;
+    const int64_t pieces = th > 1 && n_fill % th != 0 ? th : 1;
     if (!bpre) pool.ParallelFor(n_fill * pieces, 1, [&](int64_t tb, int64_t te, int) {
       for (int64_t v = tb; v < te; ++v) {
         const int64_t u = v / pieces, piece = v % pieces;
@@ -351,7 +352,6 @@ void Gemm(const TrainKernelTable& tk, ThreadPool& pool, float* c, int64_t ldc, i
       const int64_t n = std::max<int64_t>(1, (rows * inner + kPanelABlockFloats - 1) / kPanelABlockFloats);
       row_block = ((rows + n - 1) / n + MR - 1) / MR * MR;
     }
-    const int64_t th = pool.size();
     const int64_t want = th > 1 ? (bpre || plan.col_split ? 1 : 2) * th : 1;
     if ((rows + row_block - 1) / row_block * n_cb < want) {
       const int64_t parts = (want + n_cb - 1) / n_cb;
