@@ -217,7 +217,7 @@ std::vector<DType> PlanConvertedDTypes(const ConvertTarget& target, const std::v
 }
 
 Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& out_path, const ConvertTarget& target,
-                                 ThreadPool& pool, bool allow_requantize) {
+                                 ThreadPool& pool, bool allow_requantize, const TensorEdits& edits) {
   if (in_path == out_path) return Status::Error("output path equals the input path; choose another -o");
   LATHE_ASSIGN_OR_RETURN(auto in, formats::GgufFile::Open(in_path));
   ConvertModel model;
@@ -260,7 +260,8 @@ Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& 
     st.tensors++;
     st.params += t.numel();
     st.bytes_in += t.nbytes();
-    if (to == t.dtype) {  // unchanged: copy bytes through the mapping
+    const RowEdit edit = edits ? edits(name) : RowEdit();
+    if (to == t.dtype && !edit) {  // unchanged: copy bytes through the mapping
       LATHE_RETURN_IF_ERROR(w.AddTensor(name, to, t.shape, t.data, t.nbytes()));
       st.bytes_out += t.nbytes();
       continue;
@@ -276,6 +277,7 @@ Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& 
       std::vector<float> tmp(row);
       for (int64_t r = b; r < e; ++r) {
         kernels::DequantizeRows(rows_view, r, 1, tmp.data());
+        if (edit) edit(r, tmp.data());
         kernels::QuantizeRow(to, tmp.data(), row, dst + r * out_row_bytes);
       }
     });

@@ -8,6 +8,7 @@
 // from HF write them in f32, so the two agree on such files).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,10 +54,18 @@ struct ConvertStats {
   int64_t requantized = 0;  // quantized matrices quantized again to another type (precision lost twice)
 };
 
+// Changes a tensor's values on the way through: given a row index and that row as f32 (dequantized, the
+// file's layout), edits it in place before it is stored. Called from the pool's threads, each row once.
+using RowEdit = std::function<void(int64_t row, float* values)>;
+// For a tensor's name, its RowEdit, or an empty one to leave the tensor as the conversion makes it.
+using TensorEdits = std::function<RowEdit(const std::string& name)>;
+
 // Writes out_path (temp file + rename: an existing file is only replaced by a complete one). With
 // allow_requantize false, a matrix that is already quantized and would get another quantized type
 // is an error naming it (llama-quantize's rule; `lathe convert` allows it, `lathe quantize` asks).
+// edits (optional): tensors it gives a RowEdit are always rewritten from their f32 rows, edited, even where
+// their type stays the same (`lathe merge` folds a LoRA adapter in this way).
 Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& out_path, const ConvertTarget& target,
-                                 ThreadPool& pool, bool allow_requantize = true);
+                                 ThreadPool& pool, bool allow_requantize = true, const TensorEdits& edits = {});
 
 }  // namespace lathe::tools

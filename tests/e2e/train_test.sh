@@ -117,6 +117,13 @@ check "adapter changes the output" python3 -c "
 import json; a = json.load(open('$tmp/base.json')); b = json.load(open('$tmp/adapted.json'))
 assert a['ids'] != b['ids'], (a['ids'], b['ids'])"
 
+# 2b. `lathe merge` folds the adapter into the GGUF: the merged file alone continues as the base with the adapter.
+"$LATHE" merge -m "$STORIES/stories260K.gguf" --adapter "$tmp/lora" -o "$tmp/merged.gguf" > "$tmp/merge.out" 2>&1
+check "merge exit" test $? -eq 0
+check "merge reports the merged weights" grep -q "35 linear weights merged" "$tmp/merge.out"
+"$LATHE" generate -m "$tmp/merged.gguf" -p "Once upon a time" -n 24 --temp 0 --json > "$tmp/merged.json"
+check "merged GGUF generates as base + adapter" cmp -s "$tmp/merged.json" "$tmp/adapted.json"
+
 # 3. Full fine-tuning (pt) writes an HF model dir with the tokenizer given by --tokenizer.
 cat > "$tmp/full.yaml" <<YAML
 model_name_or_path: $STORIES/stories260K.gguf
@@ -152,6 +159,14 @@ check "tokenizer copied from the HF source" test -f "$tmp/hf_lora/tokenizer.mode
 check "eval_dataset evaluated" grep -q '"eval_loss"' "$tmp/hf_lora/all_results.json"
 "$LATHE" generate -m "$tmp/full" --adapter "$tmp/hf_lora" -p "Once" -n 4 --temp 0 > /dev/null 2> "$tmp/hf_gen.err"
 check "generate with the adapter on the HF base" test $? -eq 0
+# The same adapter merged into that HF dir: a folder with the tokenizer, generating as base + adapter.
+"$LATHE" generate -m "$tmp/full" --adapter "$tmp/hf_lora" -p "Once upon a time" -n 16 --temp 0 --json \
+  > "$tmp/hf_adapted.json" 2> /dev/null
+"$LATHE" merge -m "$tmp/full" --adapter "$tmp/hf_lora" -o "$tmp/hf_merged" > /dev/null 2> "$tmp/hf_merge.err"
+check "merge into an HF dir exit" test $? -eq 0
+check "merged HF dir has the tokenizer" test -f "$tmp/hf_merged/tokenizer.model"
+"$LATHE" generate -m "$tmp/hf_merged" -p "Once upon a time" -n 16 --temp 0 --json > "$tmp/hf_merged.json"
+check "merged HF dir generates as base + adapter" cmp -s "$tmp/hf_merged.json" "$tmp/hf_adapted.json"
 
 # 4. Errors name the key (and a nearby valid one), before any work.
 expect_error "unknown key on the command line" "lerning_rate" "$LATHE" train "$tmp/full.yaml" --lerning_rate 1e-3

@@ -1,0 +1,319 @@
+// LoRA merge: W + scale * (B A) into each adapted linear of a GGUF file (through ConvertGguf's row edits) or of an HF
+// folder's safetensors (shard by shard, every other tensor's bytes passed through unchanged).
+#include "tools/merge.h"
+
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/mapped_file.h"
+#include "formats/atomic_file.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+#include "kernels/kernels.h"
+#include "model/load_gguf.h"
+#include "model/load_hf.h"
+#include "model/lora.h"
+
+namespace lathe::tools {
+
+namespace fs = std::filesystem;
+using model::LoraModule;
+
+namespace {
+
+constexpr int kMods = (int)LoraModule::kCount;
+
+// Adds row o of scale * (B A) to w (in features): d = sum over k of B[o][k] A[k][:] in k order, then w += d * scale,
+// the order of PEFT's (B @ A) * scaling added to W. tmp: in floats.
+void AddDeltaRow(const model::LoraPair& p, int64_t o, float* w, float* tmp) {
+  const int64_t r = p.a.shape[0], in = p.a.shape[1];
+  const float* a = p.a.as<float>();
+  const float* b = p.b.as<float>() + o * r;
+  std::fill(tmp, tmp + in, 0.0f);
+  for (int64_t k = 0; k < r; ++k) {
+    const float bk = b[k];
+    const float* ak = a + k * in;
+    for (int64_t i = 0; i < in; ++i) tmp[i] += bk * ak[i];
+  }
+  for (int64_t i = 0; i < in; ++i) w[i] += tmp[i] * p.scale;
+}
+
+// "<prefix><layer>.<module name><suffix>" -> (layer, module), for the seven LoRA module names of `names`.
+std::optional<std::pair<int64_t, int>> ParseLinear(const std::string& name, const std::string& prefix,
+                                                   const char* const (&names)[kMods],
+                                                   const std::string& suffix) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  size_t i = prefix.size(), j = i;
+  while (j < name.size() && std::isdigit((unsigned char)name[j])) ++j;
+  if (j == i || j - i > 6 || j >= name.size() || name[j] != '.') return std::nullopt;
+  const int64_t layer = std::stoll(name.substr(i, j - i));
+  const std::string rest = name.substr(j + 1);
+  for (int m = 0; m < kMods; ++m)
+    if (rest == std::string(names[m]) + suffix) return std::make_pair(layer, m);
+  return std::nullopt;
+}
+
+// GGUF's names of the seven linears inside "blk.N.".
+constexpr const char* kGgufNames[kMods] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                           "ffn_down"};
+// HF's, inside "model.layers.N." (self_attn.* / mlp.*).
+constexpr const char* kHfNames[kMods] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                         "mlp.down_proj"};
+
+// The adapter's pair for (layer, module), or nullptr when it does not adapt it.
+const model::LoraPair* PairOf(const model::LoraAdapter& a, int64_t layer, int m) {
+  if (layer < 0 || layer >= (int64_t)a.layers.size()) return nullptr;
+  const model::LoraPair& p = a.at(layer, (LoraModule)m);
+  return p.a.data ? &p : nullptr;
+}
+
+int64_t PairCount(const model::LoraAdapter& a) {
+  int64_t n = 0;
+  for (size_t l = 0; l < a.layers.size(); ++l)
+    for (int m = 0; m < kMods; ++m) n += PairOf(a, (int64_t)l, m) != nullptr;
+  return n;
+}
+
+// The base's name of the tensor the adapter's (layer, module) pair changes.
+std::string TensorName(int64_t layer, int m, bool gguf) {
+  return gguf ? "blk." + std::to_string(layer) + "." + kGgufNames[m] + ".weight"
+              : "model.layers." + std::to_string(layer) + "." + kHfNames[m] + ".weight";
+}
+
+// Before anything is written: every pair of the adapter must find its tensor in the base.
+template <class Has>
+Status CheckEveryPairHasATensor(const model::LoraAdapter& a, const Has& has, const std::string& base,
+                                const std::string& adapter_dir, bool gguf) {
+  for (size_t l = 0; l < a.layers.size(); ++l)
+    for (int m = 0; m < kMods; ++m) {
+      if (!PairOf(a, (int64_t)l, m) || has(TensorName((int64_t)l, m, gguf))) continue;
+      return Status::Error(adapter_dir + ": the adapter's " + model::LoraModuleName((LoraModule)m) + " of layer " +
+                           std::to_string(l) + " has no tensor '" + TensorName((int64_t)l, m, gguf) +
+                           "' to merge into in " + base);
+    }
+  return Status::Ok();
+}
+
+Result<MergeStats> MergeGguf(const std::string& base, const std::string& adapter_dir, const std::string& out,
+                             const MergeOptions& o, ThreadPool& pool) {
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) {
+    return Status::Error("-o " + out + ": a GGUF base (" + base + ") merges into a .gguf file, not a folder");
+  }
+  LATHE_ASSIGN_OR_RETURN(auto gguf, formats::GgufFile::Open(base));
+  LATHE_ASSIGN_OR_RETURN(model::ModelConfig config, model::ConfigFromGguf(*gguf));
+  LATHE_ASSIGN_OR_RETURN(auto adapter, model::LoadPeftAdapter(adapter_dir, config));
+  std::string dtype = o.dtype;
+  if (dtype.empty()) {
+    // The matrices' own float type where they all share one (general.file_type is optional and says "mostly"),
+    // else f16 (llama-export-lora's output type).
+    std::optional<DType> common;
+    bool one = true;
+    for (const formats::GgufTensorInfo& ti : gguf->tensors()) {
+      if (ti.shape.size() != 2) continue;
+      one = one && (!common || *common == ti.dtype);
+      common = ti.dtype;
+    }
+    dtype = one && common && (*common == DType::kF32 || *common == DType::kBF16) ? DTypeName(*common) : "f16";
+  }
+  LATHE_ASSIGN_OR_RETURN(ConvertTarget target, ParseConvertTarget(dtype));
+  LATHE_RETURN_IF_ERROR(CheckEveryPairHasATensor(
+      *adapter, [&](const std::string& n) { return gguf->FindTensor(n) != nullptr; }, base, adapter_dir, true));
+  gguf.reset();
+
+  int64_t merged = 0;
+  const model::LoraAdapter& ad = *adapter;
+  TensorEdits edits = [&](const std::string& name) -> RowEdit {
+    auto lm = ParseLinear(name, "blk.", kGgufNames, ".weight");
+    if (!lm) return {};
+    const model::LoraPair* p = PairOf(ad, lm->first, lm->second);
+    if (!p) return {};
+    ++merged;
+    return [p](int64_t row, float* w) {
+      static thread_local std::vector<float> tmp;
+      tmp.resize(p->a.shape[1]);
+      AddDeltaRow(*p, row, w, tmp.data());
+    };
+  };
+  LATHE_ASSIGN_OR_RETURN(ConvertStats cs, ConvertGguf(base, out, target, pool, /*allow_requantize=*/true, edits));
+  LATHE_CHECK(merged == PairCount(ad));
+  MergeStats ms;
+  ms.format = "gguf";
+  ms.dtype = target.name;
+  ms.merged = merged;
+  ms.tensors = cs.tensors;
+  ms.files = 1;
+  ms.bytes_out = cs.bytes_out;
+  ms.convert = cs;
+  return ms;
+}
+
+// Files of an HF folder that travel with the weights: configs, tokenizer files, chat templates, license and model
+// card (never other weight formats, which would still hold the unmerged weights).
+bool CopiedBeside(const fs::path& p) {
+  const std::string name = p.filename().string(), ext = p.extension().string();
+  if (name == "model.safetensors.index.json") return false;  // rewritten
+  if (name.rfind("LICENSE", 0) == 0 || name == "README.md") return true;
+  return ext == ".json" || ext == ".txt" || ext == ".model" || ext == ".jinja";
+}
+
+Status WriteTextFile(const std::string& path, const std::string& text) {
+  formats::AtomicFileWriter w;
+  LATHE_RETURN_IF_ERROR(w.Open(path));
+  LATHE_RETURN_IF_ERROR(w.Write(text.data(), text.size()));
+  return w.Commit();
+}
+
+Result<DType> HfDType(const std::string& s) {
+  if (s == "f32" || s == "float32") return DType::kF32;
+  if (s == "f16" || s == "float16") return DType::kF16;
+  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
+  return Status::Error("--dtype '" + s + "': an HF model folder holds f32, f16 or bf16 tensors");
+}
+
+const char* TorchDTypeName(DType t) { return t == DType::kF32 ? "float32" : t == DType::kF16 ? "float16" : "bfloat16"; }
+
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// n floats into dst as `to` (round to nearest even, as torch's .to()).
+void StoreAs(DType to, const float* v, int64_t n, uint8_t* dst) {
+  if (to == DType::kF32) {
+    std::memcpy(dst, v, n * 4);
+    return;
+  }
+  uint16_t* h = (uint16_t*)dst;
+  for (int64_t i = 0; i < n; ++i) h[i] = to == DType::kBF16 ? F32ToBF16(v[i]) : F32ToF16(v[i]);
+}
+
+Result<MergeStats> MergeHf(const std::string& base, const std::string& adapter_dir, const std::string& out,
+                           const MergeOptions& o, ThreadPool& pool) {
+  std::error_code ec;
+  if (fs::exists(out, ec) && fs::equivalent(base, out, ec)) {
+    return Status::Error("-o " + out + " is the base model's own folder; choose another");
+  }
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec)) {
+    return Status::Error("-o " + out + ": an HF base (" + base + ") merges into a folder, and this is a file");
+  }
+  std::optional<DType> to_all;
+  if (!o.dtype.empty()) {
+    LATHE_ASSIGN_OR_RETURN(DType t, HfDType(o.dtype));
+    to_all = t;
+  }
+  const std::string cfg_path = base + "/config.json";
+  LATHE_ASSIGN_OR_RETURN(std::string cfg_text, ReadFileToString(cfg_path));
+  LATHE_ASSIGN_OR_RETURN(model::ModelConfig config, model::ParseHfConfig(cfg_text, cfg_path));
+  LATHE_ASSIGN_OR_RETURN(auto adapter, model::LoadPeftAdapter(adapter_dir, config));
+  LATHE_ASSIGN_OR_RETURN(auto set, formats::SafetensorsSet::Open(base));
+  LATHE_RETURN_IF_ERROR(CheckEveryPairHasATensor(
+      *adapter, [&](const std::string& n) { return set->Has(n); }, base, adapter_dir, false));
+  LATHE_RETURN_IF_ERROR(formats::MakeDirs(out));
+
+  MergeStats ms;
+  ms.format = "hf";
+  ms.dtype = to_all ? TorchDTypeName(*to_all) : "as stored";
+  uint64_t total_size = 0;
+  for (const auto& file : set->files()) {
+    std::deque<std::vector<uint8_t>> owned;
+    std::vector<formats::SafetensorsWriteEntry> entries;
+    for (const formats::SafetensorsTensorInfo& ti : file->tensors()) {
+      if (!ti.supported) {
+        return Status::Error(file->path() + ": tensor '" + ti.name + "' is " + ti.dtype_name +
+                             ", which lathe cannot rewrite");
+      }
+      LATHE_ASSIGN_OR_RETURN(Tensor t, file->GetTensor(ti.name));
+      const DType to = to_all && IsFloat(t.dtype) ? *to_all : t.dtype;
+      auto lm = ParseLinear(ti.name, "model.layers.", kHfNames, ".weight");
+      const model::LoraPair* p = lm ? PairOf(*adapter, lm->first, lm->second) : nullptr;
+      if (!p && to == t.dtype) {  // unchanged: the bytes straight from the mapping
+        entries.push_back({ti.name, t.dtype, ti.shape, t.data, (size_t)ti.nbytes});
+        total_size += ti.nbytes;
+        continue;
+      }
+      if (!IsFloat(t.dtype) || (p && (t.ndim() != 2 || t.shape[0] != p->b.shape[0] || t.shape[1] != p->a.shape[1]))) {
+        return Status::Error(file->path() + ": tensor '" + ti.name + "' (" + DTypeName(t.dtype) +
+                             ") cannot take the adapter's change or the dtype asked for");
+      }
+      ms.merged += p != nullptr;
+      const int64_t row = t.ndim() == 0 ? 1 : t.shape.back(), rows = t.numel() / std::max<int64_t>(row, 1);
+      owned.emplace_back(DTypeBytes(to, t.numel()));
+      uint8_t* dst = owned.back().data();
+      const size_t out_row = DTypeBytes(to, row);
+      Tensor rows_view = t;
+      rows_view.shape = {rows, row};
+      pool.ParallelFor(rows, 16, [&](int64_t b, int64_t e, int) {
+        std::vector<float> v(row), tmp(row);
+        for (int64_t r = b; r < e; ++r) {
+          kernels::DequantizeRows(rows_view, r, 1, v.data());
+          if (p) AddDeltaRow(*p, r, v.data(), tmp.data());
+          StoreAs(to, v.data(), row, dst + r * out_row);
+        }
+      });
+      entries.push_back({ti.name, to, ti.shape, dst, owned.back().size()});
+      total_size += owned.back().size();
+    }
+    const std::string dest = (fs::path(out) / fs::path(file->path()).filename()).string();
+    LATHE_RETURN_IF_ERROR(formats::WriteSafetensors(dest, entries, file->metadata()));
+    ms.tensors += (int64_t)entries.size();
+    ms.files++;
+  }
+  ms.bytes_out = total_size;
+  LATHE_CHECK(ms.merged == PairCount(*adapter));
+
+  // The shard index: the same map; its total_size follows the dtype.
+  const fs::path index = fs::path(base) / "model.safetensors.index.json";
+  if (fs::is_regular_file(index, ec)) {
+    LATHE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index.string()));
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return Status::Error(index.string() + ": invalid JSON");
+    if (j.contains("metadata") && j["metadata"].is_object()) j["metadata"]["total_size"] = total_size;
+    LATHE_RETURN_IF_ERROR(WriteTextFile((fs::path(out) / index.filename()).string(), j.dump(2) + "\n"));
+    ms.files++;
+  }
+  for (const auto& entry : fs::directory_iterator(base, ec)) {
+    if (!entry.is_regular_file() || !CopiedBeside(entry.path())) continue;
+    const fs::path dest = fs::path(out) / entry.path().filename();
+    if (entry.path().filename() == "config.json" && to_all) {
+      // The dtype it now holds: transformers 4.x reads torch_dtype, 5.x writes dtype.
+      nlohmann::json j = nlohmann::json::parse(cfg_text, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) return Status::Error(cfg_path + ": invalid JSON");
+      if (j.contains("dtype")) j["dtype"] = TorchDTypeName(*to_all);
+      if (j.contains("torch_dtype") || !j.contains("dtype")) j["torch_dtype"] = TorchDTypeName(*to_all);
+      LATHE_RETURN_IF_ERROR(WriteTextFile(dest.string(), j.dump(2) + "\n"));
+    } else {
+      LATHE_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(entry.path().string()));
+      LATHE_RETURN_IF_ERROR(WriteTextFile(dest.string(), bytes));
+    }
+    ms.files++;
+  }
+  if (ec) return Status::Error(base + ": cannot list the folder: " + ec.message());
+  return ms;
+}
+
+}  // namespace
+
+Result<MergeStats> MergeLora(const std::string& base, const std::string& adapter_dir, const std::string& out,
+                             const MergeOptions& options, ThreadPool& pool) {
+  std::error_code ec;
+  if (fs::is_directory(base, ec)) return MergeHf(base, adapter_dir, out, options, pool);
+  if (!fs::is_regular_file(base, ec)) return Status::Error(base + ": no such model file or folder");
+  char magic[4] = {};
+  if (FILE* f = std::fopen(base.c_str(), "rb")) {
+    const size_t n = std::fread(magic, 1, 4, f);
+    std::fclose(f);
+    if (n == 4 && std::memcmp(magic, "GGUF", 4) == 0) return MergeGguf(base, adapter_dir, out, options, pool);
+  }
+  return Status::Error(base + ": merge takes a GGUF file or an HF model folder (config.json + safetensors)");
+}
+
+}  // namespace lathe::tools
