@@ -141,6 +141,21 @@ Status GgufWriter::AddTensor(const std::string& name, DType dtype, const std::ve
 
 Status GgufWriter::AddRawTensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& shape,
                                 const void* data, size_t nbytes) {
+  return Add(name, ggml_type, shape, data, nbytes, nullptr);
+}
+
+Status GgufWriter::AddTensorFilled(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                                   size_t nbytes, TensorFill fill) {
+  uint32_t ggml_type;
+  if (!DTypeToGgmlType(dtype, &ggml_type)) {
+    return Status::Error(StrFormat("GGUF writer: tensor '%s': dtype %s has no GGML type", name.c_str(),
+                                   DTypeName(dtype)));
+  }
+  return Add(name, ggml_type, shape, nullptr, nbytes, std::move(fill));
+}
+
+Status GgufWriter::Add(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& shape,
+                       const void* data, size_t nbytes, TensorFill fill) {
   auto err = [&](const std::string& what) {
     return Status::Error(StrFormat("GGUF writer: tensor '%s': %s", name.c_str(), what.c_str()));
   };
@@ -162,8 +177,9 @@ Status GgufWriter::AddRawTensor(const std::string& name, uint32_t ggml_type, con
   uint64_t want;
   if (__builtin_mul_overflow((uint64_t)(numel / block_size), (uint64_t)block_bytes, &want)) return err("size overflows");
   if (want != nbytes) return err(StrFormat("shape needs %llu bytes, got %zu", (unsigned long long)want, nbytes));
-  if (!data) return err("no data");
-  tensors_.push_back({name, ggml_type, std::vector<int64_t>(shape.rbegin(), shape.rend()), data, nbytes});
+  if (!data && !fill) return err("no data");
+  tensors_.push_back(
+      {name, ggml_type, std::vector<int64_t>(shape.rbegin(), shape.rend()), data, nbytes, std::move(fill)});
   return Status::Ok();
 }
 
@@ -230,8 +246,15 @@ Status GgufWriter::Emit(Sink&& sink, const std::string& where) const {
   }
   h.out.resize(pad(h.out.size()), '\0');
   LATHE_RETURN_IF_ERROR(sink(h.out.data(), h.out.size(), 0));
+  std::vector<uint8_t> filled;  // the bytes of AddTensorFilled's tensors, one at a time
   for (const TensorEntry& t : tensors_) {
-    LATHE_RETURN_IF_ERROR(sink(t.data, t.nbytes, pad(t.nbytes) - t.nbytes));
+    const void* data = t.data;
+    if (t.fill) {
+      filled.resize(t.nbytes);
+      LATHE_RETURN_IF_ERROR(t.fill(filled.data()));
+      data = filled.data();
+    }
+    LATHE_RETURN_IF_ERROR(sink(data, t.nbytes, pad(t.nbytes) - t.nbytes));
   }
   return Status::Ok();
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,12 @@ class GgufWriter {
   // tensors lathe cannot compute with.
   Status AddRawTensor(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& shape,
                       const void* data, size_t nbytes);
+  // A tensor whose bytes are made only as the file is written: fill writes its nbytes into dst, a buffer the
+  // writer reuses from one such tensor to the next, so a conversion holds one converted tensor at a time, not the
+  // model. An error from fill stops the write (nothing is renamed into place). fill must outlive Write/Serialize.
+  using TensorFill = std::function<Status(uint8_t* dst)>;
+  Status AddTensorFilled(const std::string& name, DType dtype, const std::vector<int64_t>& shape, size_t nbytes,
+                         TensorFill fill);
 
   Status Write(const std::string& path) const;
   Result<std::vector<uint8_t>> Serialize() const;
@@ -60,7 +67,10 @@ class GgufWriter {
     std::vector<int64_t> ne;  // GGUF order
     const void* data;
     size_t nbytes;
+    TensorFill fill;  // set instead of data by AddTensorFilled
   };
+  Status Add(const std::string& name, uint32_t ggml_type, const std::vector<int64_t>& shape, const void* data,
+             size_t nbytes, TensorFill fill);
   template <typename Sink>
   Status Emit(Sink&& sink, const std::string& where) const;
   Result<uint64_t> Alignment(const std::string& where) const;

@@ -249,7 +249,6 @@ Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& 
   w.SetUint32("general.file_type", target.file_type);
   if (IsQuantized(target.dtype)) w.SetUint32("general.quantization_version", 2);
   ConvertStats st;
-  std::vector<std::unique_ptr<std::vector<uint8_t>>> buffers;
   // In llama-quantize's order, so that its file and ours are the same bytes.
   for (size_t i : QuantizeOrder(descs)) {
     const std::string& name = descs[i].name;
@@ -267,23 +266,24 @@ Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& 
       continue;
     }
     st.requantized += IsQuantized(t.dtype) && IsQuantized(to);
-    int64_t rows = t.numel() / row;
-    size_t out_row_bytes = DTypeBytes(to, row);
-    auto buf = std::make_unique<std::vector<uint8_t>>(out_row_bytes * rows);
-    Tensor rows_view = t;
-    rows_view.shape = {rows, row};
-    uint8_t* dst = buf->data();
-    pool.ParallelFor(rows, 16, [&](int64_t b, int64_t e, int) {
-      std::vector<float> tmp(row);
-      for (int64_t r = b; r < e; ++r) {
-        kernels::DequantizeRows(rows_view, r, 1, tmp.data());
-        if (edit) edit(r, tmp.data());
-        kernels::QuantizeRow(to, tmp.data(), row, dst + r * out_row_bytes);
-      }
-    });
-    LATHE_RETURN_IF_ERROR(w.AddTensor(name, to, t.shape, buf->data(), buf->size()));
-    st.bytes_out += buf->size();
-    buffers.push_back(std::move(buf));
+    const int64_t rows = t.numel() / row;
+    const size_t out_row_bytes = DTypeBytes(to, row);
+    // Converted as the writer reaches it, into its reused buffer: one tensor in memory at a time.
+    auto fill = [t, rows, row, to, out_row_bytes, edit, &pool](uint8_t* dst) {
+      Tensor rows_view = t;
+      rows_view.shape = {rows, row};
+      pool.ParallelFor(rows, 16, [&](int64_t b, int64_t e, int) {
+        std::vector<float> tmp(row);
+        for (int64_t r = b; r < e; ++r) {
+          kernels::DequantizeRows(rows_view, r, 1, tmp.data());
+          if (edit) edit(r, tmp.data());
+          kernels::QuantizeRow(to, tmp.data(), row, dst + r * out_row_bytes);
+        }
+      });
+      return Status::Ok();
+    };
+    LATHE_RETURN_IF_ERROR(w.AddTensorFilled(name, to, t.shape, out_row_bytes * rows, fill));
+    st.bytes_out += out_row_bytes * rows;
   }
   LATHE_RETURN_IF_ERROR(w.Write(out_path));
   return st;

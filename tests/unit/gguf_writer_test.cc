@@ -72,6 +72,43 @@ TEST(GgufWriter, RewritesSharedModelsByteIdentically) {
   }
 }
 
+// Tensors filled as the file is written (AddTensorFilled) give the bytes AddTensor gives, in one buffer reused from
+// one tensor to the next; an error from a fill stops the write and leaves no file.
+TEST(GgufWriter, FilledTensorsWriteTheSameBytes) {
+  std::string path = lathe::testing::SharedPath("models/stories260K/stories260K.gguf");
+  LATHE_REQUIRE_FILE(path);
+  auto g = GgufFile::Open(path);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  GgufWriter w;
+  for (const std::string& k : (*g)->keys()) w.Set(k, *(*g)->Find(k));
+  int fills = 0;
+  for (const GgufTensorInfo& ti : (*g)->tensors()) {
+    Tensor t = (*g)->GetTensor(ti.name).value();
+    ASSERT_TRUE(w.AddTensorFilled(ti.name, t.dtype, t.shape, t.nbytes(), [t, &fills](uint8_t* dst) {
+                   std::memcpy(dst, t.data, t.nbytes());
+                   ++fills;
+                   return Status::Ok();
+                 }).ok());
+  }
+  auto bytes = w.Serialize();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+  EXPECT_EQ(fills, (int)(*g)->tensors().size());
+  ASSERT_EQ(bytes->size(), (*g)->size());
+  EXPECT_EQ(std::memcmp(bytes->data(), (*g)->base(), bytes->size()), 0);
+
+  lathe::testing::ScopedTempDir tmp;
+  GgufWriter bad;
+  ASSERT_TRUE(bad.AddTensorFilled("a", DType::kF32, {4}, 16, [](uint8_t*) { return Status::Ok(); }).ok());
+  ASSERT_TRUE(bad.AddTensorFilled("b", DType::kF32, {4}, 16, [](uint8_t*) {
+                   return Status::Error("tensor 'b': the source ran out");
+                 }).ok());
+  Status st = bad.Write(tmp.path + "/out.gguf");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("the source ran out"), std::string::npos);
+  EXPECT_FALSE(lathe::testing::FileExists(tmp.path + "/out.gguf"));
+  EXPECT_FALSE(bad.AddTensorFilled("c", DType::kF32, {4}, 12, [](uint8_t*) { return Status::Ok(); }).ok());
+}
+
 TEST(GgufWriter, RoundTripEveryTypeWithCustomAlignment) {
   GgufWriter w;
   w.SetString("general.architecture", "llama");
