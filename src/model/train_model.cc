@@ -1135,7 +1135,8 @@ double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool la
   const float* xfr = Round(xf_.data(), N * dim, rx_);
   float loss = 0;
   {
-    ScopedOp ce_op(opt_.profiler, "cross_entropy_fwd_bwd", 6.0 * N * dim * c_.vocab_size,
+    // Logits and dx, plus the head's gradient when it is trained (2 flops a multiply-add each).
+    ScopedOp ce_op(opt_.profiler, "cross_entropy_fwd_bwd", (g_head_ ? 6.0 : 4.0) * N * dim * c_.vocab_size,
                    (double)head_eff_.nbytes() * 2 + 8.0 * N * dim);
     auto ce = [&] {
       if (g_head_) ReadyToWrite(g_head_);  // every vocab row is written

@@ -49,6 +49,11 @@ assert all(e["args"]["shape"].startswith("[") for e in lin), "linear_fwd without
 # 7 LoRA'd linears x 5 layers x 2 steps forward.
 # 7 linears x 5 layers x 2 steps x 2 row groups (4 rows of <= 64 tokens: at most half the rows per group)
 assert len(lin) == 7 * 5 * 2 * 2, f"{len(lin)} linear_fwd events, expected 140"
+# The loss over a frozen (LoRA) head: logits and dx only, 4 flops per token x dim x vocab (no head gradient). Its
+# bytes (2 x the f32 head + 8 per token x dim) give the tokens: stories260K is dim 64, vocab 512.
+for e in [e for e in ev if e["name"] == "cross_entropy_fwd_bwd"]:
+    n = (e["args"]["bytes"] - 2 * 512 * 64 * 4) / (8 * 64)
+    assert n >= 1 and e["args"]["flops"] == 4 * n * 64 * 512, ("cross_entropy_fwd_bwd", n, e["args"])
 tracks = {e["tid"] for e in ev if e["name"] == "pool_chunk"}
 # A track per thread that ran chunks: the pool lets a worker that lost its core (2 cores, -t 3, a
 # loaded machine) run none, so only "several tracks, all of them pool threads" is guaranteed.
