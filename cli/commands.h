@@ -12,7 +12,8 @@ int RunBenchTrain(int argc, char** argv);  // `lathe bench train` (cli/bench_tra
 int RunEval(int argc, char** argv);
 int RunConvert(int argc, char** argv);
 int RunQuantize(int argc, char** argv);  // llama-quantize's argument order (cli/convert.cc)
-int RunMerge(int argc, char** argv);  // cli/merge.cc
+int RunMerge(int argc, char** argv);   // cli/merge.cc
+int RunExport(int argc, char** argv);  // cli/export.cc: LLaMA-Factory's export config
 int RunEstimate(int argc, char** argv);
 int RunTrain(int argc, char** argv);
 int RunServe(int argc, char** argv);

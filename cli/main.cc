@@ -22,6 +22,7 @@ const Command kCommands[] = {
     {"convert", lathe::cli::RunConvert, "rewrite a GGUF model in another type (f16, bf16, q8_0, q4_k_m, ... as llama-quantize)"},
     {"quantize", lathe::cli::RunQuantize, "IN.gguf OUT.gguf TYPE: the same, in llama-quantize's argument order"},
     {"merge", lathe::cli::RunMerge, "fold a LoRA adapter into its base model (GGUF -> GGUF, HF folder -> HF folder)"},
+    {"export", lathe::cli::RunExport, "LLaMA-Factory's export config (llamafactory-cli export): merge adapters, reshard"},
     {"estimate", lathe::cli::RunEstimate, "predicted memory of a training or inference run"},
     {"serve", lathe::cli::RunServe, "OpenAI-compatible server: continuous batching, paged KV cache, multi-LoRA"},
     {"bench", lathe::cli::RunBench, "inference speed: prefill and decode tok/s, bandwidth"},

@@ -12,7 +12,8 @@ namespace lathe::cli {
 int RunMerge(int argc, char** argv) {
   Args args("merge", "lathe merge -m BASE --adapter DIR -o OUT [--dtype TYPE]");
   args.Flag("-m,--model", "base model: a GGUF file (writes OUT.gguf) or an HF model folder (writes the folder OUT)");
-  args.Flag("--adapter", "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for that base");
+  args.Flag("--adapter", "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for that base; "
+                         "repeat it to merge several, in order");
   args.Flag("-o,--output", "the merged model: a .gguf path for a GGUF base, a folder for an HF base");
   args.Flag("--dtype",
             std::string("GGUF: the output type, as `lathe convert` (") + tools::ConvertTargetNames() +
@@ -26,14 +27,14 @@ int RunMerge(int argc, char** argv) {
     return 0;
   }
   if (!args.positional().empty()) return Fail("merge", Status::Error("unexpected argument '" + args.positional()[0] + "'"));
-  if (!args.Has("model") || !args.Has("adapter") || !args.Has("output")) {
+  if (!args.Has("model") || args.All("adapter").empty() || !args.Has("output")) {
     return Fail("merge", Status::Error("pass -m BASE, --adapter DIR and -o OUT"));
   }
   ThreadPool pool(ThreadsFromArgs(args));
   tools::MergeOptions o;
   o.dtype = args.Get("dtype");
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = tools::MergeLora(args.Get("model"), args.Get("adapter"), args.Get("output"), o, pool);
+  auto r = tools::MergeLora(args.Get("model"), args.All("adapter"), args.Get("output"), o, pool);
   if (!r.ok()) return Fail("merge", r.status());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("wrote %s (%s, %s): %lld linear weights merged, %lld tensors, %.1f MB of tensor data, %lld files, %.1f s\n",

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/strings.h"
 #include "core/mapped_file.h"
 #include "formats/atomic_file.h"
 #include "formats/gguf.h"
@@ -78,11 +79,42 @@ const model::LoraPair* PairOf(const model::LoraAdapter& a, int64_t layer, int m)
   return p.a.data ? &p : nullptr;
 }
 
-int64_t PairCount(const model::LoraAdapter& a) {
-  int64_t n = 0;
-  for (size_t l = 0; l < a.layers.size(); ++l)
-    for (int m = 0; m < kMods; ++m) n += PairOf(a, (int64_t)l, m) != nullptr;
-  return n;
+// The adapters to merge, in order: each (layer, module)'s pairs, first adapter first.
+struct Adapters {
+  std::vector<std::unique_ptr<model::LoraAdapter>> list;
+  std::vector<std::string> dirs;
+  std::vector<const model::LoraPair*> Pairs(int64_t layer, int m) const {
+    std::vector<const model::LoraPair*> ps;
+    for (const auto& a : list)
+      if (const model::LoraPair* p = PairOf(*a, layer, m)) ps.push_back(p);
+    return ps;
+  }
+  // Linear weights any adapter changes.
+  int64_t Changed(int64_t n_layers) const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < n_layers; ++l)
+      for (int m = 0; m < kMods; ++m) n += !Pairs(l, m).empty();
+    return n;
+  }
+};
+
+Result<Adapters> LoadAdapters(const std::vector<std::string>& dirs, const model::ModelConfig& config) {
+  Adapters a;
+  a.dirs = dirs;
+  for (const std::string& d : dirs) {
+    LATHE_ASSIGN_OR_RETURN(auto ad, model::LoadPeftAdapter(d, config));
+    a.list.push_back(std::move(ad));
+  }
+  return a;
+}
+
+// Row o of a weight with every pair's change added, in adapter order (f32 throughout, rounded once when stored).
+void AddDeltas(const std::vector<const model::LoraPair*>& ps, int64_t o, float* w) {
+  static thread_local std::vector<float> tmp;
+  for (const model::LoraPair* p : ps) {
+    tmp.resize(p->a.shape[1]);
+    AddDeltaRow(*p, o, w, tmp.data());
+  }
 }
 
 // The base's name of the tensor the adapter's (layer, module) pair changes.
@@ -93,27 +125,27 @@ std::string TensorName(int64_t layer, int m, bool gguf) {
 
 // Before anything is written: every pair of the adapter must find its tensor in the base.
 template <class Has>
-Status CheckEveryPairHasATensor(const model::LoraAdapter& a, const Has& has, const std::string& base,
-                                const std::string& adapter_dir, bool gguf) {
-  for (size_t l = 0; l < a.layers.size(); ++l)
-    for (int m = 0; m < kMods; ++m) {
-      if (!PairOf(a, (int64_t)l, m) || has(TensorName((int64_t)l, m, gguf))) continue;
-      return Status::Error(adapter_dir + ": the adapter's " + model::LoraModuleName((LoraModule)m) + " of layer " +
-                           std::to_string(l) + " has no tensor '" + TensorName((int64_t)l, m, gguf) +
-                           "' to merge into in " + base);
-    }
+Status CheckEveryPairHasATensor(const Adapters& ads, const Has& has, const std::string& base, bool gguf) {
+  for (size_t i = 0; i < ads.list.size(); ++i)
+    for (size_t l = 0; l < ads.list[i]->layers.size(); ++l)
+      for (int m = 0; m < kMods; ++m) {
+        if (!PairOf(*ads.list[i], (int64_t)l, m) || has(TensorName((int64_t)l, m, gguf))) continue;
+        return Status::Error(ads.dirs[i] + ": the adapter's " + model::LoraModuleName((LoraModule)m) + " of layer " +
+                             std::to_string(l) + " has no tensor '" + TensorName((int64_t)l, m, gguf) +
+                             "' to merge into in " + base);
+      }
   return Status::Ok();
 }
 
-Result<MergeStats> MergeGguf(const std::string& base, const std::string& adapter_dir, const std::string& out,
-                             const MergeOptions& o, ThreadPool& pool) {
+Result<MergeStats> MergeGguf(const std::string& base, const std::vector<std::string>& adapter_dirs,
+                             const std::string& out, const MergeOptions& o, ThreadPool& pool) {
   std::error_code ec;
   if (fs::is_directory(out, ec)) {
     return Status::Error("-o " + out + ": a GGUF base (" + base + ") merges into a .gguf file, not a folder");
   }
   LATHE_ASSIGN_OR_RETURN(auto gguf, formats::GgufFile::Open(base));
   LATHE_ASSIGN_OR_RETURN(model::ModelConfig config, model::ConfigFromGguf(*gguf));
-  LATHE_ASSIGN_OR_RETURN(auto adapter, model::LoadPeftAdapter(adapter_dir, config));
+  LATHE_ASSIGN_OR_RETURN(Adapters ads, LoadAdapters(adapter_dirs, config));
   std::string dtype = o.dtype;
   if (dtype.empty()) {
     // The matrices' own float type where they all share one (general.file_type is optional and says "mostly"),
@@ -129,25 +161,20 @@ Result<MergeStats> MergeGguf(const std::string& base, const std::string& adapter
   }
   LATHE_ASSIGN_OR_RETURN(ConvertTarget target, ParseConvertTarget(dtype));
   LATHE_RETURN_IF_ERROR(CheckEveryPairHasATensor(
-      *adapter, [&](const std::string& n) { return gguf->FindTensor(n) != nullptr; }, base, adapter_dir, true));
+      ads, [&](const std::string& n) { return gguf->FindTensor(n) != nullptr; }, base, true));
   gguf.reset();
 
   int64_t merged = 0;
-  const model::LoraAdapter& ad = *adapter;
   TensorEdits edits = [&](const std::string& name) -> RowEdit {
     auto lm = ParseLinear(name, "blk.", kGgufNames, ".weight");
     if (!lm) return {};
-    const model::LoraPair* p = PairOf(ad, lm->first, lm->second);
-    if (!p) return {};
+    std::vector<const model::LoraPair*> ps = ads.Pairs(lm->first, lm->second);
+    if (ps.empty()) return {};
     ++merged;
-    return [p](int64_t row, float* w) {
-      static thread_local std::vector<float> tmp;
-      tmp.resize(p->a.shape[1]);
-      AddDeltaRow(*p, row, w, tmp.data());
-    };
+    return [ps](int64_t row, float* w) { AddDeltas(ps, row, w); };
   };
   LATHE_ASSIGN_OR_RETURN(ConvertStats cs, ConvertGguf(base, out, target, pool, /*allow_requantize=*/true, edits));
-  LATHE_CHECK(merged == PairCount(ad));
+  LATHE_CHECK(merged == ads.Changed(config.n_layers));
   MergeStats ms;
   ms.format = "gguf";
   ms.dtype = target.name;
@@ -196,8 +223,18 @@ void StoreAs(DType to, const float* v, int64_t n, uint8_t* dst) {
   for (int64_t i = 0; i < n; ++i) h[i] = to == DType::kBF16 ? F32ToBF16(v[i]) : F32ToF16(v[i]);
 }
 
-Result<MergeStats> MergeHf(const std::string& base, const std::string& adapter_dir, const std::string& out,
-                           const MergeOptions& o, ThreadPool& pool) {
+// Output shards of an HF merge: each a file name and the base tensors it holds, in the base's order.
+struct Item {
+  const formats::SafetensorsFile* file;
+  const formats::SafetensorsTensorInfo* ti;
+};
+struct Shard {
+  std::string name;
+  std::vector<Item> items;
+};
+
+Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::string>& adapter_dirs,
+                           const std::string& out, const MergeOptions& o, ThreadPool& pool) {
   std::error_code ec;
   if (fs::exists(out, ec) && fs::equivalent(base, out, ec)) {
     return Status::Error("-o " + out + " is the base model's own folder; choose another");
@@ -213,38 +250,76 @@ Result<MergeStats> MergeHf(const std::string& base, const std::string& adapter_d
   const std::string cfg_path = base + "/config.json";
   LATHE_ASSIGN_OR_RETURN(std::string cfg_text, ReadFileToString(cfg_path));
   LATHE_ASSIGN_OR_RETURN(model::ModelConfig config, model::ParseHfConfig(cfg_text, cfg_path));
-  LATHE_ASSIGN_OR_RETURN(auto adapter, model::LoadPeftAdapter(adapter_dir, config));
+  LATHE_ASSIGN_OR_RETURN(Adapters ads, LoadAdapters(adapter_dirs, config));
   LATHE_ASSIGN_OR_RETURN(auto set, formats::SafetensorsSet::Open(base));
   LATHE_RETURN_IF_ERROR(CheckEveryPairHasATensor(
-      *adapter, [&](const std::string& n) { return set->Has(n); }, base, adapter_dir, false));
+      ads, [&](const std::string& n) { return set->Has(n); }, base, false));
+  auto out_dtype = [&](const formats::SafetensorsTensorInfo& ti) {
+    return to_all && ti.supported && IsFloat(ti.dtype) ? *to_all : ti.dtype;
+  };
+
+  // The base's files as they are, or (max_shard_bytes) new shards of at most that many bytes each, filled in the
+  // base's tensor order as transformers' save_pretrained(max_shard_size=) fills them.
+  std::vector<Shard> shards;
+  if (o.max_shard_bytes == 0) {
+    for (const auto& f : set->files()) {
+      shards.push_back({fs::path(f->path()).filename().string(), {}});
+      for (const auto& ti : f->tensors()) shards.back().items.push_back({f.get(), &ti});
+    }
+  } else {
+    uint64_t in_shard = 0;
+    for (const auto& f : set->files())
+      for (const auto& ti : f->tensors()) {
+        int64_t numel = 1;
+        for (int64_t d : ti.shape) numel *= d;
+        const uint64_t bytes = ti.supported ? DTypeBytes(out_dtype(ti), numel) : ti.nbytes;
+        if (shards.empty() || (in_shard > 0 && in_shard + bytes > o.max_shard_bytes)) {
+          shards.push_back({"", {}});
+          in_shard = 0;
+        }
+        shards.back().items.push_back({f.get(), &ti});
+        in_shard += bytes;
+      }
+    for (size_t i = 0; i < shards.size(); ++i) {
+      shards[i].name = shards.size() == 1 ? "model.safetensors"
+                                          : StrFormat("model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    }
+  }
   LATHE_RETURN_IF_ERROR(formats::MakeDirs(out));
 
   MergeStats ms;
   ms.format = "hf";
   ms.dtype = to_all ? TorchDTypeName(*to_all) : "as stored";
   uint64_t total_size = 0;
-  for (const auto& file : set->files()) {
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const Shard& shard : shards) {
     std::deque<std::vector<uint8_t>> owned;
     std::vector<formats::SafetensorsWriteEntry> entries;
-    for (const formats::SafetensorsTensorInfo& ti : file->tensors()) {
+    for (const auto [file, tip] : shard.items) {
+      const formats::SafetensorsTensorInfo& ti = *tip;
       if (!ti.supported) {
         return Status::Error(file->path() + ": tensor '" + ti.name + "' is " + ti.dtype_name +
                              ", which lathe cannot rewrite");
       }
+      weight_map[ti.name] = shard.name;
       LATHE_ASSIGN_OR_RETURN(Tensor t, file->GetTensor(ti.name));
-      const DType to = to_all && IsFloat(t.dtype) ? *to_all : t.dtype;
+      const DType to = out_dtype(ti);
       auto lm = ParseLinear(ti.name, "model.layers.", kHfNames, ".weight");
-      const model::LoraPair* p = lm ? PairOf(*adapter, lm->first, lm->second) : nullptr;
-      if (!p && to == t.dtype) {  // unchanged: the bytes straight from the mapping
+      const std::vector<const model::LoraPair*> ps =
+          lm ? ads.Pairs(lm->first, lm->second) : std::vector<const model::LoraPair*>();
+      if (ps.empty() && to == t.dtype) {  // unchanged: the bytes straight from the mapping
         entries.push_back({ti.name, t.dtype, ti.shape, t.data, (size_t)ti.nbytes});
         total_size += ti.nbytes;
         continue;
       }
-      if (!IsFloat(t.dtype) || (p && (t.ndim() != 2 || t.shape[0] != p->b.shape[0] || t.shape[1] != p->a.shape[1]))) {
+      bool fits = IsFloat(t.dtype);
+      for (const model::LoraPair* p : ps)
+        fits = fits && t.ndim() == 2 && t.shape[0] == p->b.shape[0] && t.shape[1] == p->a.shape[1];
+      if (!fits) {
         return Status::Error(file->path() + ": tensor '" + ti.name + "' (" + DTypeName(t.dtype) +
                              ") cannot take the adapter's change or the dtype asked for");
       }
-      ms.merged += p != nullptr;
+      ms.merged += !ps.empty();
       const int64_t row = t.ndim() == 0 ? 1 : t.shape.back(), rows = t.numel() / std::max<int64_t>(row, 1);
       owned.emplace_back(DTypeBytes(to, t.numel()));
       uint8_t* dst = owned.back().data();
@@ -252,33 +327,45 @@ Result<MergeStats> MergeHf(const std::string& base, const std::string& adapter_d
       Tensor rows_view = t;
       rows_view.shape = {rows, row};
       pool.ParallelFor(rows, 16, [&](int64_t b, int64_t e, int) {
-        std::vector<float> v(row), tmp(row);
+        std::vector<float> v(row);
         for (int64_t r = b; r < e; ++r) {
           kernels::DequantizeRows(rows_view, r, 1, v.data());
-          if (p) AddDeltaRow(*p, r, v.data(), tmp.data());
+          AddDeltas(ps, r, v.data());
           StoreAs(to, v.data(), row, dst + r * out_row);
         }
       });
       entries.push_back({ti.name, to, ti.shape, dst, owned.back().size()});
       total_size += owned.back().size();
     }
-    const std::string dest = (fs::path(out) / fs::path(file->path()).filename()).string();
-    LATHE_RETURN_IF_ERROR(formats::WriteSafetensors(dest, entries, file->metadata()));
+    const formats::SafetensorsFile* first = shard.items.empty() ? nullptr : shard.items[0].file;
+    LATHE_RETURN_IF_ERROR(formats::WriteSafetensors((fs::path(out) / shard.name).string(), entries,
+                                                    first ? first->metadata() : std::map<std::string, std::string>{}));
     ms.tensors += (int64_t)entries.size();
     ms.files++;
   }
   ms.bytes_out = total_size;
-  LATHE_CHECK(ms.merged == PairCount(*adapter));
+  LATHE_CHECK(ms.merged == ads.Changed(config.n_layers));
 
-  // The shard index: the same map; its total_size follows the dtype.
-  const fs::path index = fs::path(base) / "model.safetensors.index.json";
-  if (fs::is_regular_file(index, ec)) {
-    LATHE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index.string()));
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) return Status::Error(index.string() + ": invalid JSON");
-    if (j.contains("metadata") && j["metadata"].is_object()) j["metadata"]["total_size"] = total_size;
-    LATHE_RETURN_IF_ERROR(WriteTextFile((fs::path(out) / index.filename()).string(), j.dump(2) + "\n"));
-    ms.files++;
+  if (o.max_shard_bytes != 0) {
+    if (shards.size() > 1) {  // transformers' index for its shards
+      nlohmann::json j;
+      j["metadata"] = {{"total_size", total_size}};
+      j["weight_map"] = weight_map;
+      LATHE_RETURN_IF_ERROR(
+          WriteTextFile((fs::path(out) / "model.safetensors.index.json").string(), j.dump(2) + "\n"));
+      ms.files++;
+    }
+  } else {
+    // The shard index: the same map; its total_size follows the dtype.
+    const fs::path index = fs::path(base) / "model.safetensors.index.json";
+    if (fs::is_regular_file(index, ec)) {
+      LATHE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index.string()));
+      nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object()) return Status::Error(index.string() + ": invalid JSON");
+      if (j.contains("metadata") && j["metadata"].is_object()) j["metadata"]["total_size"] = total_size;
+      LATHE_RETURN_IF_ERROR(WriteTextFile((fs::path(out) / index.filename()).string(), j.dump(2) + "\n"));
+      ms.files++;
+    }
   }
   for (const auto& entry : fs::directory_iterator(base, ec)) {
     if (!entry.is_regular_file() || !CopiedBeside(entry.path())) continue;
@@ -302,16 +389,16 @@ Result<MergeStats> MergeHf(const std::string& base, const std::string& adapter_d
 
 }  // namespace
 
-Result<MergeStats> MergeLora(const std::string& base, const std::string& adapter_dir, const std::string& out,
-                             const MergeOptions& options, ThreadPool& pool) {
+Result<MergeStats> MergeLora(const std::string& base, const std::vector<std::string>& adapter_dirs,
+                             const std::string& out, const MergeOptions& options, ThreadPool& pool) {
   std::error_code ec;
-  if (fs::is_directory(base, ec)) return MergeHf(base, adapter_dir, out, options, pool);
+  if (fs::is_directory(base, ec)) return MergeHf(base, adapter_dirs, out, options, pool);
   if (!fs::is_regular_file(base, ec)) return Status::Error(base + ": no such model file or folder");
   char magic[4] = {};
   if (FILE* f = std::fopen(base.c_str(), "rb")) {
     const size_t n = std::fread(magic, 1, 4, f);
     std::fclose(f);
-    if (n == 4 && std::memcmp(magic, "GGUF", 4) == 0) return MergeGguf(base, adapter_dir, out, options, pool);
+    if (n == 4 && std::memcmp(magic, "GGUF", 4) == 0) return MergeGguf(base, adapter_dirs, out, options, pool);
   }
   return Status::Error(base + ": merge takes a GGUF file or an HF model folder (config.json + safetensors)");
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -19,6 +20,9 @@ struct MergeOptions {
   // 4-bit grid, and `lathe quantize` makes any type from the f16 file).
   // HF: f32, f16 or bf16 for every floating tensor (default: each tensor keeps its stored dtype).
   std::string dtype;
+  // HF: new shards of at most this many bytes (model-00001-of-0000N.safetensors + index, or model.safetensors when
+  // one is enough), as transformers' save_pretrained(max_shard_size=); 0 keeps the base's files.
+  uint64_t max_shard_bytes = 0;
 };
 
 struct MergeStats {
@@ -31,12 +35,13 @@ struct MergeStats {
   ConvertStats convert;   // GGUF: the conversion's counts (fallbacks, requantized matrices)
 };
 
-// base: a GGUF file or an HF model folder; adapter_dir: a PEFT LoRA adapter for it (checked against the base's
-// shapes by LoadPeftAdapter); out: a .gguf path for a GGUF base, a folder for an HF base (created; files in it that
+// base: a GGUF file or an HF model folder; adapter_dirs: PEFT LoRA adapters for it (each checked against the base's
+// shapes by LoadPeftAdapter), merged in order, their changes summed in f32 and rounded once (none: the model is
+// rewritten as it is, in options' dtype and shards); out: a .gguf path for a GGUF base, a folder for an HF base (created; files in it that
 // the merge writes are replaced whole, each written under a temporary name and renamed). Errors name the file,
 // tensor or key: a base in another format, an adapter module that finds no tensor in the base, an output that is the
 // base itself, a dtype the output format cannot hold.
-Result<MergeStats> MergeLora(const std::string& base, const std::string& adapter_dir, const std::string& out,
-                             const MergeOptions& options, ThreadPool& pool);
+Result<MergeStats> MergeLora(const std::string& base, const std::vector<std::string>& adapter_dirs,
+                             const std::string& out, const MergeOptions& options, ThreadPool& pool);
 
 }  // namespace lathe::tools

@@ -123,6 +123,14 @@ check "merge exit" test $? -eq 0
 check "merge reports the merged weights" grep -q "35 linear weights merged" "$tmp/merge.out"
 "$LATHE" generate -m "$tmp/merged.gguf" -p "Once upon a time" -n 24 --temp 0 --json > "$tmp/merged.json"
 check "merged GGUF generates as base + adapter" cmp -s "$tmp/merged.json" "$tmp/adapted.json"
+# The same through LLaMA-Factory's export config (examples/stories260k_lora_export.yaml, paths overridden).
+"$LATHE" export "${LATHE_SOURCE:?}/examples/stories260k_lora_export.yaml" --model_name_or_path "$STORIES/stories260K.gguf" \
+  --adapter_name_or_path "$tmp/lora" --export_dir "$tmp/exported" > /dev/null 2> "$tmp/export.err"
+check "export exit" test $? -eq 0
+"$LATHE" generate -m "$tmp/exported/model.gguf" -p "Once upon a time" -n 24 --temp 0 --json > "$tmp/exported.json"
+check "exported GGUF generates as base + adapter" cmp -s "$tmp/exported.json" "$tmp/adapted.json"
+expect_error "export names a misspelt key" "did you mean 'export_size'" "$LATHE" export \
+  "${LATHE_SOURCE:?}/examples/stories260k_lora_export.yaml" --export_sise 2
 
 # 3. Full fine-tuning (pt) writes an HF model dir with the tokenizer given by --tokenizer.
 cat > "$tmp/full.yaml" <<YAML

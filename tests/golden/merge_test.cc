@@ -4,6 +4,8 @@
 // HF shards, dtypes and the copied files; errors name what is wrong and leave nothing half-written.
 #include "tools/merge.h"
 
+#include "tools/export.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <random>
 
 #include "core/mapped_file.h"
+#include "core/strings.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
 #include "model/load_gguf.h"
@@ -82,7 +85,7 @@ TEST_P(MergePeft, HfFolderEqualsPeftMergeAndUnload) {
   ScopedTempDir tmp;
   const std::string out = tmp.path + "/merged";
   ThreadPool pool(2);
-  auto r = MergeLora(base, Fixtures() + name + "/adapter", out, {}, pool);
+  auto r = MergeLora(base, {Fixtures() + name + "/adapter"}, out, {}, pool);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->format, "hf");
   EXPECT_EQ(r->merged, 14);  // 2 layers x 7 linears
@@ -127,7 +130,7 @@ TEST(MergeHf, Bf16Output) {
   ThreadPool pool(2);
   MergeOptions o;
   o.dtype = "bf16";
-  auto r = MergeLora(base, Fixtures() + name + "/adapter", tmp.path, o, pool);
+  auto r = MergeLora(base, {Fixtures() + name + "/adapter"}, tmp.path, o, pool);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->dtype, "bfloat16");
   auto got = formats::SafetensorsFile::Open(tmp.path + "/model.safetensors");
@@ -176,8 +179,8 @@ TEST(MergeHf, ShardedBaseKeepsItsShards) {
   std::ofstream(sharded + "/model.safetensors.index.json")
       << "{\"metadata\": {\"total_size\": 1}, \"weight_map\": {" << map << "}}";
   ThreadPool pool(2);
-  auto one = MergeLora(base, adapter, tmp.path + "/one", {}, pool);
-  auto two = MergeLora(sharded, adapter, tmp.path + "/two", {}, pool);
+  auto one = MergeLora(base, {adapter}, tmp.path + "/one", {}, pool);
+  auto two = MergeLora(sharded, {adapter}, tmp.path + "/two", {}, pool);
   ASSERT_TRUE(one.ok() && two.ok()) << one.status().message() << two.status().message();
   EXPECT_EQ(two->files, 5);  // 2 shards, the index, config.json, generation_config.json
   for (int s = 1; s <= 2; ++s)
@@ -193,6 +196,71 @@ TEST(MergeHf, ShardedBaseKeepsItsShards) {
     ASSERT_EQ(x.nbytes(), y.nbytes());
     EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0) << n;
   }
+}
+
+// Two adapters merge in order, their changes summed in f32 and rounded once: the same weights, within f32 rounding,
+// as merging the first and then the second into that result (what LLaMA-Factory's export does with a list).
+TEST(MergeHf, SeveralAdaptersInOrder) {
+  const std::string base = Fixtures() + "llama_gqa_tied/model";
+  const std::string a1 = Fixtures() + "lora_llama_gqa_tied/adapter", a2 = Fixtures() + "rslora_llama_gqa_tied/adapter";
+  ScopedTempDir tmp;
+  ThreadPool pool(2);
+  auto both = MergeLora(base, {a1, a2}, tmp.path + "/both", {}, pool);
+  ASSERT_TRUE(both.ok()) << both.status().message();
+  EXPECT_EQ(both->merged, 14);
+  ASSERT_TRUE(MergeLora(base, {a1}, tmp.path + "/first", {}, pool).ok());
+  ASSERT_TRUE(MergeLora(tmp.path + "/first", {a2}, tmp.path + "/second", {}, pool).ok());
+  auto x = formats::SafetensorsFile::Open(tmp.path + "/both/model.safetensors");
+  auto y = formats::SafetensorsFile::Open(tmp.path + "/second/model.safetensors");
+  auto one = formats::SafetensorsFile::Open(tmp.path + "/first/model.safetensors");
+  ASSERT_TRUE(x.ok() && y.ok() && one.ok());
+  for (const auto& ti : (*x)->tensors()) {
+    std::vector<float> a = F32((*x)->GetTensor(ti.name).value()), b = F32((*y)->GetTensor(ti.name).value());
+    EXPECT_LT(MaxAbs(a, b), 1e-6) << ti.name;
+    if (ti.name.find("proj") != std::string::npos)  // the second adapter did change it
+      EXPECT_GT(MaxAbs(a, F32((*one)->GetTensor(ti.name).value())), 1e-3) << ti.name;
+  }
+}
+
+// max_shard_bytes reshards as save_pretrained(max_shard_size=) does: tensors in the base's order, a new shard when
+// the next one would pass the limit, model-0000i-of-0000n names and an index naming every tensor's shard; the
+// weights are those of the unsharded merge.
+TEST(MergeHf, ReshardsToAMaximumSize) {
+  const std::string base = Fixtures() + "llama_gqa_tied/model", adapter = Fixtures() + "lora_llama_gqa_tied/adapter";
+  ScopedTempDir tmp;
+  ThreadPool pool(2);
+  MergeOptions o;
+  o.max_shard_bytes = 100000;
+  auto r = MergeLora(base, {adapter}, tmp.path + "/sharded", o, pool);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(MergeLora(base, {adapter}, tmp.path + "/one", {}, pool).ok());
+  const std::string index = Read(tmp.path + "/sharded/model.safetensors.index.json");
+  EXPECT_NE(index.find("\"total_size\": " + std::to_string(r->bytes_out)), std::string::npos) << index;
+  const int64_t n = r->files - 3;  // + index, config.json, generation_config.json
+  ASSERT_GE(n, 3);
+  uint64_t sum = 0;
+  for (int64_t i = 1; i <= n; ++i) {
+    const std::string name = StrFormat("model-%05lld-of-%05lld.safetensors", (long long)i, (long long)n);
+    auto f = formats::SafetensorsFile::Open(tmp.path + "/sharded/" + name);
+    ASSERT_TRUE(f.ok()) << name;
+    uint64_t bytes = 0;
+    for (const auto& ti : (*f)->tensors()) {
+      bytes += ti.nbytes;
+      EXPECT_NE(index.find("\"" + ti.name + "\": \"" + name + "\""), std::string::npos) << ti.name;
+    }
+    EXPECT_TRUE(bytes <= o.max_shard_bytes || (*f)->tensors().size() == 1) << name << " " << bytes;
+    sum += bytes;
+  }
+  EXPECT_EQ(sum, r->bytes_out);
+  auto a = formats::SafetensorsSet::Open(tmp.path + "/sharded");
+  auto b = formats::SafetensorsSet::Open(tmp.path + "/one");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().message();
+  ASSERT_EQ((*a)->TensorNames(), (*b)->TensorNames());
+  for (const std::string& name : (*a)->TensorNames()) {
+    Tensor x = (*a)->GetTensor(name).value(), y = (*b)->GetTensor(name).value();
+    EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0) << name;
+  }
+  EXPECT_TRUE(model::LoadHfModelDir(tmp.path + "/sharded").ok());
 }
 
 // A PEFT adapter for stories260K's shapes (r 4, alpha 8, all seven modules), seeded N(0, 0.1^2) A and B.
@@ -242,7 +310,7 @@ TEST(MergeGguf, EqualsTheBaseWithTheAdapter) {
 
   ThreadPool pool(2);
   const std::string out = tmp.path + "/merged.gguf";
-  auto r = MergeLora(Stories(), tmp.path + "/adapter", out, {}, pool);
+  auto r = MergeLora(Stories(), {tmp.path + "/adapter"}, out, {}, pool);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->format, "gguf");
   EXPECT_EQ(r->dtype, "f32");
@@ -263,7 +331,7 @@ TEST(MergeGguf, EqualsTheBaseWithTheAdapter) {
 
   MergeOptions q8;
   q8.dtype = "q8_0";
-  auto rq = MergeLora(Stories(), tmp.path + "/adapter", tmp.path + "/q8.gguf", q8, pool);
+  auto rq = MergeLora(Stories(), {tmp.path + "/adapter"}, tmp.path + "/q8.gguf", q8, pool);
   ASSERT_TRUE(rq.ok()) << rq.status().message();
   auto qg = formats::GgufFile::Open(tmp.path + "/q8.gguf");
   ASSERT_TRUE(qg.ok());
@@ -277,6 +345,51 @@ TEST(MergeGguf, EqualsTheBaseWithTheAdapter) {
   EXPECT_LT(q, 0.02);
 }
 
+// LLaMA-Factory's export config runs the same merge: export_size in GB (10^9 bytes) as the shard size, infer_dtype
+// as the dtype; a GGUF base writes export_dir/model.gguf.
+TEST(Export, LlamaFactoryConfigIsTheMerge) {
+  const std::string base = Fixtures() + "llama_gqa_tied/model", adapter = Fixtures() + "lora_llama_gqa_tied/adapter";
+  ScopedTempDir tmp;
+  ThreadPool pool(2);
+  auto c = ParseExportConfig("model_name_or_path: " + base + "\nadapter_name_or_path: " + adapter +
+                                 "\ntemplate: default\nfinetuning_type: lora\nexport_dir: " + tmp.path +
+                                 "/exported\nexport_size: 0.0001\nexport_device: cpu\nexport_legacy_format: false\n"
+                                 "infer_dtype: bfloat16\n",
+                             "export.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  std::string written;
+  auto r = RunExport(*c, pool, &written);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(written, tmp.path + "/exported");
+  EXPECT_EQ(r->merged, 14);
+  MergeOptions o;
+  o.dtype = "bf16";
+  o.max_shard_bytes = 100000;
+  ASSERT_TRUE(MergeLora(base, {adapter}, tmp.path + "/merged", o, pool).ok());
+  for (const auto& e : fs::directory_iterator(tmp.path + "/merged"))
+    EXPECT_TRUE(Read(e.path().string()) == Read(tmp.path + "/exported/" + e.path().filename().string()))
+        << e.path().filename();
+  if (lathe::testing::FileExists(Stories())) {
+    ExportConfig g;
+    g.model_name_or_path = Stories();
+    g.export_dir = tmp.path + "/gguf";
+    g.finetuning_type = "full";
+    auto rg = RunExport(g, pool, &written);
+    ASSERT_TRUE(rg.ok()) << rg.status().message();
+    EXPECT_EQ(written, tmp.path + "/gguf/model.gguf");
+    EXPECT_EQ(rg->merged, 0);
+    // f32 in, f32 out, nothing merged: every tensor's bytes as in the base (in llama-quantize's tensor order).
+    auto in = formats::GgufFile::Open(Stories());
+    auto outg = formats::GgufFile::Open(written);
+    ASSERT_TRUE(in.ok() && outg.ok());
+    ASSERT_EQ((*in)->tensors().size(), (*outg)->tensors().size());
+    for (const auto& ti : (*in)->tensors()) {
+      Tensor a = (*in)->GetTensor(ti.name).value(), b = (*outg)->GetTensor(ti.name).value();
+      EXPECT_TRUE(a.nbytes() == b.nbytes() && std::memcmp(a.data, b.data, a.nbytes()) == 0) << ti.name;
+    }
+  }
+}
+
 TEST(MergeErrors, NameWhatIsWrong) {
   const std::string base = Fixtures() + "llama_gqa_tied/model", adapter = Fixtures() + "lora_llama_gqa_tied/adapter";
   ScopedTempDir tmp;
@@ -284,7 +397,7 @@ TEST(MergeErrors, NameWhatIsWrong) {
   auto msg = [&](const std::string& b, const std::string& a, const std::string& o, const std::string& dtype) {
     MergeOptions opt;
     opt.dtype = dtype;
-    auto r = MergeLora(b, a, o, opt, pool);
+    auto r = MergeLora(b, {a}, o, opt, pool);
     EXPECT_FALSE(r.ok()) << b << " " << o;
     return r.ok() ? std::string() : r.status().message();
   };
