@@ -15,8 +15,8 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
-#include "core/strings.h"
 #include "core/mapped_file.h"
+#include "core/strings.h"
 #include "formats/atomic_file.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
@@ -35,18 +35,19 @@ namespace {
 constexpr int kMods = (int)LoraModule::kCount;
 
 // Adds row o of scale * (B A) to w (in features): d = sum over k of B[o][k] A[k][:] in k order, then w += d * scale,
-// the order of PEFT's (B @ A) * scaling added to W. tmp: in floats.
-void AddDeltaRow(const model::LoraPair& p, int64_t o, float* w, float* tmp) {
+// the order of PEFT's (B @ A) * scaling added to W.
+void AddDeltaRow(const model::LoraPair& p, int64_t o, float* w) {
   const int64_t r = p.a.shape[0], in = p.a.shape[1];
   const float* a = p.a.as<float>();
   const float* b = p.b.as<float>() + o * r;
-  std::fill(tmp, tmp + in, 0.0f);
+  static thread_local std::vector<float> d;
+  d.assign(in, 0.0f);
   for (int64_t k = 0; k < r; ++k) {
     const float bk = b[k];
     const float* ak = a + k * in;
-    for (int64_t i = 0; i < in; ++i) tmp[i] += bk * ak[i];
+    for (int64_t i = 0; i < in; ++i) d[i] += bk * ak[i];
   }
-  for (int64_t i = 0; i < in; ++i) w[i] += tmp[i] * p.scale;
+  for (int64_t i = 0; i < in; ++i) w[i] += d[i] * p.scale;
 }
 
 // "<prefix><layer>.<module name><suffix>" -> (layer, module), for the seven LoRA module names of `names`.
@@ -110,11 +111,7 @@ Result<Adapters> LoadAdapters(const std::vector<std::string>& dirs, const model:
 
 // Row o of a weight with every pair's change added, in adapter order (f32 throughout, rounded once when stored).
 void AddDeltas(const std::vector<const model::LoraPair*>& ps, int64_t o, float* w) {
-  static thread_local std::vector<float> tmp;
-  for (const model::LoraPair* p : ps) {
-    tmp.resize(p->a.shape[1]);
-    AddDeltaRow(*p, o, w, tmp.data());
-  }
+  for (const model::LoraPair* p : ps) AddDeltaRow(*p, o, w);
 }
 
 // The base's name of the tensor the adapter's (layer, module) pair changes.
