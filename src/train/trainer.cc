@@ -54,9 +54,13 @@ Status CheckTrainerConfig(const TrainConfig& c) {
         "key 'quantization_bit': a quantized base cannot be fully fine-tuned; use finetuning_type lora "
         "(QLoRA) or freeze, or remove quantization_bit");
   }
-  if (!c.adapter_name_or_path.empty()) {
-    return Status::Error(
-        "key 'adapter_name_or_path': continuing from an existing adapter is not available yet");
+  if (!c.adapter_name_or_path.empty() && c.finetuning_type != "lora") {
+    return Status::Error("key 'adapter_name_or_path': continuing an adapter is LoRA training; set finetuning_type: "
+                         "lora (or merge the adapter into the model first: lathe merge / lathe export)");
+  }
+  if (c.adapter_name_or_path.find(',') != std::string::npos) {
+    return Status::Error("key 'adapter_name_or_path': one adapter is continued; merge the others into the base "
+                         "first (lathe merge -m BASE --adapter A --adapter B ... -o MERGED)");
   }
   if (!c.do_train) return Status::Error("key 'do_train': only training runs are supported (do_train: true)");
   if (c.finetuning_type == "lora") LATHE_RETURN_IF_ERROR(ParseLoraTargets(c.lora_target).status());

@@ -132,6 +132,17 @@ check "exported GGUF generates as base + adapter" cmp -s "$tmp/exported.json" "$
 expect_error "export names a misspelt key" "did you mean 'export_size'" "$LATHE" export \
   "${LATHE_SOURCE:?}/examples/stories260k_lora_export.yaml" --export_sise 2
 
+# 2c. adapter_name_or_path continues that adapter with its own rank and modules (lora_rank 4 here is overridden by
+# the adapter's 8): with learning_rate 0 one step leaves it as it was, so the saved adapter is the same file.
+"$LATHE" train "$tmp/lora.yaml" --adapter_name_or_path "$tmp/lora" --lora_rank 4 --learning_rate 0 --max_steps 1 \
+  --output_dir "$tmp/continued" --save_steps 100 --report_to none > /dev/null 2> "$tmp/continued.log"
+check "continue an adapter exit" test $? -eq 0
+check "continuing is logged with the adapter's rank" grep -q "adapter: continuing .* (r 8, alpha" "$tmp/continued.log"
+check "an unchanged continued adapter is the same file" cmp -s "$tmp/continued/adapter_model.safetensors" \
+  "$tmp/lora/adapter_model.safetensors"
+expect_error "continuing needs finetuning_type lora" "continuing an adapter is LoRA training" "$LATHE" train \
+  "$tmp/lora.yaml" --adapter_name_or_path "$tmp/lora" --finetuning_type full --output_dir "$tmp/x"
+
 # 3. Full fine-tuning (pt) writes an HF model dir with the tokenizer given by --tokenizer.
 cat > "$tmp/full.yaml" <<YAML
 model_name_or_path: $STORIES/stories260K.gguf

@@ -335,7 +335,13 @@ TEST(TrainerConfigErrors, NameTheKey) {
   x.lora_target = {"q_proj", "qkv"};
   expect_key(x, "lora_target");
   x = c;
+  x.finetuning_type = "lora";
+  x.adapter_name_or_path = "some/dir";  // continued (checked when the run loads it, e2e.train_test)
+  EXPECT_TRUE(CheckTrainerConfig(x).ok());
+  x.adapter_name_or_path = "a,b";  // one adapter is continued
+  expect_key(x, "adapter_name_or_path");
   x.adapter_name_or_path = "some/dir";
+  x.finetuning_type = "full";
   expect_key(x, "adapter_name_or_path");
 }
 
