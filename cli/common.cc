@@ -1,6 +1,9 @@
 // Shared sub-command helpers.
 #include "cli/common.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -89,6 +92,43 @@ int ThreadsFromArgs(const Args& args) {
 
 std::string JsonString(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<ConfigArgs> SplitConfigArgs(int argc, char** argv) {
+  ConfigArgs out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      out.help = true;
+      continue;
+    }
+    if (a.rfind("-", 0) != 0) {
+      if (!out.config_path.empty())
+        return Status::Error("unexpected argument '" + a + "' (one CONFIG.yaml, then --key value pairs)");
+      out.config_path = a;
+      continue;
+    }
+    std::string key = a, value;
+    const size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      key = a.substr(0, eq);
+      value = a.substr(eq + 1);
+    } else if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
+      value = argv[++i];
+    } else {
+      value = "true";  // a bare flag
+    }
+    out.pairs.push_back({key, value});
+  }
+  return out;
+}
+
+Result<int> ParseThreads(const std::string& value) {
+  char* end = nullptr;
+  const long n = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end || n < 1 || n > 4096)
+    return Status::Error("--threads: '" + value + "' is not a positive integer");
+  return (int)n;
 }
 
 }  // namespace lathe::cli

@@ -3,6 +3,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/args.h"
 #include "core/dtype.h"
@@ -13,6 +15,18 @@ namespace lathe::cli {
 
 // Prints "lathe CMD: message" to stderr and returns 1 (for `return Fail(...)`).
 int Fail(const std::string& command, const Status& status);
+
+// The command line of a config-file command (`lathe train` / `lathe export CONFIG.yaml [--key value ...]`): the one
+// positional CONFIG path and every --key value / --key=value / bare --flag (value "true") pair in order, flags of
+// the command itself included (the caller takes those out). help: -h / --help was given. Errors: a second positional.
+struct ConfigArgs {
+  std::string config_path;
+  std::vector<std::pair<std::string, std::string>> pairs;
+  bool help = false;
+};
+Result<ConfigArgs> SplitConfigArgs(int argc, char** argv);
+// A -t / --threads value: a positive integer.
+Result<int> ParseThreads(const std::string& value);
 
 // Declares the model-loading flags (-m/--model, --tokenizer, -t/--threads).
 void AddModelFlags(Args& args);

@@ -37,38 +37,20 @@ void PrintExportHelp() {
 }  // namespace
 
 int RunExport(int argc, char** argv) {
-  std::string config_path;
+  auto split = SplitConfigArgs(argc, argv);
+  if (!split.ok()) return Fail("export", split.status());
+  if (split->help) {
+    PrintExportHelp();
+    return 0;
+  }
+  const std::string config_path = split->config_path;
   int threads = DefaultThreadCount();
   std::vector<std::pair<std::string, std::string>> overrides;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      PrintExportHelp();
-      return 0;
-    }
-    if (a.rfind("-", 0) != 0) {
-      if (!config_path.empty()) {
-        return Fail("export", Status::Error("unexpected argument '" + a + "' (one CONFIG.yaml, then --key value pairs)"));
-      }
-      config_path = a;
-      continue;
-    }
-    std::string key = a, value;
-    const size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      key = a.substr(0, eq);
-      value = a.substr(eq + 1);
-    } else if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
-      value = argv[++i];
-    } else {
-      value = "true";
-    }
+  for (const auto& [key, value] : split->pairs) {
     if (key == "-t" || key == "--threads") {
-      char* end = nullptr;
-      const long n = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end || n < 1)
-        return Fail("export", Status::Error("--threads: '" + value + "' is not a positive integer"));
-      threads = (int)n;
+      auto n = ParseThreads(value);
+      if (!n.ok()) return Fail("export", n.status());
+      threads = *n;
     } else {
       overrides.push_back({key, value});
     }

@@ -51,36 +51,18 @@ int RunTrain(int argc, char** argv) {
   bool monitor_memory = false;
   int threads = DefaultThreadCount();
   std::vector<std::pair<std::string, std::string>> overrides;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      PrintTrainHelp();
-      return 0;
-    }
-    if (a.rfind("-", 0) != 0) {
-      if (!config_path.empty()) {
-        return Fail("train", Status::Error("unexpected argument '" + a +
-                                           "' (one CONFIG.yaml, then --key value pairs)"));
-      }
-      config_path = a;
-      continue;
-    }
-    std::string key = a, value;
-    size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      key = a.substr(0, eq);
-      value = a.substr(eq + 1);
-    } else if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
-      value = argv[++i];
-    } else {
-      value = "true";  // a bare flag
-    }
+  auto split = SplitConfigArgs(argc, argv);
+  if (!split.ok()) return Fail("train", split.status());
+  if (split->help) {
+    PrintTrainHelp();
+    return 0;
+  }
+  config_path = split->config_path;
+  for (const auto& [key, value] : split->pairs) {
     if (key == "-t" || key == "--threads") {
-      char* end = nullptr;
-      long n = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end || n < 1)
-        return Fail("train", Status::Error("--threads: '" + value + "' is not a positive integer"));
-      threads = (int)n;
+      auto n = ParseThreads(value);
+      if (!n.ok()) return Fail("train", n.status());
+      threads = *n;
     } else if (key == "--tokenizer") {
       tokenizer = value;
     } else if (key == "--monitor") {

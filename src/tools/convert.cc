@@ -216,6 +216,21 @@ std::vector<DType> PlanConvertedDTypes(const ConvertTarget& target, const std::v
   return out;
 }
 
+void ConvertRows(ThreadPool& pool, const Tensor& t, DType to, const RowEdit& edit, uint8_t* dst) {
+  const int64_t row = t.ndim() == 0 ? 1 : t.shape.back(), rows = t.numel() / std::max<int64_t>(row, 1);
+  const size_t out_row_bytes = DTypeBytes(to, row);
+  Tensor rows_view = t;
+  rows_view.shape = {rows, row};
+  pool.ParallelFor(rows, 16, [&](int64_t b, int64_t e, int) {
+    std::vector<float> tmp(row);
+    for (int64_t r = b; r < e; ++r) {
+      kernels::DequantizeRows(rows_view, r, 1, tmp.data());
+      if (edit) edit(r, tmp.data());
+      kernels::QuantizeRow(to, tmp.data(), row, dst + r * out_row_bytes);
+    }
+  });
+}
+
 Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& out_path, const ConvertTarget& target,
                                  ThreadPool& pool, bool allow_requantize, const TensorEdits& edits) {
   if (in_path == out_path) return Status::Error("output path equals the input path; choose another -o");
@@ -269,17 +284,8 @@ Result<ConvertStats> ConvertGguf(const std::string& in_path, const std::string& 
     const int64_t rows = t.numel() / row;
     const size_t out_row_bytes = DTypeBytes(to, row);
     // Converted as the writer reaches it, into its reused buffer: one tensor in memory at a time.
-    auto fill = [t, rows, row, to, out_row_bytes, edit, &pool](uint8_t* dst) {
-      Tensor rows_view = t;
-      rows_view.shape = {rows, row};
-      pool.ParallelFor(rows, 16, [&](int64_t b, int64_t e, int) {
-        std::vector<float> tmp(row);
-        for (int64_t r = b; r < e; ++r) {
-          kernels::DequantizeRows(rows_view, r, 1, tmp.data());
-          if (edit) edit(r, tmp.data());
-          kernels::QuantizeRow(to, tmp.data(), row, dst + r * out_row_bytes);
-        }
-      });
+    auto fill = [t, to, edit, &pool](uint8_t* dst) {
+      ConvertRows(pool, t, to, edit, dst);
       return Status::Ok();
     };
     LATHE_RETURN_IF_ERROR(w.AddTensorFilled(name, to, t.shape, out_row_bytes * rows, fill));

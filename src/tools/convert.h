@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/tensor.h"
 #include "core/thread_pool.h"
 
 namespace lathe::tools {
@@ -59,6 +60,11 @@ struct ConvertStats {
 using RowEdit = std::function<void(int64_t row, float* values)>;
 // For a tensor's name, its RowEdit, or an empty one to leave the tensor as the conversion makes it.
 using TensorEdits = std::function<RowEdit(const std::string& name)>;
+
+// t's rows (its last dimension) into dst as `to`: each row dequantized to f32, edited (when edit is set), then
+// quantized or rounded to `to` (kernels::QuantizeRow: llama.cpp's quantizers, round to nearest even for f16 / bf16);
+// rows split over the pool. dst holds DTypeBytes(to, row) bytes per row.
+void ConvertRows(ThreadPool& pool, const Tensor& t, DType to, const RowEdit& edit, uint8_t* dst);
 
 // Writes out_path (temp file + rename: an existing file is only replaced by a complete one). With
 // allow_requantize false, a matrix that is already quantized and would get another quantized type

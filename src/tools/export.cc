@@ -1,8 +1,6 @@
 // LLaMA-Factory's export config -> MergeLora.
 #include "tools/export.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -10,6 +8,7 @@
 
 #include "core/strings.h"
 #include "formats/atomic_file.h"
+#include "train/train_config.h"
 
 namespace lathe::tools {
 
@@ -87,39 +86,11 @@ Status Set(ExportConfig* c, const std::string& key, const std::string& value, co
 
 Result<ExportConfig> ParseExportConfig(const std::string& text, const std::string& source,
                                        const std::vector<std::pair<std::string, std::string>>& overrides) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return Status::Error(StrFormat("%s: invalid YAML at line %d, column %d: %s", source.c_str(), e.mark.line + 1,
-                                   e.mark.column + 1, e.msg.c_str()));
-  }
-  if (root.IsNull()) return Status::Error(source + ": empty config");
-  if (!root.IsMap()) return Status::Error(source + ": the config must be a mapping of key: value");
+  LATHE_ASSIGN_OR_RETURN(std::vector<train::ConfigEntry> entries, train::ReadConfigYaml(text, source));
   ExportConfig c;
-  for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    const YAML::Node& v = kv.second;
-    const std::string where = StrFormat("%s line %d", source.c_str(), kv.first.Mark().line + 1);
-    std::string value;
-    if (v.IsNull()) continue;  // `key: null` keeps the default
-    if (v.IsScalar()) {
-      value = v.Scalar();
-    } else if (v.IsSequence()) {
-      for (const auto& item : v) {
-        if (!item.IsScalar()) return Status::Error(where + ": key '" + key + "' must be a list of plain values");
-        value += (value.empty() ? "" : ",") + item.Scalar();
-      }
-    } else {
-      return Status::Error(where + ": key '" + key + "' must be a value or a list, not a mapping");
-    }
-    LATHE_RETURN_IF_ERROR(Set(&c, key, value, where));
-  }
-  for (auto [key, value] : overrides) {
-    while (!key.empty() && key[0] == '-') key.erase(0, 1);
-    std::replace(key.begin(), key.end(), '-', '_');
-    LATHE_RETURN_IF_ERROR(Set(&c, key, value, "command line --" + key));
-  }
+  for (const train::ConfigEntry& e : entries) LATHE_RETURN_IF_ERROR(Set(&c, e.key, e.value, e.where));
+  for (const train::ConfigEntry& e : train::OverrideEntries(overrides))
+    LATHE_RETURN_IF_ERROR(Set(&c, e.key, e.value, e.where));
   if (c.model_name_or_path.empty()) return Status::Error(source + ": key 'model_name_or_path' is required");
   if (c.export_dir.empty()) return Status::Error(source + ": key 'export_dir' is required");
   if (c.finetuning_type == "lora" && c.adapter_name_or_path.empty()) {

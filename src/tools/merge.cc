@@ -210,16 +210,6 @@ const char* TorchDTypeName(DType t) { return t == DType::kF32 ? "float32" : t ==
 
 bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
-// n floats into dst as `to` (round to nearest even, as torch's .to()).
-void StoreAs(DType to, const float* v, int64_t n, uint8_t* dst) {
-  if (to == DType::kF32) {
-    std::memcpy(dst, v, n * 4);
-    return;
-  }
-  uint16_t* h = (uint16_t*)dst;
-  for (int64_t i = 0; i < n; ++i) h[i] = to == DType::kBF16 ? F32ToBF16(v[i]) : F32ToF16(v[i]);
-}
-
 // Output shards of an HF merge: each a file name and the base tensors it holds, in the base's order.
 struct Item {
   const formats::SafetensorsFile* file;
@@ -317,20 +307,10 @@ Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::strin
                              ") cannot take the adapter's change or the dtype asked for");
       }
       ms.merged += !ps.empty();
-      const int64_t row = t.ndim() == 0 ? 1 : t.shape.back(), rows = t.numel() / std::max<int64_t>(row, 1);
       owned.emplace_back(DTypeBytes(to, t.numel()));
       uint8_t* dst = owned.back().data();
-      const size_t out_row = DTypeBytes(to, row);
-      Tensor rows_view = t;
-      rows_view.shape = {rows, row};
-      pool.ParallelFor(rows, 16, [&](int64_t b, int64_t e, int) {
-        std::vector<float> v(row);
-        for (int64_t r = b; r < e; ++r) {
-          kernels::DequantizeRows(rows_view, r, 1, v.data());
-          AddDeltas(ps, r, v.data());
-          StoreAs(to, v.data(), row, dst + r * out_row);
-        }
-      });
+      ConvertRows(pool, t, to, ps.empty() ? RowEdit() : RowEdit([&ps](int64_t r, float* w) { AddDeltas(ps, r, w); }),
+                  dst);
       entries.push_back({ti.name, to, ti.shape, dst, owned.back().size()});
       total_size += owned.back().size();
     }

@@ -199,7 +199,7 @@ std::vector<std::string> TrainConfigKeys() {
   return keys;
 }
 
-Result<TrainConfig> ParseTrainConfig(const std::string& text, const std::string& source) {
+Result<std::vector<ConfigEntry>> ReadConfigYaml(const std::string& text, const std::string& source) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -207,38 +207,51 @@ Result<TrainConfig> ParseTrainConfig(const std::string& text, const std::string&
     return Status::Error(StrFormat("%s: invalid YAML at line %d, column %d: %s", source.c_str(), e.mark.line + 1,
                                    e.mark.column + 1, e.msg.c_str()));
   }
-  TrainConfig c;
   if (root.IsNull()) return Status::Error(source + ": empty config");
   if (!root.IsMap()) return Status::Error(source + ": the config must be a mapping of key: value");
+  std::vector<ConfigEntry> out;
   for (const auto& kv : root) {
-    std::string key = kv.first.as<std::string>();
+    ConfigEntry e;
+    e.key = kv.first.as<std::string>();
+    e.where = StrFormat("%s line %d", source.c_str(), kv.first.Mark().line + 1);
     const YAML::Node& v = kv.second;
-    std::string where = StrFormat("%s line %d", source.c_str(), kv.first.Mark().line + 1);
-    std::string value;
     if (v.IsNull()) {
       continue;  // `key: null` / `key:` keeps the default (LLaMA-Factory writes resume_from_checkpoint: null)
     } else if (v.IsScalar()) {
-      value = v.Scalar();
+      e.value = v.Scalar();
     } else if (v.IsSequence()) {
       for (const auto& item : v) {
-        if (!item.IsScalar()) return Status::Error(where + ": key '" + key + "' must be a list of plain values");
-        value += (value.empty() ? "" : ",") + item.Scalar();
+        if (!item.IsScalar()) return Status::Error(e.where + ": key '" + e.key + "' must be a list of plain values");
+        e.value += (e.value.empty() ? "" : ",") + item.Scalar();
       }
     } else {
-      return Status::Error(where + ": key '" + key + "' must be a value or a list, not a mapping");
+      return Status::Error(e.where + ": key '" + e.key + "' must be a value or a list, not a mapping");
     }
-    LATHE_RETURN_IF_ERROR(Set(&c, key, value, where));
+    out.push_back(std::move(e));
   }
-  return c;
+  return out;
 }
 
-Status ApplyOverrides(TrainConfig* c, const std::vector<std::pair<std::string, std::string>>& overrides) {
+std::vector<ConfigEntry> OverrideEntries(const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<ConfigEntry> out;
   for (const auto& [k, v] : overrides) {
     std::string key = k;
     while (!key.empty() && key[0] == '-') key.erase(0, 1);
     std::replace(key.begin(), key.end(), '-', '_');
-    LATHE_RETURN_IF_ERROR(Set(c, key, v, "command line --" + key));
+    out.push_back({key, v, "command line --" + key});
   }
+  return out;
+}
+
+Result<TrainConfig> ParseTrainConfig(const std::string& text, const std::string& source) {
+  LATHE_ASSIGN_OR_RETURN(std::vector<ConfigEntry> entries, ReadConfigYaml(text, source));
+  TrainConfig c;
+  for (const ConfigEntry& e : entries) LATHE_RETURN_IF_ERROR(Set(&c, e.key, e.value, e.where));
+  return c;
+}
+
+Status ApplyOverrides(TrainConfig* c, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  for (const ConfigEntry& e : OverrideEntries(overrides)) LATHE_RETURN_IF_ERROR(Set(c, e.key, e.value, e.where));
   return Status::Ok();
 }
 

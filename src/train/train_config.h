@@ -82,6 +82,17 @@ struct TrainConfig {
   Status Validate() const;
 };
 
+// One key of a LLaMA-Factory-style config file: its value (a YAML list joined by commas) and where it was
+// ("FILE line N", or "command line --key").
+struct ConfigEntry {
+  std::string key, value, where;
+};
+// A YAML mapping of plain values and lists; `key: null` / `key:` entries are left out (the default stays). Errors name
+// the file and line: invalid YAML, not a mapping, a nested mapping.
+Result<std::vector<ConfigEntry>> ReadConfigYaml(const std::string& yaml_text, const std::string& source);
+// `--key value` pairs as entries: leading dashes stripped, '-' in a key read as '_'.
+std::vector<ConfigEntry> OverrideEntries(const std::vector<std::pair<std::string, std::string>>& overrides);
+
 // Parses YAML text (`source` names the file in errors).
 Result<TrainConfig> ParseTrainConfig(const std::string& yaml_text, const std::string& source);
 // Applies `--key value` overrides (argv-style pairs, leading dashes stripped) on top.
