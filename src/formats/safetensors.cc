@@ -369,7 +369,7 @@ Result<Prepared> Prepare(const std::vector<SafetensorsWriteEntry>& tensors,
     if (want != t.nbytes) {
       return err(StrFormat("shape needs %llu bytes, got %zu", (unsigned long long)want, t.nbytes));
     }
-    if (t.nbytes > 0 && !t.data) return err("no data");
+    if (t.nbytes > 0 && !t.data && !t.fill) return err("no data");
     p.order.push_back(&t);
   }
   std::stable_sort(p.order.begin(), p.order.end(), [](const SafetensorsWriteEntry* a, const SafetensorsWriteEntry* b) {
@@ -418,7 +418,16 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsWr
   uint64_t n = p.header.size();
   LATHE_RETURN_IF_ERROR(w.Write(&n, 8));
   LATHE_RETURN_IF_ERROR(w.Write(p.header.data(), p.header.size()));
-  for (const SafetensorsWriteEntry* t : p.order) LATHE_RETURN_IF_ERROR(w.Write(t->data, t->nbytes));
+  std::vector<uint8_t> filled;  // the bytes of fill entries, one at a time
+  for (const SafetensorsWriteEntry* t : p.order) {
+    const void* data = t->data;
+    if (t->fill) {
+      filled.resize(t->nbytes);
+      LATHE_RETURN_IF_ERROR(t->fill(filled.data()));
+      data = filled.data();
+    }
+    LATHE_RETURN_IF_ERROR(w.Write(data, t->nbytes));
+  }
   return w.Commit();
 }
 
@@ -430,8 +439,13 @@ Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<SafetensorsW
   std::memcpy(out.data(), &n, 8);
   out.insert(out.end(), p.header.begin(), p.header.end());
   for (const SafetensorsWriteEntry* t : p.order) {
-    const uint8_t* d = (const uint8_t*)t->data;
-    out.insert(out.end(), d, d + t->nbytes);
+    const size_t at = out.size();
+    out.resize(at + t->nbytes);
+    if (t->fill) {
+      LATHE_RETURN_IF_ERROR(t->fill(out.data() + at));
+    } else if (t->nbytes > 0) {
+      std::memcpy(out.data() + at, t->data, t->nbytes);
+    }
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,13 +93,16 @@ class SafetensorsSet {
   std::map<std::string, size_t> where_;  // tensor name -> index in files_
 };
 
-// A tensor to write: the bytes are borrowed until WriteSafetensors returns.
+// A tensor to write: the bytes are borrowed until WriteSafetensors returns; or, with fill set instead of data, made
+// only as the file is written (fill writes nbytes into dst, a buffer reused from one such tensor to the next, so a
+// writer of converted tensors holds one at a time; an error from fill stops the write, nothing is renamed).
 struct SafetensorsWriteEntry {
   std::string name;
   DType dtype = DType::kF32;  // plain types only (no block-quantized types)
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t nbytes = 0;  // must equal numel * element size
+  std::function<Status(uint8_t* dst)> fill;
 };
 
 // Serializes like the Python library (byte-identical for the same tensors and at most one

@@ -1,11 +1,11 @@
 // LoRA merge: W + scale * (B A) into each adapted linear of a GGUF file (through ConvertGguf's row edits) or of an HF
-// folder's safetensors (shard by shard, every other tensor's bytes passed through unchanged).
+// folder's safetensors (every other tensor's bytes passed through unchanged); either way each changed tensor is made
+// as its file is written, so a merge holds one converted tensor at a time.
 #include "tools/merge.h"
 
 #include <cctype>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -280,7 +280,6 @@ Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::strin
   uint64_t total_size = 0;
   nlohmann::json weight_map = nlohmann::json::object();
   for (const Shard& shard : shards) {
-    std::deque<std::vector<uint8_t>> owned;
     std::vector<formats::SafetensorsWriteEntry> entries;
     for (const auto [file, tip] : shard.items) {
       const formats::SafetensorsTensorInfo& ti = *tip;
@@ -307,12 +306,15 @@ Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::strin
                              ") cannot take the adapter's change or the dtype asked for");
       }
       ms.merged += !ps.empty();
-      owned.emplace_back(DTypeBytes(to, t.numel()));
-      uint8_t* dst = owned.back().data();
-      ConvertRows(pool, t, to, ps.empty() ? RowEdit() : RowEdit([&ps](int64_t r, float* w) { AddDeltas(ps, r, w); }),
-                  dst);
-      entries.push_back({ti.name, to, ti.shape, dst, owned.back().size()});
-      total_size += owned.back().size();
+      // Made as the writer reaches it (one converted tensor in memory at a time).
+      const size_t nbytes = DTypeBytes(to, t.numel());
+      RowEdit edit;
+      if (!ps.empty()) edit = [ps](int64_t r, float* w) { AddDeltas(ps, r, w); };
+      entries.push_back({ti.name, to, ti.shape, nullptr, nbytes, [t, to, edit, &pool](uint8_t* dst) {
+                           ConvertRows(pool, t, to, edit, dst);
+                           return Status::Ok();
+                         }});
+      total_size += nbytes;
     }
     const formats::SafetensorsFile* first = shard.items.empty() ? nullptr : shard.items[0].file;
     LATHE_RETURN_IF_ERROR(formats::WriteSafetensors((fs::path(out) / shard.name).string(), entries,

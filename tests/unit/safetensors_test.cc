@@ -130,6 +130,35 @@ TEST(Safetensors, WriterIsByteIdenticalToPython) {
   }
 }
 
+// Entries filled as the file is written (fill instead of data) give the Python library's bytes too; a failing fill
+// stops the write and leaves no file.
+TEST(Safetensors, FilledEntriesWriteTheSameBytes) {
+  auto f = SafetensorsFile::Open(Fixture("python_written.safetensors"));
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  std::vector<SafetensorsWriteEntry> entries;
+  int fills = 0;
+  for (const auto& ti : (*f)->tensors()) {
+    Tensor t = (*f)->GetTensor(ti.name).value();
+    entries.push_back({ti.name, t.dtype, t.shape, nullptr, t.nbytes(), [t, &fills](uint8_t* dst) {
+                         std::memcpy(dst, t.data, t.nbytes());
+                         ++fills;
+                         return Status::Ok();
+                       }});
+  }
+  const std::string want((const char*)(*f)->base(), (*f)->size());
+  auto bytes = SerializeSafetensors(entries, (*f)->metadata());
+  ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+  EXPECT_EQ(std::string((const char*)bytes->data(), bytes->size()), want);
+  std::string dir = MakeTempDir();
+  ASSERT_TRUE(WriteSafetensors(dir + "/out.safetensors", entries, (*f)->metadata()).ok());
+  EXPECT_EQ(ReadFileToString(dir + "/out.safetensors").value(), want);
+  EXPECT_EQ(fills, 2 * (int)entries.size());
+  entries.back().fill = [](uint8_t*) { return Status::Error("tensor: the source ran out"); };
+  Status st = WriteSafetensors(dir + "/bad.safetensors", entries, (*f)->metadata());
+  EXPECT_NE(st.message().find("the source ran out"), std::string::npos);
+  EXPECT_FALSE(lathe::testing::FileExists(dir + "/bad.safetensors"));
+}
+
 TEST(Safetensors, RoundTrip) {
   std::vector<float> a = {1, 2, 3, 4, 5, 6};
   std::vector<uint16_t> b = {F32ToBF16(0.5f), F32ToBF16(-1.0f)};
