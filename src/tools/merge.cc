@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "core/check.h"
@@ -363,6 +364,20 @@ Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::strin
     ms.files++;
   }
   if (ec) return Status::Error(base + ": cannot list the folder: " + ec.message());
+  // What an earlier save left in the folder that this one did not write (shards of another count, an index beside a
+  // single file) would be read with the new files: removed once everything new is in place, as save_pretrained does.
+  std::set<std::string> wrote;
+  for (const Shard& shard : shards) wrote.insert(shard.name);
+  if (fs::exists(fs::path(out) / "model.safetensors.index.json", ec) &&
+      (o.max_shard_bytes == 0 ? fs::is_regular_file(fs::path(base) / "model.safetensors.index.json", ec)
+                              : shards.size() > 1))
+    wrote.insert("model.safetensors.index.json");
+  for (const auto& entry : fs::directory_iterator(out, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool weights = name == "model.safetensors.index.json" ||
+                         (name.rfind("model", 0) == 0 && entry.path().extension() == ".safetensors");
+    if (entry.is_regular_file() && weights && !wrote.count(name)) fs::remove(entry.path(), ec);
+  }
   return ms;
 }
 

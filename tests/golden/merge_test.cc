@@ -261,6 +261,14 @@ TEST(MergeHf, ReshardsToAMaximumSize) {
     EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0) << name;
   }
   EXPECT_TRUE(model::LoadHfModelDir(tmp.path + "/sharded").ok());
+
+  // Merged again into the same folder as one file: the earlier shards and index go (a loader would read the index
+  // and the old weights), and the folder holds what the single-file merge holds.
+  ASSERT_TRUE(MergeLora(base, {adapter}, tmp.path + "/sharded", {}, pool).ok());
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(tmp.path + "/sharded")) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors"}));
 }
 
 // A PEFT adapter for stories260K's shapes (r 4, alpha 8, all seven modules), seeded N(0, 0.1^2) A and B.
