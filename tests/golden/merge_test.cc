@@ -271,8 +271,8 @@ TEST(MergeHf, ReshardsToAMaximumSize) {
   EXPECT_EQ(left, (std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors"}));
 }
 
-// A PEFT adapter for stories260K's shapes (r 4, alpha 8, all seven modules), seeded N(0, 0.1^2) A and B.
-void WriteStoriesAdapter(const std::string& dir, const model::ModelConfig& c) {
+// A PEFT adapter for a model's shapes (r 4, alpha 8, all seven modules), seeded N(0, 0.1^2) A and B.
+void WriteRandomAdapter(const std::string& dir, const model::ModelConfig& c) {
   fs::create_directories(dir);
   std::ofstream(dir + "/adapter_config.json")
       << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj",
@@ -309,7 +309,7 @@ TEST(MergeGguf, EqualsTheBaseWithTheAdapter) {
   auto base = model::LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*gg)));
   ASSERT_TRUE(base.ok()) << base.status().message();
   ASSERT_EQ(base->config.rope_style, model::RopeStyle::kInterleaved);
-  WriteStoriesAdapter(tmp.path + "/adapter", base->config);
+  WriteRandomAdapter(tmp.path + "/adapter", base->config);
   auto adapter = model::LoadPeftAdapter(tmp.path + "/adapter", base->config);
   ASSERT_TRUE(adapter.ok()) << adapter.status().message();
   const std::vector<int32_t> ids = {1, 403, 407, 261, 378, 6, 15, 100, 300, 2};
@@ -352,6 +352,42 @@ TEST(MergeGguf, EqualsTheBaseWithTheAdapter) {
   EXPECT_GT(q, 0.0);
   EXPECT_LT(q, 0.02);
 }
+
+// The other HF architectures of the fixtures (Qwen2 with q/k/v biases, Llama 3 rope scaling, Mistral, an untied head
+// with GQA 4): the merged folder alone gives the logits of the base with the adapter applied at run time, and the
+// biases, norms and head pass through unchanged.
+class MergeArch : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MergeArch, HfFolderEqualsTheBaseWithTheAdapter) {
+  const std::string base = Fixtures() + GetParam() + "/model";
+  ScopedTempDir tmp;
+  auto w = model::LoadHfModelDir(base);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  WriteRandomAdapter(tmp.path + "/adapter", w->config);
+  auto adapter = model::LoadPeftAdapter(tmp.path + "/adapter", w->config);
+  ASSERT_TRUE(adapter.ok()) << adapter.status().message();
+  const std::vector<int32_t> ids = {1, 17, 42, 99, 7, 150, 3, 64, 128, 200, 11, 5};
+  const std::vector<float> want = Logits(*w, adapter->get(), ids);
+  ASSERT_GT(MaxAbs(want, Logits(*w, nullptr, ids)), 1e-2);
+  ThreadPool pool(2);
+  auto r = MergeLora(base, {tmp.path + "/adapter"}, tmp.path + "/merged", {}, pool);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->merged, 7 * w->config.n_layers);
+  auto m = model::LoadHfModelDir(tmp.path + "/merged");
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_LT(MaxAbs(Logits(*m, nullptr, ids), want), 1e-5 * MaxAbs(want, std::vector<float>(want.size())));
+  auto a = formats::SafetensorsSet::Open(base);
+  auto b = formats::SafetensorsSet::Open(tmp.path + "/merged");
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (const std::string& n : (*a)->TensorNames()) {
+    if (n.find("_proj.weight") != std::string::npos) continue;
+    Tensor x = (*a)->GetTensor(n).value(), y = (*b)->GetTensor(n).value();
+    EXPECT_TRUE(x.nbytes() == y.nbytes() && std::memcmp(x.data, y.data, x.nbytes()) == 0) << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MergeArch,
+                         ::testing::Values("qwen2_bias", "llama3_rope", "mistral", "llama_gqa4_untied"));
 
 // LLaMA-Factory's export config runs the same merge: export_size in GB (10^9 bytes) as the shard size, infer_dtype
 // as the dtype; a GGUF base writes export_dir/model.gguf.
