@@ -1244,6 +1244,29 @@ Result<std::unique_ptr<LoraAdapter>> TrainModelImpl::ExportAdapter() const {
   return a;
 }
 
+Status TrainModelImpl::ImportAdapter(const LoraAdapter& a) {
+  if (opt_.method != FinetuneMethod::kLora) return Status::Error("ImportAdapter: the model is not trained with LoRA");
+  for (int64_t l = 0; l < c_.n_layers; ++l)
+    for (int m = 0; m < kMods; ++m) {
+      const LoraParam& p = layers_[l].lin[m].lora;
+      if (!p.on) continue;
+      const LoraPair* src = l < (int64_t)a.layers.size() && a.at(l, (LoraModule)m).a.data ? &a.at(l, (LoraModule)m)
+                                                                                        : nullptr;
+      if (!src) {
+        return Status::Error(StrFormat("%s: the adapter has no %s weights for layer %lld (an adapter of some layers "
+                                       "only, layers_to_transform, cannot be continued)",
+                                       a.path.c_str(), LoraModuleName((LoraModule)m), (long long)l));
+      }
+      if (src->a.numel() != p.r * p.in || src->b.numel() != p.out * p.r) {
+        return Status::Error(StrFormat("%s: layer %lld %s has another rank or shape than the model's LoRA",
+                                       a.path.c_str(), (long long)l, LoraModuleName((LoraModule)m)));
+      }
+      std::memcpy(p.a, src->a.data, sizeof(float) * p.r * p.in);
+      std::memcpy(p.b, src->b.data, sizeof(float) * p.out * p.r);
+    }
+  return Status::Ok();
+}
+
 }  // namespace internal
 
 bool LinearShadows(bool bf16, bool fp16) { return fp16 || (bf16 && !UsesBf16Dot()); }

@@ -220,6 +220,10 @@ class TrainModel {
 
   // LoRA: the current adapter as an inference LoraAdapter (copies), usable by Transformer.
   virtual Result<std::unique_ptr<LoraAdapter>> ExportAdapter() const = 0;
+  // LoRA: the reverse, an adapter's A and B (LoadPeftAdapter's f32, in the model's row layout) into the masters
+  // (continuing a saved adapter). Every LoRA pair of the model must find one of the same shape; errors name
+  // a.path, the layer and the module.
+  virtual Status ImportAdapter(const LoraAdapter& a) = 0;
   // Writes a PEFT adapter dir (adapter_config.json + adapter_model.safetensors), q/k rows in HF's
   // half-split layout whatever the base's RoPE layout.
   virtual Status SavePeftAdapter(const std::string& dir, const std::string& base_model_name) const = 0;

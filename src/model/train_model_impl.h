@@ -271,6 +271,7 @@ class TrainModelImpl final : public TrainModel {
   Result<double> Loss(const TrainBatch& batch, int64_t* n_targets) override;
   TrainMemory AllocatedBytes() const override;
   Result<std::unique_ptr<LoraAdapter>> ExportAdapter() const override;
+  Status ImportAdapter(const LoraAdapter& a) override;
   Status SavePeftAdapter(const std::string& dir, const std::string& base_model_name) const override;
   Status SaveHfModel(const std::string& dir, bool bf16) const override;
   int64_t MaxRowGroupWorkers(int64_t B) const override { return Workers(B); }

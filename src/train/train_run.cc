@@ -2,9 +2,7 @@
 #include "train/train_run.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <regex>
 
 #include "core/profiler.h"
 #include "core/strings.h"
@@ -27,32 +25,6 @@ std::string ExpandHome(const std::string& path) {
   const char* home = std::getenv("HOME");
   if (path.rfind("~/", 0) == 0 && home && *home) return std::string(home) + path.substr(1);
   return path;
-}
-
-// Copies a PEFT adapter's A and B (LoadPeftAdapter's f32, in the model's row layout) into the LoRA masters of a model
-// made with its rank and modules; every LoRA tensor of the model must get one.
-Status LoadAdapterInto(model::TrainModel& tm, const model::LoraAdapter& a) {
-  static const std::regex kKey(R"(base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_(A|B)\.weight)");
-  for (const model::TrainableTensor& t : tm.params()) {
-    std::smatch m;
-    if (!std::regex_match(t.name, m, kKey)) continue;
-    const int64_t layer = std::stoll(m[1].str());
-    int mod = -1;
-    for (int i = 0; i < (int)model::LoraModule::kCount; ++i)
-      if (m[3].str() == model::LoraModuleName((model::LoraModule)i)) mod = i;
-    const model::LoraPair* p =
-        mod >= 0 && layer < (int64_t)a.layers.size() && a.at(layer, (model::LoraModule)mod).a.data
-            ? &a.at(layer, (model::LoraModule)mod)
-            : nullptr;
-    if (!p) {
-      return Status::Error(a.path + ": the adapter has no " + m[3].str() + " weights for layer " + m[1].str() +
-                           " (an adapter of some layers only, layers_to_transform, cannot be continued)");
-    }
-    const Tensor& src = m[4].str() == "A" ? p->a : p->b;
-    if (src.numel() != t.n) return Status::Error(a.path + ": tensor for '" + t.name + "' has another size");
-    std::memcpy(t.data, src.data, sizeof(float) * t.n);
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -248,7 +220,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<model::TrainModel> tm,
                          model::TrainModel::Create(lm.weights, pool, mo));
   if (resumed) {
-    LATHE_RETURN_IF_ERROR(LoadAdapterInto(*tm, *resumed).WithContext("key 'adapter_name_or_path'"));
+    LATHE_RETURN_IF_ERROR(tm->ImportAdapter(*resumed).WithContext("key 'adapter_name_or_path'"));
   }
   // Full / freeze: the model dropped the file pages of the base tensors it copied to f32 masters; LoRA / freeze
   // in bf16 mode, those of the frozen f32 linears it keeps as bf16 copies (model::FrozenLinearsAsBf16).

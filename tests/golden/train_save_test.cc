@@ -154,6 +154,22 @@ TEST_P(PeftSave, RoundTripsAndInferenceMatchesTheTrainingForward) {
   EXPECT_NEAR(inf, *loss, 1e-5 * *loss) << "inference with the saved adapter vs the training forward";
   double base_loss = LossFromLogits(InferLogits(*w, nullptr, b), b, w->config.vocab_size);
   EXPECT_GT(std::fabs(base_loss - *loss), 1e-3) << "the adapter must matter";
+
+  // The saved adapter imported into a fresh model (continuing it, adapter_name_or_path) gives the trained model's
+  // parameters and loss bit for bit; an adapter of another rank is refused.
+  auto fresh = Make(*w, pool, o);
+  ASSERT_TRUE(fresh->ImportAdapter(**loaded).ok());
+  ASSERT_EQ(fresh->params().size(), m->params().size());
+  for (size_t i = 0; i < m->params().size(); ++i)
+    EXPECT_EQ(std::memcmp(fresh->params()[i].data, m->params()[i].data, sizeof(float) * m->params()[i].n), 0)
+        << m->params()[i].name;
+  int64_t n2 = 0;
+  auto loss2 = fresh->Loss(b.View(), &n2);
+  ASSERT_TRUE(loss2.ok());
+  EXPECT_EQ(*loss2, *loss);
+  TrainModelOptions r8 = o;
+  r8.lora_rank = 8;
+  EXPECT_FALSE(Make(*w, pool, r8)->ImportAdapter(**loaded).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Bases, PeftSave,

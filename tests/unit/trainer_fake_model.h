@@ -51,6 +51,7 @@ class FakeTrainModel final : public model::TrainModel {
   Result<std::unique_ptr<model::LoraAdapter>> ExportAdapter() const override {
     return Status::Error("fake model: no adapter");
   }
+  Status ImportAdapter(const model::LoraAdapter&) override { return Status::Error("fake model: no adapter"); }
   Status SavePeftAdapter(const std::string& dir, const std::string& base) const override {
     saves++;
     std::ofstream(dir + "/adapter_config.json") << "{\"base_model_name_or_path\": \"" << base << "\"}\n";
