@@ -11,6 +11,13 @@
 
 namespace lathe::formats {
 
+Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  AtomicFileWriter w;
+  LATHE_RETURN_IF_ERROR(w.Open(path));
+  LATHE_RETURN_IF_ERROR(w.Write(bytes.data(), bytes.size()));
+  return w.Commit();
+}
+
 Status MakeDirs(const std::string& dir) {
   std::string cur;
   for (size_t i = 0; i <= dir.size(); ++i) {

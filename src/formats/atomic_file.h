@@ -14,6 +14,10 @@ namespace lathe::formats {
 // name the component that could not be created.
 Status MakeDirs(const std::string& dir);
 
+// Writes `bytes` to `path` through an AtomicFileWriter (temp file, fsync, rename): a reader sees the old file or the
+// whole new one.
+Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
 // Not thread-safe. If Commit() is not reached (error, early return) the temp file is removed.
 class AtomicFileWriter {
  public:

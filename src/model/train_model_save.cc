@@ -18,18 +18,6 @@ namespace lathe::model::internal {
 
 namespace {
 
-Status WriteText(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return Status::Error(path + ": cannot open for writing");
-    f << text;
-    if (!f.good()) return Status::Error(path + ": write failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::Error(path + ": rename failed");
-  return Status::Ok();
-}
-
 // PEFT writes the config with json.dumps(indent=2, sort_keys=True); nlohmann's object is sorted too.
 std::string Dump(const nlohmann::json& j) { return j.dump(2) + "\n"; }
 
@@ -107,7 +95,7 @@ Status TrainModelImpl::SavePeftAdapter(const std::string& dir, const std::string
   j["use_qalora"] = false;
   j["use_rslora"] = opt_.use_rslora;
   j["velora_config"] = nullptr;
-  LATHE_RETURN_IF_ERROR(WriteText(dir + "/adapter_config.json", Dump(j)));
+  LATHE_RETURN_IF_ERROR(formats::WriteFileAtomically(dir + "/adapter_config.json", Dump(j)));
 
   std::vector<std::vector<float>> keep;
   keep.reserve(params_.size());
@@ -181,8 +169,8 @@ Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
   j["torch_dtype"] = bf16 ? "bfloat16" : "float32";
   j["use_cache"] = true;
   j["vocab_size"] = c.vocab_size;
-  LATHE_RETURN_IF_ERROR(WriteText(dir + "/config.json", Dump(j)));
-  LATHE_RETURN_IF_ERROR(WriteText(dir + "/generation_config.json", Dump(nlohmann::json{{"_from_model_config", true}})));
+  LATHE_RETURN_IF_ERROR(formats::WriteFileAtomically(dir + "/config.json", Dump(j)));
+  LATHE_RETURN_IF_ERROR(formats::WriteFileAtomically(dir + "/generation_config.json", Dump(nlohmann::json{{"_from_model_config", true}})));
 
   // Every tensor as f32 (current masters for trained ones, dequantized base for frozen ones).
   std::deque<std::vector<float>> f32;

@@ -91,6 +91,15 @@ struct Adapters {
       if (const model::LoraPair* p = PairOf(*a, layer, m)) ps.push_back(p);
     return ps;
   }
+  // The row edit adding every pair's change to (layer, module)'s weight in adapter order (f32 throughout, rounded
+  // once when stored), empty when no adapter changes it.
+  RowEdit Edit(int64_t layer, int m) const {
+    std::vector<const model::LoraPair*> ps = Pairs(layer, m);
+    if (ps.empty()) return {};
+    return [ps](int64_t row, float* w) {
+      for (const model::LoraPair* p : ps) AddDeltaRow(*p, row, w);
+    };
+  }
   // Linear weights any adapter changes.
   int64_t Changed(int64_t n_layers) const {
     int64_t n = 0;
@@ -108,11 +117,6 @@ Result<Adapters> LoadAdapters(const std::vector<std::string>& dirs, const model:
     a.list.push_back(std::move(ad));
   }
   return a;
-}
-
-// Row o of a weight with every pair's change added, in adapter order (f32 throughout, rounded once when stored).
-void AddDeltas(const std::vector<const model::LoraPair*>& ps, int64_t o, float* w) {
-  for (const model::LoraPair* p : ps) AddDeltaRow(*p, o, w);
 }
 
 // The base's name of the tensor the adapter's (layer, module) pair changes.
@@ -166,10 +170,9 @@ Result<MergeStats> MergeGguf(const std::string& base, const std::vector<std::str
   TensorEdits edits = [&](const std::string& name) -> RowEdit {
     auto lm = ParseLinear(name, "blk.", kGgufNames, ".weight");
     if (!lm) return {};
-    std::vector<const model::LoraPair*> ps = ads.Pairs(lm->first, lm->second);
-    if (ps.empty()) return {};
-    ++merged;
-    return [ps](int64_t row, float* w) { AddDeltas(ps, row, w); };
+    RowEdit edit = ads.Edit(lm->first, lm->second);
+    merged += (bool)edit;
+    return edit;
   };
   LATHE_ASSIGN_OR_RETURN(ConvertStats cs, ConvertGguf(base, out, target, pool, /*allow_requantize=*/true, edits));
   LATHE_CHECK(merged == ads.Changed(config.n_layers));
@@ -191,13 +194,6 @@ bool CopiedBeside(const fs::path& p) {
   if (name == "model.safetensors.index.json") return false;  // rewritten
   if (name.rfind("LICENSE", 0) == 0 || name == "README.md") return true;
   return ext == ".json" || ext == ".txt" || ext == ".model" || ext == ".jinja";
-}
-
-Status WriteTextFile(const std::string& path, const std::string& text) {
-  formats::AtomicFileWriter w;
-  LATHE_RETURN_IF_ERROR(w.Open(path));
-  LATHE_RETURN_IF_ERROR(w.Write(text.data(), text.size()));
-  return w.Commit();
 }
 
 Result<DType> HfDType(const std::string& s) {
@@ -294,7 +290,8 @@ Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::strin
       auto lm = ParseLinear(ti.name, "model.layers.", kHfNames, ".weight");
       const std::vector<const model::LoraPair*> ps =
           lm ? ads.Pairs(lm->first, lm->second) : std::vector<const model::LoraPair*>();
-      if (ps.empty() && to == t.dtype) {  // unchanged: the bytes straight from the mapping
+      const RowEdit edit = lm ? ads.Edit(lm->first, lm->second) : RowEdit();
+      if (!edit && to == t.dtype) {  // unchanged: the bytes straight from the mapping
         entries.push_back({ti.name, t.dtype, ti.shape, t.data, (size_t)ti.nbytes});
         total_size += ti.nbytes;
         continue;
@@ -306,11 +303,9 @@ Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::strin
         return Status::Error(file->path() + ": tensor '" + ti.name + "' (" + DTypeName(t.dtype) +
                              ") cannot take the adapter's change or the dtype asked for");
       }
-      ms.merged += !ps.empty();
+      ms.merged += (bool)edit;
       // Made as the writer reaches it (one converted tensor in memory at a time).
       const size_t nbytes = DTypeBytes(to, t.numel());
-      RowEdit edit;
-      if (!ps.empty()) edit = [ps](int64_t r, float* w) { AddDeltas(ps, r, w); };
       entries.push_back({ti.name, to, ti.shape, nullptr, nbytes, [t, to, edit, &pool](uint8_t* dst) {
                            ConvertRows(pool, t, to, edit, dst);
                            return Status::Ok();
@@ -332,7 +327,7 @@ Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::strin
       j["metadata"] = {{"total_size", total_size}};
       j["weight_map"] = weight_map;
       LATHE_RETURN_IF_ERROR(
-          WriteTextFile((fs::path(out) / "model.safetensors.index.json").string(), j.dump(2) + "\n"));
+          formats::WriteFileAtomically((fs::path(out) / "model.safetensors.index.json").string(), j.dump(2) + "\n"));
       ms.files++;
     }
   } else {
@@ -343,7 +338,7 @@ Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::strin
       nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || !j.is_object()) return Status::Error(index.string() + ": invalid JSON");
       if (j.contains("metadata") && j["metadata"].is_object()) j["metadata"]["total_size"] = total_size;
-      LATHE_RETURN_IF_ERROR(WriteTextFile((fs::path(out) / index.filename()).string(), j.dump(2) + "\n"));
+      LATHE_RETURN_IF_ERROR(formats::WriteFileAtomically((fs::path(out) / index.filename()).string(), j.dump(2) + "\n"));
       ms.files++;
     }
   }
@@ -356,10 +351,10 @@ Result<MergeStats> MergeHf(const std::string& base, const std::vector<std::strin
       if (j.is_discarded() || !j.is_object()) return Status::Error(cfg_path + ": invalid JSON");
       if (j.contains("dtype")) j["dtype"] = TorchDTypeName(*to_all);
       if (j.contains("torch_dtype") || !j.contains("dtype")) j["torch_dtype"] = TorchDTypeName(*to_all);
-      LATHE_RETURN_IF_ERROR(WriteTextFile(dest.string(), j.dump(2) + "\n"));
+      LATHE_RETURN_IF_ERROR(formats::WriteFileAtomically(dest.string(), j.dump(2) + "\n"));
     } else {
       LATHE_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(entry.path().string()));
-      LATHE_RETURN_IF_ERROR(WriteTextFile(dest.string(), bytes));
+      LATHE_RETURN_IF_ERROR(formats::WriteFileAtomically(dest.string(), bytes));
     }
     ms.files++;
   }

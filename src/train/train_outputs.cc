@@ -52,11 +52,7 @@ json TrainerState::ToJson() const {
 }
 
 Status WriteJsonFile(const std::string& path, const json& j) {
-  std::string text = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
-  formats::AtomicFileWriter w;
-  LATHE_RETURN_IF_ERROR(w.Open(path));
-  LATHE_RETURN_IF_ERROR(w.Write(text.data(), text.size()));
-  return w.Commit();
+  return formats::WriteFileAtomically(path, j.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 }
 
 Status PrepareOutputDir(const std::string& dir, bool overwrite) {
