@@ -129,13 +129,23 @@ void GgufWriter::SetFloatArray(const std::string& key, GgufValueType elem, std::
   Set(key, std::move(g));
 }
 
-Status GgufWriter::AddTensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                             const void* data, size_t nbytes) {
+namespace {
+
+// A tensor's GGML type; the error names it when its dtype has none.
+Result<uint32_t> GgmlTypeOf(const std::string& name, DType dtype) {
   uint32_t ggml_type;
   if (!DTypeToGgmlType(dtype, &ggml_type)) {
     return Status::Error(StrFormat("GGUF writer: tensor '%s': dtype %s has no GGML type", name.c_str(),
                                    DTypeName(dtype)));
   }
+  return ggml_type;
+}
+
+}  // namespace
+
+Status GgufWriter::AddTensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                             const void* data, size_t nbytes) {
+  LATHE_ASSIGN_OR_RETURN(uint32_t ggml_type, GgmlTypeOf(name, dtype));
   return AddRawTensor(name, ggml_type, shape, data, nbytes);
 }
 
@@ -146,11 +156,7 @@ Status GgufWriter::AddRawTensor(const std::string& name, uint32_t ggml_type, con
 
 Status GgufWriter::AddTensorFilled(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                                    size_t nbytes, TensorFill fill) {
-  uint32_t ggml_type;
-  if (!DTypeToGgmlType(dtype, &ggml_type)) {
-    return Status::Error(StrFormat("GGUF writer: tensor '%s': dtype %s has no GGML type", name.c_str(),
-                                   DTypeName(dtype)));
-  }
+  LATHE_ASSIGN_OR_RETURN(uint32_t ggml_type, GgmlTypeOf(name, dtype));
   return Add(name, ggml_type, shape, nullptr, nbytes, std::move(fill));
 }
 
