@@ -601,21 +601,24 @@ void BM_TrainStepLinears(benchmark::State& state, int kind, int threads, bool bf
 // gradient, 113 MB, from DRAM).
 // The loss (cross-entropy over SmolLM2's 49152 x 576 head, 512 tokens in chunks of 128): bf16 mixed precision's
 // products on vdpbf16ps (bf16) or f32; full = the trained head's weight gradient too (the third product).
-void BM_TrainLoss(benchmark::State& state, bool full, int threads, bool bf16) {
+// f32_head (bf16): the head as f32 rows (a trained head's masters, rounded by the loss as it reads them) instead of
+// a bf16 copy.
+void BM_TrainLoss(benchmark::State& state, bool full, int threads, bool bf16, bool f32_head = false) {
   ThreadPool pool(threads);
   const int64_t V = kHead.N, C = kHead.K, T = 512;
   std::vector<float> wf = RandomFloats(V * C, 11);
-  std::vector<uint16_t> w16(bf16 ? V * C : 0);
+  const bool w16_head = bf16 && !f32_head;
+  std::vector<uint16_t> w16(w16_head ? V * C : 0);
   for (size_t i = 0; i < w16.size(); ++i) w16[i] = F32ToBF16(wf[i]);
   Tensor w;
-  w.data = bf16 ? (void*)w16.data() : (void*)wf.data();
-  w.dtype = bf16 ? DType::kBF16 : DType::kF32;
+  w.data = w16_head ? (void*)w16.data() : (void*)wf.data();
+  w.dtype = w16_head ? DType::kBF16 : DType::kF32;
   w.shape = {V, C};
   // The head packed for dx only where the trainer keeps a packed copy (model::PackedHeadBytes: not for a trained f32
   // head, whose input gradient packs W's panels per round of each chunk).
-  const bool use_packed = model::PackedHeadBytes(V, C, full, false, bf16) > 0;
+  const bool use_packed = model::PackedHeadBytes(V, C, full, false, w16_head) > 0;
   kernels::PackedBackwardB packed;
-  if (use_packed && bf16) {
+  if (use_packed && w16_head) {
     kernels::PackForBackwardInputBf16(pool, w, &packed);
   } else if (use_packed) {
     kernels::PackForBackwardInput(pool, w, &packed);
@@ -783,9 +786,14 @@ void RegisterAll() {
         benchmark::RegisterBenchmark((std::string(bf16 ? "train_bf16_loss/" : "train_f32_loss/") +
                                       (full ? "full" : "lora") + "/T:512/threads:" + std::to_string(threads))
                                          .c_str(),
-                                     BM_TrainLoss, full, threads, bf16)
+                                     BM_TrainLoss, full, threads, bf16, false)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
+        if (bf16 && full)  // the trained head as the trainer keeps it: f32 masters, no bf16 shadow
+          benchmark::RegisterBenchmark(("train_bf16_loss/full_f32head/T:512/threads:" + std::to_string(threads)).c_str(),
+                                       BM_TrainLoss, full, threads, bf16, true)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime();
       }
   for (bool bf16 : {true, false})
     for (int kind : {0, 1, 2})

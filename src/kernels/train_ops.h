@@ -234,17 +234,18 @@ float CrossEntropyBackward(ThreadPool& pool,
                            float normalizer, float dloss = 1.0f, int64_t chunk_tokens = 128,
                            const PackedBackwardB* packed_head = nullptr,  // of w_head, or nullptr
                            bool bf16 = false,
-                           HeadGradParts* head_grad_later = nullptr);  // instead of dw_head_accum (null then)
-// The loss's head gradient held back: CrossEntropyBackward given head_grad_later returns the loss and dx and
-// keeps, chunk after chunk, the bf16 pairs of the head-gradient product (the softmax gradient's and x's) side
-// by side along its inner dimension; AddHeadGrad then adds that one product over every chunk's pairs into
-// dw_head_accum: the bits of the direct call, which on the bf16 path does the same with pairs of its own
-// (one pass over the f32 head gradient a call, not one a chunk). For full fine-tuning, whose row-group workers
-// add into the head's gradient in group order: a group's dx never waits for the earlier groups' losses. Only
-// where HeadGradCanWait(w_head, bf16) holds (the bf16 path; an f32 head would keep 4 bytes per logit). Holds
-// (V + C rounded up to 16) x 2 bytes per labelled token (HeadGradPartsBytes).
+                           HeadGradParts* head_grad_parts = nullptr);  // see below
+// The loss's head gradient on the bf16 path (HeadGradCanWait(w_head, bf16): any head dtype, C even) is one product
+// per chunk from the chunk's bf16 pairs (the softmax gradient's and x's), added into dw_head_accum in chunk order.
+// head_grad_parts with dw_head_accum given: the storage of one chunk's pairs (reused call after call; null: the
+// call's own). With dw_head_accum null: the call returns the loss and dx and keeps every chunk's pairs there;
+// AddHeadGrad then adds the same products in the same order (the bits of the direct call). For full fine-tuning
+// on several row-group workers, which add into the head's gradient in group order: a group's dx never waits for
+// the earlier groups' losses. (The f32 path would keep 4 bytes per logit.) Holds (V + C rounded up to 16) x 2
+// bytes per labelled token (HeadGradPartsBytes); one chunk's: ~12.6 MB for SmolLM2 at 128 tokens.
 struct HeadGradParts {
-  std::vector<uint32_t> a, b;   // each chunk's dlogits^T pairs (V x n/2) and x pairs (C/16 strips x n/2)
+  std::vector<uint32_t> a, b;   // each chunk's dlogits^T pairs (V x n/2) and x pairs (C/16 strips x n/2), one block
+                                // after another
   std::vector<int64_t> tokens;  // each chunk's token count
   int64_t V = 0, C = 0;
   bool tiled = false;           // a in the AMX tiles' order (V rounded to 32 rows, the pairs to 16)
@@ -254,10 +255,11 @@ void AddHeadGrad(ThreadPool& pool, float* dw_head_accum, const HeadGradParts& pa
 // Bytes of HeadGradParts for `tokens` labelled tokens in chunks of chunk_tokens (tiled where the CPU's products would
 // keep a in tile order).
 int64_t HeadGradPartsBytes(int64_t V, int64_t C, int64_t tokens, int64_t chunk_tokens);
-// bf16 (bf16 mixed precision, where UsesBf16Dot()): a bf16 head's logits on vdpbf16ps, x rounded to bf16
-// and the pair arithmetic over C (Bf16PairsReference), and dw_head from the softmax gradient rounded to
-// bf16 (pairs over the tokens); dx too when packed_head holds pairs (pairs over the vocabulary), else f32.
-// The softmax stays f32.
+// bf16 (bf16 mixed precision, where UsesBf16Dot(); C even): the head's logits on vdpbf16ps, its values rounded to
+// bf16 (a bf16 head as stored; f32 rows rounded as they are read, other dtypes dequantized first: the bits of a
+// bf16 copy, as autocast casts it), x rounded to bf16 and the pair arithmetic over C (Bf16PairsReference);
+// dw_head from the softmax gradient rounded to bf16 (pairs over the tokens); dx from pairs over the vocabulary
+// (packed_head's pairs, else the head's rows paired a chunk at a time). The softmax stays f32.
 
 // ---- Causal grouped-query attention for training (flash style) ----
 // out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, g]) v[s, g] over s <= t with

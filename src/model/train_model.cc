@@ -85,10 +85,11 @@ static int64_t AdviseWholePages(float* p, int64_t n, int advice) {
 // is one pass with no flushes; the pages are the ones the kernel is about to write, so the memory
 // plan's progressive paging of gradients is unchanged. Kernels without MADV_POPULATE_WRITE (before
 // 5.14, EINVAL) keep the old behaviour.
-void GradBuffer::ReadyToWrite() {
 #ifndef MADV_POPULATE_WRITE
-  constexpr int MADV_POPULATE_WRITE = 23;
+constexpr int MADV_POPULATE_WRITE = 23;
 #endif
+
+void GradBuffer::ReadyToWrite() {
   if (ready_.exchange(true)) return;
   AdviseWholePages(p_, (int64_t)(bytes_ / sizeof(float)), MADV_POPULATE_WRITE);
 }
@@ -101,6 +102,13 @@ static void DropPages(float* p, int64_t n) { AdviseWholePages(p, n, MADV_DONTNEE
 template <class T>
 static void DropPages(std::vector<T>& v) {
   if (!v.empty()) AdviseWholePages((float*)v.data(), (int64_t)(v.size() * sizeof(T) / sizeof(float)), MADV_DONTNEED);
+}
+// Brings a dropped buffer's pages back in one call before its kernels write it: page by page, the faults inside
+// the kernels cost ~10x more here (a 2-vCPU VM: ~0.3 s of a full-bf16 step for the block scratch).
+template <class T>
+static void PopulatePages(std::vector<T>& v) {
+  if (!v.empty())
+    AdviseWholePages((float*)v.data(), (int64_t)(v.size() * sizeof(T) / sizeof(float)), MADV_POPULATE_WRITE);
 }
 
 void TrainModelImpl::AddParam(const std::string& name, std::vector<int64_t> shape, float* data, float* grad,
@@ -330,7 +338,8 @@ Status TrainModelImpl::Init() {
       AddParam("lm_head.weight", {c.vocab_size, c.dim}, head_master_, g_head_, true);
     }
     head_eff_ = F32View(head_master_, {c.vocab_size, c.dim});
-    if (opt_.bf16 || opt_.fp16) {
+    // On the bf16 dot product the loss rounds the f32 masters' rows as it reads them (the bits of a bf16 shadow).
+    if (TrainedHeadShadow(opt_.bf16, opt_.fp16, c.dim)) {
       head16_.resize(c.vocab_size * c.dim);
       head_eff_ = Bf16View(head16_, {c.vocab_size, c.dim}, opt_.fp16);
     }
@@ -421,6 +430,8 @@ RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
   normdw_.resize((size_t)kNormGradParts * c_.dim);
   bf16dot_ = opt_.bf16 && UsesBf16Dot();
   keep16_ = ActivationsAsBf16(bf16dot_);
+  recompute_xmid_ =
+      RecomputesMidResidual(bf16dot_, opt_.method == FinetuneMethod::kLora, opt_.gradient_checkpointing);
 }
 
 RowGroupWorker::Work RowGroupWorker::WorkOf(Acts& a) {
@@ -524,7 +535,7 @@ void TrainModelImpl::RefreshBf16() {
         }
       }
   }
-  if (head_master_) round(head_master_, head16_.data(), c_.vocab_size * c_.dim);
+  if (head_master_ && !head16_.empty()) round(head_master_, head16_.data(), c_.vocab_size * c_.dim);
 }
 
 void RowGroupWorker::Prepare(const TrainBatch& b, int64_t row0) {
@@ -561,7 +572,7 @@ void RowGroupWorker::Prepare(const TrainBatch& b, int64_t row0) {
   for (Acts& a : acts_) {
     a.rstd1.resize(N);
     a.lse.resize(N * c.n_heads);
-    a.xmid.resize(N * dim);
+    if (!recompute_xmid_) a.xmid.resize(N * dim);
     a.rstd2.resize(N);
     // q, k, v, att, gate, up: as bf16 (keep16_) or f32.
     const auto size6 = [&](auto& q, auto& k, auto& v, auto& att, auto& gate, auto& up) {
@@ -575,6 +586,7 @@ void RowGroupWorker::Prepare(const TrainBatch& b, int64_t row0) {
     if (opt_.method == FinetuneMethod::kLora)
       for (auto& mid : a.mid) mid.resize(N * opt_.lora_rank);
   }
+  if (recompute_xmid_) xmid_.resize(N * dim);
   xf_.resize(N * dim);
   rstdf_.resize(N);
   xn_.resize(N * dim);
@@ -881,7 +893,7 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
     Keep16(a.v16, w.v, N * kvd, false);
     Keep16(a.att16, w.att, N * qd, false);
   }
-  float* xm = a.xmid.data();
+  float* xm = recompute_xmid_ ? xmid_.data() : a.xmid.data();
   const float* so = scratch_out_.data();
   {
     ScopedOp res_op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
@@ -941,6 +953,17 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   if (keep16_) {
     Restore16(w.gate, a.gate16);
     Restore16(w.up, a.up16);
+    Restore16(w.att, a.att16);
+  }
+  const float* xmid = a.xmid.data();
+  if (recompute_xmid_) {
+    // xmid = x_in + o(att) again, as BlockForward made it (the same product on the same bits: o rounds att to
+    // bf16 as it packs it, and att16 holds those bits).
+    scratch_out_.resize(N * dim);
+    LinForward(Ly.lin[(int)M::kO], w.att, scratch_out_.data(), a.mid[(int)M::kO].data(), l, (int)M::kO, true);
+    ScopedOp res_op(opt_.profiler, "residual", (double)N * dim, 12.0 * N * dim);
+    Residual(xmid_.data(), &res_[l * N * dim], scratch_out_.data(), N * dim);
+    xmid = xmid_.data();
   }
   SwiGluH(w.gate, w.up);
   LinBackward(Ly.lin[(int)M::kDown], dres, h_.data(), a.mid[(int)M::kDown].data(), dh_.data(), false, true, l,
@@ -952,12 +975,12 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
     });
   }
   float* xn = xn_.data();
-  RmsFwd(xn, a.rstd2.data(), a.xmid.data(), Ly.n2.w);
+  RmsFwd(xn, a.rstd2.data(), xmid, Ly.n2.w);
   LinBackward(Ly.lin[(int)M::kUp], dup_.data(), xn, a.mid[(int)M::kUp].data(), dxn_.data(), false, true, l,
               (int)M::kUp);
   LinBackward(Ly.lin[(int)M::kGate], dgate_.data(), xn, a.mid[(int)M::kGate].data(), dxn_.data(), true, true,
               l, (int)M::kGate);
-  RmsBwd(dtmp_.data(), Ly.n2.g, dxn_.data(), a.xmid.data(), Ly.n2.w, a.rstd2.data());
+  RmsBwd(dtmp_.data(), Ly.n2.g, dxn_.data(), xmid, Ly.n2.w, a.rstd2.data());
   float* dr = dres;
   const float* dt = dtmp_.data();
   {
@@ -966,8 +989,7 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
   }
   // Attention: xmid = x_in + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
   d_att_.resize(N * qd);
-  if (keep16_) {
-    Restore16(w.att, a.att16);
+  if (keep16_) {  // (att restored above)
     Restore16(w.q, a.q16);
     Restore16(w.k, a.k16);
     Restore16(w.v, a.v16);
@@ -1114,9 +1136,7 @@ void TrainModelImpl::PackHead() {
   head_packed_use_ = nullptr;
   const bool pairs = opt_.bf16 && UsesBf16Dot() && head_eff_.dtype == DType::kBF16 && c_.dim % 2 == 0;
   if (PackedHeadBytes(c_.vocab_size, c_.dim, head_master_ != nullptr, quantized_base_, pairs) == 0) return;
-  // A trained head (full) changed with the last optimizer step: its pairs are packed again from the bf16
-  // shadow RefreshBf16 just wrote (once per ForwardBackward, not per loss chunk).
-  if (head_packed_.src != head_eff_.data || head_master_ != nullptr) {
+  if (head_packed_.src != head_eff_.data) {
     ScopedOp op(opt_.profiler, "pack_head", 0, 2.0 * (double)head_eff_.nbytes());
     if (pairs) {
       kernels::PackForBackwardInputBf16(pool_, head_eff_, &head_packed_);
@@ -1130,6 +1150,16 @@ void TrainModelImpl::PackHead() {
 double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool last_group) {
   group_ = group;
   Forward(/*train=*/true);
+  // The peak of a step holds either the loss's buffers (its chunk's logits and head-gradient pairs) or the block
+  // backward's scratch, not both: the scratch's pages go back until BlockBackward, which writes each of these
+  // buffers before reading it, and the loss's pairs go back after it (anonymous pages: zero when touched again).
+  const auto block_scratch = {&dh_, &dgate_, &dup_, &dxn_, &dtmp_, &d_att_, &dq_, &dk_, &dv_, &h_, &xn_, &wq_, &wk_,
+                              &wv_, &watt_, &wgate_, &wup_, &xmid_};
+  for (auto* v : block_scratch) DropPages(*v);
+  if (!order_.on()) {  // (given back after the last group's loss, below)
+    PopulatePages(head_later_.a);
+    PopulatePages(head_later_.b);
+  }
   const int64_t N = N_, dim = c_.dim;
   dxf_.resize(N * dim);
   const float* xfr = Round(xf_.data(), N * dim, rx_);
@@ -1138,15 +1168,17 @@ double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool la
     // Logits and dx, plus the head's gradient when it is trained (2 flops a multiply-add each).
     ScopedOp ce_op(opt_.profiler, "cross_entropy_fwd_bwd", (g_head_ ? 6.0 : 4.0) * N * dim * c_.vocab_size,
                    (double)head_eff_.nbytes() * 2 + 8.0 * N * dim);
+    // The head gradient's bf16 pairs of one chunk (or, held for the group order, of every chunk) live in the
+    // worker's head_later_, which the memory plan counts per worker.
     auto ce = [&] {
       if (g_head_) ReadyToWrite(g_head_);  // every vocab row is written
       loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), g_head_, xfr, N, head_eff_, targets_.data(),
-                                           (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16);
+                                           (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16,
+                                           g_head_ ? &head_later_ : nullptr);
     };
-    if (g_head_ && kernels::HeadGradCanWait(head_eff_, opt_.bf16)) {
-      // Loss and dx now, beside the other workers' losses; only the head gradient's product waits for the
-      // earlier groups' (the bits of ce() in turn), or with one worker follows at once. The pairs are the
-      // worker's own (head_later_), which the memory plan counts per worker.
+    if (g_head_ && order_.on() && kernels::HeadGradCanWait(head_eff_, opt_.bf16)) {
+      // Several workers: loss and dx now, beside the other workers' losses; only the head gradient's products
+      // wait for the earlier groups' (the bits of ce() in turn).
       loss = kernels::CrossEntropyBackward(*pool_, dxf_.data(), nullptr, xfr, N, head_eff_, targets_.data(),
                                            (float)normalizer, 1.0f, opt_.loss_chunk_tokens, head_packed_, opt_.bf16,
                                            &head_later_);
@@ -1159,7 +1191,12 @@ double RowGroupWorker::ForwardBackward(double normalizer, int64_t group, bool la
     } else {
       ce();
     }
+    if (!order_.on()) {
+      DropPages(head_later_.a);
+      DropPages(head_later_.b);
+    }
   }
+  for (auto* v : block_scratch) PopulatePages(*v);
   dres_.resize(N * dim);
   RmsBwd(dres_.data(), final_norm_.g, dxf_.data(), &res_[c_.n_layers * N * dim], final_norm_.w, rstdf_.data());
   for (int64_t l = c_.n_layers - 1; l >= lowest_trainable_layer_; --l) {
@@ -1271,6 +1308,10 @@ Status TrainModelImpl::ImportAdapter(const LoraAdapter& a) {
 
 bool LinearShadows(bool bf16, bool fp16) { return fp16 || (bf16 && !UsesBf16Dot()); }
 
+bool TrainedHeadShadow(bool bf16, bool fp16, int64_t dim) {
+  return fp16 || (bf16 && !(UsesBf16Dot() && dim % 2 == 0));
+}
+
 bool FrozenHeadAsBf16(bool bf16_dot, bool full, DType head_dtype, int64_t dim, bool quantized_base) {
   return bf16_dot && !full && head_dtype != DType::kBF16 && dim % 2 == 0 && !quantized_base;
 }
@@ -1282,8 +1323,8 @@ bool FrozenLinearsAsBf16(bool bf16_dot, DType base_dtype, bool quantized_base) {
 int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs) {
   const int64_t bytes =
       bf16_pairs ? kernels::PackedBackwardBPairBytes(vocab, dim) : kernels::PackedBackwardBBytes(vocab, dim);
-  if (quantized_base || bytes > kMaxPackedHeadBytes) return 0;
-  return head_trainable && !bf16_pairs ? 0 : bytes;
+  if (quantized_base || head_trainable || bytes > kMaxPackedHeadBytes) return 0;
+  return bytes;
 }
 
 int64_t RowGroupRows(int64_t B, int64_t T, int64_t row_group_tokens) {
@@ -1345,7 +1386,7 @@ TrainMemory TrainModelImpl::AllocatedBytes() const {
 void RowGroupWorker::AddAllocatedBytes(TrainMemory& m) const {
   auto cap = [](const auto& v) { return (int64_t)(v.capacity() * sizeof(v[0])); };
   m.gradients += cap(grads_store_);
-  m.activations += cap(res_) + cap(xf_) + cap(rstdf_);
+  m.activations += cap(res_) + cap(xf_) + cap(rstdf_) + cap(xmid_);
   for (const Acts& a : acts_) {
     for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})
       m.activations += cap(*v);

@@ -107,13 +107,17 @@ struct TrainModelOptions {
 // ~18% of a SmolLM2-135M QLoRA peak for ~2% of the step).
 // bf16_pairs: bf16 mode with a bf16 head (even dim) where UsesBf16Dot(): the head is packed as bf16 pairs
 // along the vocabulary instead (kernels::PackForBackwardInputBf16, 2 * vocab * dim bytes), the loss's dx then
-// on vdpbf16ps. A trained head (full, bf16 shadow) is kept this way too, packed again at every ForwardBackward
-// (~4 bytes moved per head element, against 6 * tokens flops per element for the loss).
+// on vdpbf16ps. A trained head keeps no packed copy in any mode: the loss pairs its rows a chunk at a time
+// (SmolLM2's 49152 x 576 head: 57 MB of pairs held for ~1% of a full-bf16 step).
 constexpr int64_t kMaxPackedHeadBytes = (int64_t)256 << 20;
 // Whether trainable decoder linears and LoRA pairs keep 2-byte shadows (refreshed every step) in reduced
 // precision: fp16 mode, and bf16 mode where the CPU lacks the bf16 dot product (the f32 GEMM converts bf16
 // weights per panel). On the bf16 dot product the kernels round the f32 masters as they pack them.
 bool LinearShadows(bool bf16, bool fp16);
+// Whether a trained output head (full fine-tuning) keeps a 2-byte shadow of its f32 masters, refreshed every step:
+// fp16 mode, and bf16 mode unless the loss runs on the bf16 dot product (even dim), which rounds the masters' rows
+// as it reads them (the shadow's bits, without its 2 * vocab * dim bytes).
+bool TrainedHeadShadow(bool bf16, bool fp16, int64_t dim);
 // LoRA / freeze in bf16 mode on the bf16 dot product (bf16_dot) with a frozen head stored in any dtype but bf16
 // (f32, f16, a GGUF block type; even dim, base not quantized for QLoRA / 8-bit): TrainModel keeps a bf16 copy of
 // the head (2 * vocab * dim bytes; a block type dequantized first) that the loss takes instead, as autocast
@@ -134,6 +138,14 @@ bool FrozenLinearsAsBf16(bool bf16_dot, DType base_dtype, bool quantized_base);
 // the attention backward's row term bf16(dO) . out, which sees the rounded output. The working f32 copies
 // of one block (6 tensors) are per-worker scratch.
 inline bool ActivationsAsBf16(bool bf16_dot) { return bf16_dot; }
+// Full / freeze in bf16 mode on the bf16 dot product (without gradient checkpointing, which recomputes whole
+// blocks): each block's mid residual xmid = x_in + o(att) is not kept for its backward but recomputed there from
+// the block input and the kept attention output (o's forward product again, ~2% of a step: the same kernels on the
+// same bits), saving dim x 4 bytes per token and layer (35 MB of SmolLM2's 512-token row group). LoRA keeps it:
+// o's LoRA product would need its dropout mask again.
+inline bool RecomputesMidResidual(bool bf16_dot, bool lora, bool gradient_checkpointing) {
+  return bf16_dot && !lora && !gradient_checkpointing;
+}
 int64_t PackedHeadBytes(int64_t vocab, int64_t dim, bool head_trainable, bool quantized_base, bool bf16_pairs = false);
 
 // Bytes the model holds now, by memory-plan category (vector capacities; base weights excluded:

@@ -254,6 +254,8 @@ class RowGroupWorker {
   bool bf16dot_ = false;       // opt_.bf16 && UsesBf16Dot(): Bf16Dot()
   bool keep16_ = false;        // ActivationsAsBf16: the working copies below (WorkOf)
   std::vector<float> wq_, wk_, wv_, watt_, wgate_, wup_;
+  bool recompute_xmid_ = false;  // RecomputesMidResidual: the current block's xmid in xmid_, not in its Acts
+  std::vector<float> xmid_;
 };
 
 class TrainModelImpl final : public TrainModel {

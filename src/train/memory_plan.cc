@@ -263,12 +263,13 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   }
   int64_t trainable = 0, shadowed = 0;
   const int64_t bias = c.qkv_bias ? qd + 2 * kvd : 0;
-  // Trained linears and LoRA pairs have bf16 / fp16 shadows unless their products round the f32 masters as
-  // they pack them (bf16 mode on the bf16 dot product: model::LinearShadows); a trained head always has one.
+  // Trained linears, LoRA pairs and a trained head have bf16 / fp16 shadows unless their products round the f32
+  // masters as they pack them (bf16 mode on the bf16 dot product: model::LinearShadows, TrainedHeadShadow).
   const bool lin_shadows = model::LinearShadows(s.precision == "bf16", s.precision == "fp16");
   if (s.method == "full") {
     trainable = P;
-    shadowed = (lin_shadows ? L * LinearParamsPerLayer(c) : 0) + V * dim;  // + the head (tied: its own shadow)
+    shadowed = (lin_shadows ? L * LinearParamsPerLayer(c) : 0) +
+               (model::TrainedHeadShadow(s.precision == "bf16", s.precision == "fp16", dim) ? V * dim : 0);
   } else if (s.method == "freeze") {
     const int64_t n = std::min(s.freeze_trainable_layers, L);
     trainable = n * (LinearParamsPerLayer(c) + 2 * dim + bias);
@@ -282,8 +283,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add(lora ? "lora" : "weights", trainable * 4.0 + shadow,
       StrFormat("%lld trainable params x 4 B (f32 masters)%s", (long long)trainable,
                 shadowed > 0 ? StrFormat(" + %lld x 2 B bf16 shadows", (long long)shadowed).c_str() : ""));
-  // A bf16 head in bf16 mode on the bf16 dot product: packed as bf16 pairs (half the f32 copy's bytes). Full
-  // fine-tuning's head is its bf16 shadow whatever the base dtype, packed again every step.
+  // A bf16 head in bf16 mode on the bf16 dot product: packed as bf16 pairs (half the f32 copy's bytes). A trained
+  // head is never packed (model::PackedHeadBytes).
   if (head_copy) {
     add("weights", 2.0 * V * dim,
         StrFormat("frozen output head (%lld x %lld) as a bf16 copy (dequantized / rounded from its stored dtype) "
@@ -319,16 +320,19 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // bf16 mode on the bf16 dot product keeps q, k, v, att, gate and up as bf16 (model::ActivationsAsBf16): half
   // of those bytes, in floats.
   const bool acts16 = model::ActivationsAsBf16(bf16_dot);
+  // (the mid residual not kept where the backward recomputes it: model::RecomputesMidResidual; one worker buffer)
+  const bool xmid_again = model::RecomputesMidResidual(bf16_dot, lora, s.grad_checkpointing);
   const double halved = 2.0 * qd + 2.0 * kvd + 2.0 * ffn;
-  const double per_set = 1.0 * dim + (acts16 ? 0.5 : 1.0) * halved + 2 + c.n_heads + 7.0 * r;
+  const double per_set = (xmid_again ? 0.0 : 1.0) * dim + (acts16 ? 0.5 : 1.0) * halved + 2 + c.n_heads + 7.0 * r;
   // Freeze: layers below the trained ones have no backward and save nothing.
   const double sets = s.grad_checkpointing     ? 1
                       : s.method == "freeze" ? (double)std::min(s.freeze_trainable_layers, L)
                                              : (double)L;
-  add("activations", W * 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1),
-      StrFormat("%.0f tokens (one row group)%s x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (dim + %s"
-                "(2 q_dim + 2 kv_dim + 2 ffn) + heads + 2%s) + final norm)",
-                N, per_worker.c_str(), (long long)L, sets, acts16 ? "1/2 x bf16 " : "", r ? " + 7 r" : ""));
+  add("activations", W * 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1 + (xmid_again ? dim : 0)),
+      StrFormat("%.0f tokens (one row group)%s x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (%s%s"
+                "(2 q_dim + 2 kv_dim + 2 ffn) + heads + 2%s) + final norm%s)",
+                N, per_worker.c_str(), (long long)L, sets, xmid_again ? "" : "dim + ", acts16 ? "1/2 x bf16 " : "",
+                r ? " + 7 r" : "", xmid_again ? " + the mid residual, recomputed per block" : ""));
   if (s.method == "full" && c.tied_embeddings) {
     // The loss of every group adds into the tied embedding / head gradient before the embedding's
     // share does (the same order on any worker count): each row's input gradient waits.
@@ -383,23 +387,33 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   add("temporary", W * 4 * chunk * (V + 2.0 * dim + 3 + std::ceil(V / 256.0)),
       StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim + softmax partials) x 4 B%s", chunk,
                 (long long)V, per_worker.c_str()));
-  // Full bf16: each worker keeps its group's head-gradient pairs for one product over the whole group, added
-  // once the earlier groups have added theirs (kernels::HeadGradParts; train_model.cc), for every token of the
-  // group at most.
+  double loss_bytes = W * 4 * chunk * (V + 2.0 * dim + 3 + std::ceil(V / 256.0));
+  // Full bf16: the head gradient's pairs of one loss chunk (kernels::HeadGradParts; train_model.cc); on several
+  // workers each keeps its group's, every chunk's, until the earlier groups have added theirs.
   if (s.method == "full" && s.precision == "bf16" && UsesBf16Dot() && dim % 2 == 0) {
-    add("temporary", W * (double)kernels::HeadGradPartsBytes(V, dim, (int64_t)N, s.loss_chunk_tokens),
-        StrFormat("loss's head-gradient pairs of the group: %.0f tokens x (vocab %lld + dim) x 2 B%s", N,
-                  (long long)V, per_worker.c_str()));
+    const double held = W > 1 ? N : chunk;
+    const double parts = W * (double)kernels::HeadGradPartsBytes(V, dim, (int64_t)held, s.loss_chunk_tokens);
+    add("temporary", parts,
+        StrFormat("loss's head-gradient pairs of %s: %.0f tokens x (vocab %lld + dim) x 2 B%s",
+                  W > 1 ? "the group" : "a chunk", held, (long long)V, per_worker.c_str()));
+    if (W == 1) loss_bytes += parts;  // (several workers keep theirs past the loss)
   }
+  // RowGroupWorker::ForwardBackward hands the block backward's scratch back before the loss and the loss's pairs
+  // after it: the step holds one of the two at a time. The scratch given back: dh, dgate, dup, h (ffn each), dxn,
+  // dtmp, xn (dim), d_att, dq (q_dim), dk, dv (kv_dim), and the bf16-kept activations' f32 copies.
+  const double given_back =
+      W * 4 * N * (4.0 * ffn + 3.0 * dim + 2.0 * qd + 2.0 * kvd + (model::ActivationsAsBf16(bf16_dot) ? 2.0 * qd + 2.0 * kvd + 2.0 * ffn : 0.0));
+  add("overlap", -std::min(loss_bytes, given_back),
+      StrFormat("-min(the loss's chunk buffers %.0f B, block backward scratch %.0f B): never resident together",
+                loss_bytes, given_back));
   // The GEMMs of a step (kernels/cpu/train_matmul.cc; a quantized base's forward runs the inference
   // kernels): each linear's forward and input gradient, the trained weights' gradients over the
   // group's tokens, LoRA's rank-r products, the cross-entropy's input (and head) gradient.
   // bf16 mode where every product runs on the bf16 dot product (the linears, LoRA's, and the loss's with
   // its head packed in pairs): the f32 training GEMM's shared panels are never packed (its per-thread
   // buffers still serve the attention's tiles).
-  // (A bf16 head runs the loss on pairs, packed or not: avx512bf16::HeadBackwardInputTRows.)
-  const bool no_f32_gemm = bf16_dot && (full || s.head_dtype != DType::kF32 || head_copy) &&
-                           dim % 2 == 0;
+  // (The loss runs on pairs whatever the head's dtype, packed or not: avx512bf16::HeadBackwardInputTRows.)
+  const bool no_f32_gemm = bf16_dot && dim % 2 == 0;
   double panels = SharedPanelFloats(V, dim);
   if (!lora) panels = std::max(panels, SharedPanelFloats((int64_t)chunk, dim));
   for (const auto& l : Linears(c)) {
@@ -479,22 +493,23 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
         ct = std::max(ct, (double)r * l.out);
       }
     }
-    // The loss on the pair kernels: every head but a frozen f32 one kept as stored (a quantized base over an
-    // f32 source).
-    const bool head_on_pairs = (!lora || s.head_dtype != DType::kF32 || head_copy) && dim % 2 == 0;
+    // The loss on the pair kernels: any head dtype (even dim).
+    const bool head_on_pairs = dim % 2 == 0;
     if (head_on_pairs) {
       pair_gemm(0, chunk, dim);             // logits^T: x's pairs only (the head's rows read in place)
       if (amx) amx_pairs = std::max(amx_pairs, std::ceil(dim / 2.0));
       if (amx && full) amx_pairs = std::max(amx_pairs, std::ceil((double)N / 2));  // the head gradient's pairs
       // (the trained head's gradient: its pairs go to the loss's HeadGradParts, counted above)
       // dx from the head's pairs: dlogits' pairs; a head not packed beforehand (a quantized base's head as
-      // stored) goes into pairs one inner chunk at a time (avx512bf16::HeadBackwardInputTRows: dim x the chunk's
-      // pairs), a head in a block type dequantized first (2 x the chunk's pairs x dim floats).
+      // stored, a trained head's f32 masters) goes into pairs one inner chunk at a time
+      // (avx512bf16::HeadBackwardInputTRows: dim x the chunk's pairs), a head in a block type dequantized first
+      // (2 x the chunk's pairs x dim floats).
       const double vp = std::ceil((double)V / 2), nch = std::ceil(vp / 384);
       pa = std::max(pa, amx ? up(chunk, 32) * up(vp, 16) : chunk * vp);
       const double chunk_pairs = nch <= 1 ? vp : std::ceil(std::ceil(vp / nch) / 8) * 8;  // Bf16PairsChunk
       if (!(head_pairs && ph > 0)) pb = std::max(pb, std::ceil(dim / 16.0) * 16 * chunk_pairs);
-      if (lora && !head_copy && s.head_dtype != DType::kBF16) fs = 2 * chunk_pairs * dim;
+      if (lora && !head_copy && s.head_dtype != DType::kBF16 && s.head_dtype != DType::kF32)
+        fs = 2 * chunk_pairs * dim;
     }
     add("temporary", W * 4 * (pa + pb + ct + fs),
         StrFormat("bf16 dot product's operand pairs: %.0f + %.0f dwords (the step's largest products)%s%s%s", pa, pb,
@@ -512,7 +527,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // A base in another dtype than f32 / bf16 on the pair kernels: 16 dequantized rows on their way to pairs.
   const bool dequant_rows = bf16_dot && (s.base_quant != "none" || (s.base_dtype != DType::kF32 &&
                                                                          s.base_dtype != DType::kBF16));
-  // (and a head stored in a block type: 64 dequantized rows and their pairs per task of the loss's logits)
+  // (and a head stored in a block type: 64 dequantized rows and their pairs per task of the loss's logits; an f32
+  // head there (full fine-tuning's masters, a quantized base's head as stored): the pairs only)
+  const bool head_row_pairs = bf16_dot && dim % 2 == 0 && !head_copy && (full || s.head_dtype != DType::kBF16);
   // Where the pair tiles run on FMAs (Bf16PairsOnFma): a task's A rows of one inner chunk widened to floats,
   // 64 rows x 2 x up to 384 pairs (Bf16PairsChunk; avx512bf16::PairGemmBlock), attention tiles 8 rows at most.
   const double widened = bf16_dot && Bf16PairsOnFma() ? 64.0 * 2 * 384 : 0.0;
@@ -530,7 +547,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
              packers + amx_tiles +
              // LoRA's dB / dmid pass over dy in f32 (kernels::LoraGradPair): 16 floats per output of the widest linear
              (lora && !bf16_dot ? (double)kernels::LoraGradPairFloats(std::max({dim, qd, ffn})) : 0.0) +
-             (dequant_rows ? std::max(16.0 * std::max({dim, qd, ffn}), 64.0 * dim) + 32.0 * dim : 0.0));
+             (dequant_rows     ? std::max(16.0 * std::max({dim, qd, ffn}), 64.0 * dim) + 32.0 * dim
+              : head_row_pairs ? 32.0 * dim
+                               : 0.0));
   // The attention backward's dQ partials: heads x T x head_dim per run of key tiles after the first
   // (kernels::AttentionBackwardRuns), and its dK / dV key tiles (+ per-head parts where the heads are not
   // grouped per task: kernels::AttentionBackwardKeyFloats), on the worker's pool (1 thread when W > 1).

@@ -454,10 +454,10 @@ TEST(TrainModelBf16, CloseToF32) {
   }
 }
 
-// Full bf16 keeps the trained head packed as bf16 pairs for the loss's dx (on avx512_bf16 CPUs) and packs it
-// again at every ForwardBackward: after the weights move, a model that ran a step before gives the bits of a
-// fresh model given the same weights. A pack left from the first step would put the old head into every
-// gradient below the loss.
+// Full bf16 reads the trained head from its f32 masters at every loss chunk (on avx512_bf16 CPUs: rounded as it is
+// paired, no bf16 shadow or packed copy; elsewhere from a bf16 shadow refreshed every step): after the weights move,
+// a model that ran a step before gives the bits of a fresh model given the same weights. A copy left from the
+// first step would put the old head into every gradient below the loss.
 TEST(TrainModelBf16, TrainedHeadPackFollowsTheWeights) {
   auto w = LoadBase("llama_gqa_tied");
   ASSERT_TRUE(w.ok());
@@ -480,12 +480,11 @@ TEST(TrainModelBf16, TrainedHeadPackFollowsTheWeights) {
   ASSERT_EQ(a.g.size(), c.g.size());
   for (size_t i = 0; i < a.g.size(); ++i)
     EXPECT_EQ(std::memcmp(a.g[i].data(), c.g[i].data(), a.g[i].size() * 4), 0) << stepped->params()[i].name;
-  if (UsesBf16Dot()) {  // the pairs are there: the masters, their bf16 shadows and the packed head
-    const ModelConfig& cf = w->config;
-    EXPECT_GE(stepped->AllocatedBytes().weights,
-              PackedHeadBytes(cf.vocab_size, cf.dim, true, false, /*bf16_pairs=*/true) + 4 * stepped->trainable_count());
-    EXPECT_GT(PackedHeadBytes(cf.vocab_size, cf.dim, true, false, true), 0);
-  }
+  const ModelConfig& cf = w->config;
+  EXPECT_EQ(PackedHeadBytes(cf.vocab_size, cf.dim, true, false, /*bf16_pairs=*/true), 0);
+  EXPECT_EQ(TrainedHeadShadow(true, false, cf.dim), !UsesBf16Dot());
+  if (UsesBf16Dot())  // the f32 masters alone: no shadow of the head or the linears, no packed head
+    EXPECT_EQ(stepped->AllocatedBytes().weights, 4 * stepped->trainable_count());
 }
 
 // A copy of w with every linear weight and the embedding in `t` (and one with those values

@@ -1072,9 +1072,8 @@ struct Bf16HeadCase {
   }
 };
 
-// The head gradient's pairs in AMX tile order (HeadGradTiled: chunks of a multiple of 32 tokens, every chunk's pairs
-// from a whole step): chunks of 32 (tiled on AMX) and of 16 (row-major pairs) pair the same labelled tokens in the
-// same order, so on AMX the two give the same bits; held back and added later the same again; and either is the
+// The head gradient's pairs in AMX tile order (HeadGradTiled: chunks of a multiple of 32 tokens): held back and added
+// later (AddHeadGrad), or added chunk by chunk in storage the caller gives, the direct call's bits; either is the
 // bf16-rounded gradient (a wrong layout would be far off). 72 labelled tokens: chunks 32, 32, 8.
 TEST(TrainBf16Dot, HeadGradientPairsInTileOrder) {
   if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
@@ -1102,9 +1101,16 @@ TEST(TrainBf16Dot, HeadGradientPairsInTileOrder) {
     EXPECT_EQ((int64_t)(later.a.size() + later.b.size()) * 4, HeadGradPartsBytes(V, C, 72, 32));
     AddHeadGrad(pool, dwl.data(), later);
     ASSERT_EQ(dwl, dw32) << threads;
-    if (UsesAmxBf16()) {
-      ASSERT_EQ(dw32, dw16) << threads;
-    }
+    // One chunk's pairs at a time in the caller's storage (a trainer's worker reuses it call after call).
+    std::vector<float> dxs(T * C), dws = dw0;
+    HeadGradParts storage;
+    EXPECT_EQ(l32, CrossEntropyBackward(pool, dxs.data(), dws.data(), x.data(), T, w, labels.data(), 72.0f, 1.0f, 32,
+                                        nullptr, /*bf16=*/true, &storage));
+    EXPECT_TRUE(storage.tokens.empty());
+    EXPECT_GE((int64_t)(storage.a.size() + storage.b.size()) * 4, HeadGradPartsBytes(V, C, 32, 32));
+    EXPECT_LT((int64_t)(storage.a.size() + storage.b.size()) * 4, HeadGradPartsBytes(V, C, 72, 32));
+    ASSERT_EQ(dws, dw32) << threads;
+    ASSERT_EQ(dxs, dx32) << threads;
     // Against the double gradient from the bf16-rounded dlogits' source (the f32 path's dw).
     std::vector<float> dwf = dw0, dxf(T * C);
     CrossEntropyBackward(pool, dxf.data(), dwf.data(), x.data(), T, w, labels.data(), 72.0f);
@@ -1175,9 +1181,9 @@ TEST(TrainBf16Dot, CrossEntropyLogitsArePairArithmetic) {
       num += (dw[i] - dw_ref[i]) * (dw[i] - dw_ref[i]), den += (dw_ref[i] - dw0[i]) * (dw_ref[i] - dw0[i]);
     EXPECT_LT(std::sqrt(num / den), 1e-2) << threads;
     EXPECT_GT(std::sqrt(num / den), 1e-5) << threads;
-    // Held back (HeadGradParts: every chunk's pairs side by side, odd chunks padded, one product) and added
-    // later: the direct call's bits, the loss and dx unchanged; the same at either thread count. Chunks of 7:
-    // five of them (7, 7, 7, 7, 2 labelled tokens).
+    // Held back (HeadGradParts: every chunk's pairs one block after another, odd chunks padded) and added later,
+    // one product per chunk: the direct call's bits, the loss and dx unchanged; the same at either thread count.
+    // Chunks of 7: five of them (7, 7, 7, 7, 2 labelled tokens).
     {
       HeadGradParts later;
       std::vector<float> dx7(T * C), dxl(T * C, -1.0f), dw7 = dw0, dwl = dw0;
@@ -1217,19 +1223,23 @@ TEST(TrainBf16Dot, CrossEntropyLogitsArePairArithmetic) {
   }
 }
 
-// A head stored in a GGUF block type (a quantized-base run keeps the GGUF's head as stored) takes the bf16
-// loss's products on its rows dequantized and rounded to bf16 as they are paired (HeadLogitsT by row blocks,
-// HeadBackwardInputTRows by inner chunks: an odd V, two chunks): loss and dx bit for bit those of the same
-// head as bf16 values, at 1 and 2 threads.
-TEST(TrainBf16Dot, CrossEntropyOverABlockQuantizedHeadIsItsBf16Rounding) {
+// A head stored in a GGUF block type (a quantized-base run keeps the GGUF's head as stored) or in f32 (a trained
+// head's masters; a quantized-base run's f32 head) takes the bf16 loss's products on its rows (dequantized and)
+// rounded to bf16 as they are paired (HeadLogitsT by row blocks, HeadBackwardInputTRows by inner chunks: an odd V,
+// two chunks): loss, dx and the head gradient bit for bit those of the same head as bf16 values, at 1 and 2 threads.
+TEST(TrainBf16Dot, CrossEntropyOverAnF32OrBlockQuantizedHeadIsItsBf16Rounding) {
   if (!UsesBf16Dot()) GTEST_SKIP() << "no avx512_bf16 (or LATHE_BF16_DOT=0)";
   const int64_t T = 37, V = 1001, C = 64;
   const std::vector<float> x = RandomVec(T * C, 7310), wf = RandomVec(V * C, 7311, 0.3f);
   std::vector<int32_t> labels(T);
   for (int64_t t = 0; t < T; ++t) labels[t] = t % 5 == 3 ? kIgnoreLabel : (int32_t)((t * 131) % V);
-  for (DType type : {DType::kQ8_0, DType::kQ4_1}) {
+  for (DType type : {DType::kQ8_0, DType::kQ4_1, DType::kF32}) {
     std::vector<uint8_t> wq(DTypeBytes(type, V * C));
-    for (int64_t r = 0; r < V; ++r) QuantizeRow(type, &wf[r * C], C, wq.data() + r * DTypeBytes(type, C));
+    if (type == DType::kF32) {
+      std::memcpy(wq.data(), wf.data(), wq.size());
+    } else {
+      for (int64_t r = 0; r < V; ++r) QuantizeRow(type, &wf[r * C], C, wq.data() + r * DTypeBytes(type, C));
+    }
     Tensor q;
     q.data = wq.data(), q.dtype = type, q.shape = {V, C};
     std::vector<float> deq(V * C);
@@ -1247,6 +1257,15 @@ TEST(TrainBf16Dot, CrossEntropyOverABlockQuantizedHeadIsItsBf16Rounding) {
                                             nullptr, /*bf16=*/true);
       EXPECT_EQ(lq, lb) << DTypeName(type) << " threads " << threads;
       EXPECT_EQ(dxq, dxb) << DTypeName(type) << " threads " << threads;
+      // With the head's gradient (as full fine-tuning takes it), the caller's storage for one chunk's pairs.
+      std::vector<float> dwq = RandomVec(V * C, 7312, 1e-3f), dwb = dwq;
+      HeadGradParts storage;
+      EXPECT_EQ(lq, CrossEntropyBackward(pool, dxq.data(), dwq.data(), x.data(), T, q, labels.data(), 29.0f, 1.0f, 16,
+                                         nullptr, /*bf16=*/true, &storage));
+      EXPECT_EQ(lb, CrossEntropyBackward(pool, dxb.data(), dwb.data(), x.data(), T, b, labels.data(), 29.0f, 1.0f, 16,
+                                         nullptr, /*bf16=*/true));
+      EXPECT_EQ(dxq, dxb) << DTypeName(type) << " threads " << threads;
+      EXPECT_EQ(dwq, dwb) << DTypeName(type) << " threads " << threads;
       EXPECT_EQ(lq, CrossEntropyForward(pool, x.data(), T, q, labels.data(), 29.0f, 16, /*bf16=*/true));
       // Not the f32 path's loss (x and the head really rounded).
       EXPECT_NE(lq, CrossEntropyForward(pool, x.data(), T, q, labels.data(), 29.0f, 16, /*bf16=*/false));

@@ -30,6 +30,7 @@
 #include "kernels/cpu/bf16_amx.h"
 #include "kernels/cpu/bf16_pairs.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/train_ops.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/kernels.h"
 
@@ -51,15 +52,32 @@ float* WideBuf(size_t n) {
 // PairGemm's work on C rows [m0, m1) over strip groups [g0, g1) (kS strips each): a points at A's row m0.
 // With fma (Bf16PairsOnFma) the tiles are the FMA form (TileFmaFor), each inner chunk's A rows widened first
 // (WidenPairs: at most kMBlock x 2 x 384 floats per thread).
+// The FMA tiles of PairGemmBlock's inner chunk [p0, p0 + np), its A rows as floats holding bf16 values (row i at
+// af + (i - m0) * ldaf, from the chunk's first pair on); store: C = the chunk's sums, else C += them.
+void FmaChunkTiles(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
+                   int64_t p0, int64_t np, const float* af, int64_t ldaf, const uint32_t* b, bool store) {
+  const int64_t n_strips = (Kd + 15) / 16;
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
+    const int nc_last = (int)std::min<int64_t>(16, Kd - 16 * (s0 + ns - 1));
+    const uint32_t* bs = b + (s0 * Lp + p0) * 16;
+    for (int64_t i = m0; i < m1; i += kR) {
+      const int r = (int)std::min<int64_t>(kR, m1 - i);
+      TileFmaFor(r, (int)ns)(af + (i - m0) * ldaf, ldaf, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc, store, nc_last);
+    }
+  }
+}
+
 void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
                    const uint32_t* a, int64_t lda, const uint32_t* b, bool accumulate, bool fma = false) {
   const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
   for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
     const int64_t np = std::min(chunk, Lp - p0);
-    float* af = nullptr;
     if (fma) {
-      af = WideBuf((size_t)((m1 - m0) * 2 * np));
+      float* af = WideBuf((size_t)((m1 - m0) * 2 * np));
       WidenPairs(a + p0, lda, m1 - m0, np, af, 2 * np);
+      FmaChunkTiles(c, ldc, m0, m1, g0, g1, Kd, Lp, p0, np, af, 2 * np, b, p0 == 0 && !accumulate);
+      continue;
     }
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
@@ -67,13 +85,8 @@ void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, in
       const uint32_t* bs = b + (s0 * Lp + p0) * 16;
       for (int64_t i = m0; i < m1; i += kR) {
         const int r = (int)std::min<int64_t>(kR, m1 - i);
-        if (fma) {
-          TileFmaFor(r, (int)ns)(af + (i - m0) * 2 * np, 2 * np, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
-                                 p0 == 0 && !accumulate, nc_last);
-        } else {
-          TileFor(r, (int)ns)(a + (i - m0) * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
-                              p0 == 0 && !accumulate, nc_last);
-        }
+        TileFor(r, (int)ns)(a + (i - m0) * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
+                            p0 == 0 && !accumulate, nc_last);
       }
     }
   }
@@ -142,15 +155,20 @@ uint32_t* PackRowsA(ThreadPool& pool, const float* a, int64_t lda, int64_t R, in
   PairRows(pool, a, lda, R, L, ap);
   return ap;
 }
-// A = M^T for M (L rows of R, ldm apart): R rows of (L + 1) / 2 pairs.
-uint32_t* PackColsA(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t R) {
+// A = M^T for M (L rows of R, ldm apart): R rows of (L + 1) / 2 pairs, into out (ColsADwords(L, R) dwords) or
+// the thread's ABuf.
+int64_t ColsADwords(int64_t L, int64_t R) {
+  const int64_t Lp = (L + 1) / 2;
+  return TiledA() ? amx::TiledDwords(R, Lp) : R * Lp;
+}
+uint32_t* PackColsA(ThreadPool& pool, const float* m, int64_t ldm, int64_t L, int64_t R, uint32_t* out = nullptr) {
   const int64_t Lp = (L + 1) / 2;
   if (TiledA()) {
-    uint32_t* at = ABuf((size_t)amx::TiledDwords(R, Lp));
+    uint32_t* at = out ? out : ABuf((size_t)amx::TiledDwords(R, Lp));
     PairRowsTTiled(pool, m, ldm, L, R, at);
     return at;
   }
-  uint32_t* ap = ABuf((size_t)(R * Lp));
+  uint32_t* ap = out ? out : ABuf((size_t)(R * Lp));
   PairRowsT(pool, m, ldm, L, R, ap);
   return ap;
 }
@@ -354,24 +372,44 @@ void TrainBackwardWeight(ThreadPool& pool, float* dw, const float* dy, const flo
 // place, nothing packed), x (n, C) goes into n / 16 pair strips; per element the pair arithmetic over C.
 void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n) {
   const int64_t V = w.shape[0], C = w.shape[1], Cp = C / 2;
-  LATHE_CHECK(w.ndim() == 2 && w.dtype != DType::kF32 && C % 2 == 0);
+  LATHE_CHECK(w.ndim() == 2 && C % 2 == 0);
   uint32_t* b = BBuf((size_t)((n + 15) / 16 * 16 * Cp));
   PairStripsT<float>(pool, x, C, n, C, b);
   if (w.dtype == DType::kBF16) {
     PairGemm(pool, logits_t, n, V, n, Cp, (const uint32_t*)w.data, b, /*accumulate=*/false);
     return;
   }
-  // Another dtype: each task dequantizes its kMBlock rows of W and rounds them into row pairs (a per-thread
-  // buffer), then runs PairGemm's block over every strip group: per element PairGemm's chain on bf16(W).
+  // Another dtype: each task dequantizes its kMBlock rows of W (f32: reads them in place) and rounds them into
+  // row pairs (a per-thread buffer), then runs PairGemm's block over every strip group: per element PairGemm's
+  // chain on bf16(W).
   const int64_t n_groups = ((n + 15) / 16 + kS - 1) / kS;
-  const bool amx_tiles = UsesAmxBf16();
+  const bool amx_tiles = UsesAmxBf16(), fma = Bf16PairsOnFma();
+  const bool f32 = w.dtype == DType::kF32;
+  if (fma && !amx_tiles) {
+    // The FMA tiles take A as floats holding bf16 values: each task's rows rounded straight into them (f32) or
+    // dequantized there and rounded in place, with no pairs between (the bits RowToPairs + WidenPairs give).
+    pool.ParallelFor((V + kMBlock - 1) / kMBlock, 1, [&](int64_t tb, int64_t te, int) {
+      float* af = DequantBuf((size_t)(kMBlock * C));
+      for (int64_t t = tb; t < te; ++t) {
+        const int64_t m0 = t * kMBlock, m1 = std::min(V, m0 + kMBlock);
+        if (!f32) kernels::DequantizeRows(w, m0, m1 - m0, af);
+        kernels::RoundToBf16(af, f32 ? w.as<float>() + m0 * C : af, (m1 - m0) * C);
+        const int64_t chunk = Bf16PairsChunk(Cp);
+        for (int64_t p0 = 0; p0 < Cp; p0 += chunk)
+          FmaChunkTiles(logits_t, n, m0, m1, 0, n_groups, n, Cp, p0, std::min(chunk, Cp - p0), af + 2 * p0, C, b,
+                        p0 == 0);
+      }
+    }, 2.0 * V * n * C);
+    return;
+  }
   pool.ParallelFor((V + kMBlock - 1) / kMBlock, 1, [&](int64_t tb, int64_t te, int) {
-    float* f = DequantBuf((size_t)(kMBlock * C));
+    float* buf = f32 ? nullptr : DequantBuf((size_t)(kMBlock * C));
     static thread_local std::vector<uint32_t> abuf;
     uint32_t* a = Scratch(abuf, (size_t)(kMBlock * Cp));
     for (int64_t t = tb; t < te; ++t) {
       const int64_t m0 = t * kMBlock, m1 = std::min(V, m0 + kMBlock);
-      kernels::DequantizeRows(w, m0, m1 - m0, f);
+      const float* f = f32 ? w.as<float>() + m0 * C : buf;
+      if (!f32) kernels::DequantizeRows(w, m0, m1 - m0, buf);
       for (int64_t i = 0; i < m1 - m0; ++i) RowToPairs(f + i * C, C, (uint16_t*)(a + i * Cp));
       if (amx_tiles) {
         amx::PairGemmBlock(logits_t, n, m0, m1, 0, (n + 15) / 16, n, Cp, a, Cp, b, Cp * 16, /*accumulate=*/false);
@@ -403,28 +441,34 @@ void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t pairs, int64_t
   PairGemm(pool, dw, C, V, C, pairs, a, b, /*accumulate=*/true);
 }
 
+int64_t HeadBackwardInputADwords(int64_t n, int64_t V) { return ColsADwords(V, n); }
+
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,
-                        const uint32_t* w_pairs) {
+                        const uint32_t* w_pairs, uint32_t* a_buf) {
   const int64_t vp = (V + 1) / 2;
-  const uint32_t* a = PackColsA(pool, dy_t, n, V, n);
+  const uint32_t* a = PackColsA(pool, dy_t, n, V, n, a_buf);
   PairGemmA(pool, dx, C, n, C, vp, a, w_pairs, /*accumulate=*/false);
 }
 
-void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, const Tensor& w) {
-  LATHE_CHECK(w.ndim() == 2 && w.dtype != DType::kF32);
+void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, const Tensor& w,
+                            uint32_t* a_buf) {
+  LATHE_CHECK(w.ndim() == 2);
   // On AMX tiles chunks of whole 16-pair steps: the chunks' accumulating calls then give one call's bits.
   const int64_t V = w.shape[0], C = w.shape[1], vp = (V + 1) / 2;
   const int64_t chunk = UsesAmxBf16() ? (Bf16PairsChunk(vp) + 15) / 16 * 16 : Bf16PairsChunk(vp);
-  const uint32_t* a = PackColsA(pool, dy_t, n, V, n);
+  const uint32_t* a = PackColsA(pool, dy_t, n, V, n, a_buf);
   uint32_t* b = BBuf((size_t)((C + 15) / 16 * 16 * chunk));
   const uint16_t* wd = (const uint16_t*)w.data;
-  // Another dtype: the chunk's rows dequantized first (a buffer of the calling thread's), rounded as they are
-  // paired.
+  // f32: the rows rounded as they are paired. Another dtype: the chunk's rows dequantized first (a buffer of the
+  // calling thread's), then the same.
   static thread_local std::vector<float> fbuf;
-  float* f = w.dtype == DType::kBF16 ? nullptr : Scratch(fbuf, (size_t)(2 * chunk * C));
+  const bool as_stored = w.dtype == DType::kBF16 || w.dtype == DType::kF32;
+  float* f = as_stored ? nullptr : Scratch(fbuf, (size_t)(2 * chunk * C));
   for (int64_t p0 = 0; p0 < vp; p0 += chunk) {  // Bf16PairsChunk(np) == np: one chain per call, as in one call
     const int64_t np = std::min(chunk, vp - p0), r0 = 2 * p0, rows = std::min(2 * np, V - r0);
-    if (f) {
+    if (w.dtype == DType::kF32) {
+      PairStripsRows<float>(pool, w.as<float>() + r0 * C, C, rows, C, b);
+    } else if (f) {
       pool.ParallelFor(rows, 64, [&](int64_t rb, int64_t re, int) { kernels::DequantizeRows(w, r0 + rb, re - rb, f + rb * C); });
       PairStripsRows<float>(pool, f, C, rows, C, b);
     } else {

@@ -287,9 +287,9 @@ void TrainLoraForward(ThreadPool& pool, float* y, float* mid, const float* x, in
 void TrainLoraBackwardInput(ThreadPool& pool, float* dx, float* dmid, const float* dy, int64_t M, const Tensor& w,
                             const Tensor& b, const Tensor& a, const std::function<const float*(float*)>& second,
                             bool accumulate);
-// The loss's logits^T (V, n) = W . x^T for a head W (V, C) in any dtype but f32, C even (x rounded to bf16 as
-// packed): a bf16 W read in place; another dtype dequantized 64 rows per task and rounded to bf16 pairs (the
-// same bits as the bf16 copy of its values).
+// The loss's logits^T (V, n) = W . x^T for a head W (V, C) in any dtype, C even (x rounded to bf16 as packed): a
+// bf16 W read in place; an f32 W's rows rounded to bf16 pairs as they are read, another dtype dequantized 64 rows
+// per task first (the same bits as the bf16 copy of its values).
 void HeadLogitsT(ThreadPool& pool, float* logits_t, const Tensor& w, const float* x, int64_t n);
 // The loss's head gradient dw (V, C) += dyT . x over every chunk of a call, dyT (V, n) (rounded to bf16 as packed),
 // x (n, C), in two halves: each chunk's operand pairs into the call's A (V rows of `pairs` dwords, the chunk's
@@ -302,14 +302,17 @@ void HeadWeightGradPairs(ThreadPool& pool, const float* dy_t, const float* x, in
 void HeadWeightGradFromPairs(ThreadPool& pool, float* dw, int64_t pairs, int64_t V, int64_t C, const uint32_t* a,
                              const uint32_t* b, bool tiled);
 // dx (n, C) = dy . W from dyT (V, n) (rounded to bf16 as packed) and W's pairs along V (PackPairsAlongRows).
+// a_buf: where dy's pairs go (HeadBackwardInputADwords(n, V) dwords), else a buffer of the calling thread's.
+int64_t HeadBackwardInputADwords(int64_t n, int64_t V);
 void HeadBackwardInputT(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, int64_t V, int64_t C,
-                        const uint32_t* w_pairs);
-// The same product for a W (V, C) not packed beforehand, bf16 or (dequantized first, then rounded) any dtype but
-// f32: W's rows go into pairs one inner chunk
+                        const uint32_t* w_pairs, uint32_t* a_buf = nullptr);
+// The same product for a W (V, C) not packed beforehand, bf16, f32 (rounded as paired) or (dequantized first,
+// then rounded) any other dtype: W's rows go into pairs one inner chunk
 // (Bf16PairsChunk of the (V + 1) / 2 pairs) at a time, into a per-thread buffer of C x chunk dwords, and each
 // chunk's product is added in order: the chains and sums of HeadBackwardInputT on PackPairsAlongRows(W), bit
-// for bit, without the V x C / 2 dword copy (QLoRA / 8-bit base runs keep none).
-void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, const Tensor& w);
+// for bit, without the V x C / 2 dword copy (QLoRA / 8-bit base runs and a trained head keep none).
+void HeadBackwardInputTRows(ThreadPool& pool, float* dx, const float* dy_t, int64_t n, const Tensor& w,
+                            uint32_t* a_buf = nullptr);
 // A bf16 W (N, K) as pair strips along K (kernels::StripWeight::bf16_pairs, MatMulKernels::bf16_strips's operand).
 void PackPairStrips(ThreadPool& pool, const Tensor& w, uint32_t* out);
 // A bf16 W (N, K) as pairs along N: 16-column strips of (N + 1) / 2 dwords (PairStripsRowsDwords(N, K)).

@@ -243,14 +243,17 @@ void MatMulBackwardWeightTWith(const TrainKernelTable& tk, ThreadPool& pool, flo
 
 // CrossEntropyForward / CrossEntropyBackward with one tier's tables (train_xent.cc). Forward when
 // dx is null (dw must be null too).
-// bf16_dot: a bf16 head's logits and (dw given) its gradient on vdpbf16ps (avx512bf16::HeadLogitsT,
-// HeadBackwardWeightT; REQUIRES UsesBf16Dot(), C even); dx too given packed_pairs (avx512bf16::PackPairsAlongRows
-// of w_head), else the f32 product of the f32 softmax gradient. head_grad_later (bf16_dot, dw null): the
-// head gradient's operand pairs kept there instead (kernels::AddHeadGrad adds them).
+// bf16_dot (REQUIRES UsesBf16Dot(); taken where C is even): the head's logits, dx and (dw given) its gradient
+// on vdpbf16ps, the head rounded to bf16 whatever its dtype (avx512bf16::HeadLogitsT; dx from packed_pairs, the
+// avx512bf16::PackPairsAlongRows of w_head, else HeadBackwardInputTRows; dw one product per chunk from its operand
+// pairs, avx512bf16::HeadWeightGradPairs). head_grad_parts (bf16_dot): with dw, the storage of one chunk's
+// pairs; with dw null, every chunk's pairs kept there for kernels::AddHeadGrad (the same products in the same
+// order, so the same bits).
+int64_t HeadGradBlockDwords(int64_t V, int64_t pairs, bool tiled);  // a chunk's A pairs in HeadGradParts::a
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
                        float dloss, int64_t chunk_tokens, const float* packed_head = nullptr, bool bf16_dot = false,
-                       const uint32_t* packed_pairs = nullptr, HeadGradParts* head_grad_later = nullptr);
+                       const uint32_t* packed_pairs = nullptr, HeadGradParts* head_grad_parts = nullptr);
 
 // FlashAttentionForward / Backward with one tier's tables (train_attention.cc).
 void FlashAttentionForwardWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* out,

@@ -417,8 +417,8 @@ int64_t PackedBackwardBBytes(int64_t N, int64_t K) { return cpu::PackedBackwardI
 float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, const float* x, int64_t T,
                            const Tensor& w_head, const int32_t* labels, float normalizer, float dloss,
                            int64_t chunk_tokens, const PackedBackwardB* packed_head, bool bf16,
-                           HeadGradParts* head_grad_later) {
-  LATHE_CHECK(head_grad_later == nullptr || (dw_head_accum == nullptr && HeadGradCanWait(w_head, bf16)));
+                           HeadGradParts* head_grad_parts) {
+  LATHE_CHECK(head_grad_parts == nullptr || dw_head_accum != nullptr || HeadGradCanWait(w_head, bf16));
   const float* packed = nullptr;
   const uint32_t* pairs = nullptr;
   if (packed_head) {
@@ -433,29 +433,35 @@ float CrossEntropyBackward(ThreadPool& pool, float* dx, float* dw_head_accum, co
   }
   return cpu::CrossEntropyWith(cpu::TrainBest(), cpu::Best(), pool, dx, dw_head_accum, x, T, w_head, labels,
                                normalizer, dloss, chunk_tokens, packed, bf16 && UsesBf16Dot(), pairs,
-                               head_grad_later);
+                               head_grad_parts);
 }
 
 bool HeadGradCanWait(const Tensor& w_head, bool bf16) {
-  return bf16 && UsesBf16Dot() && w_head.ndim() == 2 && w_head.dtype == DType::kBF16 && w_head.shape[1] % 2 == 0;
+  return bf16 && UsesBf16Dot() && w_head.ndim() == 2 && w_head.shape[1] % 2 == 0;
 }
 
 void AddHeadGrad(ThreadPool& pool, float* dw_head_accum, const HeadGradParts& parts) {
-  int64_t pairs = 0;
-  for (int64_t n : parts.tokens) pairs += (n + 1) / 2;
-  if (pairs > 0)
-    cpu::avx512bf16::HeadWeightGradFromPairs(pool, dw_head_accum, pairs, parts.V, parts.C, parts.a.data(),
-                                             parts.b.data(), parts.tiled);
+  int64_t a_off = 0, b_off = 0;
+  for (int64_t n : parts.tokens) {  // each chunk's product, in order (as CrossEntropyBackward given dw)
+    const int64_t np = (n + 1) / 2;
+    cpu::avx512bf16::HeadWeightGradFromPairs(pool, dw_head_accum, np, parts.V, parts.C, parts.a.data() + a_off,
+                                             parts.b.data() + b_off, parts.tiled);
+    a_off += cpu::HeadGradBlockDwords(parts.V, np, parts.tiled);
+    b_off += (parts.C + 15) / 16 * 16 * np;
+  }
 }
 
 int64_t HeadGradPartsBytes(int64_t V, int64_t C, int64_t tokens, int64_t chunk_tokens) {
-  int64_t pairs = 0;  // sum over the chunks of (n + 1) / 2
-  if (chunk_tokens > 0) pairs = tokens / chunk_tokens * ((chunk_tokens + 1) / 2) + (tokens % chunk_tokens + 1) / 2;
+  if (chunk_tokens <= 0 || tokens <= 0) return 0;
   // The chunk CrossEntropyWith takes: at most the tokens themselves.
-  if (chunk_tokens > 0 && UsesBf16Dot() &&
-      cpu::avx512bf16::HeadGradTiled(std::min<int64_t>(chunk_tokens, std::max<int64_t>(1, tokens))))
-    return 4 * (cpu::amx::TiledDwords(V, pairs) + (C + 15) / 16 * 16 * pairs);
-  return 4 * (V + (C + 15) / 16 * 16) * pairs;
+  const int64_t ct = std::min(chunk_tokens, tokens);
+  const bool tiled = UsesBf16Dot() && cpu::avx512bf16::HeadGradTiled(ct);
+  int64_t dwords = 0;
+  for (int64_t t = 0; t < tokens; t += ct) {
+    const int64_t np = (std::min(ct, tokens - t) + 1) / 2;
+    dwords += cpu::HeadGradBlockDwords(V, np, tiled) + (C + 15) / 16 * 16 * np;
+  }
+  return 4 * dwords;
 }
 
 void FlashAttentionForward(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,

@@ -18,10 +18,14 @@ namespace {
 constexpr int64_t kXentBlock = 256;  // rows of logits^T per softmax block
 }  // namespace
 
+int64_t HeadGradBlockDwords(int64_t V, int64_t pairs, bool tiled) {
+  return tiled ? amx::TiledDwords(V, pairs) : V * pairs;
+}
+
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
                        float dloss, int64_t chunk_tokens, const float* packed_head, bool bf16_dot,
-                       const uint32_t* packed_pairs, HeadGradParts* head_grad_later) {
+                       const uint32_t* packed_pairs, HeadGradParts* head_grad_parts) {
   LATHE_CHECK(w_head.ndim() == 2 && normalizer > 0 && chunk_tokens > 0);
   LATHE_CHECK(dx != nullptr || dw == nullptr);
   const int64_t V = w_head.shape[0], C = w_head.shape[1];
@@ -41,27 +45,36 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
   // training GEMM's rows micro-kernel (B = the chunk's X^T, packed small), and the softmax runs down
   // the columns, 8 tokens per vector. Other dtypes: logits (nc, V) through MatMul, softmax per row.
   // A bf16 head with bf16_dot: logits^T too, from vdpbf16ps over W's rows as stored (HeadLogitsT).
-  // A head in another dtype (f16, a GGUF block type: a quantized-base run keeps it as stored) takes the same
-  // products on its rows dequantized and rounded to bf16 as they are paired (HeadLogitsT, HeadBackwardInputTRows).
-  bf16_dot = bf16_dot && w_head.dtype != DType::kF32 && C % 2 == 0 && (w_head.dtype == DType::kBF16 || !dw);
+  // A head in another dtype (f32: a trained head's masters, or a quantized-base run's head kept as stored; f16, a
+  // GGUF block type) takes the same products on its rows (dequantized and) rounded to bf16 as they are paired
+  // (HeadLogitsT, HeadBackwardInputTRows), as autocast casts it: the bits of a bf16 copy, without the copy.
+  bf16_dot = bf16_dot && C % 2 == 0;
   const bool transposed = w_head.dtype == DType::kF32 || bf16_dot;
   std::vector<float> cmax(transposed ? ct : 0), csum(transposed ? ct : 0), bpart;
-  // A bf16 head's gradient: every chunk's operand pairs side by side along the inner dimension (HeadGradParts),
-  // one product over them all at the end (AddHeadGrad), here or, given head_grad_later, by the caller.
-  if (head_grad_later) LATHE_CHECK(bf16_dot && dx && !dw);
-  static thread_local HeadGradParts own_parts;
-  HeadGradParts* parts = head_grad_later ? head_grad_later : bf16_dot && dw ? &own_parts : nullptr;
-  int64_t later_pairs = 0, next_pair = 0;  // the call's head-gradient pairs; where the next chunk's go
+  // The head's gradient on the bf16 path: each chunk's operand pairs (a block of HeadGradParts), one product per
+  // chunk, added into dw at once (the block's storage: head_grad_parts, else the call's own; it then takes dy's
+  // pairs for dx too) or, with dw null, every chunk's block kept for the caller's AddHeadGrad, which adds them in
+  // the same order: the same bits.
+  if (head_grad_parts && !dw) LATHE_CHECK(bf16_dot && dx);
+  HeadGradParts own_parts;
+  HeadGradParts* parts = !bf16_dot ? nullptr : head_grad_parts ? head_grad_parts : dw ? &own_parts : nullptr;
+  int64_t a_off = 0, b_off = 0;  // where the next chunk's block goes
   if (parts) {
     HeadGradParts& p = *parts;
     p.V = V;
     p.C = C;
     p.tokens.clear();
-    const int64_t n = (int64_t)rows.size();
-    later_pairs = n / ct * ((ct + 1) / 2) + (n % ct + 1) / 2;
     p.tiled = avx512bf16::HeadGradTiled(ct);
-    p.a.resize(p.tiled ? (size_t)amx::TiledDwords(V, later_pairs) : (size_t)(V * later_pairs));
-    p.b.resize((size_t)((C + 15) / 16 * 16 * later_pairs));
+    const int64_t n = dw ? std::min<int64_t>(ct, (int64_t)rows.size()) : (int64_t)rows.size();
+    int64_t ad = 0, bd = 0;
+    for (int64_t t = 0; t < n; t += ct) {
+      const int64_t np = (std::min(ct, n - t) + 1) / 2;
+      ad += HeadGradBlockDwords(V, np, p.tiled);
+      bd += (C + 15) / 16 * 16 * np;
+    }
+    if (dw) ad = std::max(ad, avx512bf16::HeadBackwardInputADwords(ct, V));
+    p.a.resize((size_t)ad);
+    p.b.resize((size_t)bd);
   }
   double loss = 0;
   for (size_t r0 = 0; r0 < rows.size(); r0 += ct) {
@@ -132,23 +145,32 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     }
     for (int64_t i = 0; i < nc; ++i) loss += row_loss[i];
     if (!dx) continue;
+    uint32_t* dx_pairs = nullptr;  // where dy's pairs for dx go (null: a buffer of the thread's)
+    if (parts) {
+      HeadGradParts& p = *parts;
+      const int64_t np = (nc + 1) / 2;
+      uint32_t* a = p.a.data() + a_off;
+      uint32_t* b = p.b.data() + b_off;
+      avx512bf16::HeadWeightGradPairs(pool, logits.data(), xc.data(), nc, V, C, a, 0, b, np, p.tiled);
+      if (dw) {
+        avx512bf16::HeadWeightGradFromPairs(pool, dw, np, V, C, a, b, p.tiled);
+        dx_pairs = p.a.data();  // free again (the chunk's dw is added)
+      } else {
+        p.tokens.push_back(nc);
+        a_off += HeadGradBlockDwords(V, np, p.tiled);
+        b_off += (C + 15) / 16 * 16 * np;
+      }
+    }
     if (bf16_dot && packed_pairs) {
-      avx512bf16::HeadBackwardInputT(pool, dxc.data(), logits.data(), nc, V, C, packed_pairs);
-    } else if (bf16_dot) {  // a bf16 head kept as stored (QLoRA, 8-bit base): its pairs a chunk at a time
-      avx512bf16::HeadBackwardInputTRows(pool, dxc.data(), logits.data(), nc, w_head);
+      avx512bf16::HeadBackwardInputT(pool, dxc.data(), logits.data(), nc, V, C, packed_pairs, dx_pairs);
+    } else if (bf16_dot) {  // a head kept as stored (QLoRA, 8-bit base) or trained: its pairs a chunk at a time
+      avx512bf16::HeadBackwardInputTRows(pool, dxc.data(), logits.data(), nc, w_head, dx_pairs);
     } else if (transposed) {
       MatMulBackwardInputTWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
     } else {
       MatMulBackwardInputWith(tk, kt, pool, dxc.data(), logits.data(), nc, w_head, false, packed_head);
     }
     for (int64_t i = 0; i < nc; ++i) std::memcpy(dx + rows[r0 + i] * C, &dxc[i * C], sizeof(float) * C);
-    if (parts) {
-      HeadGradParts& p = *parts;
-      avx512bf16::HeadWeightGradPairs(pool, logits.data(), xc.data(), nc, V, C, p.a.data(), next_pair, p.b.data(),
-                                      later_pairs, p.tiled);
-      p.tokens.push_back(nc);
-      next_pair += (nc + 1) / 2;
-    }
     if (dw && !parts) {
       if (transposed) {
         MatMulBackwardWeightTWith(tk, pool, dw, logits.data(), xc.data(), nc, V, C);
@@ -157,7 +179,6 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
       }
     }
   }
-  if (dw && parts) AddHeadGrad(pool, dw, *parts);
   return (float)(loss / normalizer);
 }
 
