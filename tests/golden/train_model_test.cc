@@ -398,16 +398,24 @@ TEST(TrainModelCheckpointing, EqualsNoCheckpointing) {
   Batch b = FixtureBatch(f);
   Batch p = FixtureBatch(f, "packed_ids", "packed_labels", "packed_seg");
   ThreadPool pool(2);
-  for (TrainModelOptions o : {Lora(0.1), Full()}) {
+  TrainModelOptions full_bf16 = Full();
+  full_bf16.bf16 = true;
+  for (TrainModelOptions o : {Lora(0.1), Full(), full_bf16}) {
     auto plain = Make(*w, pool, o);
     o.gradient_checkpointing = true;
     auto ckpt = Make(*w, pool, o);
     NonZeroB(*plain);
     NonZeroB(*ckpt);
+    // Full bf16 on the bf16 dot product recomputes each block's mid residual from its input and attention output
+    // (RecomputesMidResidual) where checkpointing recomputes the whole block: the same products on the same bits.
+    const bool xmid_again = RecomputesMidResidual(o.bf16 && UsesBf16Dot(), o.method == FinetuneMethod::kLora, false);
     for (const Batch* batch : {&b, &p}) {
       Grads a = RunSteps(*plain, {*batch}, 10), c = RunSteps(*ckpt, {*batch}, 10);
       EXPECT_EQ(a.loss, c.loss);
       EXPECT_LE(WorstErr(c, a), 1e-6);
+      if (xmid_again) {
+        EXPECT_EQ(a.g, c.g);
+      }
     }
   }
 }
