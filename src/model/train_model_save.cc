@@ -107,13 +107,13 @@ Status TrainModelImpl::SavePeftAdapter(const std::string& dir, const std::string
       std::string key = StrFormat("base_model.model.model.layers.%lld.%s.%s", (long long)l,
                                   m <= (int)LoraModule::kO ? "self_attn" : "mlp", LoraModuleName((LoraModule)m));
       keep.emplace_back(p.a, p.a + p.r * p.in);
-      entries.push_back({key + ".lora_A.weight", DType::kF32, {p.r, p.in}, keep.back().data(), keep.back().size() * 4});
+      entries.push_back({key + ".lora_A.weight", DType::kF32, {p.r, p.in}, keep.back().data(), keep.back().size() * 4, {}});
       if (m == (int)LoraModule::kQ || m == (int)LoraModule::kK) {
         keep.push_back(ToHfRows(p.b, m == (int)LoraModule::kQ ? c_.n_heads : c_.n_kv_heads, p.r));
       } else {
         keep.emplace_back(p.b, p.b + p.out * p.r);
       }
-      entries.push_back({key + ".lora_B.weight", DType::kF32, {p.out, p.r}, keep.back().data(), keep.back().size() * 4});
+      entries.push_back({key + ".lora_B.weight", DType::kF32, {p.out, p.r}, keep.back().data(), keep.back().size() * 4, {}});
     }
   return formats::WriteSafetensors(dir + "/adapter_model.safetensors", entries, {{"format", "pt"}});
 }
@@ -180,10 +180,10 @@ Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
     if (bf16) {
       b16.emplace_back(v.size());
       for (size_t i = 0; i < v.size(); ++i) b16.back()[i] = F32ToBF16(v[i]);
-      entries.push_back({name, DType::kBF16, std::move(shape), b16.back().data(), v.size() * 2});
+      entries.push_back({name, DType::kBF16, std::move(shape), b16.back().data(), v.size() * 2, {}});
     } else {
       f32.push_back(std::move(v));
-      entries.push_back({name, DType::kF32, std::move(shape), f32.back().data(), f32.back().size() * 4});
+      entries.push_back({name, DType::kF32, std::move(shape), f32.back().data(), f32.back().size() * 4, {}});
     }
   };
   auto whole = [&](const float* master, const Tensor& t) {

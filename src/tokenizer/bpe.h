@@ -48,5 +48,7 @@ struct BpeVocab {
 };
 
 Result<std::unique_ptr<Tokenizer>> MakeBpeTokenizer(BpeVocab vocab, const std::string& source);
+// A GGUF's byte-level BPE vocabulary (tokenizer.ggml.model "gpt2"), as Tokenizer::FromGguf reads it.
+Result<BpeVocab> ReadGgufBpeVocab(const formats::GgufFile& g);
 
 }  // namespace lathe::tokenizer

@@ -61,8 +61,14 @@ Status PreTokenizer::AddRegex(const std::string& pattern, SplitBehavior behavior
                                    static_cast<size_t>(err_off), reinterpret_cast<char*>(buf)));
   }
   pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is absent
-  steps_.push_back({std::move(re), behavior, invert});
+  steps_.push_back({std::move(re), behavior, invert, pattern});
   return Status::Ok();
+}
+
+std::vector<PreTokenizer::SplitStep> PreTokenizer::Steps() const {
+  std::vector<SplitStep> out;
+  for (const Step& s : steps_) out.push_back({s.pattern, s.behavior, s.invert});
+  return out;
 }
 
 Status PreTokenizer::AddLiteral(const std::string& literal, SplitBehavior behavior, bool invert) {

@@ -30,12 +30,21 @@ class PreTokenizer {
   void Split(std::string_view text, std::vector<std::string_view>* out) const;
   bool empty() const { return steps_.empty(); }
 
+  // The steps as added (a literal as its escaped regex), for writing them out (HF Split pre-tokenizers).
+  struct SplitStep {
+    std::string pattern;
+    SplitBehavior behavior;
+    bool invert;
+  };
+  std::vector<SplitStep> Steps() const;
+
  private:
   struct Regex;
   struct Step {
     std::shared_ptr<Regex> regex;
     SplitBehavior behavior;
     bool invert;
+    std::string pattern;
   };
   void SplitOne(const Step& step, std::string_view piece, std::vector<std::string_view>* out) const;
   std::vector<Step> steps_;

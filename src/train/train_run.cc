@@ -7,11 +7,13 @@
 #include "core/profiler.h"
 #include "core/strings.h"
 #include "core/thread_pool.h"
+#include "formats/gguf.h"
 #include "model/loader.h"
 #include "model/train_model.h"
 #include "monitor/memory.h"
 #include "train/memory_plan.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/hf_export.h"
 #include "train/quantize_base.h"
 
 namespace lathe::train {
@@ -238,6 +240,18 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   env.tokenizer_files = TokenizerFiles(!o.tokenizer_path.empty() ? o.tokenizer_path
                                        : lm.format == "hf"       ? c.model_name_or_path
                                                                  : std::string());
+  // A GGUF base's byte-level vocabulary is written out as HF tokenizer files (full / freeze save an HF folder).
+  std::string no_tokenizer_why;
+  if (env.tokenizer_files.empty() && o.tokenizer_path.empty() && lm.format == "gguf" && c.finetuning_type != "lora") {
+    auto g = formats::GgufFile::Open(c.model_name_or_path);
+    auto texts = g.ok() ? tokenizer::HfTokenizerFilesFromGguf(**g)
+                        : Result<std::vector<std::pair<std::string, std::string>>>(g.status());
+    if (texts.ok()) {
+      env.tokenizer_texts = std::move(texts).value();
+    } else {
+      no_tokenizer_why = texts.status().message();
+    }
+  }
   // Pad with EOS (as LLaMA-Factory does when a tokenizer has no pad token); labels mask it anyway.
   env.pad_id = tok.eos_id() >= 0 ? tok.eos_id() : 0;
   const model::ModelConfig& mc = lm.weights.config;
@@ -257,7 +271,8 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
     if (o.log)
       std::fprintf(o.log, "profile: wrote %s\n%s", o.profile_path.c_str(), profiler->Summary().c_str());
   }
-  if (o.log && env.tokenizer_files.empty() && c.finetuning_type != "lora") {
+  if (o.log && env.tokenizer_files.empty() && env.tokenizer_texts.empty() && c.finetuning_type != "lora") {
+    if (!no_tokenizer_why.empty()) std::fprintf(o.log, "note: no tokenizer.json written: %s\n", no_tokenizer_why.c_str());
     std::string hint =
         lm.format == "gguf"
             ? "--tokenizer " + c.model_name_or_path

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "core/strings.h"
+#include "formats/atomic_file.h"
 #include "train/checkpoint.h"
 #include "train/loss_scaler.h"
 
@@ -200,6 +201,8 @@ Status Trainer::SaveModelFiles(const std::string& dir) const {
     LATHE_RETURN_IF_ERROR(model_.SaveHfModel(dir, config_.bf16));
   }
   LATHE_RETURN_IF_ERROR(CopyFiles(env_.tokenizer_files, dir));
+  for (const auto& [name, text] : env_.tokenizer_texts)
+    LATHE_RETURN_IF_ERROR(formats::WriteFileAtomically((fs::path(dir) / name).string(), text));
   return WriteJsonFile((fs::path(dir) / "trainer_state.json").string(), state_.ToJson());
 }
 

@@ -38,6 +38,9 @@ struct TrainerEnv {
   std::string base_model_name;  // adapter_config.json base_model_name_or_path
   // Tokenizer files copied beside the weights: (source path, name), see TokenizerFiles().
   std::vector<std::pair<std::string, std::string>> tokenizer_files;
+  // Tokenizer files written beside the weights: (name, contents), made from a GGUF base's vocabulary
+  // (tokenizer::HfTokenizerFilesFromGguf) when it has no files to copy.
+  std::vector<std::pair<std::string, std::string>> tokenizer_texts;
   int32_t pad_id = 0;        // input id of padded positions (their labels are ignored)
   int64_t flops_params = 0;  // parameters counted in total_flos (6 * params * tokens)
   FILE* log = stderr;        // progress bar and log lines; nullptr = silent

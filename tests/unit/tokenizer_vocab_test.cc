@@ -11,6 +11,7 @@
 
 #include "formats/gguf.h"
 #include "test_util.h"
+#include "tokenizer/hf_export.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lathe::tokenizer {
@@ -118,6 +119,78 @@ TEST(TokenizerVocab, Gpt2Gguf) {
   ASSERT_TRUE(tok);
   EXPECT_STREQ(tok->kind(), "bpe");
   RunCases(*tok, "gpt-2");
+}
+
+// The HF tokenizer files written from a GGUF's byte-level vocabulary (HfTokenizerFilesFromGguf), read back by our
+// tokenizer.json loader: the llama.cpp vectors again, the same special tokens, BOS / EOS settings and chat template.
+// (tools/ref/check_tokenizer_export.py and tests/e2e/train_test.sh read them with HF's own `tokenizers`.)
+std::unique_ptr<Tokenizer> ExportedAndReadBack(const std::string& gguf_path, const lathe::testing::ScopedTempDir& dir) {
+  auto g = formats::GgufFile::Open(gguf_path);
+  EXPECT_TRUE(g.ok()) << g.status().message();
+  if (!g.ok()) return nullptr;
+  auto files = HfTokenizerFilesFromGguf(**g);
+  EXPECT_TRUE(files.ok()) << files.status().message();
+  if (!files.ok()) return nullptr;
+  std::vector<std::string> names;
+  for (const auto& [name, text] : *files) {
+    names.push_back(name);
+    std::ofstream(dir.path + "/" + name, std::ios::binary) << text;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}));
+  auto t = Tokenizer::FromTokenizerJson(dir.path + "/tokenizer.json");
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+void ExpectSameTokenizer(const Tokenizer& a, const Tokenizer& b, const std::string& text) {
+  EXPECT_EQ(a.vocab_size(), b.vocab_size());
+  EXPECT_EQ(a.bos_id(), b.bos_id());
+  EXPECT_EQ(a.eos_id(), b.eos_id());
+  EXPECT_EQ(a.add_bos(), b.add_bos());
+  EXPECT_EQ(a.add_eos(), b.add_eos());
+  EXPECT_EQ(a.chat_template(), b.chat_template());
+  for (bool special : {false, true}) {
+    EXPECT_EQ(a.Encode(text, true, special), b.Encode(text, true, special)) << special;
+  }
+  for (int32_t id = 0; id < a.vocab_size(); ++id) ASSERT_EQ(a.TokenBytes(id), b.TokenBytes(id)) << id;
+}
+
+TEST(TokenizerVocab, Gpt2GgufAsTokenizerJson) {
+  std::string path = SharedPath("models/vocab-llamacpp/ggml-vocab-gpt-2.gguf");
+  LATHE_REQUIRE_FILE(path);
+  lathe::testing::ScopedTempDir dir;
+  auto back = ExportedAndReadBack(path, dir);
+  ASSERT_TRUE(back);
+  RunCases(*back, "gpt-2");
+  auto orig = FromGgufPath(path);
+  ASSERT_TRUE(orig);
+  ExpectSameTokenizer(*orig, *back, "Hello <|endoftext|> world 123 \n\n  tabs\tand caf\xC3\xA9");
+}
+
+TEST(TokenizerVocab, SmolLM2GgufAsTokenizerJson) {
+  const std::string path = lathe::testing::SmolLM2Path();
+  LATHE_REQUIRE_FILE(path);
+  lathe::testing::ScopedTempDir dir;
+  auto back = ExportedAndReadBack(path, dir);
+  ASSERT_TRUE(back);
+  auto orig = FromGgufPath(path);
+  ASSERT_TRUE(orig);
+  ExpectSameTokenizer(*orig, *back,
+                      "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n" +
+                          ReadAll(SharedPath("data/tinystories/validation_100.txt")).substr(0, 4000));
+  EXPECT_NE(back->chat_template().find("<|im_start|>"), std::string::npos);
+}
+
+// A SentencePiece GGUF vocabulary has no merges to write: an error naming the key, nothing else.
+TEST(TokenizerVocab, SpmGgufAsTokenizerJsonIsRefused) {
+  std::string path = SharedPath("models/vocab-llamacpp/ggml-vocab-llama-spm.gguf");
+  LATHE_REQUIRE_FILE(path);
+  auto g = formats::GgufFile::Open(path);
+  ASSERT_TRUE(g.ok());
+  auto files = HfTokenizerFilesFromGguf(**g);
+  ASSERT_FALSE(files.ok());
+  EXPECT_NE(files.status().message().find("tokenizer.ggml.model is 'llama'"), std::string::npos)
+      << files.status().message();
 }
 
 TEST(TokenizerVocab, LlamaBpeTokenizerJson) {
