@@ -21,7 +21,11 @@ namespace lathe::tokenizer {
 // ByteLevel without its own regex, the ByteLevel decoder, BOS / EOS added by a TemplateProcessing where the GGUF
 // asks for them; control tokens as special added tokens, user-defined ones as plain added tokens (both matched whole,
 // as llama.cpp matches them). tokenizer_config.json: the special tokens, add_bos_token / add_eos_token and the chat
-// template. A SentencePiece vocabulary ("llama") is an error naming the key: its merges are not in the file.
+// template. A SentencePiece vocabulary ("llama"): HF's legacy Llama tokenizer.json (normalizer: U+2581 for spaces,
+// with add_space_prefix one prepended to each text piece, i.e. at the start and after special tokens as llama.cpp
+// does; BPE with byte fallback; the decoder undoing both), its merges derived from the scores as transformers
+// derives them for a GGUF (no merges in the file). Other kinds, and remove_extra_whitespaces, are errors naming the
+// key.
 Result<std::vector<std::pair<std::string, std::string>>> HfTokenizerFilesFromGguf(const formats::GgufFile& g);
 
 }  // namespace lathe::tokenizer

@@ -28,5 +28,7 @@ Result<std::unique_ptr<Tokenizer>> MakeSpmTokenizer(SpmVocab vocab, const std::s
 // The file loaders (spm_files.cc).
 Result<SpmVocab> ReadSentencePieceModel(const std::string& path);
 Result<SpmVocab> ReadLlama2cBin(const std::string& path, int vocab_size);
+// A GGUF's SentencePiece vocabulary (tokenizer.ggml.model "llama"), as Tokenizer::FromGguf reads it (tokenizer.cc).
+Result<SpmVocab> ReadGgufSpmVocab(const formats::GgufFile& g);
 
 }  // namespace lathe::tokenizer

@@ -121,6 +121,34 @@ Result<BpeVocab> BpeVocabOf(const GgufFile& g, GgufVocabCommon c) {
   return v;
 }
 
+Result<SpmVocab> SpmVocabOf(const GgufFile& g, GgufVocabCommon c) {
+  const std::string& path = g.path();
+  const size_t n = c.tokens->strings.size();
+  SpmVocab v;
+  v.pieces = c.tokens->strings;
+  LATHE_ASSIGN_OR_RETURN(const GgufValue* scores, FindArray(g, "tokenizer.ggml.scores", GgufValueType::kFloat32, false));
+  if (scores) {
+    if (scores->floats.size() != n) {
+      return Status::Error(StrFormat("%s: key tokenizer.ggml.scores has %zu entries for %zu tokens", path.c_str(),
+                                     scores->floats.size(), n));
+    }
+    v.scores.assign(scores->floats.begin(), scores->floats.end());
+  } else {
+    v.scores.assign(n, 0.0f);
+  }
+  v.types = std::move(c.types);
+  v.bos_id = c.bos;
+  v.eos_id = c.eos;
+  v.unk_id = c.unk;
+  v.extra_stop_ids = c.extra_stop;
+  LATHE_ASSIGN_OR_RETURN(v.add_bos, g.GetBoolOr("tokenizer.ggml.add_bos_token", true));
+  v.add_eos = c.add_eos;
+  LATHE_ASSIGN_OR_RETURN(v.add_space_prefix, g.GetBoolOr("tokenizer.ggml.add_space_prefix", true));
+  LATHE_ASSIGN_OR_RETURN(v.remove_extra_whitespaces, g.GetBoolOr("tokenizer.ggml.remove_extra_whitespaces", false));
+  v.chat_template = std::move(c.chat_template);
+  return v;
+}
+
 }  // namespace
 
 Result<BpeVocab> ReadGgufBpeVocab(const formats::GgufFile& g) {
@@ -130,33 +158,18 @@ Result<BpeVocab> ReadGgufBpeVocab(const formats::GgufFile& g) {
   return BpeVocabOf(g, std::move(c));
 }
 
+Result<SpmVocab> ReadGgufSpmVocab(const formats::GgufFile& g) {
+  LATHE_ASSIGN_OR_RETURN(GgufVocabCommon c, ReadGgufVocabCommon(g));
+  if (c.model != "llama")
+    return Status::Error(g.path() + ": key tokenizer.ggml.model is '" + c.model + "', not 'llama' (SentencePiece)");
+  return SpmVocabOf(g, std::move(c));
+}
+
 Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const formats::GgufFile& g) {
   const std::string& path = g.path();
   LATHE_ASSIGN_OR_RETURN(GgufVocabCommon c, ReadGgufVocabCommon(g));
-  const size_t n = c.tokens->strings.size();
   if (c.model == "llama") {
-    SpmVocab v;
-    v.pieces = c.tokens->strings;
-    LATHE_ASSIGN_OR_RETURN(const GgufValue* scores, FindArray(g, "tokenizer.ggml.scores", GgufValueType::kFloat32, false));
-    if (scores) {
-      if (scores->floats.size() != n) {
-        return Status::Error(StrFormat("%s: key tokenizer.ggml.scores has %zu entries for %zu tokens", path.c_str(),
-                                       scores->floats.size(), n));
-      }
-      v.scores.assign(scores->floats.begin(), scores->floats.end());
-    } else {
-      v.scores.assign(n, 0.0f);
-    }
-    v.types = std::move(c.types);
-    v.bos_id = c.bos;
-    v.eos_id = c.eos;
-    v.unk_id = c.unk;
-    v.extra_stop_ids = c.extra_stop;
-    LATHE_ASSIGN_OR_RETURN(v.add_bos, g.GetBoolOr("tokenizer.ggml.add_bos_token", true));
-    v.add_eos = c.add_eos;
-    LATHE_ASSIGN_OR_RETURN(v.add_space_prefix, g.GetBoolOr("tokenizer.ggml.add_space_prefix", true));
-    LATHE_ASSIGN_OR_RETURN(v.remove_extra_whitespaces, g.GetBoolOr("tokenizer.ggml.remove_extra_whitespaces", false));
-    v.chat_template = std::move(c.chat_template);
+    LATHE_ASSIGN_OR_RETURN(SpmVocab v, SpmVocabOf(g, std::move(c)));
     return MakeSpmTokenizer(std::move(v), path);
   }
   if (c.model == "gpt2") {

@@ -3,7 +3,7 @@
 # files made from the GGUF's byte-level vocabulary (tokenizer::HfTokenizerFilesFromGguf). HF's own `tokenizers`
 # (pinned, from PyPI into a cached venv) reads that tokenizer.json and gives the ids `lathe tokenize` gives for the
 # GGUF, on SmolLM2-135M ($LATHE_SMOLLM2); tokenizer_config.json carries the chat template and the special tokens.
-# A SentencePiece GGUF (stories260K) keeps the note that no tokenizer.json was written. Exits 77 (ctest SKIP) when
+# The same for a SentencePiece GGUF (stories260K). Exits 77 (ctest SKIP) when
 # PyPI cannot be reached or SmolLM2 is absent (a failure with LATHE_REQUIRE_ALL=1).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/train_e2e_lib.sh"
@@ -74,13 +74,28 @@ assert s['eos_token'] == '<|im_end|>', s
 "$LATHE" tokenize -m "$tmp/out" --json "${texts[0]}" > "$tmp/ids_dir.json" 2> "$tmp/tok_dir.err"
 check "lathe tokenize -m the HF folder: same ids" cmp "$tmp/ids_dir.json" "$tmp/ids0.json"
 
-# A SentencePiece GGUF: no tokenizer.json (its merges are not in the file), said so.
+# A SentencePiece GGUF (stories260K: no merges in the file; the exported ones derived from the scores): the same
+# check on TinyStories text and a chat-like string with specials.
 sed -e "s|model_name_or_path: .*|model_name_or_path: $STORIES/stories260K.gguf|" -e "s|output_dir: .*|output_dir: $tmp/spm|" \
   -e "s|template: chatml|template: alpaca|" "$tmp/f.yaml" > "$tmp/spm.yaml"
 "$LATHE" train "$tmp/spm.yaml" -t 2 2> "$tmp/spm.log"
 check "spm freeze train exit" test $? -eq 0
-check "spm: no tokenizer.json" test ! -f "$tmp/spm/tokenizer.json"
-check "spm: the note names the vocabulary kind" grep -q "tokenizer.ggml.model is 'llama'" "$tmp/spm.log"
+check "spm: tokenizer.json written" test -f "$tmp/spm/tokenizer.json"
+head -c 3000 "$SHARED/data/tinystories/validation_100.txt" > "$tmp/spm_text0.txt"
+printf '%s' "<s> Hello</s>  world
+ Once upon a time 123 café 🦙" > "$tmp/spm_text1.txt"
+for i in 0 1; do
+  "$LATHE" tokenize -m "$STORIES/stories260K.gguf" --json "$(cat "$tmp/spm_text$i.txt")" > "$tmp/spm_ids$i.json" 2> "$tmp/tok.err"
+  check "spm: tokenizers gives lathe's ids ($i)" "$VENV/bin/python" -c "
+import json
+from tokenizers import Tokenizer
+t = Tokenizer.from_file('$tmp/spm/tokenizer.json')
+text = open('$tmp/spm_text$i.txt', encoding='utf-8').read()
+want = json.load(open('$tmp/spm_ids$i.json'))['ids']
+got = t.encode(text).ids
+assert got == want, (got[:40], want[:40])
+"
+done
 
 echo "tokenizer export e2e: $pass passed, $fails failed"
 test $fails -eq 0

@@ -181,16 +181,30 @@ TEST(TokenizerVocab, SmolLM2GgufAsTokenizerJson) {
   EXPECT_NE(back->chat_template().find("<|im_start|>"), std::string::npos);
 }
 
-// A SentencePiece GGUF vocabulary has no merges to write: an error naming the key, nothing else.
-TEST(TokenizerVocab, SpmGgufAsTokenizerJsonIsRefused) {
+// A SentencePiece GGUF vocabulary (no merges in the file): the merges its scores imply (as transformers derives
+// them), U+2581 and the space prefix as HF's legacy Llama tokenizer.json writes them, byte fallback: llama.cpp's
+// llama-spm vectors from the exported file, and stories260K's 512-piece vocabulary on TinyStories text.
+TEST(TokenizerVocab, LlamaSpmGgufAsTokenizerJson) {
   std::string path = SharedPath("models/vocab-llamacpp/ggml-vocab-llama-spm.gguf");
   LATHE_REQUIRE_FILE(path);
-  auto g = formats::GgufFile::Open(path);
-  ASSERT_TRUE(g.ok());
-  auto files = HfTokenizerFilesFromGguf(**g);
-  ASSERT_FALSE(files.ok());
-  EXPECT_NE(files.status().message().find("tokenizer.ggml.model is 'llama'"), std::string::npos)
-      << files.status().message();
+  lathe::testing::ScopedTempDir dir;
+  auto back = ExportedAndReadBack(path, dir);
+  ASSERT_TRUE(back);
+  RunCases(*back, "llama-spm");
+  auto orig = FromGgufPath(path);
+  ASSERT_TRUE(orig);
+  ExpectSameTokenizer(*orig, *back, " Hello</s><s> world  123 \n\n\ttabs caf\xC3\xA9 \xF0\x9F\xA6\x99 [INST]");
+}
+
+TEST(TokenizerVocab, Stories260KGgufAsTokenizerJson) {
+  std::string path = SharedPath("models/stories260K/stories260K.gguf");
+  LATHE_REQUIRE_FILE(path);
+  lathe::testing::ScopedTempDir dir;
+  auto back = ExportedAndReadBack(path, dir);
+  ASSERT_TRUE(back);
+  auto orig = FromGgufPath(path);
+  ASSERT_TRUE(orig);
+  ExpectSameTokenizer(*orig, *back, ReadAll(SharedPath("data/tinystories/validation_100.txt")).substr(0, 20000));
 }
 
 TEST(TokenizerVocab, LlamaBpeTokenizerJson) {
