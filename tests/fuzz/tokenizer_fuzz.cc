@@ -1,7 +1,8 @@
 // libFuzzer target for the tokenizer files a model directory brings (downloaded, untrusted):
 // tokenizer.json (HF: BPE vocab, merges, added tokens, normalizers, pre-tokenizer regexes),
 // tokenizer.model (SentencePiece protobuf, decoded by hand), llama2.c tokenizer.bin and a GGUF's tokenizer.ggml.*
-// metadata (gpt2 BPE with merges, llama SentencePiece with scores and token types). The first
+// metadata (gpt2 BPE with merges, llama SentencePiece with scores and token types; and the HF files written from
+// it, read back). The first
 // byte picks the reader, the rest is the file. Any bytes must load or give an error, never crash
 // or hit UB; a tokenizer that loads must encode and decode text, its own bytes included.
 #include <cstddef>
@@ -11,6 +12,7 @@
 
 #include "formats/gguf.h"
 #include "fuzz_file.h"
+#include "tokenizer/hf_export.h"
 #include "tokenizer/tokenizer.h"
 
 using lathe::tokenizer::Tokenizer;
@@ -24,6 +26,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto g = lathe::formats::GgufFile::Parse(data + 2, size - 2, "fuzz.gguf");
     if (!g.ok()) return 0;
     tok = Tokenizer::FromGguf(**g);
+    // The HF files written from the same metadata (a fine-tune's output folder): written or refused, and what is
+    // written loads back through the tokenizer.json reader or gives an error.
+    auto files = lathe::tokenizer::HfTokenizerFilesFromGguf(**g);
+    if (files.ok() && !files->empty()) {
+      const std::string& json = files->front().second;
+      lathe::fuzz::MemFile exported("tokenizer", reinterpret_cast<const uint8_t*>(json.data()), json.size());
+      (void)Tokenizer::FromTokenizerJson(exported.path());
+    }
   } else {
     lathe::fuzz::MemFile file("tokenizer", data + 2, size - 2);
     tok = kind == 0   ? Tokenizer::FromTokenizerJson(file.path())
