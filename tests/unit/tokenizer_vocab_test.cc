@@ -155,30 +155,30 @@ void ExpectSameTokenizer(const Tokenizer& a, const Tokenizer& b, const std::stri
   for (int32_t id = 0; id < a.vocab_size(); ++id) ASSERT_EQ(a.TokenBytes(id), b.TokenBytes(id)) << id;
 }
 
-TEST(TokenizerVocab, Gpt2GgufAsTokenizerJson) {
-  std::string path = SharedPath("models/vocab-llamacpp/ggml-vocab-gpt-2.gguf");
-  LATHE_REQUIRE_FILE(path);
+// Exports `path`'s vocabulary, reads it back, runs llama.cpp's `cases` vectors on it (when named) and compares it
+// with the GGUF's own tokenizer on `text`.
+void CheckExport(const std::string& path, const std::string& cases, const std::string& text) {
   lathe::testing::ScopedTempDir dir;
   auto back = ExportedAndReadBack(path, dir);
   ASSERT_TRUE(back);
-  RunCases(*back, "gpt-2");
+  if (!cases.empty()) RunCases(*back, cases);
   auto orig = FromGgufPath(path);
   ASSERT_TRUE(orig);
-  ExpectSameTokenizer(*orig, *back, "Hello <|endoftext|> world 123 \n\n  tabs\tand caf\xC3\xA9");
+  ExpectSameTokenizer(*orig, *back, text);
+}
+
+TEST(TokenizerVocab, Gpt2GgufAsTokenizerJson) {
+  std::string path = SharedPath("models/vocab-llamacpp/ggml-vocab-gpt-2.gguf");
+  LATHE_REQUIRE_FILE(path);
+  CheckExport(path, "gpt-2", "Hello <|endoftext|> world 123 \n\n  tabs\tand caf\xC3\xA9");
 }
 
 TEST(TokenizerVocab, SmolLM2GgufAsTokenizerJson) {
   const std::string path = lathe::testing::SmolLM2Path();
   LATHE_REQUIRE_FILE(path);
-  lathe::testing::ScopedTempDir dir;
-  auto back = ExportedAndReadBack(path, dir);
-  ASSERT_TRUE(back);
-  auto orig = FromGgufPath(path);
-  ASSERT_TRUE(orig);
-  ExpectSameTokenizer(*orig, *back,
-                      "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n" +
-                          ReadAll(SharedPath("data/tinystories/validation_100.txt")).substr(0, 4000));
-  EXPECT_NE(back->chat_template().find("<|im_start|>"), std::string::npos);
+  CheckExport(path, "",
+              "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n" +
+                  ReadAll(SharedPath("data/tinystories/validation_100.txt")).substr(0, 4000));
 }
 
 // A SentencePiece GGUF vocabulary (no merges in the file): the merges its scores imply (as transformers derives
@@ -187,24 +187,13 @@ TEST(TokenizerVocab, SmolLM2GgufAsTokenizerJson) {
 TEST(TokenizerVocab, LlamaSpmGgufAsTokenizerJson) {
   std::string path = SharedPath("models/vocab-llamacpp/ggml-vocab-llama-spm.gguf");
   LATHE_REQUIRE_FILE(path);
-  lathe::testing::ScopedTempDir dir;
-  auto back = ExportedAndReadBack(path, dir);
-  ASSERT_TRUE(back);
-  RunCases(*back, "llama-spm");
-  auto orig = FromGgufPath(path);
-  ASSERT_TRUE(orig);
-  ExpectSameTokenizer(*orig, *back, " Hello</s><s> world  123 \n\n\ttabs caf\xC3\xA9 \xF0\x9F\xA6\x99 [INST]");
+  CheckExport(path, "llama-spm", " Hello</s><s> world  123 \n\n\ttabs caf\xC3\xA9 \xF0\x9F\xA6\x99 [INST]");
 }
 
 TEST(TokenizerVocab, Stories260KGgufAsTokenizerJson) {
   std::string path = SharedPath("models/stories260K/stories260K.gguf");
   LATHE_REQUIRE_FILE(path);
-  lathe::testing::ScopedTempDir dir;
-  auto back = ExportedAndReadBack(path, dir);
-  ASSERT_TRUE(back);
-  auto orig = FromGgufPath(path);
-  ASSERT_TRUE(orig);
-  ExpectSameTokenizer(*orig, *back, ReadAll(SharedPath("data/tinystories/validation_100.txt")).substr(0, 20000));
+  CheckExport(path, "", ReadAll(SharedPath("data/tinystories/validation_100.txt")).substr(0, 20000));
 }
 
 TEST(TokenizerVocab, LlamaBpeTokenizerJson) {

@@ -52,43 +52,44 @@ float* WideBuf(size_t n) {
 // PairGemm's work on C rows [m0, m1) over strip groups [g0, g1) (kS strips each): a points at A's row m0.
 // With fma (Bf16PairsOnFma) the tiles are the FMA form (TileFmaFor), each inner chunk's A rows widened first
 // (WidenPairs: at most kMBlock x 2 x 384 floats per thread).
-// The FMA tiles of PairGemmBlock's inner chunk [p0, p0 + np), its A rows as floats holding bf16 values (row i at
-// af + (i - m0) * ldaf, from the chunk's first pair on); store: C = the chunk's sums, else C += them.
-void FmaChunkTiles(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
-                   int64_t p0, int64_t np, const float* af, int64_t ldaf, const uint32_t* b, bool store) {
+// Calls tile(r, ns, i, s0, bs, nc_last) for each register tile of C rows [m0, m1) (kR at a time) and strip groups
+// [g0, g1) (kS strips each) of an inner chunk from pair p0: B's strips from bs, the last strip's valid columns.
+template <class Tile>
+void EachTile(int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp, int64_t p0, const uint32_t* b,
+              const Tile& tile) {
   const int64_t n_strips = (Kd + 15) / 16;
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
     const int nc_last = (int)std::min<int64_t>(16, Kd - 16 * (s0 + ns - 1));
     const uint32_t* bs = b + (s0 * Lp + p0) * 16;
-    for (int64_t i = m0; i < m1; i += kR) {
-      const int r = (int)std::min<int64_t>(kR, m1 - i);
-      TileFmaFor(r, (int)ns)(af + (i - m0) * ldaf, ldaf, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc, store, nc_last);
-    }
+    for (int64_t i = m0; i < m1; i += kR) tile((int)std::min<int64_t>(kR, m1 - i), (int)ns, i, s0, bs, nc_last);
   }
+}
+
+// The FMA tiles of PairGemmBlock's inner chunk [p0, p0 + np), its A rows as floats holding bf16 values (row i at
+// af + (i - m0) * ldaf, from the chunk's first pair on); store: C = the chunk's sums, else C += them.
+void FmaChunkTiles(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
+                   int64_t p0, int64_t np, const float* af, int64_t ldaf, const uint32_t* b, bool store) {
+  EachTile(m0, m1, g0, g1, Kd, Lp, p0, b, [&](int r, int ns, int64_t i, int64_t s0, const uint32_t* bs, int nc_last) {
+    TileFmaFor(r, ns)(af + (i - m0) * ldaf, ldaf, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc, store, nc_last);
+  });
 }
 
 void PairGemmBlock(float* c, int64_t ldc, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t Kd, int64_t Lp,
                    const uint32_t* a, int64_t lda, const uint32_t* b, bool accumulate, bool fma = false) {
-  const int64_t n_strips = (Kd + 15) / 16, chunk = Bf16PairsChunk(Lp);
+  const int64_t chunk = Bf16PairsChunk(Lp);
   for (int64_t p0 = 0; p0 < Lp; p0 += chunk) {
     const int64_t np = std::min(chunk, Lp - p0);
+    const bool store = p0 == 0 && !accumulate;
     if (fma) {
       float* af = WideBuf((size_t)((m1 - m0) * 2 * np));
       WidenPairs(a + p0, lda, m1 - m0, np, af, 2 * np);
-      FmaChunkTiles(c, ldc, m0, m1, g0, g1, Kd, Lp, p0, np, af, 2 * np, b, p0 == 0 && !accumulate);
+      FmaChunkTiles(c, ldc, m0, m1, g0, g1, Kd, Lp, p0, np, af, 2 * np, b, store);
       continue;
     }
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t s0 = g * kS, ns = std::min<int64_t>(kS, n_strips - s0);
-      const int nc_last = (int)std::min<int64_t>(16, Kd - 16 * (s0 + ns - 1));
-      const uint32_t* bs = b + (s0 * Lp + p0) * 16;
-      for (int64_t i = m0; i < m1; i += kR) {
-        const int r = (int)std::min<int64_t>(kR, m1 - i);
-        TileFor(r, (int)ns)(a + (i - m0) * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc,
-                            p0 == 0 && !accumulate, nc_last);
-      }
-    }
+    EachTile(m0, m1, g0, g1, Kd, Lp, p0, b, [&](int r, int ns, int64_t i, int64_t s0, const uint32_t* bs, int nc_last) {
+      TileFor(r, ns)(a + (i - m0) * lda + p0, lda, bs, Lp * 16, np, c + i * ldc + 16 * s0, ldc, store, nc_last);
+    });
   }
 }
 
