@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <map>
 #include <memory>
 #include <string>
@@ -97,6 +98,12 @@ class SafetensorsSet {
 // only as the file is written (fill writes nbytes into dst, a buffer reused from one such tensor to the next, so a
 // writer of converted tensors holds one at a time; an error from fill stops the write, nothing is renamed).
 struct SafetensorsWriteEntry {
+  SafetensorsWriteEntry() = default;
+  // {name, dtype, shape, data, nbytes} with the bytes given, or with fill and no data.
+  SafetensorsWriteEntry(std::string name_, DType dtype_, std::vector<int64_t> shape_, const void* data_, size_t nbytes_,
+                        std::function<Status(uint8_t* dst)> fill_ = {})
+      : name(std::move(name_)), dtype(dtype_), shape(std::move(shape_)), data(data_), nbytes(nbytes_),
+        fill(std::move(fill_)) {}
   std::string name;
   DType dtype = DType::kF32;  // plain types only (no block-quantized types)
   std::vector<int64_t> shape;

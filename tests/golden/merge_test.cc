@@ -217,8 +217,9 @@ TEST(MergeHf, SeveralAdaptersInOrder) {
   for (const auto& ti : (*x)->tensors()) {
     std::vector<float> a = F32((*x)->GetTensor(ti.name).value()), b = F32((*y)->GetTensor(ti.name).value());
     EXPECT_LT(MaxAbs(a, b), 1e-6) << ti.name;
-    if (ti.name.find("proj") != std::string::npos)  // the second adapter did change it
+    if (ti.name.find("proj") != std::string::npos) {  // the second adapter did change it
       EXPECT_GT(MaxAbs(a, F32((*one)->GetTensor(ti.name).value())), 1e-3) << ti.name;
+    }
   }
 }
 

@@ -491,8 +491,9 @@ TEST(TrainModelBf16, TrainedHeadPackFollowsTheWeights) {
   const ModelConfig& cf = w->config;
   EXPECT_EQ(PackedHeadBytes(cf.vocab_size, cf.dim, true, false, /*bf16_pairs=*/true), 0);
   EXPECT_EQ(TrainedHeadShadow(true, false, cf.dim), !UsesBf16Dot());
-  if (UsesBf16Dot())  // the f32 masters alone: no shadow of the head or the linears, no packed head
+  if (UsesBf16Dot()) {  // the f32 masters alone: no shadow of the head or the linears, no packed head
     EXPECT_EQ(stepped->AllocatedBytes().weights, 4 * stepped->trainable_count());
+  }
 }
 
 // A copy of w with every linear weight and the embedding in `t` (and one with those values
