@@ -250,6 +250,8 @@ void MatMulBackwardWeightTWith(const TrainKernelTable& tk, ThreadPool& pool, flo
 // pairs; with dw null, every chunk's pairs kept there for kernels::AddHeadGrad (the same products in the same
 // order, so the same bits).
 int64_t HeadGradBlockDwords(int64_t V, int64_t pairs, bool tiled);  // a chunk's A pairs in HeadGradParts::a
+// HeadGradParts::a and ::b's dwords for `tokens` labelled tokens in chunks of ct.
+void HeadGradPartsDwords(int64_t V, int64_t C, int64_t tokens, int64_t ct, bool tiled, int64_t* a, int64_t* b);
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
                        float dloss, int64_t chunk_tokens, const float* packed_head = nullptr, bool bf16_dot = false,

@@ -455,13 +455,9 @@ int64_t HeadGradPartsBytes(int64_t V, int64_t C, int64_t tokens, int64_t chunk_t
   if (chunk_tokens <= 0 || tokens <= 0) return 0;
   // The chunk CrossEntropyWith takes: at most the tokens themselves.
   const int64_t ct = std::min(chunk_tokens, tokens);
-  const bool tiled = UsesBf16Dot() && cpu::avx512bf16::HeadGradTiled(ct);
-  int64_t dwords = 0;
-  for (int64_t t = 0; t < tokens; t += ct) {
-    const int64_t np = (std::min(ct, tokens - t) + 1) / 2;
-    dwords += cpu::HeadGradBlockDwords(V, np, tiled) + (C + 15) / 16 * 16 * np;
-  }
-  return 4 * dwords;
+  int64_t a = 0, b = 0;
+  cpu::HeadGradPartsDwords(V, C, tokens, ct, UsesBf16Dot() && cpu::avx512bf16::HeadGradTiled(ct), &a, &b);
+  return 4 * (a + b);
 }
 
 void FlashAttentionForward(ThreadPool& pool, float* out, float* lse, const float* q, const float* k, const float* v,

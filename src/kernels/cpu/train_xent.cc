@@ -22,6 +22,15 @@ int64_t HeadGradBlockDwords(int64_t V, int64_t pairs, bool tiled) {
   return tiled ? amx::TiledDwords(V, pairs) : V * pairs;
 }
 
+void HeadGradPartsDwords(int64_t V, int64_t C, int64_t tokens, int64_t ct, bool tiled, int64_t* a, int64_t* b) {
+  *a = *b = 0;
+  for (int64_t t = 0; t < tokens; t += ct) {
+    const int64_t np = (std::min(ct, tokens - t) + 1) / 2;
+    *a += HeadGradBlockDwords(V, np, tiled);
+    *b += (C + 15) / 16 * 16 * np;
+  }
+}
+
 float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, ThreadPool& pool, float* dx, float* dw,
                        const float* x, int64_t T, const Tensor& w_head, const int32_t* labels, float normalizer,
                        float dloss, int64_t chunk_tokens, const float* packed_head, bool bf16_dot,
@@ -65,13 +74,9 @@ float CrossEntropyWith(const TrainKernelTable& tk, const KernelTable& kt, Thread
     p.C = C;
     p.tokens.clear();
     p.tiled = avx512bf16::HeadGradTiled(ct);
-    const int64_t n = dw ? std::min<int64_t>(ct, (int64_t)rows.size()) : (int64_t)rows.size();
     int64_t ad = 0, bd = 0;
-    for (int64_t t = 0; t < n; t += ct) {
-      const int64_t np = (std::min(ct, n - t) + 1) / 2;
-      ad += HeadGradBlockDwords(V, np, p.tiled);
-      bd += (C + 15) / 16 * 16 * np;
-    }
+    HeadGradPartsDwords(V, C, dw ? std::min<int64_t>(ct, (int64_t)rows.size()) : (int64_t)rows.size(), ct, p.tiled,
+                        &ad, &bd);
     if (dw) ad = std::max(ad, avx512bf16::HeadBackwardInputADwords(ct, V));
     p.a.resize((size_t)ad);
     p.b.resize((size_t)bd);
