@@ -384,10 +384,10 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                 N, scratch + 2 * half + 1, (long long)model::kNormGradParts, per_worker.c_str()));
   // Per chunk token: its logits, x and dx rows, loss, logsumexp, exp sum, and one partial per 256-row
   // softmax block of an f32 head's logits^T (kernels/cpu/train_xent.cc).
-  add("temporary", W * 4 * chunk * (V + 2.0 * dim + 3 + std::ceil(V / 256.0)),
+  double loss_bytes = W * 4 * chunk * (V + 2.0 * dim + 3 + std::ceil(V / 256.0));
+  add("temporary", loss_bytes,
       StrFormat("cross-entropy chunk: %.0f tokens x (vocab %lld + 2 dim + softmax partials) x 4 B%s", chunk,
                 (long long)V, per_worker.c_str()));
-  double loss_bytes = W * 4 * chunk * (V + 2.0 * dim + 3 + std::ceil(V / 256.0));
   // Full bf16: the head gradient's pairs of one loss chunk (kernels::HeadGradParts; train_model.cc); on several
   // workers each keeps its group's, every chunk's, until the earlier groups have added theirs.
   if (s.method == "full" && s.precision == "bf16" && UsesBf16Dot() && dim % 2 == 0) {
@@ -401,8 +401,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // RowGroupWorker::ForwardBackward hands the block backward's scratch back before the loss and the loss's pairs
   // after it: the step holds one of the two at a time. The scratch given back: dh, dgate, dup, h (ffn each), dxn,
   // dtmp, xn (dim), d_att, dq (q_dim), dk, dv (kv_dim), and the bf16-kept activations' f32 copies.
-  const double given_back =
-      W * 4 * N * (4.0 * ffn + 3.0 * dim + 2.0 * qd + 2.0 * kvd + (model::ActivationsAsBf16(bf16_dot) ? 2.0 * qd + 2.0 * kvd + 2.0 * ffn : 0.0));
+  const double given_back = W * 4 * N * (4.0 * ffn + 3.0 * dim + 2.0 * qd + 2.0 * kvd + (acts16 ? halved : 0.0));
   add("overlap", -std::min(loss_bytes, given_back),
       StrFormat("-min(the loss's chunk buffers %.0f B, block backward scratch %.0f B): never resident together",
                 loss_bytes, given_back));
