@@ -240,7 +240,8 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   env.tokenizer_files = TokenizerFiles(!o.tokenizer_path.empty() ? o.tokenizer_path
                                        : lm.format == "hf"       ? c.model_name_or_path
                                                                  : std::string());
-  // A GGUF base's byte-level vocabulary is written out as HF tokenizer files (full / freeze save an HF folder).
+  // A GGUF base's vocabulary (byte-level BPE or SentencePiece) is written out as HF tokenizer files (full / freeze
+  // save an HF folder); it is read from the file again, once per run (the loaded model keeps no GgufFile).
   std::string no_tokenizer_why;
   if (env.tokenizer_files.empty() && o.tokenizer_path.empty() && lm.format == "gguf" && c.finetuning_type != "lora") {
     auto g = formats::GgufFile::Open(c.model_name_or_path);
