@@ -299,18 +299,25 @@ Status Engine::RunStep() {
     ++r.generated;
     ++generated_;
     const auto& stops = r.options.stop_ids;
+    // A grammar that the text now completes, with nothing allowed after it: the text is done. Its last token
+    // is text, so it is reported as a token, then the request finishes with "stop" and no token.
+    const bool grammar_done = r.sampler->GrammarFinished();
     if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
       Finish(r, "stop", tok, std::move(lp));
-    } else if (r.generated >= r.options.max_tokens || (int64_t)r.tokens.size() >= config_.max_model_len) {
+    } else if (!grammar_done &&
+               (r.generated >= r.options.max_tokens || (int64_t)r.tokens.size() >= config_.max_model_len)) {
       Finish(r, "length", tok, std::move(lp));
-    } else if (r.callback) {
-      TokenEvent ev;
-      ev.request_id = r.id;
-      ev.token = tok;
-      ev.logprobs = std::move(lp);
-      ev.prompt_logprobs = std::move(r.prompt_lps);
-      r.prompt_lps.clear();
-      r.callback(ev);
+    } else {
+      if (r.callback) {
+        TokenEvent ev;
+        ev.request_id = r.id;
+        ev.token = tok;
+        ev.logprobs = std::move(lp);
+        ev.prompt_logprobs = std::move(r.prompt_lps);
+        r.prompt_lps.clear();
+        r.callback(ev);
+      }
+      if (grammar_done) Finish(r, "stop", -1, {});
     }
   }
   return Status::Ok();

@@ -29,6 +29,24 @@ Status SamplingParams::Validate() const {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
   rng_.seed(params.has_seed ? params.seed : std::random_device{}());
+  if (params.grammar) {
+    matcher_ = std::make_unique<GrammarMatcher>(params.grammar->grammar, params.grammar->vocab, params.grammar->cache);
+  }
+}
+
+bool Sampler::MaskByGrammar(float* logits, int64_t vocab) {
+  matcher_->AllowedTokens(&allowed_);
+  const int64_t n = std::min<int64_t>(vocab, (int64_t)allowed_.size());
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (allowed_[i]) {
+      any = true;
+    } else {
+      logits[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  for (int64_t i = n; i < vocab; ++i) logits[i] = -std::numeric_limits<float>::infinity();  // padded rows
+  return any;
 }
 
 void Sampler::AddPrompt(std::span<const int32_t> prompt) { seen_.insert(seen_.end(), prompt.begin(), prompt.end()); }
@@ -70,8 +88,22 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
       if (t >= 0 && t < vocab) logits[t] -= p.frequency_penalty * n + p.presence_penalty;
     }
   }
-  int32_t chosen;
-  if (p.temperature == 0.0f) {
+  int32_t chosen = -1;
+  if (matcher_) {
+    // Greedy: the best token is usually allowed, and checking it alone costs microseconds; otherwise (and
+    // always when drawing) the whole mask, so the draw is over the allowed tokens' renormalized probabilities.
+    if (p.temperature == 0.0f) {
+      const int32_t best = (int32_t)kernels::Argmax(logits, vocab);
+      if (matcher_->Allows(best)) chosen = best;
+    }
+    if (chosen < 0 && !MaskByGrammar(logits, vocab)) {
+      // Nothing allowed: the grammar has a dead end here (a schema no text satisfies). End the text.
+      const auto& ends = params_.grammar->vocab->end_ids();
+      chosen = ends.empty() ? 0 : ends[0];
+    }
+  }
+  if (chosen >= 0) {
+  } else if (p.temperature == 0.0f) {
     chosen = (int32_t)kernels::Argmax(logits, vocab);
   } else {
     // Candidates in descending order of logit / temperature (ties: lower id first); k and p truncate, then
@@ -160,6 +192,12 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
       sorted_to(keep);
       chosen = cand_[keep - 1].second;
     }
+  }
+  if (matcher_ && !matcher_->AcceptToken(chosen)) {
+    // Only a draw at the very top of its range can land on a masked (zero-probability) token: take the best
+    // allowed one instead.
+    const int32_t best = (int32_t)kernels::Argmax(logits, vocab);
+    if (matcher_->AcceptToken(best)) chosen = best;
   }
   if (logprobs) ComputeLogprobs(raw.data(), vocab, chosen, n_top, logprobs);
   output_counts_[chosen]++;

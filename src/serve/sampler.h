@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "serve/grammar.h"
 
 namespace lathe::serve {
 
@@ -27,6 +28,9 @@ struct SamplingParams {
   // OpenAI's logit_bias: added to these tokens' logits before anything else (-100 bans a token in
   // practice, +100 forces it); ids at or above the vocabulary size are skipped.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // Structured outputs: only tokens that keep the text a prefix of this grammar's language are drawn (after
+  // the bias and penalties, before temperature and truncation). Null: unconstrained.
+  std::shared_ptr<const CompiledGrammar> grammar;
   // Returns an error naming the field when a value is out of range.
   Status Validate() const;
 };
@@ -46,6 +50,8 @@ class Sampler {
   // the model's raw distribution followed by the top `n_top` alternatives.
   int32_t Sample(float* logits, int64_t vocab, int n_top = 0, std::vector<TokenLogprob>* logprobs = nullptr);
   const SamplingParams& params() const { return params_; }
+  // With a grammar: the text drawn so far is complete and nothing may follow (the request is done).
+  bool GrammarFinished() const { return matcher_ && matcher_->Finished(); }
 
  private:
   SamplingParams params_;
@@ -55,6 +61,10 @@ class Sampler {
   std::vector<uint8_t> seen_mask_;
   std::vector<std::pair<float, int32_t>> cand_;  // scratch
   std::vector<double> probs_;                    // scratch: the sorted prefix's exp(logit / T - max)
+  std::unique_ptr<GrammarMatcher> matcher_;      // with a grammar
+  std::vector<uint8_t> allowed_;                 // scratch: the grammar's mask
+  // Sets the logits of the tokens the grammar does not allow to -inf; false when it allows none.
+  bool MaskByGrammar(float* logits, int64_t vocab);
 };
 
 // Log-softmax of one logit row at `id` and the top-n (id, logprob) pairs.

@@ -8,11 +8,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 
 #include "monitor/metrics.h"
 #include "serve/generate.h"
+#include "serve/grammar.h"
 #include "server/openai_api.h"
 
 namespace lathe::server {
@@ -89,6 +91,32 @@ struct HttpServer::Impl {
   monitor::Counter* prefix_queries;
   monitor::Counter* prefix_hits;
   std::mutex render_mu;  // /metrics turns engine totals into counter increments
+  // Structured outputs: the vocabulary as grammars see it (built at the first such request), and the
+  // grammars compiled so far by their GBNF text, so requests with one schema share its mask cache.
+  std::mutex grammar_mu;
+  std::shared_ptr<const serve::GrammarVocab> grammar_vocab;
+  std::map<std::string, std::shared_ptr<const serve::CompiledGrammar>> grammars;
+  std::deque<std::string> grammar_order;  // oldest first; at most kMaxGrammars kept
+  static constexpr size_t kMaxGrammars = 64;
+
+  Result<std::shared_ptr<const serve::CompiledGrammar>> CompileGrammar(const std::string& gbnf) {
+    std::lock_guard<std::mutex> lock(grammar_mu);
+    if (auto it = grammars.find(gbnf); it != grammars.end()) return it->second;
+    auto g = serve::Grammar::Parse(gbnf);
+    if (!g.ok()) return g.status();
+    if (!grammar_vocab) grammar_vocab = serve::GrammarVocab::FromTokenizer(tok);
+    auto c = std::make_shared<serve::CompiledGrammar>();
+    c->grammar = g.value();
+    c->vocab = grammar_vocab;
+    c->cache = std::make_shared<serve::GrammarMaskCache>();
+    if (grammars.size() >= kMaxGrammars) {
+      grammars.erase(grammar_order.front());
+      grammar_order.pop_front();
+    }
+    grammars.emplace(gbnf, c);
+    grammar_order.push_back(gbnf);
+    return std::shared_ptr<const serve::CompiledGrammar>(c);
+  }
 
   Impl(serve::Engine& e, const tokenizer::Tokenizer& t, tokenizer::ChatTemplate tm, ServerOptions o)
       : engine(e), tok(t), tmpl(std::move(tm)), opt(std::move(o)) {
@@ -188,7 +216,22 @@ struct HttpServer::Impl {
     CompletionRequest r;
     std::optional<ApiError> perr;
     try {
-      perr = ParseCompletionRequest(body, chat, &r);
+      // A JSON schema's properties are generated in the order the request lists them: keep it.
+      std::optional<nlohmann::ordered_json> ordered;
+      if (body.is_object() && (body.contains("response_format") || body.contains("guided_json"))) {
+        ordered = nlohmann::ordered_json::parse(req.body);
+      }
+      perr = ParseCompletionRequest(body, chat, &r, ordered ? &*ordered : nullptr);
+      if (!perr && !r.grammar.empty()) {
+        auto g = CompileGrammar(r.grammar);
+        if (!g.ok()) {
+          perr = ApiError();
+          perr->param = r.grammar_param;
+          perr->message = g.status().message();
+        } else {
+          r.sampling.grammar = g.value();
+        }
+      }
     } catch (const std::exception& ex) {  // a parser gap must still be a 400, never a crash
       perr = ApiError();
       perr->message = std::string("malformed request: ") + ex.what();

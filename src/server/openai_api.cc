@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "server/json_schema.h"
+
 namespace lathe::server {
 
 using nlohmann::json;
@@ -92,13 +94,6 @@ std::optional<ApiError> Content(const json& c, const std::string& param, std::st
 // OpenAI fields that change what a client gets back and that lathe does not implement: a clear 400
 // instead of an answer that silently ignores them (other unknown fields are ignored).
 std::optional<ApiError> Unsupported(const json& b, bool chat) {
-  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
-    const json* type = it->is_object() && it->contains("type") ? &(*it)["type"] : nullptr;
-    if (!type || *type != "text") {
-      return Bad("response_format", "'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) "
-                                    "is not supported");
-    }
-  }
   if (chat) {
     auto tools = b.find("tools");
     auto choice = b.find("tool_choice");
@@ -121,13 +116,99 @@ std::optional<ApiError> Unsupported(const json& b, bool chat) {
   return std::nullopt;
 }
 
+// Structured outputs: one of response_format (json_object, json_schema), guided_json, guided_choice,
+// guided_grammar, as a GBNF grammar.
+std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, CompletionRequest* r) {
+  using ojson = nlohmann::ordered_json;
+  auto set = [&](const std::string& param, std::string grammar) -> std::optional<ApiError> {
+    if (!r->grammar_param.empty()) {
+      return Bad(param, "'" + param + "' and '" + r->grammar_param + "' both constrain the output; give one");
+    }
+    r->grammar = std::move(grammar);
+    r->grammar_param = param;
+    return std::nullopt;
+  };
+  auto schema_grammar = [&](const ojson& schema, const std::string& param) -> std::optional<ApiError> {
+    auto g = JsonSchemaToGbnf(schema);
+    if (!g.ok()) return Bad(param, g.status().message());
+    return set(param, g.value());
+  };
+  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
+    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string()) {
+      return Bad("response_format", "'response_format' must be an object with a string 'type' (text, json_object, "
+                                    "json_schema)");
+    }
+    const std::string type = (*it)["type"].get<std::string>();
+    if (type == "json_object") {
+      if (auto e = set("response_format", JsonObjectGbnf())) return e;
+    } else if (type == "json_schema") {
+      auto js = it->find("json_schema");
+      if (js == it->end() || !js->is_object()) {
+        return Bad("response_format.json_schema", "'response_format' of type json_schema needs a 'json_schema' "
+                                                  "object ({\"name\": ..., \"schema\": {...}})");
+      }
+      auto schema = js->find("schema");
+      if (schema == js->end() || schema->is_null()) {
+        if (auto e = set("response_format.json_schema.schema", JsonObjectGbnf())) return e;  // any object, as OpenAI
+      } else if (auto e = schema_grammar(*schema, "response_format.json_schema.schema")) {
+        return e;
+      }
+    } else if (type != "text") {
+      return Bad("response_format.type", "'response_format.type' must be text, json_object or json_schema, got '" +
+                                             type + "'");
+    }
+  }
+  if (auto it = b.find("guided_json"); it != b.end() && !it->is_null()) {
+    ojson schema;
+    if (it->is_string()) {
+      try {
+        schema = ojson::parse(it->get<std::string>());
+      } catch (const std::exception& e) {
+        return Bad("guided_json", std::string("'guided_json' is a string that is not JSON: ") + e.what());
+      }
+    } else {
+      schema = *it;
+    }
+    if (auto e = schema_grammar(schema, "guided_json")) return e;
+  }
+  if (auto it = b.find("guided_choice"); it != b.end() && !it->is_null()) {
+    std::vector<std::string> choices;
+    if (it->is_array()) {
+      for (const auto& c : *it) {
+        if (!c.is_string()) break;
+        choices.push_back(c.get<std::string>());
+      }
+    }
+    if (!it->is_array() || it->empty() || choices.size() != it->size()) {
+      return Bad("guided_choice", "'guided_choice' must be a non-empty list of strings");
+    }
+    for (const auto& c : choices)
+      if (c.empty()) return Bad("guided_choice", "'guided_choice' may not contain an empty string");
+    if (auto e = set("guided_choice", ChoiceGbnf(choices))) return e;
+  }
+  if (auto it = b.find("guided_grammar"); it != b.end() && !it->is_null()) {
+    if (!it->is_string()) return Bad("guided_grammar", "'guided_grammar' must be a GBNF grammar (a string)");
+    if (auto e = set("guided_grammar", it->get<std::string>())) return e;
+  }
+  if (auto it = b.find("guided_regex"); it != b.end() && !it->is_null()) {
+    return Bad("guided_regex", "'guided_regex' is not supported (guided_grammar takes a GBNF grammar)");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
-std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, CompletionRequest* r) {
+std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, CompletionRequest* r,
+                                               const nlohmann::ordered_json* ordered) {
   *r = CompletionRequest();
   r->chat = chat;
   if (!b.is_object()) return Bad("", "the request body must be a JSON object");
   if (auto e = Unsupported(b, chat)) return e;
+  if (ordered) {
+    if (auto e = StructuredOutput(*ordered, r)) return e;
+  } else {
+    if (auto e = StructuredOutput(nlohmann::ordered_json::parse(b.dump()), r)) return e;
+  }
   if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
     if (!it->is_string()) return Bad("model", "'model' must be a string");
     r->model = it->get<std::string>();

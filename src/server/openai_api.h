@@ -48,10 +48,18 @@ struct CompletionRequest {
   bool ignore_eos = false;
   int priority = 0;
   serve::SamplingParams sampling;
+  // Structured outputs (response_format json_object / json_schema, vLLM's guided_json / guided_choice /
+  // guided_grammar): the GBNF grammar the output must follow, empty when unconstrained, and the field it came
+  // from (for errors the grammar gives later).
+  std::string grammar;
+  std::string grammar_param;
 };
 
-// REQUIRES: body is a JSON object (the caller reports unparsable JSON).
-std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat, CompletionRequest* out);
+// REQUIRES: body is a JSON object (the caller reports unparsable JSON). `ordered` is the same body parsed
+// keeping each object's key order, which a JSON schema's `properties` need (generation follows it); without it
+// the keys are taken in sorted order.
+std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat, CompletionRequest* out,
+                                               const nlohmann::ordered_json* ordered = nullptr);
 
 struct TokenLogprobInfo {
   std::string token;                                          // the token's text

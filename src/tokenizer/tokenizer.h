@@ -50,6 +50,9 @@ class Tokenizer {
   virtual const std::string& Piece(int32_t id) const = 0;
 
   virtual int32_t vocab_size() const = 0;
+  // Control, unknown and unused tokens (BOS, <|im_start|>, ...): not text a model writes. Grammar-
+  // constrained decoding never allows them.
+  virtual bool IsControl(int32_t id) const = 0;
   int32_t bos_id() const { return bos_id_; }
   int32_t eos_id() const { return eos_id_; }
   // All ids that end generation (eos, eot, <|im_end|>, <|eot_id|>, ...).

@@ -89,6 +89,11 @@ class TokenizerBase : public Tokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const override;
   const std::string& Piece(int32_t id) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(pieces_.size()); }
+  bool IsControl(int32_t id) const override {
+    if (id < 0 || id >= vocab_size()) return true;
+    TokenType t = types_[id];
+    return t == TokenType::kControl || t == TokenType::kUnknown || t == TokenType::kUnused;
+  }
 
   int32_t PieceToId(std::string_view piece) const;  // -1 when absent
   TokenType type(int32_t id) const { return types_[id]; }

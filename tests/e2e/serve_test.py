@@ -321,6 +321,65 @@ def run(base, lathe, model, root):
     check(gen < 3800, "the disconnected non-streamed request ran to the end (%d tokens)" % gen)
     print("non-streamed disconnect: the engine generated %d of 3800 tokens" % gen, flush=True)
 
+    # Structured outputs: what the server generates under a JSON schema parses, and the `jsonschema` package
+    # (the reference validator) accepts it: greedy, sampled (n > 1) and streamed; members come in the schema's
+    # order. Strings and arrays are bounded so stories260K, which knows no JSON, must close them.
+    import jsonschema
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "age": {"type": "integer"},
+            "mood": {"enum": ["happy", "sad", None]},
+            "friends": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+            "pet": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"kind": {"type": "string",
+                    "maxLength": 8}, "legs": {"type": "integer"}}, "required": ["kind"]}]},
+        },
+        "required": ["name", "age", "friends"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+    messages = [{"role": "user", "content": "Tell me about Lily as JSON."}]
+
+    def validated(text, finish, what):
+        check(finish == "stop", "%s: finish_reason %s for %r" % (what, finish, text))
+        try:
+            obj = json.loads(text)
+            jsonschema.validate(obj, schema)
+            order = [k for k in schema["properties"] if k in obj]
+            check(list(obj) == order, "%s: members out of order: %r" % (what, text))
+        except Exception as e:  # noqa: BLE001 (any failure is the check's)
+            check(False, "%s: %r is not valid: %s" % (what, text, e))
+    g = client.chat.completions.create(model="stories", messages=messages, max_tokens=400, temperature=0,
+                                       response_format=fmt)
+    validated(g.choices[0].message.content, g.choices[0].finish_reason, "json_schema greedy")
+    sampled_json = client.chat.completions.create(model="stories", messages=messages, max_tokens=400,
+                                                  temperature=1.0, n=4, seed=11, response_format=fmt)
+    for c in sampled_json.choices:
+        validated(c.message.content, c.finish_reason, "json_schema sampled #%d" % c.index)
+    check(len({c.message.content for c in sampled_json.choices}) > 1, "json_schema n=4 all equal")
+    stream = list(client.chat.completions.create(model="stories", messages=messages, max_tokens=400, temperature=0,
+                                                 response_format=fmt, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    check(streamed == g.choices[0].message.content, "json_schema stream %r != %r" % (streamed, g.choices[0].message.content))
+    # vLLM's fields, through the client's extra_body: guided_json on completions, guided_choice.
+    gj = client.completions.create(model="stories", prompt=prompt, max_tokens=400, temperature=0,
+                                   extra_body={"guided_json": schema})
+    validated(gj.choices[0].text, gj.choices[0].finish_reason, "guided_json")
+    gc = client.chat.completions.create(model="stories", messages=messages, max_tokens=10, temperature=0.7, seed=3,
+                                        extra_body={"guided_choice": ["yes", "no", "maybe not"]})
+    check(gc.choices[0].message.content in ("yes", "no", "maybe not") and gc.choices[0].finish_reason == "stop",
+          "guided_choice: %r" % gc.choices[0].message.content)
+    # JSON mode: an object (the text may run out of tokens first; when it ends, it parses).
+    jo = client.chat.completions.create(model="stories", messages=messages, max_tokens=200, temperature=0,
+                                        response_format={"type": "json_object"})
+    jt = jo.choices[0].message.content
+    check(jt.startswith("{"), "json_object: %r" % jt)
+    if jo.choices[0].finish_reason == "stop":
+        try:
+            check(isinstance(json.loads(jt), dict), "json_object: not an object: %r" % jt)
+        except ValueError as e:
+            check(False, "json_object: %r does not parse: %s" % (jt, e))
+
     # Metrics families.
     _, text = http(base + "/metrics", key=None)
     for name in ["lathe_requests_total", "lathe_prompt_tokens_total", "lathe_generation_tokens_total",
@@ -360,7 +419,9 @@ def run(base, lathe, model, root):
     except openai.BadRequestError as e:
         check(e.body is not None and e.body.get("param") == "max_tokens", "BadRequestError param: %s" % e.body)
 
-    for kw, param in ((dict(response_format={"type": "json_object"}), "response_format"),
+    for kw, param in ((dict(response_format={"type": "json_schema", "json_schema": {
+                          "name": "x", "schema": {"type": "string", "pattern": "^a"}}}), "response_format.json_schema.schema"),
+                      (dict(extra_body={"guided_grammar": "root ::= undefined_rule\n"}), "guided_grammar"),
                       (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools")):
         try:
             client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}],

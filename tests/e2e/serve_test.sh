@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end test of `lathe serve` with the official `openai` Python client (pinned, installed
 # from PyPI into a cached venv): completions, chat, streaming, n > 1, logprobs, seeds, LoRA
-# adapters, 64 concurrent streams, disconnects, 4xx errors, API key, graceful shutdown.
+# adapters, structured outputs (validated by `jsonschema`), 64 concurrent streams, disconnects, 4xx
+# errors, API key, graceful shutdown.
 # Exits 77 (ctest SKIP) only when PyPI cannot be reached to install the client.
 set -uo pipefail
 LATHE="${LATHE_BIN:?}"
@@ -9,11 +10,15 @@ SHARED="${LATHE_SHARED:?}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 MODEL="$SHARED/models/stories260K/stories260K.gguf"
 OPENAI_VERSION=3.51.0
+JSONSCHEMA_VERSION=4.26.0
 VENV="${XDG_CACHE_HOME:-$HOME/.cache}/lathe/e2e-venv"
 
 if [ ! -f "$MODEL" ]; then echo "FAIL: $MODEL not found"; exit 1; fi
 . "$HERE/../pip_venv.sh"
 lathe_pip_venv "$VENV" "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" "openai==$OPENAI_VERSION"
+# The reference validator for structured outputs.
+lathe_pip_venv "$VENV" "import importlib.metadata as m, sys; sys.exit(m.version('jsonschema') != '$JSONSCHEMA_VERSION')" \
+  "jsonschema==$JSONSCHEMA_VERSION"
 
 tmp=$(mktemp -d)
 server_pid=

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "serve/grammar.h"
+
 namespace lathe::server {
 namespace {
 
@@ -12,6 +14,41 @@ using nlohmann::json;
 
 std::optional<ApiError> Parse(const std::string& body, bool chat, CompletionRequest* r) {
   return ParseCompletionRequest(json::parse(body), chat, r);
+}
+
+TEST(OpenAiApi, ParsesStructuredOutputs) {
+  CompletionRequest r;
+  // A JSON schema keeps its properties' order when the caller passes the ordered parse.
+  const std::string body = R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "p",
+      "schema": {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"}},
+      "required": ["zeta", "alpha"]}}}})";
+  const auto ordered = nlohmann::ordered_json::parse(body);
+  auto e = ParseCompletionRequest(json::parse(body), false, &r, &ordered);
+  ASSERT_FALSE(e) << e->message;
+  EXPECT_EQ(r.grammar_param, "response_format.json_schema.schema");
+  auto g = serve::Grammar::Parse(r.grammar);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto accepts = [&](const std::string& text) {
+    std::vector<std::string> bytes;
+    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, (char)b));
+    serve::GrammarMatcher m(g.value(), std::make_shared<serve::GrammarVocab>(bytes, std::vector<uint8_t>(256, 1),
+                                                                             std::vector<int32_t>{}));
+    return m.AcceptBytes(text) && m.Complete();
+  };
+  EXPECT_TRUE(accepts(R"({"zeta": 1, "alpha": "x"})"));
+  EXPECT_FALSE(accepts(R"({"alpha": "x", "zeta": 1})"));
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
+                     true, &r));
+  EXPECT_EQ(r.grammar_param, "response_format");
+  EXPECT_NE(r.grammar.find("root ::= object"), std::string::npos);
+  ASSERT_FALSE(Parse(R"({"prompt": "x", "guided_choice": ["yes", "n\"o"]})", false, &r));
+  EXPECT_EQ(r.grammar, "root ::= \"yes\" | \"n\\\"o\"\n");
+  ASSERT_FALSE(Parse(R"({"prompt": "x", "guided_json": "{\"type\": \"boolean\"}"})", false, &r));
+  EXPECT_EQ(r.grammar_param, "guided_json");
+  ASSERT_FALSE(Parse(R"({"prompt": "x", "guided_grammar": "root ::= [a-z]+\n"})", false, &r));
+  EXPECT_EQ(r.grammar, "root ::= [a-z]+\n");
+  ASSERT_FALSE(Parse(R"({"prompt": "x", "response_format": {"type": "text"}})", false, &r));
+  EXPECT_TRUE(r.grammar.empty());
 }
 
 TEST(OpenAiApi, ParsesChatRequest) {
@@ -116,9 +153,18 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"prompt": "x", "logit_bias": {"5": 101}})", false, "logit_bias"},
       {R"({"prompt": "x", "logit_bias": {"5": "up"}})", false, "logit_bias"},
       // Known OpenAI fields lathe does not implement: refused rather than ignored.
-      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", true,
-       "response_format"},
       {R"({"prompt": "x", "response_format": "json"})", false, "response_format"},
+      {R"({"prompt": "x", "response_format": {"type": "yaml"}})", false, "response_format.type"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema"}})", false, "response_format.json_schema"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n",
+          "schema": {"type": "string", "pattern": "a+"}}}})", false, "response_format.json_schema.schema"},
+      {R"({"prompt": "x", "guided_json": "{not json"})", false, "guided_json"},
+      {R"({"prompt": "x", "guided_choice": ["a", 1]})", false, "guided_choice"},
+      {R"({"prompt": "x", "guided_choice": []})", false, "guided_choice"},
+      {R"({"prompt": "x", "guided_grammar": 5})", false, "guided_grammar"},
+      {R"({"prompt": "x", "guided_regex": "a+"})", false, "guided_regex"},
+      {R"({"prompt": "x", "response_format": {"type": "json_object"}, "guided_choice": ["a"]})", false,
+       "guided_choice"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", true, "tools"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true, "tool_choice"},
       {R"({"prompt": "x", "suffix": "end"})", false, "suffix"},

@@ -249,3 +249,88 @@ TEST(Sampler, ValidateNamesTheField) {
 
 }  // namespace
 }  // namespace lathe::serve
+
+namespace lathe::serve {
+namespace {
+
+// Structured outputs: a vocabulary of digits, words and an end token under the grammar "one to four digits, then
+// ' ok'": every token drawn is one the grammar allows, the draw's distribution is the softmax renormalized over
+// the allowed tokens, and greedy takes the best allowed token.
+std::shared_ptr<const CompiledGrammar> DigitsGrammar() {
+  auto g = Grammar::Parse("root ::= [0-9]{1,4} \" ok\"\n");
+  EXPECT_TRUE(g.ok()) << g.status().message();
+  std::vector<std::string> pieces = {"1", "2", "34", "5678", " ok", " o", "k", "x", "</s>"};
+  std::vector<uint8_t> text(pieces.size(), 1);
+  text.back() = 0;
+  auto c = std::make_shared<CompiledGrammar>();
+  c->grammar = g.value();
+  c->vocab = std::make_shared<GrammarVocab>(pieces, text, std::vector<int32_t>{8});
+  c->cache = std::make_shared<GrammarMaskCache>();
+  return c;
+}
+
+TEST(SamplerGrammar, DrawsOnlyAllowedTokensAndFinishes) {
+  auto grammar = DigitsGrammar();
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    SamplingParams p;
+    p.temperature = 1.5f;
+    p.seed = seed;
+    p.has_seed = true;
+    p.grammar = grammar;
+    Sampler s(p);
+    GrammarMatcher check(grammar->grammar, grammar->vocab);
+    std::string text;
+    for (int step = 0; step < 10 && !s.GrammarFinished(); ++step) {
+      std::vector<float> l = {0.5f, 0.2f, 1.0f, 2.0f, 0.1f, 0.3f, 0.4f, 3.0f, 2.5f};  // "x" and </s> most likely
+      const int32_t t = s.Sample(l.data(), (int64_t)l.size());
+      ASSERT_TRUE(check.AcceptToken(t)) << "seed " << seed << " step " << step << " token " << t;
+      if (t == 8) break;
+      text += grammar->vocab->bytes(t);
+    }
+    EXPECT_TRUE(check.Complete()) << text;
+    EXPECT_EQ(text.substr(text.size() - 3), " ok") << text;
+  }
+}
+
+TEST(SamplerGrammar, DistributionIsRenormalizedOverAllowed) {
+  auto grammar = DigitsGrammar();
+  // At the start only "1", "2", "34", "5678" are allowed: probabilities e^l / sum over those four.
+  const std::vector<float> base = {0.5f, 0.2f, 1.0f, 2.0f, 0.1f, 0.3f, 0.4f, 3.0f, 2.5f};
+  std::map<int32_t, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    SamplingParams p;
+    p.seed = (uint64_t)i;
+    p.has_seed = true;
+    p.grammar = grammar;
+    Sampler s(p);
+    auto l = base;
+    counts[s.Sample(l.data(), (int64_t)l.size())]++;
+  }
+  double z = 0;
+  for (int t = 0; t < 4; ++t) z += std::exp((double)base[t]);
+  for (int t = 0; t < 4; ++t) {
+    const double expect = std::exp((double)base[t]) / z;
+    EXPECT_NEAR(counts[t] / (double)n, expect, 0.015) << "token " << t;
+  }
+  EXPECT_EQ(counts.size(), 4u);
+}
+
+TEST(SamplerGrammar, GreedyTakesBestAllowed) {
+  auto grammar = DigitsGrammar();
+  SamplingParams p;
+  p.temperature = 0;
+  p.grammar = grammar;
+  Sampler s(p);
+  std::vector<float> l = {0.5f, 0.2f, 1.0f, 2.0f, 0.1f, 0.3f, 0.4f, 3.0f, 2.5f};
+  EXPECT_EQ(s.Sample(l.data(), (int64_t)l.size()), 3);  // "5678": "x" and </s> are not allowed yet
+  l = {0.5f, 0.2f, 1.0f, 2.0f, 0.1f, 0.3f, 0.4f, 3.0f, 2.5f};
+  EXPECT_EQ(s.Sample(l.data(), (int64_t)l.size()), 5);  // a fifth digit is too many: " o" beats " ok"
+  EXPECT_FALSE(s.GrammarFinished());
+  l = {0.5f, 0.2f, 1.0f, 2.0f, 0.1f, 0.3f, 0.4f, 3.0f, 2.5f};
+  EXPECT_EQ(s.Sample(l.data(), (int64_t)l.size()), 6);  // "k", the only token allowed
+  EXPECT_TRUE(s.GrammarFinished());
+}
+
+}  // namespace
+}  // namespace lathe::serve

@@ -1,0 +1,402 @@
+// JSON schema -> GBNF (see json_schema.h).
+#include "server/json_schema.h"
+
+#include <map>
+#include <set>
+
+#include "core/strings.h"
+
+namespace lathe::server {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// The shared rules: whitespace between tokens, JSON strings, numbers and any value.
+constexpr const char* kPrimitives[][2] = {
+    {"ws", "| \" \" | \"\\n\" [ \\t]{0,20}"},
+    {"char", "[^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})"},
+    {"string", "\"\\\"\" char* \"\\\"\""},
+    {"integer", "\"-\"? (\"0\" | [1-9] [0-9]{0,15})"},
+    {"number", "\"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?"},
+    {"boolean", "\"true\" | \"false\""},
+    {"null", "\"null\""},
+    {"value", "object | array | string | number | boolean | null"},
+    {"object", "\"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\""},
+    {"array", "\"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\""},
+};
+
+const std::set<std::string>& Annotations() {
+  static const std::set<std::string> k = {"title",    "description", "default",  "examples",   "format",
+                                          "$schema",  "$id",         "$comment", "deprecated", "readOnly",
+                                          "writeOnly", "$defs",      "definitions", "strict",  "nullable",
+                                          "contentMediaType", "contentEncoding", "discriminator"};
+  return k;
+}
+
+const std::set<std::string>& Unsupported() {
+  static const std::set<std::string> k = {
+      "pattern",          "minimum",         "maximum",          "exclusiveMinimum",   "exclusiveMaximum",
+      "multipleOf",       "minProperties",   "maxProperties",    "uniqueItems",        "contains",
+      "minContains",      "maxContains",     "not",              "if",                 "then",
+      "else",             "dependentRequired", "dependentSchemas", "dependencies",     "patternProperties",
+      "propertyNames",    "unevaluatedProperties", "unevaluatedItems", "prefixItems",  "additionalItems",
+      "$dynamicRef",      "$recursiveRef",   "$anchor"};
+  return k;
+}
+
+std::string Sanitize(const std::string& s) {
+  std::string out;
+  for (char c : s) out += (std::isalnum((unsigned char)c) || c == '-') ? c : '-';
+  if (out.empty()) out = "x";
+  return out;
+}
+
+class Converter {
+ public:
+  explicit Converter(const json& root) : root_(root) {}
+
+  Result<std::string> Run() {
+    std::string expr = Visit(root_, "root", "$");
+    if (!err_.ok()) return err_;
+    std::string out = "root ::= " + expr + "\n";
+    for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
+    for (const auto& p : kPrimitives) {
+      if (used_.count(p[0])) out += std::string(p[0]) + " ::= " + p[1] + "\n";
+    }
+    return out;
+  }
+
+ private:
+  void Fail(const std::string& path, const std::string& what) {
+    if (err_.ok()) err_ = Status::Error(StrFormat("JSON schema %s: %s", path.c_str(), what.c_str()));
+  }
+  // A primitive rule, with the ones it refers to.
+  std::string Use(const std::string& name) {
+    if (used_.insert(name).second) {
+      if (name == "string") Use("char");
+      if (name == "value") {
+        for (const char* d : {"object", "array", "string", "number", "boolean", "null"}) Use(d);
+      }
+      if (name == "object" || name == "array") {
+        Use("ws");
+        Use("value");
+        Use("string");
+      }
+    }
+    return name;
+  }
+  std::string NewRule(const std::string& hint, const std::string& body) {
+    std::string name = Unique(hint);
+    rules_[name] = body;
+    return name;
+  }
+  std::string Unique(const std::string& hint) {
+    std::string base = Sanitize(hint), name = base;
+    for (int i = 1; rules_.count(name) || reserved_.count(name) || IsPrimitive(name); ++i) name = StrFormat("%s-%d", base.c_str(), i);
+    reserved_.insert(name);
+    return name;
+  }
+  static bool IsPrimitive(const std::string& n) {
+    for (const auto& p : kPrimitives)
+      if (n == p[0]) return true;
+    return n == "root";
+  }
+
+  std::string Ref(const std::string& ref, const std::string& path) {
+    if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
+    if (ref.empty() || ref[0] != '#') {
+      Fail(path, StrFormat("$ref '%s': only references into this schema ('#', '#/$defs/...') are supported", ref.c_str()));
+      return "value";
+    }
+    const json* target = &root_;
+    std::string pointer = ref.substr(1);
+    if (!pointer.empty()) {
+      try {
+        target = &root_.at(json::json_pointer(pointer));
+      } catch (const std::exception&) {
+        Fail(path, StrFormat("$ref '%s' points at nothing in the schema", ref.c_str()));
+        return "value";
+      }
+    }
+    std::string name = Unique(ref == "#" ? "root-ref" : pointer.substr(pointer.rfind('/') + 1));
+    refs_[ref] = name;
+    std::string body = Visit(*target, name, ref);
+    rules_[name] = body;
+    return name;
+  }
+
+  // A GBNF expression for the instances of schema s (named rules made for objects, arrays and refs).
+  std::string Visit(const json& s, const std::string& hint, const std::string& path) {
+    if (!err_.ok()) return "value";
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) Fail(path, "the schema 'false' allows nothing");
+      return Use("value");
+    }
+    if (!s.is_object()) {
+      Fail(path, "a schema must be an object or a boolean");
+      return "value";
+    }
+    for (const auto& [key, v] : s.items()) {
+      if (Unsupported().count(key)) {
+        Fail(path, StrFormat("'%s' is not supported in structured outputs (the grammar cannot enforce it)",
+                             key.c_str()));
+        return "value";
+      }
+    }
+    if (auto it = s.find("$ref"); it != s.end()) {
+      if (!it->is_string()) {
+        Fail(path + ".$ref", "must be a string");
+        return "value";
+      }
+      return Ref(it->get<std::string>(), path + ".$ref");
+    }
+    if (auto it = s.find("const"); it != s.end()) return GbnfLiteral(it->dump());
+    if (auto it = s.find("enum"); it != s.end()) {
+      if (!it->is_array() || it->empty()) {
+        Fail(path + ".enum", "must be a non-empty array");
+        return "value";
+      }
+      std::string alts;
+      for (const auto& v : *it) alts += (alts.empty() ? "" : " | ") + GbnfLiteral(v.dump());
+      return "(" + alts + ")";
+    }
+    for (const char* k : {"anyOf", "oneOf"}) {
+      if (auto it = s.find(k); it != s.end()) {
+        if (!it->is_array() || it->empty()) {
+          Fail(path + "." + k, "must be a non-empty array of schemas");
+          return "value";
+        }
+        std::string alts;
+        for (size_t i = 0; i < it->size(); ++i) {
+          std::string sub = Visit((*it)[i], hint, StrFormat("%s.%s[%zu]", path.c_str(), k, i));
+          alts += (alts.empty() ? "" : " | ") + sub;
+        }
+        return "(" + alts + ")";
+      }
+    }
+    if (auto it = s.find("allOf"); it != s.end()) {
+      if (!it->is_array() || it->size() != 1) {
+        Fail(path + ".allOf", "only an allOf with one schema is supported");
+        return "value";
+      }
+      return Visit((*it)[0], hint, path + ".allOf[0]");
+    }
+    auto type = s.find("type");
+    if (type == s.end()) {
+      // No type: what the other keywords imply, else any value.
+      if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+        return Object(s, hint, path);
+      }
+      if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) return Array(s, hint, path);
+      return Use("value");
+    }
+    if (type->is_array()) {
+      if (type->empty()) {
+        Fail(path + ".type", "an empty list of types allows nothing");
+        return "value";
+      }
+      std::string alts;
+      for (const auto& t : *type) {
+        if (!t.is_string()) {
+          Fail(path + ".type", "must be a string or a list of strings");
+          return "value";
+        }
+        alts += (alts.empty() ? "" : " | ") + OfType(t.get<std::string>(), s, hint, path);
+      }
+      return "(" + alts + ")";
+    }
+    if (!type->is_string()) {
+      Fail(path + ".type", "must be a string or a list of strings");
+      return "value";
+    }
+    return OfType(type->get<std::string>(), s, hint, path);
+  }
+
+  std::string OfType(const std::string& t, const json& s, const std::string& hint, const std::string& path) {
+    if (t == "object") return Object(s, hint, path);
+    if (t == "array") return Array(s, hint, path);
+    if (t == "string") return String(s, path);
+    if (t == "integer") return Use("integer");
+    if (t == "number") return Use("number");
+    if (t == "boolean") return Use("boolean");
+    if (t == "null") return Use("null");
+    Fail(path + ".type", StrFormat("unknown type '%s' (expected object, array, string, integer, number, boolean or null)",
+                                   t.c_str()));
+    return "value";
+  }
+
+  bool Count(const json& s, const char* key, const std::string& path, int64_t* out) {
+    auto it = s.find(key);
+    if (it == s.end()) return false;
+    if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+      Fail(path + "." + key, "must be a non-negative integer");
+      return false;
+    }
+    if (it->get<int64_t>() > 4096) {
+      Fail(path + "." + key, "above 4096 is not supported");
+      return false;
+    }
+    *out = it->get<int64_t>();
+    return true;
+  }
+
+  // "{m,n}" / "{m,}" as GBNF wants them (an empty string for {0,} is "*").
+  static std::string Repeat(int64_t lo, int64_t hi) {
+    if (hi < 0) return lo == 0 ? "*" : lo == 1 ? "+" : StrFormat("{%lld,}", (long long)lo);
+    if (lo == hi) return StrFormat("{%lld}", (long long)lo);
+    return StrFormat("{%lld,%lld}", (long long)lo, (long long)hi);
+  }
+
+  std::string String(const json& s, const std::string& path) {
+    int64_t lo = 0, hi = -1;
+    Count(s, "minLength", path, &lo);
+    Count(s, "maxLength", path, &hi);
+    if (hi >= 0 && hi < lo) Fail(path, "maxLength is below minLength");
+    if (lo == 0 && hi < 0) return Use("string");
+    Use("char");
+    if (hi == 0) return "\"\\\"\\\"\"";
+    return "\"\\\"\" char" + Repeat(lo, hi) + " \"\\\"\"";
+  }
+
+  std::string Array(const json& s, const std::string& hint, const std::string& path) {
+    std::string item = Use("value");
+    if (auto it = s.find("items"); it != s.end()) item = Visit(*it, hint + "-item", path + ".items");
+    int64_t lo = 0, hi = -1;
+    Count(s, "minItems", path, &lo);
+    Count(s, "maxItems", path, &hi);
+    if (hi >= 0 && hi < lo) Fail(path, "maxItems is below minItems");
+    Use("ws");
+    std::string body;
+    if (hi == 0) {
+      body = "\"[\" ws \"]\"";
+    } else {
+      std::string more = "( \",\" ws " + item + " ws )" + Repeat(lo > 0 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1);
+      if (more.back() == '}' && Repeat(lo > 0 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1) == "{0}") more.clear();
+      std::string list = item + " ws " + more;
+      body = "\"[\" ws " + (lo > 0 ? list : "( " + list + " )?") + " \"]\"";
+    }
+    return NewRule(hint, body);
+  }
+
+  std::string Object(const json& s, const std::string& hint, const std::string& path) {
+    Use("ws");
+    auto props = s.find("properties");
+    auto extra = s.find("additionalProperties");
+    if (props != s.end() && !props->is_object()) {
+      Fail(path + ".properties", "must be an object");
+      return "value";
+    }
+    std::set<std::string> required;
+    if (auto it = s.find("required"); it != s.end()) {
+      if (!it->is_array()) {
+        Fail(path + ".required", "must be an array of property names");
+        return "value";
+      }
+      for (const auto& r : *it) {
+        if (!r.is_string()) {
+          Fail(path + ".required", "must be an array of property names");
+          return "value";
+        }
+        required.insert(r.get<std::string>());
+      }
+    }
+    const bool has_props = props != s.end() && !props->empty();
+    if (!has_props) {
+      if (!required.empty()) {
+        Fail(path + ".required", StrFormat("'%s' is required but has no schema in properties", required.begin()->c_str()));
+        return "value";
+      }
+      if (extra != s.end() && extra->is_boolean() && !extra->get<bool>()) return NewRule(hint, "\"{\" ws \"}\"");
+      std::string v = Use("value");
+      if (extra != s.end() && !extra->is_boolean()) v = Visit(*extra, hint + "-value", path + ".additionalProperties");
+      Use("string");
+      if (v == "value") return Use("object");
+      return NewRule(hint, "\"{\" ws ( string ws \":\" ws " + v + " ws ( \",\" ws string ws \":\" ws " + v +
+                               " ws )* )? \"}\"");
+    }
+    if (extra != s.end() && !(extra->is_boolean() && !extra->get<bool>())) {
+      Fail(path + ".additionalProperties",
+           "other keys beside 'properties' are not supported (leave it out or set it to false)");
+      return "value";
+    }
+    for (const auto& r : required) {
+      if (!props->contains(r)) {
+        Fail(path + ".required", StrFormat("'%s' is required but has no schema in properties", r.c_str()));
+        return "value";
+      }
+    }
+    // Members in the listed order; the optional ones may be left out. rest(i, first): members i.. when
+    // none (first) or some came before, so that commas only separate.
+    std::vector<std::string> kv;
+    std::vector<bool> req;
+    for (const auto& [name, sub] : props->items()) {
+      std::string v = Visit(sub, hint + "-" + name, path + ".properties." + name);
+      kv.push_back(GbnfLiteral(json(name).dump()) + " ws \":\" ws " + v + " ws");
+      req.push_back(required.count(name) > 0);
+    }
+    const size_t n = kv.size();
+    std::vector<std::string> first(n + 1), after(n + 1);
+    // Built from the end: an empty tail is "".
+    std::string first_next = "", after_next = "";
+    for (size_t k = n; k-- > 0;) {
+      std::string f, a;
+      if (req[k]) {
+        f = kv[k] + (after_next.empty() ? "" : " " + after_next);
+        a = "\",\" ws " + f;
+      } else {
+        std::string take = kv[k] + (after_next.empty() ? "" : " " + after_next);
+        f = "( " + take + " | " + (first_next.empty() ? "\"\"" : first_next) + " )";
+        a = "( \",\" ws " + take + " | " + (after_next.empty() ? "\"\"" : after_next) + " )";
+      }
+      first_next = NewRule(hint + "-rest", f);
+      after_next = NewRule(hint + "-more", a);
+    }
+    return NewRule(hint, "\"{\" ws " + first_next + " \"}\"");
+  }
+
+  const json& root_;
+  Status err_;
+  std::map<std::string, std::string> rules_;
+  std::set<std::string> reserved_;
+  std::map<std::string, std::string> refs_;
+  std::set<std::string> used_;
+};
+
+}  // namespace
+
+std::string GbnfLiteral(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7F) {
+          out += StrFormat("\\x%02X", c);
+        } else {
+          out += (char)c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+Result<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema) { return Converter(schema).Run(); }
+
+std::string JsonObjectGbnf() {
+  std::string out = "root ::= object\n";
+  for (const auto& p : kPrimitives) out += std::string(p[0]) + " ::= " + p[1] + "\n";
+  return out;
+}
+
+std::string ChoiceGbnf(const std::vector<std::string>& choices) {
+  std::string out = "root ::= ";
+  for (size_t i = 0; i < choices.size(); ++i) out += (i ? " | " : "") + GbnfLiteral(choices[i]);
+  return out + "\n";
+}
+
+}  // namespace lathe::server

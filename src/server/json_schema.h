@@ -1,0 +1,38 @@
+// Structured outputs: JSON schemas (OpenAI's response_format json_schema, vLLM's guided_json), JSON mode
+// (json_object) and choices (guided_choice) as GBNF grammars for serve::Grammar.
+//
+// The generated text is compact-friendly JSON: object members in the order `properties` lists them, at most
+// one space or one newline plus indentation between tokens, nothing after the value (so generation ends when
+// the value closes). What a schema may say:
+// - type (one or a list), enum, const, anyOf, oneOf (as anyOf: an instance matching two branches is not
+//   refused), allOf with one member, $ref into #/$defs, #/definitions or # (recursion works), an empty schema
+//   or `true` (any JSON value);
+// - objects: properties, required, additionalProperties (absent or false with properties: only those;
+//   true, absent or a schema without properties: any keys with values of that schema);
+// - arrays: items, minItems, maxItems; strings: minLength, maxLength;
+// - annotations are ignored: title, description, default, examples, format (an annotation unless a
+//   validator opts in), $schema, $id, $comment, deprecated, readOnly, writeOnly.
+// Keywords that assert what the grammar cannot express (pattern, minimum, maximum, multipleOf, uniqueItems,
+// not, if/then/else, patternProperties, ...) are refused with an error naming the keyword and where it is,
+// rather than silently not enforced.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace lathe::server {
+
+// GBNF (start rule "root") for the instances of `schema`, whose key order is kept (members are generated in the
+// order `properties` lists them). Errors name the schema path ("$.properties.age") and the keyword.
+Result<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema);
+// GBNF for any JSON object: OpenAI's JSON mode.
+std::string JsonObjectGbnf();
+// GBNF for exactly one of `choices` (vLLM's guided_choice).
+std::string ChoiceGbnf(const std::vector<std::string>& choices);
+// A GBNF string literal matching `text` exactly.
+std::string GbnfLiteral(const std::string& text);
+
+}  // namespace lathe::server
