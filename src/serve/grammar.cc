@@ -15,7 +15,9 @@ namespace {
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 // The smallest code point a UTF-8 sequence of each length may encode (below it: an overlong form).
 constexpr uint32_t kMinOfLength[5] = {0, 0, 0x80, 0x800, 0x10000};
-constexpr int kMaxRepeat = 4096;  // {m,n} bounds: each copy is a sequence of its own
+constexpr int kMaxRepeat = 4096;           // {m,n} bounds: each copy is a sequence of its own
+constexpr int kMaxNesting = 256;           // ( groups ) inside groups: the parser recurses on them
+constexpr size_t kMaxElems = size_t{1} << 20;  // elements after repetitions are written out
 
 void SortMerge(std::vector<std::pair<uint32_t, uint32_t>>* r) {
   std::sort(r->begin(), r->end());
@@ -332,8 +334,13 @@ class GbnfParser {
         seq.push_back({Grammar::Elem::kRule, RuleId(name, at)});
       } else if (c == '(') {
         ++pos_;
+        if (++nesting_ > kMaxNesting) {
+          Fail(at, StrFormat("groups nested deeper than %d", kMaxNesting));
+          break;
+        }
         SkipSpace(true);
         auto alts = ParseAlternates(true);
+        --nesting_;
         if (!ok()) break;
         if (pos_ >= s_.size() || s_[pos_] != ')') {
           Fail(at, "unclosed '('");
@@ -398,6 +405,11 @@ class GbnfParser {
         }
         Seq sym(seq.begin() + (long)last, seq.end());
         seq.resize(last);
+        elems_ += sym.size() * (size_t)std::max(lo, hi);
+        if (elems_ > kMaxElems) {
+          Fail(at, StrFormat("the repetitions write out more than %zu elements", kMaxElems));
+          break;
+        }
         for (int i = 0; i < lo; ++i) seq.insert(seq.end(), sym.begin(), sym.end());
         if (hi < 0) {
           // R ::= sym R |
@@ -450,30 +462,41 @@ class GbnfParser {
         }
       }
     }
-    std::vector<uint8_t> color(n, 0);  // 0 new, 1 on the path, 2 done
-    std::string bad;
-    auto visit = [&](auto&& self, uint32_t r) -> bool {
-      color[r] = 1;
+    // Depth-first over "can start with" edges, iteratively (a chain of 10^5 rules must not recurse 10^5 deep):
+    // reaching a rule that is still on the path is a cycle.
+    std::vector<std::vector<uint32_t>> starts(n);  // the rules each rule can start with
+    for (uint32_t r = 0; r < n; ++r) {
       for (uint32_t a : g.alternatives(r)) {
         for (uint32_t p = a; el[p].kind == Grammar::Elem::kRule; ++p) {
-          uint32_t s = el[p].value;
-          if (color[s] == 1) {
-            bad = g.rule_name(s);
-            return false;
-          }
-          if (color[s] == 0 && !self(self, s)) return false;
-          if (!nullable[s]) break;
+          starts[r].push_back(el[p].value);
+          if (!nullable[el[p].value]) break;
         }
       }
-      color[r] = 2;
-      return true;
-    };
-    for (uint32_t r = 0; r < n; ++r) {
-      if (color[r] == 0 && !visit(visit, r)) {
-        return Status::Error(StrFormat(
-            "grammar: rule '%s' is left-recursive (it can reach itself before matching a character; a repetition "
-            "of something that can be empty does too)",
-            bad.c_str()));
+    }
+    std::vector<uint8_t> color(n, 0);  // 0 new, 1 on the path, 2 done
+    std::vector<std::pair<uint32_t, size_t>> path;  // (rule, next edge)
+    for (uint32_t r0 = 0; r0 < n; ++r0) {
+      if (color[r0]) continue;
+      color[r0] = 1;
+      path.push_back({r0, 0});
+      while (!path.empty()) {
+        auto& [r, k] = path.back();
+        if (k == starts[r].size()) {
+          color[r] = 2;
+          path.pop_back();
+          continue;
+        }
+        const uint32_t t = starts[r][k++];
+        if (color[t] == 1) {
+          return Status::Error(StrFormat(
+              "grammar: rule '%s' is left-recursive (it can reach itself before matching a character; a "
+              "repetition of something that can be empty does too)",
+              g.rule_name(t).c_str()));
+        }
+        if (color[t] == 0) {
+          color[t] = 1;
+          path.push_back({t, 0});
+        }
       }
     }
     return Status::Ok();
@@ -481,6 +504,8 @@ class GbnfParser {
 
   std::string_view s_;
   size_t pos_ = 0;
+  int nesting_ = 0;
+  size_t elems_ = 0;  // written out by repetitions so far
   Status err_;
   std::map<std::string, uint32_t> ids_;
   std::vector<std::string> names_;
@@ -628,39 +653,46 @@ size_t GrammarMaskCache::misses() const {
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const GrammarVocab> vocab,
                                std::shared_ptr<GrammarMaskCache> cache)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)), cache_(std::move(cache)) {
-  for (uint32_t a : grammar_->alternatives(grammar_->root())) Expand(Stack{a}, &stacks_, 0);
+  for (uint32_t a : grammar_->alternatives(grammar_->root())) Expand(Stack{a}, &stacks_);
   std::sort(stacks_.begin(), stacks_.end());
   stacks_.erase(std::unique(stacks_.begin(), stacks_.end()), stacks_.end());
 }
 
 // Follows rule references and alternative ends until every stack's top is a character class (or the stack
-// is empty: the text may end here).
-void GrammarMatcher::Expand(Stack stack, std::vector<Stack>* out, int depth) const {
+// is empty: the text may end here). Iterative: a chain of rules referring to rules must not exhaust the thread's
+// stack. At most kMaxStacks come out (a hostile, very ambiguous grammar): fewer stacks accept less text, never
+// text outside the grammar.
+void GrammarMatcher::Expand(Stack stack, std::vector<Stack>* out) const {
   const auto& el = grammar_->elems();
-  while (true) {
-    if (stack.empty()) {
-      out->push_back(std::move(stack));
-      return;
+  std::vector<Stack> work;
+  work.push_back(std::move(stack));
+  while (!work.empty() && out->size() < kMaxStacks) {
+    Stack s = std::move(work.back());
+    work.pop_back();
+    while (true) {
+      if (s.empty()) {
+        out->push_back(std::move(s));
+        break;
+      }
+      const uint32_t pos = s.back();
+      const Grammar::Elem e = el[pos];
+      if (e.kind == Grammar::Elem::kEnd) {
+        s.pop_back();
+        continue;
+      }
+      if (e.kind == Grammar::Elem::kChars) {
+        out->push_back(std::move(s));
+        break;
+      }
+      s.pop_back();
+      if (el[pos + 1].kind != Grammar::Elem::kEnd) s.push_back(pos + 1);  // the return position
+      const auto& alts = grammar_->alternatives(e.value);
+      for (size_t k = 1; k < alts.size(); ++k) {
+        work.push_back(s);
+        work.back().push_back(alts[k]);
+      }
+      s.push_back(alts[0]);
     }
-    const uint32_t pos = stack.back();
-    const Grammar::Elem e = el[pos];
-    if (e.kind == Grammar::Elem::kEnd) {
-      stack.pop_back();
-      continue;
-    }
-    if (e.kind == Grammar::Elem::kChars) {
-      out->push_back(std::move(stack));
-      return;
-    }
-    stack.pop_back();
-    if (el[pos + 1].kind != Grammar::Elem::kEnd) stack.push_back(pos + 1);  // the return position
-    const auto& alts = grammar_->alternatives(e.value);
-    for (size_t k = 0; k < alts.size(); ++k) {
-      Stack s = k + 1 == alts.size() ? std::move(stack) : stack;
-      s.push_back(alts[k]);
-      Expand(std::move(s), out, depth + 1);
-    }
-    return;
   }
 }
 
@@ -674,7 +706,7 @@ std::vector<GrammarMatcher::Stack> GrammarMatcher::Advance(const std::vector<Sta
     Stack next = s;
     next.pop_back();
     if (el[pos + 1].kind != Grammar::Elem::kEnd) next.push_back(pos + 1);
-    Expand(std::move(next), &out, 0);
+    Expand(std::move(next), &out);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -770,7 +802,7 @@ void GrammarMatcher::WalkStack(const Stack& stack, Walk& w, size_t d) const {
   after.pop_back();
   if (el[pos + 1].kind != Grammar::Elem::kEnd) after.push_back(pos + 1);
   std::vector<Stack> stacks;
-  Expand(std::move(after), &stacks, 0);
+  Expand(std::move(after), &stacks);
   std::sort(stacks.begin(), stacks.end());
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
   for (const Stack& s : stacks) WalkStack(s, w, d + 1);

@@ -165,7 +165,8 @@ class GrammarMatcher {
  private:
   struct Cand;
   struct Walk;
-  void Expand(Stack stack, std::vector<Stack>* out, int depth) const;
+  static constexpr size_t kMaxStacks = 4096;
+  void Expand(Stack stack, std::vector<Stack>* out) const;
   std::vector<Stack> Advance(const std::vector<Stack>& stacks, uint32_t cp) const;
   bool PartialFits(const std::vector<Stack>& stacks, Utf8Partial p) const;
   void WalkStack(const Stack& stack, Walk& w, size_t d) const;

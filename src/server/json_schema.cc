@@ -129,6 +129,15 @@ class Converter {
   // A GBNF expression for the instances of schema s (named rules made for objects, arrays and refs).
   std::string Visit(const json& s, const std::string& hint, const std::string& path) {
     if (!err_.ok()) return "value";
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(++x) {}
+      ~Depth() { --d; }
+    } depth(depth_);
+    if (depth_ > 64) {
+      Fail(path, "schemas nested deeper than 64 levels are not supported");
+      return "value";
+    }
     if (s.is_boolean()) {
       if (!s.get<bool>()) Fail(path, "the schema 'false' allows nothing");
       return Use("value");
@@ -356,6 +365,7 @@ class Converter {
   }
 
   const json& root_;
+  int depth_ = 0;
   Status err_;
   std::map<std::string, std::string> rules_;
   std::set<std::string> reserved_;

@@ -104,6 +104,19 @@ TEST(Grammar, RepetitionsAndClasses) {
   EXPECT_TRUE(Matches(escapes, "A\xC3\xA9\xF0\x9F\x98\x80-\""));
 }
 
+// A long chain of rules, each only referring to the next: expanding it must not recurse once per rule.
+TEST(Grammar, LongRuleChainsExpandWithoutRecursion) {
+  std::string text = "root ::= r0\n";
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) text += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + " | \"x\"\n";
+  text += "r" + std::to_string(n) + " ::= \"y\"\n";
+  auto g = MustParse(text);
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(Matches(g, "y"));
+  EXPECT_TRUE(Matches(g, "x"));
+  EXPECT_FALSE(Matches(g, "z"));
+}
+
 TEST(Grammar, Finished) {
   auto g = MustParse("root ::= \"ab\" [0-9]*\n");
   ASSERT_TRUE(g);
@@ -144,6 +157,13 @@ TEST(Grammar, ParseErrorsNameThePlace) {
       {"other ::= \"a\"\n", "no rule named 'root'"},
       {"root ::= \"a\"{99999}\n", "repetition bound above 4096"},
   };
+  const std::string deep = "root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')') + "\n";
+  auto d = Grammar::Parse(deep);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("groups nested deeper than 256"), std::string::npos) << d.status().message();
+  auto big = Grammar::Parse("root ::= \"" + std::string(300, 'a') + "\"{4000}\n");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("the repetitions write out more than"), std::string::npos);
   for (const auto& c : cases) {
     auto g = Grammar::Parse(c.text);
     ASSERT_FALSE(g.ok()) << c.text;
