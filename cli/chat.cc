@@ -45,6 +45,7 @@ int RunChat(int argc, char** argv) {
   auto kvt = KvCacheDTypeFromArgs(args, (*lm)->weights);
   if (!kvt.ok()) return Fail("chat", kvt.status());
   const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
+  if (Status gst = GrammarFromArgs(args, tok, &*sampling); !gst.ok()) return Fail("chat", gst);
   tokenizer::ChatTemplate tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
   if (args.Has("template")) {
     auto t = tokenizer::ChatTemplate::ByName(args.Get("template"));

@@ -46,6 +46,7 @@ int RunGenerate(int argc, char** argv) {
   auto kvt = KvCacheDTypeFromArgs(args, (*lm)->weights);
   if (!kvt.ok()) return Fail("generate", kvt.status());
   const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
+  if (Status gst = GrammarFromArgs(args, tok, &*sampling); !gst.ok()) return Fail("generate", gst);
 
   std::string prompt = args.Get("prompt");
   bool add_bos = !args.On("no-bos") && tok.add_bos();

@@ -1,6 +1,12 @@
 // Sampling flags -> SamplingParams.
 #include "cli/sampling_flags.h"
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "server/json_schema.h"
+
 namespace lathe::cli {
 
 void AddSamplingFlags(Args& args) {
@@ -12,6 +18,50 @@ void AddSamplingFlags(Args& args) {
   args.Flag("--frequency-penalty", "OpenAI frequency penalty", "0");
   args.Flag("--presence-penalty", "OpenAI presence penalty", "0");
   args.Flag("-s,--seed", "random seed (default: random)");
+  args.Flag("--grammar-file", "constrain the output to this GBNF grammar (llama.cpp's notation; start rule 'root')");
+  args.Flag("--json-schema", "constrain the output to JSON valid under this schema (inline JSON)");
+  args.Flag("--json-schema-file", "the same, the schema read from a file");
+}
+
+Status GrammarFromArgs(const Args& args, const tokenizer::Tokenizer& tok, serve::SamplingParams* p) {
+  const int given = (int)args.Has("grammar-file") + (int)args.Has("json-schema") + (int)args.Has("json-schema-file");
+  if (given == 0) return Status::Ok();
+  if (given > 1) return Status::Error("give one of --grammar-file, --json-schema, --json-schema-file");
+  auto read = [](const std::string& path, std::string* out) -> Status {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return Status::Error(path + ": cannot open");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    *out = ss.str();
+    return Status::Ok();
+  };
+  std::string gbnf, where;
+  if (args.Has("grammar-file")) {
+    where = "--grammar-file " + args.Get("grammar-file");
+    LATHE_RETURN_IF_ERROR(read(args.Get("grammar-file"), &gbnf).WithContext("--grammar-file"));
+  } else {
+    std::string text;
+    if (args.Has("json-schema")) {
+      where = "--json-schema";
+      text = args.Get("json-schema");
+    } else {
+      where = "--json-schema-file " + args.Get("json-schema-file");
+      LATHE_RETURN_IF_ERROR(read(args.Get("json-schema-file"), &text).WithContext("--json-schema-file"));
+    }
+    auto schema = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (schema.is_discarded()) return Status::Error(where + ": not valid JSON");
+    auto g = server::JsonSchemaToGbnf(schema);
+    if (!g.ok()) return g.status().WithContext(where);
+    gbnf = g.value();
+  }
+  auto grammar = serve::Grammar::Parse(gbnf);
+  if (!grammar.ok()) return grammar.status().WithContext(where);
+  auto c = std::make_shared<serve::CompiledGrammar>();
+  c->grammar = grammar.value();
+  c->vocab = serve::GrammarVocab::FromTokenizer(tok);
+  c->cache = std::make_shared<serve::GrammarMaskCache>();
+  p->grammar = c;
+  return Status::Ok();
 }
 
 Result<serve::SamplingParams> SamplingFromArgs(const Args& args) {

@@ -72,7 +72,7 @@ Result<GenerateResult> Generate(model::Transformer& tf, model::KvCache& cache, i
   res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   const auto& stop_ids = tok.stop_ids();
   res.finish_reason = "length";
-  bool keep_going = true;
+  bool keep_going = true, grammar_done = false;
   auto emit = [&](const std::string& s) {
     if (s.empty()) return;
     res.text += s;
@@ -91,11 +91,16 @@ Result<GenerateResult> Generate(model::Transformer& tf, model::KvCache& cache, i
       res.finish_reason = "stop";
       break;
     }
+    if (sampler.GrammarFinished()) {  // structured output complete: nothing may follow
+      res.finish_reason = "stop";
+      grammar_done = true;
+      break;
+    }
     if (i + 1 == options.max_tokens) break;
     model::SeqInput step{slot, std::span<const int32_t>(&res.ids.back(), 1), false, 1};  // a sampled token
     LATHE_RETURN_IF_ERROR(tf.Forward(cache, std::span<const model::SeqInput>(&step, 1), &logits));
   }
-  if (res.finish_reason != "stop" || !keep_going) {
+  if (res.finish_reason != "stop" || !keep_going || grammar_done) {
     bool stopped = false;
     emit(stops.Push(decoder.Flush(), &stopped));
     if (!stopped) emit(stops.Flush());
