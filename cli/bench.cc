@@ -94,9 +94,11 @@ struct Row {
 int RunBench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "serve") return RunBenchServe(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "train") return RunBenchTrain(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "structured") return RunBenchStructured(argc - 1, argv + 1);
   Args args("bench", "lathe bench -m MODEL [-m MODEL2 ...] [--prompt-tokens 512] [--gen-tokens 128] [--threads-list 1,2]\n"
                      "       lathe bench serve -m MODEL ...   (serving throughput; see `lathe bench serve --help`)\n"
-                     "       lathe bench train ...            (training tokens/s vs PyTorch; see `lathe bench train --help`)");
+                     "       lathe bench train ...            (training tokens/s vs PyTorch; see `lathe bench train --help`)\n"
+                     "       lathe bench structured -m MODEL  (structured outputs: constrained vs free decoding)");
   args.Flag("-m,--model", "model to benchmark (repeatable)");
   args.Flag("--prompt-tokens", "prefill length", "512");
   args.Flag("--gen-tokens", "decode length (batch 1)", "128");

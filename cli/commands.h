@@ -18,5 +18,6 @@ int RunEstimate(int argc, char** argv);
 int RunTrain(int argc, char** argv);
 int RunServe(int argc, char** argv);
 int RunBenchServe(int argc, char** argv);  // `lathe bench serve`
+int RunBenchStructured(int argc, char** argv);  // `lathe bench structured` (cli/bench_structured.cc)
 
 }  // namespace lathe::cli

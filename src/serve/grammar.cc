@@ -607,16 +607,14 @@ bool DecodeUtf8(std::string_view bytes, Utf8Partial* p, std::vector<uint32_t>* c
 // A token being walked through the grammar: its id and how many of its code points are matched.
 struct GrammarMatcher::Cand {
   int32_t id;
-  uint32_t i;
+  uint32_t cur, end;  // its next code point and its end, as indices into the walk's cps
 };
 
-// What a mask walk reads: every token's code points [begin[id], end[id]) of cps and the UTF-8 tail it leaves
+// What a mask walk reads: the tokens' code points (each candidate knows its range of cps) and the UTF-8 tail each leaves
 // incomplete; the verdicts so far; one candidate list per depth (reused, so the walk does not allocate per
 // step).
 struct GrammarMatcher::Walk {
   const uint32_t* cps;
-  const uint32_t* begin;
-  const uint32_t* end;
   const Utf8Partial* tail;
   uint8_t* allowed;
   std::deque<std::vector<Cand>> depth;  // a deque: growing it keeps the lists above valid
@@ -774,7 +772,7 @@ void GrammarMatcher::WalkStack(const Stack& stack, Walk& w, size_t d) const {
   const std::vector<Cand>& cands = w.depth[d];
   if (stack.empty()) {  // the text may end here: only candidates with nothing left pass
     for (const Cand& c : cands)
-      if (c.i == w.end[c.id] - w.begin[c.id] && w.tail[c.id].remaining == 0) w.allowed[c.id] = 1;
+      if (c.cur == c.end && w.tail[c.id].remaining == 0) w.allowed[c.id] = 1;
     return;
   }
   const auto& el = grammar_->elems();
@@ -785,8 +783,7 @@ void GrammarMatcher::WalkStack(const Stack& stack, Walk& w, size_t d) const {
   next.clear();
   for (const Cand& c : cands) {
     if (w.allowed[c.id]) continue;
-    const uint32_t n = w.end[c.id] - w.begin[c.id];
-    if (c.i == n) {  // all complete characters taken: a tail must fit the class, or the token is done
+    if (c.cur == c.end) {  // all complete characters taken: a tail must fit the class, or the token is done
       if (w.tail[c.id].remaining == 0) {
         w.allowed[c.id] = 1;
       } else {
@@ -795,7 +792,7 @@ void GrammarMatcher::WalkStack(const Stack& stack, Walk& w, size_t d) const {
       }
       continue;
     }
-    if (cls.Matches(w.cps[w.begin[c.id] + c.i])) next.push_back({c.id, c.i + 1});
+    if (cls.Matches(w.cps[c.cur])) next.push_back({c.id, c.cur + 1, c.end});
   }
   if (next.empty()) return;
   Stack after = stack;
@@ -847,11 +844,9 @@ void GrammarMatcher::ComputeAllowedTokens(std::vector<uint8_t>* allowed) const {
   std::vector<Utf8Partial> tail;
   if (partial_.remaining == 0) {
     w.cps = d.cps.data();
-    w.begin = d.cp_begin.data();
-    w.end = d.cp_begin.data() + 1;
     w.tail = d.tail.data();
     for (int32_t i = 0; i < n; ++i)
-      if (d.valid[i]) cands.push_back({i, 0});
+      if (d.valid[i]) cands.push_back({i, d.cp_begin[i], d.cp_begin[i + 1]});
   } else {
     begin.assign(n, 0);
     end.assign(n, 0);
@@ -866,11 +861,9 @@ void GrammarMatcher::ComputeAllowedTokens(std::vector<uint8_t>* allowed) const {
       }
       end[i] = (uint32_t)cps.size();
       tail[i] = p;
-      cands.push_back({i, 0});
+      cands.push_back({i, begin[i], end[i]});
     }
     w.cps = cps.data();
-    w.begin = begin.data();
-    w.end = end.data();
     w.tail = tail.data();
   }
   for (const Stack& s : stacks_) WalkStack(s, w, 0);
