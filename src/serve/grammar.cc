@@ -2,6 +2,7 @@
 #include "serve/grammar.h"
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <map>
 
@@ -563,6 +564,52 @@ void GrammarVocab::Decode() {
     d.tail[i] = p;
   }
   d.cp_begin[n] = (uint32_t)d.cps.size();
+  BuildTrie();
+}
+
+void GrammarVocab::BuildTrie() {
+  const Decoded& d = decoded_;
+  struct Node {
+    std::map<uint32_t, uint32_t> kids;
+    std::vector<int32_t> toks;
+  };
+  std::vector<Node> b(1);
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (!d.valid[i]) continue;
+    uint32_t node = 0;
+    for (uint32_t k = d.cp_begin[i]; k < d.cp_begin[i + 1]; ++k) {
+      auto it = b[node].kids.find(d.cps[k]);
+      if (it == b[node].kids.end()) {
+        const uint32_t child = (uint32_t)b.size();
+        b[node].kids.emplace(d.cps[k], child);
+        b.emplace_back();  // after the emplace into b[node]: growing b moves the nodes
+        node = child;
+      } else {
+        node = it->second;
+      }
+    }
+    b[node].toks.push_back((int32_t)i);
+  }
+  // Breadth first, so that each node's children are consecutive.
+  trie_.assign(b.size(), TrieNode{});
+  trie_tokens_.clear();
+  std::vector<uint32_t> order = {0}, index(b.size(), 0);
+  uint32_t next = 1;
+  for (size_t q = 0; q < order.size(); ++q) {
+    const uint32_t u = order[q];
+    TrieNode& t = trie_[index[u]];
+    t.first_child = next;
+    t.n_children = (uint32_t)b[u].kids.size();
+    t.tok_begin = (uint32_t)trie_tokens_.size();
+    trie_tokens_.insert(trie_tokens_.end(), b[u].toks.begin(), b[u].toks.end());
+    t.tok_end = (uint32_t)trie_tokens_.size();
+    for (const auto& [cp, v] : b[u].kids) {
+      index[v] = next;
+      trie_[next].cp = cp;
+      ++next;
+      order.push_back(v);
+    }
+  }
 }
 
 std::pair<uint32_t, uint32_t> Utf8Partial::Range() const {
@@ -831,8 +878,86 @@ void GrammarMatcher::AllowedTokens(std::vector<uint8_t>* allowed) const {
   cache_->Insert(key, std::move(bits));
 }
 
+// Stack sets met during one trie walk, interned, with their transitions memoized: inside a JSON string every
+// ordinary character leads from a set back to itself, so most of the walk is table lookups.
+class GrammarMatcher::StateTable {
+ public:
+  explicit StateTable(const GrammarMatcher& m) : m_(m) {}
+  // The set's id; -1 for no stacks (a dead end).
+  int32_t Intern(std::vector<Stack> stacks) {
+    if (stacks.empty()) return -1;
+    auto [it, inserted] = ids_.emplace(std::move(stacks), (int32_t)sets_.size());
+    if (inserted) {
+      sets_.push_back(&it->first);
+      ascii_.emplace_back();
+      ascii_.back().fill(kUnknown);
+    }
+    return it->second;
+  }
+  int32_t Next(int32_t set, uint32_t cp) {
+    if (cp < 128) {
+      if (ascii_[set][cp] != kUnknown) return ascii_[set][cp];
+      const int32_t to = Intern(m_.Advance(*sets_[set], cp));
+      ascii_[set][cp] = to;  // by index: Intern may have grown ascii_
+      return to;
+    }
+    const uint64_t key = (uint64_t)set << 32 | cp;
+    if (auto it = other_.find(key); it != other_.end()) return it->second;
+    const int32_t to = Intern(m_.Advance(*sets_[set], cp));
+    other_.emplace(key, to);
+    return to;
+  }
+  const std::vector<Stack>& stacks(int32_t set) const { return *sets_[set]; }
+
+ private:
+  static constexpr int32_t kUnknown = -2;
+  const GrammarMatcher& m_;
+  std::map<std::vector<Stack>, int32_t> ids_;
+  std::vector<const std::vector<Stack>*> sets_;  // keys of ids_ (std::map nodes do not move)
+  std::vector<std::array<int32_t, 128>> ascii_;
+  std::unordered_map<uint64_t, int32_t> other_;
+};
+
+void GrammarMatcher::TrieAllowedTokens(std::vector<uint8_t>* allowed) const {
+  const auto& trie = vocab_->trie();
+  const auto& toks = vocab_->trie_tokens();
+  const auto& tail = vocab_->decoded().tail;
+  StateTable table(*this);
+  // A token whose complete code points led to `set` is allowed when it has no tail, or its tail can still
+  // become a character some stack takes.
+  auto mark = [&](uint32_t node, int32_t set) {
+    for (uint32_t k = trie[node].tok_begin; k < trie[node].tok_end; ++k) {
+      const int32_t id = toks[k];
+      if (tail[id].remaining == 0 || PartialFits(table.stacks(set), tail[id])) (*allowed)[id] = 1;
+    }
+  };
+  const int32_t start = table.Intern(stacks_);
+  if (start < 0) return;
+  mark(0, start);  // tokens that only start a character
+  std::vector<std::pair<uint32_t, int32_t>> todo = {{0, start}};  // (node, the set its prefix leads to)
+  while (!todo.empty()) {
+    auto [node, set] = todo.back();
+    todo.pop_back();
+    const GrammarVocab::TrieNode& t = trie[node];
+    for (uint32_t c = t.first_child; c < t.first_child + t.n_children; ++c) {
+      const int32_t next = table.Next(set, trie[c].cp);
+      if (next < 0) continue;  // no token with this prefix
+      mark(c, next);
+      if (trie[c].n_children) todo.push_back({c, next});
+    }
+  }
+}
+
 void GrammarMatcher::ComputeAllowedTokens(std::vector<uint8_t>* allowed) const {
   const int32_t n = vocab_->size();
+  if (partial_.remaining == 0) {
+    allowed->assign(n, 0);
+    TrieAllowedTokens(allowed);
+    const bool complete = Complete();
+    for (int32_t e : vocab_->end_ids())
+      if (e >= 0 && e < n) (*allowed)[e] = complete;
+    return;
+  }
   allowed->assign(n, 0);
   const GrammarVocab::Decoded& d = vocab_->decoded();
   Walk w;

@@ -104,9 +104,23 @@ class GrammarVocab {
     std::vector<uint8_t> valid;
   };
   const Decoded& decoded() const { return decoded_; }
+  // The same tokens as a prefix tree of their code points: node 0 is the empty prefix; a node's children are
+  // nodes [first_child, first_child + n_children), and the tokens whose complete code points end there are
+  // trie_tokens()[tok_begin, tok_end) (a tail, if any, in decoded().tail). Masks walk it once per distinct prefix
+  // instead of once per token.
+  struct TrieNode {
+    uint32_t cp = 0;
+    uint32_t first_child = 0, n_children = 0;
+    uint32_t tok_begin = 0, tok_end = 0;
+  };
+  const std::vector<TrieNode>& trie() const { return trie_; }
+  const std::vector<int32_t>& trie_tokens() const { return trie_tokens_; }
 
  private:
   void Decode();
+  void BuildTrie();
+  std::vector<TrieNode> trie_;
+  std::vector<int32_t> trie_tokens_;
   std::vector<std::string> pieces_;
   std::vector<uint8_t> text_;
   std::vector<int32_t> end_;
@@ -165,6 +179,9 @@ class GrammarMatcher {
  private:
   struct Cand;
   struct Walk;
+  class StateTable;
+  // The mask by walking the vocabulary's prefix tree over interned stack sets (no character pending).
+  void TrieAllowedTokens(std::vector<uint8_t>* allowed) const;
   static constexpr size_t kMaxStacks = 4096;
   void Expand(Stack stack, std::vector<Stack>* out) const;
   std::vector<Stack> Advance(const std::vector<Stack>& stacks, uint32_t cp) const;
