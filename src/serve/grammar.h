@@ -12,9 +12,11 @@
 // The matcher keeps the set of parse stacks that the text so far leaves open (llama.cpp's design: a
 // stack's top is the character class to match next; rule references are expanded as they are reached).
 // A token is allowed when its bytes, decoded as UTF-8 (continuing a character an earlier token left
-// incomplete), keep at least one stack alive. Masks walk all candidate tokens together: the stacks after
-// a class matched do not depend on which character matched it, so each candidate costs a class test per
-// character.
+// incomplete), keep at least one stack alive. A mask walks the vocabulary's prefix tree once, carrying the
+// stack set each prefix leads to; sets are interned and their transitions memoized per walk (inside a JSON string
+// every ordinary character leads from a set back to itself), so the walk is mostly table lookups. While a
+// character is pending it walks the tokens one by one instead (the stacks after a class matched do not depend on
+// which character matched it). Masks are also cached by state across steps and requests (GrammarMaskCache).
 #pragma once
 
 #include <cstdint>
