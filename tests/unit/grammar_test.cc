@@ -201,7 +201,9 @@ void CheckMasks(const std::shared_ptr<const Grammar>& g, const std::shared_ptr<c
           ASSERT_EQ(mask, masks[k]) << "round " << round << " step " << step;
         }
         ++k;
-        if (step < path.size()) ASSERT_TRUE(m.AcceptToken(path[step])) << "step " << step;
+        if (step < path.size()) {
+          ASSERT_TRUE(m.AcceptToken(path[step])) << "step " << step;
+        }
       }
     }
   }
