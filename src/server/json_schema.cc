@@ -26,14 +26,9 @@ constexpr const char* kPrimitives[][2] = {
     {"array", "\"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\""},
 };
 
-const std::set<std::string>& Annotations() {
-  static const std::set<std::string> k = {"title",    "description", "default",  "examples",   "format",
-                                          "$schema",  "$id",         "$comment", "deprecated", "readOnly",
-                                          "writeOnly", "$defs",      "definitions", "strict",  "nullable",
-                                          "contentMediaType", "contentEncoding", "discriminator"};
-  return k;
-}
-
+// Keywords other than these and the ones Visit reads are ignored, as JSON Schema ignores unknown keywords:
+// annotations (title, description, default, examples, format, $schema, ...) and vocabulary this grammar has no
+// use for. These assert what a grammar over the text cannot enforce: refused, not silently dropped.
 const std::set<std::string>& Unsupported() {
   static const std::set<std::string> k = {
       "pattern",          "minimum",         "maximum",          "exclusiveMinimum",   "exclusiveMaximum",
