@@ -250,7 +250,14 @@ struct HttpServer::Impl {
     // Each prompt's token ids (chat: one, from the template; completions: one or a batch).
     std::vector<std::vector<int32_t>> prompt_ids;
     if (chat) {
-      prompt_ids.push_back(tok.Encode(tmpl.Apply(r.messages, true), tok.add_bos() && !tmpl.text_has_bos(), true));
+      std::vector<tokenizer::ChatMessage> messages = r.messages;
+      if (!r.tools_prompt.empty()) {  // the tools, described in the system message (after the template's default)
+        if (messages.empty() || messages[0].role != "system") {
+          messages.insert(messages.begin(), {"system", tmpl.default_system()});
+        }
+        messages[0].content += (messages[0].content.empty() ? "" : "\n\n") + r.tools_prompt;
+      }
+      prompt_ids.push_back(tok.Encode(tmpl.Apply(messages, true), tok.add_bos() && !tmpl.text_has_bos(), true));
     } else {
       for (const auto& p : r.prompts) prompt_ids.push_back(p.is_ids ? p.ids : tok.Encode(p.text, tok.add_bos(), true));
     }
@@ -351,7 +358,7 @@ struct HttpServer::Impl {
     // Applies one engine event to its choice; returns the text delta (and logprobs) it produced.
     auto first_prompt_token = std::make_shared<std::vector<int32_t>>();
     for (const auto& ids : prompt_ids) first_prompt_token->push_back(ids[0]);
-    auto apply = [this, job, states, r, t0, last_token_time, first_prompt_token](const Job::Ev& ev, Choice* delta) {
+    auto apply = [this, job, states, r, t0, last_token_time, first_prompt_token, id](const Job::Ev& ev, Choice* delta) {
       ChoiceState& cs = (*states)[ev.choice];
       delta->index = ev.choice;
       delta->has_logprobs = cs.choice.has_logprobs;
@@ -410,6 +417,17 @@ struct HttpServer::Impl {
       cs.choice.text += text;
       cs.choice.logprobs.insert(cs.choice.logprobs.end(), delta->logprobs.begin(), delta->logprobs.end());
       if (!delta->finish_reason.empty()) cs.choice.finish_reason = delta->finish_reason;
+      if (!r.tool_mode.empty()) {
+        // A forced tool call: the text is the call's JSON, delivered whole as tool_calls when it ends (streamed too:
+        // one delta with the complete call).
+        delta->text.clear();
+        if (!delta->finish_reason.empty()) {
+          cs.choice.tool_calls = ToolCallsFromText(r, cs.choice.text, "call_" + id.substr(id.find('-') + 1) + "_" +
+                                                                           std::to_string(ev.choice));
+          delta->tool_calls = cs.choice.tool_calls;
+          if (delta->finish_reason == "stop") delta->finish_reason = cs.choice.finish_reason = "tool_calls";
+        }
+      }
     };
     auto all_done = [states] {
       for (const auto& s : *states)

@@ -305,13 +305,14 @@ class Converter {
         required.insert(r.get<std::string>());
       }
     }
-    const bool has_props = props != s.end() && !props->empty();
-    if (!has_props) {
+    const bool listed = props != s.end();  // `properties` given, perhaps empty: only those keys by default
+    if (!listed || props->empty()) {
       if (!required.empty()) {
         Fail(path + ".required", StrFormat("'%s' is required but has no schema in properties", required.begin()->c_str()));
         return "value";
       }
-      if (extra != s.end() && extra->is_boolean() && !extra->get<bool>()) return NewRule(hint, "\"{\" ws \"}\"");
+      const bool closed = extra != s.end() ? extra->is_boolean() && !extra->get<bool>() : listed;
+      if (closed) return NewRule(hint, "\"{\" ws \"}\"");
       std::string v = Use("value");
       if (extra != s.end() && !extra->is_boolean()) v = Visit(*extra, hint + "-value", path + ".additionalProperties");
       Use("string");

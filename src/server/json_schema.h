@@ -7,8 +7,8 @@
 // - type (one or a list), enum, const, anyOf, oneOf (as anyOf: an instance matching two branches is not
 //   refused), allOf with one member, $ref into #/$defs, #/definitions or # (recursion works), an empty schema
 //   or `true` (any JSON value);
-// - objects: properties, required, additionalProperties (absent or false with properties: only those;
-//   true, absent or a schema without properties: any keys with values of that schema);
+// - objects: properties, required, additionalProperties (absent or false with properties, even empty ones: only
+//   those keys; true, or a schema, or absent without properties: any keys with values of that schema);
 // - arrays: items, minItems, maxItems; strings: minLength, maxLength;
 // - annotations are ignored: title, description, default, examples, format (an annotation unless a
 //   validator opts in), $schema, $id, $comment, deprecated, readOnly, writeOnly.

@@ -95,15 +95,6 @@ std::optional<ApiError> Content(const json& c, const std::string& param, std::st
 // instead of an answer that silently ignores them (other unknown fields are ignored).
 std::optional<ApiError> Unsupported(const json& b, bool chat) {
   if (chat) {
-    auto tools = b.find("tools");
-    auto choice = b.find("tool_choice");
-    const bool none = choice != b.end() && *choice == "none";
-    if (tools != b.end() && !tools->is_null() && !(tools->is_array() && tools->empty()) && !none) {
-      return Bad("tools", "tool calling is not supported ('tools' needs \"tool_choice\": \"none\")");
-    }
-    if (choice != b.end() && !choice->is_null() && !none && *choice != "auto") {
-      return Bad("tool_choice", "tool calling is not supported ('tool_choice' may only be \"none\" or \"auto\")");
-    }
   } else {
     auto suffix = b.find("suffix");
     if (suffix != b.end() && !suffix->is_null() && !(suffix->is_string() && suffix->get<std::string>().empty()))
@@ -196,6 +187,97 @@ std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, Comple
   return std::nullopt;
 }
 
+// Tool calling when tool_choice forces a call (a named function, or "required"): the call's shape as a grammar, and
+// the tools described for the system message. "auto" (the model decides whether to call, in free text that a
+// model-specific parser would read back) is refused; "none" ignores the tools.
+std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionRequest* r) {
+  using ojson = nlohmann::ordered_json;
+  auto tools = b.find("tools");
+  auto choice = b.find("tool_choice");
+  const bool has_tools = tools != b.end() && !tools->is_null() && !(tools->is_array() && tools->empty());
+  if (choice != b.end() && !choice->is_null() && *choice == "none") return std::nullopt;
+  if (!has_tools) {
+    if (choice != b.end() && !choice->is_null() && *choice != "auto") {
+      return Bad("tool_choice", "'tool_choice' needs 'tools'");
+    }
+    return std::nullopt;
+  }
+  if (!tools->is_array()) return Bad("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": {...}}");
+  std::vector<std::pair<std::string, ojson>> fns;  // name, parameters
+  ojson described = ojson::array();
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const ojson& t = (*tools)[i];
+    const std::string p = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object()) {
+      return Bad(p, p + " must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}");
+    }
+    const ojson& f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty()) {
+      return Bad(p + ".function.name", p + ".function.name must be a non-empty string");
+    }
+    const std::string name = f["name"].get<std::string>();
+    for (const auto& [prev, unused] : fns) {
+      if (prev == name) return Bad(p + ".function.name", "two tools are named '" + name + "'");
+    }
+    ojson params = f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"]
+                                                                          : ojson{{"type", "object"}, {"properties", ojson::object()}};
+    if (!params.is_object()) return Bad(p + ".function.parameters", p + ".function.parameters must be a JSON schema object");
+    fns.push_back({name, params});
+    ojson d = {{"type", "function"}, {"function", {{"name", name}}}};
+    if (f.contains("description")) d["function"]["description"] = f["description"];
+    d["function"]["parameters"] = params;
+    described.push_back(d);
+  }
+  ojson schema;
+  if (choice == b.end() || choice->is_null() || *choice == "auto") {
+    return Bad("tool_choice", "tool calling with 'tool_choice' \"auto\" (the default) is not supported: lathe forces "
+                              "calls with a grammar, so give \"required\" or {\"type\": \"function\", \"function\": "
+                              "{\"name\": ...}}, or \"none\"");
+  } else if (*choice == "required") {
+    r->tool_mode = "required";
+    ojson alts = ojson::array();
+    for (const auto& [name, params] : fns) {
+      if (params.dump().find("\"$ref\"") != std::string::npos && fns.size() > 1) {
+        return Bad("tool_choice", "'tool_choice' \"required\" over several tools whose parameters use $ref is not "
+                                  "supported; name the function");
+      }
+      alts.push_back({{"type", "object"},
+                      {"properties", {{"name", {{"const", name}}}, {"arguments", params}}},
+                      {"required", {"name", "arguments"}}});
+    }
+    schema = alts.size() == 1 ? alts[0] : ojson{{"anyOf", alts}};
+    if (fns.size() == 1) {  // its "#/$defs/..." references resolve against the call's schema now
+      for (const char* k : {"$defs", "definitions"})
+        if (fns[0].second.contains(k)) schema[k] = fns[0].second[k];
+    }
+  } else if (choice->is_object() && choice->value("type", "") == "function" && choice->contains("function") &&
+             (*choice)["function"].is_object() && (*choice)["function"].contains("name") &&
+             (*choice)["function"]["name"].is_string()) {
+    r->tool_mode = "named";
+    r->tool_name = (*choice)["function"]["name"].get<std::string>();
+    for (const auto& [name, params] : fns)
+      if (name == r->tool_name) schema = params;
+    if (schema.is_null()) return Bad("tool_choice", "'tool_choice' names '" + r->tool_name + "', which is not in 'tools'");
+  } else {
+    return Bad("tool_choice", "'tool_choice' must be \"none\", \"required\" or {\"type\": \"function\", "
+                              "\"function\": {\"name\": ...}}");
+  }
+  if (!r->grammar_param.empty()) {
+    return Bad("tool_choice", "'tool_choice' and '" + r->grammar_param + "' both constrain the output; give one");
+  }
+  auto g = JsonSchemaToGbnf(schema);
+  if (!g.ok()) return Bad("tools", g.status().message());
+  r->grammar = g.value();
+  r->grammar_param = "tools";
+  std::string lines;
+  for (const auto& d : described) lines += d.dump() + "\n";
+  r->tools_prompt = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+                    "with function signatures within <tools></tools> XML tags:\n<tools>\n" + lines +
+                    "</tools>\n\nFor each function call, return a json object with function name and arguments: "
+                    "{\"name\": <function-name>, \"arguments\": <args-json-object>}";
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, CompletionRequest* r,
@@ -204,10 +286,13 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
   r->chat = chat;
   if (!b.is_object()) return Bad("", "the request body must be a JSON object");
   if (auto e = Unsupported(b, chat)) return e;
-  if (ordered) {
-    if (auto e = StructuredOutput(*ordered, r)) return e;
-  } else {
-    if (auto e = StructuredOutput(nlohmann::ordered_json::parse(b.dump()), r)) return e;
+  {
+    const nlohmann::ordered_json o = ordered ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(b.dump());
+    const nlohmann::ordered_json& ob = ordered ? *ordered : o;
+    if (auto e = StructuredOutput(ob, r)) return e;
+    if (chat) {
+      if (auto e = ToolCalling(ob, r)) return e;
+    }
   }
   if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
     if (!it->is_string()) return Bad("model", "'model' must be a string");
@@ -224,12 +309,40 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
       if (!m.contains("role") || !m["role"].is_string()) return Bad(p + ".role", p + ".role must be a string");
       std::string role = m["role"].get<std::string>();
       if (role == "developer") role = "system";
-      if (role != "system" && role != "user" && role != "assistant") {
-        return Bad(p + ".role", p + ".role '" + role + "' is not supported (system, user, assistant)");
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+        return Bad(p + ".role", p + ".role '" + role + "' is not supported (system, user, assistant, tool)");
       }
       tokenizer::ChatMessage msg;
       msg.role = role;
       if (auto e = Content(m.value("content", json(nullptr)), p + ".content", &msg.content)) return e;
+      // Tool turns as Hermes / Qwen2.5 write them: a tool's result is a user turn in <tool_response> tags, an
+      // assistant's calls are <tool_call> blocks of {"name", "arguments"}.
+      if (role == "tool") {
+        msg.role = "user";
+        msg.content = "<tool_response>\n" + msg.content + "\n</tool_response>";
+      }
+      if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+        const json& calls = m["tool_calls"];
+        if (!calls.is_array()) return Bad(p + ".tool_calls", p + ".tool_calls must be a list");
+        for (size_t k = 0; k < calls.size(); ++k) {
+          const json& c = calls[k];
+          const std::string q = p + ".tool_calls[" + std::to_string(k) + "]";
+          if (!c.is_object() || !c.contains("function") || !c["function"].is_object() ||
+              !c["function"].contains("name") || !c["function"]["name"].is_string()) {
+            return Bad(q, q + " must be {\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": ...}}");
+          }
+          const json& f = c["function"];
+          json args = json::object();
+          if (f.contains("arguments") && f["arguments"].is_string()) {
+            args = json::parse(f["arguments"].get<std::string>(), nullptr, false);
+            if (args.is_discarded()) args = f["arguments"];  // not JSON: kept as the string it is
+          } else if (f.contains("arguments")) {
+            args = f["arguments"];
+          }
+          if (!msg.content.empty()) msg.content += "\n";
+          msg.content += "<tool_call>\n" + json{{"name", f["name"]}, {"arguments", args}}.dump() + "\n</tool_call>";
+        }
+      }
       r->messages.push_back(std::move(msg));
     }
   } else {
@@ -402,14 +515,38 @@ json UsageJson(const Usage& u) {
 
 }  // namespace
 
+std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text, const std::string& id) {
+  ToolCall call;
+  call.id = id;
+  call.name = r.tool_name;
+  call.arguments = text;
+  if (r.tool_mode == "required") {
+    auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("name") && j["name"].is_string() && j.contains("arguments")) {
+      call.name = j["name"].get<std::string>();
+      call.arguments = j["arguments"].dump();
+    }
+  }
+  return {call};
+}
+
 json CompletionResponse(const std::string& id, int64_t created, const std::string& model,
                         const std::vector<Choice>& choices, const Usage& usage, bool chat) {
   json arr = json::array();
   for (const Choice& c : choices) {
     json j = {{"index", c.index}, {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)},
               {"logprobs", c.has_logprobs ? LogprobsJson(c, chat) : json(nullptr)}};
-    if (chat) j["message"] = {{"role", "assistant"}, {"content", c.text}};
-    else j["text"] = c.text;
+    if (chat && !c.tool_calls.empty()) {
+      json calls = json::array();
+      for (const ToolCall& t : c.tool_calls) {
+        calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+      }
+      j["message"] = {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls}};
+    } else if (chat) {
+      j["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      j["text"] = c.text;
+    }
     arr.push_back(j);
   }
   return json{{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
@@ -423,7 +560,17 @@ json CompletionChunk(const std::string& id, int64_t created, const std::string& 
   if (chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!c.text.empty() || first) delta["content"] = c.text;
+    if (!c.tool_calls.empty()) {
+      json calls = json::array();
+      for (size_t k = 0; k < c.tool_calls.size(); ++k) {
+        const ToolCall& t = c.tool_calls[k];
+        calls.push_back({{"index", (int)k}, {"id", t.id}, {"type", "function"},
+                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+      }
+      delta["tool_calls"] = calls;
+    } else if (!c.text.empty() || first) {
+      delta["content"] = c.text;
+    }
     j["delta"] = delta;
   } else {
     j["text"] = c.text;

@@ -53,6 +53,13 @@ struct CompletionRequest {
   // from (for errors the grammar gives later).
   std::string grammar;
   std::string grammar_param;
+  // Tool calling (chat), when tool_choice forces a call: "required" (one call of any tool; the output is
+  // {"name": ..., "arguments": {...}}) or a named function (the output is its arguments object). The grammar
+  // above then holds the call's shape; `tools_prompt` describes the tools to the model (added to the system
+  // message). Empty tool_mode: no tool call.
+  std::string tool_mode;   // "" | "required" | "named"
+  std::string tool_name;   // named: the function
+  std::string tools_prompt;
 };
 
 // REQUIRES: body is a JSON object (the caller reports unparsable JSON). `ordered` is the same body parsed
@@ -68,9 +75,14 @@ struct TokenLogprobInfo {
   bool first_prompt_token = false;  // echo: the prompt's first token has no logprob (JSON null)
 };
 
+struct ToolCall {
+  std::string id, name, arguments;  // arguments: JSON text as generated
+};
+
 struct Choice {
   int index = 0;
   std::string text;
+  std::vector<ToolCall> tool_calls;  // chat: the message's tool calls (content is null then)
   std::string finish_reason;  // "stop" | "length" | "" (still running, in chunks)
   std::vector<TokenLogprobInfo> logprobs;  // one per generated token when requested (echo: prompt tokens first)
   bool has_logprobs = false;
@@ -84,6 +96,10 @@ struct Usage {
 // Full (non-streaming) response bodies.
 nlohmann::json CompletionResponse(const std::string& id, int64_t created, const std::string& model,
                                   const std::vector<Choice>& choices, const Usage& usage, bool chat);
+// A tool-calling choice's generated text as OpenAI's tool_calls: for "named" the text is the arguments; for
+// "required" it is {"name", "arguments"}. A text that is not complete JSON (the length ran out) is kept as the
+// arguments as it is.
+std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text, const std::string& id);
 // One streaming chunk (the `data:` payload). For chat, `first` adds the assistant role delta.
 nlohmann::json CompletionChunk(const std::string& id, int64_t created, const std::string& model, const Choice& choice,
                                bool chat, bool first);

@@ -380,6 +380,53 @@ def run(base, lathe, model, root):
         except ValueError as e:
             check(False, "json_object: %r does not parse: %s" % (jt, e))
 
+    # Tool calling, forced: a named function (the output is its arguments) and "required" (one call of any tool).
+    # The arguments validate against the tool's parameters; streamed, the deltas carry the same call; a history with
+    # an assistant tool call and the tool's result is accepted.
+    weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                 "unit": {"enum": ["celsius", "fahrenheit"]}},
+               "required": ["city", "unit"]}
+    params = {"get_weather": weather, "ping": {"type": "object", "properties": {}}}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": weather}},
+             {"type": "function", "function": {"name": "ping", "parameters": params["ping"]}}]
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    def valid_call(call, what, name=None):
+        try:
+            check(call.type == "function" and call.id and (name is None or call.function.name == name),
+                  "%s: call %s" % (what, call))
+            jsonschema.validate(json.loads(call.function.arguments), params[call.function.name])
+        except Exception as e:  # noqa: BLE001
+            check(False, "%s: %r is not a valid call: %s" % (what, call, e))
+    named = client.chat.completions.create(model="stories", messages=ask, max_tokens=200, temperature=0, tools=tools,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    nm = named.choices[0]
+    check(nm.finish_reason == "tool_calls" and nm.message.content is None and len(nm.message.tool_calls or []) == 1,
+          "named tool call: %s" % nm)
+    if nm.message.tool_calls:
+        valid_call(nm.message.tool_calls[0], "named tool call", "get_weather")
+    required = client.chat.completions.create(model="stories", messages=ask, max_tokens=200, temperature=1.0, n=4,
+                                              seed=2, tools=tools, tool_choice="required")
+    for c in required.choices:
+        check(c.finish_reason == "tool_calls" and len(c.message.tool_calls or []) == 1, "required tool call: %s" % c)
+        if c.message.tool_calls:
+            valid_call(c.message.tool_calls[0], "required tool call #%d" % c.index)
+    chunks = list(client.chat.completions.create(model="stories", messages=ask, max_tokens=200, temperature=0,
+                                                 tools=tools, stream=True,
+                                                 tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    streamed_args = "".join(d.function.arguments or "" for d in deltas)
+    check(deltas and deltas[0].function.name == "get_weather" and nm.message.tool_calls and
+          streamed_args == nm.message.tool_calls[0].function.arguments and
+          [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls",
+          "streamed tool call %r" % streamed_args)
+    history = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                           "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
+    after = client.chat.completions.create(model="stories", messages=history, max_tokens=8, temperature=0)
+    check(after.choices[0].message.content is not None and after.usage.prompt_tokens > 20, "answer after a tool turn")
+
     # Metrics families.
     _, text = http(base + "/metrics", key=None)
     for name in ["lathe_requests_total", "lathe_prompt_tokens_total", "lathe_generation_tokens_total",
@@ -422,7 +469,7 @@ def run(base, lathe, model, root):
     for kw, param in ((dict(response_format={"type": "json_schema", "json_schema": {
                           "name": "x", "schema": {"type": "string", "pattern": "^a"}}}), "response_format.json_schema.schema"),
                       (dict(extra_body={"guided_grammar": "root ::= undefined_rule\n"}), "guided_grammar"),
-                      (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools")):
+                      (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tool_choice")):
         try:
             client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=4, **kw)

@@ -38,6 +38,22 @@ TEST(JsonSchema, ObjectMembersInOrderOptionalOnesMayBeLeftOut) {
     EXPECT_FALSE(Matches(g, bad)) << bad;
 }
 
+// `properties` given, even empty, closes the object unless additionalProperties opens it (a tool without
+// parameters takes {} only); without `properties` any keys are allowed.
+TEST(JsonSchema, ListedPropertiesCloseTheObject) {
+  auto empty = Compile(R"({"type": "object", "properties": {}})");
+  ASSERT_TRUE(empty);
+  EXPECT_TRUE(Matches(empty, "{}"));
+  EXPECT_FALSE(Matches(empty, R"({"a": 1})"));
+  auto open = Compile(R"({"type": "object"})");
+  ASSERT_TRUE(open);
+  EXPECT_TRUE(Matches(open, R"({"a": [1, {"b": null}]})"));
+  auto map = Compile(R"({"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}})");
+  ASSERT_TRUE(map);
+  EXPECT_TRUE(Matches(map, R"({"a": 1, "b": -2})"));
+  EXPECT_FALSE(Matches(map, R"({"a": "x"})"));
+}
+
 TEST(JsonSchema, GeneratedTextEndsWithTheValue) {
   auto g = Compile(R"({"type": "object", "properties": {"x": {"type": "null"}}, "required": ["x"]})");
   ASSERT_TRUE(g);

@@ -51,6 +51,68 @@ TEST(OpenAiApi, ParsesStructuredOutputs) {
   EXPECT_TRUE(r.grammar.empty());
 }
 
+TEST(OpenAiApi, ParsesForcedToolCalls) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "now",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "ping"}}])";
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, (char)b));
+  auto vocab = std::make_shared<serve::GrammarVocab>(bytes, std::vector<uint8_t>(256, 1), std::vector<int32_t>{});
+  auto accepts = [&](const std::string& gbnf, const std::string& text) {
+    auto g = serve::Grammar::Parse(gbnf);
+    EXPECT_TRUE(g.ok()) << g.status().message();
+    if (!g.ok()) return false;
+    serve::GrammarMatcher m(g.value(), vocab);
+    return m.AcceptBytes(text) && m.Complete();
+  };
+  CompletionRequest r;
+  // "required": one call of either tool, as {"name", "arguments"}.
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], )" + tools + R"(, "tool_choice": "required"})",
+                     true, &r));
+  EXPECT_EQ(r.tool_mode, "required");
+  EXPECT_TRUE(accepts(r.grammar, R"({"name": "get_weather", "arguments": {"city": "Paris"}})"));
+  EXPECT_TRUE(accepts(r.grammar, R"({"name": "ping", "arguments": {}})"));
+  EXPECT_FALSE(accepts(r.grammar, R"({"name": "ping", "arguments": {"city": "Paris"}})"));
+  EXPECT_FALSE(accepts(r.grammar, R"({"name": "other", "arguments": {}})"));
+  EXPECT_NE(r.tools_prompt.find(R"("name":"get_weather")"), std::string::npos) << r.tools_prompt;
+  auto calls = ToolCallsFromText(r, R"({"name": "get_weather", "arguments": {"city": "Paris"}})", "call_1");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].name, "get_weather");
+  EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
+  // A named function: the output is its arguments.
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], )" + tools +
+                         R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
+                     true, &r));
+  EXPECT_EQ(r.tool_mode, "named");
+  EXPECT_TRUE(accepts(r.grammar, R"({"city": "Oslo"})"));
+  EXPECT_FALSE(accepts(r.grammar, R"({})"));
+  calls = ToolCallsFromText(r, R"({"city": "Oslo"})", "call_2");
+  EXPECT_EQ(calls[0].name, "get_weather");
+  EXPECT_EQ(calls[0].arguments, R"({"city": "Oslo"})");
+  // "none": the tools are ignored.
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "x"}], )" + tools + R"(, "tool_choice": "none"})", true,
+                     &r));
+  EXPECT_TRUE(r.tool_mode.empty() && r.grammar.empty());
+  // Earlier tool turns render as Hermes / Qwen2.5 write them.
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}, {"role": "assistant", "content": null,
+      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]})",
+                     true, &r));
+  ASSERT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(r.messages[1].content, "<tool_call>\n{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}\n</tool_call>");
+  EXPECT_EQ(r.messages[2].role, "user");
+  EXPECT_EQ(r.messages[2].content, "<tool_response>\n18 C\n</tool_response>");
+  // The response: content null, tool_calls with the arguments as a string.
+  Choice c;
+  c.tool_calls = {{"call_9", "ping", "{}"}};
+  c.finish_reason = "tool_calls";
+  json resp = CompletionResponse("id", 0, "m", {c}, Usage{}, true);
+  EXPECT_TRUE(resp["choices"][0]["message"]["content"].is_null());
+  EXPECT_EQ(resp["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "ping");
+  EXPECT_EQ(resp["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{}");
+  EXPECT_EQ(CompletionChunk("id", 0, "m", c, true, false)["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+}
+
 TEST(OpenAiApi, ParsesChatRequest) {
   CompletionRequest r;
   auto e = Parse(R"({"model": "m", "messages": [{"role": "system", "content": "be brief"},
@@ -165,8 +227,23 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"prompt": "x", "guided_regex": "a+"})", false, "guided_regex"},
       {R"({"prompt": "x", "response_format": {"type": "json_object"}, "guided_choice": ["a"]})", false,
        "guided_choice"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}],
+          "tool_choice": "required"})", true, "tools[0]"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true, "tool_choice"},
+      // Tool calling: "auto" (the default with tools) is refused; a named function must be among the tools.
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]})",
+       true, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": {"type": "function", "function": {"name": "g"}}})", true, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}},
+          {"type": "function", "function": {"name": "f"}}], "tool_choice": "required"})", true, "tools[1].function.name"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f",
+          "parameters": {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}}}],
+          "tool_choice": "required"})", true, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": "required", "response_format": {"type": "json_object"}})", true, "tool_choice"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function"}]}]})", true,
+       "messages[0].tool_calls[0]"},
       {R"({"prompt": "x", "suffix": "end"})", false, "suffix"},
       {R"({"prompt": "x", "best_of": 3})", false, "best_of"},
       // Found by openai_request_fuzz / review: these threw (type_error) or wrapped around.
