@@ -216,9 +216,9 @@ struct HttpServer::Impl {
     CompletionRequest r;
     std::optional<ApiError> perr;
     try {
-      // A JSON schema's properties are generated in the order the request lists them: keep it.
+      // A JSON schema's properties (a tool's parameters too) are generated in the order the request lists them.
       std::optional<nlohmann::ordered_json> ordered;
-      if (body.is_object() && (body.contains("response_format") || body.contains("guided_json"))) {
+      if (body.is_object() && (body.contains("response_format") || body.contains("guided_json") || body.contains("tools"))) {
         ordered = nlohmann::ordered_json::parse(req.body);
       }
       perr = ParseCompletionRequest(body, chat, &r, ordered ? &*ordered : nullptr);

@@ -155,14 +155,14 @@ class Converter {
       }
       return Ref(it->get<std::string>(), path + ".$ref");
     }
-    if (auto it = s.find("const"); it != s.end()) return GbnfLiteral(it->dump());
+    if (auto it = s.find("const"); it != s.end()) return GbnfLiteral(SafeDump(*it));
     if (auto it = s.find("enum"); it != s.end()) {
       if (!it->is_array() || it->empty()) {
         Fail(path + ".enum", "must be a non-empty array");
         return "value";
       }
       std::string alts;
-      for (const auto& v : *it) alts += (alts.empty() ? "" : " | ") + GbnfLiteral(v.dump());
+      for (const auto& v : *it) alts += (alts.empty() ? "" : " | ") + GbnfLiteral(SafeDump(v));
       return "(" + alts + ")";
     }
     for (const char* k : {"anyOf", "oneOf"}) {
@@ -337,7 +337,7 @@ class Converter {
     std::vector<bool> req;
     for (const auto& [name, sub] : props->items()) {
       std::string v = Visit(sub, hint + "-" + name, path + ".properties." + name);
-      kv.push_back(GbnfLiteral(json(name).dump()) + " ws \":\" ws " + v + " ws");
+      kv.push_back(GbnfLiteral(SafeDump(json(name))) + " ws \":\" ws " + v + " ws");
       req.push_back(required.count(name) > 0);
     }
     const size_t n = kv.size();

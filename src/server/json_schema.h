@@ -34,5 +34,10 @@ std::string JsonObjectGbnf();
 std::string ChoiceGbnf(const std::vector<std::string>& choices);
 // A GBNF string literal matching `text` exactly.
 std::string GbnfLiteral(const std::string& text);
+// Compact JSON text; invalid UTF-8 in strings (a request may carry it) becomes U+FFFD instead of throwing.
+template <class J>
+std::string SafeDump(const J& j) {
+  return j.dump(-1, ' ', false, J::error_handler_t::replace);
+}
 
 }  // namespace lathe::server

@@ -237,7 +237,7 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
     r->tool_mode = "required";
     ojson alts = ojson::array();
     for (const auto& [name, params] : fns) {
-      if (params.dump().find("\"$ref\"") != std::string::npos && fns.size() > 1) {
+      if (SafeDump(params).find("\"$ref\"") != std::string::npos && fns.size() > 1) {
         return Bad("tool_choice", "'tool_choice' \"required\" over several tools whose parameters use $ref is not "
                                   "supported; name the function");
       }
@@ -270,7 +270,7 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
   r->grammar = g.value();
   r->grammar_param = "tools";
   std::string lines;
-  for (const auto& d : described) lines += d.dump() + "\n";
+  for (const auto& d : described) lines += SafeDump(d) + "\n";
   r->tools_prompt = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
                     "with function signatures within <tools></tools> XML tags:\n<tools>\n" + lines +
                     "</tools>\n\nFor each function call, return a json object with function name and arguments: "
@@ -286,8 +286,13 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
   r->chat = chat;
   if (!b.is_object()) return Bad("", "the request body must be a JSON object");
   if (auto e = Unsupported(b, chat)) return e;
-  {
-    const nlohmann::ordered_json o = ordered ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(b.dump());
+  bool structured = false;  // only these fields need the key order (and the ordered parse)
+  for (const char* k : {"response_format", "guided_json", "guided_choice", "guided_grammar", "guided_regex", "tools",
+                        "tool_choice"}) {
+    structured = structured || b.contains(k);
+  }
+  if (structured) {
+    const nlohmann::ordered_json o = ordered ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(SafeDump(b));
     const nlohmann::ordered_json& ob = ordered ? *ordered : o;
     if (auto e = StructuredOutput(ob, r)) return e;
     if (chat) {
@@ -340,7 +345,7 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
             args = f["arguments"];
           }
           if (!msg.content.empty()) msg.content += "\n";
-          msg.content += "<tool_call>\n" + json{{"name", f["name"]}, {"arguments", args}}.dump() + "\n</tool_call>";
+          msg.content += "<tool_call>\n" + SafeDump(json{{"name", f["name"]}, {"arguments", args}}) + "\n</tool_call>";
         }
       }
       r->messages.push_back(std::move(msg));
@@ -524,7 +529,7 @@ std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::s
     auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("name") && j["name"].is_string() && j.contains("arguments")) {
       call.name = j["name"].get<std::string>();
-      call.arguments = j["arguments"].dump();
+      call.arguments = SafeDump(j["arguments"]);
     }
   }
   return {call};

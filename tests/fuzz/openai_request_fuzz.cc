@@ -1,9 +1,12 @@
 // libFuzzer target for the OpenAI request parser (request bodies come from the network): any
-// bytes must give a parsed request or an ApiError naming the field — no exception, crash or UB.
+// bytes must give a parsed request or an ApiError naming the field — no exception, crash or UB. Structured outputs
+// and forced tool calls compile to a grammar, which is parsed too.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "serve/grammar.h"
+#include "server/json_schema.h"
 #include "server/openai_api.h"
 #include "tokenizer/chat_template.h"
 
@@ -21,6 +24,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (chat && tmpl.ok()) (void)tmpl->Apply(r.messages, true);
     (void)r.sampling.Validate();
+    if (!r.grammar.empty()) {  // structured outputs / forced tool calls: the grammar the request compiles to
+      auto g = lathe::serve::Grammar::Parse(r.grammar);
+      (void)g.ok();
+    }
+    if (!r.tool_mode.empty()) {
+      lathe::server::Choice c;
+      c.tool_calls = lathe::server::ToolCallsFromText(r, text, "call_0");
+      (void)lathe::server::SafeDump(lathe::server::CompletionResponse("id", 0, r.model, {c}, {}, true));  // as the server
+    }
     for (const auto& p : r.prompts) {
       lathe::server::Choice c;
       c.text = p.text;
