@@ -543,6 +543,15 @@ std::shared_ptr<const GrammarVocab> GrammarVocab::FromTokenizer(const tokenizer:
   return std::make_shared<GrammarVocab>(std::move(pieces), std::move(text), std::move(end));
 }
 
+std::shared_ptr<const GrammarVocab> GrammarVocab::Bytes() {
+  static const std::shared_ptr<const GrammarVocab> kBytes = [] {
+    std::vector<std::string> pieces;
+    for (int b = 0; b < 256; ++b) pieces.push_back(std::string(1, (char)b));
+    return std::make_shared<const GrammarVocab>(pieces, std::vector<uint8_t>(256, 1), std::vector<int32_t>{});
+  }();
+  return kBytes;
+}
+
 bool GrammarVocab::is_end(int32_t id) const { return std::find(end_.begin(), end_.end(), id) != end_.end(); }
 
 void GrammarVocab::Decode() {

@@ -91,6 +91,8 @@ class GrammarVocab {
   static std::shared_ptr<const GrammarVocab> FromTokenizer(const tokenizer::Tokenizer& tok);
   // For tests: token i's bytes are pieces[i]; `text[i]` says whether it may appear; `end` ends the text.
   GrammarVocab(std::vector<std::string> pieces, std::vector<uint8_t> text, std::vector<int32_t> end);
+  // The 256 single bytes as tokens (token b is byte b), no end token: for following raw text.
+  static std::shared_ptr<const GrammarVocab> Bytes();
 
   int32_t size() const { return (int32_t)pieces_.size(); }
   const std::string& bytes(int32_t id) const { return pieces_[id]; }

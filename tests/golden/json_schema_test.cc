@@ -14,14 +14,8 @@
 namespace lathe {
 namespace {
 
-std::shared_ptr<const serve::GrammarVocab> ByteVocab() {
-  std::vector<std::string> pieces;
-  for (int b = 0; b < 256; ++b) pieces.push_back(std::string(1, (char)b));
-  return std::make_shared<serve::GrammarVocab>(pieces, std::vector<uint8_t>(256, 1), std::vector<int32_t>{});
-}
-
 bool Matches(const std::shared_ptr<const serve::Grammar>& g, const std::string& text) {
-  serve::GrammarMatcher m(g, ByteVocab());
+  serve::GrammarMatcher m(g, serve::GrammarVocab::Bytes());
   return m.AcceptBytes(text) && m.Complete();
 }
 

@@ -46,15 +46,8 @@ std::shared_ptr<const Grammar> MustParse(const std::string& text) {
   return g.ok() ? g.value() : nullptr;
 }
 
-std::shared_ptr<const GrammarVocab> ByteVocab() {
-  // Every single byte, so any text can be fed byte by byte.
-  std::vector<std::string> pieces;
-  for (int b = 0; b < 256; ++b) pieces.push_back(std::string(1, (char)b));
-  return std::make_shared<GrammarVocab>(pieces, std::vector<uint8_t>(256, 1), std::vector<int32_t>{});
-}
-
 bool Accepts(const std::shared_ptr<const Grammar>& g, const std::string& text, bool* complete = nullptr) {
-  GrammarMatcher m(g, ByteVocab());
+  GrammarMatcher m(g, GrammarVocab::Bytes());
   if (!m.AcceptBytes(text)) return false;
   if (complete) *complete = m.Complete();
   return true;
@@ -120,12 +113,12 @@ TEST(Grammar, LongRuleChainsExpandWithoutRecursion) {
 TEST(Grammar, Finished) {
   auto g = MustParse("root ::= \"ab\" [0-9]*\n");
   ASSERT_TRUE(g);
-  GrammarMatcher m(g, ByteVocab());
+  GrammarMatcher m(g, GrammarVocab::Bytes());
   ASSERT_TRUE(m.AcceptBytes("ab"));
   EXPECT_TRUE(m.Complete());
   EXPECT_FALSE(m.Finished());  // digits may follow
   auto h = MustParse("root ::= \"{\" \"}\"\n");
-  GrammarMatcher n(h, ByteVocab());
+  GrammarMatcher n(h, GrammarVocab::Bytes());
   ASSERT_TRUE(n.AcceptBytes("{"));
   EXPECT_FALSE(n.Complete());
   ASSERT_TRUE(n.AcceptBytes("}"));

@@ -20,10 +20,7 @@ std::shared_ptr<const serve::Grammar> Compile(const std::string& schema) {
 }
 
 bool Matches(const std::shared_ptr<const serve::Grammar>& g, const std::string& text) {
-  std::vector<std::string> pieces;
-  for (int b = 0; b < 256; ++b) pieces.push_back(std::string(1, (char)b));
-  auto vocab = std::make_shared<serve::GrammarVocab>(pieces, std::vector<uint8_t>(256, 1), std::vector<int32_t>{});
-  serve::GrammarMatcher m(g, vocab);
+  serve::GrammarMatcher m(g, serve::GrammarVocab::Bytes());
   return m.AcceptBytes(text) && m.Complete();
 }
 
@@ -57,10 +54,7 @@ TEST(JsonSchema, ListedPropertiesCloseTheObject) {
 TEST(JsonSchema, GeneratedTextEndsWithTheValue) {
   auto g = Compile(R"({"type": "object", "properties": {"x": {"type": "null"}}, "required": ["x"]})");
   ASSERT_TRUE(g);
-  std::vector<std::string> pieces;
-  for (int b = 0; b < 256; ++b) pieces.push_back(std::string(1, (char)b));
-  auto vocab = std::make_shared<serve::GrammarVocab>(pieces, std::vector<uint8_t>(256, 1), std::vector<int32_t>{});
-  serve::GrammarMatcher m(g, vocab);
+  serve::GrammarMatcher m(g, serve::GrammarVocab::Bytes());
   ASSERT_TRUE(m.AcceptBytes("{\"x\": null"));
   EXPECT_FALSE(m.Complete());
   ASSERT_TRUE(m.AcceptBytes(" }"));

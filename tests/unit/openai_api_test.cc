@@ -29,10 +29,7 @@ TEST(OpenAiApi, ParsesStructuredOutputs) {
   auto g = serve::Grammar::Parse(r.grammar);
   ASSERT_TRUE(g.ok()) << g.status().message();
   auto accepts = [&](const std::string& text) {
-    std::vector<std::string> bytes;
-    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, (char)b));
-    serve::GrammarMatcher m(g.value(), std::make_shared<serve::GrammarVocab>(bytes, std::vector<uint8_t>(256, 1),
-                                                                             std::vector<int32_t>{}));
+    serve::GrammarMatcher m(g.value(), serve::GrammarVocab::Bytes());
     return m.AcceptBytes(text) && m.Complete();
   };
   EXPECT_TRUE(accepts(R"({"zeta": 1, "alpha": "x"})"));
@@ -55,9 +52,7 @@ TEST(OpenAiApi, ParsesForcedToolCalls) {
   const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "now",
       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
       {"type": "function", "function": {"name": "ping"}}])";
-  std::vector<std::string> bytes;
-  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, (char)b));
-  auto vocab = std::make_shared<serve::GrammarVocab>(bytes, std::vector<uint8_t>(256, 1), std::vector<int32_t>{});
+  auto vocab = serve::GrammarVocab::Bytes();
   auto accepts = [&](const std::string& gbnf, const std::string& text) {
     auto g = serve::Grammar::Parse(gbnf);
     EXPECT_TRUE(g.ok()) << g.status().message();
