@@ -90,6 +90,9 @@ struct HttpServer::Impl {
   monitor::Counter* cancelled;
   monitor::Counter* prefix_queries;
   monitor::Counter* prefix_hits;
+  monitor::Counter* structured;
+  monitor::Counter* mask_walks;
+  monitor::Counter* mask_hits;
   std::mutex render_mu;  // /metrics turns engine totals into counter increments
   // Structured outputs: the vocabulary as grammars see it (built at the first such request), and the
   // grammars compiled so far by their GBNF text, so requests with one schema share its mask cache.
@@ -98,6 +101,7 @@ struct HttpServer::Impl {
   std::map<std::string, std::shared_ptr<const serve::CompiledGrammar>> grammars;
   std::deque<std::string> grammar_order;  // oldest first; at most kMaxGrammars kept
   static constexpr size_t kMaxGrammars = 64;
+  size_t evicted_walks = 0, evicted_hits = 0;  // mask counts of the caches of grammars dropped from `grammars`
 
   Result<std::shared_ptr<const serve::CompiledGrammar>> CompileGrammar(const std::string& gbnf) {
     std::lock_guard<std::mutex> lock(grammar_mu);
@@ -110,6 +114,9 @@ struct HttpServer::Impl {
     c->vocab = grammar_vocab;
     c->cache = std::make_shared<serve::GrammarMaskCache>();
     if (grammars.size() >= kMaxGrammars) {
+      const auto& old = grammars.at(grammar_order.front())->cache;
+      evicted_walks += old->misses();
+      evicted_hits += old->hits();
       grammars.erase(grammar_order.front());
       grammar_order.pop_front();
     }
@@ -140,6 +147,13 @@ struct HttpServer::Impl {
                                         "Full prompt blocks looked up in the prefix cache.");
     prefix_hits =
         metrics.GetCounter("lathe_prefix_cache_hits_total", "Prompt blocks found in the prefix cache.");
+    structured = metrics.GetCounter("lathe_structured_requests_total",
+                                    "Requests whose output a grammar constrains (JSON schema, JSON mode, choices, "
+                                    "GBNF, forced tool calls).");
+    mask_walks = metrics.GetCounter("lathe_grammar_mask_walks_total",
+                                    "Token masks computed by walking the vocabulary (structured outputs).");
+    mask_hits = metrics.GetCounter("lathe_grammar_mask_cache_hits_total",
+                                   "Token masks found in a grammar's mask cache (structured outputs).");
   }
 
   // The adapter a request's "model" names: {nullptr, 0} for the base model; false if unknown.
@@ -187,6 +201,16 @@ struct HttpServer::Impl {
     gen_tokens->Inc((double)s.generated_tokens - gen_tokens->value());
     prefix_queries->Inc((double)s.prefix_queries - prefix_queries->value());
     prefix_hits->Inc((double)s.prefix_hits - prefix_hits->value());
+    {
+      std::lock_guard<std::mutex> glock(grammar_mu);
+      size_t walks = evicted_walks, hits = evicted_hits;
+      for (const auto& [text, g] : grammars) {
+        walks += g->cache->misses();
+        hits += g->cache->hits();
+      }
+      mask_walks->Inc((double)walks - mask_walks->value());
+      mask_hits->Inc((double)hits - mask_hits->value());
+    }
     metrics.GetGauge("lathe_kv_tokens_stored", "Tokens whose K/V are held by running sequences.")
         ->Set((double)s.tokens_stored);
     metrics.GetGauge("lathe_kv_tokens_capacity", "Tokens the KV cache can hold.")
@@ -218,7 +242,8 @@ struct HttpServer::Impl {
     try {
       // A JSON schema's properties (a tool's parameters too) are generated in the order the request lists them.
       std::optional<nlohmann::ordered_json> ordered;
-      if (body.is_object() && (body.contains("response_format") || body.contains("guided_json") || body.contains("tools"))) {
+      if (body.is_object() && (body.contains("response_format") || body.contains("guided_json") ||
+                               body.contains("structured_outputs") || body.contains("tools"))) {
         ordered = nlohmann::ordered_json::parse(req.body);
       }
       perr = ParseCompletionRequest(body, chat, &r, ordered ? &*ordered : nullptr);
@@ -230,6 +255,7 @@ struct HttpServer::Impl {
           perr->message = g.status().message();
         } else {
           r.sampling.grammar = g.value();
+          structured->Inc();
         }
       }
     } catch (const std::exception& ex) {  // a parser gap must still be a 400, never a crash

@@ -108,7 +108,7 @@ std::optional<ApiError> Unsupported(const json& b, bool chat) {
 }
 
 // Structured outputs: one of response_format (json_object, json_schema), guided_json, guided_choice,
-// guided_grammar, as a GBNF grammar.
+// guided_grammar, structured_outputs, as a GBNF grammar.
 std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, CompletionRequest* r) {
   using ojson = nlohmann::ordered_json;
   auto set = [&](const std::string& param, std::string grammar) -> std::optional<ApiError> {
@@ -149,40 +149,57 @@ std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, Comple
                                              type + "'");
     }
   }
-  if (auto it = b.find("guided_json"); it != b.end() && !it->is_null()) {
-    ojson schema;
-    if (it->is_string()) {
-      try {
-        schema = ojson::parse(it->get<std::string>());
-      } catch (const std::exception& e) {
-        return Bad("guided_json", std::string("'guided_json' is a string that is not JSON: ") + e.what());
+  // vLLM's fields: guided_json / guided_choice / guided_grammar / guided_regex at the top level, or (vLLM >= 0.10)
+  // structured_outputs: {json, choice, grammar, regex, json_object}.
+  struct Keys {
+    const char *json, *choice, *grammar, *regex;
+  };
+  auto vllm = [&](const ojson& o, const std::string& prefix, const Keys& k) -> std::optional<ApiError> {
+    const std::string pj = prefix + k.json, pc = prefix + k.choice, pg = prefix + k.grammar, pr = prefix + k.regex;
+    if (auto it = o.find(k.json); it != o.end() && !it->is_null()) {
+      ojson schema;
+      if (it->is_string()) {
+        schema = ojson::parse(it->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+        if (schema.is_discarded()) return Bad(pj, "'" + pj + "' is a string that is not JSON");
+      } else {
+        schema = *it;
       }
-    } else {
-      schema = *it;
+      if (auto e = schema_grammar(schema, pj)) return e;
     }
-    if (auto e = schema_grammar(schema, "guided_json")) return e;
-  }
-  if (auto it = b.find("guided_choice"); it != b.end() && !it->is_null()) {
-    std::vector<std::string> choices;
-    if (it->is_array()) {
-      for (const auto& c : *it) {
-        if (!c.is_string()) break;
-        choices.push_back(c.get<std::string>());
+    if (auto it = o.find(k.choice); it != o.end() && !it->is_null()) {
+      std::vector<std::string> choices;
+      if (it->is_array()) {
+        for (const auto& c : *it) {
+          if (!c.is_string()) break;
+          choices.push_back(c.get<std::string>());
+        }
       }
+      if (!it->is_array() || it->empty() || choices.size() != it->size()) {
+        return Bad(pc, "'" + pc + "' must be a non-empty list of strings");
+      }
+      for (const auto& c : choices)
+        if (c.empty()) return Bad(pc, "'" + pc + "' may not contain an empty string");
+      if (auto e = set(pc, ChoiceGbnf(choices))) return e;
     }
-    if (!it->is_array() || it->empty() || choices.size() != it->size()) {
-      return Bad("guided_choice", "'guided_choice' must be a non-empty list of strings");
+    if (auto it = o.find(k.grammar); it != o.end() && !it->is_null()) {
+      if (!it->is_string()) return Bad(pg, "'" + pg + "' must be a GBNF grammar (a string)");
+      if (auto e = set(pg, it->get<std::string>())) return e;
     }
-    for (const auto& c : choices)
-      if (c.empty()) return Bad("guided_choice", "'guided_choice' may not contain an empty string");
-    if (auto e = set("guided_choice", ChoiceGbnf(choices))) return e;
-  }
-  if (auto it = b.find("guided_grammar"); it != b.end() && !it->is_null()) {
-    if (!it->is_string()) return Bad("guided_grammar", "'guided_grammar' must be a GBNF grammar (a string)");
-    if (auto e = set("guided_grammar", it->get<std::string>())) return e;
-  }
-  if (auto it = b.find("guided_regex"); it != b.end() && !it->is_null()) {
-    return Bad("guided_regex", "'guided_regex' is not supported (guided_grammar takes a GBNF grammar)");
+    if (auto it = o.find(k.regex); it != o.end() && !it->is_null()) {
+      return Bad(pr, "'" + pr + "' is not supported (a GBNF grammar is: " + pg + ")");
+    }
+    return std::nullopt;
+  };
+  if (auto e = vllm(b, "", {"guided_json", "guided_choice", "guided_grammar", "guided_regex"})) return e;
+  if (auto so = b.find("structured_outputs"); so != b.end() && !so->is_null()) {
+    if (!so->is_object()) {
+      return Bad("structured_outputs", "'structured_outputs' must be an object ({\"json\": ...}, {\"choice\": [...]}, "
+                                       "{\"grammar\": ...})");
+    }
+    if (auto e = vllm(*so, "structured_outputs.", {"json", "choice", "grammar", "regex"})) return e;
+    if (auto it = so->find("json_object"); it != so->end() && *it == true) {
+      if (auto e = set("structured_outputs.json_object", JsonObjectGbnf())) return e;
+    }
   }
   return std::nullopt;
 }
@@ -272,9 +289,13 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
   std::string lines;
   for (const auto& d : described) lines += SafeDump(d) + "\n";
   r->tools_prompt = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
-                    "with function signatures within <tools></tools> XML tags:\n<tools>\n" + lines +
-                    "</tools>\n\nFor each function call, return a json object with function name and arguments: "
-                    "{\"name\": <function-name>, \"arguments\": <args-json-object>}";
+                    "with function signatures within <tools></tools> XML tags:\n<tools>\n" + lines + "</tools>\n\n";
+  if (r->tool_mode == "named") {  // the output is the arguments alone: say so
+    r->tools_prompt += "Call the function \"" + r->tool_name + "\": reply with its arguments only, as a JSON object.";
+  } else {
+    r->tools_prompt += "For the function call, return a json object with function name and arguments: "
+                       "{\"name\": <function-name>, \"arguments\": <args-json-object>}";
+  }
   return std::nullopt;
 }
 
@@ -287,8 +308,8 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
   if (!b.is_object()) return Bad("", "the request body must be a JSON object");
   if (auto e = Unsupported(b, chat)) return e;
   bool structured = false;  // only these fields need the key order (and the ordered parse)
-  for (const char* k : {"response_format", "guided_json", "guided_choice", "guided_grammar", "guided_regex", "tools",
-                        "tool_choice"}) {
+  for (const char* k : {"response_format", "guided_json", "guided_choice", "guided_grammar", "guided_regex",
+                        "structured_outputs", "tools", "tool_choice"}) {
     structured = structured || b.contains(k);
   }
   if (structured) {

@@ -435,6 +435,12 @@ def run(base, lathe, model, root):
                  "lathe_kv_blocks_total", "lathe_prefix_cache_hit_rate", "lathe_preemptions_total"]:
         check(name in text, "metric %s missing" % name)
     check(metric(base, "lathe_prefix_cache_hit_rate") > 0, "no prefix-cache hits after repeated prompts")
+    # Structured outputs above: 9 constrained requests; the repeated schema found masks in its cache.
+    check((metric(base, "lathe_structured_requests_total") or 0) >= 9, "lathe_structured_requests_total")
+    check((metric(base, "lathe_grammar_mask_walks_total") or 0) > 0 and
+          (metric(base, "lathe_grammar_mask_cache_hits_total") or 0) > 0,
+          "grammar mask metrics: walks %s, hits %s" % (metric(base, "lathe_grammar_mask_walks_total"),
+                                                      metric(base, "lathe_grammar_mask_cache_hits_total")))
 
     # 4xx errors name the field; the server survives all of them.
     def err(body, status, param=None, path="/v1/completions"):

@@ -46,6 +46,14 @@ TEST(OpenAiApi, ParsesStructuredOutputs) {
   EXPECT_EQ(r.grammar, "root ::= [a-z]+\n");
   ASSERT_FALSE(Parse(R"({"prompt": "x", "response_format": {"type": "text"}})", false, &r));
   EXPECT_TRUE(r.grammar.empty());
+  // vLLM >= 0.10 groups them under structured_outputs.
+  ASSERT_FALSE(Parse(R"({"prompt": "x", "structured_outputs": {"choice": ["a", "b"]}})", false, &r));
+  EXPECT_EQ(r.grammar, "root ::= \"a\" | \"b\"\n");
+  EXPECT_EQ(r.grammar_param, "structured_outputs.choice");
+  ASSERT_FALSE(Parse(R"({"prompt": "x", "structured_outputs": {"json": {"type": "integer"}}})", false, &r));
+  EXPECT_EQ(r.grammar_param, "structured_outputs.json");
+  ASSERT_FALSE(Parse(R"({"prompt": "x", "structured_outputs": {"json_object": true}})", false, &r));
+  EXPECT_NE(r.grammar.find("root ::= object"), std::string::npos);
 }
 
 TEST(OpenAiApi, ParsesForcedToolCalls) {
@@ -79,6 +87,7 @@ TEST(OpenAiApi, ParsesForcedToolCalls) {
                          R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
                      true, &r));
   EXPECT_EQ(r.tool_mode, "named");
+  EXPECT_NE(r.tools_prompt.find("Call the function \"get_weather\": reply with its arguments only"), std::string::npos);
   EXPECT_TRUE(accepts(r.grammar, R"({"city": "Oslo"})"));
   EXPECT_FALSE(accepts(r.grammar, R"({})"));
   calls = ToolCallsFromText(r, R"({"city": "Oslo"})", "call_2");
@@ -220,6 +229,10 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"prompt": "x", "guided_choice": []})", false, "guided_choice"},
       {R"({"prompt": "x", "guided_grammar": 5})", false, "guided_grammar"},
       {R"({"prompt": "x", "guided_regex": "a+"})", false, "guided_regex"},
+      {R"({"prompt": "x", "structured_outputs": {"regex": "a+"}})", false, "structured_outputs.regex"},
+      {R"({"prompt": "x", "structured_outputs": "json"})", false, "structured_outputs"},
+      {R"({"prompt": "x", "structured_outputs": {"grammar": "root ::= x"}, "guided_choice": ["a"]})", false,
+       "structured_outputs.grammar"},
       {R"({"prompt": "x", "response_format": {"type": "json_object"}, "guided_choice": ["a"]})", false,
        "guided_choice"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}],
