@@ -89,12 +89,16 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
     }
   }
   int32_t chosen = -1;
+  bool accepted = false;  // the grammar has taken `chosen` already
   if (matcher_) {
-    // Greedy: the best token is usually allowed, and checking it alone costs microseconds; otherwise (and
+    // Greedy: the best token is usually allowed, and trying it alone costs microseconds; otherwise (and
     // always when drawing) the whole mask, so the draw is over the allowed tokens' renormalized probabilities.
     if (p.temperature == 0.0f) {
       const int32_t best = (int32_t)kernels::Argmax(logits, vocab);
-      if (matcher_->Allows(best)) chosen = best;
+      if (matcher_->AcceptToken(best)) {
+        chosen = best;
+        accepted = true;
+      }
     }
     if (chosen < 0 && !MaskByGrammar(logits, vocab)) {
       // Nothing allowed: the grammar has a dead end here (a schema no text satisfies). End the text.
@@ -103,6 +107,7 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
     }
   }
   if (chosen >= 0) {
+    // decided by the grammar above
   } else if (p.temperature == 0.0f) {
     chosen = (int32_t)kernels::Argmax(logits, vocab);
   } else {
@@ -193,7 +198,7 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
       chosen = cand_[keep - 1].second;
     }
   }
-  if (matcher_ && !matcher_->AcceptToken(chosen)) {
+  if (matcher_ && !accepted && !matcher_->AcceptToken(chosen)) {
     // Only a draw at the very top of its range can land on a masked (zero-probability) token: take the best
     // allowed one instead.
     const int32_t best = (int32_t)kernels::Argmax(logits, vocab);
