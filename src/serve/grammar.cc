@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <array>
-#include <deque>
 #include <map>
 
 #include "core/strings.h"
@@ -660,22 +659,6 @@ bool DecodeUtf8(std::string_view bytes, Utf8Partial* p, std::vector<uint32_t>* c
 // ---------------------------------------------------------------------------------------------------------
 // Matcher.
 
-// A token being walked through the grammar: its id and how many of its code points are matched.
-struct GrammarMatcher::Cand {
-  int32_t id;
-  uint32_t cur, end;  // its next code point and its end, as indices into the walk's cps
-};
-
-// What a mask walk reads: the tokens' code points (each candidate knows its range of cps) and the UTF-8 tail each leaves
-// incomplete; the verdicts so far; one candidate list per depth (reused, so the walk does not allocate per
-// step).
-struct GrammarMatcher::Walk {
-  const uint32_t* cps;
-  const Utf8Partial* tail;
-  uint8_t* allowed;
-  std::deque<std::vector<Cand>> depth;  // a deque: growing it keeps the lists above valid
-};
-
 bool GrammarMaskCache::Find(const std::string& key, std::vector<uint64_t>* bits) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = map_.find(key);
@@ -708,8 +691,13 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shar
                                std::shared_ptr<GrammarMaskCache> cache)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)), cache_(std::move(cache)) {
   for (uint32_t a : grammar_->alternatives(grammar_->root())) Expand(Stack{a}, &stacks_);
-  std::sort(stacks_.begin(), stacks_.end());
-  stacks_.erase(std::unique(stacks_.begin(), stacks_.end()), stacks_.end());
+  SortUnique(&stacks_);
+}
+
+// A stack set in canonical form: sorted, each stack once (sets are compared and interned by value).
+void GrammarMatcher::SortUnique(std::vector<Stack>* stacks) {
+  std::sort(stacks->begin(), stacks->end());
+  stacks->erase(std::unique(stacks->begin(), stacks->end()), stacks->end());
 }
 
 // Follows rule references and alternative ends until every stack's top is a character class (or the stack
@@ -762,8 +750,7 @@ std::vector<GrammarMatcher::Stack> GrammarMatcher::Advance(const std::vector<Sta
     if (el[pos + 1].kind != Grammar::Elem::kEnd) next.push_back(pos + 1);
     Expand(std::move(next), &out);
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+  SortUnique(&out);
   return out;
 }
 
@@ -819,46 +806,6 @@ bool GrammarMatcher::AcceptToken(int32_t id) {
   if (vocab_->is_end(id)) return Complete();
   if (!vocab_->is_text(id) || vocab_->bytes(id).empty()) return false;
   return AcceptBytes(vocab_->bytes(id));
-}
-
-// Marks the candidates (at depth d of the walk, each at its own position) that `stack` lets through: those
-// whose last code point it takes (and whose incomplete tail can still fit), or that continue along the stacks
-// after its class.
-void GrammarMatcher::WalkStack(const Stack& stack, Walk& w, size_t d) const {
-  const std::vector<Cand>& cands = w.depth[d];
-  if (stack.empty()) {  // the text may end here: only candidates with nothing left pass
-    for (const Cand& c : cands)
-      if (c.cur == c.end && w.tail[c.id].remaining == 0) w.allowed[c.id] = 1;
-    return;
-  }
-  const auto& el = grammar_->elems();
-  const uint32_t pos = stack.back();
-  const Grammar::CharClass& cls = grammar_->char_class(el[pos].value);
-  if (w.depth.size() <= d + 1) w.depth.emplace_back();
-  std::vector<Cand>& next = w.depth[d + 1];
-  next.clear();
-  for (const Cand& c : cands) {
-    if (w.allowed[c.id]) continue;
-    if (c.cur == c.end) {  // all complete characters taken: a tail must fit the class, or the token is done
-      if (w.tail[c.id].remaining == 0) {
-        w.allowed[c.id] = 1;
-      } else {
-        auto [lo, hi] = w.tail[c.id].Range();
-        if (lo <= hi && cls.MatchesSome(lo, hi)) w.allowed[c.id] = 1;
-      }
-      continue;
-    }
-    if (cls.Matches(w.cps[c.cur])) next.push_back({c.id, c.cur + 1, c.end});
-  }
-  if (next.empty()) return;
-  Stack after = stack;
-  after.pop_back();
-  if (el[pos + 1].kind != Grammar::Elem::kEnd) after.push_back(pos + 1);
-  std::vector<Stack> stacks;
-  Expand(std::move(after), &stacks);
-  std::sort(stacks.begin(), stacks.end());
-  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
-  for (const Stack& s : stacks) WalkStack(s, w, d + 1);
 }
 
 void GrammarMatcher::AllowedTokens(std::vector<uint8_t>* allowed) const {
@@ -927,21 +874,18 @@ class GrammarMatcher::StateTable {
   std::unordered_map<uint64_t, int32_t> other_;
 };
 
-void GrammarMatcher::TrieAllowedTokens(std::vector<uint8_t>* allowed) const {
+void GrammarMatcher::TrieAllowedTokens(StateTable& table, int32_t start, std::vector<uint8_t>* allowed) const {
   const auto& trie = vocab_->trie();
   const auto& toks = vocab_->trie_tokens();
   const auto& tail = vocab_->decoded().tail;
-  StateTable table(*this);
   // A token whose complete code points led to `set` is allowed when it has no tail, or its tail can still
   // become a character some stack takes.
   auto mark = [&](uint32_t node, int32_t set) {
     for (uint32_t k = trie[node].tok_begin; k < trie[node].tok_end; ++k) {
       const int32_t id = toks[k];
-      if (tail[id].remaining == 0 || PartialFits(table.stacks(set), tail[id])) (*allowed)[id] = 1;
+      if (PartialFits(table.stacks(set), tail[id])) (*allowed)[id] = 1;
     }
   };
-  const int32_t start = table.Intern(stacks_);
-  if (start < 0) return;
   mark(0, start);  // tokens that only start a character
   std::vector<std::pair<uint32_t, int32_t>> todo = {{0, start}};  // (node, the set its prefix leads to)
   while (!todo.empty()) {
@@ -959,48 +903,25 @@ void GrammarMatcher::TrieAllowedTokens(std::vector<uint8_t>* allowed) const {
 
 void GrammarMatcher::ComputeAllowedTokens(std::vector<uint8_t>* allowed) const {
   const int32_t n = vocab_->size();
-  if (partial_.remaining == 0) {
-    allowed->assign(n, 0);
-    TrieAllowedTokens(allowed);
-    const bool complete = Complete();
-    for (int32_t e : vocab_->end_ids())
-      if (e >= 0 && e < n) (*allowed)[e] = complete;
-    return;
-  }
   allowed->assign(n, 0);
-  const GrammarVocab::Decoded& d = vocab_->decoded();
-  Walk w;
-  w.allowed = allowed->data();
-  w.depth.resize(1);
-  std::vector<Cand>& cands = w.depth[0];
-  cands.reserve(n);
-  std::vector<uint32_t> cps, begin, end;  // decoded against a pending character
-  std::vector<Utf8Partial> tail;
-  if (partial_.remaining == 0) {
-    w.cps = d.cps.data();
-    w.tail = d.tail.data();
-    for (int32_t i = 0; i < n; ++i)
-      if (d.valid[i]) cands.push_back({i, d.cp_begin[i], d.cp_begin[i + 1]});
-  } else {
-    begin.assign(n, 0);
-    end.assign(n, 0);
-    tail.assign(n, {});
+  StateTable table(*this);
+  const int32_t start = table.Intern(stacks_);
+  if (start >= 0 && partial_.remaining == 0) {
+    TrieAllowedTokens(table, start, allowed);
+  } else if (start >= 0) {
+    // A character is pending: each token's bytes continue it, so they decode differently from the prefix tree's
+    // clean start. The tokens go one by one through the same memoized transitions (a rare state: mid-character).
+    std::vector<uint32_t> cps;
     for (int32_t i = 0; i < n; ++i) {
-      begin[i] = end[i] = (uint32_t)cps.size();
       if (!vocab_->is_text(i) || vocab_->bytes(i).empty()) continue;
       Utf8Partial p = partial_;
-      if (!DecodeUtf8(vocab_->bytes(i), &p, &cps)) {
-        cps.resize(begin[i]);
-        continue;
-      }
-      end[i] = (uint32_t)cps.size();
-      tail[i] = p;
-      cands.push_back({i, begin[i], end[i]});
+      cps.clear();
+      if (!DecodeUtf8(vocab_->bytes(i), &p, &cps)) continue;
+      int32_t set = start;
+      for (size_t k = 0; k < cps.size() && set >= 0; ++k) set = table.Next(set, cps[k]);
+      if (set >= 0 && PartialFits(table.stacks(set), p)) (*allowed)[i] = 1;
     }
-    w.cps = cps.data();
-    w.tail = tail.data();
   }
-  for (const Stack& s : stacks_) WalkStack(s, w, 0);
   const bool complete = Complete();
   for (int32_t e : vocab_->end_ids())
     if (e >= 0 && e < n) (*allowed)[e] = complete;

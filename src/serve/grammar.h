@@ -15,8 +15,8 @@
 // incomplete), keep at least one stack alive. A mask walks the vocabulary's prefix tree once, carrying the
 // stack set each prefix leads to; sets are interned and their transitions memoized per walk (inside a JSON string
 // every ordinary character leads from a set back to itself), so the walk is mostly table lookups. While a
-// character is pending it walks the tokens one by one instead (the stacks after a class matched do not depend on
-// which character matched it). Masks are also cached by state across steps and requests (GrammarMaskCache).
+// character is pending the tokens go one by one through the same transitions (their bytes continue it, so they
+// decode unlike the tree's). Masks are also cached by state across steps and requests (GrammarMaskCache).
 #pragma once
 
 #include <cstdint>
@@ -150,11 +150,12 @@ class GrammarMaskCache {
   std::unordered_map<std::string, std::vector<uint64_t>> map_;
 };
 
-// What a request carries: the grammar, the vocabulary it runs over, and the masks its states had.
+// What a request carries: the grammar, the vocabulary it runs over, and the masks its states had (a fresh cache
+// unless one is given; null: no cache).
 struct CompiledGrammar {
   std::shared_ptr<const Grammar> grammar;
   std::shared_ptr<const GrammarVocab> vocab;
-  std::shared_ptr<GrammarMaskCache> cache;
+  std::shared_ptr<GrammarMaskCache> cache = std::make_shared<GrammarMaskCache>();
 };
 
 class GrammarMatcher {
@@ -181,16 +182,14 @@ class GrammarMatcher {
   using Stack = std::vector<uint32_t>;  // positions in Grammar::elems(); the top is the next class to match
 
  private:
-  struct Cand;
-  struct Walk;
   class StateTable;
-  // The mask by walking the vocabulary's prefix tree over interned stack sets (no character pending).
-  void TrieAllowedTokens(std::vector<uint8_t>* allowed) const;
+  // The mask by walking the vocabulary's prefix tree from the set `start` (no character pending).
+  void TrieAllowedTokens(StateTable& table, int32_t start, std::vector<uint8_t>* allowed) const;
+  static void SortUnique(std::vector<Stack>* stacks);
   static constexpr size_t kMaxStacks = 4096;
   void Expand(Stack stack, std::vector<Stack>* out) const;
   std::vector<Stack> Advance(const std::vector<Stack>& stacks, uint32_t cp) const;
   bool PartialFits(const std::vector<Stack>& stacks, Utf8Partial p) const;
-  void WalkStack(const Stack& stack, Walk& w, size_t d) const;
 
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const GrammarVocab> vocab_;
