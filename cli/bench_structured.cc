@@ -83,11 +83,8 @@ int RunBenchStructured(int argc, char** argv) {
     o.sampling.seed = 7;
     o.sampling.has_seed = true;
     if (constrained) {
-      auto c = std::make_shared<serve::CompiledGrammar>();
-      c->grammar = grammar.value();
-      c->vocab = vocab;
-      c->cache = std::move(mask_cache);
-      o.sampling.grammar = c;
+      o.sampling.grammar =
+          std::make_shared<const serve::CompiledGrammar>(serve::CompiledGrammar{grammar.value(), vocab, std::move(mask_cache)});
     }
     auto r = serve::Generate(tf, cache, 0, tok, prompt, o);
     if (!r.ok()) {

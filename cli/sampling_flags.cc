@@ -56,11 +56,8 @@ Status GrammarFromArgs(const Args& args, const tokenizer::Tokenizer& tok, serve:
   }
   auto grammar = serve::Grammar::Parse(gbnf);
   if (!grammar.ok()) return grammar.status().WithContext(where);
-  auto c = std::make_shared<serve::CompiledGrammar>();
-  c->grammar = grammar.value();
-  c->vocab = serve::GrammarVocab::FromTokenizer(tok);
-  c->cache = std::make_shared<serve::GrammarMaskCache>();
-  p->grammar = c;
+  p->grammar = std::make_shared<const serve::CompiledGrammar>(
+      serve::CompiledGrammar{grammar.value(), serve::GrammarVocab::FromTokenizer(tok)});
   return Status::Ok();
 }
 

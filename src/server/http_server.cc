@@ -109,10 +109,7 @@ struct HttpServer::Impl {
     auto g = serve::Grammar::Parse(gbnf);
     if (!g.ok()) return g.status();
     if (!grammar_vocab) grammar_vocab = serve::GrammarVocab::FromTokenizer(tok);
-    auto c = std::make_shared<serve::CompiledGrammar>();
-    c->grammar = g.value();
-    c->vocab = grammar_vocab;
-    c->cache = std::make_shared<serve::GrammarMaskCache>();
+    auto c = std::make_shared<const serve::CompiledGrammar>(serve::CompiledGrammar{g.value(), grammar_vocab});
     if (grammars.size() >= kMaxGrammars) {
       const auto& old = grammars.at(grammar_order.front())->cache;
       evicted_walks += old->misses();
@@ -122,7 +119,7 @@ struct HttpServer::Impl {
     }
     grammars.emplace(gbnf, c);
     grammar_order.push_back(gbnf);
-    return std::shared_ptr<const serve::CompiledGrammar>(c);
+    return c;
   }
 
   Impl(serve::Engine& e, const tokenizer::Tokenizer& t, tokenizer::ChatTemplate tm, ServerOptions o)
@@ -242,10 +239,7 @@ struct HttpServer::Impl {
     try {
       // A JSON schema's properties (a tool's parameters too) are generated in the order the request lists them.
       std::optional<nlohmann::ordered_json> ordered;
-      if (body.is_object() && (body.contains("response_format") || body.contains("guided_json") ||
-                               body.contains("structured_outputs") || body.contains("tools"))) {
-        ordered = nlohmann::ordered_json::parse(req.body);
-      }
+      if (NeedsKeyOrder(body)) ordered = nlohmann::ordered_json::parse(req.body);
       perr = ParseCompletionRequest(body, chat, &r, ordered ? &*ordered : nullptr);
       if (!perr && !r.grammar.empty()) {
         auto g = CompileGrammar(r.grammar);

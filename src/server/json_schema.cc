@@ -275,8 +275,9 @@ class Converter {
     if (hi == 0) {
       body = "\"[\" ws \"]\"";
     } else {
-      std::string more = "( \",\" ws " + item + " ws )" + Repeat(lo > 0 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1);
-      if (more.back() == '}' && Repeat(lo > 0 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1) == "{0}") more.clear();
+      // The first item, then the others after commas: lo - 1 .. hi - 1 of them (none when hi is 1).
+      const int64_t more_lo = lo > 0 ? lo - 1 : 0, more_hi = hi < 0 ? -1 : hi - 1;
+      const std::string more = more_hi == 0 ? "" : "( \",\" ws " + item + " ws )" + Repeat(more_lo, more_hi);
       std::string list = item + " ws " + more;
       body = "\"[\" ws " + (lo > 0 ? list : "( " + list + " )?") + " \"]\"";
     }

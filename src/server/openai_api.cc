@@ -301,18 +301,22 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
 
 }  // namespace
 
+bool NeedsKeyOrder(const json& body) {
+  if (!body.is_object()) return false;
+  for (const char* k : {"response_format", "guided_json", "guided_choice", "guided_grammar", "guided_regex",
+                        "structured_outputs", "tools", "tool_choice"}) {
+    if (body.contains(k)) return true;
+  }
+  return false;
+}
+
 std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, CompletionRequest* r,
                                                const nlohmann::ordered_json* ordered) {
   *r = CompletionRequest();
   r->chat = chat;
   if (!b.is_object()) return Bad("", "the request body must be a JSON object");
   if (auto e = Unsupported(b, chat)) return e;
-  bool structured = false;  // only these fields need the key order (and the ordered parse)
-  for (const char* k : {"response_format", "guided_json", "guided_choice", "guided_grammar", "guided_regex",
-                        "structured_outputs", "tools", "tool_choice"}) {
-    structured = structured || b.contains(k);
-  }
-  if (structured) {
+  if (NeedsKeyOrder(b)) {
     const nlohmann::ordered_json o = ordered ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(SafeDump(b));
     const nlohmann::ordered_json& ob = ordered ? *ordered : o;
     if (auto e = StructuredOutput(ob, r)) return e;

@@ -62,6 +62,9 @@ struct CompletionRequest {
   std::string tools_prompt;
 };
 
+// Whether the body has fields whose key order matters (structured outputs, tools: a schema's members are generated
+// in the order it lists them), so the caller should pass ParseCompletionRequest the order-keeping parse.
+bool NeedsKeyOrder(const nlohmann::json& body);
 // REQUIRES: body is a JSON object (the caller reports unparsable JSON). `ordered` is the same body parsed
 // keeping each object's key order, which a JSON schema's `properties` need (generation follows it); without it
 // the keys are taken in sorted order.

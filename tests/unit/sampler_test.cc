@@ -262,11 +262,8 @@ std::shared_ptr<const CompiledGrammar> DigitsGrammar() {
   std::vector<std::string> pieces = {"1", "2", "34", "5678", " ok", " o", "k", "x", "</s>"};
   std::vector<uint8_t> text(pieces.size(), 1);
   text.back() = 0;
-  auto c = std::make_shared<CompiledGrammar>();
-  c->grammar = g.value();
-  c->vocab = std::make_shared<GrammarVocab>(pieces, text, std::vector<int32_t>{8});
-  c->cache = std::make_shared<GrammarMaskCache>();
-  return c;
+  return std::make_shared<const CompiledGrammar>(
+      CompiledGrammar{g.value(), std::make_shared<GrammarVocab>(pieces, text, std::vector<int32_t>{8})});
 }
 
 TEST(SamplerGrammar, DrawsOnlyAllowedTokensAndFinishes) {
