@@ -29,9 +29,29 @@ Status SamplingParams::Validate() const {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
   rng_.seed(params.has_seed ? params.seed : std::random_device{}());
-  if (params.grammar) {
+  if (params.grammar && params.grammar_trigger.empty()) {
     matcher_ = std::make_unique<GrammarMatcher>(params.grammar->grammar, params.grammar->vocab, params.grammar->cache);
   }
+  lazy_ = params.grammar && !params.grammar_trigger.empty();
+}
+
+void Sampler::WatchForTrigger(int32_t token) {
+  const GrammarVocab& vocab = *params_.grammar->vocab;
+  if (token < 0 || token >= vocab.size() || !vocab.is_text(token)) return;
+  untriggered_ += vocab.bytes(token);
+  const std::string& trigger = params_.grammar_trigger;
+  const size_t at = untriggered_.find(trigger);
+  if (at == std::string::npos) {
+    // Keep only what may be the trigger's beginning.
+    if (untriggered_.size() >= trigger.size()) untriggered_.erase(0, untriggered_.size() - (trigger.size() - 1));
+    return;
+  }
+  lazy_ = false;
+  auto m = std::make_unique<GrammarMatcher>(params_.grammar->grammar, params_.grammar->vocab, params_.grammar->cache);
+  // The token may carry text past the trigger: the grammar's first bytes. Text the grammar refuses leaves the
+  // rest unconstrained (the caller's parser then reads it as free text).
+  if (m->AcceptBytes(std::string_view(untriggered_).substr(at + trigger.size()))) matcher_ = std::move(m);
+  untriggered_.clear();
 }
 
 bool Sampler::MaskByGrammar(float* logits, int64_t vocab) {
@@ -204,6 +224,7 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
     const int32_t best = (int32_t)kernels::Argmax(logits, vocab);
     if (matcher_->AcceptToken(best)) chosen = best;
   }
+  if (lazy_) WatchForTrigger(chosen);
   if (logprobs) ComputeLogprobs(raw.data(), vocab, chosen, n_top, logprobs);
   output_counts_[chosen]++;
   seen_.push_back(chosen);

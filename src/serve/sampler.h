@@ -31,6 +31,10 @@ struct SamplingParams {
   // Structured outputs: only tokens that keep the text a prefix of this grammar's language are drawn (after
   // the bias and penalties, before temperature and truncation). Null: unconstrained.
   std::shared_ptr<const CompiledGrammar> grammar;
+  // A lazy grammar (tool_choice "auto"): the text is free until it contains this string, and the grammar then
+  // constrains what follows it (the grammar's bytes start right after the trigger). Empty: the grammar applies from
+  // the first token.
+  std::string grammar_trigger;
   // Returns an error naming the field when a value is out of range.
   Status Validate() const;
 };
@@ -52,6 +56,8 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
   // With a grammar: the text drawn so far is complete and nothing may follow (the request is done).
   bool GrammarFinished() const { return matcher_ && matcher_->Finished(); }
+  // A lazy grammar's trigger has appeared (always true without a trigger once a grammar is given).
+  bool GrammarActive() const { return matcher_ != nullptr; }
 
  private:
   SamplingParams params_;
@@ -63,6 +69,10 @@ class Sampler {
   std::vector<double> probs_;                    // scratch: the sorted prefix's exp(logit / T - max)
   std::unique_ptr<GrammarMatcher> matcher_;      // with a grammar
   std::vector<uint8_t> allowed_;                 // scratch: the grammar's mask
+  std::string untriggered_;  // a lazy grammar before its trigger: the text's tail that may still hold its start
+  bool lazy_ = false;        // waiting for the trigger
+  // A lazy grammar: records a drawn token's bytes; when the trigger appears, starts the matcher on what follows it.
+  void WatchForTrigger(int32_t token);
   // Sets the logits of the tokens the grammar does not allow to -inf; false when it allows none.
   bool MaskByGrammar(float* logits, int64_t vocab);
 };

@@ -65,6 +65,8 @@ struct ChoiceState {
   int64_t tokens = 0;
   std::string echo;  // completions with echo: the prompt text, sent before the first token's text
   Choice choice;
+  std::string raw;   // tool calling: the generated text (choice.text is the content)
+  std::unique_ptr<ToolCallReader> reader;  // tool_choice "auto"
 };
 
 }  // namespace
@@ -373,12 +375,16 @@ struct HttpServer::Impl {
       }
     }
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+    auto call_id = [id](int c) { return "call_" + id.substr(id.find('-') + 1) + "_" + std::to_string(c) + "_"; };
+    if (r.tool_mode == "auto") {
+      for (int c = 0; c < n_choices; ++c) (*states)[c].reader = std::make_unique<ToolCallReader>(call_id(c));
+    }
     const int64_t created = (int64_t)std::time(nullptr);
     auto last_token_time = std::make_shared<double>(0);
     // Applies one engine event to its choice; returns the text delta (and logprobs) it produced.
     auto first_prompt_token = std::make_shared<std::vector<int32_t>>();
     for (const auto& ids : prompt_ids) first_prompt_token->push_back(ids[0]);
-    auto apply = [this, job, states, r, t0, last_token_time, first_prompt_token, id](const Job::Ev& ev, Choice* delta) {
+    auto apply = [this, job, states, r, t0, last_token_time, first_prompt_token, id, call_id](const Job::Ev& ev, Choice* delta) {
       ChoiceState& cs = (*states)[ev.choice];
       delta->index = ev.choice;
       delta->has_logprobs = cs.choice.has_logprobs;
@@ -433,20 +439,28 @@ struct HttpServer::Impl {
         text = cs.echo + text;
         cs.echo.clear();
       }
-      delta->text = text;
-      cs.choice.text += text;
-      cs.choice.logprobs.insert(cs.choice.logprobs.end(), delta->logprobs.begin(), delta->logprobs.end());
       if (!delta->finish_reason.empty()) cs.choice.finish_reason = delta->finish_reason;
-      if (!r.tool_mode.empty()) {
+      cs.choice.logprobs.insert(cs.choice.logprobs.end(), delta->logprobs.begin(), delta->logprobs.end());
+      if (r.tool_mode.empty()) {
+        delta->text = text;
+        cs.choice.text += text;
+        return;
+      }
+      cs.raw += text;
+      if (cs.reader) {
+        // tool_choice "auto": content as it comes, each call when its block closes.
+        cs.reader->Update(cs.raw, !delta->finish_reason.empty(), &delta->text, &delta->tool_calls);
+        cs.choice.text += delta->text;
+        cs.choice.tool_calls.insert(cs.choice.tool_calls.end(), delta->tool_calls.begin(), delta->tool_calls.end());
+        if (delta->finish_reason == "stop" && cs.reader->calls() > 0) {
+          delta->finish_reason = cs.choice.finish_reason = "tool_calls";
+        }
+      } else if (!delta->finish_reason.empty()) {
         // A forced tool call: the text is the call's JSON, delivered whole as tool_calls when it ends (streamed too:
         // one delta with the complete call).
-        delta->text.clear();
-        if (!delta->finish_reason.empty()) {
-          cs.choice.tool_calls = ToolCallsFromText(r, cs.choice.text, "call_" + id.substr(id.find('-') + 1) + "_" +
-                                                                           std::to_string(ev.choice));
-          delta->tool_calls = cs.choice.tool_calls;
-          if (delta->finish_reason == "stop") delta->finish_reason = cs.choice.finish_reason = "tool_calls";
-        }
+        cs.choice.tool_calls = ToolCallsFromText(r, cs.raw, call_id(ev.choice) + "0");
+        delta->tool_calls = cs.choice.tool_calls;
+        if (delta->finish_reason == "stop") delta->finish_reason = cs.choice.finish_reason = "tool_calls";
       }
     };
     auto all_done = [states] {
@@ -539,7 +553,8 @@ struct HttpServer::Impl {
           }
           Choice d;
           apply(ev, &d);
-          if (d.text.empty() && d.finish_reason.empty() && !(*first)[d.index] && d.logprobs.empty())
+          if (d.text.empty() && d.finish_reason.empty() && !(*first)[d.index] && d.logprobs.empty() &&
+              d.tool_calls.empty())
             return true;
           std::string out = SseEvent(CompletionChunk(id, created, model, d, chat, (*first)[d.index]));
           (*first)[d.index] = false;

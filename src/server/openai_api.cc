@@ -204,9 +204,14 @@ std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, Comple
   return std::nullopt;
 }
 
-// Tool calling when tool_choice forces a call (a named function, or "required"): the call's shape as a grammar, and
-// the tools described for the system message. "auto" (the model decides whether to call, in free text that a
-// model-specific parser would read back) is refused; "none" ignores the tools.
+// Tool calling. The tools are described to the model in the system message, as Hermes / Qwen2.5's chat templates do;
+// tool_choice says what the output is:
+// - "auto" (the default): free text in which the model may call tools as <tool_call>{"name": ..., "arguments":
+//   {...}}</tool_call> blocks (vLLM's "hermes" parser reads the same). A lazy grammar starts at the first
+//   <tool_call> and holds each call to a listed tool's name and parameters; the text before it is the content.
+// - "required": one call of any tool, the output is {"name": ..., "arguments": {...}} (a grammar from the start).
+// - {"type": "function", "function": {"name": ...}}: the output is that function's arguments object.
+// - "none": the tools are ignored.
 std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionRequest* r) {
   using ojson = nlohmann::ordered_json;
   auto tools = b.find("tools");
@@ -220,6 +225,11 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
     return std::nullopt;
   }
   if (!tools->is_array()) return Bad("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": {...}}");
+  bool parallel = true;
+  if (auto it = b.find("parallel_tool_calls"); it != b.end() && !it->is_null()) {
+    if (!it->is_boolean()) return Bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    parallel = it->get<bool>();
+  }
   std::vector<std::pair<std::string, ojson>> fns;  // name, parameters
   ojson described = ojson::array();
   for (size_t i = 0; i < tools->size(); ++i) {
@@ -246,17 +256,15 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
     described.push_back(d);
   }
   ojson schema;
-  if (choice == b.end() || choice->is_null() || *choice == "auto") {
-    return Bad("tool_choice", "tool calling with 'tool_choice' \"auto\" (the default) is not supported: lathe forces "
-                              "calls with a grammar, so give \"required\" or {\"type\": \"function\", \"function\": "
-                              "{\"name\": ...}}, or \"none\"");
-  } else if (*choice == "required") {
-    r->tool_mode = "required";
+  if (choice == b.end() || choice->is_null() || *choice == "auto" || *choice == "required") {
+    // A call of any tool: {"name": one of them, "arguments": its parameters}.
+    r->tool_mode = choice != b.end() && *choice == "required" ? "required" : "auto";
     ojson alts = ojson::array();
     for (const auto& [name, params] : fns) {
       if (SafeDump(params).find("\"$ref\"") != std::string::npos && fns.size() > 1) {
-        return Bad("tool_choice", "'tool_choice' \"required\" over several tools whose parameters use $ref is not "
-                                  "supported; name the function");
+        return Bad("tools", "tools whose parameters use $ref are supported one at a time (several tools, or "
+                            "'tool_choice' \"auto\" / \"required\" over them, need the references inlined); name the "
+                            "function in 'tool_choice' or inline the definitions");
       }
       alts.push_back({{"type", "object"},
                       {"properties", {{"name", {{"const", name}}}, {"arguments", params}}},
@@ -276,25 +284,35 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
       if (name == r->tool_name) schema = params;
     if (schema.is_null()) return Bad("tool_choice", "'tool_choice' names '" + r->tool_name + "', which is not in 'tools'");
   } else {
-    return Bad("tool_choice", "'tool_choice' must be \"none\", \"required\" or {\"type\": \"function\", "
+    return Bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                               "\"function\": {\"name\": ...}}");
   }
   if (!r->grammar_param.empty()) {
-    return Bad("tool_choice", "'tool_choice' and '" + r->grammar_param + "' both constrain the output; give one");
+    return Bad(choice != b.end() && !choice->is_null() ? "tool_choice" : "tools",
+               "tool calls and '" + r->grammar_param + "' both constrain the output; give one (or tool_choice \"none\")");
   }
   auto g = JsonSchemaToGbnf(schema);
   if (!g.ok()) return Bad("tools", g.status().message());
-  r->grammar = g.value();
   r->grammar_param = "tools";
+  if (r->tool_mode == "auto") {
+    r->grammar = ToolCallGbnf(g.value(), parallel);
+    r->sampling.grammar_trigger = kToolCallOpen;
+  } else {
+    r->grammar = g.value();
+  }
   std::string lines;
   for (const auto& d : described) lines += SafeDump(d) + "\n";
   r->tools_prompt = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
                     "with function signatures within <tools></tools> XML tags:\n<tools>\n" + lines + "</tools>\n\n";
   if (r->tool_mode == "named") {  // the output is the arguments alone: say so
     r->tools_prompt += "Call the function \"" + r->tool_name + "\": reply with its arguments only, as a JSON object.";
-  } else {
+  } else if (r->tool_mode == "required") {
     r->tools_prompt += "For the function call, return a json object with function name and arguments: "
                        "{\"name\": <function-name>, \"arguments\": <args-json-object>}";
+  } else {  // Qwen2.5's words for it
+    r->tools_prompt += "For each function call, return a json object with function name and arguments within "
+                       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                       "<args-json-object>}\n</tool_call>";
   }
   return std::nullopt;
 }
@@ -560,6 +578,85 @@ std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::s
   return {call};
 }
 
+std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel) {
+  // The call's root becomes tool_call_json (JSON schema grammars never name a rule with '_', nor refer to root).
+  std::string body = call_gbnf;
+  if (body.rfind("root ::= ", 0) == 0) body = "tool_call_json" + body.substr(4);
+  std::string g = "root ::= tool_call_ws tool_call_json tool_call_ws " + GbnfLiteral(kToolCallClose) +
+                  (parallel ? " tool_call_more" : "") + "\n";
+  g += "tool_call_ws ::= [ \\n]{0,2}\n";
+  if (parallel) {
+    g += "tool_call_more ::= ( tool_call_ws " + GbnfLiteral(kToolCallOpen) + " tool_call_ws tool_call_json tool_call_ws " +
+         GbnfLiteral(kToolCallClose) + " )* tool_call_ws\n";
+  }
+  return g + body;
+}
+
+namespace {
+bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+}  // namespace
+
+void ToolCallReader::Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls) {
+  const std::string open = kToolCallOpen, close = kToolCallClose;
+  if (!in_calls_) {
+    const size_t at = text.find(open, sent_);
+    if (at == std::string::npos) {
+      size_t end = text.size();
+      if (!finished) {
+        // Hold back a tail that may begin a tag, and the whitespace before it.
+        for (size_t k = std::min(open.size() - 1, end - sent_); k > 0; --k) {
+          if (text.compare(end - k, k, open, 0, k) == 0) {
+            end -= k;
+            break;
+          }
+        }
+        while (end > sent_ && IsSpace(text[end - 1])) --end;
+      }
+      content->append(text, sent_, end - sent_);
+      sent_ = end;
+      return;
+    }
+    size_t end = at;
+    while (end > sent_ && IsSpace(text[end - 1])) --end;
+    content->append(text, sent_, end - sent_);
+    sent_ = at;
+    in_calls_ = true;
+  }
+  while (!failed_) {
+    size_t p = sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (p == text.size()) break;
+    if (text.compare(p, std::min(open.size(), text.size() - p), open, 0, std::min(open.size(), text.size() - p)) != 0) {
+      failed_ = true;  // text after the calls that is not another call
+      break;
+    }
+    const size_t c = text.find(close, p + open.size());
+    if (c == std::string::npos) break;  // not closed yet
+    auto j = nlohmann::ordered_json::parse(text.begin() + (long)(p + open.size()), text.begin() + (long)c, nullptr,
+                                           /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("arguments") ||
+        !j["arguments"].is_object()) {
+      failed_ = true;
+      break;
+    }
+    ToolCall call;
+    call.id = id_prefix_ + std::to_string(n_calls_);
+    call.index = n_calls_++;
+    call.name = j["name"].get<std::string>();
+    call.arguments = SafeDump(j["arguments"]);
+    calls->push_back(std::move(call));
+    sent_ = c + close.size();
+  }
+  if (finished && sent_ < text.size()) {
+    // A block the end cut off, or one that was not a call: its text as content. Whitespace after the calls is
+    // dropped.
+    size_t p = sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (p < text.size() || n_calls_ == 0) content->append(text, sent_, std::string::npos);
+    sent_ = text.size();
+  }
+}
+
 json CompletionResponse(const std::string& id, int64_t created, const std::string& model,
                         const std::vector<Choice>& choices, const Usage& usage, bool chat) {
   json arr = json::array();
@@ -571,7 +668,8 @@ json CompletionResponse(const std::string& id, int64_t created, const std::strin
       for (const ToolCall& t : c.tool_calls) {
         calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
       }
-      j["message"] = {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls}};
+      j["message"] = {{"role", "assistant"}, {"content", c.text.empty() ? json(nullptr) : json(c.text)},
+                      {"tool_calls", calls}};
     } else if (chat) {
       j["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
@@ -594,13 +692,12 @@ json CompletionChunk(const std::string& id, int64_t created, const std::string& 
       json calls = json::array();
       for (size_t k = 0; k < c.tool_calls.size(); ++k) {
         const ToolCall& t = c.tool_calls[k];
-        calls.push_back({{"index", (int)k}, {"id", t.id}, {"type", "function"},
+        calls.push_back({{"index", t.index}, {"id", t.id}, {"type", "function"},
                          {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
       }
       delta["tool_calls"] = calls;
-    } else if (!c.text.empty() || first) {
-      delta["content"] = c.text;
     }
+    if (!c.text.empty() || (first && c.tool_calls.empty())) delta["content"] = c.text;
     j["delta"] = delta;
   } else {
     j["text"] = c.text;

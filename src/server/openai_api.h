@@ -53,11 +53,13 @@ struct CompletionRequest {
   // from (for errors the grammar gives later).
   std::string grammar;
   std::string grammar_param;
-  // Tool calling (chat), when tool_choice forces a call: "required" (one call of any tool; the output is
-  // {"name": ..., "arguments": {...}}) or a named function (the output is its arguments object). The grammar
-  // above then holds the call's shape; `tools_prompt` describes the tools to the model (added to the system
-  // message). Empty tool_mode: no tool call.
-  std::string tool_mode;   // "" | "required" | "named"
+  // Tool calling (chat). "auto" (tool_choice absent or "auto"): free text with <tool_call>{"name": ...,
+  // "arguments": {...}}</tool_call> blocks, which the grammar above (lazy: sampling.grammar_trigger is
+  // "<tool_call>") holds to the tools' shapes from the first tag on; ToolCallReader reads them back. "required"
+  // (one call of any tool; the output is {"name": ..., "arguments": {...}}) or a named function (the output is
+  // its arguments object): the grammar holds the whole output. `tools_prompt` describes the tools to the model
+  // (added to the system message). Empty tool_mode: no tool call.
+  std::string tool_mode;   // "" | "auto" | "required" | "named"
   std::string tool_name;   // named: the function
   std::string tools_prompt;
 };
@@ -80,12 +82,13 @@ struct TokenLogprobInfo {
 
 struct ToolCall {
   std::string id, name, arguments;  // arguments: JSON text as generated
+  int index = 0;                    // the call's place in its message (streamed deltas name it)
 };
 
 struct Choice {
   int index = 0;
   std::string text;
-  std::vector<ToolCall> tool_calls;  // chat: the message's tool calls (content is null then)
+  std::vector<ToolCall> tool_calls;  // chat: the message's tool calls (an empty text is a null content then)
   std::string finish_reason;  // "stop" | "length" | "" (still running, in chunks)
   std::vector<TokenLogprobInfo> logprobs;  // one per generated token when requested (echo: prompt tokens first)
   bool has_logprobs = false;
@@ -103,6 +106,34 @@ nlohmann::json CompletionResponse(const std::string& id, int64_t created, const 
 // "required" it is {"name", "arguments"}. A text that is not complete JSON (the length ran out) is kept as the
 // arguments as it is.
 std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text, const std::string& id);
+// tool_choice "auto": the tags around each call, and the grammar of the text from the first tag on: the call
+// (`call_gbnf`, a grammar whose root is one {"name", "arguments"} object), its closing tag, and with `parallel`
+// more calls in tags. Whitespace (at most two spaces or newlines) may stand around the JSON and between calls.
+inline constexpr char kToolCallOpen[] = "<tool_call>";
+inline constexpr char kToolCallClose[] = "</tool_call>";
+std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel);
+
+// tool_choice "auto": reads one choice's growing text as content and <tool_call> blocks, as vLLM's "hermes" tool
+// parser does. Content streams as it comes, except a tail that may be the start of a tag (and whitespace before
+// it, which content before a call does not keep); each call is read once its closing tag arrives. A block that
+// is not a call ({"name": string, "arguments": object}) or that the end cuts off is given back as content, so no
+// text is lost.
+class ToolCallReader {
+ public:
+  explicit ToolCallReader(std::string id_prefix) : id_prefix_(std::move(id_prefix)) {}
+  // `text` is everything generated so far (each call extends the last); `finished`: nothing more will come.
+  // Appends what can be sent now.
+  void Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
+  int calls() const { return n_calls_; }
+
+ private:
+  std::string id_prefix_;
+  size_t sent_ = 0;     // text[0, sent_) is read (sent as content, or calls)
+  bool in_calls_ = false;
+  bool failed_ = false;  // a block was not a call: the rest is content
+  int n_calls_ = 0;
+};
+
 // One streaming chunk (the `data:` payload). For chat, `first` adds the assistant role delta.
 nlohmann::json CompletionChunk(const std::string& id, int64_t created, const std::string& model, const Choice& choice,
                                bool chat, bool first);

@@ -475,7 +475,7 @@ def run(base, lathe, model, root):
     for kw, param in ((dict(response_format={"type": "json_schema", "json_schema": {
                           "name": "x", "schema": {"type": "string", "pattern": "^a"}}}), "response_format.json_schema.schema"),
                       (dict(extra_body={"guided_grammar": "root ::= undefined_rule\n"}), "guided_grammar"),
-                      (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tool_choice")):
+                      (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}], tool_choice="sometimes"), "tool_choice")):
         try:
             client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=4, **kw)
@@ -510,7 +510,63 @@ def run(base, lathe, model, root):
     return 1 if fails else 0
 
 
+def tools_auto(url):
+    """tool_choice "auto" on SmolLM2 (a real chat model): free text stays content; <tool_call> blocks become
+    tool_calls held to the tools' schemas. logit_bias on the tokens of "<tool_call>" makes the model open a call (a
+    135M model seldom calls on its own); from the tag on, the lazy grammar writes a valid call."""
+    import jsonschema
+    import openai
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    weather = {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]},
+                                                 "unit": {"enum": ["celsius", "fahrenheit"]}},
+               "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": weather}},
+             {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
+    params = {"get_weather": weather, "ping": tools[1]["function"]["parameters"]}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    _, tk = http(url + "/tokenize", {"prompt": "<tool_call>", "add_special_tokens": False}, key=None)
+    bias = {str(t): 100 for t in json.loads(tk)["tokens"]}
+
+    def valid(call, what):
+        try:
+            check(call.type == "function" and call.id and call.function.name in params, "%s: call %s" % (what, call))
+            jsonschema.validate(json.loads(call.function.arguments), params[call.function.name])
+        except Exception as e:  # noqa: BLE001
+            check(False, "%s: %r is not a valid call: %s" % (what, call, e))
+
+    # No call: the answer is content, as without tools.
+    plain = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Write one sentence about cats."}],
+                                           max_tokens=40, temperature=0, tools=tools).choices[0]
+    check(plain.finish_reason in ("stop", "length") and plain.message.content and not plain.message.tool_calls,
+          "auto, no call: %s" % plain)
+    # One call (parallel_tool_calls false: the text ends after it).
+    one = client.chat.completions.create(model="m", messages=ask, max_tokens=60, temperature=0, tools=tools,
+                                         logit_bias=bias, parallel_tool_calls=False).choices[0]
+    check(one.finish_reason == "tool_calls" and len(one.message.tool_calls or []) == 1 and one.message.content is None,
+          "auto, one call: %s" % one)
+    for c in one.message.tool_calls or []:
+        valid(c, "auto call")
+    chunks = list(client.chat.completions.create(model="m", messages=ask, max_tokens=60, temperature=0, tools=tools,
+                                                 logit_bias=bias, parallel_tool_calls=False, stream=True))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    check(len(deltas) == 1 and one.message.tool_calls and deltas[0].function.name == one.message.tool_calls[0].function.name
+          and deltas[0].function.arguments == one.message.tool_calls[0].function.arguments and deltas[0].index == 0
+          and content == "" and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls",
+          "auto, streamed call: %s" % deltas)
+    # Parallel calls: the bias keeps opening new ones until max_tokens; every complete one is a valid call.
+    many = client.chat.completions.create(model="m", messages=ask, max_tokens=120, temperature=0, tools=tools,
+                                          logit_bias=bias).choices[0]
+    check(len(many.message.tool_calls or []) >= 2, "auto, parallel calls: %s" % many)
+    for c in many.message.tool_calls or []:
+        valid(c, "parallel call")
+    check(len({c.id for c in many.message.tool_calls or []}) == len(many.message.tool_calls or []), "call ids repeat")
+    return 1 if fails else 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "tools-auto":
+        sys.exit(tools_auto(sys.argv[2]))
     if sys.argv[1] == "make-adapters":
         make_adapters(sys.argv[2], sys.argv[3], sys.argv[4])
         sys.exit(0)

@@ -117,6 +117,101 @@ TEST(OpenAiApi, ParsesForcedToolCalls) {
   EXPECT_EQ(CompletionChunk("id", 0, "m", c, true, false)["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
 }
 
+TEST(OpenAiApi, ParsesAutoToolCalls) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "now",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "ping"}}])";
+  auto vocab = serve::GrammarVocab::Bytes();
+  // What the lazy grammar does with the text after the first <tool_call>: -1 refused, 0 a prefix, 1 complete
+  // (more may follow), 2 finished.
+  auto verdict = [&](const std::string& gbnf, const std::string& text) {
+    auto g = serve::Grammar::Parse(gbnf);
+    EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << gbnf;
+    if (!g.ok()) return -1;
+    serve::GrammarMatcher m(g.value(), vocab);
+    if (!m.AcceptBytes(text)) return -1;
+    return m.Finished() ? 2 : m.Complete() ? 1 : 0;
+  };
+  CompletionRequest r;
+  // No tool_choice: "auto", the default.
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], )" + tools + "}", true, &r));
+  EXPECT_EQ(r.tool_mode, "auto");
+  EXPECT_EQ(r.sampling.grammar_trigger, "<tool_call>");
+  EXPECT_NE(r.tools_prompt.find("within <tool_call></tool_call> XML tags"), std::string::npos) << r.tools_prompt;
+  const std::string call1 = "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  EXPECT_EQ(verdict(r.grammar, call1), 1);
+  EXPECT_EQ(verdict(r.grammar, call1 + "\n<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>\n"), 1);
+  EXPECT_EQ(verdict(r.grammar, call1 + "\n<tool_call>\n{\"name\": \"ping\""), 0);
+  EXPECT_EQ(verdict(r.grammar, "{\"name\": \"nope\", \"arguments\": {}}"), -1);
+  EXPECT_EQ(verdict(r.grammar, call1 + " and then some text"), -1);
+  // parallel_tool_calls false: one call, then the text is done.
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], "tool_choice": "auto",
+                         "parallel_tool_calls": false, )" + tools + "}",
+                     true, &r));
+  EXPECT_EQ(verdict(r.grammar, call1), 2);
+  EXPECT_EQ(verdict(r.grammar, call1 + "\n<tool_call>"), -1);
+  // A response with content and calls: both.
+  Choice c;
+  c.text = "Checking.";
+  c.tool_calls = {{"call_1_0_0", "ping", "{}", 0}, {"call_1_0_1", "get_weather", R"({"city":"Oslo"})", 1}};
+  json resp = CompletionResponse("id", 0, "m", {c}, Usage{}, true);
+  EXPECT_EQ(resp["choices"][0]["message"]["content"], "Checking.");
+  EXPECT_EQ(resp["choices"][0]["message"]["tool_calls"][1]["function"]["name"], "get_weather");
+  c.tool_calls.erase(c.tool_calls.begin());
+  json chunk = CompletionChunk("id", 0, "m", c, true, false)["choices"][0]["delta"];
+  EXPECT_EQ(chunk["tool_calls"][0]["index"], 1);
+  EXPECT_EQ(chunk["content"], "Checking.");
+}
+
+// Feeds `text` to a ToolCallReader `step` bytes at a time (then finished) and returns the content and the calls.
+std::pair<std::string, std::vector<ToolCall>> ReadToolCalls(const std::string& text, size_t step,
+                                                            std::vector<std::string>* pieces = nullptr) {
+  ToolCallReader reader("call_x_");
+  std::string content;
+  std::vector<ToolCall> calls;
+  for (size_t n = 0;; n = std::min(text.size(), n + step)) {
+    std::string piece;
+    reader.Update(text.substr(0, n), n == text.size(), &piece, &calls);
+    content += piece;
+    if (pieces) pieces->push_back(piece);
+    if (n == text.size()) break;
+  }
+  return {content, calls};
+}
+
+TEST(OpenAiApi, ToolCallReaderReadsContentAndCalls) {
+  const std::string text =
+      "Let me check a < b.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>\n";
+  for (size_t step : {1, 2, 3, 7, 1000}) {
+    std::vector<std::string> pieces;
+    auto [content, calls] = ReadToolCalls(text, step, &pieces);
+    EXPECT_EQ(content, "Let me check a < b.") << "step " << step;
+    ASSERT_EQ(calls.size(), 2u) << "step " << step;
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(calls[0].id, "call_x_0");
+    EXPECT_EQ(calls[1].name, "ping");
+    EXPECT_EQ(calls[1].index, 1);
+    for (const auto& p : pieces) EXPECT_EQ(p.find('\n'), std::string::npos) << "step " << step << ": " << p;
+  }
+  // Byte by byte, the content streams as it comes: "a <" waits for the next byte, " b" then goes out.
+  std::vector<std::string> pieces;
+  ReadToolCalls("a < b", 1, &pieces);
+  EXPECT_EQ(pieces, (std::vector<std::string>{"", "a", "", "", " <", " b"}));
+  // No calls: the text as it is, a trailing partial tag and whitespace included.
+  EXPECT_EQ(ReadToolCalls("Hello.\n<tool_ca", 1).first, "Hello.\n<tool_ca");
+  EXPECT_TRUE(ReadToolCalls("Hello.\n<tool_ca", 1).second.empty());
+  // A block the end cut off, or one that is not a call: given back as content, after the calls before it.
+  auto [cut, cut_calls] = ReadToolCalls("Hi<tool_call>{\"name\": \"ping\", \"arguments\": {}}</tool_call><tool_call>{\"na",
+                                        4);
+  EXPECT_EQ(cut, "Hi<tool_call>{\"na");
+  EXPECT_EQ(cut_calls.size(), 1u);
+  auto [bad, bad_calls] = ReadToolCalls("<tool_call>[1, 2]</tool_call>", 5);
+  EXPECT_EQ(bad, "<tool_call>[1, 2]</tool_call>");
+  EXPECT_TRUE(bad_calls.empty());
+}
+
 TEST(OpenAiApi, ParsesChatRequest) {
   CompletionRequest r;
   auto e = Parse(R"({"model": "m", "messages": [{"role": "system", "content": "be brief"},
@@ -238,9 +333,13 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}],
           "tool_choice": "required"})", true, "tools[0]"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true, "tool_choice"},
-      // Tool calling: "auto" (the default with tools) is refused; a named function must be among the tools.
-      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]})",
-       true, "tool_choice"},
+      // Tool calling: tool_choice is one of four forms; a named function must be among the tools.
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": "sometimes"})", true, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+          "parallel_tool_calls": "yes"})", true, "parallel_tool_calls"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+          "response_format": {"type": "json_object"}})", true, "tools"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
           "tool_choice": {"type": "function", "function": {"name": "g"}}})", true, "tool_choice"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}},

@@ -329,5 +329,43 @@ TEST(SamplerGrammar, GreedyTakesBestAllowed) {
   EXPECT_TRUE(s.GrammarFinished());
 }
 
+TEST(SamplerGrammar, LazyGrammarStartsAfterItsTrigger) {
+  // Tokens: free text, the trigger split over two tokens, and a token that carries the trigger's end with the
+  // grammar's first byte. Before the trigger nothing is masked; after it only the grammar's text (then the end).
+  auto g = Grammar::Parse("root ::= \"ab\"");
+  ASSERT_TRUE(g.ok());
+  auto compiled = std::make_shared<CompiledGrammar>();
+  compiled->grammar = g.value();
+  compiled->vocab = std::make_shared<GrammarVocab>(std::vector<std::string>{"hi", "<t", "t>", "t>a", "a", "b", "c", ""},
+                                                   std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 1, 0}, std::vector<int32_t>{7});
+  auto run = [&](std::vector<int32_t> favourite) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.grammar = compiled;
+    p.grammar_trigger = "<tt>";
+    Sampler s(p);
+    std::vector<int32_t> out;
+    for (int32_t f : favourite) {
+      std::vector<float> l(8, 0.0f);
+      l[(size_t)f] = 5.0f;
+      l[6] = 4.0f;  // "c": second best everywhere
+      out.push_back(s.Sample(l.data(), 8));
+      if (s.GrammarFinished()) break;
+    }
+    return std::make_pair(out, s.GrammarActive());
+  };
+  // Free text first: "c" and "hi" are taken as they are.
+  auto [a, active_a] = run({6, 0, 6});
+  EXPECT_EQ(a, (std::vector<int32_t>{6, 0, 6}));
+  EXPECT_FALSE(active_a);
+  // "<t" + "t>": the grammar starts; "c" is refused then, "a" then "b" and the grammar is finished.
+  auto [b, active_b] = run({1, 2, 6, 6, 6});
+  EXPECT_EQ(b, (std::vector<int32_t>{1, 2, 4, 5}));
+  EXPECT_TRUE(active_b);
+  // "<t" + "t>a": the token's "a" is the grammar's first byte, so only "b" may follow.
+  auto [c, active_c] = run({1, 3, 4, 6});
+  EXPECT_EQ(c, (std::vector<int32_t>{1, 3, 5}));
+}
+
 }  // namespace
 }  // namespace lathe::serve
