@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "server/json_schema.h"
+#include "server/regex.h"
 
 namespace lathe::cli {
 
@@ -21,12 +22,14 @@ void AddSamplingFlags(Args& args) {
   args.Flag("--grammar-file", "constrain the output to this GBNF grammar (llama.cpp's notation; start rule 'root')");
   args.Flag("--json-schema", "constrain the output to JSON valid under this schema (inline JSON)");
   args.Flag("--json-schema-file", "the same, the schema read from a file");
+  args.Flag("--regex", "constrain the output to one whole match of this regular expression (Python's re syntax)");
 }
 
 Status GrammarFromArgs(const Args& args, const tokenizer::Tokenizer& tok, serve::SamplingParams* p) {
-  const int given = (int)args.Has("grammar-file") + (int)args.Has("json-schema") + (int)args.Has("json-schema-file");
+  const int given = (int)args.Has("grammar-file") + (int)args.Has("json-schema") + (int)args.Has("json-schema-file") +
+                    (int)args.Has("regex");
   if (given == 0) return Status::Ok();
-  if (given > 1) return Status::Error("give one of --grammar-file, --json-schema, --json-schema-file");
+  if (given > 1) return Status::Error("give one of --grammar-file, --json-schema, --json-schema-file, --regex");
   auto read = [](const std::string& path, std::string* out) -> Status {
     std::ifstream f(path, std::ios::binary);
     if (!f) return Status::Error(path + ": cannot open");
@@ -39,6 +42,11 @@ Status GrammarFromArgs(const Args& args, const tokenizer::Tokenizer& tok, serve:
   if (args.Has("grammar-file")) {
     where = "--grammar-file " + args.Get("grammar-file");
     LATHE_RETURN_IF_ERROR(read(args.Get("grammar-file"), &gbnf).WithContext("--grammar-file"));
+  } else if (args.Has("regex")) {
+    where = "--regex";
+    auto g = server::RegexToGbnf(args.Get("regex"));
+    if (!g.ok()) return g.status().WithContext(where);
+    gbnf = "root ::= " + g.value() + "\n";
   } else {
     std::string text;
     if (args.Has("json-schema")) {

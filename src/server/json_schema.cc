@@ -1,10 +1,12 @@
 // JSON schema -> GBNF (see json_schema.h).
 #include "server/json_schema.h"
 
+#include <cmath>
 #include <map>
 #include <set>
 
 #include "core/strings.h"
+#include "server/regex.h"
 
 namespace lathe::server {
 
@@ -31,7 +33,6 @@ constexpr const char* kPrimitives[][2] = {
 // use for. These assert what a grammar over the text cannot enforce: refused, not silently dropped.
 const std::set<std::string>& Unsupported() {
   static const std::set<std::string> k = {
-      "pattern",          "minimum",         "maximum",          "exclusiveMinimum",   "exclusiveMaximum",
       "multipleOf",       "minProperties",   "maxProperties",    "uniqueItems",        "contains",
       "minContains",      "maxContains",     "not",              "if",                 "then",
       "else",             "dependentRequired", "dependentSchemas", "dependencies",     "patternProperties",
@@ -45,6 +46,94 @@ std::string Sanitize(const std::string& s) {
   for (char c : s) out += (std::isalnum((unsigned char)c) || c == '-') ? c : '-';
   if (out.empty()) out = "x";
   return out;
+}
+
+// Decimal digits of the integers in [a, b], both written with the same number of digits (leading zeros allowed
+// here: they are the inner digits of a longer number).
+std::string SameLength(const std::string& a, const std::string& b) {
+  const size_t n = a.size();
+  if (n == 0) return "";
+  if (a == b) return GbnfLiteral(a);
+  if (a[0] == b[0]) {
+    std::string rest = SameLength(a.substr(1), b.substr(1));
+    return GbnfLiteral(a.substr(0, 1)) + (rest.empty() ? "" : " " + rest);
+  }
+  const std::string zeros(n - 1, '0'), nines(n - 1, '9');
+  const std::string any = n > 1 ? StrFormat(" [0-9]{%zu}", n - 1) : "";
+  std::vector<std::string> alts;
+  char from = a[0], to = b[0];
+  if (a.substr(1) != zeros) {
+    alts.push_back(GbnfLiteral(a.substr(0, 1)) + " " + SameLength(a.substr(1), nines));
+    ++from;
+  }
+  std::string high;
+  if (b.substr(1) != nines) {
+    high = GbnfLiteral(b.substr(0, 1)) + " " + SameLength(zeros, b.substr(1));
+    --to;
+  }
+  if (from <= to) alts.push_back((from == to ? GbnfLiteral(std::string(1, from)) : StrFormat("[%c-%c]", from, to)) + any);
+  if (!high.empty()) alts.push_back(high);
+  return GbnfAlternatives(alts);
+}
+
+// The integers' rule writes at most 16 digits; so do bounded ones.
+constexpr int kMaxDigits = 16;
+
+// Alternatives for the decimal strings (no leading zeros) of the integers in [lo, hi]; hi < 0: no upper bound
+// (up to kMaxDigits digits). REQUIRES: 0 <= lo, and hi < 10^kMaxDigits.
+void UnsignedRange(int64_t lo, int64_t hi, std::vector<std::string>* alts) {
+  auto digits = [](int64_t v) { return (int)std::to_string(v).size(); };
+  auto pow10 = [](int n) {
+    int64_t p = 1;
+    for (int i = 0; i < n; ++i) p *= 10;
+    return p;
+  };
+  const int lo_len = digits(lo), hi_len = hi < 0 ? std::max(kMaxDigits, lo_len) : digits(hi);
+  for (int len = lo_len; len <= hi_len; ++len) {
+    if (hi < 0 && len > lo_len) {  // every longer length up to the cap at once
+      alts->push_back(StrFormat("[1-9] [0-9]{%d,%d}", len - 1, hi_len - 1));
+      break;
+    }
+    const int64_t first = len == 1 ? 0 : pow10(len - 1), last = pow10(len) - 1;
+    const int64_t a = std::max(lo, first), b = hi < 0 ? last : std::min(hi, last);
+    if (a <= b) alts->push_back(SameLength(std::to_string(a), std::to_string(b)));
+  }
+}
+
+// GBNF for the integers in [lo, hi] (has_lo / has_hi: bounded on that side), as JSON writes them.
+std::string IntegerRange(bool has_lo, int64_t lo, bool has_hi, int64_t hi) {
+  std::vector<std::string> alts;
+  if (!has_lo || lo < 0) {  // negatives: "-" and a magnitude in [max(1, -hi), -lo]
+    const int64_t mlo = has_hi && hi < 0 ? -hi : 1;
+    std::vector<std::string> neg;
+    UnsignedRange(mlo, has_lo ? -lo : -1, &neg);
+    for (auto& n : neg) alts.push_back("\"-\" " + n);
+  }
+  if (!has_hi || hi >= 0) UnsignedRange(has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1, &alts);
+  return GbnfAlternatives(alts);
+}
+
+// JSON Schema formats the grammar writes (strings that the format's usual validators accept: real calendar
+// dates in 1000-9999 without February 29th, RFC 3339 times, RFC 4122-shaped UUIDs, dotted-quad IPv4 without
+// leading zeros, plain e-mail addresses). Other formats are annotations.
+const char* FormatRegex(const std::string& format) {
+  static const std::map<std::string, std::string> k = [] {
+    const std::string date =
+        "[1-9][0-9]{3}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|"
+        "02-(0[1-9]|1[0-9]|2[0-8]))";
+    const std::string time = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
+    const std::string octet = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+    return std::map<std::string, std::string>{
+        {"date", date},
+        {"time", time},
+        {"date-time", date + "T" + time},
+        {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
+        {"ipv4", "(" + octet + "\\.){3}" + octet},
+        {"email", "[a-zA-Z0-9._%+-]{1,64}@[a-zA-Z0-9-]{1,63}(\\.[a-zA-Z0-9-]{1,63}){0,3}\\.[a-zA-Z]{2,24}"},
+    };
+  }();
+  auto it = k.find(format);
+  return it == k.end() ? nullptr : it->second.c_str();
 }
 
 class Converter {
@@ -148,6 +237,24 @@ class Converter {
         return "value";
       }
     }
+    // Keywords that apply to one type: the schema must say it is of that type (a list of types may hold others).
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern"}) {
+      if (!s.contains(k) || s.contains("enum") || s.contains("const")) continue;
+      const std::string want = std::string(k) == "pattern" ? "string" : "integer";
+      auto t = s.find("type");
+      bool typed = false, number = false;
+      if (t != s.end()) {
+        for (const auto& x : t->is_array() ? *t : json::array({*t})) {
+          typed = typed || x == want;
+          number = number || x == "number";
+        }
+      }
+      if (!typed || (want == "integer" && number)) {
+        Fail(path, StrFormat("'%s' is supported with \"type\": \"%s\" only%s", k, want.c_str(),
+                             want == "integer" ? " (bounds on a number are not)" : ""));
+        return "value";
+      }
+    }
     if (auto it = s.find("$ref"); it != s.end()) {
       if (!it->is_string()) {
         Fail(path + ".$ref", "must be a string");
@@ -221,7 +328,7 @@ class Converter {
     if (t == "object") return Object(s, hint, path);
     if (t == "array") return Array(s, hint, path);
     if (t == "string") return String(s, path);
-    if (t == "integer") return Use("integer");
+    if (t == "integer") return Integer(s, path);
     if (t == "number") return Use("number");
     if (t == "boolean") return Use("boolean");
     if (t == "null") return Use("null");
@@ -252,7 +359,72 @@ class Converter {
     return StrFormat("{%lld,%lld}", (long long)lo, (long long)hi);
   }
 
+  // An integer, within minimum / maximum / exclusiveMinimum / exclusiveMaximum when the schema gives them.
+  std::string Integer(const json& s, const std::string& path) {
+    bool has_lo = false, has_hi = false;
+    int64_t lo = 0, hi = 0;
+    const double cap = 1e16;  // integers are written with at most 16 digits
+    auto bound = [&](const char* key, bool lower, bool exclusive) {
+      auto it = s.find(key);
+      if (it == s.end()) return;
+      if (!it->is_number()) {
+        Fail(path + "." + key, "must be a number");
+        return;
+      }
+      const double v = it->get<double>();
+      const double b = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v)) : (exclusive ? std::ceil(v) - 1 : std::floor(v));
+      if (lower ? b <= -cap : b >= cap) return;  // no tighter than the digits
+      if (lower ? b >= cap : b <= -cap) {
+        Fail(path + "." + key, "beyond 16 digits is not supported");
+        return;
+      }
+      const int64_t x = (int64_t)b;
+      if (lower) {
+        lo = has_lo ? std::max(lo, x) : x;
+        has_lo = true;
+      } else {
+        hi = has_hi ? std::min(hi, x) : x;
+        has_hi = true;
+      }
+    };
+    bound("minimum", true, false);
+    bound("exclusiveMinimum", true, true);
+    bound("maximum", false, false);
+    bound("exclusiveMaximum", false, true);
+    if (!has_lo && !has_hi) return Use("integer");
+    if (has_lo && has_hi && lo > hi) {
+      Fail(path, "no integer lies within its minimum and maximum");
+      return "value";
+    }
+    return IntegerRange(has_lo, lo, has_hi, hi);
+  }
+
   std::string String(const json& s, const std::string& path) {
+    auto pattern = s.find("pattern");
+    const char* format = nullptr;
+    if (auto f = s.find("format"); f != s.end() && f->is_string()) format = FormatRegex(f->get<std::string>());
+    if (pattern != s.end() || format) {
+      const char* key = pattern != s.end() ? "pattern" : "format";
+      if (s.contains("minLength") || s.contains("maxLength") || (pattern != s.end() && format)) {
+        Fail(path, StrFormat("'%s' together with %s is not supported", key,
+                             pattern != s.end() && format ? "a 'format' the grammar writes" : "minLength / maxLength"));
+        return "value";
+      }
+      if (pattern != s.end() && !pattern->is_string()) {
+        Fail(path + ".pattern", "must be a string (a regular expression)");
+        return "value";
+      }
+      RegexOptions o;
+      o.json_string = true;
+      if (pattern != s.end()) o.any_char = Use("char");  // a search: any text around a match
+      const std::string regex = pattern != s.end() ? pattern->get<std::string>() : std::string(format);
+      auto g = RegexToGbnf(regex, o);
+      if (!g.ok()) {
+        Fail(path + "." + key, g.status().message());
+        return "value";
+      }
+      return "\"\\\"\" " + g.value() + " \"\\\"\"";
+    }
     int64_t lo = 0, hi = -1;
     Count(s, "minLength", path, &lo);
     Count(s, "maxLength", path, &hi);
@@ -371,6 +543,13 @@ class Converter {
 };
 
 }  // namespace
+
+std::string GbnfAlternatives(const std::vector<std::string>& alts) {
+  if (alts.size() == 1) return alts[0];
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : " ") + alts[i];
+  return out + " )";
+}
 
 std::string GbnfLiteral(const std::string& text) {
   std::string out = "\"";

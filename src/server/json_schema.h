@@ -9,12 +9,14 @@
 //   or `true` (any JSON value);
 // - objects: properties, required, additionalProperties (absent or false with properties, even empty ones: only
 //   those keys; true, or a schema, or absent without properties: any keys with values of that schema);
-// - arrays: items, minItems, maxItems; strings: minLength, maxLength;
-// - annotations are ignored: title, description, default, examples, format (an annotation unless a
-//   validator opts in), $schema, $id, $comment, deprecated, readOnly, writeOnly.
-// Keywords that assert what the grammar cannot express (pattern, minimum, maximum, multipleOf, uniqueItems,
-// not, if/then/else, patternProperties, ...) are refused with an error naming the keyword and where it is,
-// rather than silently not enforced.
+// - arrays: items, minItems, maxItems; strings: minLength, maxLength, or pattern (a search, server/regex.h),
+//   or a format the grammar writes (date, date-time, time, uuid, ipv4, email); integers: minimum, maximum,
+//   exclusiveMinimum, exclusiveMaximum (up to 16 digits, as every integer here);
+// - annotations are ignored: title, description, default, examples, other formats, $schema, $id, $comment,
+//   deprecated, readOnly, writeOnly.
+// Keywords that assert what the grammar cannot express (multipleOf, bounds on a number, uniqueItems, not,
+// if/then/else, patternProperties, ...) are refused with an error naming the keyword and where it is, rather than
+// silently not enforced.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -34,6 +36,8 @@ std::string JsonObjectGbnf();
 std::string ChoiceGbnf(const std::vector<std::string>& choices);
 // A GBNF string literal matching `text` exactly.
 std::string GbnfLiteral(const std::string& text);
+// "( a | b | c )" for several alternatives, the one itself for one. REQUIRES: alts is not empty.
+std::string GbnfAlternatives(const std::vector<std::string>& alts);
 // Compact JSON text; invalid UTF-8 in strings (a request may carry it) becomes U+FFFD instead of throwing.
 template <class J>
 std::string SafeDump(const J& j) {

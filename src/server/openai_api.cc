@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "server/json_schema.h"
+#include "server/regex.h"
 
 namespace lathe::server {
 
@@ -186,7 +187,10 @@ std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, Comple
       if (auto e = set(pg, it->get<std::string>())) return e;
     }
     if (auto it = o.find(k.regex); it != o.end() && !it->is_null()) {
-      return Bad(pr, "'" + pr + "' is not supported (a GBNF grammar is: " + pg + ")");
+      if (!it->is_string()) return Bad(pr, "'" + pr + "' must be a regular expression (a string)");
+      auto g = RegexToGbnf(it->get<std::string>());  // the whole output is one match
+      if (!g.ok()) return Bad(pr, g.status().message());
+      if (auto e = set(pr, "root ::= " + g.value() + "\n")) return e;
     }
     return std::nullopt;
   };

@@ -133,8 +133,16 @@ printf 'root ::= ("yes" | "no") "!" [0-9]{2}\n' > "$tmp/yn.gbnf"
 "$LATHE" generate -m "$STORIES/stories260K.gguf" -p "Once" -n 20 --temp 1 --seed 5 --grammar-file "$tmp/yn.gbnf" --json > "$tmp/yn.json"
 check "generate --grammar-file" python3 -c "
 import json, re; r = json.load(open('$tmp/yn.json')); assert re.fullmatch(r'(yes|no)![0-9]{2}', r['text']), r"
-"$LATHE" generate -m "$STORIES/stories260K.gguf" -p "x" --json-schema '{"type": "integer", "minimum": 0}' > /dev/null 2>"$tmp/err"; rc=$?
-check "unsupported schema keyword" bash -c "[ $rc -eq 1 ] && grep -qF -e \"--json-schema: JSON schema \\$: 'minimum' is not supported\" '$tmp/err'"
+"$LATHE" generate -m "$STORIES/stories260K.gguf" -p "x" --json-schema '{"type": "integer", "multipleOf": 2}' > /dev/null 2>"$tmp/err"; rc=$?
+check "unsupported schema keyword" bash -c "[ $rc -eq 1 ] && grep -qF -e \"--json-schema: JSON schema \\$: 'multipleOf' is not supported\" '$tmp/err'"
+"$LATHE" generate -m "$STORIES/stories260K.gguf" -p "Once" -n 30 --temp 1 --seed 7 --json-schema '{"type": "integer", "minimum": -40, "maximum": 120}' --json > "$tmp/int.json"
+check "generate --json-schema integer bounds" python3 -c "
+import json; r = json.load(open('$tmp/int.json')); assert -40 <= json.loads(r['text']) <= 120, r"
+"$LATHE" generate -m "$STORIES/stories260K.gguf" -p "Once" -n 30 --temp 1 --seed 8 --regex '(red|blue) [0-9]{2}' --json > "$tmp/re.json"
+check "generate --regex" python3 -c "
+import json, re; r = json.load(open('$tmp/re.json')); assert re.fullmatch(r'(red|blue) [0-9]{2}', r['text']), r"
+"$LATHE" generate -m "$STORIES/stories260K.gguf" -p "x" --regex '(a)\1' > /dev/null 2>"$tmp/err"; rc=$?
+check "--regex backreference refused" bash -c "[ $rc -eq 1 ] && grep -qF -e '--regex: regex at offset 3: backreferences are not supported' '$tmp/err'"
 printf 'root ::= missing\n' > "$tmp/bad.gbnf"
 "$LATHE" generate -m "$STORIES/stories260K.gguf" -p "x" --grammar-file "$tmp/bad.gbnf" > /dev/null 2>"$tmp/err"; rc=$?
 check "bad grammar file" bash -c "[ $rc -eq 1 ] && grep -q \"bad.gbnf: grammar: rule 'missing' is used (line 1, column 10) but not defined\" '$tmp/err'"

@@ -334,8 +334,11 @@ def run(base, lathe, model, root):
             "friends": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
             "pet": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"kind": {"type": "string",
                     "maxLength": 8}, "legs": {"type": "integer"}}, "required": ["kind"]}]},
+            "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+            "score": {"type": "integer", "minimum": -5, "maximum": 250},
+            "born": {"type": "string", "format": "date"},
         },
-        "required": ["name", "age", "friends"],
+        "required": ["name", "age", "friends", "code", "score", "born"],
     }
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
     messages = [{"role": "user", "content": "Tell me about Lily as JSON."}]
@@ -344,7 +347,7 @@ def run(base, lathe, model, root):
         check(finish == "stop", "%s: finish_reason %s for %r" % (what, finish, text))
         try:
             obj = json.loads(text)
-            jsonschema.validate(obj, schema)
+            jsonschema.validate(obj, schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
             order = [k for k in schema["properties"] if k in obj]
             check(list(obj) == order, "%s: members out of order: %r" % (what, text))
         except Exception as e:  # noqa: BLE001 (any failure is the check's)
@@ -369,6 +372,13 @@ def run(base, lathe, model, root):
                                         extra_body={"guided_choice": ["yes", "no", "maybe not"]})
     check(gc.choices[0].message.content in ("yes", "no", "maybe not") and gc.choices[0].finish_reason == "stop",
           "guided_choice: %r" % gc.choices[0].message.content)
+    # guided_regex: the whole output is one match (Python's re agrees).
+    regex = r"(red|green|blue) [0-9]{1,3}(\.[0-9])?"
+    gr = client.completions.create(model="stories", prompt=prompt, max_tokens=30, temperature=1.0, n=4, seed=5,
+                                   extra_body={"guided_regex": regex})
+    for c in gr.choices:
+        check(c.finish_reason == "stop" and re.fullmatch(regex, c.text) is not None,
+              "guided_regex #%d: %r (%s)" % (c.index, c.text, c.finish_reason))
     # JSON mode: an object (the text may run out of tokens first; when it ends, it parses).
     jo = client.chat.completions.create(model="stories", messages=messages, max_tokens=200, temperature=0,
                                         response_format={"type": "json_object"})
@@ -473,7 +483,7 @@ def run(base, lathe, model, root):
         check(e.body is not None and e.body.get("param") == "max_tokens", "BadRequestError param: %s" % e.body)
 
     for kw, param in ((dict(response_format={"type": "json_schema", "json_schema": {
-                          "name": "x", "schema": {"type": "string", "pattern": "^a"}}}), "response_format.json_schema.schema"),
+                          "name": "x", "schema": {"type": "string", "pattern": "(a)\\1"}}}), "response_format.json_schema.schema"),
                       (dict(extra_body={"guided_grammar": "root ::= undefined_rule\n"}), "guided_grammar"),
                       (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}], tool_choice="sometimes"), "tool_choice")):
         try:

@@ -1,6 +1,7 @@
-// libFuzzer target for structured outputs, whose inputs come from the network: a GBNF grammar (guided_grammar)
-// or a JSON schema (response_format, guided_json). Input: the grammar or schema text, a NUL byte, then bytes to
-// feed the matcher. A schema (input starting with '{') is converted to GBNF first. Any bytes must give a grammar
+// libFuzzer target for structured outputs, whose inputs come from the network: a GBNF grammar (guided_grammar),
+// a JSON schema (response_format, guided_json) or a regular expression (guided_regex). Input: the grammar, schema or
+// '/' and the regex, a NUL byte, then bytes to feed the matcher. A schema (input starting with '{') or a regex is
+// converted to GBNF first. Any bytes must give a grammar
 // or an error, and a matcher whose masks agree with trying each token alone: no crash, hang or UB.
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "serve/grammar.h"
 #include "server/json_schema.h"
+#include "server/regex.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string in((const char*)data, size);
@@ -21,6 +23,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto g = lathe::server::JsonSchemaToGbnf(schema);
     if (!g.ok()) return 0;
     gbnf = g.value();
+  } else if (!spec.empty() && spec[0] == '/') {
+    auto g = lathe::server::RegexToGbnf(spec.substr(1));
+    if (!g.ok()) return 0;
+    gbnf = "root ::= " + g.value() + "\n";
   }
   auto grammar = lathe::serve::Grammar::Parse(gbnf);
   if (!grammar.ok()) return 0;

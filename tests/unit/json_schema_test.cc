@@ -66,8 +66,18 @@ TEST(JsonSchema, ErrorsNameThePathAndKeyword) {
     const char* schema;
     const char* expect;
   } cases[] = {
-      {R"({"type": "string", "pattern": "^a"})", "JSON schema $: 'pattern' is not supported"},
-      {R"({"properties": {"age": {"type": "integer", "minimum": 0}}})", "$.properties.age: 'minimum' is not supported"},
+      {R"({"type": "string", "multipleOf": 2})", "JSON schema $: 'multipleOf' is not supported"},
+      {R"({"properties": {"age": {"type": "number", "minimum": 0}}})",
+       "$.properties.age: 'minimum' is supported with \"type\": \"integer\" only (bounds on a number are not)"},
+      {R"({"properties": {"age": {"minimum": 0}}})", "$.properties.age: 'minimum' is supported with \"type\": \"integer\""},
+      {R"({"type": "integer", "minimum": 5, "exclusiveMaximum": 5})", "$: no integer lies within its minimum and maximum"},
+      {R"({"type": "integer", "maximum": "3"})", "$.maximum: must be a number"},
+      {R"({"type": "integer", "minimum": 1e17})", "$.minimum: beyond 16 digits is not supported"},
+      {R"({"pattern": "a"})", "$: 'pattern' is supported with \"type\": \"string\" only"},
+      {R"({"type": "string", "pattern": "(a"})", "$.pattern: regex at offset 0: missing ), unterminated subpattern"},
+      {R"({"type": "string", "pattern": "(a)\\1"})", "$.pattern: regex at offset 3: backreferences are not supported"},
+      {R"({"type": "string", "pattern": "a", "maxLength": 3})", "'pattern' together with minLength / maxLength"},
+      {R"({"type": "string", "pattern": "a", "format": "date"})", "'pattern' together with a 'format'"},
       {R"({"type": "object", "properties": {"a": {"type": "thing"}}})", "$.properties.a.type: unknown type 'thing'"},
       {R"({"$ref": "#/$defs/missing"})", "$ref '#/$defs/missing' points at nothing"},
       {R"({"$ref": "http://example.com/s.json"})", "only references into this schema"},
@@ -87,6 +97,72 @@ TEST(JsonSchema, ErrorsNameThePathAndKeyword) {
     ASSERT_FALSE(g.ok()) << c.schema;
     EXPECT_NE(g.status().message().find(c.expect), std::string::npos) << c.schema << " -> " << g.status().message();
   }
+}
+
+// Integer bounds against the definition, for every integer in [-1200, 1200] and a few far away.
+TEST(JsonSchema, IntegerBoundsAcceptExactlyTheRange) {
+  struct Bounds {
+    const char* keywords;
+    int64_t lo, hi;  // the range they allow (INT64_MIN / INT64_MAX: open)
+  } cases[] = {
+      {R"("minimum": 0, "maximum": 100)", 0, 100},
+      {R"("minimum": -12, "maximum": 305)", -12, 305},
+      {R"("minimum": 7)", 7, INT64_MAX},
+      {R"("maximum": -3)", INT64_MIN, -3},
+      {R"("exclusiveMinimum": 0)", 1, INT64_MAX},
+      {R"("exclusiveMinimum": -1.5, "exclusiveMaximum": 999.5)", -1, 999},
+      {R"("minimum": 1000, "maximum": 1000)", 1000, 1000},
+      {R"("minimum": -1000, "maximum": -999)", -1000, -999},
+      {R"("minimum": 10, "maximum": 1099, "exclusiveMaximum": 1000)", 10, 999},
+      {R"("minimum": 0.5, "maximum": 9.99)", 1, 9},
+      {R"("minimum": -1e20, "maximum": 1e20)", INT64_MIN, INT64_MAX},
+  };
+  for (const auto& c : cases) {
+    const std::string schema = std::string(R"({"type": "integer", )") + c.keywords + "}";
+    auto g = Compile(schema);
+    ASSERT_TRUE(g) << schema;
+    std::vector<int64_t> xs;
+    for (int64_t x = -1200; x <= 1200; ++x) xs.push_back(x);
+    for (int64_t x : {99999LL, 100000LL, 123456789LL, 9999999999999999LL, -9999999999999999LL, -5000LL, 5000LL}) xs.push_back(x);
+    for (int64_t x : xs) {
+      EXPECT_EQ(Matches(g, std::to_string(x)), x >= c.lo && x <= c.hi) << schema << " on " << x;
+    }
+    EXPECT_FALSE(Matches(g, "01")) << schema;  // no leading zeros
+    if (c.lo != INT64_MIN || c.hi != INT64_MAX) EXPECT_FALSE(Matches(g, "-0")) << schema;
+    EXPECT_FALSE(Matches(g, "1.0")) << schema;
+  }
+}
+
+TEST(JsonSchema, FormatsAndPatterns) {
+  auto date = Compile(R"({"type": "string", "format": "date"})");
+  ASSERT_TRUE(date);
+  EXPECT_TRUE(Matches(date, "\"2026-12-07\""));
+  EXPECT_TRUE(Matches(date, "\"1999-02-28\""));
+  EXPECT_FALSE(Matches(date, "\"2026-02-30\""));
+  EXPECT_FALSE(Matches(date, "\"2026-13-01\""));
+  EXPECT_FALSE(Matches(date, "\"0999-01-01\""));
+  auto dt = Compile(R"({"type": "string", "format": "date-time"})");
+  EXPECT_TRUE(Matches(dt, "\"2026-12-07T04:05:28Z\""));
+  EXPECT_TRUE(Matches(dt, "\"2026-12-07T23:59:59.123456+05:30\""));
+  EXPECT_FALSE(Matches(dt, "\"2026-12-07 04:05:28Z\""));
+  EXPECT_FALSE(Matches(dt, "\"2026-12-07T24:00:00Z\""));
+  auto uuid = Compile(R"({"type": "string", "format": "uuid"})");
+  EXPECT_TRUE(Matches(uuid, "\"123e4567-e89b-12d3-a456-426614174000\""));
+  EXPECT_FALSE(Matches(uuid, "\"123e4567e89b12d3a456426614174000\""));
+  auto ip = Compile(R"({"type": "string", "format": "ipv4"})");
+  EXPECT_TRUE(Matches(ip, "\"192.168.0.255\""));
+  EXPECT_FALSE(Matches(ip, "\"192.168.0.256\""));
+  EXPECT_FALSE(Matches(ip, "\"192.168.00.1\""));
+  // Unknown formats are annotations.
+  auto hostname = Compile(R"({"type": "string", "format": "hostname"})");
+  EXPECT_TRUE(Matches(hostname, "\"anything at all\""));
+  // A pattern is a search unless anchored; the string is written JSON-escaped.
+  auto p = Compile(R"({"type": "string", "pattern": "ab+"})");
+  EXPECT_TRUE(Matches(p, "\"xx abbb \\\"yy\""));
+  EXPECT_FALSE(Matches(p, "\"a b\""));
+  auto q = Compile(R"({"type": "string", "pattern": "^[\"\\\\]{2}$"})");  // two of: " and backslash
+  EXPECT_TRUE(Matches(q, R"("\"\\")"));
+  EXPECT_FALSE(Matches(q, R"("\"\\x")"));
 }
 
 TEST(JsonSchema, LiteralsAndChoicesEscape) {

@@ -16,6 +16,22 @@ std::optional<ApiError> Parse(const std::string& body, bool chat, CompletionRequ
   return ParseCompletionRequest(json::parse(body), chat, r);
 }
 
+// What a request's grammar makes of raw text: -1 refused, 0 a prefix, 1 complete (more may follow), 2 finished.
+int Verdict(const std::string& gbnf, const std::string& text) {
+  auto g = serve::Grammar::Parse(gbnf);
+  EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << gbnf;
+  if (!g.ok()) return -1;
+  serve::GrammarMatcher m(g.value(), serve::GrammarVocab::Bytes());
+  if (!m.AcceptBytes(text)) return -1;
+  return m.Finished() ? 2 : m.Complete() ? 1 : 0;
+}
+bool Accepts(const std::string& gbnf, const std::string& text) { return Verdict(gbnf, text) > 0; }
+
+// Two tools: one with a required string parameter, one without parameters.
+const char kTwoTools[] = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "ping"}}])";
+
 TEST(OpenAiApi, ParsesStructuredOutputs) {
   CompletionRequest r;
   // A JSON schema keeps its properties' order when the caller passes the ordered parse.
@@ -26,14 +42,8 @@ TEST(OpenAiApi, ParsesStructuredOutputs) {
   auto e = ParseCompletionRequest(json::parse(body), false, &r, &ordered);
   ASSERT_FALSE(e) << e->message;
   EXPECT_EQ(r.grammar_param, "response_format.json_schema.schema");
-  auto g = serve::Grammar::Parse(r.grammar);
-  ASSERT_TRUE(g.ok()) << g.status().message();
-  auto accepts = [&](const std::string& text) {
-    serve::GrammarMatcher m(g.value(), serve::GrammarVocab::Bytes());
-    return m.AcceptBytes(text) && m.Complete();
-  };
-  EXPECT_TRUE(accepts(R"({"zeta": 1, "alpha": "x"})"));
-  EXPECT_FALSE(accepts(R"({"alpha": "x", "zeta": 1})"));
+  EXPECT_TRUE(Accepts(r.grammar, R"({"zeta": 1, "alpha": "x"})"));
+  EXPECT_FALSE(Accepts(r.grammar, R"({"alpha": "x", "zeta": 1})"));
   ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
                      true, &r));
   EXPECT_EQ(r.grammar_param, "response_format");
@@ -54,29 +64,26 @@ TEST(OpenAiApi, ParsesStructuredOutputs) {
   EXPECT_EQ(r.grammar_param, "structured_outputs.json");
   ASSERT_FALSE(Parse(R"({"prompt": "x", "structured_outputs": {"json_object": true}})", false, &r));
   EXPECT_NE(r.grammar.find("root ::= object"), std::string::npos);
+  // A regular expression: the whole output is one match.
+  for (const char* body : {R"({"prompt": "x", "guided_regex": "[0-9]{3}-(ab|c)+"})",
+                           R"({"prompt": "x", "structured_outputs": {"regex": "[0-9]{3}-(ab|c)+"}})"}) {
+    ASSERT_FALSE(Parse(body, false, &r)) << body;
+    EXPECT_TRUE(Accepts(r.grammar, "123-abcab"));
+    EXPECT_EQ(Verdict(r.grammar, "12-ab"), -1);
+  }
 }
 
 TEST(OpenAiApi, ParsesForcedToolCalls) {
-  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "now",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-      {"type": "function", "function": {"name": "ping"}}])";
-  auto vocab = serve::GrammarVocab::Bytes();
-  auto accepts = [&](const std::string& gbnf, const std::string& text) {
-    auto g = serve::Grammar::Parse(gbnf);
-    EXPECT_TRUE(g.ok()) << g.status().message();
-    if (!g.ok()) return false;
-    serve::GrammarMatcher m(g.value(), vocab);
-    return m.AcceptBytes(text) && m.Complete();
-  };
+  const std::string tools = kTwoTools;
   CompletionRequest r;
   // "required": one call of either tool, as {"name", "arguments"}.
   ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], )" + tools + R"(, "tool_choice": "required"})",
                      true, &r));
   EXPECT_EQ(r.tool_mode, "required");
-  EXPECT_TRUE(accepts(r.grammar, R"({"name": "get_weather", "arguments": {"city": "Paris"}})"));
-  EXPECT_TRUE(accepts(r.grammar, R"({"name": "ping", "arguments": {}})"));
-  EXPECT_FALSE(accepts(r.grammar, R"({"name": "ping", "arguments": {"city": "Paris"}})"));
-  EXPECT_FALSE(accepts(r.grammar, R"({"name": "other", "arguments": {}})"));
+  EXPECT_TRUE(Accepts(r.grammar, R"({"name": "get_weather", "arguments": {"city": "Paris"}})"));
+  EXPECT_TRUE(Accepts(r.grammar, R"({"name": "ping", "arguments": {}})"));
+  EXPECT_FALSE(Accepts(r.grammar, R"({"name": "ping", "arguments": {"city": "Paris"}})"));
+  EXPECT_FALSE(Accepts(r.grammar, R"({"name": "other", "arguments": {}})"));
   EXPECT_NE(r.tools_prompt.find(R"("name":"get_weather")"), std::string::npos) << r.tools_prompt;
   auto calls = ToolCallsFromText(r, R"({"name": "get_weather", "arguments": {"city": "Paris"}})", "call_1");
   ASSERT_EQ(calls.size(), 1u);
@@ -88,8 +95,8 @@ TEST(OpenAiApi, ParsesForcedToolCalls) {
                      true, &r));
   EXPECT_EQ(r.tool_mode, "named");
   EXPECT_NE(r.tools_prompt.find("Call the function \"get_weather\": reply with its arguments only"), std::string::npos);
-  EXPECT_TRUE(accepts(r.grammar, R"({"city": "Oslo"})"));
-  EXPECT_FALSE(accepts(r.grammar, R"({})"));
+  EXPECT_TRUE(Accepts(r.grammar, R"({"city": "Oslo"})"));
+  EXPECT_FALSE(Accepts(r.grammar, R"({})"));
   calls = ToolCallsFromText(r, R"({"city": "Oslo"})", "call_2");
   EXPECT_EQ(calls[0].name, "get_weather");
   EXPECT_EQ(calls[0].arguments, R"({"city": "Oslo"})");
@@ -118,20 +125,8 @@ TEST(OpenAiApi, ParsesForcedToolCalls) {
 }
 
 TEST(OpenAiApi, ParsesAutoToolCalls) {
-  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "now",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-      {"type": "function", "function": {"name": "ping"}}])";
-  auto vocab = serve::GrammarVocab::Bytes();
-  // What the lazy grammar does with the text after the first <tool_call>: -1 refused, 0 a prefix, 1 complete
-  // (more may follow), 2 finished.
-  auto verdict = [&](const std::string& gbnf, const std::string& text) {
-    auto g = serve::Grammar::Parse(gbnf);
-    EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << gbnf;
-    if (!g.ok()) return -1;
-    serve::GrammarMatcher m(g.value(), vocab);
-    if (!m.AcceptBytes(text)) return -1;
-    return m.Finished() ? 2 : m.Complete() ? 1 : 0;
-  };
+  const std::string tools = kTwoTools;
+  // The lazy grammar is over the text after the first <tool_call>.
   CompletionRequest r;
   // No tool_choice: "auto", the default.
   ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], )" + tools + "}", true, &r));
@@ -139,17 +134,17 @@ TEST(OpenAiApi, ParsesAutoToolCalls) {
   EXPECT_EQ(r.sampling.grammar_trigger, "<tool_call>");
   EXPECT_NE(r.tools_prompt.find("within <tool_call></tool_call> XML tags"), std::string::npos) << r.tools_prompt;
   const std::string call1 = "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-  EXPECT_EQ(verdict(r.grammar, call1), 1);
-  EXPECT_EQ(verdict(r.grammar, call1 + "\n<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>\n"), 1);
-  EXPECT_EQ(verdict(r.grammar, call1 + "\n<tool_call>\n{\"name\": \"ping\""), 0);
-  EXPECT_EQ(verdict(r.grammar, "{\"name\": \"nope\", \"arguments\": {}}"), -1);
-  EXPECT_EQ(verdict(r.grammar, call1 + " and then some text"), -1);
+  EXPECT_EQ(Verdict(r.grammar, call1), 1);
+  EXPECT_EQ(Verdict(r.grammar, call1 + "\n<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>\n"), 1);
+  EXPECT_EQ(Verdict(r.grammar, call1 + "\n<tool_call>\n{\"name\": \"ping\""), 0);
+  EXPECT_EQ(Verdict(r.grammar, "{\"name\": \"nope\", \"arguments\": {}}"), -1);
+  EXPECT_EQ(Verdict(r.grammar, call1 + " and then some text"), -1);
   // parallel_tool_calls false: one call, then the text is done.
   ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], "tool_choice": "auto",
                          "parallel_tool_calls": false, )" + tools + "}",
                      true, &r));
-  EXPECT_EQ(verdict(r.grammar, call1), 2);
-  EXPECT_EQ(verdict(r.grammar, call1 + "\n<tool_call>"), -1);
+  EXPECT_EQ(Verdict(r.grammar, call1), 2);
+  EXPECT_EQ(Verdict(r.grammar, call1 + "\n<tool_call>"), -1);
   // A response with content and calls: both.
   Choice c;
   c.text = "Checking.";
@@ -318,13 +313,15 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"prompt": "x", "response_format": {"type": "yaml"}})", false, "response_format.type"},
       {R"({"prompt": "x", "response_format": {"type": "json_schema"}})", false, "response_format.json_schema"},
       {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n",
-          "schema": {"type": "string", "pattern": "a+"}}}})", false, "response_format.json_schema.schema"},
+          "schema": {"type": "string", "pattern": "a\\bc"}}}})", false, "response_format.json_schema.schema"},
       {R"({"prompt": "x", "guided_json": "{not json"})", false, "guided_json"},
       {R"({"prompt": "x", "guided_choice": ["a", 1]})", false, "guided_choice"},
       {R"({"prompt": "x", "guided_choice": []})", false, "guided_choice"},
       {R"({"prompt": "x", "guided_grammar": 5})", false, "guided_grammar"},
-      {R"({"prompt": "x", "guided_regex": "a+"})", false, "guided_regex"},
-      {R"({"prompt": "x", "structured_outputs": {"regex": "a+"}})", false, "structured_outputs.regex"},
+      {R"({"prompt": "x", "guided_regex": "a\\b"})", false, "guided_regex"},
+      {R"({"prompt": "x", "guided_regex": ["a+"]})", false, "guided_regex"},
+      {R"({"prompt": "x", "structured_outputs": {"regex": "a{2"}, "guided_choice": ["a"]})", false,
+       "structured_outputs.regex"},
       {R"({"prompt": "x", "structured_outputs": "json"})", false, "structured_outputs"},
       {R"({"prompt": "x", "structured_outputs": {"grammar": "root ::= x"}, "guided_choice": ["a"]})", false,
        "structured_outputs.grammar"},
@@ -345,7 +342,7 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}},
           {"type": "function", "function": {"name": "f"}}], "tool_choice": "required"})", true, "tools[1].function.name"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f",
-          "parameters": {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}}}],
+          "parameters": {"type": "object", "properties": {"n": {"type": "number", "maximum": 3}}}}}],
           "tool_choice": "required"})", true, "tools"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
           "tool_choice": "required", "response_format": {"type": "json_object"}})", true, "tool_choice"},

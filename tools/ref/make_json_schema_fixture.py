@@ -10,7 +10,7 @@
 # escapes or raw UTF-8); the invalid side has no such restriction: whatever jsonschema rejects, the grammar must
 # reject.
 #
-#   $PY tools/ref/make_json_schema_fixture.py        (needs jsonschema from PyPI; seconds)
+#   $PY tools/ref/make_json_schema_fixture.py   (needs jsonschema and rfc3339-validator from PyPI; seconds)
 import importlib.metadata
 import json
 import os
@@ -108,6 +108,42 @@ CASES = [
     ("top_level_array", {"type": "array", "items": {"type": "integer"}, "maxItems": 4}, [
         [], [1], [1, 2, 3, 4],
     ]),
+    ("integer_bounds", {
+        "type": "object",
+        "properties": {
+            "percent": {"type": "integer", "minimum": 0, "maximum": 100},
+            "delta": {"type": "integer", "exclusiveMinimum": -50, "exclusiveMaximum": 1000},
+            "floor": {"type": "integer", "minimum": 17},
+            "neg": {"type": ["integer", "null"], "maximum": -3},
+        },
+        "required": ["percent"],
+        "additionalProperties": False,
+    }, [
+        {"percent": 0}, {"percent": 100, "delta": -49}, {"percent": 42, "delta": 999, "floor": 17},
+        {"percent": 7, "floor": 123456, "neg": -3}, {"percent": 99, "delta": 0, "neg": None},
+        {"percent": 10, "neg": -1000},
+    ]),
+    ("patterns_and_formats", {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+            "word": {"type": "string", "pattern": "colou?r"},
+            "quoted": {"type": "string", "pattern": "^\"[^\"\\\\]*\"$"},
+            "day": {"type": "string", "format": "date"},
+            "when": {"type": "string", "format": "date-time"},
+            "id": {"type": "string", "format": "uuid"},
+            "ip": {"type": "string", "format": "ipv4"},
+            "mail": {"type": "string", "format": "email"},
+        },
+        "required": ["code"],
+        "additionalProperties": False,
+    }, [
+        {"code": "AB-123"},
+        {"code": "ZZ-000", "word": "the color red", "quoted": "\"hi there\"", "day": "2026-12-07"},
+        {"code": "QX-999", "word": "colour", "when": "2026-02-28T23:59:59.5+01:00", "id": "123e4567-e89b-12d3-a456-426614174000"},
+        {"code": "AA-001", "when": "1999-12-31T00:00:00Z", "ip": "10.0.255.1", "mail": "ada.lovelace@example.org"},
+        {"code": "CD-456", "word": "\ncolor\t", "quoted": "\"\""},
+    ]),
     ("strings_lengths", {
         "type": "object",
         "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4}, "empty": {"type": "string", "maxLength": 0}},
@@ -175,6 +211,16 @@ def semantic_mutants(doc, schema):
                 d = dict(doc)
                 d[k] = v
                 out.append(d)  # a member of another type
+            v = doc[k]
+            near = []
+            if isinstance(v, int) and not isinstance(v, bool):  # the integers around it and far away
+                near = [v - 1, v + 1, -v, v * 10, v - 100, v + 1000, 0]
+            elif isinstance(v, str) and v:  # the same string with a character changed, added or taken away
+                near = [v[:-1], v + v[-1], "x" + v, v[:1] + "9" + v[2:], v.replace("-", "/"), v.upper(), v.lower()]
+            for x in near:
+                d = dict(doc)
+                d[k] = x
+                out.append(d)
         d = dict(doc)
         d["extra_key"] = 1
         out.append(d)
@@ -190,7 +236,10 @@ def main():
     cases = []
     for name, schema, docs in CASES:
         jsonschema.Draft202012Validator.check_schema(schema)
-        validator = jsonschema.Draft202012Validator(schema)
+        # Formats are checked (date-time with rfc3339-validator installed): the grammar writes them.
+        checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+        assert {"date", "date-time", "uuid", "ipv4", "email"} <= set(checker.checkers), sorted(checker.checkers)
+        validator = jsonschema.Draft202012Validator(schema, format_checker=checker)
         valid, invalid = [], set()
         for doc in docs:
             assert validator.is_valid(doc), (name, doc)
