@@ -130,8 +130,18 @@ bool TakeAlternatives(Node alt, Node* out) {
 // The strings n matches but the empty one (false: it matches only the empty string). A repetition of a
 // nullable group becomes a repetition of its non-empty strings: GBNF's expansion of `( x )*` with a nullable x
 // would reach itself before matching a character (refused as left recursion), and the strings are the same.
-bool NonEmpty(const Node& n, Node* out) {
+// Copies cost `budget` (nodes): a long sequence of optional items under a star would otherwise grow the rewrite
+// quadratically; past the budget the caller reports the pattern as too complex.
+int64_t Size(const Node& n) {
+  int64_t s = 1;
+  for (const Node& k : n.kids) s += Size(k);
+  return s;
+}
+
+bool NonEmpty(const Node& n, Node* out, int64_t* budget) {
+  if (*budget < 0) return false;
   if (!Nullable(n)) {
+    *budget -= Size(n);
     *out = n;
     return true;
   }
@@ -145,7 +155,8 @@ bool NonEmpty(const Node& n, Node* out) {
       Node head, rest;
       rest.kind = Node::kSeq;
       rest.kids.assign(n.kids.begin() + 1, n.kids.end());
-      if (NonEmpty(n.kids[0], &head)) {
+      if (NonEmpty(n.kids[0], &head, budget)) {
+        *budget -= Size(rest);
         Node first;
         first.kind = Node::kSeq;
         first.kids.push_back(std::move(head));
@@ -153,7 +164,7 @@ bool NonEmpty(const Node& n, Node* out) {
         alt.kids.push_back(std::move(first));
       }
       Node tail;
-      if (NonEmpty(rest, &tail)) alt.kids.push_back(std::move(tail));
+      if (NonEmpty(rest, &tail, budget)) alt.kids.push_back(std::move(tail));
       return TakeAlternatives(std::move(alt), out);
     }
     case Node::kAlt: {
@@ -161,14 +172,14 @@ bool NonEmpty(const Node& n, Node* out) {
       alt.kind = Node::kAlt;
       for (const Node& k : n.kids) {
         Node x;
-        if (NonEmpty(k, &x)) alt.kids.push_back(std::move(x));
+        if (NonEmpty(k, &x, budget)) alt.kids.push_back(std::move(x));
       }
       return TakeAlternatives(std::move(alt), out);
     }
     case Node::kRepeat: {
       // X{m,n} with "" in X (or m = 0) is (X - ""){0,n}: its non-empty strings are (X - ""){1,n}.
       Node inner;
-      if (n.max == 0 || !NonEmpty(n.kids[0], &inner)) return false;
+      if (n.max == 0 || !NonEmpty(n.kids[0], &inner, budget)) return false;
       Node rep;
       rep.kind = Node::kRepeat;
       rep.min = 1;
@@ -655,7 +666,9 @@ class RegexParser {
         std::string inner;
         if (Nullable(n.kids[0])) {
           Node x;
-          if (n.max == 0 || !NonEmpty(n.kids[0], &x)) return "\"\"";
+          const bool some = n.max != 0 && NonEmpty(n.kids[0], &x, &budget_);
+          if (budget_ < 0) Fail(0, "the pattern is too complex (a repetition of optional items too long to rewrite)");
+          if (!some || budget_ < 0) return "\"\"";
           inner = "( " + Emit(x) + " )";
           min = 0;
         } else {
@@ -673,6 +686,7 @@ class RegexParser {
   std::string_view s_;
   const RegexOptions& opt_;
   size_t pos_ = 0;
+  int64_t budget_ = 1 << 20;  // nodes the rewrite of repeated nullable groups may make
   Status err_;
 };
 

@@ -75,6 +75,12 @@ TEST(Regex, ErrorsNameTheOffset) {
     ASSERT_FALSE(e.ok()) << c.pattern;
     EXPECT_NE(e.status().message().find(c.expect), std::string::npos) << c.pattern << " -> " << e.status().message();
   }
+  std::string optional_items = "(";
+  for (int i = 0; i < 3000; ++i) optional_items += "a?";
+  auto big = RegexToGbnf(optional_items + ")*");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("too complex"), std::string::npos) << big.status().message();
+  EXPECT_TRUE(RegexToGbnf("(a?b?c?d?e?f?g?h?)*").ok());
   std::string deep(300, '(');
   EXPECT_FALSE(RegexToGbnf(deep + "a" + std::string(300, ')')).ok());
 }
