@@ -40,6 +40,21 @@ void Sampler::WatchForTrigger(int32_t token) {
   if (token < 0 || token >= vocab.size() || !vocab.is_text(token)) return;
   untriggered_ += vocab.bytes(token);
   const std::string& trigger = params_.grammar_trigger;
+  if (params_.grammar_trigger_at_start) {
+    untriggered_.erase(0, std::min(untriggered_.size(), untriggered_.find_first_not_of(" \t\r\n")));
+    const size_t k = std::min(untriggered_.size(), trigger.size());
+    if (untriggered_.compare(0, k, trigger, 0, k) != 0) {  // the text does not begin with it: free from now on
+      lazy_ = false;
+      untriggered_.clear();
+      return;
+    }
+    if (untriggered_.size() < trigger.size()) return;
+    lazy_ = false;
+    auto m = std::make_unique<GrammarMatcher>(params_.grammar->grammar, params_.grammar->vocab, params_.grammar->cache);
+    if (m->AcceptBytes(untriggered_)) matcher_ = std::move(m);
+    untriggered_.clear();
+    return;
+  }
   const size_t at = untriggered_.find(trigger);
   if (at == std::string::npos) {
     // Keep only what may be the trigger's beginning.

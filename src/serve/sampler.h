@@ -35,6 +35,10 @@ struct SamplingParams {
   // constrains what follows it (the grammar's bytes start right after the trigger). Empty: the grammar applies from
   // the first token.
   std::string grammar_trigger;
+  // The trigger counts only at the start of the text (after blanks), and the grammar's text starts with it: the
+  // text is either a sentence of the grammar (it begins with the trigger) or free (it does not). Llama 3's tool
+  // calls: a reply that begins with "{" is a call.
+  bool grammar_trigger_at_start = false;
   // Returns an error naming the field when a value is out of range.
   Status Validate() const;
 };

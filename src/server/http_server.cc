@@ -242,7 +242,7 @@ struct HttpServer::Impl {
       // A JSON schema's properties (a tool's parameters too) are generated in the order the request lists them.
       std::optional<nlohmann::ordered_json> ordered;
       if (NeedsKeyOrder(body)) ordered = nlohmann::ordered_json::parse(req.body);
-      perr = ParseCompletionRequest(body, chat, &r, ordered ? &*ordered : nullptr);
+      perr = ParseCompletionRequest(body, chat, &r, ordered ? &*ordered : nullptr, ToolFormatFor(tmpl.name()));
       if (!perr && !r.grammar.empty()) {
         auto g = CompileGrammar(r.grammar);
         if (!g.ok()) {
@@ -273,7 +273,20 @@ struct HttpServer::Impl {
     std::vector<std::vector<int32_t>> prompt_ids;
     if (chat) {
       std::vector<tokenizer::ChatMessage> messages = r.messages;
-      if (!r.tools_prompt.empty()) {  // the tools, described in the system message (after the template's default)
+      if (!r.tools_prompt.empty() && r.tools_in_user_message) {
+        // Llama 3: "Environment: ipython" opens the system message, the tools come before the first user text.
+        if (messages.empty() || messages[0].role != "system") {
+          messages.insert(messages.begin(), {"system", tmpl.default_system()});
+        }
+        messages[0].content = "Environment: ipython\n" + messages[0].content;
+        for (auto& m : messages) {
+          if (m.role == "user") {
+            m.content = r.tools_prompt + m.content;
+            break;
+          }
+        }
+      } else if (!r.tools_prompt.empty()) {
+        // The tools, described in the system message (after the template's default).
         if (messages.empty() || messages[0].role != "system") {
           messages.insert(messages.begin(), {"system", tmpl.default_system()});
         }
@@ -377,7 +390,9 @@ struct HttpServer::Impl {
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     auto call_id = [id](int c) { return "call_" + id.substr(id.find('-') + 1) + "_" + std::to_string(c) + "_"; };
     if (r.tool_mode == "auto") {
-      for (int c = 0; c < n_choices; ++c) (*states)[c].reader = std::make_unique<ToolCallReader>(call_id(c));
+      for (int c = 0; c < n_choices; ++c) {
+        (*states)[c].reader = std::make_unique<ToolCallReader>(call_id(c), r.tool_format);
+      }
     }
     const int64_t created = (int64_t)std::time(nullptr);
     auto last_token_time = std::make_shared<double>(0);

@@ -217,6 +217,8 @@ std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, Comple
 // - {"type": "function", "function": {"name": ...}}: the output is that function's arguments object.
 // - "none": the tools are ignored.
 std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionRequest* r) {
+  const bool llama = r->tool_format == ToolFormat::kLlama3Json;
+  const char* args_key = llama ? "parameters" : "arguments";
   using ojson = nlohmann::ordered_json;
   auto tools = b.find("tools");
   auto choice = b.find("tool_choice");
@@ -271,8 +273,8 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
                             "function in 'tool_choice' or inline the definitions");
       }
       alts.push_back({{"type", "object"},
-                      {"properties", {{"name", {{"const", name}}}, {"arguments", params}}},
-                      {"required", {"name", "arguments"}}});
+                      {"properties", {{"name", {{"const", name}}}, {args_key, params}}},
+                      {"required", {"name", args_key}}});
     }
     schema = alts.size() == 1 ? alts[0] : ojson{{"anyOf", alts}};
     if (fns.size() == 1) {  // its "#/$defs/..." references resolve against the call's schema now
@@ -299,25 +301,34 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
   if (!g.ok()) return Bad("tools", g.status().message());
   r->grammar_param = "tools";
   if (r->tool_mode == "auto") {
-    r->grammar = ToolCallGbnf(g.value(), parallel);
-    r->sampling.grammar_trigger = kToolCallOpen;
+    r->grammar = ToolCallGbnf(g.value(), parallel, r->tool_format);
+    r->sampling.grammar_trigger = llama ? "{" : kToolCallOpen;
+    r->sampling.grammar_trigger_at_start = llama;
   } else {
     r->grammar = g.value();
   }
-  std::string lines;
-  for (const auto& d : described) lines += SafeDump(d) + "\n";
-  r->tools_prompt = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
-                    "with function signatures within <tools></tools> XML tags:\n<tools>\n" + lines + "</tools>\n\n";
+  const std::string call_shape = std::string("{\"name\": <function-name>, \"") + args_key + "\": <args-json-object>}";
+  if (llama) {  // Llama 3's template: the tools before the first user message's text
+    r->tools_in_user_message = true;
+    r->tools_prompt = "Given the following functions, please respond with a JSON for a function call with its proper "
+                      "arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function "
+                      "name, \"parameters\": dictionary of argument name and its value}. Do not use variables.\n\n";
+    for (const auto& d : described) r->tools_prompt += d.dump(4) + "\n\n";
+  } else {
+    std::string lines;
+    for (const auto& d : described) lines += SafeDump(d) + "\n";
+    r->tools_prompt = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+                      "with function signatures within <tools></tools> XML tags:\n<tools>\n" + lines + "</tools>\n\n";
+  }
   if (r->tool_mode == "named") {  // the output is the arguments alone: say so
     r->tools_prompt += "Call the function \"" + r->tool_name + "\": reply with its arguments only, as a JSON object.";
   } else if (r->tool_mode == "required") {
-    r->tools_prompt += "For the function call, return a json object with function name and arguments: "
-                       "{\"name\": <function-name>, \"arguments\": <args-json-object>}";
-  } else {  // Qwen2.5's words for it
+    r->tools_prompt += "For the function call, return a json object with function name and arguments: " + call_shape;
+  } else if (!llama) {  // Qwen2.5's words for it
     r->tools_prompt += "For each function call, return a json object with function name and arguments within "
-                       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-                       "<args-json-object>}\n</tool_call>";
+                       "<tool_call></tool_call> XML tags:\n<tool_call>\n" + call_shape + "\n</tool_call>";
   }
+  if (llama && r->tool_mode != "auto") r->tools_prompt += "\n\n";
   return std::nullopt;
 }
 
@@ -332,10 +343,16 @@ bool NeedsKeyOrder(const json& body) {
   return false;
 }
 
+ToolFormat ToolFormatFor(const std::string& template_name) {
+  return template_name == "llama3" ? ToolFormat::kLlama3Json : ToolFormat::kHermes;
+}
+
 std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, CompletionRequest* r,
-                                               const nlohmann::ordered_json* ordered) {
+                                               const nlohmann::ordered_json* ordered, ToolFormat tool_format) {
   *r = CompletionRequest();
   r->chat = chat;
+  r->tool_format = tool_format;
+  const bool llama = tool_format == ToolFormat::kLlama3Json;
   if (!b.is_object()) return Bad("", "the request body must be a JSON object");
   if (auto e = Unsupported(b, chat)) return e;
   if (NeedsKeyOrder(b)) {
@@ -367,11 +384,12 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
       tokenizer::ChatMessage msg;
       msg.role = role;
       if (auto e = Content(m.value("content", json(nullptr)), p + ".content", &msg.content)) return e;
-      // Tool turns as Hermes / Qwen2.5 write them: a tool's result is a user turn in <tool_response> tags, an
-      // assistant's calls are <tool_call> blocks of {"name", "arguments"}.
+      // Tool turns as the model family writes them. Hermes / Qwen2.5: a tool's result is a user turn in
+      // <tool_response> tags, an assistant's calls are <tool_call> blocks of {"name", "arguments"}. Llama 3: the
+      // result is an "ipython" turn, the calls are {"name", "parameters"} objects joined by "; ".
       if (role == "tool") {
-        msg.role = "user";
-        msg.content = "<tool_response>\n" + msg.content + "\n</tool_response>";
+        msg.role = llama ? "ipython" : "user";
+        if (!llama) msg.content = "<tool_response>\n" + msg.content + "\n</tool_response>";
       }
       if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
         const json& calls = m["tool_calls"];
@@ -391,8 +409,12 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
           } else if (f.contains("arguments")) {
             args = f["arguments"];
           }
-          if (!msg.content.empty()) msg.content += "\n";
-          msg.content += "<tool_call>\n" + SafeDump(json{{"name", f["name"]}, {"arguments", args}}) + "\n</tool_call>";
+          if (llama) {
+            msg.content += (msg.content.empty() ? "" : "; ") + SafeDump(json{{"name", f["name"]}, {"parameters", args}});
+          } else {
+            if (!msg.content.empty()) msg.content += "\n";
+            msg.content += "<tool_call>\n" + SafeDump(json{{"name", f["name"]}, {"arguments", args}}) + "\n</tool_call>";
+          }
         }
       }
       r->messages.push_back(std::move(msg));
@@ -574,18 +596,22 @@ std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::s
   call.arguments = text;
   if (r.tool_mode == "required") {
     auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("name") && j["name"].is_string() && j.contains("arguments")) {
+    const char* key = r.tool_format == ToolFormat::kLlama3Json ? "parameters" : "arguments";
+    if (j.is_object() && j.contains("name") && j["name"].is_string() && j.contains(key)) {
       call.name = j["name"].get<std::string>();
-      call.arguments = SafeDump(j["arguments"]);
+      call.arguments = SafeDump(j[key]);
     }
   }
   return {call};
 }
 
-std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel) {
+std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat format) {
   // The call's root becomes tool_call_json (JSON schema grammars never name a rule with '_', nor refer to root).
   std::string body = call_gbnf;
   if (body.rfind("root ::= ", 0) == 0) body = "tool_call_json" + body.substr(4);
+  if (format == ToolFormat::kLlama3Json) {
+    return std::string("root ::= tool_call_json") + (parallel ? " ( \";\" \" \"? tool_call_json )*" : "") + "\n" + body;
+  }
   std::string g = "root ::= tool_call_ws tool_call_json tool_call_ws " + GbnfLiteral(kToolCallClose) +
                   (parallel ? " tool_call_more" : "") + "\n";
   g += "tool_call_ws ::= [ \\n]{0,2}\n";
@@ -600,7 +626,95 @@ namespace {
 bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 }  // namespace
 
+bool ToolCallReader::Emit(const std::string& json_text, std::vector<ToolCall>* calls) {
+  auto j = nlohmann::ordered_json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  const char* key = format_ == ToolFormat::kLlama3Json ? "parameters" : "arguments";
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains(key) || !j[key].is_object()) {
+    return false;
+  }
+  ToolCall call;
+  call.id = id_prefix_ + std::to_string(n_calls_);
+  call.index = n_calls_++;
+  call.name = j["name"].get<std::string>();
+  call.arguments = SafeDump(j[key]);
+  calls->push_back(std::move(call));
+  return true;
+}
+
+void ToolCallReader::UpdateJson(const std::string& text, bool finished, std::string* content,
+                                std::vector<ToolCall>* calls) {
+  if (!in_calls_ && !in_content_) {
+    size_t p = 0;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (p == text.size() && !finished) return;  // blanks so far: a call may follow
+    (p < text.size() && text[p] == '{' ? in_calls_ : in_content_) = true;
+    if (in_calls_) sent_ = p;
+  }
+  if (in_content_) {
+    content->append(text, sent_, std::string::npos);
+    sent_ = text.size();
+    return;
+  }
+  // Calls: complete JSON objects (braces counted outside strings), joined by ";".
+  while (!failed_) {
+    size_t p = sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (n_calls_ > 0 && p < text.size()) {  // after a call: ";", then the next
+      if (text[p] != ';') {
+        failed_ = true;
+        break;
+      }
+      ++p;
+      while (p < text.size() && IsSpace(text[p])) ++p;
+    }
+    if (p == text.size()) break;
+    if (text[p] != '{') {
+      failed_ = true;
+      break;
+    }
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    size_t end = std::string::npos;
+    for (size_t i = p; i < text.size() && end == std::string::npos; ++i) {
+      const char c = text[i];
+      if (in_string) {
+        if (escaped) {
+          escaped = false;
+        } else if (c == '\\') {
+          escaped = true;
+        } else if (c == '"') {
+          in_string = false;
+        }
+      } else if (c == '"') {
+        in_string = true;
+      } else if (c == '{' || c == '[') {
+        ++depth;
+      } else if ((c == '}' || c == ']') && --depth == 0) {
+        end = i + 1;
+      }
+    }
+    if (end == std::string::npos) break;  // not complete yet
+    if (!Emit(text.substr(p, end - p), calls)) {
+      failed_ = true;
+      break;
+    }
+    sent_ = end;
+  }
+  if (finished && sent_ < text.size()) {
+    // What the calls leave: a call cut off, or text that is not one, as content (without the ";" before it).
+    size_t p = sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (n_calls_ > 0 && p < text.size() && text[p] == ';') {
+      ++p;
+      while (p < text.size() && IsSpace(text[p])) ++p;
+    }
+    if (p < text.size() || n_calls_ == 0) content->append(text, n_calls_ > 0 ? p : sent_, std::string::npos);
+    sent_ = text.size();
+  }
+}
+
 void ToolCallReader::Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls) {
+  if (format_ == ToolFormat::kLlama3Json) return UpdateJson(text, finished, content, calls);
   const std::string open = kToolCallOpen, close = kToolCallClose;
   if (!in_calls_) {
     const size_t at = text.find(open, sent_);
@@ -636,19 +750,10 @@ void ToolCallReader::Update(const std::string& text, bool finished, std::string*
     }
     const size_t c = text.find(close, p + open.size());
     if (c == std::string::npos) break;  // not closed yet
-    auto j = nlohmann::ordered_json::parse(text.begin() + (long)(p + open.size()), text.begin() + (long)c, nullptr,
-                                           /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("arguments") ||
-        !j["arguments"].is_object()) {
+    if (!Emit(text.substr(p + open.size(), c - p - open.size()), calls)) {
       failed_ = true;
       break;
     }
-    ToolCall call;
-    call.id = id_prefix_ + std::to_string(n_calls_);
-    call.index = n_calls_++;
-    call.name = j["name"].get<std::string>();
-    call.arguments = SafeDump(j["arguments"]);
-    calls->push_back(std::move(call));
     sent_ = c + close.size();
   }
   if (finished && sent_ < text.size()) {

@@ -24,6 +24,15 @@ struct ApiError {
   nlohmann::json ToJson() const;
 };
 
+// How a model family writes tool calls. kHermes (Hermes, Qwen2.5, and the default): <tool_call>{"name",
+// "arguments"}</tool_call> blocks, tools listed in the system message, results in <tool_response> user turns.
+// kLlama3Json (Llama 3.1-3.3's JSON tool calling, vLLM's "llama3_json" parser): the reply is the call itself,
+// {"name": ..., "parameters": {...}}, several joined by ";"; the tools are listed in the first user message and the
+// results come back as "ipython" turns.
+enum class ToolFormat { kHermes, kLlama3Json };
+// The format for a chat template (tokenizer::ChatTemplate::name()): llama3 -> kLlama3Json, others kHermes.
+ToolFormat ToolFormatFor(const std::string& template_name);
+
 struct CompletionRequest {
   bool chat = false;
   std::string model;
@@ -62,6 +71,10 @@ struct CompletionRequest {
   std::string tool_mode;   // "" | "auto" | "required" | "named"
   std::string tool_name;   // named: the function
   std::string tools_prompt;
+  ToolFormat tool_format = ToolFormat::kHermes;
+  // kLlama3Json: tools_prompt goes before the first user message's text, and the system message starts with
+  // "Environment: ipython" (as Llama's template writes them); otherwise it is added to the system message.
+  bool tools_in_user_message = false;
 };
 
 // Whether the body has fields whose key order matters (structured outputs, tools: a schema's members are generated
@@ -70,8 +83,10 @@ bool NeedsKeyOrder(const nlohmann::json& body);
 // REQUIRES: body is a JSON object (the caller reports unparsable JSON). `ordered` is the same body parsed
 // keeping each object's key order, which a JSON schema's `properties` need (generation follows it); without it
 // the keys are taken in sorted order.
+// `tool_format`: the model's (ToolFormatFor its chat template).
 std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat, CompletionRequest* out,
-                                               const nlohmann::ordered_json* ordered = nullptr);
+                                               const nlohmann::ordered_json* ordered = nullptr,
+                                               ToolFormat tool_format = ToolFormat::kHermes);
 
 struct TokenLogprobInfo {
   std::string token;                                          // the token's text
@@ -106,30 +121,41 @@ nlohmann::json CompletionResponse(const std::string& id, int64_t created, const 
 // "required" it is {"name", "arguments"}. A text that is not complete JSON (the length ran out) is kept as the
 // arguments as it is.
 std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text, const std::string& id);
-// tool_choice "auto": the tags around each call, and the grammar of the text from the first tag on: the call
+// tool_choice "auto": the tags around each call (kHermes), and the grammar of the text from the first tag on: the call
 // (`call_gbnf`, a grammar whose root is one {"name", "arguments"} object), its closing tag, and with `parallel`
 // more calls in tags. Whitespace (at most two spaces or newlines) may stand around the JSON and between calls.
+// kLlama3Json: the grammar of the whole reply once it starts with "{": calls joined by ";" (one without
+// `parallel`).
 inline constexpr char kToolCallOpen[] = "<tool_call>";
 inline constexpr char kToolCallClose[] = "</tool_call>";
-std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel);
+std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat format = ToolFormat::kHermes);
 
 // tool_choice "auto": reads one choice's growing text as content and <tool_call> blocks, as vLLM's "hermes" tool
 // parser does. Content streams as it comes, except a tail that may be the start of a tag (and whitespace before
 // it, which content before a call does not keep); each call is read once its closing tag arrives. A block that
 // is not a call ({"name": string, "arguments": object}) or that the end cuts off is given back as content, so no
 // text is lost.
+//
+// kLlama3Json: a reply whose first non-blank character is "{" is read as calls ({"name", "parameters"} objects
+// joined by ";"), any other reply is content and streams as it comes.
 class ToolCallReader {
  public:
-  explicit ToolCallReader(std::string id_prefix) : id_prefix_(std::move(id_prefix)) {}
+  explicit ToolCallReader(std::string id_prefix, ToolFormat format = ToolFormat::kHermes)
+      : id_prefix_(std::move(id_prefix)), format_(format) {}
   // `text` is everything generated so far (each call extends the last); `finished`: nothing more will come.
   // Appends what can be sent now.
   void Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
   int calls() const { return n_calls_; }
 
  private:
+  // kLlama3Json's Update.
+  void UpdateJson(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
+  bool Emit(const std::string& json_text, std::vector<ToolCall>* calls);  // false: not a call
   std::string id_prefix_;
+  ToolFormat format_;
   size_t sent_ = 0;     // text[0, sent_) is read (sent as content, or calls)
   bool in_calls_ = false;
+  bool in_content_ = false;  // kLlama3Json: the reply is not a call
   bool failed_ = false;  // a block was not a call: the rest is content
   int n_calls_ = 0;
 };

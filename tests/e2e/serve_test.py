@@ -520,10 +520,12 @@ def run(base, lathe, model, root):
     return 1 if fails else 0
 
 
-def tools_auto(url):
-    """tool_choice "auto" on SmolLM2 (a real chat model): free text stays content; <tool_call> blocks become
-    tool_calls held to the tools' schemas. logit_bias on the tokens of "<tool_call>" makes the model open a call (a
-    135M model seldom calls on its own); from the tag on, the lazy grammar writes a valid call."""
+def tools_auto(url, template):
+    """tool_choice "auto" on SmolLM2 (a real chat model): free text stays content; calls become tool_calls held to
+    the tools' schemas. chatml (SmolLM2's own template): Hermes <tool_call> blocks; logit_bias on the tokens of
+    "<tool_call>" makes the model open a call (a 135M model seldom calls on its own), and from the tag on the lazy
+    grammar writes a valid call. llama3 (the server run with --chat-template llama3): a reply that begins with "{"
+    is a call, {"name", "parameters"}; logit_bias on "{" begins one."""
     import jsonschema
     import openai
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -534,7 +536,8 @@ def tools_auto(url):
              {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
     params = {"get_weather": weather, "ping": tools[1]["function"]["parameters"]}
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    _, tk = http(url + "/tokenize", {"prompt": "<tool_call>", "add_special_tokens": False}, key=None)
+    opener = "{" if template == "llama3" else "<tool_call>"
+    _, tk = http(url + "/tokenize", {"prompt": opener, "add_special_tokens": False}, key=None)
     bias = {str(t): 100 for t in json.loads(tk)["tokens"]}
 
     def valid(call, what):
@@ -547,8 +550,13 @@ def tools_auto(url):
     # No call: the answer is content, as without tools.
     plain = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Write one sentence about cats."}],
                                            max_tokens=40, temperature=0, tools=tools).choices[0]
-    check(plain.finish_reason in ("stop", "length") and plain.message.content and not plain.message.tool_calls,
-          "auto, no call: %s" % plain)
+    if template == "llama3":  # SmolLM2 does not know Llama's prompt: it may answer with a call; either is well formed
+        for c in plain.message.tool_calls or []:
+            valid(c, "llama3 auto, unbiased")
+        check(plain.message.content or plain.message.tool_calls, "llama3 auto, unbiased: %s" % plain)
+    else:
+        check(plain.finish_reason in ("stop", "length") and plain.message.content and not plain.message.tool_calls,
+              "auto, no call: %s" % plain)
     # One call (parallel_tool_calls false: the text ends after it).
     one = client.chat.completions.create(model="m", messages=ask, max_tokens=60, temperature=0, tools=tools,
                                          logit_bias=bias, parallel_tool_calls=False).choices[0]
@@ -564,6 +572,8 @@ def tools_auto(url):
           and deltas[0].function.arguments == one.message.tool_calls[0].function.arguments and deltas[0].index == 0
           and content == "" and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls",
           "auto, streamed call: %s" % deltas)
+    if template == "llama3":
+        return 1 if fails else 0
     # Parallel calls: the bias keeps opening new ones until max_tokens; every complete one is a valid call.
     many = client.chat.completions.create(model="m", messages=ask, max_tokens=120, temperature=0, tools=tools,
                                           logit_bias=bias).choices[0]
@@ -576,7 +586,7 @@ def tools_auto(url):
 
 if __name__ == "__main__":
     if sys.argv[1] == "tools-auto":
-        sys.exit(tools_auto(sys.argv[2]))
+        sys.exit(tools_auto(sys.argv[2], sys.argv[3]))
     if sys.argv[1] == "make-adapters":
         make_adapters(sys.argv[2], sys.argv[3], sys.argv[4])
         sys.exit(0)

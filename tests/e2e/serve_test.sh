@@ -90,25 +90,28 @@ st=$?
 server_pid=
 if [ "$st" -ne 0 ]; then echo "FAIL: server exit status $st after SIGTERM"; cat "$tmp/server.err"; rc=1; fi
 
-# tool_choice "auto" on a real chat model (SmolLM2, when the test has it): content, <tool_call> blocks read back.
+# tool_choice "auto" on a real chat model (SmolLM2, when the test has it): content, and calls read back, in its own
+# template's Hermes format and in Llama 3's JSON format (the llama3 template).
 if [ -n "${LATHE_SMOLLM2:-}" ] && [ -f "$LATHE_SMOLLM2" ]; then
-  "$LATHE" serve -m "$LATHE_SMOLLM2" --host 127.0.0.1 --port 0 --served-model-name m --kv-cache-memory 64M --max-model-len 1024 -t 2 \
-    > "$tmp/smol.out" 2> "$tmp/smol.err" &
-  server_pid=$!
-  url=
-  for _ in $(seq 1 1200); do
-    url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$tmp/smol.out" | head -1)
-    [ -n "$url" ] && break
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.05
+  for template in chatml llama3; do
+    "$LATHE" serve -m "$LATHE_SMOLLM2" --host 127.0.0.1 --port 0 --served-model-name m --kv-cache-memory 64M \
+      --max-model-len 1024 -t 2 --chat-template "$template" > "$tmp/smol.out" 2> "$tmp/smol.err" &
+    server_pid=$!
+    url=
+    for _ in $(seq 1 1200); do
+      url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$tmp/smol.out" | head -1)
+      [ -n "$url" ] && break
+      kill -0 "$server_pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    if [ -z "$url" ]; then
+      echo "FAIL: the SmolLM2 server ($template) did not start"; cat "$tmp/smol.err"; rc=1
+    elif ! "$VENV/bin/python" "$HERE/serve_test.py" tools-auto "$url" "$template"; then
+      echo "FAIL: tool calls on SmolLM2 ($template); the server's stderr ends:"; tail -20 "$tmp/smol.err"; rc=1
+    fi
+    kill -TERM "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
+    server_pid=
   done
-  if [ -z "$url" ]; then
-    echo "FAIL: the SmolLM2 server did not start"; cat "$tmp/smol.err"; rc=1
-  elif ! "$VENV/bin/python" "$HERE/serve_test.py" tools-auto "$url"; then
-    echo "FAIL: tool calls on SmolLM2; the server's stderr ends:"; tail -20 "$tmp/smol.err"; rc=1
-  fi
-  kill -TERM "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
-  server_pid=
 fi
 
 # Bad flags are errors naming the flag, not crashes.

@@ -158,10 +158,56 @@ TEST(OpenAiApi, ParsesAutoToolCalls) {
   EXPECT_EQ(chunk["content"], "Checking.");
 }
 
+TEST(OpenAiApi, ParsesLlama3ToolCalls) {
+  const std::string tools = kTwoTools;
+  CompletionRequest r;
+  auto e = ParseCompletionRequest(json::parse(R"({"messages": [{"role": "user", "content": "Paris?"}], )" + tools + "}"),
+                                  true, &r, nullptr, ToolFormat::kLlama3Json);
+  ASSERT_FALSE(e) << e->message;
+  EXPECT_EQ(r.tool_mode, "auto");
+  EXPECT_EQ(r.sampling.grammar_trigger, "{");
+  EXPECT_TRUE(r.sampling.grammar_trigger_at_start);
+  EXPECT_TRUE(r.tools_in_user_message);
+  EXPECT_EQ(r.tools_prompt.rfind("Given the following functions, please respond with a JSON", 0), 0u) << r.tools_prompt;
+  EXPECT_NE(r.tools_prompt.find("    \"type\": \"function\""), std::string::npos) << r.tools_prompt;  // indent 4
+  // The grammar covers the whole reply from its "{": calls joined by ";", with "parameters".
+  const std::string call1 = R"({"name": "get_weather", "parameters": {"city": "Paris"}})";
+  EXPECT_EQ(Verdict(r.grammar, call1), 1);
+  EXPECT_EQ(Verdict(r.grammar, call1 + R"(; {"name": "ping", "parameters": {}})"), 1);
+  EXPECT_EQ(Verdict(r.grammar, R"({"name": "get_weather", "arguments": {"city": "Paris"}})"), -1);
+  e = ParseCompletionRequest(json::parse(R"({"messages": [{"role": "user", "content": "Paris?"}],
+                                 "parallel_tool_calls": false, )" + tools + "}"),
+                             true, &r, nullptr, ToolFormat::kLlama3Json);
+  ASSERT_FALSE(e);
+  EXPECT_EQ(Verdict(r.grammar, call1), 2);
+  // History: calls as {"name", "parameters"} joined by "; ", results as ipython turns.
+  e = ParseCompletionRequest(json::parse(R"({"messages": [{"role": "user", "content": "Paris?"}, {"role": "assistant",
+      "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather",
+      "arguments": "{\"city\": \"Paris\"}"}}, {"id": "c2", "type": "function", "function": {"name": "ping",
+      "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]})"),
+                             true, &r, nullptr, ToolFormat::kLlama3Json);
+  ASSERT_FALSE(e);
+  EXPECT_EQ(r.messages[1].content,
+            R"({"name":"get_weather","parameters":{"city":"Paris"}}; {"name":"ping","parameters":{}})");
+  EXPECT_EQ(r.messages[2].role, "ipython");
+  EXPECT_EQ(r.messages[2].content, "18 C");
+  // "required" reads "parameters" back.
+  e = ParseCompletionRequest(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required", )" +
+                                         tools + "}"),
+                             true, &r, nullptr, ToolFormat::kLlama3Json);
+  ASSERT_FALSE(e);
+  auto calls = ToolCallsFromText(r, call1, "id");
+  EXPECT_EQ(calls[0].name, "get_weather");
+  EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(ToolFormatFor("llama3"), ToolFormat::kLlama3Json);
+  EXPECT_EQ(ToolFormatFor("chatml"), ToolFormat::kHermes);
+}
+
 // Feeds `text` to a ToolCallReader `step` bytes at a time (then finished) and returns the content and the calls.
 std::pair<std::string, std::vector<ToolCall>> ReadToolCalls(const std::string& text, size_t step,
-                                                            std::vector<std::string>* pieces = nullptr) {
-  ToolCallReader reader("call_x_");
+                                                            std::vector<std::string>* pieces = nullptr,
+                                                            ToolFormat format = ToolFormat::kHermes) {
+  ToolCallReader reader("call_x_", format);
   std::string content;
   std::vector<ToolCall> calls;
   for (size_t n = 0;; n = std::min(text.size(), n + step)) {
@@ -205,6 +251,32 @@ TEST(OpenAiApi, ToolCallReaderReadsContentAndCalls) {
   auto [bad, bad_calls] = ReadToolCalls("<tool_call>[1, 2]</tool_call>", 5);
   EXPECT_EQ(bad, "<tool_call>[1, 2]</tool_call>");
   EXPECT_TRUE(bad_calls.empty());
+}
+
+TEST(OpenAiApi, ToolCallReaderReadsLlama3Calls) {
+  const std::string text = "\n {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Pa}r\\\"is\"}}; "
+                           "{\"name\": \"ping\", \"parameters\": {\"list\": [1, {\"a\": 2}]}}";
+  for (size_t step : {1, 3, 1000}) {
+    std::vector<std::string> pieces;
+    auto [content, calls] = ReadToolCalls(text, step, &pieces, ToolFormat::kLlama3Json);
+    EXPECT_EQ(content, "") << "step " << step;
+    ASSERT_EQ(calls.size(), 2u) << "step " << step;
+    EXPECT_EQ(calls[0].arguments, R"({"city":"Pa}r\"is"})");
+    EXPECT_EQ(calls[1].name, "ping");
+    EXPECT_EQ(calls[1].index, 1);
+  }
+  // A reply that does not begin with "{" is content, streamed as it comes.
+  std::vector<std::string> pieces;
+  auto [content, calls] = ReadToolCalls("Hi {there}", 1, &pieces, ToolFormat::kLlama3Json);
+  EXPECT_EQ(content, "Hi {there}");
+  EXPECT_TRUE(calls.empty());
+  EXPECT_EQ(pieces[2], "i");
+  // Cut off, or not a call: the text comes back as content.
+  EXPECT_EQ(ReadToolCalls(R"({"name": "ping", "parameters": {}}; {"name)", 4, nullptr, ToolFormat::kLlama3Json).first,
+            R"({"name)");
+  EXPECT_EQ(ReadToolCalls(R"({"x": 1})", 2, nullptr, ToolFormat::kLlama3Json).first, R"({"x": 1})");
+  EXPECT_EQ(ReadToolCalls(R"({"name": "ping", "parameters": {}} and more)", 2, nullptr, ToolFormat::kLlama3Json).first,
+            "and more");
 }
 
 TEST(OpenAiApi, ParsesChatRequest) {

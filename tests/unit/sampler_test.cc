@@ -367,5 +367,37 @@ TEST(SamplerGrammar, LazyGrammarStartsAfterItsTrigger) {
   EXPECT_EQ(c, (std::vector<int32_t>{1, 3, 5}));
 }
 
+TEST(SamplerGrammar, TriggerAtStartHoldsTheWholeReply) {
+  // The grammar is the reply's text itself once it begins with the trigger "<t" (blanks before it are free); a
+  // reply that begins otherwise is free throughout.
+  auto g = Grammar::Parse("root ::= \"<tab\"");
+  ASSERT_TRUE(g.ok());
+  auto compiled = std::make_shared<CompiledGrammar>();
+  compiled->grammar = g.value();
+  compiled->vocab = std::make_shared<GrammarVocab>(std::vector<std::string>{" ", "<", "t", "a", "b", "c", "<tx", ""},
+                                                   std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 1, 0}, std::vector<int32_t>{7});
+  auto run = [&](std::vector<int32_t> favourite) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.grammar = compiled;
+    p.grammar_trigger = "<t";
+    p.grammar_trigger_at_start = true;
+    Sampler s(p);
+    std::vector<int32_t> out;
+    for (int32_t f : favourite) {
+      std::vector<float> l(8, 0.0f);
+      l[(size_t)f] = 5.0f;
+      l[5] = std::max(l[5], 4.0f);  // "c": second best
+      out.push_back(s.Sample(l.data(), 8));
+      if (s.GrammarFinished()) break;
+    }
+    return out;
+  };
+  EXPECT_EQ(run({0, 1, 2, 5, 5, 5}), (std::vector<int32_t>{0, 1, 2, 3, 4}));  // " <t" then only "a", "b"
+  EXPECT_EQ(run({5, 1, 2, 5}), (std::vector<int32_t>{5, 1, 2, 5}));           // "c" first: free
+  EXPECT_EQ(run({1, 5, 1}), (std::vector<int32_t>{1, 5, 1}));                 // "<c": not the trigger: free
+  EXPECT_EQ(run({6, 3}), (std::vector<int32_t>{6, 3}));                       // "<tx": the grammar refuses it: free
+}
+
 }  // namespace
 }  // namespace lathe::serve
