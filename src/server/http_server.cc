@@ -4,6 +4,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -279,11 +280,11 @@ struct HttpServer::Impl {
           messages.insert(messages.begin(), {"system", tmpl.default_system()});
         }
         messages[0].content = "Environment: ipython\n" + messages[0].content;
-        for (auto& m : messages) {
-          if (m.role == "user") {
-            m.content = r.tools_prompt + m.content;
-            break;
-          }
+        auto user = std::find_if(messages.begin(), messages.end(), [](const auto& m) { return m.role == "user"; });
+        if (user != messages.end()) {
+          user->content = r.tools_prompt + user->content;
+        } else {  // no user turn to open: the system message holds them
+          messages[0].content += "\n" + r.tools_prompt;
         }
       } else if (!r.tools_prompt.empty()) {
         // The tools, described in the system message (after the template's default).

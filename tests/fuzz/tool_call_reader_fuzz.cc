@@ -1,0 +1,47 @@
+// libFuzzer target for the tool-call reader (tool_choice "auto"), which reads a model's free text back as content
+// and calls. Input: one byte choosing the format (Hermes <tool_call> tags or Llama 3 JSON) and the streaming step,
+// then the generated text. The text read in steps must give the content and calls it gives read at once, and every
+// call's arguments must be a JSON object: no crash, hang or UB.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "server/openai_api.h"
+
+namespace {
+
+using lathe::server::ToolCall;
+using lathe::server::ToolCallReader;
+using lathe::server::ToolFormat;
+
+std::pair<std::string, std::vector<ToolCall>> Read(const std::string& text, size_t step, ToolFormat format) {
+  ToolCallReader reader("call_", format);
+  std::string content;
+  std::vector<ToolCall> calls;
+  for (size_t n = 0;; n = std::min(text.size(), n + step)) {
+    reader.Update(text.substr(0, n), n == text.size(), &content, &calls);
+    if (n == text.size()) break;
+  }
+  return {content, calls};
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0 || size > 4096) return 0;
+  const ToolFormat format = (data[0] & 1) ? ToolFormat::kLlama3Json : ToolFormat::kHermes;
+  const size_t step = 1 + (data[0] >> 1) % 16;
+  const std::string text((const char*)data + 1, size - 1);
+  auto whole = Read(text, text.size() + 1, format);
+  auto steps = Read(text, step, format);
+  if (whole.first != steps.first || whole.second.size() != steps.second.size()) __builtin_trap();
+  for (size_t i = 0; i < whole.second.size(); ++i) {
+    const ToolCall& a = whole.second[i];
+    const ToolCall& b = steps.second[i];
+    if (a.name != b.name || a.arguments != b.arguments || a.index != (int)i) __builtin_trap();
+    auto args = nlohmann::json::parse(a.arguments, nullptr, /*allow_exceptions=*/false);
+    if (!args.is_object()) __builtin_trap();
+  }
+  return 0;
+}
