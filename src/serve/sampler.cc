@@ -48,11 +48,7 @@ void Sampler::WatchForTrigger(int32_t token) {
       untriggered_.clear();
       return;
     }
-    if (untriggered_.size() < trigger.size()) return;
-    lazy_ = false;
-    auto m = std::make_unique<GrammarMatcher>(params_.grammar->grammar, params_.grammar->vocab, params_.grammar->cache);
-    if (m->AcceptBytes(untriggered_)) matcher_ = std::move(m);
-    untriggered_.clear();
+    if (untriggered_.size() >= trigger.size()) StartGrammar(untriggered_);
     return;
   }
   const size_t at = untriggered_.find(trigger);
@@ -61,11 +57,15 @@ void Sampler::WatchForTrigger(int32_t token) {
     if (untriggered_.size() >= trigger.size()) untriggered_.erase(0, untriggered_.size() - (trigger.size() - 1));
     return;
   }
+  // The token may carry text past the trigger: the grammar's first bytes.
+  StartGrammar(std::string_view(untriggered_).substr(at + trigger.size()));
+}
+
+void Sampler::StartGrammar(std::string_view text) {
   lazy_ = false;
   auto m = std::make_unique<GrammarMatcher>(params_.grammar->grammar, params_.grammar->vocab, params_.grammar->cache);
-  // The token may carry text past the trigger: the grammar's first bytes. Text the grammar refuses leaves the
-  // rest unconstrained (the caller's parser then reads it as free text).
-  if (m->AcceptBytes(std::string_view(untriggered_).substr(at + trigger.size()))) matcher_ = std::move(m);
+  // Text the grammar refuses leaves the rest unconstrained (the caller's parser then reads it as free text).
+  if (m->AcceptBytes(text)) matcher_ = std::move(m);
   untriggered_.clear();
 }
 

@@ -7,6 +7,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -77,6 +78,8 @@ class Sampler {
   bool lazy_ = false;        // waiting for the trigger
   // A lazy grammar: records a drawn token's bytes; when the trigger appears, starts the matcher on what follows it.
   void WatchForTrigger(int32_t token);
+  // Ends the wait: the grammar starts on `text` (dropped, with the grammar, when it refuses it).
+  void StartGrammar(std::string_view text);
   // Sets the logits of the tokens the grammar does not allow to -inf; false when it allows none.
   bool MaskByGrammar(float* logits, int64_t vocab);
 };

@@ -274,24 +274,20 @@ struct HttpServer::Impl {
     std::vector<std::vector<int32_t>> prompt_ids;
     if (chat) {
       std::vector<tokenizer::ChatMessage> messages = r.messages;
-      if (!r.tools_prompt.empty() && r.tools_in_user_message) {
-        // Llama 3: "Environment: ipython" opens the system message, the tools come before the first user text.
+      if (!r.tools_prompt.empty()) {
         if (messages.empty() || messages[0].role != "system") {
           messages.insert(messages.begin(), {"system", tmpl.default_system()});
         }
-        messages[0].content = "Environment: ipython\n" + messages[0].content;
         auto user = std::find_if(messages.begin(), messages.end(), [](const auto& m) { return m.role == "user"; });
-        if (user != messages.end()) {
+        if (r.tools_in_user_message) {
+          // Llama 3: "Environment: ipython" opens the system message, the tools come before the first user text.
+          messages[0].content = "Environment: ipython\n" + messages[0].content;
+        }
+        if (r.tools_in_user_message && user != messages.end()) {
           user->content = r.tools_prompt + user->content;
-        } else {  // no user turn to open: the system message holds them
-          messages[0].content += "\n" + r.tools_prompt;
+        } else {  // the tools described in the system message (after the template's default)
+          messages[0].content += (messages[0].content.empty() ? "" : "\n\n") + r.tools_prompt;
         }
-      } else if (!r.tools_prompt.empty()) {
-        // The tools, described in the system message (after the template's default).
-        if (messages.empty() || messages[0].role != "system") {
-          messages.insert(messages.begin(), {"system", tmpl.default_system()});
-        }
-        messages[0].content += (messages[0].content.empty() ? "" : "\n\n") + r.tools_prompt;
       }
       prompt_ids.push_back(tok.Encode(tmpl.Apply(messages, true), tok.add_bos() && !tmpl.text_has_bos(), true));
     } else {

@@ -553,6 +553,14 @@ class RegexParser {
     return err_.ok();
   }
 
+  // One character of a class, or an escape's set (\d, ...).
+  bool ParseClassItem(Ranges* out) {
+    if (s_[pos_] == '\\') return ParseEscape(true, out);
+    const uint32_t cp = NextCp();
+    *out = {{cp, cp}};
+    return err_.ok();
+  }
+
   Node ParseClass() {
     const size_t at = pos_;
     ++pos_;
@@ -571,22 +579,12 @@ class RegexParser {
       first = false;
       const size_t item = pos_;
       Ranges lo_set;
-      if (s_[pos_] == '\\') {
-        if (!ParseEscape(true, &lo_set)) return {};
-      } else {
-        const uint32_t cp = NextCp();
-        lo_set = {{cp, cp}};
-      }
+      if (!ParseClassItem(&lo_set)) return {};
       const bool single = lo_set.size() == 1 && lo_set[0].first == lo_set[0].second;
       if (single && pos_ + 1 < s_.size() && s_[pos_] == '-' && s_[pos_ + 1] != ']') {
         ++pos_;
         Ranges hi_set;
-        if (s_[pos_] == '\\') {
-          if (!ParseEscape(true, &hi_set)) return {};
-        } else {
-          const uint32_t cp = NextCp();
-          hi_set = {{cp, cp}};
-        }
+        if (!ParseClassItem(&hi_set)) return {};
         if (hi_set.size() != 1 || hi_set[0].first != hi_set[0].second) {
           Fail(item, "bad character range");
           return {};
