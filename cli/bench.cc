@@ -22,7 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // Sum of the 64-bit words of [p, p + n) read as S equal parts side by side (word i of every part
 // per step): S concurrent sequential streams, 4 accumulators per stream. Not instrumented in the sanitizer

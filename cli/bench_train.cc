@@ -35,7 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // Peak f32 GFLOP/s of `threads` cores running the probe at once (best of 3).
 double MeasurePeak(int threads, bool bf16 = false) {

@@ -1,6 +1,7 @@
 // Helpers shared by sub-commands: loading a model from flags, printing errors, JSON output.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -53,5 +54,10 @@ Result<int64_t> PrefillTokensPerDecodeRowFromArgs(const Args& args, const model:
 
 // JSON-escapes into a quoted string (invalid UTF-8 is replaced by U+FFFD).
 std::string JsonString(const std::string& s);
+
+// Seconds from a to b on the steady clock.
+inline double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 }  // namespace lathe::cli

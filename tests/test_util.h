@@ -16,7 +16,11 @@ std::string SharedPath(const std::string& rel);
 std::string SmolLM2Path();
 // Source tree root (for fixtures under tests/).
 std::string SourceDir();
+// A file under tests/unit/fixtures/formats.
+inline std::string FormatsFixture(const std::string& rel) { return SourceDir() + "/tests/unit/fixtures/formats/" + rel; }
 bool FileExists(const std::string& path);
+// The whole file's bytes ("" when it cannot be read).
+std::string ReadAll(const std::string& path);
 // True when a missing optional input must fail the test instead of skipping it (CI sets it).
 bool RequireAllInputs();
 

@@ -23,7 +23,7 @@
 namespace lathe::model {
 namespace {
 
-std::string FixtureDir() { return lathe::testing::SourceDir() + "/tests/golden/fixtures/ggml_quant/"; }
+std::string QuantFixtureDir() { return lathe::testing::SourceDir() + "/tests/golden/fixtures/ggml_quant/"; }
 
 const std::pair<const char*, DType> kTypes[] = {
     {"q5_0", DType::kQ5_0}, {"q5_1", DType::kQ5_1}, {"q2_k", DType::kQ2_K}, {"q3_k", DType::kQ3_K},
@@ -31,7 +31,7 @@ const std::pair<const char*, DType> kTypes[] = {
 };
 
 TEST(GgmlQuantGolden, BlocksDecodeAsGgufPy) {
-  auto st = formats::SafetensorsFile::Open(FixtureDir() + "blocks.safetensors");
+  auto st = formats::SafetensorsFile::Open(QuantFixtureDir() + "blocks.safetensors");
   ASSERT_TRUE(st.ok()) << st.status().message();
   for (const auto& [name, dt] : kTypes) {
     Tensor blocks = (*st)->GetTensor(std::string(name) + ".blocks").value();
@@ -58,7 +58,7 @@ TEST(GgmlQuantGolden, BlocksDecodeAsGgufPy) {
 }
 
 TEST(GgmlQuantGolden, LlamaQuantizeModelMatchesTransformers) {
-  const std::string dir = FixtureDir();
+  const std::string dir = QuantFixtureDir();
   std::ifstream in(lathe::testing::SourceDir() + "/tests/golden/fixtures/MANIFEST.json");
   const nlohmann::json fx = nlohmann::json::parse(in)["fixtures"]["ggml_quant"];
   auto st = formats::SafetensorsFile::Open(dir + "expected.safetensors");

@@ -24,10 +24,10 @@ std::vector<std::string> SplitWords(const std::string& s) {
   return out;
 }
 
-std::string FixtureDir() { return lathe::testing::SourceDir() + "/tests/golden/fixtures/ggml_quantize/"; }
+std::string QuantizeFixtureDir() { return lathe::testing::SourceDir() + "/tests/golden/fixtures/ggml_quantize/"; }
 
 TEST(GgmlQuantizeGolden, RowsEqualLlamaQuantizeBytes) {
-  auto st = formats::SafetensorsFile::Open(FixtureDir() + "rows.safetensors");
+  auto st = formats::SafetensorsFile::Open(QuantizeFixtureDir() + "rows.safetensors");
   ASSERT_TRUE(st.ok()) << st.status().message();
   Tensor input = (*st)->GetTensor("input").value();
   ASSERT_EQ(input.shape.size(), 2u);
@@ -57,7 +57,7 @@ TEST(GgmlQuantizeGolden, RowsEqualLlamaQuantizeBytes) {
 }
 
 TEST(GgmlQuantizeGolden, MixTypesEqualLlamaQuantizeChoice) {
-  std::ifstream f(FixtureDir() + "mixes.json");
+  std::ifstream f(QuantizeFixtureDir() + "mixes.json");
   ASSERT_TRUE(f.good());
   nlohmann::json mixes = nlohmann::json::parse(f);
   int compared = 0;

@@ -17,10 +17,10 @@
 namespace lathe::model {
 namespace {
 
-std::string FixtureDir() { return lathe::testing::SourceDir() + "/tests/golden/fixtures"; }
+std::string HfFixtureDir() { return lathe::testing::SourceDir() + "/tests/golden/fixtures"; }
 
 nlohmann::json Manifest() {
-  std::ifstream in(FixtureDir() + "/MANIFEST.json");
+  std::ifstream in(HfFixtureDir() + "/MANIFEST.json");
   return nlohmann::json::parse(in)["fixtures"];
 }
 

@@ -9,15 +9,13 @@
 
 #include "serve/grammar.h"
 #include "server/json_schema.h"
+#include "grammar_util.h"
 #include "test_util.h"
 
 namespace lathe {
 namespace {
 
-bool Matches(const std::shared_ptr<const serve::Grammar>& g, const std::string& text) {
-  serve::GrammarMatcher m(g, serve::GrammarVocab::Bytes());
-  return m.AcceptBytes(text) && m.Complete();
-}
+using lathe::testing::GrammarMatches;
 
 TEST(JsonSchemaGolden, GrammarAgreesWithJsonschema) {
   std::ifstream f(lathe::testing::SourceDir() + "/tests/golden/fixtures/json_schema/cases.json");
@@ -32,12 +30,12 @@ TEST(JsonSchemaGolden, GrammarAgreesWithJsonschema) {
     auto g = serve::Grammar::Parse(gbnf.value());
     ASSERT_TRUE(g.ok()) << name << ": " << g.status().message() << "\n" << gbnf.value();
     for (const auto& d : c["valid"]) {
-      EXPECT_TRUE(Matches(g.value(), d.get<std::string>())) << name << " should accept: " << d.get<std::string>()
+      EXPECT_TRUE(GrammarMatches(g.value(), d.get<std::string>())) << name << " should accept: " << d.get<std::string>()
                                                             << "\n" << gbnf.value();
       ++valid;
     }
     for (const auto& d : c["invalid"]) {
-      EXPECT_FALSE(Matches(g.value(), d.get<std::string>())) << name << " should reject: " << d.get<std::string>();
+      EXPECT_FALSE(GrammarMatches(g.value(), d.get<std::string>())) << name << " should reject: " << d.get<std::string>();
       ++invalid;
     }
   }
@@ -55,7 +53,7 @@ TEST(JsonSchemaGolden, JsonObjectModeTakesEveryObject) {
   for (const auto& c : fixture["cases"]) {
     for (const auto& d : c["valid"]) {
       const std::string text = d.get<std::string>();
-      EXPECT_EQ(Matches(g.value(), text), text[0] == '{') << text;
+      EXPECT_EQ(GrammarMatches(g.value(), text), text[0] == '{') << text;
     }
   }
 }

@@ -10,15 +10,13 @@
 #include "serve/grammar.h"
 #include "server/json_schema.h"
 #include "server/regex.h"
+#include "grammar_util.h"
 #include "test_util.h"
 
 namespace lathe {
 namespace {
 
-bool Matches(const std::shared_ptr<const serve::Grammar>& g, const std::string& text) {
-  serve::GrammarMatcher m(g, serve::GrammarVocab::Bytes());
-  return m.AcceptBytes(text) && m.Complete();
-}
+using lathe::testing::GrammarMatches;
 
 TEST(RegexGolden, GrammarAgreesWithPythonRe) {
   std::ifstream f(lathe::testing::SourceDir() + "/tests/golden/fixtures/regex/cases.json");
@@ -40,10 +38,10 @@ TEST(RegexGolden, GrammarAgreesWithPythonRe) {
     for (const auto& row : c["strings"]) {
       const std::string s = row[0].get<std::string>();
       const bool want_full = row[1].get<bool>(), want_search = row[2].get<bool>();
-      EXPECT_EQ(Matches(g.value(), s), want_full) << "/" << pattern << "/ on " << nlohmann::json(s).dump() << "\n"
+      EXPECT_EQ(GrammarMatches(g.value(), s), want_full) << "/" << pattern << "/ on " << nlohmann::json(s).dump() << "\n"
                                                   << expr.value();
       const std::string doc = nlohmann::json(s).dump(-1, ' ', false);
-      EXPECT_EQ(Matches(jg.value(), doc), want_search) << "pattern /" << pattern << "/ in " << doc << "\n" << sg.value();
+      EXPECT_EQ(GrammarMatches(jg.value(), doc), want_search) << "pattern /" << pattern << "/ in " << doc << "\n" << sg.value();
       ++rows;
       full += want_full;
     }

@@ -20,13 +20,13 @@
 namespace lathe::model {
 namespace {
 
-struct Fixture {
+struct SmolFixture {
   std::unique_ptr<formats::SafetensorsFile> st;
   nlohmann::json manifest;
 };
 
-Fixture LoadFixture() {
-  Fixture f;
+SmolFixture LoadFixture() {
+  SmolFixture f;
   std::string dir = lathe::testing::SourceDir() + "/tests/golden/fixtures/";
   std::ifstream in(dir + "MANIFEST.json");
   f.manifest = nlohmann::json::parse(in)["fixtures"]["smollm2_135m_chat"];
@@ -51,7 +51,7 @@ TEST_P(SmolLM2, MatchesTransformers) {
   const bool exact = GetParam();
   std::string path = lathe::testing::SmolLM2Path();
   LATHE_REQUIRE_FILE(path);
-  Fixture fx = LoadFixture();
+  SmolFixture fx = LoadFixture();
   auto g = formats::GgufFile::Open(path);
   ASSERT_TRUE(g.ok()) << g.status().message();
   auto w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));

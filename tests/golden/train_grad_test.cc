@@ -23,12 +23,6 @@ std::vector<train::ParamRef> Refs(const TrainModel& m) {
   return r;
 }
 
-std::unique_ptr<TrainModel> Make(const ModelWeights& w, ThreadPool& pool, TrainModelOptions o) {
-  auto m = TrainModel::Create(w, pool, o);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return m.ok() ? std::move(*m) : nullptr;
-}
-
 TrainModelOptions LoraOptions(bool rslora = false) {
   TrainModelOptions o;
   o.method = FinetuneMethod::kLora;

@@ -25,12 +25,6 @@ namespace {
 
 using namespace train_test;
 
-std::unique_ptr<TrainModel> Make(const ModelWeights& w, ThreadPool& pool, TrainModelOptions o) {
-  auto m = TrainModel::Create(w, pool, o);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return m.ok() ? std::move(*m) : nullptr;
-}
-
 TrainModelOptions Lora(double dropout = 0) {
   TrainModelOptions o;
   o.lora_rank = 4;

@@ -23,12 +23,6 @@ namespace {
 
 using namespace train_test;
 
-std::unique_ptr<TrainModel> Make(const ModelWeights& w, ThreadPool& pool, TrainModelOptions o) {
-  auto m = TrainModel::Create(w, pool, o);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return m.ok() ? std::move(*m) : nullptr;
-}
-
 // The deterministic adapter of the interop fixture: PEFT init of A from seed 7 (std::mt19937_64),
 // B[i] = ((k * 7919) % 97 - 48) / 2400 over all B elements in parameter order.
 std::unique_ptr<TrainModel> InteropModel(const ModelWeights& w, ThreadPool& pool) {
@@ -50,13 +44,7 @@ std::string TempDir(const std::string& name) {
   return d;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
+using lathe::testing::ReadAll;
 // All-position logits of each row through the inference Transformer.
 std::vector<std::vector<float>> InferLogits(const ModelWeights& w, const LoraAdapter* a, const Batch& b) {
   ThreadPool pool(2);

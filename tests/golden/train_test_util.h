@@ -13,12 +13,25 @@
 #include "formats/safetensors.h"
 #include "model/load_hf.h"
 #include "model/load_llama2c.h"
+#include "core/thread_pool.h"
 #include "model/train_model.h"
 #include "test_util.h"
 
 namespace lathe::model::train_test {
 
-inline std::string Fixtures() { return lathe::testing::SourceDir() + "/tests/golden/fixtures/"; }
+// A TrainModel over `w`, or nullptr (a failed expectation) when its options are refused.
+inline std::unique_ptr<TrainModel> Make(const ModelWeights& w, ThreadPool& pool, TrainModelOptions o) {
+  auto m = TrainModel::Create(w, pool, o);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+// Appended, not `SourceDir() + "..."`: GCC 12 warns falsely (-Warray-bounds) on that temporary here.
+inline std::string Fixtures() {
+  std::string dir = lathe::testing::SourceDir();
+  dir += "/tests/golden/fixtures/";
+  return dir;
+}
 inline std::string StoriesBin() { return lathe::testing::SharedPath("models/stories260K/stories260K.bin"); }
 
 // Base weights by fixture name ("stories260k" = the llama2.c .bin, Meta layout).

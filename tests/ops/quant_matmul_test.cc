@@ -28,11 +28,11 @@ using testing::RandomVec;
 
 const DType kPacked[] = {DType::kNF4, DType::kFP4, DType::kNF4DQ, DType::kFP4DQ, DType::kI8Row};
 
-struct Shape {
+struct QShape {
   int64_t N, K;
 };
 // K a multiple of 64 (the 4-bit block); N crossing the 16-row decode chunks and the panels.
-const Shape kShapes[] = {{1, 64}, {5, 128}, {37, 192}, {67, 576}, {13, 1536}};
+const QShape kShapes[] = {{1, 64}, {5, 128}, {37, 192}, {67, 576}, {13, 1536}};
 
 PackedWeight MakePacked(DType t, int64_t N, int64_t K, uint32_t seed) {
   std::vector<float> f = RandomVec(N * K, seed, 0.05f);
@@ -59,7 +59,7 @@ TEST_P(QuantMatMulTier, MatchesDoubleReferenceAndScalarTier) {
   const cpu::KernelTable& ks = cpu::KernelsFor(IsaTier::kScalar);
   uint32_t seed = 1;
   for (DType t : kPacked) {
-    for (const Shape& s : kShapes) {
+    for (const QShape& s : kShapes) {
       PackedWeight pw = MakePacked(t, s.N, s.K, seed++);
       const Tensor w = pw.view();
       for (int64_t M : {1, 2, 3, 4, 7, 33}) {
@@ -90,7 +90,7 @@ TEST_P(QuantMatMulTier, BackwardInputMatchesDoubleReference) {
   const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
   uint32_t seed = 100;
   for (DType t : kPacked) {
-    for (const Shape& s : {Shape{37, 192}, Shape{300, 320}, Shape{13, 1536}}) {
+    for (const QShape& s : {QShape{37, 192}, QShape{300, 320}, QShape{13, 1536}}) {
       PackedWeight pw = MakePacked(t, s.N, s.K, seed++);
       const Tensor w = pw.view();
       std::vector<float> wd(s.N * s.K);
@@ -201,9 +201,9 @@ TEST(QuantMatMul, BfloatSourceQuantizesLikeItsF32Value) {
 TEST(QuantMatMul, Perf) {
   if (!std::getenv("LATHE_PERF")) GTEST_SKIP() << "set LATHE_PERF=1";
   ThreadPool pool(1);
-  const Shape shapes[] = {{576, 576}, {1536, 576}, {576, 1536}};
+  const QShape shapes[] = {{576, 576}, {1536, 576}, {576, 1536}};
   for (int64_t M : {1, 512}) {
-    for (const Shape& s : shapes) {
+    for (const QShape& s : shapes) {
       const std::vector<float> x = RandomVec(M * s.K, 9);
       std::vector<float> y(M * s.N);
       auto time = [&](const Tensor& w) {
@@ -233,7 +233,7 @@ TEST(QuantMatMul, Perf) {
   }
   // The QLoRA backward: dX = dY . W through the frozen weight, M = 512 tokens.
   const int64_t M = 512;
-  for (const Shape& s : shapes) {
+  for (const QShape& s : shapes) {
     const std::vector<float> dy = RandomVec(M * s.N, 10);
     std::vector<float> dx(M * s.K);
     auto time = [&](const Tensor& w) {

@@ -29,8 +29,8 @@ using testing::RelErr;
 using testing::ToDouble;
 
 // Float dots over head_dim and polynomial exp vs double, online rescaling: ~1e-7 typical.
-constexpr double kRefLimit = 5e-6;
-constexpr double kFdLimit = 5e-6;
+constexpr double kAttnRefLimit = 5e-6;
+constexpr double kAttnFdLimit = 5e-6;
 
 struct Cfg {
   int64_t T;
@@ -38,7 +38,7 @@ struct Cfg {
 };
 
 // Naive attention in double with the full (T, T) probabilities; backward by the softmax rule.
-struct RefAttention {
+struct TrainRefAttention {
   Cfg c;
   const int32_t* seg;
   double scale;
@@ -143,7 +143,7 @@ TEST_P(TrainAttention, MatchesReference) {
       const std::vector<float> q = RandomVec(nq, 50, 1.5f), k = RandomVec(nk, 51, 1.5f), v = RandomVec(nk, 52),
                                g = RandomVec(nq, 53);
       const float scale = 1.0f / std::sqrt((float)c.D);
-      const RefAttention ref{c, segp, scale, window};
+      const TrainRefAttention ref{c, segp, scale, window};
       const std::vector<double> qd = ToDouble(q), kd = ToDouble(k), vd = ToDouble(v), gd = ToDouble(g);
       const std::string where = "T=" + std::to_string(c.T) + " H=" + std::to_string(c.n_head) + "/" +
                                 std::to_string(c.n_kv_head) + " D=" + std::to_string(c.D) +
@@ -154,16 +154,16 @@ TEST_P(TrainAttention, MatchesReference) {
       std::vector<float> out(nq), lse(c.T * c.n_head);
       cpu::FlashAttentionForwardWith(tk, kt, pool, out.data(), lse.data(), q.data(), k.data(), v.data(), segp, c.T,
                                      c.n_head, c.n_kv_head, c.D, scale, window);
-      EXPECT_LE(RelErr(out, ref.Forward(qd, kd, vd)), kRefLimit) << where;
+      EXPECT_LE(RelErr(out, ref.Forward(qd, kd, vd)), kAttnRefLimit) << where;
       std::vector<double> rdq, rdk, rdv;
       ref.Backward(qd, kd, vd, gd, &rdq, &rdk, &rdv);
       std::vector<float> dq(nq, 7.0f), dk(nk, 7.0f), dv(nk, 7.0f);
       cpu::FlashAttentionBackwardWith(tk, kt, pool, dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(),
                                       v.data(), out.data(), lse.data(), segp, c.T, c.n_head, c.n_kv_head, c.D,
                                       scale, window);
-      EXPECT_LE(RelErr(dq, rdq), kRefLimit) << where;
-      EXPECT_LE(RelErr(dk, rdk), kRefLimit) << where;
-      EXPECT_LE(RelErr(dv, rdv), kRefLimit) << where;
+      EXPECT_LE(RelErr(dq, rdq), kAttnRefLimit) << where;
+      EXPECT_LE(RelErr(dk, rdk), kAttnRefLimit) << where;
+      EXPECT_LE(RelErr(dv, rdv), kAttnRefLimit) << where;
     }
   }
 }
@@ -182,7 +182,7 @@ TEST_P(TrainAttention, BackwardMatchesFiniteDifferences) {
     const std::vector<float> q = RandomVec(nq, 54, 1.5f), k = RandomVec(nk, 55, 1.5f), v = RandomVec(nk, 56),
                              g = RandomVec(nq, 57);
     const float scale = 0.4f;
-    const RefAttention ref{c, segp, scale, window};
+    const TrainRefAttention ref{c, segp, scale, window};
     const std::vector<double> qd = ToDouble(q), kd = ToDouble(k), vd = ToDouble(v), gd = ToDouble(g);
     const auto fd_q = FiniteDiffGrad(qd, [&](const std::vector<double>& x) { return testing::Dot(ref.Forward(x, kd, vd), gd); });
     const auto fd_k = FiniteDiffGrad(kd, [&](const std::vector<double>& x) { return testing::Dot(ref.Forward(qd, x, vd), gd); });
@@ -194,9 +194,9 @@ TEST_P(TrainAttention, BackwardMatchesFiniteDifferences) {
                                     v.data(), out.data(), lse.data(), segp, c.T, c.n_head, c.n_kv_head, c.D, scale,
                                     window);
     const std::string where = std::string(segp ? "packed" : "") + " window=" + std::to_string(window);
-    EXPECT_LE(RelErr(dq, fd_q), kFdLimit) << where;
-    EXPECT_LE(RelErr(dk, fd_k), kFdLimit) << where;
-    EXPECT_LE(RelErr(dv, fd_v), kFdLimit) << where;
+    EXPECT_LE(RelErr(dq, fd_q), kAttnFdLimit) << where;
+    EXPECT_LE(RelErr(dk, fd_k), kAttnFdLimit) << where;
+    EXPECT_LE(RelErr(dv, fd_v), kAttnFdLimit) << where;
   }
 }
 
@@ -289,7 +289,7 @@ std::vector<double> RoundedBf16(const std::vector<float>& x) {
 }
 
 struct RefBf16Attention {
-  RefAttention base;
+  TrainRefAttention base;
   // Per (h, t): scaled scores of the allowed keys (NaN elsewhere).
   std::vector<double> Scores(const std::vector<double>& q, const std::vector<double>& k) const {
     const Cfg& c = base.c;
@@ -390,7 +390,7 @@ TEST(TrainAttentionBf16, MatchesReferenceRoundingAsTheKernel) {
           const std::vector<float> q = RandomVec(nq, 70, 1.5f), k = RandomVec(nk, 71, 1.5f), v = RandomVec(nk, 72),
                                    g = RandomVec(nq, 73);
           const float scale = 1.0f / std::sqrt((float)c.D);
-          RefBf16Attention ref{RefAttention{c, segp, scale, window}};
+          RefBf16Attention ref{TrainRefAttention{c, segp, scale, window}};
           const std::vector<double> qd = RoundedBf16(q), kd = RoundedBf16(k), vd = RoundedBf16(v),
                                     gd = RoundedBf16(g);
           const std::string where = "T=" + std::to_string(c.T) + " H=" + std::to_string(c.n_head) + "/" +

@@ -25,6 +25,7 @@
 namespace lathe::kernels {
 namespace {
 
+using testing::Dequantized;
 using testing::FiniteDiffGrad;
 using testing::MakeWeight;
 using testing::RandomVec;
@@ -32,28 +33,21 @@ using testing::RelErr;
 using testing::ToDouble;
 
 // f32 FMA sums of up to ~600 products vs a double reference: ~1e-7 typical, 1e-6 worst seen.
-constexpr double kRefLimit = 5e-6;
-constexpr double kFdLimit = 2e-6;
+constexpr double kMatmulRefLimit = 5e-6;
+constexpr double kMatmulFdLimit = 2e-6;
 
-std::vector<double> Dequantized(const Tensor& w) {
-  const int64_t N = w.shape[0], K = w.shape[1];
-  std::vector<float> f(N * K);
-  for (int64_t n = 0; n < N; ++n) ref::DequantizeRow(w.dtype, (const uint8_t*)w.data + n * w.row_bytes(), K, f.data() + n * K);
-  return ToDouble(f);
-}
-
-struct Shape {
+struct TrainShape {
   int64_t M, N, K;
 };
 // Cross kRowBlock (192), kColBlock (256), the 6 x 16 tile edges and (K-quants' 768-column blocks on
 // AVX-512) the panel path's column blocks.
-const Shape kQuantShapes[] = {{1, 1, 32}, {7, 13, 64}, {13, 300, 96}, {200, 37, 288}, {6, 16, 256}};
+const TrainShape kQuantShapes[] = {{1, 1, 32}, {7, 13, 64}, {13, 300, 96}, {200, 37, 288}, {6, 16, 256}};
 // Plus LoRA-like skinny shapes (rank 1 and 16 on either side), K = 1, inner dimensions in one chunk
 // (<= 768), in 3 (1700 and the weight gradient's 900 tokens: uneven last chunk) and in several rounds
 // of chunks (4200, 4300: the GEMM packs B round by round then), on the panel path (>= 192 columns) too; few rows
 // over a long inner dimension (128 x 4300 x 72, 64 x 2000 x 200: the loss's input gradient, which 2 threads split
 // by columns, kColSplitRows).
-const Shape kF32Shapes[] = {{1, 1, 1},   {5, 7, 19},    {197, 261, 263}, {2, 259, 17}, {37, 16, 1},
+const TrainShape kF32Shapes[] = {{1, 1, 1},   {5, 7, 19},    {197, 261, 263}, {2, 259, 17}, {37, 16, 1},
                             {9, 1, 40},  {193, 600, 16}, {193, 16, 600}, {61, 3, 520}, {20, 530, 2},
                             {3, 4200, 40}, {4200, 3, 20}, {128, 4300, 72}, {70, 200, 1700}, {900, 250, 300},
                             {64, 2000, 200}};
@@ -70,11 +64,11 @@ TEST_P(TrainMatMul, BackwardInputMatchesReference) {
                           DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K,
                           DType::kQ6_K};
   for (DType dt : dtypes) {
-    std::vector<Shape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
+    std::vector<TrainShape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
     if (dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16)
       shapes.insert(shapes.end(), std::begin(kF32Shapes), std::end(kF32Shapes));
     if (IsKQuant(dt)) shapes = {{1, 1, 256}, {13, 300, 512}, {200, 37, 768}, {6, 16, 256}, {9, 20, 1024}};  // whole 256-blocks
-    for (const Shape& s : shapes) {
+    for (const TrainShape& s : shapes) {
       const testing::TestWeight w = MakeWeight(dt, s.N, s.K, 21);
       const std::vector<double> wd = Dequantized(w.t);
       const std::vector<float> dy = RandomVec(s.M * s.N, 22);
@@ -83,13 +77,13 @@ TEST_P(TrainMatMul, BackwardInputMatchesReference) {
       train_ref::MatMulBackwardInput<double>(ref.data(), dyd.data(), wd.data(), s.M, s.N, s.K);
       std::vector<float> dx(s.M * s.K, 123.0f);  // overwritten
       cpu::MatMulBackwardInputWith(tk, kt, pool, dx.data(), dy.data(), s.M, w.t, false);
-      EXPECT_LE(RelErr(dx, ref), kRefLimit) << DTypeName(dt) << " " << s.M << "x" << s.N << "x" << s.K;
+      EXPECT_LE(RelErr(dx, ref), kMatmulRefLimit) << DTypeName(dt) << " " << s.M << "x" << s.N << "x" << s.K;
       // accumulate = true adds onto what is there.
       std::vector<float> acc = RandomVec(s.M * s.K, 23);
       std::vector<double> ref_acc = ToDouble(acc);
       for (size_t i = 0; i < ref_acc.size(); ++i) ref_acc[i] += ref[i];
       cpu::MatMulBackwardInputWith(tk, kt, pool, acc.data(), dy.data(), s.M, w.t, true);
-      EXPECT_LE(RelErr(acc, ref_acc), kRefLimit) << DTypeName(dt) << " accumulate";
+      EXPECT_LE(RelErr(acc, ref_acc), kMatmulRefLimit) << DTypeName(dt) << " accumulate";
       // W packed once beforehand (a frozen head): the same bits, overwriting and accumulating; and
       // the same bits on one thread (the task split never changes what a C element sums).
       std::vector<float> packed(cpu::PackedBackwardInputFloats(s.N, s.K), 7.0f);
@@ -122,9 +116,9 @@ TEST_P(TrainMatMul, ForwardMatchesReference) {
   const cpu::KernelTable& kt = cpu::KernelsFor(tier);
   ThreadPool pool(threads);
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    std::vector<Shape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
+    std::vector<TrainShape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
     shapes.insert(shapes.end(), std::begin(kF32Shapes), std::end(kF32Shapes));
-    for (const Shape& s : shapes) {
+    for (const TrainShape& s : shapes) {
       const testing::TestWeight w = MakeWeight(dt, s.N, s.K, 41);
       const std::vector<double> wd = Dequantized(w.t);
       const std::vector<float> x = RandomVec(s.M * s.K, 42);
@@ -133,14 +127,14 @@ TEST_P(TrainMatMul, ForwardMatchesReference) {
       train_ref::MatMul<double>(ref.data(), xd.data(), wd.data(), s.M, s.N, s.K);
       std::vector<float> y(s.M * s.N, 123.0f);
       cpu::MatMulForwardWith(tk, kt, pool, y.data(), x.data(), s.M, w.t);
-      EXPECT_LE(RelErr(y, ref), kRefLimit) << DTypeName(dt) << " " << s.M << "x" << s.N << "x" << s.K;
+      EXPECT_LE(RelErr(y, ref), kMatmulRefLimit) << DTypeName(dt) << " " << s.M << "x" << s.N << "x" << s.K;
       // accumulate: y0 + x . W^T (LoRA's scaled product added straight into the base output).
       const std::vector<float> y0 = RandomVec(s.M * s.N, 43);
       std::vector<float> ya = y0;
       std::vector<double> refa = ref;
       for (size_t i = 0; i < refa.size(); ++i) refa[i] += y0[i];
       cpu::MatMulForwardWith(tk, kt, pool, ya.data(), x.data(), s.M, w.t, /*accumulate=*/true);
-      EXPECT_LE(RelErr(ya, refa), kRefLimit) << DTypeName(dt) << " accumulate " << s.M << "x" << s.N << "x" << s.K;
+      EXPECT_LE(RelErr(ya, refa), kMatmulRefLimit) << DTypeName(dt) << " accumulate " << s.M << "x" << s.N << "x" << s.K;
     }
   }
 }
@@ -304,7 +298,7 @@ TEST(TrainGemmTile, Avx512DriverEqualsAvx2) {
   const cpu::TrainKernelTable& t2 = cpu::TrainKernelsFor(IsaTier::kAvx2);
   const cpu::KernelTable& kt = cpu::KernelsFor(IsaTier::kAvx2);
   ThreadPool pool(2);
-  for (const Shape& s : kF32Shapes) {
+  for (const TrainShape& s : kF32Shapes) {
     const std::string where = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
     const testing::TestWeight w = MakeWeight(DType::kF32, s.N, s.K, 70);
     const std::vector<float> x = RandomVec(s.M * s.K, 71), dy = RandomVec(s.M * s.N, 72);
@@ -339,8 +333,8 @@ TEST(TrainGemmPlan, SharedPanelsStayWithinTheMemoryPlan) {
   const cpu::TrainKernelTable& tk = cpu::TrainBest();
   const cpu::KernelTable& kt = cpu::Best();
   ThreadPool pool(2);
-  const Shape shapes[] = {{128, 6000, 576}, {64, 5000, 1360}, {512, 1536, 576}, {200, 2500, 300}, {16, 3000, 100}};
-  for (const Shape& s : shapes) {
+  const TrainShape shapes[] = {{128, 6000, 576}, {64, 5000, 1360}, {512, 1536, 576}, {200, 2500, 300}, {16, 3000, 100}};
+  for (const TrainShape& s : shapes) {
     const std::string where = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
     const testing::TestWeight w = MakeWeight(DType::kF32, s.N, s.K, 91);
     const std::vector<float> dyT = RandomVec(s.N * s.M, 92);
@@ -492,9 +486,9 @@ TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
   LATHE_REQUIRE_TIER(tier);
   const cpu::TrainKernelTable& tk = cpu::TrainKernelsFor(tier);
   ThreadPool pool(threads);
-  std::vector<Shape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
+  std::vector<TrainShape> shapes(std::begin(kQuantShapes), std::end(kQuantShapes));
   shapes.insert(shapes.end(), std::begin(kF32Shapes), std::end(kF32Shapes));
-  for (const Shape& s : shapes) {
+  for (const TrainShape& s : shapes) {
     const std::vector<float> dy = RandomVec(s.M * s.N, 24), x = RandomVec(s.M * s.K, 25);
     std::vector<float> dw = RandomVec(s.N * s.K, 26);
     std::vector<double> ref = ToDouble(dw);
@@ -502,7 +496,7 @@ TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
     train_ref::MatMulBackwardWeight<double>(ref.data(), dyd.data(), xd.data(), s.M, s.N, s.K);
     std::vector<float> dw1 = dw;
     cpu::MatMulBackwardWeightWith(tk, pool, dw.data(), dy.data(), x.data(), s.M, s.N, s.K);
-    EXPECT_LE(RelErr(dw, ref), kRefLimit) << s.M << "x" << s.N << "x" << s.K;
+    EXPECT_LE(RelErr(dw, ref), kMatmulRefLimit) << s.M << "x" << s.N << "x" << s.K;
     ThreadPool one(1);
     cpu::MatMulBackwardWeightWith(tk, one, dw1.data(), dy.data(), x.data(), s.M, s.N, s.K);
     EXPECT_EQ(dw1, dw) << s.M << "x" << s.N << "x" << s.K << " 1 thread";
@@ -511,7 +505,7 @@ TEST_P(TrainMatMul, BackwardWeightMatchesReference) {
     for (int64_t m = 0; m < s.M; ++m)
       for (int64_t n = 0; n < s.N; ++n) dyT[n * s.M + m] = dy[m * s.N + n];
     cpu::MatMulBackwardWeightTWith(tk, pool, dwt.data(), dyT.data(), x.data(), s.M, s.N, s.K);
-    EXPECT_LE(RelErr(dwt, ref), kRefLimit) << s.M << "x" << s.N << "x" << s.K << " transposed dY";
+    EXPECT_LE(RelErr(dwt, ref), kMatmulRefLimit) << s.M << "x" << s.N << "x" << s.K << " transposed dY";
   }
 }
 
@@ -538,8 +532,8 @@ TEST_P(TrainMatMul, BackwardMatchesFiniteDifferences) {
     std::vector<float> dx(M * K), dw(N * K, 0.0f);
     cpu::MatMulBackwardInputWith(tk, kt, pool, dx.data(), g.data(), M, w.t, false);
     cpu::MatMulBackwardWeightWith(tk, pool, dw.data(), g.data(), x.data(), M, N, K);
-    EXPECT_LE(RelErr(dx, fd_dx), kFdLimit) << DTypeName(dt);
-    EXPECT_LE(RelErr(dw, fd_dw), kFdLimit) << DTypeName(dt);
+    EXPECT_LE(RelErr(dx, fd_dx), kMatmulFdLimit) << DTypeName(dt);
+    EXPECT_LE(RelErr(dw, fd_dw), kMatmulFdLimit) << DTypeName(dt);
   }
 }
 

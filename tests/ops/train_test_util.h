@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/tensor.h"
+#include "kernels/cpu/reference.h"
+
 namespace lathe::kernels::testing {
 
 // d loss / d x[i] by central differences, h scaled to |x[i]|. loss reads x (which it may not keep).
@@ -42,6 +45,15 @@ inline double Dot(const std::vector<double>& a, const std::vector<double>& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
   return s;
+}
+
+// The weight's rows as the reference dequantizer gives them, in double.
+inline std::vector<double> Dequantized(const Tensor& w) {
+  const int64_t N = w.shape[0], K = w.shape[1];
+  std::vector<float> f(N * K);
+  for (int64_t n = 0; n < N; ++n)
+    ref::DequantizeRow(w.dtype, (const uint8_t*)w.data + n * w.row_bytes(), K, f.data() + n * K);
+  return ToDouble(f);
 }
 
 }  // namespace lathe::kernels::testing

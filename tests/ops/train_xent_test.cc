@@ -19,6 +19,7 @@
 namespace lathe::kernels {
 namespace {
 
+using testing::Dequantized;
 using testing::FiniteDiffGrad;
 using testing::MakeWeight;
 using testing::RandomVec;
@@ -26,8 +27,8 @@ using testing::RelErr;
 using testing::ToDouble;
 
 // Float logits (C-term dot products) and the polynomial exp vs double: ~1e-7 typical.
-constexpr double kRefLimit = 5e-6;
-constexpr double kFdLimit = 2e-6;
+constexpr double kXentRefLimit = 5e-6;
+constexpr double kXentFdLimit = 2e-6;
 
 // Double reference: full (T, V) logits. Returns the loss; fills dx and adds into dw.
 double RefCrossEntropy(const std::vector<double>& x, const std::vector<double>& w, const std::vector<int32_t>& labels,
@@ -59,14 +60,6 @@ double RefCrossEntropy(const std::vector<double>& x, const std::vector<double>& 
     }
   }
   return loss / normalizer;
-}
-
-std::vector<double> Dequantized(const Tensor& w) {
-  const int64_t N = w.shape[0], K = w.shape[1];
-  std::vector<float> f(N * K);
-  for (int64_t n = 0; n < N; ++n)
-    ref::DequantizeRow(w.dtype, (const uint8_t*)w.data + n * w.row_bytes(), K, f.data() + n * K);
-  return ToDouble(f);
 }
 
 class TrainXent : public ::testing::TestWithParam<std::tuple<IsaTier, int>> {};
@@ -115,13 +108,13 @@ TEST_P(TrainXent, MatchesReference) {
       const std::string where = std::string(DTypeName(dt)) + " chunk " + std::to_string(chunk);
       const float loss_f = cpu::CrossEntropyWith(tk, kt, pool, nullptr, nullptr, x.data(), T, w.t, labels.data(),
                                                  (float)n_valid, 1.0f, chunk);
-      EXPECT_LE(std::fabs(loss_f - ref_loss) / ref_loss, kRefLimit) << where;
+      EXPECT_LE(std::fabs(loss_f - ref_loss) / ref_loss, kXentRefLimit) << where;
       std::vector<float> dx(T * C, 99.0f), dw(V * C, 0.0f);
       const float loss_b = cpu::CrossEntropyWith(tk, kt, pool, dx.data(), dw.data(), x.data(), T, w.t,
                                                  labels.data(), (float)n_valid, 0.7f, chunk);
-      EXPECT_LE(std::fabs(loss_b - ref_loss) / ref_loss, kRefLimit) << where;
-      EXPECT_LE(RelErr(dx, ref_dx), kRefLimit) << where;
-      EXPECT_LE(RelErr(dw, ref_dw), kRefLimit) << where;
+      EXPECT_LE(std::fabs(loss_b - ref_loss) / ref_loss, kXentRefLimit) << where;
+      EXPECT_LE(RelErr(dx, ref_dx), kXentRefLimit) << where;
+      EXPECT_LE(RelErr(dw, ref_dw), kXentRefLimit) << where;
       for (int64_t t = 0; t < T; ++t) {
         if (labels[t] != kIgnoreLabel) continue;
         ASSERT_EQ(dx[t * C], 0.0f) << t;
@@ -171,8 +164,8 @@ TEST_P(TrainXent, BackwardMatchesFiniteDifferences) {
   std::vector<float> dx(T * C), dw(V * C, 0.0f);
   cpu::CrossEntropyWith(cpu::TrainKernelsFor(tier), cpu::KernelsFor(tier), pool, dx.data(), dw.data(), x.data(), T,
                         w.t, labels.data(), (float)norm, (float)dloss, 2);
-  EXPECT_LE(RelErr(dx, fd_dx), kFdLimit);
-  EXPECT_LE(RelErr(dw, fd_dw), kFdLimit);
+  EXPECT_LE(RelErr(dx, fd_dx), kXentFdLimit);
+  EXPECT_LE(RelErr(dw, fd_dw), kXentFdLimit);
 }
 
 INSTANTIATE_TEST_SUITE_P(TiersThreads, TrainXent,

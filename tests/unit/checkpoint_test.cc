@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 ::lathe::testing::ScopedTempDir g_temp_root("lathe_ckpt_");
 
 // An empty directory `name` under it.
-std::string TempDir(const std::string& name) {
+std::string CleanDir(const std::string& name) {
   std::string d = (fs::path(g_temp_root.path) / name).string();
   fs::remove_all(d);
   fs::create_directories(d);
@@ -45,7 +45,7 @@ TEST(Checkpoint, Crc32cCheckValue) {
 }
 
 TEST(Checkpoint, SealVerifyAndDamageNamed) {
-  std::string out = TempDir("seal");
+  std::string out = CleanDir("seal");
   auto cp = WriteCheckpoint(out, 3, [](const std::string& dir) {
     WriteFile(dir + "/a.bin", std::string(1000, 'x'));
     WriteFile(dir + "/b.json", "{}\n");
@@ -73,7 +73,7 @@ TEST(Checkpoint, SealVerifyAndDamageNamed) {
 }
 
 TEST(Checkpoint, LastSkipsUnsealedAndRotationKeepsNewestSealed) {
-  std::string out = TempDir("last");
+  std::string out = CleanDir("last");
   for (int step : {2, 4}) {
     ASSERT_TRUE(WriteCheckpoint(out, step, [](const std::string& dir) {
                   WriteFile(dir + "/w", "w");
@@ -89,7 +89,7 @@ TEST(Checkpoint, LastSkipsUnsealedAndRotationKeepsNewestSealed) {
   EXPECT_TRUE(fs::exists(out + "/checkpoint-4"));  // newest sealed survives a limit of 1
   EXPECT_TRUE(fs::exists(out + "/checkpoint-6"));
   EXPECT_FALSE(fs::exists(out + "/checkpoint-2"));
-  auto none = ResolveResumeCheckpoint("last", TempDir("empty"));
+  auto none = ResolveResumeCheckpoint("last", CleanDir("empty"));
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("resume_from_checkpoint"), std::string::npos);
   fs::remove_all(out);
@@ -121,7 +121,7 @@ void ResumeIsBitExact(MakeOpt make, const std::string& tag) {
     grads(s);
     ob->Step(pb, 1e-3);
   }
-  std::string dir = TempDir("state_" + tag);
+  std::string dir = CleanDir("state_" + tag);
   ASSERT_TRUE(SaveTrainingState(dir, pb, *ob, {{"x", 1}}).ok());
   std::fill(b.begin(), b.end(), 0.0f);
   auto oc = make();
@@ -163,7 +163,7 @@ TEST(Checkpoint, OptimizerKindMismatchNamesOptim) {
   std::vector<ParamRef> p = {{"w", w.data(), g.data(), 8, true}};
   AdamW a;
   a.Step(p, 1e-3);
-  std::string dir = TempDir("kind");
+  std::string dir = CleanDir("kind");
   ASSERT_TRUE(SaveTrainingState(dir, p, a, nlohmann::json::object()).ok());
   Sgd sgd;
   auto r = LoadTrainingState(dir, p, sgd);

@@ -14,15 +14,13 @@
 namespace lathe::formats {
 namespace {
 
-std::string Fixture(const std::string& rel) {
-  return lathe::testing::SourceDir() + "/tests/unit/fixtures/formats/" + rel;
-}
+using ::lathe::testing::FormatsFixture;
 
 // python_written.gguf comes from tools/ref/make_format_fixtures.py (gguf package). Copying its
 // metadata and tensors through our writer must reproduce it byte for byte, which also shows the
 // Python reader accepts what we write.
 TEST(GgufWriter, ByteIdenticalToPythonGguf) {
-  auto g = GgufFile::Open(Fixture("python_written.gguf"));
+  auto g = GgufFile::Open(FormatsFixture("python_written.gguf"));
   ASSERT_TRUE(g.ok()) << g.status().message();
   EXPECT_EQ((*g)->keys().size(), 20u);
   EXPECT_EQ((*g)->keys().front(), "general.architecture");

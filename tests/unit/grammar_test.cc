@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "formats/gguf.h"
+#include "grammar_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -53,21 +54,18 @@ bool Accepts(const std::shared_ptr<const Grammar>& g, const std::string& text, b
   return true;
 }
 
-bool Matches(const std::shared_ptr<const Grammar>& g, const std::string& text) {
-  bool complete = false;
-  return Accepts(g, text, &complete) && complete;
-}
+using lathe::testing::GrammarMatches;
 
 TEST(Grammar, JsonAcceptsAndRejects) {
   auto g = MustParse(kJson);
   ASSERT_TRUE(g);
   for (const char* ok : {"{}", "{\"a\":1}", "{\"a\": [1, 2.5e3, -0.5, true, null, \"x\\n\\u00e9\"]}",
                          "{\"k\": {\"n\": {}}}", "{\"caf\xC3\xA9\": \"\xE2\x82\xAC\"}", "{\n  \"a\": 1\n}"}) {
-    EXPECT_TRUE(Matches(g, ok)) << ok;
+    EXPECT_TRUE(GrammarMatches(g, ok)) << ok;
   }
   for (const char* bad : {"[]", "{\"a\" 1}", "{\"a\":01}", "{\"a\":tru}", "{'a':1}", "{\"a\":1,}", "{\"a\":\"\x01\"}",
                           "{\"a\":1}}", "{\"a\":\"\\x\"}"}) {
-    EXPECT_FALSE(Matches(g, bad)) << bad;
+    EXPECT_FALSE(GrammarMatches(g, bad)) << bad;
   }
   // Prefixes are accepted but not complete.
   bool complete = true;
@@ -78,23 +76,23 @@ TEST(Grammar, JsonAcceptsAndRejects) {
 TEST(Grammar, RepetitionsAndClasses) {
   auto g = MustParse("root ::= \"a\"{2,4} [^a-z]? (\"b\" | \"cd\")+ .{0,2}\n");
   ASSERT_TRUE(g);
-  EXPECT_TRUE(Matches(g, "aab"));
-  EXPECT_TRUE(Matches(g, "aaaa-cdbcd"));
-  EXPECT_TRUE(Matches(g, "aab\xE2\x82\xAC!"));
-  EXPECT_FALSE(Matches(g, "ab"));
-  EXPECT_FALSE(Matches(g, "aaaaab"));  // a fifth 'a' is neither the class nor b / cd
-  EXPECT_FALSE(Matches(g, "aayb"));
-  EXPECT_FALSE(Matches(g, "aab123"));
+  EXPECT_TRUE(GrammarMatches(g, "aab"));
+  EXPECT_TRUE(GrammarMatches(g, "aaaa-cdbcd"));
+  EXPECT_TRUE(GrammarMatches(g, "aab\xE2\x82\xAC!"));
+  EXPECT_FALSE(GrammarMatches(g, "ab"));
+  EXPECT_FALSE(GrammarMatches(g, "aaaaab"));  // a fifth 'a' is neither the class nor b / cd
+  EXPECT_FALSE(GrammarMatches(g, "aayb"));
+  EXPECT_FALSE(GrammarMatches(g, "aab123"));
   auto exact = MustParse("root ::= [0-9]{3} \"-\" [0-9]{,2}\n");
   ASSERT_TRUE(exact);
-  EXPECT_TRUE(Matches(exact, "123-"));
-  EXPECT_TRUE(Matches(exact, "123-45"));
-  EXPECT_FALSE(Matches(exact, "12-45"));
-  EXPECT_FALSE(Matches(exact, "123-456"));
+  EXPECT_TRUE(GrammarMatches(exact, "123-"));
+  EXPECT_TRUE(GrammarMatches(exact, "123-45"));
+  EXPECT_FALSE(GrammarMatches(exact, "12-45"));
+  EXPECT_FALSE(GrammarMatches(exact, "123-456"));
   auto escapes = MustParse("root ::= \"\\x41\\u00e9\\U0001F600\" [\\]\\-] \"\\\"\"\n");
   ASSERT_TRUE(escapes);
-  EXPECT_TRUE(Matches(escapes, "A\xC3\xA9\xF0\x9F\x98\x80]\""));
-  EXPECT_TRUE(Matches(escapes, "A\xC3\xA9\xF0\x9F\x98\x80-\""));
+  EXPECT_TRUE(GrammarMatches(escapes, "A\xC3\xA9\xF0\x9F\x98\x80]\""));
+  EXPECT_TRUE(GrammarMatches(escapes, "A\xC3\xA9\xF0\x9F\x98\x80-\""));
 }
 
 // A long chain of rules, each only referring to the next: expanding it must not recurse once per rule.
@@ -105,9 +103,9 @@ TEST(Grammar, LongRuleChainsExpandWithoutRecursion) {
   text += "r" + std::to_string(n) + " ::= \"y\"\n";
   auto g = MustParse(text);
   ASSERT_TRUE(g);
-  EXPECT_TRUE(Matches(g, "y"));
-  EXPECT_TRUE(Matches(g, "x"));
-  EXPECT_FALSE(Matches(g, "z"));
+  EXPECT_TRUE(GrammarMatches(g, "y"));
+  EXPECT_TRUE(GrammarMatches(g, "x"));
+  EXPECT_FALSE(GrammarMatches(g, "z"));
 }
 
 TEST(Grammar, Finished) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "serve/grammar.h"
+#include "grammar_util.h"
 
 namespace lathe::server {
 namespace {
@@ -19,20 +20,17 @@ std::shared_ptr<const serve::Grammar> Compile(const std::string& schema) {
   return g.ok() ? g.value() : nullptr;
 }
 
-bool Matches(const std::shared_ptr<const serve::Grammar>& g, const std::string& text) {
-  serve::GrammarMatcher m(g, serve::GrammarVocab::Bytes());
-  return m.AcceptBytes(text) && m.Complete();
-}
+using lathe::testing::GrammarMatches;
 
 TEST(JsonSchema, ObjectMembersInOrderOptionalOnesMayBeLeftOut) {
   auto g = Compile(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
                       "c": {"type": "boolean"}}, "required": ["b"]})");
   ASSERT_TRUE(g);
   for (const char* ok : {R"({"b": ""})", R"({"a": 1, "b": "x"})", R"({"b": "x", "c": true})", R"({"a":-2,"b":"","c":false})"})
-    EXPECT_TRUE(Matches(g, ok)) << ok;
+    EXPECT_TRUE(GrammarMatches(g, ok)) << ok;
   for (const char* bad : {R"({})", R"({"a": 1})", R"({"b": "x", "a": 1})", R"({"b": "x",})", R"({, "b": "x"})",
                           R"({"b": "x", "d": 1})", R"({"b": 1})", R"({"a": 1.5, "b": "x"})"})
-    EXPECT_FALSE(Matches(g, bad)) << bad;
+    EXPECT_FALSE(GrammarMatches(g, bad)) << bad;
 }
 
 // `properties` given, even empty, closes the object unless additionalProperties opens it (a tool without
@@ -40,15 +38,15 @@ TEST(JsonSchema, ObjectMembersInOrderOptionalOnesMayBeLeftOut) {
 TEST(JsonSchema, ListedPropertiesCloseTheObject) {
   auto empty = Compile(R"({"type": "object", "properties": {}})");
   ASSERT_TRUE(empty);
-  EXPECT_TRUE(Matches(empty, "{}"));
-  EXPECT_FALSE(Matches(empty, R"({"a": 1})"));
+  EXPECT_TRUE(GrammarMatches(empty, "{}"));
+  EXPECT_FALSE(GrammarMatches(empty, R"({"a": 1})"));
   auto open = Compile(R"({"type": "object"})");
   ASSERT_TRUE(open);
-  EXPECT_TRUE(Matches(open, R"({"a": [1, {"b": null}]})"));
+  EXPECT_TRUE(GrammarMatches(open, R"({"a": [1, {"b": null}]})"));
   auto map = Compile(R"({"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}})");
   ASSERT_TRUE(map);
-  EXPECT_TRUE(Matches(map, R"({"a": 1, "b": -2})"));
-  EXPECT_FALSE(Matches(map, R"({"a": "x"})"));
+  EXPECT_TRUE(GrammarMatches(map, R"({"a": 1, "b": -2})"));
+  EXPECT_FALSE(GrammarMatches(map, R"({"a": "x"})"));
 }
 
 TEST(JsonSchema, GeneratedTextEndsWithTheValue) {
@@ -125,59 +123,61 @@ TEST(JsonSchema, IntegerBoundsAcceptExactlyTheRange) {
     for (int64_t x = -1200; x <= 1200; ++x) xs.push_back(x);
     for (int64_t x : {99999LL, 100000LL, 123456789LL, 9999999999999999LL, -9999999999999999LL, -5000LL, 5000LL}) xs.push_back(x);
     for (int64_t x : xs) {
-      EXPECT_EQ(Matches(g, std::to_string(x)), x >= c.lo && x <= c.hi) << schema << " on " << x;
+      EXPECT_EQ(GrammarMatches(g, std::to_string(x)), x >= c.lo && x <= c.hi) << schema << " on " << x;
     }
-    EXPECT_FALSE(Matches(g, "01")) << schema;  // no leading zeros
-    if (c.lo != INT64_MIN || c.hi != INT64_MAX) EXPECT_FALSE(Matches(g, "-0")) << schema;
-    EXPECT_FALSE(Matches(g, "1.0")) << schema;
+    EXPECT_FALSE(GrammarMatches(g, "01")) << schema;  // no leading zeros
+    if (c.lo != INT64_MIN || c.hi != INT64_MAX) {
+      EXPECT_FALSE(GrammarMatches(g, "-0")) << schema;
+    }
+    EXPECT_FALSE(GrammarMatches(g, "1.0")) << schema;
   }
 }
 
 TEST(JsonSchema, FormatsAndPatterns) {
   auto date = Compile(R"({"type": "string", "format": "date"})");
   ASSERT_TRUE(date);
-  EXPECT_TRUE(Matches(date, "\"2026-12-07\""));
-  EXPECT_TRUE(Matches(date, "\"1999-02-28\""));
-  EXPECT_FALSE(Matches(date, "\"2026-02-30\""));
-  EXPECT_FALSE(Matches(date, "\"2026-13-01\""));
-  EXPECT_FALSE(Matches(date, "\"0999-01-01\""));
+  EXPECT_TRUE(GrammarMatches(date, "\"2026-12-07\""));
+  EXPECT_TRUE(GrammarMatches(date, "\"1999-02-28\""));
+  EXPECT_FALSE(GrammarMatches(date, "\"2026-02-30\""));
+  EXPECT_FALSE(GrammarMatches(date, "\"2026-13-01\""));
+  EXPECT_FALSE(GrammarMatches(date, "\"0999-01-01\""));
   auto dt = Compile(R"({"type": "string", "format": "date-time"})");
-  EXPECT_TRUE(Matches(dt, "\"2026-12-07T04:05:28Z\""));
-  EXPECT_TRUE(Matches(dt, "\"2026-12-07T23:59:59.123456+05:30\""));
-  EXPECT_FALSE(Matches(dt, "\"2026-12-07 04:05:28Z\""));
-  EXPECT_FALSE(Matches(dt, "\"2026-12-07T24:00:00Z\""));
+  EXPECT_TRUE(GrammarMatches(dt, "\"2026-12-07T04:05:28Z\""));
+  EXPECT_TRUE(GrammarMatches(dt, "\"2026-12-07T23:59:59.123456+05:30\""));
+  EXPECT_FALSE(GrammarMatches(dt, "\"2026-12-07 04:05:28Z\""));
+  EXPECT_FALSE(GrammarMatches(dt, "\"2026-12-07T24:00:00Z\""));
   auto uuid = Compile(R"({"type": "string", "format": "uuid"})");
-  EXPECT_TRUE(Matches(uuid, "\"123e4567-e89b-12d3-a456-426614174000\""));
-  EXPECT_FALSE(Matches(uuid, "\"123e4567e89b12d3a456426614174000\""));
+  EXPECT_TRUE(GrammarMatches(uuid, "\"123e4567-e89b-12d3-a456-426614174000\""));
+  EXPECT_FALSE(GrammarMatches(uuid, "\"123e4567e89b12d3a456426614174000\""));
   auto ip = Compile(R"({"type": "string", "format": "ipv4"})");
-  EXPECT_TRUE(Matches(ip, "\"192.168.0.255\""));
-  EXPECT_FALSE(Matches(ip, "\"192.168.0.256\""));
-  EXPECT_FALSE(Matches(ip, "\"192.168.00.1\""));
+  EXPECT_TRUE(GrammarMatches(ip, "\"192.168.0.255\""));
+  EXPECT_FALSE(GrammarMatches(ip, "\"192.168.0.256\""));
+  EXPECT_FALSE(GrammarMatches(ip, "\"192.168.00.1\""));
   // Unknown formats are annotations.
   auto hostname = Compile(R"({"type": "string", "format": "hostname"})");
-  EXPECT_TRUE(Matches(hostname, "\"anything at all\""));
+  EXPECT_TRUE(GrammarMatches(hostname, "\"anything at all\""));
   // A pattern is a search unless anchored; the string is written JSON-escaped.
   auto p = Compile(R"({"type": "string", "pattern": "ab+"})");
-  EXPECT_TRUE(Matches(p, "\"xx abbb \\\"yy\""));
-  EXPECT_FALSE(Matches(p, "\"a b\""));
+  EXPECT_TRUE(GrammarMatches(p, "\"xx abbb \\\"yy\""));
+  EXPECT_FALSE(GrammarMatches(p, "\"a b\""));
   auto q = Compile(R"({"type": "string", "pattern": "^[\"\\\\]{2}$"})");  // two of: " and backslash
-  EXPECT_TRUE(Matches(q, R"("\"\\")"));
-  EXPECT_FALSE(Matches(q, R"("\"\\x")"));
+  EXPECT_TRUE(GrammarMatches(q, R"("\"\\")"));
+  EXPECT_FALSE(GrammarMatches(q, R"("\"\\x")"));
 }
 
 TEST(JsonSchema, LiteralsAndChoicesEscape) {
   EXPECT_EQ(GbnfLiteral("a\"b\\c\n\x01"), "\"a\\\"b\\\\c\\n\\x01\"");
   auto g = serve::Grammar::Parse(ChoiceGbnf({"yes", "no \"way\"", "caf\xC3\xA9"}));
   ASSERT_TRUE(g.ok()) << g.status().message();
-  EXPECT_TRUE(Matches(g.value(), "no \"way\""));
-  EXPECT_TRUE(Matches(g.value(), "caf\xC3\xA9"));
-  EXPECT_FALSE(Matches(g.value(), "yes "));
+  EXPECT_TRUE(GrammarMatches(g.value(), "no \"way\""));
+  EXPECT_TRUE(GrammarMatches(g.value(), "caf\xC3\xA9"));
+  EXPECT_FALSE(GrammarMatches(g.value(), "yes "));
   auto e = Compile(R"({"enum": ["a\"q", 1.5, null, {"k": [1]}]})");
   ASSERT_TRUE(e);
-  EXPECT_TRUE(Matches(e, "\"a\\\"q\""));
-  EXPECT_TRUE(Matches(e, "1.5"));
-  EXPECT_TRUE(Matches(e, "{\"k\":[1]}"));
-  EXPECT_FALSE(Matches(e, "1"));
+  EXPECT_TRUE(GrammarMatches(e, "\"a\\\"q\""));
+  EXPECT_TRUE(GrammarMatches(e, "1.5"));
+  EXPECT_TRUE(GrammarMatches(e, "{\"k\":[1]}"));
+  EXPECT_FALSE(GrammarMatches(e, "1"));
 }
 
 }  // namespace

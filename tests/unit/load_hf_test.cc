@@ -17,9 +17,7 @@
 namespace lathe::model {
 namespace {
 
-std::string Fixture(const std::string& rel) {
-  return lathe::testing::SourceDir() + "/tests/unit/fixtures/formats/" + rel;
-}
+using ::lathe::testing::FormatsFixture;
 
 // Temp folders, removed at exit.
 struct TempDirs {
@@ -36,7 +34,7 @@ struct TempDirs {
 } temp_dirs;
 
 nlohmann::json Expected() {
-  auto text = ReadFileToString(Fixture("expected.json"));
+  auto text = ReadFileToString(FormatsFixture("expected.json"));
   EXPECT_TRUE(text.ok());
   return nlohmann::json::parse(*text);
 }
@@ -55,7 +53,7 @@ void ExpectFirst(const Tensor& t, const nlohmann::json& want, const std::string&
 }
 
 TEST(LoadHf, TinyLlamaBf16WithLlama3Scaling) {
-  auto w = LoadHfModelDir(Fixture("tiny_llama_hf"));
+  auto w = LoadHfModelDir(FormatsFixture("tiny_llama_hf"));
   ASSERT_TRUE(w.ok()) << w.status().message();
   const ModelConfig& c = w->config;
   EXPECT_EQ(c.arch, "llama");
@@ -90,7 +88,7 @@ TEST(LoadHf, TinyLlamaBf16WithLlama3Scaling) {
   ExpectFirst(w->output_norm, e["norm"], "norm");
   ExpectFirst(w->output, e["lm_head"], "lm_head");
 
-  auto g = LoadHfGenerationConfig(Fixture("tiny_llama_hf"));
+  auto g = LoadHfGenerationConfig(FormatsFixture("tiny_llama_hf"));
   ASSERT_TRUE(g.ok()) << g.status().message();
   EXPECT_EQ(g->bos_token_id, 1);
   EXPECT_EQ(g->eos_token_ids, (std::vector<int64_t>{2, 7}));
@@ -102,7 +100,7 @@ TEST(LoadHf, TinyLlamaBf16WithLlama3Scaling) {
 }
 
 TEST(LoadHf, ShardedQwen2F16Tied) {
-  auto w = LoadHfModelDir(Fixture("tiny_qwen2_hf_sharded"));
+  auto w = LoadHfModelDir(FormatsFixture("tiny_qwen2_hf_sharded"));
   ASSERT_TRUE(w.ok()) << w.status().message();
   const ModelConfig& c = w->config;
   EXPECT_EQ(c.arch, "qwen2");
@@ -121,7 +119,7 @@ TEST(LoadHf, ShardedQwen2F16Tied) {
   ExpectFirst(w->tok_embd, e["embed"], "embed");
   ExpectFirst(w->layers[0].w_down, e["down_proj_0"], "down_proj_0");
   // generation_config.json from save_pretrained has no sampling settings here.
-  auto g = LoadHfGenerationConfig(Fixture("tiny_qwen2_hf_sharded"));
+  auto g = LoadHfGenerationConfig(FormatsFixture("tiny_qwen2_hf_sharded"));
   ASSERT_TRUE(g.ok()) << g.status().message();
 }
 
@@ -230,11 +228,11 @@ TEST(LoadHf, ConfigVariants) {
 
 // Copies the tiny Llama folder with an edited config.json: wrong configs must name the tensor.
 TEST(LoadHf, MissingAndMisshapedTensorsNameTheTensor) {
-  auto cfg_text = ReadFileToString(Fixture("tiny_llama_hf/config.json"));
+  auto cfg_text = ReadFileToString(FormatsFixture("tiny_llama_hf/config.json"));
   ASSERT_TRUE(cfg_text.ok());
   auto run = [&](const std::string& key, int value) {
     std::string dir = temp_dirs.Make();
-    std::string st = Fixture("tiny_llama_hf/model.safetensors");
+    std::string st = FormatsFixture("tiny_llama_hf/model.safetensors");
     EXPECT_EQ(symlink(st.c_str(), (dir + "/model.safetensors").c_str()), 0);
     auto j = nlohmann::json::parse(*cfg_text);
     j[key] = value;
@@ -251,7 +249,7 @@ TEST(LoadHf, MissingAndMisshapedTensorsNameTheTensor) {
                              "expected [25, 16]"), std::string::npos) << s.message();
   s = run("tie_word_embeddings", 1);  // not a bool
   EXPECT_NE(s.message().find("tie_word_embeddings"), std::string::npos) << s.message();
-  auto none = LoadHfModelDir(Fixture("no_such_dir"));
+  auto none = LoadHfModelDir(FormatsFixture("no_such_dir"));
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("config.json"), std::string::npos);
 }
@@ -259,7 +257,7 @@ TEST(LoadHf, MissingAndMisshapedTensorsNameTheTensor) {
 // The same model with one extra header byte: every bf16 tensor lands on an odd address. The
 // loader must copy those into aligned memory and still give the same values.
 TEST(LoadHf, MisalignedTensorsAreCopied) {
-  auto st = ReadFileToString(Fixture("tiny_llama_hf/model.safetensors"));
+  auto st = ReadFileToString(FormatsFixture("tiny_llama_hf/model.safetensors"));
   ASSERT_TRUE(st.ok());
   uint64_t n;
   std::memcpy(&n, st->data(), 8);
@@ -268,7 +266,7 @@ TEST(LoadHf, MisalignedTensorsAreCopied) {
   shifted += st->substr(8, n) + " " + st->substr(8 + n);
   std::string dir = temp_dirs.Make();
   std::ofstream(dir + "/model.safetensors", std::ios::binary).write(shifted.data(), (std::streamsize)shifted.size());
-  std::string cfg = Fixture("tiny_llama_hf/config.json");
+  std::string cfg = FormatsFixture("tiny_llama_hf/config.json");
   ASSERT_EQ(symlink(cfg.c_str(), (dir + "/config.json").c_str()), 0);
   auto w = LoadHfModelDir(dir);
   ASSERT_TRUE(w.ok()) << w.status().message();

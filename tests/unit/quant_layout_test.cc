@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "monitor/memory.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/quant.h"
@@ -68,13 +69,6 @@ TEST(QuantLayout, DTypeNamesAndPackedPredicates) {
   EXPECT_FALSE(IsPacked4Bit(DType::kI8Row));
 }
 
-size_t RssBytes() {
-  std::ifstream f("/proc/self/statm");
-  size_t total = 0, rss = 0;
-  f >> total >> rss;
-  return rss * 4096;
-}
-
 TEST(QuantLayout, PerfRssOfQuantizedLayers) {
   if (!std::getenv("LATHE_PERF")) GTEST_SKIP() << "set LATHE_PERF=1";
   // 6 layers (a fifth of the model) to keep the f32 source small; RSS counts the packed buffers.
@@ -85,7 +79,7 @@ TEST(QuantLayout, PerfRssOfQuantizedLayers) {
   for (DType t : {DType::kNF4DQ, DType::kI8Row}) {
     size_t params = 0;
     malloc_trim(0);
-    const size_t before = RssBytes();
+    const size_t before = monitor::ProcessRssBytes();
     std::vector<kernels::PackedWeight> keep;
     for (const W& w : ws) {
       auto pw = kernels::QuantizeWeight(Tensor{src.data(), DType::kF32, {w.rows, w.cols}}, t);
@@ -94,7 +88,7 @@ TEST(QuantLayout, PerfRssOfQuantizedLayers) {
       params += (size_t)(w.rows * w.cols);
       malloc_trim(0);  // hand back QuantizeWeight's f32 scratch so RSS counts the kept buffers
     }
-    const size_t after = RssBytes();
+    const size_t after = monitor::ProcessRssBytes();
     std::printf("%s: RSS +%.2f MB for %.2f M params = %.3f bytes/param (buffers %.3f)\n", DTypeName(t),
                 (after - before) / 1e6, params / 1e6, (double)(after - before) / params, BytesPerParam(t));
   }

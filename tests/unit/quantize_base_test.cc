@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "monitor/memory.h"
 #include "core/mapped_file.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -43,13 +44,6 @@ constexpr bool kAsan = false;
 void WarmUp(DType t) {
   std::vector<float> v(256 * 512, 0.01f);
   ASSERT_TRUE(kernels::QuantizeWeight(Tensor{v.data(), DType::kF32, {256, 512}}, t).ok());
-}
-
-int64_t RssBytes() {
-  std::ifstream f("/proc/self/statm");
-  int64_t total = 0, rss = 0;
-  f >> total >> rss;
-  return rss * sysconf(_SC_PAGESIZE);
 }
 
 constexpr int64_t kLayers = 6;
@@ -100,7 +94,7 @@ int64_t PackedBytes(const model::ModelWeights& w) {
 // the partial first/last page of each source range (madvise releases whole pages only) and 1 MiB
 // of allocator and thread bookkeeping; a source left resident (+4 bytes/param) fails by far.
 void ExpectResidentIsPacked(int64_t before, const model::ModelWeights& w, int64_t n, double goal) {
-  const int64_t growth = RssBytes() - before, packed = PackedBytes(w);
+  const int64_t growth = monitor::ProcessRssBytes() - before, packed = PackedBytes(w);
   const int64_t slack = 7 * kLayers * 2 * 4096 + (1 << 20);
   EXPECT_LE((double)packed / n, goal);
   if (!kAsan) {
@@ -134,7 +128,7 @@ TEST(QuantizeBase, MmappedSourcePagesLeaveRss) {
   for (DType t : {DType::kNF4DQ, DType::kI8Row}) {
     WarmUp(t);
     malloc_trim(0);
-    const int64_t before = RssBytes();
+    const int64_t before = monitor::ProcessRssBytes();
     model::ModelWeights w;
     w.config = c;
     auto mf = MappedFile::Open(path);
@@ -145,14 +139,14 @@ TEST(QuantizeBase, MmappedSourcePagesLeaveRss) {
     ASSERT_EQ(Assign(&w, base), n);
     volatile float sink = 0;  // fault every page in, as a loader or a first pass would
     for (int64_t i = 0; i < n; i += 1024) sink = sink + base[i];
-    const int64_t touched = RssBytes();
+    const int64_t touched = monitor::ProcessRssBytes();
     if (!kAsan) {
       EXPECT_GT((double)(touched - before) / n, 3.5);  // the f32 source is resident now
     }
     auto r = train::QuantizeBaseWeights(&w, t, c.n_layers);
     ASSERT_TRUE(r.ok()) << r.status().message();
     malloc_trim(0);
-    const double bpp = (double)(RssBytes() - before) / n;
+    const double bpp = (double)(monitor::ProcessRssBytes() - before) / n;
     std::printf(
         "%s from an mmapped f32 file: %.3f bytes/param resident after packing (packed buffers %.3f; "
         "%.3f with the source; released %.1f of %.1f MB)\n",
@@ -171,7 +165,7 @@ TEST(QuantizeBase, OwnedSourceBuffersLeaveRss) {
   const int64_t n = LinearParams(c);
   WarmUp(DType::kNF4DQ);
   malloc_trim(0);
-  const int64_t before = RssBytes();
+  const int64_t before = monitor::ProcessRssBytes();
   model::ModelWeights w;
   w.config = c;
   std::vector<float> v(n);
@@ -181,7 +175,7 @@ TEST(QuantizeBase, OwnedSourceBuffersLeaveRss) {
   auto r = train::QuantizeBaseWeights(&w, DType::kNF4DQ, c.n_layers);
   ASSERT_TRUE(r.ok()) << r.status().message();
   malloc_trim(0);
-  const double bpp = (double)(RssBytes() - before) / n;
+  const double bpp = (double)(monitor::ProcessRssBytes() - before) / n;
   std::printf(
       "nf4_dq from owned f32 buffers: %.3f bytes/param resident after packing (packed buffers %.3f)\n", bpp,
       (double)PackedBytes(w) / n);

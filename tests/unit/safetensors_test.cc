@@ -19,9 +19,7 @@
 namespace lathe::formats {
 namespace {
 
-std::string Fixture(const std::string& rel) {
-  return lathe::testing::SourceDir() + "/tests/unit/fixtures/formats/" + rel;
-}
+using ::lathe::testing::FormatsFixture;
 
 // Temp folders, removed at exit.
 struct TempDirs {
@@ -57,7 +55,7 @@ Status ParseString(const std::string& bytes, const std::string& name = "t.safete
 }
 
 TEST(Safetensors, ReadsPythonWrittenFile) {
-  auto f = SafetensorsFile::Open(Fixture("python_written.safetensors"));
+  auto f = SafetensorsFile::Open(FormatsFixture("python_written.safetensors"));
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_EQ((*f)->metadata().at("format"), "pt");
   EXPECT_EQ((*f)->tensors().size(), 11u);
@@ -92,7 +90,7 @@ TEST(Safetensors, ReadsPythonWrittenFile) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("'nope'"), std::string::npos);
 
-  auto bf = SafetensorsFile::Open(Fixture("python_written_bf16.safetensors"));
+  auto bf = SafetensorsFile::Open(FormatsFixture("python_written_bf16.safetensors"));
   ASSERT_TRUE(bf.ok()) << bf.status().message();
   auto w = (*bf)->GetTensor("w.bf16");
   ASSERT_TRUE(w.ok());
@@ -105,7 +103,7 @@ TEST(Safetensors, ReadsPythonWrittenFile) {
 // same padding. This is also how we know the Python library reads our files.
 TEST(Safetensors, WriterIsByteIdenticalToPython) {
   for (const char* name : {"python_written.safetensors", "python_written_bf16.safetensors"}) {
-    auto f = SafetensorsFile::Open(Fixture(name));
+    auto f = SafetensorsFile::Open(FormatsFixture(name));
     ASSERT_TRUE(f.ok()) << f.status().message();
     std::vector<SafetensorsWriteEntry> entries;
     // Insert in reverse name order so the writer has to sort.
@@ -133,7 +131,7 @@ TEST(Safetensors, WriterIsByteIdenticalToPython) {
 // Entries filled as the file is written (fill instead of data) give the Python library's bytes too; a failing fill
 // stops the write and leaves no file.
 TEST(Safetensors, FilledEntriesWriteTheSameBytes) {
-  auto f = SafetensorsFile::Open(Fixture("python_written.safetensors"));
+  auto f = SafetensorsFile::Open(FormatsFixture("python_written.safetensors"));
   ASSERT_TRUE(f.ok()) << f.status().message();
   std::vector<SafetensorsWriteEntry> entries;
   int fills = 0;
@@ -251,7 +249,7 @@ TEST(Safetensors, MisalignedDataIsReported) {
 }
 
 TEST(Safetensors, EveryTruncationIsAnError) {
-  auto mf = MappedFile::Open(Fixture("python_written.safetensors"));
+  auto mf = MappedFile::Open(FormatsFixture("python_written.safetensors"));
   ASSERT_TRUE(mf.ok());
   for (size_t cut = 0; cut < (*mf)->size(); ++cut) {
     std::vector<uint8_t> buf((*mf)->data(), (*mf)->data() + cut);
@@ -261,7 +259,7 @@ TEST(Safetensors, EveryTruncationIsAnError) {
 }
 
 TEST(SafetensorsSet, ShardedDirectory) {
-  std::string dir = Fixture("tiny_qwen2_hf_sharded");
+  std::string dir = FormatsFixture("tiny_qwen2_hf_sharded");
   auto set = SafetensorsSet::Open(dir);
   ASSERT_TRUE(set.ok()) << set.status().message();
   EXPECT_EQ((*set)->files().size(), 3u);
@@ -280,15 +278,15 @@ TEST(SafetensorsSet, ShardedDirectory) {
       << missing.status().message();
 
   // A single file and a folder holding model.safetensors work too.
-  auto single = SafetensorsSet::Open(Fixture("tiny_llama_hf"));
+  auto single = SafetensorsSet::Open(FormatsFixture("tiny_llama_hf"));
   ASSERT_TRUE(single.ok()) << single.status().message();
   EXPECT_TRUE((*single)->Has("lm_head.weight"));
-  EXPECT_FALSE(SafetensorsSet::Open(Fixture("")).ok());
+  EXPECT_FALSE(SafetensorsSet::Open(FormatsFixture("")).ok());
 }
 
 TEST(SafetensorsSet, BadIndexes) {
   std::string dir = MakeTempDir();
-  std::string shard = Fixture("tiny_qwen2_hf_sharded/model-00001-of-00003.safetensors");
+  std::string shard = FormatsFixture("tiny_qwen2_hf_sharded/model-00001-of-00003.safetensors");
   ASSERT_EQ(symlink(shard.c_str(), (dir + "/a.safetensors").c_str()), 0);
   auto open_with = [&](const std::string& index) {
     WriteFile(dir + "/model.safetensors.index.json", index);

@@ -15,13 +15,7 @@ namespace {
 
 using lathe::testing::SharedPath;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
+using lathe::testing::ReadAll;
 // The directory WriteTemp writes into, removed when the test binary exits.
 ::lathe::testing::ScopedTempDir g_temp_dir("lathe_tok_");
 

@@ -17,13 +17,7 @@ namespace {
 
 using lathe::testing::SharedPath;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
+using lathe::testing::ReadAll;
 std::unique_ptr<Tokenizer> LoadGguf(const std::string& path) {
   auto g = formats::GgufFile::Open(path);
   EXPECT_TRUE(g.ok()) << g.status().message();

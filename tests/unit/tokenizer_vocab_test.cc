@@ -19,13 +19,7 @@ namespace {
 
 using lathe::testing::SharedPath;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
+using lathe::testing::ReadAll;
 struct Case {
   std::string text;
   std::vector<int32_t> ids;

@@ -18,9 +18,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::FakeTrainModel;
 
-struct TempDir : ::lathe::testing::ScopedTempDir {
-  TempDir() : ScopedTempDir("lathe_trainer_") {}
-};
+using TempDir = ::lathe::testing::ScopedTempDir;
 
 // n samples of varying length over a vocabulary of 16 where token 3 dominates, so the unigram
 // model's loss falls as it learns.

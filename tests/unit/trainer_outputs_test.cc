@@ -16,9 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct TempDir : ::lathe::testing::ScopedTempDir {
-  TempDir() : ScopedTempDir("lathe_trainer_") {}
-};
+using TempDir = ::lathe::testing::ScopedTempDir;
 
 TEST(TrainerState, HfSchemaKeysAndTypes) {
   TrainerState s;
