@@ -19,7 +19,7 @@ int RunChat(int argc, char** argv) {
   Args args("chat", "lathe chat -m MODEL [--system TEXT] [--template NAME]");
   AddModelFlags(args);
   args.Flag("--system", "system message");
-  args.Flag("--template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
+  args.Flag("--template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, mistral-v3, alpaca)");
   args.Flag("-n,--n-predict", "maximum tokens per reply", "512");
   args.Flag("-c,--ctx-size", "context length", "4096");
   AddKvCacheDTypeFlag(args);

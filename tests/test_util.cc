@@ -24,12 +24,29 @@ std::string SharedDir() {
 
 std::string SharedPath(const std::string& rel) { return SharedDir() + "/" + rel; }
 
-std::string SmolLM2Path() {
-  if (const char* e = std::getenv("LATHE_SMOLLM2")) return e;
+namespace {
+// A file scripts/fetch-models.sh puts in the lathe cache ($LATHE_CACHE, else ~/.cache/lathe).
+std::string CachedModel(const std::string& name) {
   std::string cache;
   if (const char* c = std::getenv("LATHE_CACHE")) cache = c;
   else if (const char* h = std::getenv("HOME")) cache = std::string(h) + "/.cache/lathe";
-  return cache + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return cache + "/models/" + name;
+}
+}  // namespace
+
+std::string SmolLM2Path() {
+  if (const char* e = std::getenv("LATHE_SMOLLM2")) return e;
+  return CachedModel("SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+std::string MistralV3TokenizerPath() {
+  // Beside the SmolLM2 file when $LATHE_SMOLLM2 names it (the CI sets it to the cache's copy).
+  if (const char* e = std::getenv("LATHE_SMOLLM2")) {
+    const std::string s = e;
+    const size_t slash = s.rfind('/');
+    if (slash != std::string::npos) return s.substr(0, slash + 1) + "mistral_instruct_tokenizer_240323.model.v3";
+  }
+  return CachedModel("mistral_instruct_tokenizer_240323.model.v3");
 }
 
 std::string SourceDir() { return LATHE_SOURCE_DIR; }

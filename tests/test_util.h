@@ -14,6 +14,8 @@ std::string SharedDir();
 std::string SharedPath(const std::string& rel);
 // The cached SmolLM2-135M-Instruct Q4_1 GGUF ($LATHE_SMOLLM2, else $LATHE_CACHE or ~/.cache/lathe).
 std::string SmolLM2Path();
+// Mistral-7B-Instruct-v0.3's SentencePiece tokenizer.model, from the mistral-common wheel (fetch-models.sh --tests).
+std::string MistralV3TokenizerPath();
 // Source tree root (for fixtures under tests/).
 std::string SourceDir();
 // A file under tests/unit/fixtures/formats.

@@ -36,6 +36,10 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
 }
 
 void Sampler::WatchForTrigger(int32_t token) {
+  if (params_.grammar_trigger_is_token) {
+    if (token == params_.grammar_trigger_token) StartGrammar("");
+    return;
+  }
   const GrammarVocab& vocab = *params_.grammar->vocab;
   if (token < 0 || token >= vocab.size() || !vocab.is_text(token)) return;
   untriggered_ += vocab.bytes(token);

@@ -40,6 +40,10 @@ struct SamplingParams {
   // text is either a sentence of the grammar (it begins with the trigger) or free (it does not). Llama 3's tool
   // calls: a reply that begins with "{" is a call.
   bool grammar_trigger_at_start = false;
+  // The trigger is a control token (Mistral's [TOOL_CALLS]), which is no text a grammar sees: the grammar starts
+  // once grammar_trigger_token is drawn. The server sets the id from the trigger's text when this is set.
+  bool grammar_trigger_is_token = false;
+  int32_t grammar_trigger_token = -1;
   // Returns an error naming the field when a value is out of range.
   Status Validate() const;
 };

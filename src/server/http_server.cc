@@ -255,6 +255,7 @@ struct HttpServer::Impl {
           structured->Inc();
         }
       }
+      if (!perr) perr = ResolveTriggerToken(tok, &r);
     } catch (const std::exception& ex) {  // a parser gap must still be a 400, never a crash
       perr = ApiError();
       perr->message = std::string("malformed request: ") + ex.what();
@@ -273,22 +274,7 @@ struct HttpServer::Impl {
     // Each prompt's token ids (chat: one, from the template; completions: one or a batch).
     std::vector<std::vector<int32_t>> prompt_ids;
     if (chat) {
-      std::vector<tokenizer::ChatMessage> messages = r.messages;
-      if (!r.tools_prompt.empty()) {
-        if (messages.empty() || messages[0].role != "system") {
-          messages.insert(messages.begin(), {"system", tmpl.default_system()});
-        }
-        auto user = std::find_if(messages.begin(), messages.end(), [](const auto& m) { return m.role == "user"; });
-        if (r.tools_in_user_message) {
-          // Llama 3: "Environment: ipython" opens the system message, the tools come before the first user text.
-          messages[0].content = "Environment: ipython\n" + messages[0].content;
-        }
-        if (r.tools_in_user_message && user != messages.end()) {
-          user->content = r.tools_prompt + user->content;
-        } else {  // the tools described in the system message (after the template's default)
-          messages[0].content += (messages[0].content.empty() ? "" : "\n\n") + r.tools_prompt;
-        }
-      }
+      const std::vector<tokenizer::ChatMessage> messages = PromptMessages(r, tmpl);
       prompt_ids.push_back(tok.Encode(tmpl.Apply(messages, true), tok.add_bos() && !tmpl.text_has_bos(), true));
     } else {
       for (const auto& p : r.prompts) prompt_ids.push_back(p.is_ids ? p.ids : tok.Encode(p.text, tok.add_bos(), true));

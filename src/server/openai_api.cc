@@ -1,6 +1,7 @@
 // OpenAI schema parsing and response building.
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -8,6 +9,7 @@
 
 #include "server/json_schema.h"
 #include "server/regex.h"
+#include "tokenizer/tokenizer.h"
 
 namespace lathe::server {
 
@@ -69,6 +71,43 @@ std::optional<ApiError> Bool(const json& b, const char* key, bool* out) {
 }
 
 // OpenAI content may be a string or a list of {type: "text", text} parts.
+// JSON text as Python's json.dumps(x, ensure_ascii=False) writes it (", " and ": " between items), which is how
+// mistral_common writes tools, calls and results into Mistral prompts. Keys in the object's order.
+void PyJsonTo(const nlohmann::ordered_json& j, std::string* out) {
+  if (j.is_object()) {
+    *out += '{';
+    bool first = true;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (!first) *out += ", ";
+      first = false;
+      *out += SafeDump(nlohmann::ordered_json(it.key())) + ": ";
+      PyJsonTo(it.value(), out);
+    }
+    *out += '}';
+  } else if (j.is_array()) {
+    *out += '[';
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (i) *out += ", ";
+      PyJsonTo(j[i], out);
+    }
+    *out += ']';
+  } else {
+    *out += SafeDump(j);
+  }
+}
+std::string PyJson(const nlohmann::ordered_json& j) {
+  std::string out;
+  PyJsonTo(j, &out);
+  return out;
+}
+// mistral_common's reading of a call's arguments or a tool's result: the JSON value the text holds, else the text
+// itself; empty text is {}.
+nlohmann::ordered_json MistralJsonContent(const std::string& text) {
+  if (text.empty()) return nlohmann::ordered_json::object();
+  auto v = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return v.is_discarded() ? nlohmann::ordered_json(text) : v;
+}
+
 std::optional<ApiError> Content(const json& c, const std::string& param, std::string* out) {
   if (c.is_string()) {
     *out = c.get<std::string>();
@@ -218,6 +257,7 @@ std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, Comple
 // - "none": the tools are ignored.
 std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionRequest* r) {
   const bool llama = r->tool_format == ToolFormat::kLlama3Json;
+  const bool mistral = r->tool_format == ToolFormat::kMistral;
   const char* args_key = llama ? "parameters" : "arguments";
   using ojson = nlohmann::ordered_json;
   auto tools = b.find("tools");
@@ -257,7 +297,11 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
     if (!params.is_object()) return Bad(p + ".function.parameters", p + ".function.parameters must be a JSON schema object");
     fns.push_back({name, params});
     ojson d = {{"type", "function"}, {"function", {{"name", name}}}};
-    if (f.contains("description")) d["function"]["description"] = f["description"];
+    if (f.contains("description")) {
+      d["function"]["description"] = f["description"];
+    } else if (mistral) {  // mistral_common's Function has description "" by default
+      d["function"]["description"] = "";
+    }
     d["function"]["parameters"] = params;
     described.push_back(d);
   }
@@ -302,10 +346,15 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
   r->grammar_param = "tools";
   if (r->tool_mode == "auto") {
     r->grammar = ToolCallGbnf(g.value(), parallel, r->tool_format);
-    r->sampling.grammar_trigger = llama ? "{" : kToolCallOpen;
+    r->sampling.grammar_trigger = llama ? "{" : mistral ? kMistralToolCalls : kToolCallOpen;
     r->sampling.grammar_trigger_at_start = llama;
+    r->sampling.grammar_trigger_is_token = mistral;  // a control token: the server resolves it to its id
   } else {
     r->grammar = g.value();
+  }
+  if (mistral) {  // the [AVAILABLE_TOOLS] list, before the last user message; the grammar says the rest
+    r->tools_prompt = PyJson(described);
+    return std::nullopt;
   }
   const std::string call_shape = std::string("{\"name\": <function-name>, \"") + args_key + "\": <args-json-object>}";
   if (llama) {  // Llama 3's template: the tools before the first user message's text
@@ -334,6 +383,36 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
 
 }  // namespace
 
+std::vector<tokenizer::ChatMessage> PromptMessages(const CompletionRequest& r, const tokenizer::ChatTemplate& tmpl) {
+  std::vector<tokenizer::ChatMessage> messages = r.messages;
+  if (r.tools_prompt.empty()) return messages;
+  if (r.tool_format == ToolFormat::kMistral) {
+    messages.push_back({"tools", r.tools_prompt});  // the template writes it before the last user message
+    return messages;
+  }
+  if (messages.empty() || messages[0].role != "system") messages.insert(messages.begin(), {"system", tmpl.default_system()});
+  auto user = std::find_if(messages.begin(), messages.end(), [](const auto& m) { return m.role == "user"; });
+  if (r.tools_in_user_message) {
+    // Llama 3: "Environment: ipython" opens the system message, the tools come before the first user text.
+    messages[0].content = "Environment: ipython\n" + messages[0].content;
+  }
+  if (r.tools_in_user_message && user != messages.end()) {
+    user->content = r.tools_prompt + user->content;
+  } else {  // the tools described in the system message (after the template's default)
+    messages[0].content += (messages[0].content.empty() ? "" : "\n\n") + r.tools_prompt;
+  }
+  return messages;
+}
+
+std::optional<ApiError> ResolveTriggerToken(const tokenizer::Tokenizer& tok, CompletionRequest* r) {
+  if (!r->sampling.grammar_trigger_is_token) return std::nullopt;
+  const auto ids = tok.Encode(r->sampling.grammar_trigger, /*add_bos=*/false, /*parse_special=*/true);
+  r->sampling.grammar_trigger_token = ids.size() == 1 && tok.IsControl(ids[0]) ? ids[0] : -1;
+  if (r->sampling.grammar_trigger_token >= 0) return std::nullopt;
+  return Bad("tools", "this model's chat template writes tool calls after the " + r->sampling.grammar_trigger +
+                          " token, which its vocabulary does not have as one control token");
+}
+
 bool NeedsKeyOrder(const json& body) {
   if (!body.is_object()) return false;
   for (const char* k : {"response_format", "guided_json", "guided_choice", "guided_grammar", "guided_regex",
@@ -344,7 +423,9 @@ bool NeedsKeyOrder(const json& body) {
 }
 
 ToolFormat ToolFormatFor(const std::string& template_name) {
-  return template_name == "llama3" ? ToolFormat::kLlama3Json : ToolFormat::kHermes;
+  if (template_name == "llama3") return ToolFormat::kLlama3Json;
+  if (template_name == "mistral-v3") return ToolFormat::kMistral;
+  return ToolFormat::kHermes;
 }
 
 std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, CompletionRequest* r,
@@ -387,13 +468,19 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
       // Tool turns as the model family writes them. Hermes / Qwen2.5: a tool's result is a user turn in
       // <tool_response> tags, an assistant's calls are <tool_call> blocks of {"name", "arguments"}. Llama 3: the
       // result is an "ipython" turn, the calls are {"name", "parameters"} objects joined by "; ".
-      if (role == "tool") {
+      if (role == "tool" && tool_format == ToolFormat::kMistral) {
+        // mistral_common: {"content": the result's JSON value (or text), "call_id": ...} in [TOOL_RESULTS].
+        nlohmann::ordered_json res = {{"content", MistralJsonContent(msg.content)}};
+        if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) res["call_id"] = m["tool_call_id"];
+        msg.content = PyJson(res);
+      } else if (role == "tool") {
         msg.role = llama ? "ipython" : "user";
         if (!llama) msg.content = "<tool_response>\n" + msg.content + "\n</tool_response>";
       }
       if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
         const json& calls = m["tool_calls"];
         if (!calls.is_array()) return Bad(p + ".tool_calls", p + ".tool_calls must be a list");
+        nlohmann::ordered_json mistral_calls = nlohmann::ordered_json::array();
         for (size_t k = 0; k < calls.size(); ++k) {
           const json& c = calls[k];
           const std::string q = p + ".tool_calls[" + std::to_string(k) + "]";
@@ -409,13 +496,24 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
           } else if (f.contains("arguments")) {
             args = f["arguments"];
           }
-          if (llama) {
+          if (tool_format == ToolFormat::kMistral) {  // keys in the arguments' own order
+            nlohmann::ordered_json call = {{"name", f["name"].get<std::string>()}};
+            if (f.contains("arguments") && f["arguments"].is_string()) {
+              call["arguments"] = MistralJsonContent(f["arguments"].get<std::string>());
+            } else {
+              call["arguments"] = nlohmann::ordered_json::parse(SafeDump(args));
+            }
+            if (c.contains("id") && c["id"].is_string() && c["id"] != "null") call["id"] = c["id"].get<std::string>();
+            mistral_calls.push_back(std::move(call));
+          } else if (llama) {
             msg.content += (msg.content.empty() ? "" : "; ") + SafeDump(json{{"name", f["name"]}, {"parameters", args}});
           } else {
             if (!msg.content.empty()) msg.content += "\n";
             msg.content += "<tool_call>\n" + SafeDump(json{{"name", f["name"]}, {"arguments", args}}) + "\n</tool_call>";
           }
         }
+        // Mistral's turn is the calls alone (mistral_common refuses a turn with both; the calls are what was done).
+        if (!mistral_calls.empty()) msg.content = kMistralToolCalls + PyJson(mistral_calls);
       }
       r->messages.push_back(std::move(msg));
     }
@@ -612,6 +710,11 @@ std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat
   if (format == ToolFormat::kLlama3Json) {
     return std::string("root ::= tool_call_json") + (parallel ? " ( \";\" \" \"? tool_call_json )*" : "") + "\n" + body;
   }
+  if (format == ToolFormat::kMistral) {  // after [TOOL_CALLS]: " [{...}, {...}]"
+    return std::string("root ::= tool_call_ws \"[\" tool_call_ws tool_call_json") +
+           (parallel ? " ( tool_call_ws \",\" tool_call_ws tool_call_json )*" : "") + " tool_call_ws \"]\"\n" +
+           "tool_call_ws ::= [ \\n]{0,2}\n" + body;
+  }
   std::string g = "root ::= tool_call_ws tool_call_json tool_call_ws " + GbnfLiteral(kToolCallClose) +
                   (parallel ? " tool_call_more" : "") + "\n";
   g += "tool_call_ws ::= [ \\n]{0,2}\n";
@@ -633,12 +736,131 @@ bool ToolCallReader::Emit(const std::string& json_text, std::vector<ToolCall>* c
     return false;
   }
   ToolCall call;
-  call.id = id_prefix_ + std::to_string(n_calls_);
+  call.id = NextId();
   call.index = n_calls_++;
   call.name = j["name"].get<std::string>();
   call.arguments = SafeDump(j[key]);
   calls->push_back(std::move(call));
   return true;
+}
+
+size_t ToolCallReader::ObjectEnd(const std::string& text, size_t p) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = p; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string::npos;
+}
+
+std::string ToolCallReader::NextId() {
+  if (format_ != ToolFormat::kMistral) return id_prefix_ + std::to_string(n_calls_);
+  // 9 letters and digits, from the prefix and the call's number (FNV-1a, then base 62).
+  uint64_t h = 1469598103934665603ull;
+  for (char c : id_prefix_ + "#" + std::to_string(n_calls_)) h = (h ^ (uint8_t)c) * 1099511628211ull;
+  static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string id;
+  for (int i = 0; i < 9; ++i) {
+    id += kAlnum[h % 62];
+    h = h / 62 + (h % 62) * 0x9E3779B97F4A7C15ull;
+  }
+  return id;
+}
+
+void ToolCallReader::ContentUpTo(const std::string& text, size_t at, bool finished, const std::string& marker,
+                                 std::string* content) {
+  size_t end = at == std::string::npos ? text.size() : at;
+  if (at == std::string::npos && !finished) {
+    // Hold back a tail that may begin the marker.
+    for (size_t k = std::min(marker.size() - 1, end - sent_); k > 0; --k) {
+      if (text.compare(end - k, k, marker, 0, k) == 0) {
+        end -= k;
+        break;
+      }
+    }
+  }
+  // Whitespace before a call (or before what may be one) is not content.
+  if (at != std::string::npos || !finished)
+    while (end > sent_ && IsSpace(text[end - 1])) --end;
+  content->append(text, sent_, end - sent_);
+  sent_ = end;
+}
+
+void ToolCallReader::UpdateMistral(const std::string& text, bool finished, std::string* content,
+                                   std::vector<ToolCall>* calls) {
+  const std::string marker = kMistralToolCalls;
+  if (!in_calls_) {
+    const size_t at = text.find(marker, sent_);
+    ContentUpTo(text, at, finished, marker, content);
+    if (at == std::string::npos) return;
+    sent_ = marker_end_ = at + marker.size();
+    in_calls_ = true;
+  }
+  // " [" call ("," call)* "]"
+  while (!failed_ && !list_closed_) {
+    size_t p = sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (p == text.size()) break;
+    const char want = !list_open_ ? '[' : n_calls_ > n_calls_before_list_ ? ',' : '{';
+    if (list_open_ && n_calls_ > n_calls_before_list_ && text[p] == ']') {
+      list_closed_ = true;
+      sent_ = p + 1;
+      break;
+    }
+    if (text[p] != want) {
+      failed_ = true;
+      break;
+    }
+    if (want == '[') {
+      list_open_ = true;
+      n_calls_before_list_ = n_calls_;
+      sent_ = p + 1;
+      continue;
+    }
+    if (want == ',') {
+      ++p;
+      while (p < text.size() && IsSpace(text[p])) ++p;
+      if (p == text.size()) break;  // wait for the next call
+      if (text[p] != '{') {
+        failed_ = true;
+        break;
+      }
+    }
+    const size_t end = ObjectEnd(text, p);
+    if (end == std::string::npos) break;  // not complete yet
+    if (!Emit(text.substr(p, end - p), calls)) {
+      failed_ = true;
+      break;
+    }
+    sent_ = end;
+  }
+  if (finished && sent_ < text.size()) {
+    // What the calls leave (a list the end cut off, or text that is not a list of calls) comes back as content:
+    // all that follows the marker when no call was read, else what follows the last call and its ",".
+    size_t p = n_calls_ == 0 ? marker_end_ : sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (n_calls_ > 0 && p < text.size() && text[p] == ',') {
+      ++p;
+      while (p < text.size() && IsSpace(text[p])) ++p;
+    }
+    content->append(text, p, std::string::npos);
+    sent_ = text.size();
+  }
 }
 
 void ToolCallReader::UpdateJson(const std::string& text, bool finished, std::string* content,
@@ -672,27 +894,7 @@ void ToolCallReader::UpdateJson(const std::string& text, bool finished, std::str
       failed_ = true;
       break;
     }
-    int depth = 0;
-    bool in_string = false, escaped = false;
-    size_t end = std::string::npos;
-    for (size_t i = p; i < text.size() && end == std::string::npos; ++i) {
-      const char c = text[i];
-      if (in_string) {
-        if (escaped) {
-          escaped = false;
-        } else if (c == '\\') {
-          escaped = true;
-        } else if (c == '"') {
-          in_string = false;
-        }
-      } else if (c == '"') {
-        in_string = true;
-      } else if (c == '{' || c == '[') {
-        ++depth;
-      } else if ((c == '}' || c == ']') && --depth == 0) {
-        end = i + 1;
-      }
-    }
+    const size_t end = ObjectEnd(text, p);
     if (end == std::string::npos) break;  // not complete yet
     if (!Emit(text.substr(p, end - p), calls)) {
       failed_ = true;
@@ -715,28 +917,12 @@ void ToolCallReader::UpdateJson(const std::string& text, bool finished, std::str
 
 void ToolCallReader::Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls) {
   if (format_ == ToolFormat::kLlama3Json) return UpdateJson(text, finished, content, calls);
+  if (format_ == ToolFormat::kMistral) return UpdateMistral(text, finished, content, calls);
   const std::string open = kToolCallOpen, close = kToolCallClose;
   if (!in_calls_) {
     const size_t at = text.find(open, sent_);
-    if (at == std::string::npos) {
-      size_t end = text.size();
-      if (!finished) {
-        // Hold back a tail that may begin a tag, and the whitespace before it.
-        for (size_t k = std::min(open.size() - 1, end - sent_); k > 0; --k) {
-          if (text.compare(end - k, k, open, 0, k) == 0) {
-            end -= k;
-            break;
-          }
-        }
-        while (end > sent_ && IsSpace(text[end - 1])) --end;
-      }
-      content->append(text, sent_, end - sent_);
-      sent_ = end;
-      return;
-    }
-    size_t end = at;
-    while (end > sent_ && IsSpace(text[end - 1])) --end;
-    content->append(text, sent_, end - sent_);
+    ContentUpTo(text, at, finished, open, content);
+    if (at == std::string::npos) return;
     sent_ = at;
     in_calls_ = true;
   }

@@ -13,6 +13,10 @@
 #include "serve/sampler.h"
 #include "tokenizer/chat_template.h"
 
+namespace lathe::tokenizer {
+class Tokenizer;
+}  // namespace lathe::tokenizer
+
 namespace lathe::server {
 
 struct ApiError {
@@ -29,8 +33,13 @@ struct ApiError {
 // kLlama3Json (Llama 3.1-3.3's JSON tool calling, vLLM's "llama3_json" parser): the reply is the call itself,
 // {"name": ..., "parameters": {...}}, several joined by ";"; the tools are listed in the first user message and the
 // results come back as "ipython" turns.
-enum class ToolFormat { kHermes, kLlama3Json };
-// The format for a chat template (tokenizer::ChatTemplate::name()): llama3 -> kLlama3Json, others kHermes.
+// kMistral (Mistral's v3 instruct format, mistral_common's InstructTokenizerV3, vLLM's "mistral" parser): the tools
+// as [AVAILABLE_TOOLS] JSON before the last user message; a reply may be content, or the [TOOL_CALLS] token and a
+// JSON list of {"name", "arguments"}; results are [TOOL_RESULTS] {"content", "call_id"} blocks; call ids are 9
+// letters and digits, as Mistral's models were trained on.
+enum class ToolFormat { kHermes, kLlama3Json, kMistral };
+// The format for a chat template (tokenizer::ChatTemplate::name()): llama3 -> kLlama3Json, mistral-v3 -> kMistral,
+// others kHermes.
 ToolFormat ToolFormatFor(const std::string& template_name);
 
 struct CompletionRequest {
@@ -73,7 +82,8 @@ struct CompletionRequest {
   std::string tools_prompt;
   ToolFormat tool_format = ToolFormat::kHermes;
   // kLlama3Json: tools_prompt goes before the first user message's text, and the system message starts with
-  // "Environment: ipython" (as Llama's template writes them); otherwise it is added to the system message.
+  // "Environment: ipython" (as Llama's template writes them); kMistral: it is the [AVAILABLE_TOOLS] JSON (a "tools"
+  // message for the mistral-v3 template); otherwise it is added to the system message.
   bool tools_in_user_message = false;
 };
 
@@ -87,6 +97,13 @@ bool NeedsKeyOrder(const nlohmann::json& body);
 std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool chat, CompletionRequest* out,
                                                const nlohmann::ordered_json* ordered = nullptr,
                                                ToolFormat tool_format = ToolFormat::kHermes);
+// The chat messages the template renders for a parsed request: its messages with the tools described where the
+// model family expects them (tools_prompt: in the system message, before the first user text, or as mistral-v3's
+// "tools" message).
+std::vector<tokenizer::ChatMessage> PromptMessages(const CompletionRequest& r, const tokenizer::ChatTemplate& tmpl);
+// Sets sampling.grammar_trigger_token when the trigger is a control token (grammar_trigger_is_token: Mistral's
+// [TOOL_CALLS]); an error naming "tools" when the tokenizer has no such single control token.
+std::optional<ApiError> ResolveTriggerToken(const tokenizer::Tokenizer& tok, CompletionRequest* r);
 
 struct TokenLogprobInfo {
   std::string token;                                          // the token's text
@@ -125,9 +142,10 @@ std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::s
 // (`call_gbnf`, a grammar whose root is one {"name", "arguments"} object), its closing tag, and with `parallel`
 // more calls in tags. Whitespace (at most two spaces or newlines) may stand around the JSON and between calls.
 // kLlama3Json: the grammar of the whole reply once it starts with "{": calls joined by ";" (one without
-// `parallel`).
+// `parallel`). kMistral: what follows the [TOOL_CALLS] token: a JSON list of calls (of one without `parallel`).
 inline constexpr char kToolCallOpen[] = "<tool_call>";
 inline constexpr char kToolCallClose[] = "</tool_call>";
+inline constexpr char kMistralToolCalls[] = "[TOOL_CALLS]";
 std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat format = ToolFormat::kHermes);
 
 // tool_choice "auto": reads one choice's growing text as content and <tool_call> blocks, as vLLM's "hermes" tool
@@ -138,6 +156,10 @@ std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat
 //
 // kLlama3Json: a reply whose first non-blank character is "{" is read as calls ({"name", "parameters"} objects
 // joined by ";"), any other reply is content and streams as it comes.
+//
+// kMistral: the text before [TOOL_CALLS] is content; after it, a JSON list of {"name", "arguments"} objects,
+// each call read once its object closes. Ids are 9 letters and digits (id_prefix is the seed they are drawn
+// from: the same prefix gives the same ids).
 class ToolCallReader {
  public:
   explicit ToolCallReader(std::string id_prefix, ToolFormat format = ToolFormat::kHermes)
@@ -150,6 +172,14 @@ class ToolCallReader {
  private:
   // kLlama3Json's Update.
   void UpdateJson(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
+  // kMistral's Update.
+  void UpdateMistral(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
+  // Where the JSON object starting at text[p] ("{") ends (one past its "}"), or npos when it is not complete.
+  static size_t ObjectEnd(const std::string& text, size_t p);
+  // Content up to `at` (the end when npos), holding back (unless finished) a tail that may begin `marker` and the
+  // whitespace before it.
+  void ContentUpTo(const std::string& text, size_t at, bool finished, const std::string& marker, std::string* content);
+  std::string NextId();
   bool Emit(const std::string& json_text, std::vector<ToolCall>* calls);  // false: not a call
   std::string id_prefix_;
   ToolFormat format_;
@@ -157,6 +187,9 @@ class ToolCallReader {
   bool in_calls_ = false;
   bool in_content_ = false;  // kLlama3Json: the reply is not a call
   bool failed_ = false;  // a block was not a call: the rest is content
+  bool list_open_ = false, list_closed_ = false;  // kMistral: the calls' "[" and "]"
+  int n_calls_before_list_ = 0;
+  size_t marker_end_ = 0;  // kMistral: where the text after [TOOL_CALLS] starts
   int n_calls_ = 0;
 };
 

@@ -1,11 +1,11 @@
-// Chat templates (chatml, llama3, llama2, mistral, alpaca) rendered in C++ to match what each
+// Chat templates (chatml, llama3, llama2, mistral, mistral-v3, alpaca) rendered in C++ to match what each
 // family's jinja produces, detection from a jinja's markers, and default system prompt extraction.
 #include "tokenizer/chat_template.h"
 
 namespace lathe::tokenizer {
 namespace {
 
-constexpr const char* kNames[] = {"chatml", "llama3", "llama2", "mistral", "alpaca"};
+constexpr const char* kNames[] = {"chatml", "llama3", "llama2", "mistral", "mistral-v3", "alpaca"};
 constexpr char kAlpacaPreamble[] =
     "Below is an instruction that describes a task. Write a response that appropriately completes the request.";
 
@@ -63,6 +63,59 @@ std::string ExtractDefaultSystem(const std::string& jinja) {
   return {};
 }
 
+// Mistral's v3 instruct format (Mistral-7B-Instruct-v0.3, Mixtral-8x22B), as mistral_common's InstructTokenizerV3
+// encodes a request after its normalizer: the system messages joined by "\n\n" go before the last user message's
+// text; runs of user (or assistant) messages are merged with "\n\n"; a conversation that does not open with a
+// user turn gets an empty one. Control tokens are written without spaces around them: each text piece between
+// them gets SentencePiece's leading "\u2581" from the tokenizer, as mistral_common's encode(piece) does.
+// Roles: "tools" (the [AVAILABLE_TOOLS] JSON, written before the last user turn), "tool" (a [TOOL_RESULTS] JSON),
+// and assistant content that opens with [TOOL_CALLS] (written as is).
+std::string ApplyMistralV3(const std::vector<ChatMessage>& messages) {
+  std::string system, tools;
+  struct Turn {
+    std::string role, content;
+  };
+  std::vector<Turn> turns;
+  std::string run_role;  // the role of the run the last turn belongs to ("" after a system message)
+  for (const ChatMessage& m : messages) {
+    if (m.role == "system") {
+      if (!m.content.empty()) system += (system.empty() ? "" : "\n\n") + m.content;
+      run_role.clear();
+      continue;
+    }
+    if (m.role == "tools") {
+      tools = m.content;
+      continue;
+    }
+    const bool merge = (m.role == "user" || m.role == "assistant") && run_role == m.role && !turns.empty();
+    if (merge) {
+      turns.back().content += "\n\n" + m.content;
+    } else {
+      turns.push_back({m.role, m.content});
+    }
+    run_role = m.role;
+  }
+  if (turns.empty() || turns[0].role != "user") turns.insert(turns.begin(), {"user", ""});
+  size_t last_user = 0;
+  for (size_t i = 0; i < turns.size(); ++i)
+    if (turns[i].role == "user") last_user = i;
+  std::string out = "<s>";
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const Turn& t = turns[i];
+    if (t.role == "user") {
+      if (i == last_user && !tools.empty()) out += "[AVAILABLE_TOOLS]" + tools + "[/AVAILABLE_TOOLS]";
+      std::string content = t.content;
+      if (i == last_user && !system.empty()) content = system + "\n\n" + content;
+      out += "[INST]" + content + "[/INST]";
+    } else if (t.role == "assistant") {
+      out += RStrip(t.content, ' ') + "</s>";
+    } else if (t.role == "tool") {
+      out += "[TOOL_RESULTS]" + t.content + "[/TOOL_RESULTS]";
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<ChatTemplate> ChatTemplate::ByName(const std::string& name) {
@@ -73,7 +126,7 @@ Result<ChatTemplate> ChatTemplate::ByName(const std::string& name) {
       return t;
     }
   }
-  return Status::Error("unknown chat template '" + name + "'; valid: chatml, llama3, llama2, mistral, alpaca");
+  return Status::Error("unknown chat template '" + name + "'; valid: chatml, llama3, llama2, mistral, mistral-v3, alpaca");
 }
 
 ChatTemplate ChatTemplate::Detect(const std::string& jinja) {
@@ -85,7 +138,9 @@ ChatTemplate ChatTemplate::Detect(const std::string& jinja) {
   } else if (jinja.find("<|start_header_id|>") != std::string::npos) {
     t.name_ = "llama3";
   } else if (jinja.find("[INST]") != std::string::npos) {
-    t.name_ = jinja.find("<<SYS>>") != std::string::npos ? "llama2" : "mistral";
+    t.name_ = jinja.find("<<SYS>>") != std::string::npos           ? "llama2"
+              : jinja.find("[AVAILABLE_TOOLS]") != std::string::npos ? "mistral-v3"
+                                                                     : "mistral";
   } else if (jinja.find("### Instruction") != std::string::npos) {
     t.name_ = "alpaca";
   } else {
@@ -139,6 +194,8 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
       out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + Trim(m.content) + "<|eot_id|>";
     }
     if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  } else if (name_ == "mistral-v3") {
+    out = ApplyMistralV3(messages);
   } else if (name_ == "llama2" || name_ == "mistral") {
     const bool llama2 = name_ == "llama2";
     if (!llama2) out += "<s>";

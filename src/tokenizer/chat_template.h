@@ -1,4 +1,4 @@
-// Chat templates by name (chatml, llama3, llama2, mistral, alpaca), chosen from a model's jinja
+// Chat templates by name (chatml, llama3, llama2, mistral, mistral-v3, alpaca), chosen from a model's jinja
 // template by its markers when it has one, overridable by name. Renders messages to the prompt
 // text the model was trained on.
 #pragma once
@@ -17,7 +17,7 @@ struct ChatMessage {
 
 class ChatTemplate {
  public:
-  // name: chatml | llama3 | llama2 | mistral | alpaca. Error lists the valid names.
+  // name: chatml | llama3 | llama2 | mistral | mistral-v3 | alpaca. Error lists the valid names.
   static Result<ChatTemplate> ByName(const std::string& name);
   // Picks the template matching a jinja chat template's markers; chatml when unrecognized or empty.
   // Keeps a default system prompt written into the jinja text (SmolLM2 has one).
@@ -28,10 +28,13 @@ class ChatTemplate {
   // add_generation_prompt, ends where the assistant's reply begins. Templates whose jinja writes
   // BOS (llama3: "<|begin_of_text|>", llama2/mistral: "<s>") include it in the text: tokenize
   // with parse_special and without add_bos then (see text_has_bos()). Roles other than
-  // system/user/assistant are rendered like user turns by chatml/llama3 and skipped by the rest.
+  // system/user/assistant are rendered like user turns by chatml/llama3 and skipped by the rest, except
+  // mistral-v3's "tool" ([TOOL_RESULTS]) and "tools" ([AVAILABLE_TOOLS], before the last user turn).
   std::string Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
   // True when Apply's text already starts with the BOS token text.
-  bool text_has_bos() const { return name_ == "llama3" || name_ == "llama2" || name_ == "mistral"; }
+  bool text_has_bos() const {
+    return name_ == "llama3" || name_ == "llama2" || name_ == "mistral" || name_ == "mistral-v3";
+  }
   // Strings that end an assistant turn (e.g. "<|im_end|>"), for stop detection.
   std::vector<std::string> StopStrings() const;
   const std::string& default_system() const { return default_system_; }

@@ -1,5 +1,6 @@
 // libFuzzer target for the tool-call reader (tool_choice "auto"), which reads a model's free text back as content
-// and calls. Input: one byte choosing the format (Hermes <tool_call> tags or Llama 3 JSON) and the streaming step,
+// and calls. Input: one byte choosing the format (Hermes <tool_call> tags, Llama 3 JSON or Mistral's [TOOL_CALLS]
+// list) and the streaming step,
 // then the generated text. The text read in steps must give the content and calls it gives read at once, and every
 // call's arguments must be a JSON object: no crash, hang or UB.
 #include <cstddef>
@@ -30,8 +31,9 @@ std::pair<std::string, std::vector<ToolCall>> Read(const std::string& text, size
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0 || size > 4096) return 0;
-  const ToolFormat format = (data[0] & 1) ? ToolFormat::kLlama3Json : ToolFormat::kHermes;
-  const size_t step = 1 + (data[0] >> 1) % 16;
+  const ToolFormat formats[] = {ToolFormat::kHermes, ToolFormat::kLlama3Json, ToolFormat::kMistral};
+  const ToolFormat format = formats[data[0] % 3];
+  const size_t step = 1 + (data[0] / 3) % 16;
   const std::string text((const char*)data + 1, size - 1);
   auto whole = Read(text, text.size() + 1, format);
   auto steps = Read(text, step, format);
@@ -39,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t i = 0; i < whole.second.size(); ++i) {
     const ToolCall& a = whole.second[i];
     const ToolCall& b = steps.second[i];
-    if (a.name != b.name || a.arguments != b.arguments || a.index != (int)i) __builtin_trap();
+    if (a.name != b.name || a.arguments != b.arguments || a.id != b.id || a.index != (int)i) __builtin_trap();
     auto args = nlohmann::json::parse(a.arguments, nullptr, /*allow_exceptions=*/false);
     if (!args.is_object()) __builtin_trap();
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include "serve/grammar.h"
 
@@ -277,6 +278,90 @@ TEST(OpenAiApi, ToolCallReaderReadsLlama3Calls) {
   EXPECT_EQ(ReadToolCalls(R"({"x": 1})", 2, nullptr, ToolFormat::kLlama3Json).first, R"({"x": 1})");
   EXPECT_EQ(ReadToolCalls(R"({"name": "ping", "parameters": {}} and more)", 2, nullptr, ToolFormat::kLlama3Json).first,
             "and more");
+}
+
+TEST(OpenAiApi, ParsesMistralToolCalls) {
+  const std::string tools = kTwoTools;
+  CompletionRequest r;
+  auto e = ParseCompletionRequest(json::parse(R"({"messages": [{"role": "user", "content": "Paris?"}], )" + tools + "}"),
+                                  true, &r, nullptr, ToolFormat::kMistral);
+  ASSERT_FALSE(e) << e->message;
+  EXPECT_EQ(r.tool_mode, "auto");
+  // The grammar starts at the [TOOL_CALLS] control token (the server resolves its id).
+  EXPECT_EQ(r.sampling.grammar_trigger, "[TOOL_CALLS]");
+  EXPECT_TRUE(r.sampling.grammar_trigger_is_token);
+  EXPECT_FALSE(r.sampling.grammar_trigger_at_start);
+  // The tools as Python's json.dumps writes them, and nothing else: no instructions in the prompt.
+  EXPECT_EQ(r.tools_prompt.rfind(R"([{"type": "function", "function": {"name": "get_weather", "description": )", 0), 0u)
+      << r.tools_prompt;
+  // What follows the token: " [" calls "]".
+  const std::string call1 = R"({"name": "get_weather", "arguments": {"city": "Paris"}})";
+  EXPECT_EQ(Verdict(r.grammar, " [" + call1 + "]"), 2);  // complete, and nothing may follow but the end
+  EXPECT_EQ(Verdict(r.grammar, " [" + call1 + R"(, {"name": "ping", "arguments": {}}])"), 2);
+  EXPECT_EQ(Verdict(r.grammar, call1), -1);
+  EXPECT_EQ(Verdict(r.grammar, " [" + call1), 0);
+  e = ParseCompletionRequest(json::parse(R"({"messages": [{"role": "user", "content": "Paris?"}],
+                                 "parallel_tool_calls": false, )" + tools + "}"),
+                             true, &r, nullptr, ToolFormat::kMistral);
+  ASSERT_FALSE(e);
+  EXPECT_EQ(Verdict(r.grammar, " [" + call1 + "]"), 2);
+  EXPECT_EQ(Verdict(r.grammar, " [" + call1 + R"(, {"name": "ping", "arguments": {}}])"), -1);
+  // History: the calls as one [TOOL_CALLS] list with their ids, results as {"content", "call_id"} (JSON content
+  // as its value, other text as a string), keys in the order the request wrote them.
+  e = ParseCompletionRequest(json::parse(R"({"messages": [{"role": "user", "content": "Paris?"}, {"role": "assistant",
+      "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather",
+      "arguments": "{\"z\": 1, \"a\": \"Paris\"}"}}, {"id": "c2", "type": "function", "function": {"name": "ping",
+      "arguments": ""}}]}, {"role": "tool", "tool_call_id": "c1", "content": "{\"t\": 18}"},
+      {"role": "tool", "tool_call_id": "c2", "content": "pong"}]})"),
+                             true, &r, nullptr, ToolFormat::kMistral);
+  ASSERT_FALSE(e) << e->message;
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[1].content, R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"z": 1, "a": "Paris"}, "id": )"
+                                   R"("c1"}, {"name": "ping", "arguments": {}, "id": "c2"}])");
+  EXPECT_EQ(r.messages[2].role, "tool");
+  EXPECT_EQ(r.messages[2].content, R"({"content": {"t": 18}, "call_id": "c1"})");
+  EXPECT_EQ(r.messages[3].content, R"({"content": "pong", "call_id": "c2"})");
+  EXPECT_EQ(ToolFormatFor("mistral-v3"), ToolFormat::kMistral);
+  EXPECT_EQ(ToolFormatFor("mistral"), ToolFormat::kHermes);
+}
+
+TEST(OpenAiApi, ToolCallReaderReadsMistralCalls) {
+  const std::string text = "Checking.[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa]r\\\"is\"}}, "
+                           "{\"name\": \"ping\", \"arguments\": {\"list\": [1, {\"a\": 2}]}}]";
+  for (size_t step : {1, 2, 5, 1000}) {
+    std::vector<std::string> pieces;
+    auto [content, calls] = ReadToolCalls(text, step, &pieces, ToolFormat::kMistral);
+    EXPECT_EQ(content, "Checking.") << "step " << step;
+    ASSERT_EQ(calls.size(), 2u) << "step " << step;
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(calls[0].arguments, R"({"city":"Pa]r\"is"})");
+    EXPECT_EQ(calls[1].arguments, R"({"list":[1,{"a":2}]})");
+    EXPECT_EQ(calls[1].index, 1);
+    // Mistral's ids: 9 letters and digits, one per call, the same for the same prefix.
+    for (const auto& c : calls) {
+      ASSERT_EQ(c.id.size(), 9u) << c.id;
+      for (char ch : c.id) EXPECT_TRUE(std::isalnum((unsigned char)ch)) << c.id;
+    }
+    EXPECT_NE(calls[0].id, calls[1].id);
+    for (const auto& p : pieces) EXPECT_EQ(p.find('['), std::string::npos) << "step " << step << ": " << p;
+  }
+  EXPECT_EQ(ReadToolCalls(text, 3, nullptr, ToolFormat::kMistral).second[0].id,
+            ReadToolCalls(text, 1000, nullptr, ToolFormat::kMistral).second[0].id);
+  // No calls: all of it is content, streamed as it comes (a tail that may begin the marker waits).
+  std::vector<std::string> pieces;
+  auto [plain, none] = ReadToolCalls("a [TOOL", 1, &pieces, ToolFormat::kMistral);
+  EXPECT_EQ(plain, "a [TOOL");
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(pieces[1], "a");
+  // A list the end cut off, or text after the marker that is not a list of calls: given back as content.
+  EXPECT_EQ(ReadToolCalls(R"([TOOL_CALLS] [{"name": "ping", "arguments": {}}, {"na)", 4, nullptr, ToolFormat::kMistral).first,
+            R"({"na)");
+  EXPECT_EQ(ReadToolCalls(R"([TOOL_CALLS] [{"name": "ping", "arguments": {}}, {"na)", 4, nullptr, ToolFormat::kMistral)
+                .second.size(),
+            1u);
+  EXPECT_EQ(ReadToolCalls(R"([TOOL_CALLS] sorry)", 2, nullptr, ToolFormat::kMistral).first, "sorry");
+  EXPECT_EQ(ReadToolCalls(R"([TOOL_CALLS] [{"x": 1}])", 2, nullptr, ToolFormat::kMistral).first, R"([{"x": 1}])");
+  EXPECT_EQ(ReadToolCalls(R"([TOOL_CALLS] [{"na)", 3, nullptr, ToolFormat::kMistral).first, R"([{"na)");
 }
 
 TEST(OpenAiApi, ParsesChatRequest) {

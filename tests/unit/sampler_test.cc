@@ -247,6 +247,42 @@ TEST(Sampler, ValidateNamesTheField) {
   EXPECT_NE(p.Validate().message().find("temperature"), std::string::npos);
 }
 
+TEST(SamplerGrammar, TokenTriggerStartsTheGrammarAfterThatToken) {
+  // Mistral's [TOOL_CALLS]: a control token (not text the grammar sees) starts the grammar once drawn; text that
+  // spells it out does not.
+  auto g = Grammar::Parse("root ::= \" [\" \"a\"");
+  ASSERT_TRUE(g.ok());
+  auto compiled = std::make_shared<CompiledGrammar>();
+  compiled->grammar = g.value();
+  compiled->vocab = std::make_shared<GrammarVocab>(
+      std::vector<std::string>{"hi", "[TOOL_CALLS]", " [", "a", "[TOOL_CALLS]", "c", ""},
+      std::vector<uint8_t>{1, 0, 1, 1, 1, 1, 0}, std::vector<int32_t>{6});
+  auto run = [&](std::vector<int32_t> favourite) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.grammar = compiled;
+    p.grammar_trigger = "[TOOL_CALLS]";
+    p.grammar_trigger_is_token = true;
+    p.grammar_trigger_token = 1;
+    Sampler s(p);
+    std::vector<int32_t> out;
+    for (int32_t f : favourite) {
+      std::vector<float> l(7, 0.0f);
+      l[(size_t)f] = 5.0f;
+      l[5] = std::max(l[5], 4.0f);  // "c": second best
+      out.push_back(s.Sample(l.data(), 7));
+      if (s.GrammarFinished()) break;
+    }
+    return std::make_pair(out, s.GrammarActive());
+  };
+  auto [a, active_a] = run({0, 1, 5, 5, 5});  // after token 1 only " [" then "a"
+  EXPECT_EQ(a, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_TRUE(active_a);
+  auto [b, active_b] = run({0, 4, 5, 5});  // the same text as a plain token: free
+  EXPECT_EQ(b, (std::vector<int32_t>{0, 4, 5, 5}));
+  EXPECT_FALSE(active_b);
+}
+
 }  // namespace
 }  // namespace lathe::serve
 
