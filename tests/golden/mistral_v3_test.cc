@@ -3,10 +3,17 @@
 // for a mistral-v3 model (ToolFormat::kMistral: tools, calls and results included), rendered by the mistral-v3 chat
 // template and tokenized with Mistral-7B-Instruct-v0.3's tokenizer.model, gives the token ids mistral_common gives.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
+#include <cctype>
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "random_model.h"
+#include "serve/engine.h"
+#include "server/http_server.h"
 #include "server/openai_api.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
@@ -75,6 +82,101 @@ TEST(MistralV3Golden, DetectedFromTheJinja) {
       "{%- if tools %}[AVAILABLE_TOOLS] {{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST] {{ m.content }}[/INST]");
   EXPECT_EQ(v3.name(), "mistral-v3");
   EXPECT_EQ(server::ToolFormatFor(v3.name()), server::ToolFormat::kMistral);
+}
+
+// The whole path in `lathe serve`, in-process: a random model on the v3 vocabulary with the mistral-v3 template.
+// logit_bias makes the model write [TOOL_CALLS]; the grammar that starts there must then give a call of a listed
+// tool with its parameters (one: parallel_tool_calls false; a random model left free calls until max_tokens), read
+// back as an OpenAI tool call with a Mistral id, the same streamed or not.
+TEST(MistralV3Golden, ServerAnswersWithToolCalls) {
+  const std::string path = lathe::testing::MistralV3TokenizerPath();
+  LATHE_REQUIRE_FILE(path);
+  auto tok = tokenizer::Tokenizer::FromSentencePieceModel(path);
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  model::ModelConfig c = lathe::testing::SmallLlamaConfig(2, 64, 4, 2, 16, 128, (*tok)->vocab_size());
+  c.max_seq_len = 1024;
+  const model::ModelWeights w = lathe::testing::RandomModelWeights(c, 5);
+  ThreadPool pool(2);
+  serve::EngineConfig ec;
+  ec.n_blocks = 128;
+  ec.max_model_len = 1024;
+  serve::Engine engine(w, pool, ec);
+  engine.Start();
+  server::ServerOptions so;
+  so.port = 0;
+  so.model_name = "m";
+  auto tmpl = tokenizer::ChatTemplate::ByName("mistral-v3");
+  ASSERT_TRUE(tmpl.ok());
+  server::HttpServer http(engine, **tok, *tmpl, so);
+  std::thread th([&] { EXPECT_TRUE(http.Run().ok()); });
+  for (int i = 0; i < 500 && !http.listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(http.listening());
+  httplib::Client client("127.0.0.1", http.port());
+  client.set_read_timeout(120, 0);
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+      {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "unit": {"enum": ["c", "f"]}},
+      "required": ["city", "unit"]}}}, {"type": "function", "function": {"name": "ping"}}])";
+  const std::string req = R"({"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+      "temperature": 0, "max_tokens": 200, "logit_bias": {"5": 100}, "parallel_tool_calls": false, )" + tools;
+  auto check_calls = [](const nlohmann::json& calls) {
+    ASSERT_TRUE(calls.is_array());
+    ASSERT_EQ(calls.size(), 1u);
+    for (const auto& call : calls) {
+      const std::string id = call["id"];
+      EXPECT_EQ(id.size(), 9u) << id;
+      for (char ch : id) EXPECT_TRUE(std::isalnum((unsigned char)ch)) << id;
+      const std::string name = call["function"]["name"];
+      const auto args = nlohmann::json::parse(call["function"]["arguments"].get<std::string>());
+      ASSERT_TRUE(args.is_object());
+      if (name == "get_weather") {
+        EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Oslo") << args.dump();
+        EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << args.dump();
+      } else {
+        EXPECT_EQ(name, "ping");
+      }
+    }
+  };
+  auto r = client.Post("/v1/chat/completions", req + "}", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto j = nlohmann::json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls") << r->body;
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_null()) << r->body;
+  check_calls(j["choices"][0]["message"]["tool_calls"]);
+  // Streamed: the same calls, each in one delta.
+  auto s = client.Post("/v1/chat/completions", req + R"(, "stream": true})", "application/json");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200);
+  nlohmann::json streamed = nlohmann::json::array();
+  std::string finish;
+  for (size_t at = 0; (at = s->body.find("data: {", at)) != std::string::npos;) {
+    const size_t end = s->body.find("\n\n", at);
+    const auto chunk = nlohmann::json::parse(s->body.substr(at + 6, end - at - 6));
+    const auto& ch = chunk["choices"][0];
+    if (ch["delta"].contains("tool_calls"))
+      for (const auto& t : ch["delta"]["tool_calls"]) streamed.push_back(t);
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    at = end;
+  }
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(streamed.size(), j["choices"][0]["message"]["tool_calls"].size());
+  for (size_t i = 0; i < streamed.size(); ++i) {
+    EXPECT_EQ(streamed[i]["function"], j["choices"][0]["message"]["tool_calls"][i]["function"]);
+    EXPECT_EQ(streamed[i]["index"], (int)i);
+  }
+  // Kept from [TOOL_CALLS], the model writes content.
+  r = client.Post("/v1/chat/completions",
+                  R"({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 6,
+                      "logit_bias": {"5": -100, "2": -100}, )" + tools + "}",
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto k = nlohmann::json::parse(r->body);
+  EXPECT_EQ(k["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(k["choices"][0]["message"].contains("tool_calls"));
+  http.Stop();
+  th.join();
+  engine.Stop();
 }
 
 }  // namespace
