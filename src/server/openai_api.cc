@@ -812,34 +812,41 @@ void ToolCallReader::UpdateMistral(const std::string& text, bool finished, std::
     in_calls_ = true;
   }
   // " [" call ("," call)* "]"
+  if (!list_open_) {
+    size_t p = sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (p < text.size() && text[p] != '[') failed_ = true;
+    if (p < text.size() && text[p] == '[') {
+      list_open_ = true;
+      sent_ = p + 1;
+    }
+  }
+  if (list_open_) ReadCalls(text, ',', ']', calls);
+  if (finished && sent_ < text.size()) GiveBack(text, ',', n_calls_ == 0 ? marker_end_ : sent_, content);
+}
+
+void ToolCallReader::ReadCalls(const std::string& text, char sep, char close, std::vector<ToolCall>* calls) {
   while (!failed_ && !list_closed_) {
     size_t p = sent_;
     while (p < text.size() && IsSpace(text[p])) ++p;
     if (p == text.size()) break;
-    const char want = !list_open_ ? '[' : n_calls_ > n_calls_before_list_ ? ',' : '{';
-    if (list_open_ && n_calls_ > n_calls_before_list_ && text[p] == ']') {
+    if (close && n_calls_ > 0 && text[p] == close) {
       list_closed_ = true;
       sent_ = p + 1;
       break;
     }
-    if (text[p] != want) {
-      failed_ = true;
-      break;
-    }
-    if (want == '[') {
-      list_open_ = true;
-      n_calls_before_list_ = n_calls_;
-      sent_ = p + 1;
-      continue;
-    }
-    if (want == ',') {
-      ++p;
-      while (p < text.size() && IsSpace(text[p])) ++p;
-      if (p == text.size()) break;  // wait for the next call
-      if (text[p] != '{') {
+    if (n_calls_ > 0) {  // after a call: the separator, then the next
+      if (text[p] != sep) {
         failed_ = true;
         break;
       }
+      ++p;
+      while (p < text.size() && IsSpace(text[p])) ++p;
+      if (p == text.size()) break;
+    }
+    if (text[p] != '{') {
+      failed_ = true;
+      break;
     }
     const size_t end = ObjectEnd(text, p);
     if (end == std::string::npos) break;  // not complete yet
@@ -849,18 +856,17 @@ void ToolCallReader::UpdateMistral(const std::string& text, bool finished, std::
     }
     sent_ = end;
   }
-  if (finished && sent_ < text.size()) {
-    // What the calls leave (a list the end cut off, or text that is not a list of calls) comes back as content:
-    // all that follows the marker when no call was read, else what follows the last call and its ",".
-    size_t p = n_calls_ == 0 ? marker_end_ : sent_;
+}
+
+void ToolCallReader::GiveBack(const std::string& text, char sep, size_t from, std::string* content) {
+  size_t p = from;
+  while (p < text.size() && IsSpace(text[p])) ++p;
+  if (n_calls_ > 0 && p < text.size() && text[p] == sep) {
+    ++p;
     while (p < text.size() && IsSpace(text[p])) ++p;
-    if (n_calls_ > 0 && p < text.size() && text[p] == ',') {
-      ++p;
-      while (p < text.size() && IsSpace(text[p])) ++p;
-    }
-    content->append(text, p, std::string::npos);
-    sent_ = text.size();
   }
+  content->append(text, p, std::string::npos);
+  sent_ = text.size();
 }
 
 void ToolCallReader::UpdateJson(const std::string& text, bool finished, std::string* content,
@@ -877,42 +883,10 @@ void ToolCallReader::UpdateJson(const std::string& text, bool finished, std::str
     sent_ = text.size();
     return;
   }
-  // Calls: complete JSON objects (braces counted outside strings), joined by ";".
-  while (!failed_) {
-    size_t p = sent_;
-    while (p < text.size() && IsSpace(text[p])) ++p;
-    if (n_calls_ > 0 && p < text.size()) {  // after a call: ";", then the next
-      if (text[p] != ';') {
-        failed_ = true;
-        break;
-      }
-      ++p;
-      while (p < text.size() && IsSpace(text[p])) ++p;
-    }
-    if (p == text.size()) break;
-    if (text[p] != '{') {
-      failed_ = true;
-      break;
-    }
-    const size_t end = ObjectEnd(text, p);
-    if (end == std::string::npos) break;  // not complete yet
-    if (!Emit(text.substr(p, end - p), calls)) {
-      failed_ = true;
-      break;
-    }
-    sent_ = end;
-  }
-  if (finished && sent_ < text.size()) {
-    // What the calls leave: a call cut off, or text that is not one, as content (without the ";" before it).
-    size_t p = sent_;
-    while (p < text.size() && IsSpace(text[p])) ++p;
-    if (n_calls_ > 0 && p < text.size() && text[p] == ';') {
-      ++p;
-      while (p < text.size() && IsSpace(text[p])) ++p;
-    }
-    if (p < text.size() || n_calls_ == 0) content->append(text, n_calls_ > 0 ? p : sent_, std::string::npos);
-    sent_ = text.size();
-  }
+  // Calls: complete JSON objects (braces counted outside strings), joined by ";". What they leave at the end (a
+  // call cut off, or text that is not one) comes back as content, without the ";" before it.
+  ReadCalls(text, ';', '\0', calls);
+  if (finished && sent_ < text.size()) GiveBack(text, ';', sent_, content);
 }
 
 void ToolCallReader::Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls) {

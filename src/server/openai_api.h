@@ -174,6 +174,10 @@ class ToolCallReader {
   void UpdateJson(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
   // kMistral's Update.
   void UpdateMistral(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
+  // Reads the calls after sent_: {...} objects, `sep` between them, until `close` (none when '\0').
+  void ReadCalls(const std::string& text, char sep, char close, std::vector<ToolCall>* calls);
+  // At the end: text[from, end) as content, less leading blanks and (after calls) a `sep`.
+  void GiveBack(const std::string& text, char sep, size_t from, std::string* content);
   // Where the JSON object starting at text[p] ("{") ends (one past its "}"), or npos when it is not complete.
   static size_t ObjectEnd(const std::string& text, size_t p);
   // Content up to `at` (the end when npos), holding back (unless finished) a tail that may begin `marker` and the
@@ -188,7 +192,6 @@ class ToolCallReader {
   bool in_content_ = false;  // kLlama3Json: the reply is not a call
   bool failed_ = false;  // a block was not a call: the rest is content
   bool list_open_ = false, list_closed_ = false;  // kMistral: the calls' "[" and "]"
-  int n_calls_before_list_ = 0;
   size_t marker_end_ = 0;  // kMistral: where the text after [TOOL_CALLS] starts
   int n_calls_ = 0;
 };

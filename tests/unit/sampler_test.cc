@@ -247,42 +247,6 @@ TEST(Sampler, ValidateNamesTheField) {
   EXPECT_NE(p.Validate().message().find("temperature"), std::string::npos);
 }
 
-TEST(SamplerGrammar, TokenTriggerStartsTheGrammarAfterThatToken) {
-  // Mistral's [TOOL_CALLS]: a control token (not text the grammar sees) starts the grammar once drawn; text that
-  // spells it out does not.
-  auto g = Grammar::Parse("root ::= \" [\" \"a\"");
-  ASSERT_TRUE(g.ok());
-  auto compiled = std::make_shared<CompiledGrammar>();
-  compiled->grammar = g.value();
-  compiled->vocab = std::make_shared<GrammarVocab>(
-      std::vector<std::string>{"hi", "[TOOL_CALLS]", " [", "a", "[TOOL_CALLS]", "c", ""},
-      std::vector<uint8_t>{1, 0, 1, 1, 1, 1, 0}, std::vector<int32_t>{6});
-  auto run = [&](std::vector<int32_t> favourite) {
-    SamplingParams p;
-    p.temperature = 0;
-    p.grammar = compiled;
-    p.grammar_trigger = "[TOOL_CALLS]";
-    p.grammar_trigger_is_token = true;
-    p.grammar_trigger_token = 1;
-    Sampler s(p);
-    std::vector<int32_t> out;
-    for (int32_t f : favourite) {
-      std::vector<float> l(7, 0.0f);
-      l[(size_t)f] = 5.0f;
-      l[5] = std::max(l[5], 4.0f);  // "c": second best
-      out.push_back(s.Sample(l.data(), 7));
-      if (s.GrammarFinished()) break;
-    }
-    return std::make_pair(out, s.GrammarActive());
-  };
-  auto [a, active_a] = run({0, 1, 5, 5, 5});  // after token 1 only " [" then "a"
-  EXPECT_EQ(a, (std::vector<int32_t>{0, 1, 2, 3}));
-  EXPECT_TRUE(active_a);
-  auto [b, active_b] = run({0, 4, 5, 5});  // the same text as a plain token: free
-  EXPECT_EQ(b, (std::vector<int32_t>{0, 4, 5, 5}));
-  EXPECT_FALSE(active_b);
-}
-
 }  // namespace
 }  // namespace lathe::serve
 
@@ -365,6 +329,23 @@ TEST(SamplerGrammar, GreedyTakesBestAllowed) {
   EXPECT_TRUE(s.GrammarFinished());
 }
 
+// Greedy draws where each step's favourite token gets logit 5 and `second` 4 (the rest 0), until the grammar is
+// finished; `active` says whether the grammar was on at the end.
+std::vector<int32_t> DrawFavourites(const SamplingParams& p, int64_t vocab, const std::vector<int32_t>& favourite,
+                                    int32_t second, bool* active = nullptr) {
+  Sampler s(p);
+  std::vector<int32_t> out;
+  for (int32_t f : favourite) {
+    std::vector<float> l((size_t)vocab, 0.0f);
+    l[(size_t)f] = 5.0f;
+    l[(size_t)second] = std::max(l[(size_t)second], 4.0f);
+    out.push_back(s.Sample(l.data(), vocab));
+    if (s.GrammarFinished()) break;
+  }
+  if (active) *active = s.GrammarActive();
+  return out;
+}
+
 TEST(SamplerGrammar, LazyGrammarStartsAfterItsTrigger) {
   // Tokens: free text, the trigger split over two tokens, and a token that carries the trigger's end with the
   // grammar's first byte. Before the trigger nothing is masked; after it only the grammar's text (then the end).
@@ -374,33 +355,19 @@ TEST(SamplerGrammar, LazyGrammarStartsAfterItsTrigger) {
   compiled->grammar = g.value();
   compiled->vocab = std::make_shared<GrammarVocab>(std::vector<std::string>{"hi", "<t", "t>", "t>a", "a", "b", "c", ""},
                                                    std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 1, 0}, std::vector<int32_t>{7});
-  auto run = [&](std::vector<int32_t> favourite) {
-    SamplingParams p;
-    p.temperature = 0;
-    p.grammar = compiled;
-    p.grammar_trigger = "<tt>";
-    Sampler s(p);
-    std::vector<int32_t> out;
-    for (int32_t f : favourite) {
-      std::vector<float> l(8, 0.0f);
-      l[(size_t)f] = 5.0f;
-      l[6] = 4.0f;  // "c": second best everywhere
-      out.push_back(s.Sample(l.data(), 8));
-      if (s.GrammarFinished()) break;
-    }
-    return std::make_pair(out, s.GrammarActive());
-  };
-  // Free text first: "c" and "hi" are taken as they are.
-  auto [a, active_a] = run({6, 0, 6});
-  EXPECT_EQ(a, (std::vector<int32_t>{6, 0, 6}));
-  EXPECT_FALSE(active_a);
+  SamplingParams p;
+  p.temperature = 0;
+  p.grammar = compiled;
+  p.grammar_trigger = "<tt>";
+  bool active = false;
+  // Free text first ("c" second best everywhere): "c" and "hi" are taken as they are.
+  EXPECT_EQ(DrawFavourites(p, 8, {6, 0, 6}, 6, &active), (std::vector<int32_t>{6, 0, 6}));
+  EXPECT_FALSE(active);
   // "<t" + "t>": the grammar starts; "c" is refused then, "a" then "b" and the grammar is finished.
-  auto [b, active_b] = run({1, 2, 6, 6, 6});
-  EXPECT_EQ(b, (std::vector<int32_t>{1, 2, 4, 5}));
-  EXPECT_TRUE(active_b);
+  EXPECT_EQ(DrawFavourites(p, 8, {1, 2, 6, 6, 6}, 6, &active), (std::vector<int32_t>{1, 2, 4, 5}));
+  EXPECT_TRUE(active);
   // "<t" + "t>a": the token's "a" is the grammar's first byte, so only "b" may follow.
-  auto [c, active_c] = run({1, 3, 4, 6});
-  EXPECT_EQ(c, (std::vector<int32_t>{1, 3, 5}));
+  EXPECT_EQ(DrawFavourites(p, 8, {1, 3, 4, 6}, 6), (std::vector<int32_t>{1, 3, 5}));
 }
 
 TEST(SamplerGrammar, TriggerAtStartHoldsTheWholeReply) {
@@ -412,27 +379,41 @@ TEST(SamplerGrammar, TriggerAtStartHoldsTheWholeReply) {
   compiled->grammar = g.value();
   compiled->vocab = std::make_shared<GrammarVocab>(std::vector<std::string>{" ", "<", "t", "a", "b", "c", "<tx", ""},
                                                    std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 1, 0}, std::vector<int32_t>{7});
-  auto run = [&](std::vector<int32_t> favourite) {
-    SamplingParams p;
-    p.temperature = 0;
-    p.grammar = compiled;
-    p.grammar_trigger = "<t";
-    p.grammar_trigger_at_start = true;
-    Sampler s(p);
-    std::vector<int32_t> out;
-    for (int32_t f : favourite) {
-      std::vector<float> l(8, 0.0f);
-      l[(size_t)f] = 5.0f;
-      l[5] = std::max(l[5], 4.0f);  // "c": second best
-      out.push_back(s.Sample(l.data(), 8));
-      if (s.GrammarFinished()) break;
-    }
-    return out;
-  };
+  SamplingParams p;
+  p.temperature = 0;
+  p.grammar = compiled;
+  p.grammar_trigger = "<t";
+  p.grammar_trigger_at_start = true;
+  auto run = [&](const std::vector<int32_t>& favourite) { return DrawFavourites(p, 8, favourite, 5); };  // "c" second
   EXPECT_EQ(run({0, 1, 2, 5, 5, 5}), (std::vector<int32_t>{0, 1, 2, 3, 4}));  // " <t" then only "a", "b"
   EXPECT_EQ(run({5, 1, 2, 5}), (std::vector<int32_t>{5, 1, 2, 5}));           // "c" first: free
   EXPECT_EQ(run({1, 5, 1}), (std::vector<int32_t>{1, 5, 1}));                 // "<c": not the trigger: free
   EXPECT_EQ(run({6, 3}), (std::vector<int32_t>{6, 3}));                       // "<tx": the grammar refuses it: free
+}
+
+TEST(SamplerGrammar, TokenTriggerStartsTheGrammarAfterThatToken) {
+  // Mistral's [TOOL_CALLS]: a control token (not text the grammar sees) starts the grammar once drawn; text that
+  // spells it out does not.
+  auto g = Grammar::Parse("root ::= \" [\" \"a\"");
+  ASSERT_TRUE(g.ok());
+  auto compiled = std::make_shared<CompiledGrammar>();
+  compiled->grammar = g.value();
+  compiled->vocab = std::make_shared<GrammarVocab>(
+      std::vector<std::string>{"hi", "[TOOL_CALLS]", " [", "a", "[TOOL_CALLS]", "c", ""},
+      std::vector<uint8_t>{1, 0, 1, 1, 1, 1, 0}, std::vector<int32_t>{6});
+  SamplingParams p;
+  p.temperature = 0;
+  p.grammar = compiled;
+  p.grammar_trigger = "[TOOL_CALLS]";
+  p.grammar_trigger_is_token = true;
+  p.grammar_trigger_token = 1;
+  bool active = false;
+  // "c" second best; after token 1 only " [" then "a".
+  EXPECT_EQ(DrawFavourites(p, 7, {0, 1, 5, 5, 5}, 5, &active), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_TRUE(active);
+  // The same text as a plain token: free.
+  EXPECT_EQ(DrawFavourites(p, 7, {0, 4, 5, 5}, 5, &active), (std::vector<int32_t>{0, 4, 5, 5}));
+  EXPECT_FALSE(active);
 }
 
 }  // namespace
