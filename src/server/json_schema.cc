@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/strings.h"
@@ -110,6 +111,158 @@ std::string IntegerRange(bool has_lo, int64_t lo, bool has_hi, int64_t hi) {
     for (auto& n : neg) alts.push_back("\"-\" " + n);
   }
   if (!has_hi || hi >= 0) UnsignedRange(has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1, &alts);
+  return GbnfAlternatives(alts);
+}
+
+// A decimal bound of a number schema, exactly as the schema's text writes it: sign, integer digits (no leading
+// zeros, "0" for zero) and fraction digits (no trailing zeros).
+struct Decimal {
+  bool neg = false;
+  std::string i = "0", f;
+  bool zero() const { return i == "0" && f.empty(); }
+};
+
+// From a JSON number's shortest text ("0.1", "-90", "1e-05", "2.5E+3"); false beyond kMaxDigits integer digits.
+bool ParseDecimal(const std::string& text, Decimal* d) {
+  size_t p = 0;
+  d->neg = p < text.size() && text[p] == '-';
+  if (d->neg) ++p;
+  std::string digits;
+  int point = -1;
+  for (; p < text.size() && text[p] != 'e' && text[p] != 'E'; ++p) {
+    if (text[p] == '.') {
+      point = (int)digits.size();
+    } else {
+      digits += text[p];
+    }
+  }
+  if (point < 0) point = (int)digits.size();
+  if (p < text.size()) point += std::atoi(text.c_str() + p + 1);
+  if (point > kMaxDigits + 1) return false;
+  if (point < 0) {
+    digits = std::string((size_t)-point, '0') + digits;
+    point = 0;
+  }
+  if ((int)digits.size() < point) digits += std::string((size_t)point - digits.size(), '0');
+  d->i = digits.substr(0, (size_t)point);
+  d->f = digits.substr((size_t)point);
+  d->i.erase(0, std::min(d->i.find_first_not_of('0'), d->i.size()));
+  if (d->i.empty()) d->i = "0";
+  while (!d->f.empty() && d->f.back() == '0') d->f.pop_back();
+  if ((int)d->i.size() > kMaxDigits) return false;
+  if (d->zero()) d->neg = false;
+  return true;
+}
+
+// -1, 0, 1 as a < b, a == b, a > b (of the magnitudes: signs ignored).
+int CompareMagnitude(const Decimal& a, const Decimal& b) {
+  if (a.i.size() != b.i.size()) return a.i.size() < b.i.size() ? -1 : 1;
+  if (int c = a.i.compare(b.i)) return c < 0 ? -1 : 1;
+  if (int c = a.f.compare(b.f)) return c < 0 ? -1 : 1;  // no trailing zeros: lexicographic is numeric
+  return 0;
+}
+int Compare(const Decimal& a, const Decimal& b) {
+  if (a.neg != b.neg) return a.neg ? -1 : 1;
+  return a.neg ? -CompareMagnitude(a, b) : CompareMagnitude(a, b);
+}
+
+// The fraction digit strings f (value 0.f) with lo <| 0.f <| hi, where lo is 0.L (or nothing: "free") and hi is 0.H
+// (or free), each strict or not; `need_digit`: f may not be empty. Nullopt: no such string.
+std::optional<std::string> FractionRange(const std::string* L, bool lo_excl, const std::string* H, bool hi_excl,
+                                         bool need_digit) {
+  const bool lo_free = L == nullptr, hi_free = H == nullptr;
+  // What the empty rest is worth (0): allowed when 0 satisfies both sides.
+  const bool zero_ok = (lo_free || (L->empty() && !lo_excl)) && (hi_free || !H->empty() || !hi_excl);
+  if (lo_free && hi_free) return std::string(need_digit ? "[0-9]+" : "[0-9]*");
+  // Exhausted tight sides repeat with "0": settle them without recursing.
+  if (!hi_free && H->empty()) {  // the rest must be 0 (all zeros)
+    if (hi_excl || (!lo_free && (!L->empty() || lo_excl))) return std::nullopt;
+    return std::string(need_digit ? "\"0\"+" : "\"0\"*");
+  }
+  if (!lo_free && L->empty() && hi_free) {
+    if (!lo_excl) return std::string(need_digit ? "[0-9]+" : "[0-9]*");
+    return std::string("[0-9]* [1-9] [0-9]*");
+  }
+  const int a = lo_free || L->empty() ? 0 : (*L)[0] - '0';
+  const int b = hi_free ? 9 : (*H)[0] - '0';
+  std::vector<std::string> alts;
+  auto digit_class = [](int x, int y) {
+    return x == y ? GbnfLiteral(std::string(1, (char)('0' + x))) : StrFormat("[%c-%c]", '0' + x, '0' + y);
+  };
+  // A first digit on a tight side's own digit keeps that side tight for the rest.
+  for (int d : a == b ? std::vector<int>{a} : std::vector<int>{a, b}) {
+    const bool tight_lo = !lo_free && d == a, tight_hi = !hi_free && d == b;
+    if (!tight_lo && !tight_hi) continue;
+    std::string l_rest = tight_lo && !L->empty() ? L->substr(1) : "", h_rest = tight_hi ? H->substr(1) : "";
+    auto rest = FractionRange(tight_lo ? &l_rest : nullptr, lo_excl, tight_hi ? &h_rest : nullptr, hi_excl, false);
+    if (rest) alts.push_back(digit_class(d, d) + (rest->empty() ? "" : " " + *rest));
+  }
+  // First digits strictly between the tight ones (or any digit on a free side) leave the rest free.
+  const int from = lo_free ? 0 : a + 1, to = hi_free ? 9 : b - 1;
+  if (from <= to) alts.insert(alts.begin(), digit_class(from, to) + " [0-9]*");
+  if (alts.empty()) return zero_ok && !need_digit ? std::optional<std::string>("") : std::nullopt;
+  std::string g = GbnfAlternatives(alts);
+  if (zero_ok && !need_digit) g = "( " + g + " )?";
+  return g;
+}
+
+// Alternatives for the unsigned decimals "I" or "I.F" (no exponent) with lo <| value <| hi (hi null: unbounded),
+// lo >= 0.
+void UnsignedDecimalRange(const Decimal& lo, bool lo_excl, const Decimal* hi, bool hi_excl, std::vector<std::string>* alts) {
+  const int64_t li = std::stoll(lo.i), hi_i = hi ? std::stoll(hi->i) : -1;
+  auto with = [&](const std::string& int_part, const std::string* L, const std::string* H) {
+    // The integer part, then the written fraction (or none, worth 0).
+    const bool bare = (L == nullptr || (L->empty() && !lo_excl)) && (H == nullptr || !H->empty() || !hi_excl);
+    if (bare) alts->push_back(int_part);
+    if (auto f = FractionRange(L, lo_excl, H, hi_excl, true)) alts->push_back(int_part + " \".\" " + *f);
+  };
+  if (hi && li == hi_i) {
+    with(GbnfLiteral(lo.i), &lo.f, &hi->f);
+    return;
+  }
+  with(GbnfLiteral(lo.i), &lo.f, nullptr);
+  if (!hi || li + 1 <= hi_i - 1) {
+    std::vector<std::string> mid;
+    UnsignedRange(li + 1, hi ? hi_i - 1 : -1, &mid);
+    alts->push_back(GbnfAlternatives(mid) + " ( \".\" [0-9]+ )?");
+  }
+  if (hi) with(GbnfLiteral(hi->i), nullptr, &hi->f);
+}
+
+// GBNF for the JSON numbers x with lo <| x <| hi (either side may be absent), written without an exponent.
+std::optional<std::string> NumberRange(const Decimal* lo, bool lo_excl, const Decimal* hi, bool hi_excl) {
+  std::vector<std::string> alts;
+  const Decimal zero;
+  // x < 0, as "-" and a magnitude y in (0 or -hi, -lo).
+  if (!lo || lo->neg) {
+    Decimal ylo = zero, yhi;
+    bool ylo_excl = true, yhi_excl = lo_excl;
+    if (hi && hi->neg) {
+      ylo = *hi;
+      ylo.neg = false;
+      ylo_excl = hi_excl;
+    }
+    if (lo) {
+      yhi = *lo;
+      yhi.neg = false;
+    }
+    std::vector<std::string> neg;
+    if (!lo || CompareMagnitude(ylo, yhi) < 0 || (CompareMagnitude(ylo, yhi) == 0 && !ylo_excl && !yhi_excl))
+      UnsignedDecimalRange(ylo, ylo_excl, lo ? &yhi : nullptr, yhi_excl, &neg);
+    if (!neg.empty()) alts.push_back("\"-\" " + GbnfAlternatives(neg));
+  }
+  // x >= 0.
+  if (!hi || !hi->neg) {
+    Decimal xlo = zero;
+    bool xlo_excl = false;
+    if (lo && !lo->neg) {
+      xlo = *lo;
+      xlo_excl = lo_excl;
+    }
+    if (!hi || CompareMagnitude(xlo, *hi) < 0 || (CompareMagnitude(xlo, *hi) == 0 && !xlo_excl && !hi_excl))
+      UnsignedDecimalRange(xlo, xlo_excl, hi, hi_excl, &alts);
+  }
+  if (alts.empty()) return std::nullopt;
   return GbnfAlternatives(alts);
 }
 
@@ -240,18 +393,19 @@ class Converter {
     // Keywords that apply to one type: the schema must say it is of that type (a list of types may hold others).
     for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern"}) {
       if (!s.contains(k) || s.contains("enum") || s.contains("const")) continue;
-      const std::string want = std::string(k) == "pattern" ? "string" : "integer";
+      const bool pattern = std::string(k) == "pattern";
       auto t = s.find("type");
-      bool typed = false, number = false;
+      bool typed = false, integer = false, number = false;
       if (t != s.end()) {
         for (const auto& x : t->is_array() ? *t : json::array({*t})) {
-          typed = typed || x == want;
+          typed = typed || x == (pattern ? "string" : "integer") || (!pattern && x == "number");
+          integer = integer || x == "integer";
           number = number || x == "number";
         }
       }
-      if (!typed || (want == "integer" && number)) {
-        Fail(path, StrFormat("'%s' is supported with \"type\": \"%s\" only%s", k, want.c_str(),
-                             want == "integer" ? " (bounds on a number are not)" : ""));
+      if (!typed || (integer && number)) {
+        Fail(path, StrFormat("'%s' is supported with \"type\": %s only", k,
+                             pattern ? "\"string\"" : "\"integer\" or \"number\" (not both)"));
         return "value";
       }
     }
@@ -329,7 +483,7 @@ class Converter {
     if (t == "array") return Array(s, hint, path);
     if (t == "string") return String(s, path);
     if (t == "integer") return Integer(s, path);
-    if (t == "number") return Use("number");
+    if (t == "number") return Number(s, path);
     if (t == "boolean") return Use("boolean");
     if (t == "null") return Use("null");
     Fail(path + ".type", StrFormat("unknown type '%s' (expected object, array, string, integer, number, boolean or null)",
@@ -397,6 +551,44 @@ class Converter {
       return "value";
     }
     return IntegerRange(has_lo, lo, has_hi, hi);
+  }
+
+  // A number, within minimum / maximum / exclusiveMinimum / exclusiveMaximum when the schema gives them: then
+  // written as a plain decimal (no exponent), every one in range and only those.
+  std::string Number(const json& s, const std::string& path) {
+    std::optional<Decimal> lo, hi;
+    bool lo_excl = false, hi_excl = false;
+    auto bound = [&](const char* key, bool lower, bool exclusive) {
+      auto it = s.find(key);
+      if (it == s.end()) return;
+      if (!it->is_number()) {
+        Fail(path + "." + key, "must be a number");
+        return;
+      }
+      Decimal d;
+      if (!ParseDecimal(it->dump(), &d)) {
+        Fail(path + "." + key, "beyond 16 integer digits is not supported");
+        return;
+      }
+      std::optional<Decimal>& cur = lower ? lo : hi;
+      bool& cur_excl = lower ? lo_excl : hi_excl;
+      const int c = cur ? Compare(d, *cur) : 0;
+      if (!cur || (lower ? c > 0 : c < 0) || (c == 0 && exclusive)) {
+        cur = d;
+        cur_excl = exclusive;
+      }
+    };
+    bound("minimum", true, false);
+    bound("exclusiveMinimum", true, true);
+    bound("maximum", false, false);
+    bound("exclusiveMaximum", false, true);
+    if (!lo && !hi) return Use("number");
+    auto g = NumberRange(lo ? &*lo : nullptr, lo_excl, hi ? &*hi : nullptr, hi_excl);
+    if (!g) {
+      Fail(path, "no number lies within its minimum and maximum");
+      return "value";
+    }
+    return "( " + *g + " )";
   }
 
   std::string String(const json& s, const std::string& path) {

@@ -10,11 +10,12 @@
 // - objects: properties, required, additionalProperties (absent or false with properties, even empty ones: only
 //   those keys; true, or a schema, or absent without properties: any keys with values of that schema);
 // - arrays: items, minItems, maxItems; strings: minLength, maxLength, or pattern (a search, server/regex.h),
-//   or a format the grammar writes (date, date-time, time, uuid, ipv4, email); integers: minimum, maximum,
-//   exclusiveMinimum, exclusiveMaximum (up to 16 digits, as every integer here);
+//   or a format the grammar writes (date, date-time, time, uuid, ipv4, email); integers and numbers: minimum,
+//   maximum, exclusiveMinimum, exclusiveMaximum (integer parts up to 16 digits, as every integer here; a bounded
+//   number is a plain decimal, no exponent, zero written "0");
 // - annotations are ignored: title, description, default, examples, other formats, $schema, $id, $comment,
 //   deprecated, readOnly, writeOnly.
-// Keywords that assert what the grammar cannot express (multipleOf, bounds on a number, uniqueItems, not,
+// Keywords that assert what the grammar cannot express (multipleOf, uniqueItems, not,
 // if/then/else, patternProperties, ...) are refused with an error naming the keyword and where it is, rather than
 // silently not enforced.
 #pragma once

@@ -65,9 +65,10 @@ TEST(JsonSchema, ErrorsNameThePathAndKeyword) {
     const char* expect;
   } cases[] = {
       {R"({"type": "string", "multipleOf": 2})", "JSON schema $: 'multipleOf' is not supported"},
-      {R"({"properties": {"age": {"type": "number", "minimum": 0}}})",
-       "$.properties.age: 'minimum' is supported with \"type\": \"integer\" only (bounds on a number are not)"},
+      {R"({"properties": {"age": {"type": ["number", "integer"], "minimum": 0}}})",
+       "$.properties.age: 'minimum' is supported with \"type\": \"integer\" or \"number\" (not both)"},
       {R"({"properties": {"age": {"minimum": 0}}})", "$.properties.age: 'minimum' is supported with \"type\": \"integer\""},
+      {R"({"type": "number", "minimum": 1, "exclusiveMaximum": 1})", "$: no number lies within its minimum and maximum"},
       {R"({"type": "integer", "minimum": 5, "exclusiveMaximum": 5})", "$: no integer lies within its minimum and maximum"},
       {R"({"type": "integer", "maximum": "3"})", "$.maximum: must be a number"},
       {R"({"type": "integer", "minimum": 1e17})", "$.minimum: beyond 16 digits is not supported"},
@@ -130,6 +131,73 @@ TEST(JsonSchema, IntegerBoundsAcceptExactlyTheRange) {
       EXPECT_FALSE(GrammarMatches(g, "-0")) << schema;
     }
     EXPECT_FALSE(GrammarMatches(g, "1.0")) << schema;
+  }
+}
+
+// Number bounds against the definition: every decimal -12.999 .. 12.999 written with 0-3 fraction digits (trailing
+// zeros too), compared in thousandths.
+TEST(JsonSchema, NumberBoundsAcceptExactlyTheRange) {
+  struct Bounds {
+    const char* keywords;
+    int64_t lo, hi;  // thousandths; lo/hi_open: that side strict; INT64_MIN / INT64_MAX: unbounded
+    bool lo_open, hi_open;
+  } cases[] = {
+      {R"("minimum": 0, "maximum": 1)", 0, 1000, false, false},
+      {R"("minimum": -0.5, "maximum": 2.25)", -500, 2250, false, false},
+      {R"("exclusiveMinimum": 0, "exclusiveMaximum": 1)", 0, 1000, true, true},
+      {R"("exclusiveMinimum": 0.25)", 250, INT64_MAX, true, false},
+      {R"("maximum": -1.05)", INT64_MIN, -1050, false, false},
+      {R"("exclusiveMaximum": -1.05)", INT64_MIN, -1050, false, true},
+      {R"("minimum": -9.99, "exclusiveMaximum": -2)", -9990, -2000, false, true},
+      {R"("minimum": 3.14, "maximum": 3.142)", 3140, 3142, false, false},
+      {R"("minimum": 3.5, "maximum": 3.5)", 3500, 3500, false, false},
+      {R"("minimum": 1e-2, "maximum": 1.2e1)", 10, 12000, false, false},
+      {R"("minimum": 2, "exclusiveMinimum": 2, "maximum": 7, "exclusiveMaximum": 9)", 2000, 7000, true, false},
+      {R"("minimum": -12.5, "maximum": 0)", -12500, 0, false, false},
+      {R"("exclusiveMinimum": -3, "exclusiveMaximum": 0)", -3000, 0, true, true},
+  };
+  std::vector<std::pair<std::string, int64_t>> xs;  // text, thousandths
+  for (int neg = 0; neg < 2; ++neg) {
+    for (int64_t i = 0; i <= 12; ++i) {
+      const std::string sign = neg ? "-" : "";
+      const int64_t s = neg ? -1 : 1;
+      if (!(neg && i == 0)) xs.push_back({sign + std::to_string(i), s * i * 1000});
+      for (int64_t f = 0; f < 10; ++f) xs.push_back({sign + std::to_string(i) + "." + std::to_string(f), s * (i * 1000 + f * 100)});
+      for (int64_t f = 0; f < 100; ++f) {
+        const std::string fs = (f < 10 ? "0" : "") + std::to_string(f);
+        xs.push_back({sign + std::to_string(i) + "." + fs, s * (i * 1000 + f * 10)});
+      }
+      for (const char* fs : {"001", "049", "050", "099", "100", "140", "142", "143", "250", "499", "500", "501", "999"})
+        xs.push_back({sign + std::to_string(i) + "." + fs, s * (i * 1000 + std::atoi(fs))});
+    }
+  }
+  for (const auto& c : cases) {
+    const std::string schema = std::string(R"({"type": "number", )") + c.keywords + "}";
+    auto g = Compile(schema);
+    ASSERT_TRUE(g) << schema;
+    for (const auto& [text, v] : xs) {
+      // Zero is written "0" ("-0.0" is never generated, though it is in range where 0 is).
+      const bool want = (c.lo == INT64_MIN || (c.lo_open ? v > c.lo : v >= c.lo)) &&
+                        (c.hi == INT64_MAX || (c.hi_open ? v < c.hi : v <= c.hi)) && !(v == 0 && text[0] == '-');
+      EXPECT_EQ(GrammarMatches(g, text), want) << schema << " on " << text;
+    }
+    for (const char* bad : {"01", "1e0", "-0", "1.", ".5", "+1"}) EXPECT_FALSE(GrammarMatches(g, bad)) << schema << " on " << bad;
+  }
+  // Far values: long integer parts, beyond the bounds or not.
+  auto g = Compile(R"({"type": "number", "minimum": -1000000.5})");
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(GrammarMatches(g, "9999999999999999.25"));
+  EXPECT_TRUE(GrammarMatches(g, "-1000000.5"));
+  EXPECT_FALSE(GrammarMatches(g, "-1000000.51"));
+  EXPECT_TRUE(GrammarMatches(g, "-999999.999"));
+  // No number in range, bounds beyond the digits, bounds on a number-or-integer: refused.
+  std::string error;
+  for (const char* schema : {R"({"type": "number", "minimum": 2, "maximum": 1})",
+                             R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})",
+                             R"({"type": "number", "minimum": 1e30})",
+                             R"({"type": ["number", "integer"], "minimum": 1})"}) {
+    auto r = server::JsonSchemaToGbnf(ojson::parse(schema));
+    EXPECT_FALSE(r.ok()) << schema;
   }
 }
 

@@ -499,7 +499,7 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}},
           {"type": "function", "function": {"name": "f"}}], "tool_choice": "required"})", true, "tools[1].function.name"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f",
-          "parameters": {"type": "object", "properties": {"n": {"type": "number", "maximum": 3}}}}}],
+          "parameters": {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}}}],
           "tool_choice": "required"})", true, "tools"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
           "tool_choice": "required", "response_format": {"type": "json_object"}})", true, "tool_choice"},

@@ -123,6 +123,22 @@ CASES = [
         {"percent": 7, "floor": 123456, "neg": -3}, {"percent": 99, "delta": 0, "neg": None},
         {"percent": 10, "neg": -1000},
     ]),
+    ("number_bounds", {
+        "type": "object",
+        "properties": {
+            "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+            "lat": {"type": "number", "minimum": -90, "maximum": 90},
+            "temp": {"type": "number", "exclusiveMinimum": -273.15},
+            "price": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 999.99},
+            "neg": {"type": "number", "exclusiveMaximum": -0.5},
+        },
+        "required": ["ratio"],
+        "additionalProperties": False,
+    }, [
+        {"ratio": 0}, {"ratio": 1, "lat": -90}, {"ratio": 0.25, "lat": 45.5, "temp": -273.14},
+        {"ratio": 0.999, "price": 999.99, "neg": -0.51}, {"ratio": 0.5, "temp": 21.5, "price": 0.01, "neg": -7},
+        {"ratio": 1.0, "lat": 89.999, "price": None},
+    ]),
     ("patterns_and_formats", {
         "type": "object",
         "properties": {
@@ -215,6 +231,8 @@ def semantic_mutants(doc, schema):
             near = []
             if isinstance(v, int) and not isinstance(v, bool):  # the integers around it and far away
                 near = [v - 1, v + 1, -v, v * 10, v - 100, v + 1000, 0]
+            elif isinstance(v, float):  # the decimals just around it and far away (written without an exponent)
+                near = [round(v + dx, 4) for dx in (-0.01, 0.01, -0.001, 0.001, -1, 1, 100)] + [-v, v * 10, 0.5]
             elif isinstance(v, str) and v:  # the same string with a character changed, added or taken away
                 near = [v[:-1], v + v[-1], "x" + v, v[:1] + "9" + v[2:], v.replace("-", "/"), v.upper(), v.lower()]
             for x in near:
