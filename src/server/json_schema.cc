@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "core/strings.h"
 #include "server/regex.h"
@@ -513,19 +514,31 @@ class Converter {
     return StrFormat("{%lld,%lld}", (long long)lo, (long long)hi);
   }
 
+  // Calls f(value, key, lower, exclusive) for each of minimum, exclusiveMinimum, maximum, exclusiveMaximum the
+  // schema gives as a number (other values fail, naming the key).
+  template <class F>
+  void ForEachBound(const json& s, const std::string& path, F f) {
+    for (const auto& [key, lower, exclusive] : {std::tuple<const char*, bool, bool>{"minimum", true, false},
+                                                {"exclusiveMinimum", true, true},
+                                                {"maximum", false, false},
+                                                {"exclusiveMaximum", false, true}}) {
+      auto it = s.find(key);
+      if (it == s.end()) continue;
+      if (!it->is_number()) {
+        Fail(path + "." + key, "must be a number");
+        continue;
+      }
+      f(*it, std::string(key), lower, exclusive);
+    }
+  }
+
   // An integer, within minimum / maximum / exclusiveMinimum / exclusiveMaximum when the schema gives them.
   std::string Integer(const json& s, const std::string& path) {
     bool has_lo = false, has_hi = false;
     int64_t lo = 0, hi = 0;
     const double cap = 1e16;  // integers are written with at most 16 digits
-    auto bound = [&](const char* key, bool lower, bool exclusive) {
-      auto it = s.find(key);
-      if (it == s.end()) return;
-      if (!it->is_number()) {
-        Fail(path + "." + key, "must be a number");
-        return;
-      }
-      const double v = it->get<double>();
+    ForEachBound(s, path, [&](const json& v_json, const std::string& key, bool lower, bool exclusive) {
+      const double v = v_json.get<double>();
       const double b = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v)) : (exclusive ? std::ceil(v) - 1 : std::floor(v));
       if (lower ? b <= -cap : b >= cap) return;  // no tighter than the digits
       if (lower ? b >= cap : b <= -cap) {
@@ -540,11 +553,7 @@ class Converter {
         hi = has_hi ? std::min(hi, x) : x;
         has_hi = true;
       }
-    };
-    bound("minimum", true, false);
-    bound("exclusiveMinimum", true, true);
-    bound("maximum", false, false);
-    bound("exclusiveMaximum", false, true);
+    });
     if (!has_lo && !has_hi) return Use("integer");
     if (has_lo && has_hi && lo > hi) {
       Fail(path, "no integer lies within its minimum and maximum");
@@ -558,15 +567,9 @@ class Converter {
   std::string Number(const json& s, const std::string& path) {
     std::optional<Decimal> lo, hi;
     bool lo_excl = false, hi_excl = false;
-    auto bound = [&](const char* key, bool lower, bool exclusive) {
-      auto it = s.find(key);
-      if (it == s.end()) return;
-      if (!it->is_number()) {
-        Fail(path + "." + key, "must be a number");
-        return;
-      }
+    ForEachBound(s, path, [&](const json& v, const std::string& key, bool lower, bool exclusive) {
       Decimal d;
-      if (!ParseDecimal(it->dump(), &d)) {
+      if (!ParseDecimal(v.dump(), &d)) {
         Fail(path + "." + key, "beyond 16 integer digits is not supported");
         return;
       }
@@ -577,11 +580,7 @@ class Converter {
         cur = d;
         cur_excl = exclusive;
       }
-    };
-    bound("minimum", true, false);
-    bound("exclusiveMinimum", true, true);
-    bound("maximum", false, false);
-    bound("exclusiveMaximum", false, true);
+    });
     if (!lo && !hi) return Use("number");
     auto g = NumberRange(lo ? &*lo : nullptr, lo_excl, hi ? &*hi : nullptr, hi_excl);
     if (!g) {
