@@ -123,7 +123,8 @@ struct Decimal {
   bool zero() const { return i == "0" && f.empty(); }
 };
 
-// From a JSON number's shortest text ("0.1", "-90", "1e-05", "2.5E+3"); false beyond kMaxDigits integer digits.
+// From a JSON number's shortest text ("0.1", "-90", "1e-05", "2.5E+3"); false beyond kMaxDigits integer digits or
+// for what is not a finite number.
 bool ParseDecimal(const std::string& text, Decimal* d) {
   size_t p = 0;
   d->neg = p < text.size() && text[p] == '-';
@@ -133,10 +134,13 @@ bool ParseDecimal(const std::string& text, Decimal* d) {
   for (; p < text.size() && text[p] != 'e' && text[p] != 'E'; ++p) {
     if (text[p] == '.') {
       point = (int)digits.size();
-    } else {
+    } else if (text[p] >= '0' && text[p] <= '9') {
       digits += text[p];
+    } else {
+      return false;  // not a finite number's text ("null" is how an infinity dumps)
     }
   }
+  if (digits.empty()) return false;
   if (point < 0) point = (int)digits.size();
   if (p < text.size()) point += std::atoi(text.c_str() + p + 1);
   if (point > kMaxDigits + 1) return false;
@@ -570,7 +574,7 @@ class Converter {
     ForEachBound(s, path, [&](const json& v, const std::string& key, bool lower, bool exclusive) {
       Decimal d;
       if (!ParseDecimal(v.dump(), &d)) {
-        Fail(path + "." + key, "beyond 16 integer digits is not supported");
+        Fail(path + "." + key, "must be a finite number of at most 16 integer digits");
         return;
       }
       std::optional<Decimal>& cur = lower ? lo : hi;
