@@ -71,43 +71,6 @@ std::optional<ApiError> Bool(const json& b, const char* key, bool* out) {
 }
 
 // OpenAI content may be a string or a list of {type: "text", text} parts.
-// JSON text as Python's json.dumps(x, ensure_ascii=False) writes it (", " and ": " between items), which is how
-// mistral_common writes tools, calls and results into Mistral prompts. Keys in the object's order.
-void PyJsonTo(const nlohmann::ordered_json& j, std::string* out) {
-  if (j.is_object()) {
-    *out += '{';
-    bool first = true;
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (!first) *out += ", ";
-      first = false;
-      *out += SafeDump(nlohmann::ordered_json(it.key())) + ": ";
-      PyJsonTo(it.value(), out);
-    }
-    *out += '}';
-  } else if (j.is_array()) {
-    *out += '[';
-    for (size_t i = 0; i < j.size(); ++i) {
-      if (i) *out += ", ";
-      PyJsonTo(j[i], out);
-    }
-    *out += ']';
-  } else {
-    *out += SafeDump(j);
-  }
-}
-std::string PyJson(const nlohmann::ordered_json& j) {
-  std::string out;
-  PyJsonTo(j, &out);
-  return out;
-}
-// mistral_common's reading of a call's arguments or a tool's result: the JSON value the text holds, else the text
-// itself; empty text is {}.
-nlohmann::ordered_json MistralJsonContent(const std::string& text) {
-  if (text.empty()) return nlohmann::ordered_json::object();
-  auto v = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  return v.is_discarded() ? nlohmann::ordered_json(text) : v;
-}
-
 std::optional<ApiError> Content(const json& c, const std::string& param, std::string* out) {
   if (c.is_string()) {
     *out = c.get<std::string>();
@@ -277,7 +240,6 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
     parallel = it->get<bool>();
   }
   std::vector<std::pair<std::string, ojson>> fns;  // name, parameters
-  ojson described = ojson::array();
   for (size_t i = 0; i < tools->size(); ++i) {
     const ojson& t = (*tools)[i];
     const std::string p = "tools[" + std::to_string(i) + "]";
@@ -296,14 +258,6 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
                                                                           : ojson{{"type", "object"}, {"properties", ojson::object()}};
     if (!params.is_object()) return Bad(p + ".function.parameters", p + ".function.parameters must be a JSON schema object");
     fns.push_back({name, params});
-    ojson d = {{"type", "function"}, {"function", {{"name", name}}}};
-    if (f.contains("description")) {
-      d["function"]["description"] = f["description"];
-    } else if (mistral) {  // mistral_common's Function has description "" by default
-      d["function"]["description"] = "";
-    }
-    d["function"]["parameters"] = params;
-    described.push_back(d);
   }
   ojson schema;
   if (choice == b.end() || choice->is_null() || *choice == "auto" || *choice == "required") {
@@ -352,56 +306,18 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
   } else {
     r->grammar = g.value();
   }
-  if (mistral) {  // the [AVAILABLE_TOOLS] list, before the last user message; the grammar says the rest
-    r->tools_prompt = PyJson(described);
-    return std::nullopt;
-  }
-  const std::string call_shape = std::string("{\"name\": <function-name>, \"") + args_key + "\": <args-json-object>}";
-  if (llama) {  // Llama 3's template: the tools before the first user message's text
-    r->tools_in_user_message = true;
-    r->tools_prompt = "Given the following functions, please respond with a JSON for a function call with its proper "
-                      "arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function "
-                      "name, \"parameters\": dictionary of argument name and its value}. Do not use variables.\n\n";
-    for (const auto& d : described) r->tools_prompt += d.dump(4) + "\n\n";
-  } else {
-    std::string lines;
-    for (const auto& d : described) lines += SafeDump(d) + "\n";
-    r->tools_prompt = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
-                      "with function signatures within <tools></tools> XML tags:\n<tools>\n" + lines + "</tools>\n\n";
-  }
-  if (r->tool_mode == "named") {  // the output is the arguments alone: say so
-    r->tools_prompt += "Call the function \"" + r->tool_name + "\": reply with its arguments only, as a JSON object.";
-  } else if (r->tool_mode == "required") {
-    r->tools_prompt += "For the function call, return a json object with function name and arguments: " + call_shape;
-  } else if (!llama) {  // Qwen2.5's words for it
-    r->tools_prompt += "For each function call, return a json object with function name and arguments within "
-                       "<tool_call></tool_call> XML tags:\n<tool_call>\n" + call_shape + "\n</tool_call>";
-  }
-  if (llama && r->tool_mode != "auto") r->tools_prompt += "\n\n";
+  r->tools_prompt = tokenizer::ToolsPrompt(r->tool_format, *tools,
+                                           r->tool_mode == "named"      ? tokenizer::ToolMode::kNamed
+                                           : r->tool_mode == "required" ? tokenizer::ToolMode::kRequired
+                                                                        : tokenizer::ToolMode::kAuto,
+                                           r->tool_name);
   return std::nullopt;
 }
 
 }  // namespace
 
 std::vector<tokenizer::ChatMessage> PromptMessages(const CompletionRequest& r, const tokenizer::ChatTemplate& tmpl) {
-  std::vector<tokenizer::ChatMessage> messages = r.messages;
-  if (r.tools_prompt.empty()) return messages;
-  if (r.tool_format == ToolFormat::kMistral) {
-    messages.push_back({"tools", r.tools_prompt});  // the template writes it before the last user message
-    return messages;
-  }
-  if (messages.empty() || messages[0].role != "system") messages.insert(messages.begin(), {"system", tmpl.default_system()});
-  auto user = std::find_if(messages.begin(), messages.end(), [](const auto& m) { return m.role == "user"; });
-  if (r.tools_in_user_message) {
-    // Llama 3: "Environment: ipython" opens the system message, the tools come before the first user text.
-    messages[0].content = "Environment: ipython\n" + messages[0].content;
-  }
-  if (r.tools_in_user_message && user != messages.end()) {
-    user->content = r.tools_prompt + user->content;
-  } else {  // the tools described in the system message (after the template's default)
-    messages[0].content += (messages[0].content.empty() ? "" : "\n\n") + r.tools_prompt;
-  }
-  return messages;
+  return tokenizer::WithToolsPrompt(r.messages, r.tool_format, r.tools_prompt, tmpl);
 }
 
 std::optional<ApiError> ResolveTriggerToken(const tokenizer::Tokenizer& tok, CompletionRequest* r) {
@@ -422,18 +338,11 @@ bool NeedsKeyOrder(const json& body) {
   return false;
 }
 
-ToolFormat ToolFormatFor(const std::string& template_name) {
-  if (template_name == "llama3") return ToolFormat::kLlama3Json;
-  if (template_name == "mistral-v3") return ToolFormat::kMistral;
-  return ToolFormat::kHermes;
-}
-
 std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, CompletionRequest* r,
                                                const nlohmann::ordered_json* ordered, ToolFormat tool_format) {
   *r = CompletionRequest();
   r->chat = chat;
   r->tool_format = tool_format;
-  const bool llama = tool_format == ToolFormat::kLlama3Json;
   if (!b.is_object()) return Bad("", "the request body must be a JSON object");
   if (auto e = Unsupported(b, chat)) return e;
   if (NeedsKeyOrder(b)) {
@@ -465,22 +374,18 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
       tokenizer::ChatMessage msg;
       msg.role = role;
       if (auto e = Content(m.value("content", json(nullptr)), p + ".content", &msg.content)) return e;
-      // Tool turns as the model family writes them. Hermes / Qwen2.5: a tool's result is a user turn in
-      // <tool_response> tags, an assistant's calls are <tool_call> blocks of {"name", "arguments"}. Llama 3: the
-      // result is an "ipython" turn, the calls are {"name", "parameters"} objects joined by "; ".
-      if (role == "tool" && tool_format == ToolFormat::kMistral) {
-        // mistral_common: {"content": the result's JSON value (or text), "call_id": ...} in [TOOL_RESULTS].
-        nlohmann::ordered_json res = {{"content", MistralJsonContent(msg.content)}};
-        if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) res["call_id"] = m["tool_call_id"];
-        msg.content = PyJson(res);
-      } else if (role == "tool") {
-        msg.role = llama ? "ipython" : "user";
-        if (!llama) msg.content = "<tool_response>\n" + msg.content + "\n</tool_response>";
+      // Tool turns as the model family writes them (tokenizer/tool_turns.h).
+      if (role == "tool") {
+        std::string call_id;
+        if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) call_id = m["tool_call_id"].get<std::string>();
+        tokenizer::AppendToolResult(tool_format, msg.content, call_id, i > 0 && (*it)[i - 1].value("role", "") == "tool",
+                                    &r->messages);
+        continue;
       }
       if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
         const json& calls = m["tool_calls"];
         if (!calls.is_array()) return Bad(p + ".tool_calls", p + ".tool_calls must be a list");
-        nlohmann::ordered_json mistral_calls = nlohmann::ordered_json::array();
+        std::vector<tokenizer::ToolCallTurn> turns;
         for (size_t k = 0; k < calls.size(); ++k) {
           const json& c = calls[k];
           const std::string q = p + ".tool_calls[" + std::to_string(k) + "]";
@@ -489,31 +394,21 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
             return Bad(q, q + " must be {\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": ...}}");
           }
           const json& f = c["function"];
-          json args = json::object();
-          if (f.contains("arguments") && f["arguments"].is_string()) {
-            args = json::parse(f["arguments"].get<std::string>(), nullptr, false);
-            if (args.is_discarded()) args = f["arguments"];  // not JSON: kept as the string it is
-          } else if (f.contains("arguments")) {
-            args = f["arguments"];
-          }
-          if (tool_format == ToolFormat::kMistral) {  // keys in the arguments' own order
-            nlohmann::ordered_json call = {{"name", f["name"].get<std::string>()}};
-            if (f.contains("arguments") && f["arguments"].is_string()) {
-              call["arguments"] = MistralJsonContent(f["arguments"].get<std::string>());
-            } else {
-              call["arguments"] = nlohmann::ordered_json::parse(SafeDump(args));
-            }
-            if (c.contains("id") && c["id"].is_string() && c["id"] != "null") call["id"] = c["id"].get<std::string>();
-            mistral_calls.push_back(std::move(call));
-          } else if (llama) {
-            msg.content += (msg.content.empty() ? "" : "; ") + SafeDump(json{{"name", f["name"]}, {"parameters", args}});
+          tokenizer::ToolCallTurn t;
+          t.name = f["name"].get<std::string>();
+          // The arguments' JSON value in its own key order (vLLM parses them before rendering); text that is not
+          // JSON stays the string it is.
+          if (!f.contains("arguments") || f["arguments"].is_null()) {
+            t.arguments = nlohmann::ordered_json::object();
+          } else if (f["arguments"].is_string()) {
+            t.arguments = tokenizer::JsonOrText(f["arguments"].get<std::string>());
           } else {
-            if (!msg.content.empty()) msg.content += "\n";
-            msg.content += "<tool_call>\n" + SafeDump(json{{"name", f["name"]}, {"arguments", args}}) + "\n</tool_call>";
+            t.arguments = nlohmann::ordered_json::parse(SafeDump(f["arguments"]));
           }
+          if (c.contains("id") && c["id"].is_string() && c["id"] != "null") t.id = c["id"].get<std::string>();
+          turns.push_back(std::move(t));
         }
-        // Mistral's turn is the calls alone (mistral_common refuses a turn with both; the calls are what was done).
-        if (!mistral_calls.empty()) msg.content = kMistralToolCalls + PyJson(mistral_calls);
+        msg.content = tokenizer::ToolCallsText(tool_format, msg.content, turns);
       }
       r->messages.push_back(std::move(msg));
     }

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "serve/sampler.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/tool_turns.h"
 
 namespace lathe::tokenizer {
 class Tokenizer;
@@ -28,19 +29,10 @@ struct ApiError {
   nlohmann::json ToJson() const;
 };
 
-// How a model family writes tool calls. kHermes (Hermes, Qwen2.5, and the default): <tool_call>{"name",
-// "arguments"}</tool_call> blocks, tools listed in the system message, results in <tool_response> user turns.
-// kLlama3Json (Llama 3.1-3.3's JSON tool calling, vLLM's "llama3_json" parser): the reply is the call itself,
-// {"name": ..., "parameters": {...}}, several joined by ";"; the tools are listed in the first user message and the
-// results come back as "ipython" turns.
-// kMistral (Mistral's v3 instruct format, mistral_common's InstructTokenizerV3, vLLM's "mistral" parser): the tools
-// as [AVAILABLE_TOOLS] JSON before the last user message; a reply may be content, or the [TOOL_CALLS] token and a
-// JSON list of {"name", "arguments"}; results are [TOOL_RESULTS] {"content", "call_id"} blocks; call ids are 9
-// letters and digits, as Mistral's models were trained on.
-enum class ToolFormat { kHermes, kLlama3Json, kMistral };
-// The format for a chat template (tokenizer::ChatTemplate::name()): llama3 -> kLlama3Json, mistral-v3 -> kMistral,
-// others kHermes.
-ToolFormat ToolFormatFor(const std::string& template_name);
+// How a model family writes tool calls (tokenizer/tool_turns.h): kHermes (the default), kLlama3Json, kMistral. Call
+// ids are 9 letters and digits for kMistral, as Mistral's models were trained on.
+using tokenizer::ToolFormat;
+using tokenizer::ToolFormatFor;
 
 struct CompletionRequest {
   bool chat = false;
@@ -81,10 +73,7 @@ struct CompletionRequest {
   std::string tool_name;   // named: the function
   std::string tools_prompt;
   ToolFormat tool_format = ToolFormat::kHermes;
-  // kLlama3Json: tools_prompt goes before the first user message's text, and the system message starts with
-  // "Environment: ipython" (as Llama's template writes them); kMistral: it is the [AVAILABLE_TOOLS] JSON (a "tools"
-  // message for the mistral-v3 template); otherwise it is added to the system message.
-  bool tools_in_user_message = false;
+  // Where it goes: tokenizer::WithToolsPrompt (PromptMessages).
 };
 
 // Whether the body has fields whose key order matters (structured outputs, tools: a schema's members are generated

@@ -70,7 +70,7 @@ std::string ExtractDefaultSystem(const std::string& jinja) {
 // them gets SentencePiece's leading "\u2581" from the tokenizer, as mistral_common's encode(piece) does.
 // Roles: "tools" (the [AVAILABLE_TOOLS] JSON, written before the last user turn), "tool" (a [TOOL_RESULTS] JSON),
 // and assistant content that opens with [TOOL_CALLS] (written as is).
-std::string ApplyMistralV3(const std::vector<ChatMessage>& messages) {
+std::string ApplyMistralV3(const std::vector<ChatMessage>& messages, std::vector<std::pair<size_t, size_t>>* replies) {
   std::string system, tools;
   struct Turn {
     std::string role, content;
@@ -108,7 +108,9 @@ std::string ApplyMistralV3(const std::vector<ChatMessage>& messages) {
       if (i == last_user && !system.empty()) content = system + "\n\n" + content;
       out += "[INST]" + content + "[/INST]";
     } else if (t.role == "assistant") {
+      const size_t begin = out.size();
       out += RStrip(t.content, ' ') + "</s>";
+      if (replies) replies->push_back({begin, out.size()});
     } else if (t.role == "tool") {
       out += "[TOOL_RESULTS]" + t.content + "[/TOOL_RESULTS]";
     }
@@ -149,17 +151,27 @@ ChatTemplate ChatTemplate::Detect(const std::string& jinja) {
   return t;
 }
 
-std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                std::vector<std::pair<size_t, size_t>>* replies) const {
   std::string out;
+  if (replies) replies->clear();
+  size_t begin = 0;  // where the assistant turn being written starts its reply
+  auto reply_ends = [&] {
+    if (replies) replies->push_back({begin, out.size()});
+  };
   const size_t n = messages.size();
   const bool has_system = n > 0 && messages[0].role == "system";
   if (name_ == "chatml") {
     if (n > 0 && !has_system && !default_system_.empty()) {
       out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
     }
+    // Qwen3's jinja: the last user turn that is not a tool's result (a user turn in <tool_response> tags).
     size_t last_query = n == 0 ? 0 : n - 1;
     for (size_t i = n; i-- > 0;) {
-      if (messages[i].role == "user") {
+      const std::string& c = messages[i].content;
+      const bool tool_result = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                               c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+      if (messages[i].role == "user" && !tool_result) {
         last_query = i;
         break;
       }
@@ -177,25 +189,34 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
           reasoning = LStrip(open == std::string::npos ? before : before.substr(open + 7), '\n');
           content = LStrip(content.substr(last_close + 8), '\n');
         }
+        out += "<|im_start|>assistant\n";
+        begin = out.size();
         if (i > last_query && (i + 1 == n || !reasoning.empty())) {
-          out += "<|im_start|>assistant\n<think>\n" + Strip(reasoning, '\n') + "\n</think>\n\n" + LStrip(content, '\n');
+          out += "<think>\n" + Strip(reasoning, '\n') + "\n</think>\n\n" + LStrip(content, '\n');
         } else {
-          out += "<|im_start|>assistant\n" + content;
+          out += content;
         }
         out += "<|im_end|>\n";
+        reply_ends();
         continue;
       }
-      out += "<|im_start|>" + m.role + "\n" + content + "<|im_end|>\n";
+      out += "<|im_start|>" + m.role + "\n";
+      begin = out.size();
+      out += content + "<|im_end|>\n";
+      if (m.role == "assistant") reply_ends();
     }
     if (add_generation_prompt) out += "<|im_start|>assistant\n";
   } else if (name_ == "llama3") {
     out += "<|begin_of_text|>";
     for (const ChatMessage& m : messages) {
-      out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + Trim(m.content) + "<|eot_id|>";
+      out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
+      begin = out.size();
+      out += Trim(m.content) + "<|eot_id|>";
+      if (m.role == "assistant") reply_ends();
     }
     if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
   } else if (name_ == "mistral-v3") {
-    out = ApplyMistralV3(messages);
+    out = ApplyMistralV3(messages, replies);
   } else if (name_ == "llama2" || name_ == "mistral") {
     const bool llama2 = name_ == "llama2";
     if (!llama2) out += "<s>";
@@ -214,7 +235,9 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
           out += "[INST] " + content + " [/INST]";
         }
       } else if (m.role == "assistant") {
+        begin = out.size();
         out += llama2 ? " " + Trim(content) + " </s>" : content + "</s>";
+        reply_ends();
       }
       first = false;
     }
@@ -223,7 +246,12 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
     for (size_t i = has_system ? 1 : 0; i < n; ++i) {
       const ChatMessage& m = messages[i];
       if (m.role == "user") out += "### Instruction:\n" + m.content + "\n\n";
-      if (m.role == "assistant") out += "### Response:\n" + m.content + "\n\n";
+      if (m.role == "assistant") {
+        out += "### Response:\n";
+        begin = out.size();
+        out += m.content + "\n\n";
+        reply_ends();
+      }
     }
     if (add_generation_prompt) out += "### Response:\n";
   }

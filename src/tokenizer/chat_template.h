@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -30,7 +31,11 @@ class ChatTemplate {
   // with parse_special and without add_bos then (see text_has_bos()). Roles other than
   // system/user/assistant are rendered like user turns by chatml/llama3 and skipped by the rest, except
   // mistral-v3's "tool" ([TOOL_RESULTS]) and "tools" ([AVAILABLE_TOOLS], before the last user turn).
-  std::string Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // `replies`, when given, receives each assistant reply's [begin, end) in the text: what the model writes after
+  // the generation prompt (the content as the template writes it, and the end-of-turn text after it). Consecutive
+  // assistant messages a template merges into one turn (mistral-v3) are one reply.
+  std::string Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                    std::vector<std::pair<size_t, size_t>>* replies = nullptr) const;
   // True when Apply's text already starts with the BOS token text.
   bool text_has_bos() const {
     return name_ == "llama3" || name_ == "llama2" || name_ == "mistral" || name_ == "mistral-v3";

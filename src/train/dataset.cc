@@ -21,6 +21,49 @@ int64_t TokenizedSample::target_tokens() const {
 
 namespace {
 
+using ojson = nlohmann::ordered_json;
+
+// A sharegpt record's tools: a JSON list of function definitions ({"name", "description", "parameters"}, or
+// OpenAI's {"type": "function", "function": {...}}); one object is a list of one.
+Result<ojson> ParseTools(const std::string& text, const std::string& where) {
+  ojson tools = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (tools.is_object()) tools = ojson::array({tools});
+  const char* shape = " must be a JSON list of tools ({\"name\": ..., \"description\": ..., \"parameters\": {...}})";
+  if (!tools.is_array()) return Status::Error(where + shape);
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const ojson& f = t.is_object() && t.contains("function") ? t["function"] : t;
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty()) {
+      return Status::Error(where + shape + "; tool " + std::to_string(i) + " has no \"name\"");
+    }
+    if (f.contains("parameters") && !f["parameters"].is_object() && !f["parameters"].is_null()) {
+      return Status::Error(where + ": tool '" + f["name"].get<std::string>() + "' has \"parameters\" that are not a "
+                                   "JSON schema object");
+    }
+  }
+  return tools;
+}
+
+// A function_call message: {"name": ..., "arguments": {...}} or a list of them (parallel calls), as LLaMA-Factory
+// reads it; arguments given as a JSON string are read as the JSON they hold.
+Result<std::vector<tokenizer::ToolCallTurn>> ParseCalls(const std::string& text, const std::string& where) {
+  ojson calls = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (calls.is_object()) calls = ojson::array({calls});
+  const char* shape = " must be JSON: {\"name\": ..., \"arguments\": {...}} or a list of them";
+  if (!calls.is_array() || calls.empty()) return Status::Error(where + shape);
+  std::vector<tokenizer::ToolCallTurn> out;
+  for (const ojson& c : calls) {
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) return Status::Error(where + shape);
+    tokenizer::ToolCallTurn t;
+    t.name = c["name"].get<std::string>();
+    t.arguments = !c.contains("arguments") || c["arguments"].is_null() ? ojson::object()
+                  : c["arguments"].is_string() ? tokenizer::JsonOrText(c["arguments"].get<std::string>())
+                                               : c["arguments"];
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 std::string Col(const json& entry, const char* key, const char* def) {
   if (entry.contains("columns") && entry["columns"].is_object() && entry["columns"].contains(key) &&
       entry["columns"][key].is_string()) {
@@ -171,12 +214,9 @@ Result<std::vector<Example>> LoadExamples(const std::string& dataset_dir, const 
       }
       std::string system;
       LATHE_RETURN_IF_ERROR(StrField(r, Col(e, "system", "system"), where, &system));
-      std::string tools;
       std::string tools_col = Col(e, "tools", "tools");
-      if (r.contains(tools_col) && r[tools_col].is_string()) tools = r[tools_col].get<std::string>();
-      if (!tools.empty()) {
-        system += (system.empty() ? "" : "\n\n") + std::string("You have access to the following tools:\n") + tools;
-      }
+      LATHE_RETURN_IF_ERROR(StrField(r, tools_col, where, &ex.tools));
+      if (!ex.tools.empty()) LATHE_RETURN_IF_ERROR(ParseTools(ex.tools, where + ": field '" + tools_col + "'").status());
       for (const json& m : r[msg_col]) {
         if (!m.is_object() || !m.contains(role_tag) || !m[role_tag].is_string() || !m.contains(content_tag) ||
             !m[content_tag].is_string()) {
@@ -185,8 +225,11 @@ Result<std::vector<Example>> LoadExamples(const std::string& dataset_dir, const 
         std::string role = m[role_tag].get<std::string>(), content = m[content_tag].get<std::string>();
         if (role == system_tag) system = content;
         else if (role == user) ex.messages.push_back({"user", content});
-        else if (role == assistant || role == function) ex.messages.push_back({"assistant", content});
-        else if (role == observation) ex.messages.push_back({"tool", content});
+        else if (role == assistant) ex.messages.push_back({"assistant", content});
+        else if (role == function) {
+          LATHE_RETURN_IF_ERROR(ParseCalls(content, where + ": a '" + function + "' message").status());
+          ex.messages.push_back({kFunctionCall, content});
+        } else if (role == observation) ex.messages.push_back({kObservation, content});
         else return Status::Error(where + ": unknown role '" + role + "'");
       }
       if (ranking) {  // sft on a preference dataset: learn the chosen answer
@@ -217,24 +260,42 @@ std::pair<int64_t, int64_t> InferSeqLen(int64_t source_len, int64_t target_len, 
   return {new_source, new_target};
 }
 
+Result<std::vector<tokenizer::ChatMessage>> ChatMessages(const Example& ex, const tokenizer::ChatTemplate& tmpl) {
+  const tokenizer::ToolFormat format = tokenizer::ToolFormatFor(tmpl.name());
+  std::vector<tokenizer::ChatMessage> out;
+  std::string prev;
+  for (const tokenizer::ChatMessage& m : ex.messages) {
+    if (m.role == kFunctionCall) {
+      LATHE_ASSIGN_OR_RETURN(auto calls, ParseCalls(m.content, ex.source + ": a function_call message"));
+      out.push_back({"assistant", tokenizer::ToolCallsText(format, "", calls)});
+    } else if (m.role == kObservation) {
+      tokenizer::AppendToolResult(format, m.content, "", prev == kObservation, &out);
+    } else {
+      out.push_back(m);
+    }
+    prev = m.role;
+  }
+  if (ex.tools.empty()) return out;
+  LATHE_ASSIGN_OR_RETURN(ojson tools, ParseTools(ex.tools, ex.source + ": tools"));
+  if (tools.empty()) return out;
+  return tokenizer::WithToolsPrompt(std::move(out), format, tokenizer::ToolsPrompt(format, tools), tmpl);
+}
+
 Result<TokenizedSample> EncodeConversation(const Example& ex, const tokenizer::Tokenizer& tok,
                                            const tokenizer::ChatTemplate& tmpl, int64_t cutoff_len,
                                            bool train_on_prompt, bool mask_history, bool* truncated) {
-  // Split the rendered conversation into (prompt, response) text pairs, one per assistant turn:
-  // the prompt runs from the previous turn's end to where the reply begins.
+  LATHE_ASSIGN_OR_RETURN(const std::vector<tokenizer::ChatMessage> messages, ChatMessages(ex, tmpl));
+  // Split the rendered conversation into (prompt, response) text pairs, one per assistant reply: the prompt runs
+  // from the previous reply's end to where this reply begins. The whole conversation is rendered once, as the
+  // template renders it for the model (system text or tools placed late, as mistral-v3 does, or Qwen3's think
+  // blocks on the last turns, are where they would be).
+  std::vector<std::pair<size_t, size_t>> replies;
+  const std::string text = tmpl.Apply(messages, false, &replies);
   std::vector<std::pair<std::string, std::string>> pairs;
-  std::string done;
-  for (size_t k = 0; k < ex.messages.size(); ++k) {
-    if (ex.messages[k].role != "assistant") continue;
-    std::vector<tokenizer::ChatMessage> head(ex.messages.begin(), ex.messages.begin() + k);
-    std::vector<tokenizer::ChatMessage> upto(ex.messages.begin(), ex.messages.begin() + k + 1);
-    std::string prompt = tmpl.Apply(head, true), full = tmpl.Apply(upto, false);
-    if (prompt.compare(0, done.size(), done) != 0 || full.compare(0, prompt.size(), prompt) != 0) {
-      return Status::Error(ex.source + ": the '" + tmpl.name() + "' template does not render this conversation as "
-                                       "a sequence of turns (a later turn changes earlier text)");
-    }
-    pairs.push_back({prompt.substr(done.size()), full.substr(prompt.size())});
-    done = full;
+  size_t done = 0;
+  for (const auto& [begin, end] : replies) {
+    pairs.push_back({text.substr(done, begin - done), text.substr(begin, end - begin)});
+    done = end;
   }
   if (pairs.empty()) return Status::Error(ex.source + ": no assistant turn to train on");
   const bool add_eos = tmpl.name() == "alpaca";  // the other templates end a turn with a stop token

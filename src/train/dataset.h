@@ -12,15 +12,22 @@
 #include "core/status.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tool_turns.h"
 #include "train/train_config.h"
 
 namespace lathe::train {
 
 constexpr int32_t kIgnoreIndex = -100;
 
+// Roles of sharegpt's tool turns in Example::messages, written in the template's tool format by ChatMessages: a
+// function call (content: {"name", "arguments"} or a list of them, as JSON) and an observation (a tool's result).
+inline constexpr char kFunctionCall[] = "function_call";
+inline constexpr char kObservation[] = "observation";
+
 // One record after format conversion: a conversation (sft) or a text (pt).
 struct Example {
   std::vector<tokenizer::ChatMessage> messages;  // may start with a system message
+  std::string tools;  // sharegpt: the tools the conversation may call (a JSON list), empty when none
   std::string text;
   std::string source;  // "file.json#12", for error messages
 };
@@ -46,7 +53,12 @@ Result<std::vector<Example>> LoadExamples(const std::string& dataset_dir, const 
 // LLaMA-Factory's split of a cutoff budget between a turn's prompt and response.
 std::pair<int64_t, int64_t> InferSeqLen(int64_t source_len, int64_t target_len, int64_t cutoff_len);
 
-// Tokenizes a conversation: every assistant turn is a target (only the last with mask_history),
+// The messages the chat template renders for an example: tool calls, results and the tools themselves written
+// as the template's model family writes them (tokenizer/tool_turns.h), so the model learns the format it is served
+// with.
+Result<std::vector<tokenizer::ChatMessage>> ChatMessages(const Example& ex, const tokenizer::ChatTemplate& tmpl);
+
+// Tokenizes a conversation (ChatMessages, rendered once): every assistant turn is a target (only the last with mask_history),
 // the rest masked unless train_on_prompt.
 Result<TokenizedSample> EncodeConversation(const Example& ex, const tokenizer::Tokenizer& tok,
                                            const tokenizer::ChatTemplate& tmpl, int64_t cutoff_len,

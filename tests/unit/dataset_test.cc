@@ -53,7 +53,8 @@ TEST(Dataset, LoadsRegistryFormats) {
   std::set<std::string> roles;
   for (const auto& ex : *glaive)
     for (const auto& m : ex.messages) roles.insert(m.role);
-  EXPECT_EQ(roles, (std::set<std::string>{"system", "user", "assistant", "tool"}));
+  EXPECT_EQ(roles, (std::set<std::string>{"user", "assistant", "function_call", "observation"}));
+  EXPECT_FALSE((*glaive)[0].tools.empty());
   auto pt = LoadExamples(DataDir(), "c4_demo", "pt", 0);
   ASSERT_TRUE(pt.ok()) << pt.status().message();
   EXPECT_EQ(pt->size(), 300u);

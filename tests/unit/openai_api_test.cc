@@ -85,7 +85,7 @@ TEST(OpenAiApi, ParsesForcedToolCalls) {
   EXPECT_TRUE(Accepts(r.grammar, R"({"name": "ping", "arguments": {}})"));
   EXPECT_FALSE(Accepts(r.grammar, R"({"name": "ping", "arguments": {"city": "Paris"}})"));
   EXPECT_FALSE(Accepts(r.grammar, R"({"name": "other", "arguments": {}})"));
-  EXPECT_NE(r.tools_prompt.find(R"("name":"get_weather")"), std::string::npos) << r.tools_prompt;
+  EXPECT_NE(r.tools_prompt.find(R"("name": "get_weather")"), std::string::npos) << r.tools_prompt;
   auto calls = ToolCallsFromText(r, R"({"name": "get_weather", "arguments": {"city": "Paris"}})", "call_1");
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].name, "get_weather");
@@ -111,7 +111,7 @@ TEST(OpenAiApi, ParsesForcedToolCalls) {
       {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]})",
                      true, &r));
   ASSERT_EQ(r.messages.size(), 3u);
-  EXPECT_EQ(r.messages[1].content, "<tool_call>\n{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}\n</tool_call>");
+  EXPECT_EQ(r.messages[1].content, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
   EXPECT_EQ(r.messages[2].role, "user");
   EXPECT_EQ(r.messages[2].content, "<tool_response>\n18 C\n</tool_response>");
   // The response: content null, tool_calls with the arguments as a string.
@@ -168,7 +168,12 @@ TEST(OpenAiApi, ParsesLlama3ToolCalls) {
   EXPECT_EQ(r.tool_mode, "auto");
   EXPECT_EQ(r.sampling.grammar_trigger, "{");
   EXPECT_TRUE(r.sampling.grammar_trigger_at_start);
-  EXPECT_TRUE(r.tools_in_user_message);
+  auto llama = lathe::tokenizer::ChatTemplate::ByName("llama3");
+  ASSERT_TRUE(llama.ok());
+  const auto prompt = PromptMessages(r, *llama);  // tools in the first user message
+  ASSERT_EQ(prompt.size(), 2u);
+  EXPECT_EQ(prompt[0].content, "Environment: ipython\n");
+  EXPECT_EQ(prompt[1].content, r.tools_prompt + "Paris?");
   EXPECT_EQ(r.tools_prompt.rfind("Given the following functions, please respond with a JSON", 0), 0u) << r.tools_prompt;
   EXPECT_NE(r.tools_prompt.find("    \"type\": \"function\""), std::string::npos) << r.tools_prompt;  // indent 4
   // The grammar covers the whole reply from its "{": calls joined by ";", with "parameters".
@@ -189,7 +194,7 @@ TEST(OpenAiApi, ParsesLlama3ToolCalls) {
                              true, &r, nullptr, ToolFormat::kLlama3Json);
   ASSERT_FALSE(e);
   EXPECT_EQ(r.messages[1].content,
-            R"({"name":"get_weather","parameters":{"city":"Paris"}}; {"name":"ping","parameters":{}})");
+            R"({"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "ping", "parameters": {}})");
   EXPECT_EQ(r.messages[2].role, "ipython");
   EXPECT_EQ(r.messages[2].content, "18 C");
   // "required" reads "parameters" back.
