@@ -2,6 +2,11 @@
 // family's jinja produces, detection from a jinja's markers, and default system prompt extraction.
 #include "tokenizer/chat_template.h"
 
+#include <cstdio>
+#include <ctime>
+
+#include "tokenizer/tool_turns.h"
+
 namespace lathe::tokenizer {
 namespace {
 
@@ -139,6 +144,19 @@ ChatTemplate ChatTemplate::Detect(const std::string& jinja) {
     t.think_blocks_ = jinja.find("<think>") != std::string::npos && jinja.find("reasoning_content") != std::string::npos;
   } else if (jinja.find("<|start_header_id|>") != std::string::npos) {
     t.name_ = "llama3";
+    if (jinja.find("Cutting Knowledge Date") != std::string::npos) {
+      t.date_ = "26 Jul 2024";
+      if (jinja.find("strftime_now") != std::string::npos) {
+        char buf[32];
+        const std::time_t now = std::time(nullptr);
+        std::tm tm{};
+        gmtime_r(&now, &tm);
+        static const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                        "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+        std::snprintf(buf, sizeof buf, "%02d %s %04d", tm.tm_mday, kMonths[tm.tm_mon], tm.tm_year + 1900);
+        t.date_ = buf;
+      }
+    }
   } else if (jinja.find("[INST]") != std::string::npos) {
     t.name_ = jinja.find("<<SYS>>") != std::string::npos           ? "llama2"
               : jinja.find("[AVAILABLE_TOOLS]") != std::string::npos ? "mistral-v3"
@@ -208,10 +226,26 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
     if (add_generation_prompt) out += "<|im_start|>assistant\n";
   } else if (name_ == "llama3") {
     out += "<|begin_of_text|>";
-    for (const ChatMessage& m : messages) {
+    size_t i = 0;
+    const bool ipython = n > 0 && messages[0].role == "environment";
+    if (ipython) ++i;
+    const bool system = i < n && messages[i].role == "system";
+    const std::string env = ipython ? "Environment: ipython\n" : "";
+    if (!date_.empty()) {  // Llama 3.1-3.3's jinja: a system turn always, the cutoff and date lines before the text
+      out += "<|start_header_id|>system<|end_header_id|>\n\n" + env + "Cutting Knowledge Date: December 2023\nToday Date: " +
+             date_ + "\n\n" + (system ? Trim(messages[i].content) : std::string()) + "<|eot_id|>";
+    } else if (ipython || system) {
+      out += "<|start_header_id|>system<|end_header_id|>\n\n" + Trim(env + (system ? messages[i].content : "")) +
+             "<|eot_id|>";
+    }
+    if (system) ++i;
+    for (; i < n; ++i) {
+      const ChatMessage& m = messages[i];
       out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
       begin = out.size();
-      out += Trim(m.content) + "<|eot_id|>";
+      // Llama 3.1's jinja writes a tool's result with tojson: a string result becomes a JSON string.
+      out += (m.role == "ipython" && !date_.empty() ? PyJson(nlohmann::ordered_json(m.content)) : Trim(m.content)) +
+             "<|eot_id|>";
       if (m.role == "assistant") reply_ends();
     }
     if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";

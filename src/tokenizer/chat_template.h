@@ -30,7 +30,8 @@ class ChatTemplate {
   // BOS (llama3: "<|begin_of_text|>", llama2/mistral: "<s>") include it in the text: tokenize
   // with parse_special and without add_bos then (see text_has_bos()). Roles other than
   // system/user/assistant are rendered like user turns by chatml/llama3 and skipped by the rest, except
-  // mistral-v3's "tool" ([TOOL_RESULTS]) and "tools" ([AVAILABLE_TOOLS], before the last user turn).
+  // mistral-v3's "tool" ([TOOL_RESULTS]) and "tools" ([AVAILABLE_TOOLS], before the last user turn), and llama3's
+  // "environment" (first, "ipython": the system turn opens with "Environment: ipython") and "ipython" (a result).
   // `replies`, when given, receives each assistant reply's [begin, end) in the text: what the model writes after
   // the generation prompt (the content as the template writes it, and the end-of-turn text after it). Consecutive
   // assistant messages a template merges into one turn (mistral-v3) are one reply.
@@ -43,6 +44,15 @@ class ChatTemplate {
   // Strings that end an assistant turn (e.g. "<|im_end|>"), for stop detection.
   std::vector<std::string> StopStrings() const;
   const std::string& default_system() const { return default_system_; }
+  // Llama 3.1-3.3 (a jinja that writes "Cutting Knowledge Date"): every prompt opens with a system turn holding the
+  // knowledge cutoff and "Today Date: <date>", and tool results are written as JSON strings. The date is the
+  // jinja's fixed "26 Jul 2024", or today's ("07 Dec 2026") for one that asks strftime_now (Llama 3.2), as
+  // transformers renders it. Empty for other templates.
+  const std::string& date() const { return date_; }
+  // Pins the date (training pins the jinja's own fallback so a run's tokens do not change from day to day).
+  void set_date(const std::string& date) {
+    if (!date_.empty()) date_ = date;
+  }
 
  private:
   std::string name_;
@@ -50,6 +60,7 @@ class ChatTemplate {
   // Qwen3-style chatml: the final assistant turn (after the last user turn) is written with a
   // <think>...</think> block, and reasoning in earlier turns is dropped.
   bool think_blocks_ = false;
+  std::string date_;
 };
 
 }  // namespace lathe::tokenizer

@@ -37,6 +37,13 @@ void PyJsonTo(const ojson& j, std::string* out) {
   }
 }
 
+// Python's str.strip() for ASCII whitespace (jinja's trim).
+std::string Trim(const std::string& s) {
+  const char* ws = " \t\n\r\v\f";
+  const size_t b = s.find_first_not_of(ws);
+  return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
 constexpr char kToolResponseOpen[] = "<tool_response>\n";
 constexpr char kToolResponseClose[] = "\n</tool_response>";
 
@@ -157,15 +164,18 @@ std::vector<ChatMessage> WithToolsPrompt(std::vector<ChatMessage> messages, Tool
     messages.push_back({"tools", tools_prompt});  // the template writes it before the last user message
     return messages;
   }
-  if (messages.empty() || messages[0].role != "system") messages.insert(messages.begin(), {"system", tmpl.default_system()});
-  if (format == ToolFormat::kLlama3Json) {
-    messages[0].content = "Environment: ipython\n" + messages[0].content;
+  if (format == ToolFormat::kLlama3Json) {  // Llama 3.1's jinja: tools_in_user_message (its default)
     auto user = std::find_if(messages.begin(), messages.end(), [](const auto& m) { return m.role == "user"; });
     if (user != messages.end()) {
-      user->content = tools_prompt + user->content;
-      return messages;
+      user->content = tools_prompt + Trim(user->content);
+    } else {  // no user message (the jinja refuses): after the system text
+      if (messages.empty() || messages[0].role != "system") messages.insert(messages.begin(), {"system", ""});
+      messages[0].content += (messages[0].content.empty() ? "" : "\n\n") + tools_prompt;
     }
+    messages.insert(messages.begin(), {"environment", "ipython"});
+    return messages;
   }
+  if (messages.empty() || messages[0].role != "system") messages.insert(messages.begin(), {"system", tmpl.default_system()});
   messages[0].content += (messages[0].content.empty() ? "" : "\n\n") + tools_prompt;
   return messages;
 }

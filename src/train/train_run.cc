@@ -65,6 +65,9 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   const double rss_loaded = (double)monitor::ProcessRssBytes();
   const tokenizer::Tokenizer& tok = *lm.tokenizer;
   if (c.template_name.empty()) tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
+  // A Llama 3.2 jinja writes today's date into every prompt; training pins its own fallback date so the samples
+  // (and a resumed run's losses) do not depend on the day.
+  tmpl.set_date("26 Jul 2024");
   if (o.log) {
     std::fprintf(o.log, "model: %s (%s) %s\n", c.model_name_or_path.c_str(), lm.format.c_str(),
                  lm.weights.config.Summary().c_str());

@@ -172,8 +172,11 @@ TEST(OpenAiApi, ParsesLlama3ToolCalls) {
   ASSERT_TRUE(llama.ok());
   const auto prompt = PromptMessages(r, *llama);  // tools in the first user message
   ASSERT_EQ(prompt.size(), 2u);
-  EXPECT_EQ(prompt[0].content, "Environment: ipython\n");
+  EXPECT_EQ(prompt[0].role, "environment");
   EXPECT_EQ(prompt[1].content, r.tools_prompt + "Paris?");
+  EXPECT_EQ(llama->Apply(prompt, true), "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: "
+                                        "ipython<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n" +
+                                            r.tools_prompt + "Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
   EXPECT_EQ(r.tools_prompt.rfind("Given the following functions, please respond with a JSON", 0), 0u) << r.tools_prompt;
   EXPECT_NE(r.tools_prompt.find("    \"type\": \"function\""), std::string::npos) << r.tools_prompt;  // indent 4
   // The grammar covers the whole reply from its "{": calls joined by ";", with "parameters".
