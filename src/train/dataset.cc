@@ -64,6 +64,24 @@ Result<std::vector<tokenizer::ToolCallTurn>> ParseCalls(const std::string& text,
   return out;
 }
 
+// A call's id for formats that write them (Mistral's v3: 9 letters and digits, which mistral_common's fine-tuning
+// mode requires of every call and result): FNV-1a of the call message's text and the call's place in it (mixed by
+// MurmurHash3's finalizer), so a
+// record's ids never change between runs.
+std::string CallId(const std::string& call_text, size_t k) {
+  static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : call_text + "#" + std::to_string(k)) h = (h ^ c) * 1099511628211ull;
+  h ^= h >> 33;  // MurmurHash3's finalizer: every digit depends on every byte
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  std::string id;
+  for (int i = 0; i < 9; ++i, h /= 62) id += kAlnum[h % 62];
+  return id;
+}
+
 std::string Col(const json& entry, const char* key, const char* def) {
   if (entry.contains("columns") && entry["columns"].is_object() && entry["columns"].contains(key) &&
       entry["columns"][key].is_string()) {
@@ -264,12 +282,18 @@ Result<std::vector<tokenizer::ChatMessage>> ChatMessages(const Example& ex, cons
   const tokenizer::ToolFormat format = tokenizer::ToolFormatFor(tmpl.name());
   std::vector<tokenizer::ChatMessage> out;
   std::string prev;
+  std::vector<std::string> ids;  // the last call turn's ids: the results after it answer them in order
+  size_t answered = 0;
   for (const tokenizer::ChatMessage& m : ex.messages) {
     if (m.role == kFunctionCall) {
       LATHE_ASSIGN_OR_RETURN(auto calls, ParseCalls(m.content, ex.source + ": a function_call message"));
+      ids.clear();
+      answered = 0;
+      for (size_t k = 0; k < calls.size(); ++k) ids.push_back(calls[k].id = CallId(m.content, k));
       out.push_back({"assistant", tokenizer::ToolCallsText(format, "", calls)});
     } else if (m.role == kObservation) {
-      tokenizer::AppendToolResult(format, m.content, "", prev == kObservation, &out);
+      const std::string id = answered < ids.size() ? ids[answered++] : "";
+      tokenizer::AppendToolResult(format, m.content, id, prev == kObservation, &out);
     } else {
       out.push_back(m);
     }

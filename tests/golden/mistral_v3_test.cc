@@ -18,6 +18,7 @@
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "train/dataset.h"
 
 namespace lathe {
 namespace {
@@ -45,6 +46,48 @@ TEST(MistralV3Golden, RequestsTokenizeAsMistralCommonEncodesThem) {
     const std::vector<int32_t> ids = (*tok)->Encode(text, /*add_bos=*/false, /*parse_special=*/true);
     const std::vector<int32_t> want = c["tokens"].get<std::vector<int32_t>>();
     EXPECT_EQ(ids, want) << name << "\nours:   " << text << "\ntheirs: " << c["text"].get<std::string>();
+  }
+}
+
+// Training on tool data: LLaMA-Factory sharegpt records (function_call / observation turns, tools), loaded as
+// `lathe train` loads them for a mistral-v3 model, tokenize to the ids mistral_common's fine-tuning mode gives the
+// same conversation (system prompt and tools before the last user turn, ids on every call and result), and the
+// labels are the assistant turns: replies and calls with their </s>, nothing of the results.
+TEST(MistralV3Golden, SharegptToolDataTokenizesAsMistralCommonFinetuning) {
+  const std::string path = lathe::testing::MistralV3TokenizerPath();
+  LATHE_REQUIRE_FILE(path);
+  auto tok = tokenizer::Tokenizer::FromSentencePieceModel(path);
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  auto tmpl = tokenizer::ChatTemplate::ByName("mistral-v3");
+  ASSERT_TRUE(tmpl.ok());
+  std::ifstream f(lathe::testing::SourceDir() + "/tests/golden/fixtures/mistral_v3/cases.json");
+  const auto fixture = nlohmann::ordered_json::parse(f);
+  const auto& cases = fixture["training"];
+  ASSERT_GE(cases.size(), 3u);
+  lathe::testing::ScopedTempDir dir;
+  nlohmann::ordered_json records = nlohmann::ordered_json::array();
+  for (const auto& c : cases) records.push_back(c["record"]);
+  std::ofstream(dir.path + "/tools.json") << records.dump();
+  std::ofstream(dir.path + "/dataset_info.json")
+      << R"({"tool_demo": {"file_name": "tools.json", "formatting": "sharegpt", "columns": {"messages":
+            "conversations", "system": "system", "tools": "tools"}}})";
+  auto examples = train::LoadExamples(dir.path, "tool_demo", "sft", 0);
+  ASSERT_TRUE(examples.ok()) << examples.status().message();
+  ASSERT_EQ(examples->size(), cases.size());
+  const int32_t results = (*tok)->Encode("[TOOL_RESULTS]", false, true).at(0);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string name = cases[i]["name"].get<std::string>();
+    bool truncated = false;
+    auto s = train::EncodeConversation((*examples)[i], **tok, *tmpl, 4096, false, false, &truncated);
+    ASSERT_TRUE(s.ok()) << name << ": " << s.status().message();
+    EXPECT_EQ(s->input_ids, cases[i]["tokens"].get<std::vector<int32_t>>()) << name << "\ntheirs: " << cases[i]["text"];
+    // Targets: every token from an assistant turn's start to its </s>; never a result's.
+    ASSERT_EQ(s->labels.size(), s->input_ids.size());
+    EXPECT_EQ(s->labels.back(), (*tok)->eos_id()) << name;
+    for (size_t t = 0; t < s->input_ids.size(); ++t) {
+      if (s->input_ids[t] == results) EXPECT_EQ(s->labels[t], train::kIgnoreIndex) << name << " token " << t;
+    }
+    EXPECT_GT(s->target_tokens(), 10) << name;
   }
 }
 
