@@ -2,7 +2,7 @@
 // through a dataset_info.json registry as alpaca (.json array or .jsonl, with system / history
 // columns), sharegpt (from/value), OpenAI-style messages (role/content tags) or plain text (.txt,
 // `pt`), then rendered with a chat template, tokenized with labels masked, cut to cutoff_len and
-// packed. The first byte picks the dataset entry, template, cutoff and flags; the rest is the
+// packed; sharegpt's tool turns (function_call / observation, tools) in each template's tool format. The first byte picks the dataset entry, template, cutoff and flags; the rest is the
 // file. Any bytes must give examples or an error naming the file, never crash or hit UB.
 #include <unistd.h>
 
@@ -78,7 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t f = data[0];
   static const char* kNames[] = {"alpaca_json", "alpaca_jsonl", "sharegpt", "openai", "text"};
   static const char* kFiles[] = {"data.json", "data.jsonl", "data.json", "data.jsonl", "data.txt"};
-  static const char* kTemplates[] = {"chatml", "llama3", "llama2", "mistral", "alpaca"};
+  static const char* kTemplates[] = {"chatml", "llama3", "llama2", "mistral", "alpaca", "mistral-v3"};
   const int which = f % 5;
   fuzz::WriteFile(s.dir + "/" + kFiles[which], data + 1, size - 1);
   const bool pt = which == 4;
@@ -90,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)train::Pack(std::move(samples), cutoff);
     return 0;
   }
-  auto tmpl = tokenizer::ChatTemplate::ByName(kTemplates[(f >> 3) % 5]);
+  auto tmpl = tokenizer::ChatTemplate::ByName(kTemplates[(f >> 3) % 6]);
   if (!tmpl.ok()) std::abort();
   std::vector<train::TokenizedSample> samples;
   for (const train::Example& e : *ex) {

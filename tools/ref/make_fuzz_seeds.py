@@ -129,6 +129,14 @@ def datasets():
                                    {"from": "human", "value": "Bye"}, {"from": "gpt", "value": "Bye."}],
                  "system": "You are kind."}]
     write("dataset", "sharegpt.json", bytes([2 | 0x08 | 0x20]) + json.dumps(sharegpt).encode())
+    # Tool turns (LLaMA-Factory's glaive_toolcall shape): chatml (Hermes) and mistral-v3 (call ids) renderings.
+    tools = [{"conversations": [{"from": "human", "value": "Weather?"},
+                                {"from": "function_call", "value": json.dumps({"name": "w", "arguments": {"c": "P"}})},
+                                {"from": "observation", "value": "sun"}, {"from": "gpt", "value": "Sunny."}],
+              "tools": json.dumps([{"name": "w", "description": "d",
+                                    "parameters": {"type": "object", "properties": {"c": {"type": "string"}}}}])}]
+    write("dataset", "sharegpt_tools.json", bytes([2 | 0x30]) + json.dumps(tools).encode())
+    write("dataset", "sharegpt_tools_mistral.json", bytes([2 | 0x28]) + json.dumps(tools).encode())
     openai = [{"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q?"},
                             {"role": "assistant", "content": "A."}]}]
     write("dataset", "openai.jsonl", bytes([3 | 0x30]) + "\n".join(json.dumps(r) for r in openai).encode())
