@@ -15,6 +15,7 @@
 #include "serve/engine.h"
 #include "server/http_server.h"
 #include "server/openai_api.h"
+#include "sharegpt_util.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -23,6 +24,12 @@
 namespace lathe {
 namespace {
 
+nlohmann::ordered_json MistralFixture() {
+  std::ifstream f(lathe::testing::SourceDir() + "/tests/golden/fixtures/mistral_v3/cases.json");
+  EXPECT_TRUE(f.good());
+  return nlohmann::ordered_json::parse(f);
+}
+
 TEST(MistralV3Golden, RequestsTokenizeAsMistralCommonEncodesThem) {
   const std::string path = lathe::testing::MistralV3TokenizerPath();
   LATHE_REQUIRE_FILE(path);
@@ -30,9 +37,7 @@ TEST(MistralV3Golden, RequestsTokenizeAsMistralCommonEncodesThem) {
   ASSERT_TRUE(tok.ok()) << tok.status().message();
   auto tmpl = tokenizer::ChatTemplate::ByName("mistral-v3");
   ASSERT_TRUE(tmpl.ok());
-  std::ifstream f(lathe::testing::SourceDir() + "/tests/golden/fixtures/mistral_v3/cases.json");
-  ASSERT_TRUE(f.good());
-  const auto fixture = nlohmann::ordered_json::parse(f);
+  const auto fixture = MistralFixture();
   ASSERT_GE(fixture["cases"].size(), 10u);
   for (const auto& c : fixture["cases"]) {
     const std::string name = c["name"].get<std::string>();
@@ -60,18 +65,13 @@ TEST(MistralV3Golden, SharegptToolDataTokenizesAsMistralCommonFinetuning) {
   ASSERT_TRUE(tok.ok()) << tok.status().message();
   auto tmpl = tokenizer::ChatTemplate::ByName("mistral-v3");
   ASSERT_TRUE(tmpl.ok());
-  std::ifstream f(lathe::testing::SourceDir() + "/tests/golden/fixtures/mistral_v3/cases.json");
-  const auto fixture = nlohmann::ordered_json::parse(f);
+  const auto fixture = MistralFixture();
   const auto& cases = fixture["training"];
   ASSERT_GE(cases.size(), 3u);
   lathe::testing::ScopedTempDir dir;
   nlohmann::ordered_json records = nlohmann::ordered_json::array();
   for (const auto& c : cases) records.push_back(c["record"]);
-  std::ofstream(dir.path + "/tools.json") << records.dump();
-  std::ofstream(dir.path + "/dataset_info.json")
-      << R"({"tool_demo": {"file_name": "tools.json", "formatting": "sharegpt", "columns": {"messages":
-            "conversations", "system": "system", "tools": "tools"}}})";
-  auto examples = train::LoadExamples(dir.path, "tool_demo", "sft", 0);
+  auto examples = lathe::testing::LoadSharegptRecords(dir.path, records);
   ASSERT_TRUE(examples.ok()) << examples.status().message();
   ASSERT_EQ(examples->size(), cases.size());
   const int32_t results = (*tok)->Encode("[TOOL_RESULTS]", false, true).at(0);

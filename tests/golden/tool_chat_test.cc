@@ -12,6 +12,7 @@
 
 #include "model/loader.h"
 #include "server/openai_api.h"
+#include "sharegpt_util.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tool_turns.h"
@@ -74,11 +75,7 @@ TEST(ToolChatGolden, SharegptToolDataRendersAsTheFamilysJinja) {
     ojson records = ojson::array();
     for (const auto& c : t["training"]) records.push_back(c["record"]);
     ASSERT_FALSE(records.empty());
-    std::ofstream(dir.path + "/tools.json") << records.dump();
-    std::ofstream(dir.path + "/dataset_info.json")
-        << R"({"tool_demo": {"file_name": "tools.json", "formatting": "sharegpt", "columns": {"messages":
-              "conversations", "system": "system", "tools": "tools"}}})";
-    auto examples = train::LoadExamples(dir.path, "tool_demo", "sft", 0);
+    auto examples = lathe::testing::LoadSharegptRecords(dir.path, records);
     ASSERT_TRUE(examples.ok()) << examples.status().message();
     ASSERT_EQ(examples->size(), records.size());
     for (size_t i = 0; i < records.size(); ++i) {
