@@ -16,6 +16,7 @@
 #include "model/lora.h"
 #include "serve/engine.h"
 #include "server/http_server.h"
+#include "server/openai_api.h"
 
 namespace lathe::cli {
 
@@ -102,11 +103,18 @@ int RunServe(int argc, char** argv) {
             "(events accumulate while serving: for a bounded session)");
   args.Flag("--chat-template",
             "chat template name overriding the model's (chatml, llama3, llama2, mistral, mistral-v3, alpaca)");
+  args.Flag("--reasoning-parser",
+            "split a chat reply's reasoning into message.reasoning_content, as vLLM's parser of that name: qwen3 "
+            "(<think>...</think>)");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("serve", st);
   if (args.help_requested()) {
     std::printf("%s", args.Help().c_str());
     return 0;
+  }
+  if (args.Has("reasoning-parser")) {
+    const std::string err = server::CheckReasoningParser(args.Get("reasoning-parser"));
+    if (!err.empty()) return Fail("serve", Status::Error("--reasoning-parser: " + err));
   }
   serve::EngineConfig ec;
   auto port = args.Int("port");
@@ -202,6 +210,7 @@ int RunServe(int argc, char** argv) {
   so.host = args.Get("host");
   so.port = (int)*port;
   so.api_key = args.Get("api-key");
+  so.reasoning_parser = args.Get("reasoning-parser");
   if (args.Has("served-model-name")) {
     so.model_name = args.Get("served-model-name");
   } else {

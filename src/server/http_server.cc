@@ -68,6 +68,7 @@ struct ChoiceState {
   Choice choice;
   std::string raw;   // tool calling: the generated text (choice.text is the content)
   std::unique_ptr<ToolCallReader> reader;  // tool_choice "auto"
+  std::unique_ptr<ReasoningReader> reasoning;  // chat with --reasoning-parser
 };
 
 }  // namespace
@@ -275,7 +276,10 @@ struct HttpServer::Impl {
     std::vector<std::vector<int32_t>> prompt_ids;
     if (chat) {
       const std::vector<tokenizer::ChatMessage> messages = PromptMessages(r, tmpl);
-      prompt_ids.push_back(tok.Encode(tmpl.Apply(messages, true), tok.add_bos() && !tmpl.text_has_bos(), true));
+      std::string prompt = tmpl.Apply(messages, true);
+      // Qwen3's jinja with enable_thinking false: an empty think block closes the prompt.
+      if (!r.enable_thinking && tmpl.think_blocks()) prompt += "<think>\n\n</think>\n\n";
+      prompt_ids.push_back(tok.Encode(prompt, tok.add_bos() && !tmpl.text_has_bos(), true));
     } else {
       for (const auto& p : r.prompts) prompt_ids.push_back(p.is_ids ? p.ids : tok.Encode(p.text, tok.add_bos(), true));
     }
@@ -372,6 +376,9 @@ struct HttpServer::Impl {
     }
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     auto call_id = [id](int c) { return "call_" + id.substr(id.find('-') + 1) + "_" + std::to_string(c) + "_"; };
+    if (chat && !opt.reasoning_parser.empty()) {
+      for (int c = 0; c < n_choices; ++c) (*states)[c].reasoning = std::make_unique<ReasoningReader>();
+    }
     if (r.tool_mode == "auto") {
       for (int c = 0; c < n_choices; ++c) {
         (*states)[c].reader = std::make_unique<ToolCallReader>(call_id(c), r.tool_format);
@@ -436,6 +443,12 @@ struct HttpServer::Impl {
       if (!cs.echo.empty()) {
         text = cs.echo + text;
         cs.echo.clear();
+      }
+      if (cs.reasoning) {  // the reasoning goes to its own field; what follows sees the content alone
+        std::string content;
+        cs.reasoning->Update(text, !delta->finish_reason.empty(), &delta->reasoning, &content);
+        cs.choice.reasoning += delta->reasoning;
+        text = std::move(content);
       }
       if (!delta->finish_reason.empty()) cs.choice.finish_reason = delta->finish_reason;
       cs.choice.logprobs.insert(cs.choice.logprobs.end(), delta->logprobs.begin(), delta->logprobs.end());
@@ -551,8 +564,8 @@ struct HttpServer::Impl {
           }
           Choice d;
           apply(ev, &d);
-          if (d.text.empty() && d.finish_reason.empty() && !(*first)[d.index] && d.logprobs.empty() &&
-              d.tool_calls.empty())
+          if (d.text.empty() && d.reasoning.empty() && d.finish_reason.empty() && !(*first)[d.index] &&
+              d.logprobs.empty() && d.tool_calls.empty())
             return true;
           std::string out = SseEvent(CompletionChunk(id, created, model, d, chat, (*first)[d.index]));
           (*first)[d.index] = false;

@@ -21,6 +21,8 @@ struct ServerOptions {
   std::string model_name = "lathe";
   std::string api_key;     // when set, requests need "Authorization: Bearer <key>"
   int http_threads = 128;  // each streaming response holds one
+  // vLLM's --reasoning-parser ("qwen3", or "" for none): chat replies' <think> blocks go to reasoning_content.
+  std::string reasoning_parser;
   // LoRA adapters served beside the base model, chosen per request by "model" (not owned; they
   // must outlive the server). Requests of different adapters batch together in the engine.
   std::vector<std::pair<std::string, const model::LoraAdapter*>> adapters;

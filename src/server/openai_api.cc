@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <string_view>
 
 #include "server/json_schema.h"
 #include "server/regex.h"
@@ -353,6 +354,13 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
       if (auto e = ToolCalling(ob, r)) return e;
     }
   }
+  if (auto it = b.find("chat_template_kwargs"); chat && it != b.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (auto e = Bool(*it, "enable_thinking", &r->enable_thinking)) {
+      e->param = "chat_template_kwargs.enable_thinking";
+      return e;
+    }
+  }
   if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
     if (!it->is_string()) return Bad("model", "'model' must be a string");
     r->model = it->get<std::string>();
@@ -374,6 +382,17 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
       tokenizer::ChatMessage msg;
       msg.role = role;
       if (auto e = Content(m.value("content", json(nullptr)), p + ".content", &msg.content)) return e;
+      // An earlier reply's reasoning, as vLLM's reasoning_content / reasoning: back into <think> tags, which a
+      // thinking template (Qwen3's) keeps for the turns after the last user message and drops before it.
+      for (const char* key : {"reasoning_content", "reasoning"}) {
+        auto rc = m.find(key);
+        if (role != "assistant" || rc == m.end() || rc->is_null()) continue;
+        if (!rc->is_string()) return Bad(p + "." + key, p + "." + key + " must be a string");
+        if (!rc->get<std::string>().empty() && msg.content.find("</think>") == std::string::npos) {
+          msg.content = "<think>\n" + rc->get<std::string>() + "\n</think>\n\n" + msg.content;
+        }
+        break;
+      }
       // Tool turns as the model family writes them (tokenizer/tool_turns.h).
       if (role == "tool") {
         std::string call_id;
@@ -821,6 +840,49 @@ void ToolCallReader::Update(const std::string& text, bool finished, std::string*
   }
 }
 
+std::string CheckReasoningParser(const std::string& name) {
+  if (name == "qwen3") return "";
+  return "unknown reasoning parser '" + name + "'; lathe has: qwen3 (<think>...</think>, as vLLM's qwen3)";
+}
+
+void ReasoningReader::Update(const std::string& piece, bool final, std::string* reasoning, std::string* content) {
+  static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+  held_ += piece;
+  if (state_ == State::kStart) {
+    if (held_.size() < kOpen.size() && kOpen.compare(0, held_.size(), held_) == 0 && !final) return;  // may open
+    if (held_.compare(0, kOpen.size(), kOpen) == 0) {
+      state_ = State::kReasoning;
+      held_.erase(0, kOpen.size());
+    } else {
+      state_ = State::kContent;
+    }
+  }
+  if (state_ == State::kReasoning) {
+    const size_t close = held_.find(kClose);
+    if (close != std::string::npos) {
+      *reasoning += held_.substr(0, close);
+      held_.erase(0, close + kClose.size());
+      state_ = State::kContent;
+    } else {
+      // Keep back a tail that could be the start of "</think>".
+      size_t keep = 0;
+      if (!final) {
+        for (size_t k = std::min(held_.size(), kClose.size() - 1); k > 0; --k) {
+          if (kClose.compare(0, k, held_, held_.size() - k, k) == 0) {
+            keep = k;
+            break;
+          }
+        }
+      }
+      *reasoning += held_.substr(0, held_.size() - keep);
+      held_.erase(0, held_.size() - keep);
+      return;
+    }
+  }
+  *content += held_;
+  held_.clear();
+}
+
 json CompletionResponse(const std::string& id, int64_t created, const std::string& model,
                         const std::vector<Choice>& choices, const Usage& usage, bool chat) {
   json arr = json::array();
@@ -835,9 +897,14 @@ json CompletionResponse(const std::string& id, int64_t created, const std::strin
       j["message"] = {{"role", "assistant"}, {"content", c.text.empty() ? json(nullptr) : json(c.text)},
                       {"tool_calls", calls}};
     } else if (chat) {
-      j["message"] = {{"role", "assistant"}, {"content", c.text}};
+      j["message"] = {{"role", "assistant"},
+                      {"content", c.text.empty() && !c.reasoning.empty() ? json(nullptr) : json(c.text)}};
     } else {
       j["text"] = c.text;
+    }
+    if (chat && !c.reasoning.empty()) {  // vLLM's field, under its old and new names
+      j["message"]["reasoning_content"] = c.reasoning;
+      j["message"]["reasoning"] = c.reasoning;
     }
     arr.push_back(j);
   }
@@ -861,7 +928,11 @@ json CompletionChunk(const std::string& id, int64_t created, const std::string& 
       }
       delta["tool_calls"] = calls;
     }
-    if (!c.text.empty() || (first && c.tool_calls.empty())) delta["content"] = c.text;
+    if (!c.reasoning.empty()) {
+      delta["reasoning_content"] = c.reasoning;
+      delta["reasoning"] = c.reasoning;
+    }
+    if (!c.text.empty() || (first && c.tool_calls.empty() && c.reasoning.empty())) delta["content"] = c.text;
     j["delta"] = delta;
   } else {
     j["text"] = c.text;

@@ -73,6 +73,9 @@ struct CompletionRequest {
   std::string tool_name;   // named: the function
   std::string tools_prompt;
   ToolFormat tool_format = ToolFormat::kHermes;
+  // chat_template_kwargs.enable_thinking (Qwen3's switch): false closes an empty think block in the prompt, so the
+  // reply is the answer alone.
+  bool enable_thinking = true;
   // Where it goes: tokenizer::WithToolsPrompt (PromptMessages).
 };
 
@@ -109,6 +112,7 @@ struct ToolCall {
 struct Choice {
   int index = 0;
   std::string text;
+  std::string reasoning;  // chat with a reasoning parser: the reply's reasoning (message.reasoning_content)
   std::vector<ToolCall> tool_calls;  // chat: the message's tool calls (an empty text is a null content then)
   std::string finish_reason;  // "stop" | "length" | "" (still running, in chunks)
   std::vector<TokenLogprobInfo> logprobs;  // one per generated token when requested (echo: prompt tokens first)
@@ -149,6 +153,25 @@ std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat
 // kMistral: the text before [TOOL_CALLS] is content; after it, a JSON list of {"name", "arguments"} objects,
 // each call read once its object closes. Ids are 9 letters and digits (id_prefix is the seed they are drawn
 // from: the same prefix gives the same ids).
+// vLLM's reasoning parsers (`--reasoning-parser`): the names lathe knows, "" when `name` is one of them, else an error
+// text that lists them.
+std::string CheckReasoningParser(const std::string& name);
+
+// Splits a chat reply into reasoning and content as it streams, for `--reasoning-parser qwen3` (Qwen3, QwQ and other
+// models that think in <think>...</think>): a reply that opens with "<think>" is reasoning up to "</think>" and
+// content after it (the text after the tag as written, vLLM's split); a reply that does not is all content; one cut
+// off before "</think>" is all reasoning. Text that may still become a tag is held back until the next piece shows
+// what it is, so streamed pieces join to exactly what the whole reply gives.
+class ReasoningReader {
+ public:
+  // `piece`: the reply's next text; `final`: it is the last. Appends what can be given out now.
+  void Update(const std::string& piece, bool final, std::string* reasoning, std::string* content);
+
+ private:
+  enum class State { kStart, kReasoning, kContent } state_ = State::kStart;
+  std::string held_;
+};
+
 class ToolCallReader {
  public:
   explicit ToolCallReader(std::string id_prefix, ToolFormat format = ToolFormat::kHermes)

@@ -44,6 +44,9 @@ class ChatTemplate {
   // Strings that end an assistant turn (e.g. "<|im_end|>"), for stop detection.
   std::vector<std::string> StopStrings() const;
   const std::string& default_system() const { return default_system_; }
+  // Qwen3-style: replies after the last user turn carry <think> blocks (and enable_thinking=false closes an empty
+  // one in the prompt).
+  bool think_blocks() const { return think_blocks_; }
   // Llama 3.1-3.3 (a jinja that writes "Cutting Knowledge Date"): every prompt opens with a system turn holding the
   // knowledge cutoff and "Today Date: <date>", and tool results are written as JSON strings. The date is the
   // jinja's fixed "26 Jul 2024", or today's ("07 Dec 2026") for one that asks strftime_now (Llama 3.2), as

@@ -33,7 +33,7 @@ trap cleanup EXIT
 
 "$LATHE" serve -m "$MODEL" --host 127.0.0.1 --port 0 --api-key sk-e2e --served-model-name stories \
   --lora ad1="$tmp/ad1" --lora ad2="$tmp/ad2" --max-model-len 4096 --kv-cache-memory 64M \
-  --chat-template chatml -t 2 > "$tmp/server.out" 2> "$tmp/server.err" &
+  --chat-template chatml --reasoning-parser qwen3 -t 2 > "$tmp/server.out" 2> "$tmp/server.err" &
 server_pid=$!
 url=
 # Up to 60 s: under ASan, with the other e2e tests on the same cores, start-up is slow.
@@ -119,6 +119,9 @@ out=$("$LATHE" serve -m "$MODEL" --kv-cache-memory 12X 2>&1); [ $? -ne 0 ] && ec
   || { echo "FAIL: bad --kv-cache-memory: $out"; rc=1; }
 out=$("$LATHE" serve -m "$MODEL" --lora nodir 2>&1); [ $? -ne 0 ] && echo "$out" | grep -q "NAME=DIR" \
   || { echo "FAIL: bad --lora: $out"; rc=1; }
+out=$("$LATHE" serve -m "$MODEL" --reasoning-parser deepseek 2>&1); [ $? -ne 0 ] \
+  && echo "$out" | grep -q -- "--reasoning-parser: unknown reasoning parser 'deepseek'; lathe has: qwen3" \
+  || { echo "FAIL: bad --reasoning-parser: $out"; rc=1; }
 
 out=$("$LATHE" serve -m "$MODEL" --kv-cache-dtype int8 2>&1); [ $? -ne 0 ] \
   && echo "$out" | grep -q -- "--kv-cache-dtype 'int8': expected auto, f32, f16 or bf16" \

@@ -562,3 +562,84 @@ TEST(OpenAiApi, ResponseShapes) {
 
 }  // namespace
 }  // namespace lathe::server
+
+namespace lathe::server {
+namespace {
+
+// A reply split by the reasoning reader, fed in pieces of `step` bytes.
+std::pair<std::string, std::string> SplitReasoning(const std::string& text, size_t step) {
+  ReasoningReader reader;
+  std::string reasoning, content;
+  for (size_t i = 0; i < text.size(); i += step) {
+    const bool last = i + step >= text.size();
+    reader.Update(text.substr(i, step), last, &reasoning, &content);
+  }
+  if (text.empty()) reader.Update("", true, &reasoning, &content);
+  return {reasoning, content};
+}
+
+TEST(OpenAiApi, ReasoningReaderSplitsThinkBlocksAtAnyPieceSize) {
+  struct Case {
+    std::string text, reasoning, content;
+  };
+  const Case cases[] = {
+      {"<think>\nLet me see: 2 < 3.\n</think>\n\nYes.", "\nLet me see: 2 < 3.\n", "\n\nYes."},
+      {"Plain answer <think> not at the start", "", "Plain answer <think> not at the start"},
+      {"<think>cut off before the end</thi", "cut off before the end</thi", ""},  // length ran out: all reasoning
+      {"<think></think>", "", ""},
+      {"<thin", "", "<thin"},   // ends as a prefix of the tag: content
+      {"", "", ""},
+      {"<think>a</think>b</think>c", "a", "b</think>c"},  // the first close ends the reasoning
+      {"<think>x <tool_call> y</think><tool_call>{}", "x <tool_call> y", "<tool_call>{}"},
+  };
+  for (const Case& c : cases) {
+    for (size_t step : {1, 2, 3, 7, 8, 1000}) {
+      auto [reasoning, content] = SplitReasoning(c.text, step);
+      EXPECT_EQ(reasoning, c.reasoning) << c.text << " step " << step;
+      EXPECT_EQ(content, c.content) << c.text << " step " << step;
+    }
+  }
+  // Nothing of a possible tag is given out early: "</th" waits for the next piece.
+  ReasoningReader r;
+  std::string reasoning, content;
+  r.Update("<think>abc</th", false, &reasoning, &content);
+  EXPECT_EQ(reasoning, "abc");
+  r.Update("ink>done", true, &reasoning, &content);
+  EXPECT_EQ(reasoning, "abc");
+  EXPECT_EQ(content, "done");
+  EXPECT_EQ(CheckReasoningParser("qwen3"), "");
+  EXPECT_NE(CheckReasoningParser("deepseek").find("lathe has: qwen3"), std::string::npos);
+}
+
+TEST(OpenAiApi, ReasoningFieldsInAndOut) {
+  // Out: message.reasoning_content and .reasoning (vLLM's old and new names); content null when only reasoning.
+  Choice c;
+  c.reasoning = "think";
+  c.finish_reason = "length";
+  json resp = CompletionResponse("id", 0, "m", {c}, Usage{}, true);
+  EXPECT_EQ(resp["choices"][0]["message"]["reasoning_content"], "think");
+  EXPECT_EQ(resp["choices"][0]["message"]["reasoning"], "think");
+  EXPECT_TRUE(resp["choices"][0]["message"]["content"].is_null());
+  json chunk = CompletionChunk("id", 0, "m", c, true, true);
+  EXPECT_EQ(chunk["choices"][0]["delta"]["reasoning_content"], "think");
+  EXPECT_FALSE(chunk["choices"][0]["delta"].contains("content"));
+  c.reasoning.clear();
+  c.text = "hi";
+  EXPECT_FALSE(CompletionResponse("id", 0, "m", {c}, Usage{}, true)["choices"][0]["message"].contains("reasoning"));
+  // In: an assistant turn's reasoning_content goes back into <think> tags; chat_template_kwargs.enable_thinking.
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A",
+      "reasoning_content": "because"}], "chat_template_kwargs": {"enable_thinking": false}})", true, &r));
+  EXPECT_EQ(r.messages[1].content, "<think>\nbecause\n</think>\n\nA");
+  EXPECT_FALSE(r.enable_thinking);
+  auto e = Parse(R"({"messages": [{"role": "user", "content": "Q"}], "chat_template_kwargs": {"enable_thinking": 1}})",
+                 true, &r);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "chat_template_kwargs.enable_thinking");
+  e = Parse(R"({"messages": [{"role": "assistant", "content": "A", "reasoning": 3}]})", true, &r);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "messages[0].reasoning");
+}
+
+}  // namespace
+}  // namespace lathe::server
