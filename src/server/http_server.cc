@@ -275,11 +275,7 @@ struct HttpServer::Impl {
     // Each prompt's token ids (chat: one, from the template; completions: one or a batch).
     std::vector<std::vector<int32_t>> prompt_ids;
     if (chat) {
-      const std::vector<tokenizer::ChatMessage> messages = PromptMessages(r, tmpl);
-      std::string prompt = tmpl.Apply(messages, true);
-      // Qwen3's jinja with enable_thinking false: an empty think block closes the prompt.
-      if (!r.enable_thinking && tmpl.think_blocks()) prompt += "<think>\n\n</think>\n\n";
-      prompt_ids.push_back(tok.Encode(prompt, tok.add_bos() && !tmpl.text_has_bos(), true));
+      prompt_ids.push_back(tok.Encode(PromptText(r, tmpl), tok.add_bos() && !tmpl.text_has_bos(), true));
     } else {
       for (const auto& p : r.prompts) prompt_ids.push_back(p.is_ids ? p.ids : tok.Encode(p.text, tok.add_bos(), true));
     }

@@ -321,6 +321,12 @@ std::vector<tokenizer::ChatMessage> PromptMessages(const CompletionRequest& r, c
   return tokenizer::WithToolsPrompt(r.messages, r.tool_format, r.tools_prompt, tmpl);
 }
 
+std::string PromptText(const CompletionRequest& r, const tokenizer::ChatTemplate& tmpl) {
+  std::string text = tmpl.Apply(PromptMessages(r, tmpl), /*add_generation_prompt=*/true);
+  if (!r.enable_thinking && tmpl.think_blocks()) text += "<think>\n\n</think>\n\n";
+  return text;
+}
+
 std::optional<ApiError> ResolveTriggerToken(const tokenizer::Tokenizer& tok, CompletionRequest* r) {
   if (!r->sampling.grammar_trigger_is_token) return std::nullopt;
   const auto ids = tok.Encode(r->sampling.grammar_trigger, /*add_bos=*/false, /*parse_special=*/true);

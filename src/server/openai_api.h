@@ -93,6 +93,9 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body, bool 
 // model family expects them (tools_prompt: in the system message, before the first user text, or as mistral-v3's
 // "tools" message).
 std::vector<tokenizer::ChatMessage> PromptMessages(const CompletionRequest& r, const tokenizer::ChatTemplate& tmpl);
+// The chat prompt's text: PromptMessages rendered with the generation prompt, closed with an empty think block when
+// the request turns thinking off (enable_thinking false) on a template with think blocks, as Qwen3's jinja does.
+std::string PromptText(const CompletionRequest& r, const tokenizer::ChatTemplate& tmpl);
 // Sets sampling.grammar_trigger_token when the trigger is a control token (grammar_trigger_is_token: Mistral's
 // [TOOL_CALLS]); an error naming "tools" when the tokenizer has no such single control token.
 std::optional<ApiError> ResolveTriggerToken(const tokenizer::Tokenizer& tok, CompletionRequest* r);

@@ -50,7 +50,7 @@ CALL_PARIS = {"role": "assistant", "content": None,
 RES_PARIS = {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21.5, \"sky\": \"clear\"}"}
 A_PARIS = {"role": "assistant", "content": "It is 21.5 \u00b0C and clear in Paris."}
 
-# (name, messages, tools, families it applies to: "all" or a set)
+# (name, messages, tools, families or template names it applies to: "all" or a set[, chat_template_kwargs])
 REQUESTS = [
     ("no_tools", [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"},
                   {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name a colour."}], None,
@@ -65,6 +65,8 @@ REQUESTS = [
                            "tool_calls": [call("c2", "get_weather", "{\"city\": \"Paris\"}")]},
                           {"role": "tool", "tool_call_id": "c2", "content": "rain, 12 degrees"}],
      [WEATHER], "all"),  # Llama 3.1's jinja drops the content of a turn with a call
+    # chat_template_kwargs (vLLM passes them to the jinja): Qwen3's thinking switch.
+    ("no_thinking", [{"role": "user", "content": "Hi"}], None, {"qwen3"}, {"enable_thinking": False}),
     ("parallel_calls", [{"role": "user", "content": "Weather in Rome and the time in Tokyo?"},
                         {"role": "assistant", "content": "",
                          "tool_calls": [call("r1", "get_weather", "{\"city\":\"Rome\"}"),
@@ -163,8 +165,10 @@ def for_jinja(messages):
     return out
 
 
-def render(jinja, messages, tools, gen, bos, date):
-    extra = {"date_string": date} if date else {}
+def render(jinja, messages, tools, gen, bos, date, kwargs=None):
+    extra = dict(kwargs or {})
+    if date:
+        extra["date_string"] = date
     text = render_jinja_template([for_jinja(messages)], tools=tools, chat_template=jinja, add_generation_prompt=gen,
                                  bos_token=bos, eos_token="", **extra)
     while isinstance(text, (tuple, list)):
@@ -181,14 +185,17 @@ def main():
             jinja = f.read()
         entry = {"name": name, "file": fname, "family": family, "jinja": jinja, "date": date or "",
                  "requests": [], "training": []}
-        for cname, messages, tools, fams in REQUESTS:
-            if fams != "all" and family not in fams:
+        for cname, messages, tools, fams, *kwargs in REQUESTS:
+            if fams != "all" and family not in fams and name not in fams:
                 continue
+            kwargs = kwargs[0] if kwargs else {}
             body = {"model": "m", "messages": messages}
             if tools:
                 body["tools"] = tools
+            if kwargs:
+                body["chat_template_kwargs"] = kwargs
             entry["requests"].append({"name": cname, "body": body,
-                                      "text": render(jinja, messages, tools, True, bos, date)})
+                                      "text": render(jinja, messages, tools, True, bos, date, kwargs)})
         for cname, record, messages, tools, fams in TRAINING:
             if fams != "all" and family not in fams:
                 continue
