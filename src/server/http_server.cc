@@ -465,7 +465,7 @@ struct HttpServer::Impl {
       } else if (!delta->finish_reason.empty()) {
         // A forced tool call: the text is the call's JSON, delivered whole as tool_calls when it ends (streamed too:
         // one delta with the complete call).
-        cs.choice.tool_calls = ToolCallsFromText(r, cs.raw, call_id(ev.choice) + "0");
+        cs.choice.tool_calls = ToolCallsFromText(r, cs.raw, call_id(ev.choice));
         delta->tool_calls = cs.choice.tool_calls;
         if (delta->finish_reason == "stop") delta->finish_reason = cs.choice.finish_reason = "tool_calls";
       }

@@ -216,7 +216,8 @@ std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, Comple
 // - "auto" (the default): free text in which the model may call tools as <tool_call>{"name": ..., "arguments":
 //   {...}}</tool_call> blocks (vLLM's "hermes" parser reads the same). A lazy grammar starts at the first
 //   <tool_call> and holds each call to a listed tool's name and parameters; the text before it is the content.
-// - "required": one call of any tool, the output is {"name": ..., "arguments": {...}} (a grammar from the start).
+// - "required": one or more calls of any tools (one with parallel_tool_calls false), the output is a JSON list
+//   [{"name": ..., "arguments": {...}}, ...] (a grammar from the start, as vLLM's).
 // - {"type": "function", "function": {"name": ...}}: the output is that function's arguments object.
 // - "none": the tools are ignored.
 std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionRequest* r) {
@@ -304,6 +305,8 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
     r->sampling.grammar_trigger = llama ? "{" : mistral ? kMistralToolCalls : kToolCallOpen;
     r->sampling.grammar_trigger_at_start = llama;
     r->sampling.grammar_trigger_is_token = mistral;  // a control token: the server resolves it to its id
+  } else if (r->tool_mode == "required") {
+    r->grammar = RequiredCallsGbnf(g.value(), parallel);
   } else {
     r->grammar = g.value();
   }
@@ -607,26 +610,53 @@ json UsageJson(const Usage& u) {
 
 }  // namespace
 
-std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text, const std::string& id) {
+std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text,
+                                        const std::string& id_prefix) {
   ToolCall call;
-  call.id = id;
+  call.id = id_prefix + "0";
   call.name = r.tool_name;
   call.arguments = text;
-  if (r.tool_mode == "required") {
+  if (r.tool_mode == "required") {  // a list of {"name", "arguments"} calls
     auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
     const char* key = r.tool_format == ToolFormat::kLlama3Json ? "parameters" : "arguments";
-    if (j.is_object() && j.contains("name") && j["name"].is_string() && j.contains(key)) {
-      call.name = j["name"].get<std::string>();
-      call.arguments = SafeDump(j[key]);
+    if (j.is_object()) j = nlohmann::ordered_json::array({j});
+    if (j.is_discarded()) {  // the length ran out inside the list: the calls whose objects closed
+      j = nlohmann::ordered_json::array();
+      size_t p = text.find('[');
+      while (p != std::string::npos && (p = text.find_first_not_of(" \t\r\n,[", p)) != std::string::npos &&
+             text[p] == '{') {
+        const size_t end = ToolCallReader::ObjectEnd(text, p);
+        if (end == std::string::npos) break;
+        j.push_back(nlohmann::ordered_json::parse(text.substr(p, end - p), nullptr, /*allow_exceptions=*/false));
+        p = end;
+      }
     }
+    std::vector<ToolCall> calls;
+    for (const auto& c : j.is_array() ? j : nlohmann::ordered_json::array()) {
+      if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains(key)) return {call};
+      calls.push_back({id_prefix + std::to_string(calls.size()), c["name"].get<std::string>(), SafeDump(c[key]),
+                       (int)calls.size()});
+    }
+    if (!calls.empty()) return calls;
   }
   return {call};
 }
 
+namespace {
+// The call's root becomes tool_call_json (JSON schema grammars never name a rule with '_', nor refer to root).
+std::string CallRule(const std::string& call_gbnf) {
+  return call_gbnf.rfind("root ::= ", 0) == 0 ? "tool_call_json" + call_gbnf.substr(4) : call_gbnf;
+}
+}  // namespace
+
+std::string RequiredCallsGbnf(const std::string& call_gbnf, bool parallel) {
+  return std::string("root ::= \"[\" tool_call_ws tool_call_json") +
+         (parallel ? " ( tool_call_ws \",\" tool_call_ws tool_call_json )*" : "") + " tool_call_ws \"]\"\n" +
+         "tool_call_ws ::= [ \\n]{0,2}\n" + CallRule(call_gbnf);
+}
+
 std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat format) {
-  // The call's root becomes tool_call_json (JSON schema grammars never name a rule with '_', nor refer to root).
-  std::string body = call_gbnf;
-  if (body.rfind("root ::= ", 0) == 0) body = "tool_call_json" + body.substr(4);
+  const std::string body = CallRule(call_gbnf);
   if (format == ToolFormat::kLlama3Json) {
     return std::string("root ::= tool_call_json") + (parallel ? " ( \";\" \" \"? tool_call_json )*" : "") + "\n" + body;
   }

@@ -130,10 +130,11 @@ struct Usage {
 // Full (non-streaming) response bodies.
 nlohmann::json CompletionResponse(const std::string& id, int64_t created, const std::string& model,
                                   const std::vector<Choice>& choices, const Usage& usage, bool chat);
-// A tool-calling choice's generated text as OpenAI's tool_calls: for "named" the text is the arguments; for
-// "required" it is {"name", "arguments"}. A text that is not complete JSON (the length ran out) is kept as the
-// arguments as it is.
-std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text, const std::string& id);
+// A tool-calling choice's generated text as OpenAI's tool_calls (ids id_prefix + 0, 1, ...): for "named" the text is
+// the arguments; for "required" it is a list of {"name", "arguments"} calls. A text that is not complete JSON (the
+// length ran out) is kept as one call's arguments as it is.
+std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text,
+                                        const std::string& id_prefix);
 // tool_choice "auto": the tags around each call (kHermes), and the grammar of the text from the first tag on: the call
 // (`call_gbnf`, a grammar whose root is one {"name", "arguments"} object), its closing tag, and with `parallel`
 // more calls in tags. Whitespace (at most two spaces or newlines) may stand around the JSON and between calls.
@@ -143,6 +144,8 @@ inline constexpr char kToolCallOpen[] = "<tool_call>";
 inline constexpr char kToolCallClose[] = "</tool_call>";
 inline constexpr char kMistralToolCalls[] = "[TOOL_CALLS]";
 std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat format = ToolFormat::kHermes);
+// tool_choice "required": a JSON list of calls, one or more (exactly one without `parallel`).
+std::string RequiredCallsGbnf(const std::string& call_gbnf, bool parallel);
 
 // tool_choice "auto": reads one choice's growing text as content and <tool_call> blocks, as vLLM's "hermes" tool
 // parser does. Content streams as it comes, except a tail that may be the start of a tag (and whitespace before
@@ -183,6 +186,8 @@ class ToolCallReader {
   // Appends what can be sent now.
   void Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
   int calls() const { return n_calls_; }
+  // Where the JSON object starting at text[p] ("{") ends (one past its "}"), or npos when it is not complete.
+  static size_t ObjectEnd(const std::string& text, size_t p);
 
  private:
   // kLlama3Json's Update.
@@ -193,8 +198,6 @@ class ToolCallReader {
   void ReadCalls(const std::string& text, char sep, char close, std::vector<ToolCall>* calls);
   // At the end: text[from, end) as content, less leading blanks and (after calls) a `sep`.
   void GiveBack(const std::string& text, char sep, size_t from, std::string* content);
-  // Where the JSON object starting at text[p] ("{") ends (one past its "}"), or npos when it is not complete.
-  static size_t ObjectEnd(const std::string& text, size_t p);
   // Content up to `at` (the end when npos), holding back (unless finished) a tail that may begin `marker` and the
   // whitespace before it.
   void ContentUpTo(const std::string& text, size_t at, bool finished, const std::string& marker, std::string* content);

@@ -148,7 +148,8 @@ std::string ToolsPrompt(ToolFormat format, const ojson& tools, ToolMode mode, co
   if (mode == ToolMode::kNamed) {  // the output is the arguments alone: say so
     out += "Call the function \"" + named + "\": reply with its arguments only, as a JSON object.";
   } else if (mode == ToolMode::kRequired) {
-    out += "For the function call, return a json object with function name and arguments: " + call_shape;
+    out += "Call one or more of the functions: return a JSON list of objects with function name and arguments: [" +
+           call_shape + "]";
   } else if (!llama) {
     out += "For each function call, return a json object with function name and arguments within "
            "<tool_call></tool_call> XML tags:\n<tool_call>\n" + call_shape + "\n</tool_call>";

@@ -77,19 +77,40 @@ TEST(OpenAiApi, ParsesStructuredOutputs) {
 TEST(OpenAiApi, ParsesForcedToolCalls) {
   const std::string tools = kTwoTools;
   CompletionRequest r;
-  // "required": one call of either tool, as {"name", "arguments"}.
+  // "required": one or more calls of the tools, as a list of {"name", "arguments"}.
   ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], )" + tools + R"(, "tool_choice": "required"})",
                      true, &r));
   EXPECT_EQ(r.tool_mode, "required");
-  EXPECT_TRUE(Accepts(r.grammar, R"({"name": "get_weather", "arguments": {"city": "Paris"}})"));
-  EXPECT_TRUE(Accepts(r.grammar, R"({"name": "ping", "arguments": {}})"));
-  EXPECT_FALSE(Accepts(r.grammar, R"({"name": "ping", "arguments": {"city": "Paris"}})"));
-  EXPECT_FALSE(Accepts(r.grammar, R"({"name": "other", "arguments": {}})"));
+  EXPECT_TRUE(Accepts(r.grammar, R"([{"name": "get_weather", "arguments": {"city": "Paris"}}])"));
+  EXPECT_TRUE(Accepts(r.grammar, R"([{"name": "ping", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}])"));
+  EXPECT_FALSE(Accepts(r.grammar, R"([])"));
+  EXPECT_FALSE(Accepts(r.grammar, R"({"name": "ping", "arguments": {}})"));
+  EXPECT_FALSE(Accepts(r.grammar, R"([{"name": "ping", "arguments": {"city": "Paris"}}])"));
+  EXPECT_FALSE(Accepts(r.grammar, R"([{"name": "other", "arguments": {}}])"));
   EXPECT_NE(r.tools_prompt.find(R"("name": "get_weather")"), std::string::npos) << r.tools_prompt;
-  auto calls = ToolCallsFromText(r, R"({"name": "get_weather", "arguments": {"city": "Paris"}})", "call_1");
-  ASSERT_EQ(calls.size(), 1u);
+  auto calls = ToolCallsFromText(
+      r, R"([{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "ping", "arguments": {}}])", "call_1_");
+  ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(calls[0].name, "get_weather");
   EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(calls[1].name, "ping");
+  EXPECT_EQ(calls[1].id, "call_1_1");
+  EXPECT_EQ(calls[1].index, 1);
+  // The length ran out inside the list: the calls that closed; before the first closed, the text as one call's
+  // arguments.
+  calls = ToolCallsFromText(r, R"([{"name": "ping", "arguments": {"s": "}{"}}, {"name": "get_weather", "argu)", "c_");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].name, "ping");
+  EXPECT_EQ(calls[0].arguments, R"({"s":"}{"})");
+  calls = ToolCallsFromText(r, R"([{"name": "get_weather", "argu)", "call_1_");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].arguments, R"([{"name": "get_weather", "argu)");
+  // parallel_tool_calls false: exactly one.
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], "parallel_tool_calls": false, )" + tools +
+                         R"(, "tool_choice": "required"})",
+                     true, &r));
+  EXPECT_TRUE(Accepts(r.grammar, R"([{"name": "ping", "arguments": {}}])"));
+  EXPECT_FALSE(Accepts(r.grammar, R"([{"name": "ping", "arguments": {}}, {"name": "ping", "arguments": {}}])"));
   // A named function: the output is its arguments.
   ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], )" + tools +
                          R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
@@ -205,7 +226,7 @@ TEST(OpenAiApi, ParsesLlama3ToolCalls) {
                                          tools + "}"),
                              true, &r, nullptr, ToolFormat::kLlama3Json);
   ASSERT_FALSE(e);
-  auto calls = ToolCallsFromText(r, call1, "id");
+  auto calls = ToolCallsFromText(r, "[" + call1 + "]", "id");
   EXPECT_EQ(calls[0].name, "get_weather");
   EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
   EXPECT_EQ(ToolFormatFor("llama3"), ToolFormat::kLlama3Json);
