@@ -245,7 +245,8 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
   for (size_t i = 0; i < tools->size(); ++i) {
     const ojson& t = (*tools)[i];
     const std::string p = "tools[" + std::to_string(i) + "]";
-    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object()) {
+    if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") ||
+        !t["function"].is_object()) {
       return Bad(p, p + " must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}");
     }
     const ojson& f = t["function"];
@@ -281,7 +282,8 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
       for (const char* k : {"$defs", "definitions"})
         if (fns[0].second.contains(k)) schema[k] = fns[0].second[k];
     }
-  } else if (choice->is_object() && choice->value("type", "") == "function" && choice->contains("function") &&
+  } else if (choice->is_object() && choice->contains("type") && (*choice)["type"] == "function" &&
+             choice->contains("function") &&
              (*choice)["function"].is_object() && (*choice)["function"].contains("name") &&
              (*choice)["function"]["name"].is_string()) {
     r->tool_mode = "named";

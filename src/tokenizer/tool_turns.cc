@@ -118,7 +118,8 @@ std::string ToolsPrompt(ToolFormat format, const ojson& tools, ToolMode mode, co
   ojson described = ojson::array();
   for (const ojson& t : tools) {
     const ojson& f = t.contains("function") ? t["function"] : t;
-    ojson d = {{"type", "function"}, {"function", {{"name", f.value("name", "")}}}};
+    const std::string name = f.contains("name") && f["name"].is_string() ? f["name"].get<std::string>() : "";
+    ojson d = {{"type", "function"}, {"function", {{"name", name}}}};
     if (f.contains("description")) {
       d["function"]["description"] = f["description"];
     } else if (format == ToolFormat::kMistral) {  // mistral_common's Function has description "" by default

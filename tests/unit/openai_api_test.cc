@@ -516,6 +516,11 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}],
           "tool_choice": "required"})", true, "tools[0]"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true, "tool_choice"},
+      // A "type" that is not a string (found by openai_request_fuzz: it threw from nlohmann's value()).
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": {"a": 1}, "function": {"name": "f"}}]})",
+       true, "tools[0]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": {"type": 7, "function": {"name": "f"}}})", true, "tool_choice"},
       // Tool calling: tool_choice is one of four forms; a named function must be among the tools.
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
           "tool_choice": "sometimes"})", true, "tool_choice"},
