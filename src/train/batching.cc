@@ -65,7 +65,7 @@ StepPlan PlanSteps(int64_t num_samples, int64_t batch_size, int64_t grad_accum, 
 }
 
 std::vector<std::vector<int64_t>> EpochMicroBatches(int64_t n, int64_t batch_size, uint64_t seed,
-                                                    int64_t epoch) {
+                                                    int64_t epoch, const std::vector<int64_t>* lengths) {
   LATHE_CHECK(n > 0 && batch_size > 0);
   std::vector<int64_t> order(n);
   for (int64_t i = 0; i < n; ++i) order[i] = i;
@@ -74,6 +74,18 @@ std::vector<std::vector<int64_t>> EpochMicroBatches(int64_t n, int64_t batch_siz
                     (uint32_t)((uint64_t)epoch >> 32), 0x6c617468u};
   std::mt19937_64 rng(seq);
   for (int64_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % (uint64_t)i]);
+  if (lengths) {  // transformers' get_length_grouped_indices
+    LATHE_CHECK((int64_t)lengths->size() == n);
+    const int64_t mult = std::max<int64_t>(1, std::min<int64_t>(n / (batch_size * 4), 50));
+    const int64_t mega = mult * batch_size;
+    auto longer = [&](int64_t a, int64_t b) { return (*lengths)[a] > (*lengths)[b]; };
+    size_t longest_mega = 0;
+    for (int64_t p = 0; p < n; p += mega) {
+      std::stable_sort(order.begin() + p, order.begin() + std::min(n, p + mega), longer);
+      if ((*lengths)[order[p]] > (*lengths)[order[longest_mega]]) longest_mega = (size_t)p;  // first maximum
+    }
+    std::swap(order[0], order[longest_mega]);
+  }
   std::vector<std::vector<int64_t>> out;
   for (int64_t p = 0; p < n; p += batch_size) {
     out.emplace_back(order.begin() + p, order.begin() + std::min(n, p + batch_size));

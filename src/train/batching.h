@@ -39,7 +39,11 @@ StepPlan PlanSteps(int64_t num_samples, int64_t batch_size, int64_t grad_accum, 
 
 // The micro-batches of one epoch: a permutation of [0, n) derived from (seed, epoch) only, cut
 // into consecutive groups of batch_size (the last may be shorter).
+// With `lengths` (one per sample: group_by_length), the order is the HF Trainer's LengthGroupedSampler's: the
+// permutation is cut into megabatches of min(n / (4 batch_size), 50) x batch_size samples (at least one batch),
+// each sorted longest first (ties in permutation order), and the longest sample's megabatch head swapped to the
+// front, so samples of similar length share a micro-batch and little is padded.
 std::vector<std::vector<int64_t>> EpochMicroBatches(int64_t n, int64_t batch_size, uint64_t seed,
-                                                    int64_t epoch);
+                                                    int64_t epoch, const std::vector<int64_t>* lengths = nullptr);
 
 }  // namespace lathe::train

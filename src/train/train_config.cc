@@ -134,6 +134,7 @@ const std::map<std::string, Setter>& Table() {
       {"max_samples", Int(&TrainConfig::max_samples, 0)},
       {"val_size", Float(&TrainConfig::val_size, 0)},
       {"packing", Bool(&TrainConfig::packing)},
+      {"group_by_length", Bool(&TrainConfig::group_by_length)},
       {"train_on_prompt", Bool(&TrainConfig::train_on_prompt)},
       {"mask_history", Bool(&TrainConfig::mask_history)},
       {"per_device_train_batch_size", Int(&TrainConfig::per_device_train_batch_size, 1)},

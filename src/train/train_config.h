@@ -35,6 +35,7 @@ struct TrainConfig {
   int64_t max_samples = 0;             // 0 = all
   double val_size = 0;                 // fraction (< 1) or count (>= 1)
   bool packing = false;
+  bool group_by_length = false;  // HF's: micro-batches of similar-length samples (less padding)
   bool train_on_prompt = false;
   bool mask_history = false;
   // training

@@ -400,9 +400,13 @@ Result<TrainSummary> Trainer::Run() {
     Say(StrFormat("resumed from %s at step %lld (epoch %lld, micro-batch %lld)", resume_dir.c_str(),
                   (long long)state_.global_step, (long long)start_epoch, (long long)start_g));
   }
+  std::vector<int64_t> lengths;  // group_by_length: each sample's tokens
+  if (c.group_by_length) {
+    for (const TokenizedSample& s : data_.train) lengths.push_back((int64_t)s.input_ids.size());
+  }
   for (int64_t epoch = start_epoch; state_.global_step < total; ++epoch) {
-    std::vector<std::vector<int64_t>> mbs =
-        EpochMicroBatches(n_train, c.per_device_train_batch_size, (uint64_t)c.seed, epoch);
+    std::vector<std::vector<int64_t>> mbs = EpochMicroBatches(n_train, c.per_device_train_batch_size, (uint64_t)c.seed,
+                                                              epoch, c.group_by_length ? &lengths : nullptr);
     for (int64_t g = epoch == start_epoch ? start_g : 0; g < mb_per_epoch && state_.global_step < total;
          g += c.gradient_accumulation_steps) {
       int64_t g_end = std::min(mb_per_epoch, g + c.gradient_accumulation_steps);

@@ -79,6 +79,9 @@ TEST(TrainConfig, YamlListsAndOverrides) {
   ASSERT_TRUE(ApplyOverrides(&*c, {{"--row_group_workers", "1"}}).ok());
   EXPECT_EQ(c->row_group_workers, 1);
   EXPECT_FALSE(ParseTrainConfig("row_group_workers: -1\n", "x.yaml").ok());
+  EXPECT_FALSE(c->group_by_length);
+  ASSERT_TRUE(ApplyOverrides(&*c, {{"--group_by_length", "true"}}).ok());
+  EXPECT_TRUE(c->group_by_length);
 }
 
 TEST(TrainConfig, ErrorsNameKeyAndSuggest) {

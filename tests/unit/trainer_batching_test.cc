@@ -104,5 +104,66 @@ TEST(TrainerEpochOrder, DeterministicPermutationPerEpoch) {
   EXPECT_EQ(flat_a, flat_one);
 }
 
+// group_by_length: transformers' LengthGroupedSampler over the epoch's own permutation. With 1000 samples and batch 4
+// a megabatch is 50 x 4 = 200 samples: each holds the same samples as that slice of the plain order, sorted longest
+// first, except that the longest sample of all opens the epoch (swapped with the first megabatch's head).
+TEST(TrainerEpochOrder, GroupByLengthSortsWithinMegabatches) {
+  const int64_t n = 1000, bs = 4;
+  std::vector<int64_t> lengths(n);
+  for (int64_t i = 0; i < n; ++i) lengths[i] = 16 + (i * 7919) % 1000;  // 16 .. 1015, all distinct
+  auto flat = [](const std::vector<std::vector<int64_t>>& mbs) {
+    std::vector<int64_t> out;
+    for (const auto& mb : mbs) out.insert(out.end(), mb.begin(), mb.end());
+    return out;
+  };
+  const std::vector<int64_t> plain = flat(EpochMicroBatches(n, bs, 42, 3));
+  const auto grouped_mbs = EpochMicroBatches(n, bs, 42, 3, &lengths);
+  const std::vector<int64_t> grouped = flat(grouped_mbs);
+  EXPECT_EQ(grouped, flat(EpochMicroBatches(n, bs, 42, 3, &lengths)));  // deterministic
+  ASSERT_EQ(grouped.size(), (size_t)n);
+  const int64_t longest = std::max_element(lengths.begin(), lengths.end()) - lengths.begin();
+  EXPECT_EQ(grouped[0], longest);
+  const int64_t mega = 200;
+  size_t swapped = 0;  // where the longest sample's megabatch starts
+  for (int64_t p = 0; p < n; p += mega) {
+    std::vector<int64_t> a(plain.begin() + p, plain.begin() + p + mega), b(grouped.begin() + p, grouped.begin() + p + mega);
+    if (std::find(a.begin(), a.end(), longest) != a.end()) swapped = (size_t)p;
+    for (int64_t k = 1; k + 1 < mega; ++k) EXPECT_GE(lengths[b[k]], lengths[b[k + 1]]) << p << " " << k;
+  }
+  // Undo the swap: every megabatch then holds its slice of the plain order.
+  std::vector<int64_t> undone = grouped;
+  std::swap(undone[0], undone[swapped]);
+  for (int64_t p = 0; p < n; p += mega) {
+    std::set<int64_t> a(plain.begin() + p, plain.begin() + p + mega), b(undone.begin() + p, undone.begin() + p + mega);
+    EXPECT_EQ(a, b) << p;
+    int64_t top = 0;
+    for (int64_t i : b) top = std::max(top, lengths[i]);
+    EXPECT_EQ(lengths[undone[p]], top) << p;  // each megabatch opens with its longest
+  }
+  // Padding: tokens computed (B x longest per micro-batch) come down to near the real ones.
+  auto padded = [&](const std::vector<std::vector<int64_t>>& mbs) {
+    int64_t t = 0;
+    for (const auto& mb : mbs) {
+      int64_t m = 0;
+      for (int64_t i : mb) m = std::max(m, lengths[i]);
+      t += m * (int64_t)mb.size();
+    }
+    return t;
+  };
+  int64_t real = 0;
+  for (int64_t l : lengths) real += l;
+  const int64_t before = padded(EpochMicroBatches(n, bs, 42, 3)), after = padded(grouped_mbs);
+  EXPECT_GT(before, real * 13 / 10);  // random batches of 4 over 16..1015 pad ~50%
+  EXPECT_LT(after, real * 103 / 100);
+  // Few samples: at least one batch per megabatch (min(n / (4 bs), 50) = 0 -> 1): sorted batch by batch.
+  std::vector<int64_t> few = {5, 9, 1, 7, 3, 8};
+  const auto small = EpochMicroBatches(6, 2, 1, 0, &few);
+  EXPECT_EQ(few[small[0][0]], 9);
+  for (const auto& mb : small) {
+    ASSERT_EQ(mb.size(), 2u);
+    if (&mb != &small[0]) EXPECT_GE(few[mb[0]], few[mb[1]]);
+  }
+}
+
 }  // namespace
 }  // namespace lathe::train
