@@ -428,13 +428,8 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
           t.name = f["name"].get<std::string>();
           // The arguments' JSON value in its own key order (vLLM parses them before rendering); text that is not
           // JSON stays the string it is.
-          if (!f.contains("arguments") || f["arguments"].is_null()) {
-            t.arguments = nlohmann::ordered_json::object();
-          } else if (f["arguments"].is_string()) {
-            t.arguments = tokenizer::JsonOrText(f["arguments"].get<std::string>());
-          } else {
-            t.arguments = nlohmann::ordered_json::parse(SafeDump(f["arguments"]));
-          }
+          t.arguments = tokenizer::CallArguments(
+              f.contains("arguments") ? nlohmann::ordered_json::parse(SafeDump(f["arguments"])) : nullptr);
           if (c.contains("id") && c["id"].is_string() && c["id"] != "null") t.id = c["id"].get<std::string>();
           turns.push_back(std::move(t));
         }

@@ -71,6 +71,11 @@ ojson JsonOrText(const std::string& text) {
   return v.is_discarded() ? ojson(text) : v;
 }
 
+ojson CallArguments(const ojson& arguments) {
+  if (arguments.is_null()) return ojson::object();
+  return arguments.is_string() ? JsonOrText(arguments.get<std::string>()) : arguments;
+}
+
 std::string ToolCallsText(ToolFormat format, const std::string& content, const std::vector<ToolCallTurn>& calls) {
   if (calls.empty()) return content;
   if (format == ToolFormat::kMistral) {  // the calls alone (mistral_common refuses a turn with both)

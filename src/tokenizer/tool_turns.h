@@ -34,6 +34,9 @@ std::string PyJsonIndent4(const nlohmann::ordered_json& j);
 // The JSON value a call's arguments or a tool's result text holds, else the text itself as a JSON string; empty
 // text is {} (mistral_common's reading; vLLM parses call arguments the same way before rendering).
 nlohmann::ordered_json JsonOrText(const std::string& text);
+// A call's "arguments" as given (null when absent): null -> {}, a string -> JsonOrText of it, else the value. Both
+// OpenAI tool_calls and sharegpt function_call turns are read this way.
+nlohmann::ordered_json CallArguments(const nlohmann::ordered_json& arguments);
 
 struct ToolCallTurn {
   std::string name;

@@ -56,9 +56,7 @@ Result<std::vector<tokenizer::ToolCallTurn>> ParseCalls(const std::string& text,
     if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) return Status::Error(where + shape);
     tokenizer::ToolCallTurn t;
     t.name = c["name"].get<std::string>();
-    t.arguments = !c.contains("arguments") || c["arguments"].is_null() ? ojson::object()
-                  : c["arguments"].is_string() ? tokenizer::JsonOrText(c["arguments"].get<std::string>())
-                                               : c["arguments"];
+    t.arguments = tokenizer::CallArguments(c.value("arguments", ojson()));
     out.push_back(std::move(t));
   }
   return out;
