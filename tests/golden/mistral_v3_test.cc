@@ -85,7 +85,9 @@ TEST(MistralV3Golden, SharegptToolDataTokenizesAsMistralCommonFinetuning) {
     ASSERT_EQ(s->labels.size(), s->input_ids.size());
     EXPECT_EQ(s->labels.back(), (*tok)->eos_id()) << name;
     for (size_t t = 0; t < s->input_ids.size(); ++t) {
-      if (s->input_ids[t] == results) EXPECT_EQ(s->labels[t], train::kIgnoreIndex) << name << " token " << t;
+      if (s->input_ids[t] == results) {
+        EXPECT_EQ(s->labels[t], train::kIgnoreIndex) << name << " token " << t;
+      }
     }
     EXPECT_GT(s->target_tokens(), 10) << name;
   }
