@@ -5,6 +5,12 @@
 
 namespace lathe {
 
+std::string Trim(const std::string& s) {
+  const char* ws = " \t\n\r\v\f";
+  const size_t b = s.find_first_not_of(ws);
+  return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
 int EditDistance(const std::string& a, const std::string& b) {
   std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = (int)j;

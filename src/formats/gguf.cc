@@ -8,7 +8,6 @@ namespace lathe::formats {
 
 namespace {
 
-constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint64_t kMaxDims = 4;
 
 class Cursor {
@@ -64,17 +63,17 @@ size_t ScalarSize(GgufValueType t) {
 // Reads one scalar of type t at the cursor into (i, u, f).
 Status ReadScalar(Cursor& c, GgufValueType t, int64_t* i, uint64_t* u, double* f, const char* what) {
   switch (t) {
-    case GgufValueType::kUint8: { uint8_t v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = v; *f = v; break; }
-    case GgufValueType::kInt8: { int8_t v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = (uint64_t)v; *f = v; break; }
-    case GgufValueType::kBool: { uint8_t v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v != 0; *u = v != 0; *f = v != 0; break; }
-    case GgufValueType::kUint16: { uint16_t v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = v; *f = v; break; }
-    case GgufValueType::kInt16: { int16_t v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = (uint64_t)v; *f = v; break; }
-    case GgufValueType::kUint32: { uint32_t v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = v; *f = v; break; }
-    case GgufValueType::kInt32: { int32_t v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = (uint64_t)v; *f = v; break; }
-    case GgufValueType::kFloat32: { float v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *f = v; *i = 0; *u = 0; break; }
-    case GgufValueType::kUint64: { uint64_t v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *u = v; *i = (int64_t)v; *f = (double)v; break; }
-    case GgufValueType::kInt64: { int64_t v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = (uint64_t)v; *f = (double)v; break; }
-    case GgufValueType::kFloat64: { double v; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *f = v; *i = 0; *u = 0; break; }
+    case GgufValueType::kUint8: { uint8_t v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = v; *f = v; break; }
+    case GgufValueType::kInt8: { int8_t v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = (uint64_t)v; *f = v; break; }
+    case GgufValueType::kBool: { uint8_t v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v != 0; *u = v != 0; *f = v != 0; break; }
+    case GgufValueType::kUint16: { uint16_t v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = v; *f = v; break; }
+    case GgufValueType::kInt16: { int16_t v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = (uint64_t)v; *f = v; break; }
+    case GgufValueType::kUint32: { uint32_t v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = v; *f = v; break; }
+    case GgufValueType::kInt32: { int32_t v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = (uint64_t)v; *f = v; break; }
+    case GgufValueType::kFloat32: { float v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *f = v; *i = 0; *u = 0; break; }
+    case GgufValueType::kUint64: { uint64_t v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *u = v; *i = (int64_t)v; *f = (double)v; break; }
+    case GgufValueType::kInt64: { int64_t v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *i = v; *u = (uint64_t)v; *f = (double)v; break; }
+    case GgufValueType::kFloat64: { double v{}; LATHE_RETURN_IF_ERROR(c.Read(&v, what)); *f = v; *i = 0; *u = 0; break; }
     default: return Status::Error("not a scalar type");
   }
   return Status::Ok();

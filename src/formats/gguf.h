@@ -16,6 +16,9 @@
 
 namespace lathe::formats {
 
+// The first four bytes of a GGUF file, "GGUF", read as a little-endian uint32.
+inline constexpr uint32_t kGgufMagic = 0x46554747;
+
 enum class GgufValueType : uint32_t {
   kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
   kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,

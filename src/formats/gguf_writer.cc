@@ -10,7 +10,6 @@ namespace lathe::formats {
 
 namespace {
 
-constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF"
 constexpr size_t kMaxTensorName = 64;        // GGML_MAX_NAME, including the NUL
 
 bool IsIntType(GgufValueType t) {

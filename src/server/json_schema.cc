@@ -14,7 +14,7 @@ namespace lathe::server {
 
 namespace {
 
-using json = nlohmann::ordered_json;
+using ordered_json = nlohmann::ordered_json;
 
 // The shared rules: whitespace between tokens, JSON strings, numbers and any value.
 constexpr const char* kPrimitives[][2] = {
@@ -296,7 +296,7 @@ const char* FormatRegex(const std::string& format) {
 
 class Converter {
  public:
-  explicit Converter(const json& root) : root_(root) {}
+  explicit Converter(const ordered_json& root) : root_(root) {}
 
   Result<std::string> Run() {
     std::string expr = Visit(root_, "root", "$");
@@ -351,11 +351,11 @@ class Converter {
       Fail(path, StrFormat("$ref '%s': only references into this schema ('#', '#/$defs/...') are supported", ref.c_str()));
       return "value";
     }
-    const json* target = &root_;
+    const ordered_json* target = &root_;
     std::string pointer = ref.substr(1);
     if (!pointer.empty()) {
       try {
-        target = &root_.at(json::json_pointer(pointer));
+        target = &root_.at(ordered_json::json_pointer(pointer));
       } catch (const std::exception&) {
         Fail(path, StrFormat("$ref '%s' points at nothing in the schema", ref.c_str()));
         return "value";
@@ -369,7 +369,7 @@ class Converter {
   }
 
   // A GBNF expression for the instances of schema s (named rules made for objects, arrays and refs).
-  std::string Visit(const json& s, const std::string& hint, const std::string& path) {
+  std::string Visit(const ordered_json& s, const std::string& hint, const std::string& path) {
     if (!err_.ok()) return "value";
     struct Depth {
       int& d;
@@ -402,7 +402,7 @@ class Converter {
       auto t = s.find("type");
       bool typed = false, integer = false, number = false;
       if (t != s.end()) {
-        for (const auto& x : t->is_array() ? *t : json::array({*t})) {
+        for (const auto& x : t->is_array() ? *t : ordered_json::array({*t})) {
           typed = typed || x == (pattern ? "string" : "integer") || (!pattern && x == "number");
           integer = integer || x == "integer";
           number = number || x == "number";
@@ -483,7 +483,7 @@ class Converter {
     return OfType(type->get<std::string>(), s, hint, path);
   }
 
-  std::string OfType(const std::string& t, const json& s, const std::string& hint, const std::string& path) {
+  std::string OfType(const std::string& t, const ordered_json& s, const std::string& hint, const std::string& path) {
     if (t == "object") return Object(s, hint, path);
     if (t == "array") return Array(s, hint, path);
     if (t == "string") return String(s, path);
@@ -496,7 +496,7 @@ class Converter {
     return "value";
   }
 
-  bool Count(const json& s, const char* key, const std::string& path, int64_t* out) {
+  bool Count(const ordered_json& s, const char* key, const std::string& path, int64_t* out) {
     auto it = s.find(key);
     if (it == s.end()) return false;
     if (!it->is_number_integer() || it->get<int64_t>() < 0) {
@@ -521,7 +521,7 @@ class Converter {
   // Calls f(value, key, lower, exclusive) for each of minimum, exclusiveMinimum, maximum, exclusiveMaximum the
   // schema gives as a number (other values fail, naming the key).
   template <class F>
-  void ForEachBound(const json& s, const std::string& path, F f) {
+  void ForEachBound(const ordered_json& s, const std::string& path, F f) {
     for (const auto& [key, lower, exclusive] : {std::tuple<const char*, bool, bool>{"minimum", true, false},
                                                 {"exclusiveMinimum", true, true},
                                                 {"maximum", false, false},
@@ -537,11 +537,11 @@ class Converter {
   }
 
   // An integer, within minimum / maximum / exclusiveMinimum / exclusiveMaximum when the schema gives them.
-  std::string Integer(const json& s, const std::string& path) {
+  std::string Integer(const ordered_json& s, const std::string& path) {
     bool has_lo = false, has_hi = false;
     int64_t lo = 0, hi = 0;
     const double cap = 1e16;  // integers are written with at most 16 digits
-    ForEachBound(s, path, [&](const json& v_json, const std::string& key, bool lower, bool exclusive) {
+    ForEachBound(s, path, [&](const ordered_json& v_json, const std::string& key, bool lower, bool exclusive) {
       const double v = v_json.get<double>();
       const double b = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v)) : (exclusive ? std::ceil(v) - 1 : std::floor(v));
       if (lower ? b <= -cap : b >= cap) return;  // no tighter than the digits
@@ -568,10 +568,10 @@ class Converter {
 
   // A number, within minimum / maximum / exclusiveMinimum / exclusiveMaximum when the schema gives them: then
   // written as a plain decimal (no exponent), every one in range and only those.
-  std::string Number(const json& s, const std::string& path) {
+  std::string Number(const ordered_json& s, const std::string& path) {
     std::optional<Decimal> lo, hi;
     bool lo_excl = false, hi_excl = false;
-    ForEachBound(s, path, [&](const json& v, const std::string& key, bool lower, bool exclusive) {
+    ForEachBound(s, path, [&](const ordered_json& v, const std::string& key, bool lower, bool exclusive) {
       Decimal d;
       if (!ParseDecimal(v.dump(), &d)) {
         Fail(path + "." + key, "must be a finite number of at most 16 integer digits");
@@ -594,7 +594,7 @@ class Converter {
     return "( " + *g + " )";
   }
 
-  std::string String(const json& s, const std::string& path) {
+  std::string String(const ordered_json& s, const std::string& path) {
     auto pattern = s.find("pattern");
     const char* format = nullptr;
     if (auto f = s.find("format"); f != s.end() && f->is_string()) format = FormatRegex(f->get<std::string>());
@@ -630,7 +630,7 @@ class Converter {
     return "\"\\\"\" char" + Repeat(lo, hi) + " \"\\\"\"";
   }
 
-  std::string Array(const json& s, const std::string& hint, const std::string& path) {
+  std::string Array(const ordered_json& s, const std::string& hint, const std::string& path) {
     std::string item = Use("value");
     if (auto it = s.find("items"); it != s.end()) item = Visit(*it, hint + "-item", path + ".items");
     int64_t lo = 0, hi = -1;
@@ -651,7 +651,7 @@ class Converter {
     return NewRule(hint, body);
   }
 
-  std::string Object(const json& s, const std::string& hint, const std::string& path) {
+  std::string Object(const ordered_json& s, const std::string& hint, const std::string& path) {
     Use("ws");
     auto props = s.find("properties");
     auto extra = s.find("additionalProperties");
@@ -705,7 +705,7 @@ class Converter {
     std::vector<bool> req;
     for (const auto& [name, sub] : props->items()) {
       std::string v = Visit(sub, hint + "-" + name, path + ".properties." + name);
-      kv.push_back(GbnfLiteral(SafeDump(json(name))) + " ws \":\" ws " + v + " ws");
+      kv.push_back(GbnfLiteral(SafeDump(ordered_json(name))) + " ws \":\" ws " + v + " ws");
       req.push_back(required.count(name) > 0);
     }
     const size_t n = kv.size();
@@ -728,7 +728,7 @@ class Converter {
     return NewRule(hint, "\"{\" ws " + first_next + " \"}\"");
   }
 
-  const json& root_;
+  const ordered_json& root_;
   int depth_ = 0;
   Status err_;
   std::map<std::string, std::string> rules_;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "core/strings.h"
 #include "tokenizer/tool_turns.h"
 
 namespace lathe::tokenizer {
@@ -14,15 +15,8 @@ constexpr const char* kNames[] = {"chatml", "llama3", "llama2", "mistral", "mist
 constexpr char kAlpacaPreamble[] =
     "Below is an instruction that describes a task. Write a response that appropriately completes the request.";
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
-// Python's str.strip() / lstrip(chars) / rstrip(chars) for ASCII characters.
-std::string Trim(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && IsSpace(s[b])) ++b;
-  while (e > b && IsSpace(s[e - 1])) --e;
-  return s.substr(b, e - b);
-}
+// Python's lstrip(chars) / rstrip(chars) for ASCII characters (strip() is Trim in core/strings.h).
 std::string LStrip(const std::string& s, char c) {
   size_t b = 0;
   while (b < s.size() && s[b] == c) ++b;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/strings.h"
+
 namespace lathe::tokenizer {
 namespace {
 
@@ -35,13 +37,6 @@ void PyJsonTo(const ojson& j, std::string* out) {
   } else {
     *out += Dump(j);
   }
-}
-
-// Python's str.strip() for ASCII whitespace (jinja's trim).
-std::string Trim(const std::string& s) {
-  const char* ws = " \t\n\r\v\f";
-  const size_t b = s.find_first_not_of(ws);
-  return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of(ws) - b + 1);
 }
 
 constexpr char kToolResponseOpen[] = "<tool_response>\n";

@@ -161,7 +161,9 @@ TEST(TrainerEpochOrder, GroupByLengthSortsWithinMegabatches) {
   EXPECT_EQ(few[small[0][0]], 9);
   for (const auto& mb : small) {
     ASSERT_EQ(mb.size(), 2u);
-    if (&mb != &small[0]) EXPECT_GE(few[mb[0]], few[mb[1]]);
+    if (&mb != &small[0]) {
+      EXPECT_GE(few[mb[0]], few[mb[1]]);
+    }
   }
 }
 
