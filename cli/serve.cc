@@ -106,6 +106,9 @@ int RunServe(int argc, char** argv) {
   args.Flag("--reasoning-parser",
             "split a chat reply's reasoning into message.reasoning_content, as vLLM's parser of that name: qwen3 "
             "(<think>...</think>)");
+  args.Bool("--structured-outputs-in-reasoning",
+            "with --reasoning-parser: structured outputs and forced tool calls constrain the reasoning too (vLLM's "
+            "structured_outputs_config.enable_in_reasoning); by default they start after it");
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return Fail("serve", st);
   if (args.help_requested()) {
@@ -115,6 +118,9 @@ int RunServe(int argc, char** argv) {
   if (args.Has("reasoning-parser")) {
     const std::string err = server::CheckReasoningParser(args.Get("reasoning-parser"));
     if (!err.empty()) return Fail("serve", Status::Error("--reasoning-parser: " + err));
+  } else if (args.On("structured-outputs-in-reasoning")) {
+    return Fail("serve", Status::Error("--structured-outputs-in-reasoning: it applies with --reasoning-parser (which "
+                                       "reasoning to constrain), which is not given"));
   }
   serve::EngineConfig ec;
   auto port = args.Int("port");
@@ -211,6 +217,7 @@ int RunServe(int argc, char** argv) {
   so.port = (int)*port;
   so.api_key = args.Get("api-key");
   so.reasoning_parser = args.Get("reasoning-parser");
+  so.structured_outputs_in_reasoning = args.On("structured-outputs-in-reasoning");
   if (args.Has("served-model-name")) {
     so.model_name = args.Get("served-model-name");
   } else {

@@ -33,6 +33,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
     matcher_ = std::make_unique<GrammarMatcher>(params.grammar->grammar, params.grammar->vocab, params.grammar->cache);
   }
   lazy_ = params.grammar && !params.grammar_trigger.empty();
+  if (params.grammar && !params.reasoning_start.empty() && !params.reasoning_end.empty()) gate_ = Gate::kUndecided;
 }
 
 void Sampler::WatchForTrigger(int32_t token) {
@@ -42,7 +43,11 @@ void Sampler::WatchForTrigger(int32_t token) {
   }
   const GrammarVocab& vocab = *params_.grammar->vocab;
   if (token < 0 || token >= vocab.size() || !vocab.is_text(token)) return;
-  untriggered_ += vocab.bytes(token);
+  WatchText(vocab.bytes(token));
+}
+
+void Sampler::WatchText(std::string_view bytes) {
+  untriggered_ += bytes;
   const std::string& trigger = params_.grammar_trigger;
   if (params_.grammar_trigger_at_start) {
     untriggered_.erase(0, std::min(untriggered_.size(), untriggered_.find_first_not_of(" \t\r\n")));
@@ -73,8 +78,104 @@ void Sampler::StartGrammar(std::string_view text) {
   untriggered_.clear();
 }
 
+namespace {
+
+bool IsBlankText(const std::string& b) { return !b.empty() && b.find_first_not_of(" \t\r\n") == std::string::npos; }
+
+}  // namespace
+
+bool Sampler::MaskGate(float* logits, int64_t vocab) {
+  const GrammarVocab& gv = *params_.grammar->vocab;
+  const int32_t n = (int32_t)std::min<int64_t>(vocab, gv.size());
+  if (gate_ == Gate::kUndecided) {
+    // The first token: the grammar's, or one that opens the think block.
+    matcher_->AllowedTokens(&allowed_);
+    const std::string& start = params_.reasoning_start;
+    for (int32_t i = 0; i < n && i < (int32_t)allowed_.size(); ++i) {
+      if (!allowed_[i] && gv.bytes(i).compare(0, start.size(), start) == 0) allowed_[i] = 1;
+    }
+  } else {  // kAfter: the grammar's first tokens, or blanks
+    matcher_->AllowedTokens(&allowed_);
+    for (int32_t i = 0; i < n && i < (int32_t)allowed_.size(); ++i) {
+      if (!allowed_[i] && gv.is_text(i) && IsBlankText(gv.bytes(i))) allowed_[i] = 1;
+    }
+  }
+  return ApplyMask(logits, vocab);
+}
+
+void Sampler::GateAccept(int32_t token) {
+  const GrammarVocab& gv = *params_.grammar->vocab;
+  if (token < 0 || token >= gv.size()) return;
+  const std::string& b = gv.bytes(token);
+  switch (gate_) {
+    case Gate::kNone:
+      return;
+    case Gate::kUndecided: {
+      const std::string& start = params_.reasoning_start;
+      if (b.compare(0, start.size(), start) == 0) {  // the think block is open: free text
+        gate_ = Gate::kReasoning;
+        matcher_.reset();
+        ReasoningText(std::string_view(b).substr(start.size()));
+        return;
+      }
+      // No think block: the grammar has the reply from its first token.
+      gate_ = Gate::kNone;
+      if (lazy_) {
+        WatchForTrigger(token);
+      } else if (!matcher_->AcceptToken(token)) {
+        matcher_.reset();  // (not reached: the mask allowed the token)
+      }
+      return;
+    }
+    case Gate::kReasoning:
+      ReasoningText(b);
+      return;
+    case Gate::kAfter:
+      if (matcher_->AcceptToken(token)) {
+        gate_ = Gate::kNone;
+      } else if (!IsBlankText(b)) {  // a draw the mask refused: the rest is free
+        gate_ = Gate::kNone;
+        matcher_.reset();
+      }
+      return;
+  }
+}
+
+void Sampler::ReasoningText(std::string_view bytes) {
+  gate_text_ += bytes;
+  const std::string& end = params_.reasoning_end;
+  const size_t at = gate_text_.find(end);
+  if (at == std::string::npos) {  // keep what may be reasoning_end's beginning
+    if (gate_text_.size() >= end.size()) gate_text_.erase(0, gate_text_.size() - (end.size() - 1));
+    return;
+  }
+  const std::string rest = gate_text_.substr(at + end.size());
+  gate_text_.clear();
+  EndReasoning(rest);
+}
+
+void Sampler::EndReasoning(std::string_view rest) {
+  if (lazy_) {  // the lazy grammar's wait starts now
+    gate_ = Gate::kNone;
+    if (!params_.grammar_trigger_is_token) WatchText(rest);
+    return;
+  }
+  const size_t k = rest.find_first_not_of(" \t\r\n");
+  if (k == std::string_view::npos) {
+    gate_ = Gate::kAfter;
+    matcher_ = std::make_unique<GrammarMatcher>(params_.grammar->grammar, params_.grammar->vocab, params_.grammar->cache);
+    return;
+  }
+  gate_ = Gate::kNone;
+  StartGrammar(rest.substr(k));
+}
+
 bool Sampler::MaskByGrammar(float* logits, int64_t vocab) {
   matcher_->AllowedTokens(&allowed_);
+  return ApplyMask(logits, vocab);
+}
+
+bool Sampler::ApplyMask(float* logits, int64_t vocab) {
   const int64_t n = std::min<int64_t>(vocab, (int64_t)allowed_.size());
   bool any = false;
   for (int64_t i = 0; i < n; ++i) {
@@ -129,7 +230,16 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
   }
   int32_t chosen = -1;
   bool accepted = false;  // the grammar has taken `chosen` already
-  if (matcher_) {
+  // A reasoning gate masks while the reply may still become (or has just ended) its think block; none inside it,
+  // nor before a lazy grammar's wait.
+  const bool gated = gate_ != Gate::kNone;
+  const bool gate_masks = gate_ == Gate::kAfter || (gate_ == Gate::kUndecided && !lazy_);
+  if (gated) {
+    if (gate_masks && !MaskGate(logits, vocab)) {
+      const auto& ends = params_.grammar->vocab->end_ids();
+      chosen = ends.empty() ? 0 : ends[0];
+    }
+  } else if (matcher_) {
     // Greedy: the best token is usually allowed, and trying it alone costs microseconds; otherwise (and
     // always when drawing) the whole mask, so the draw is over the allowed tokens' renormalized probabilities.
     if (p.temperature == 0.0f) {
@@ -237,13 +347,21 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
       chosen = cand_[keep - 1].second;
     }
   }
-  if (matcher_ && !accepted && !matcher_->AcceptToken(chosen)) {
-    // Only a draw at the very top of its range can land on a masked (zero-probability) token: take the best
-    // allowed one instead.
-    const int32_t best = (int32_t)kernels::Argmax(logits, vocab);
-    if (matcher_->AcceptToken(best)) chosen = best;
+  if (gated) {
+    // As below: a draw at the very top of its range may land on a masked token; the best allowed one instead.
+    if (gate_masks && (chosen >= (int64_t)allowed_.size() || !allowed_[chosen])) {
+      chosen = (int32_t)kernels::Argmax(logits, vocab);
+    }
+    GateAccept(chosen);
+  } else {
+    if (matcher_ && !accepted && !matcher_->AcceptToken(chosen)) {
+      // Only a draw at the very top of its range can land on a masked (zero-probability) token: take the best
+      // allowed one instead.
+      const int32_t best = (int32_t)kernels::Argmax(logits, vocab);
+      if (matcher_->AcceptToken(best)) chosen = best;
+    }
+    if (lazy_) WatchForTrigger(chosen);
   }
-  if (lazy_) WatchForTrigger(chosen);
   if (logprobs) ComputeLogprobs(raw.data(), vocab, chosen, n_top, logprobs);
   output_counts_[chosen]++;
   seen_.push_back(chosen);

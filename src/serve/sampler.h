@@ -44,6 +44,12 @@ struct SamplingParams {
   // once grammar_trigger_token is drawn. The server sets the id from the trigger's text when this is set.
   bool grammar_trigger_is_token = false;
   int32_t grammar_trigger_token = -1;
+  // A reasoning model's think block (`lathe serve --reasoning-parser`), as vLLM runs structured outputs: a reply
+  // whose first token begins with reasoning_start (reasoning models have the tag as one token, Qwen3's <think>) is
+  // free text up to reasoning_end, and the grammar (lazy or not) starts after it, blanks first; any other reply is
+  // the grammar's from its first token (which may be the grammar's or open the block). Empty: the grammar holds the
+  // whole reply. Only with a grammar.
+  std::string reasoning_start, reasoning_end;
   // Returns an error naming the field when a value is out of range.
   Status Validate() const;
 };
@@ -66,7 +72,7 @@ class Sampler {
   // With a grammar: the text drawn so far is complete and nothing may follow (the request is done).
   bool GrammarFinished() const { return matcher_ && matcher_->Finished(); }
   // A lazy grammar's trigger has appeared (always true without a trigger once a grammar is given).
-  bool GrammarActive() const { return matcher_ != nullptr; }
+  bool GrammarActive() const { return matcher_ != nullptr && gate_ != Gate::kUndecided; }
 
  private:
   SamplingParams params_;
@@ -80,12 +86,29 @@ class Sampler {
   std::vector<uint8_t> allowed_;                 // scratch: the grammar's mask
   std::string untriggered_;  // a lazy grammar before its trigger: the text's tail that may still hold its start
   bool lazy_ = false;        // waiting for the trigger
+  // Where the reply stands with a reasoning gate (SamplingParams::reasoning_start): kUndecided before its first
+  // token, kReasoning inside the think block, kAfter between reasoning_end and the grammar's first text (blanks),
+  // kNone once the grammar (or the lazy grammar's wait) has taken over, or without a gate.
+  enum class Gate : uint8_t { kNone, kUndecided, kReasoning, kAfter };
+  Gate gate_ = Gate::kNone;
+  std::string gate_text_;  // kReasoning: the text's tail that may hold reasoning_end's start
   // A lazy grammar: records a drawn token's bytes; when the trigger appears, starts the matcher on what follows it.
   void WatchForTrigger(int32_t token);
+  void WatchText(std::string_view bytes);
+  // The gate's mask (in allowed_, logits of the rest set to -inf); false when it allows nothing.
+  bool MaskGate(float* logits, int64_t vocab);
+  // Advances the gate over the drawn token.
+  void GateAccept(int32_t token);
+  // Text inside the think block: looks for reasoning_end.
+  void ReasoningText(std::string_view bytes);
+  // The reasoning is over; `rest` is the text after reasoning_end.
+  void EndReasoning(std::string_view rest);
   // Ends the wait: the grammar starts on `text` (dropped, with the grammar, when it refuses it).
   void StartGrammar(std::string_view text);
   // Sets the logits of the tokens the grammar does not allow to -inf; false when it allows none.
   bool MaskByGrammar(float* logits, int64_t vocab);
+  // The same for the tokens allowed_ does not hold.
+  bool ApplyMask(float* logits, int64_t vocab);
 };
 
 // Log-softmax of one logit row at `id` and the top-n (id, logprob) pairs.

@@ -254,6 +254,7 @@ struct HttpServer::Impl {
         } else {
           r.sampling.grammar = g.value();
           structured->Inc();
+          SetReasoningGate(opt.reasoning_parser, opt.structured_outputs_in_reasoning, chat, &r);
         }
       }
       if (!perr) perr = ResolveTriggerToken(tok, &r);

@@ -23,6 +23,9 @@ struct ServerOptions {
   int http_threads = 128;  // each streaming response holds one
   // vLLM's --reasoning-parser ("qwen3", or "" for none): chat replies' <think> blocks go to reasoning_content.
   std::string reasoning_parser;
+  // With a reasoning parser, grammars (structured outputs, tool calls) start after the think block, as vLLM's; true:
+  // they constrain the whole reply (vLLM's structured_outputs_config.enable_in_reasoning).
+  bool structured_outputs_in_reasoning = false;
   // LoRA adapters served beside the base model, chosen per request by "model" (not owned; they
   // must outlive the server). Requests of different adapters batch together in the engine.
   std::vector<std::pair<std::string, const model::LoraAdapter*>> adapters;

@@ -878,8 +878,13 @@ std::string CheckReasoningParser(const std::string& name) {
   return "unknown reasoning parser '" + name + "'; lathe has: qwen3 (<think>...</think>, as vLLM's qwen3)";
 }
 
+void SetReasoningGate(const std::string& reasoning_parser, bool in_reasoning, bool chat, CompletionRequest* r) {
+  if (!chat || reasoning_parser.empty() || in_reasoning || !r->enable_thinking || r->grammar.empty()) return;
+  r->sampling.reasoning_start = ReasoningReader::kOpen;
+  r->sampling.reasoning_end = ReasoningReader::kClose;
+}
+
 void ReasoningReader::Update(const std::string& piece, bool final, std::string* reasoning, std::string* content) {
-  static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
   held_ += piece;
   if (state_ == State::kStart) {
     if (held_.size() < kOpen.size() && kOpen.compare(0, held_.size(), held_) == 0 && !final) return;  // may open

@@ -163,6 +163,11 @@ std::string RequiredCallsGbnf(const std::string& call_gbnf, bool parallel);
 // text that lists them.
 std::string CheckReasoningParser(const std::string& name);
 
+// With a reasoning parser, a chat request's grammar (structured outputs, tool calls) starts after the reply's think
+// block, as vLLM runs structured outputs (SamplingParams::reasoning_start): unless `in_reasoning`
+// (--structured-outputs-in-reasoning, vLLM's enable_in_reasoning) or the request turned thinking off.
+void SetReasoningGate(const std::string& reasoning_parser, bool in_reasoning, bool chat, CompletionRequest* r);
+
 // Splits a chat reply into reasoning and content as it streams, for `--reasoning-parser qwen3` (Qwen3, QwQ and other
 // models that think in <think>...</think>): a reply that opens with "<think>" is reasoning up to "</think>" and
 // content after it (the text after the tag as written, vLLM's split); a reply that does not is all content; one cut
@@ -170,6 +175,7 @@ std::string CheckReasoningParser(const std::string& name);
 // what it is, so streamed pieces join to exactly what the whole reply gives.
 class ReasoningReader {
  public:
+  static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
   // `piece`: the reply's next text; `final`: it is the last. Appends what can be given out now.
   void Update(const std::string& piece, bool final, std::string* reasoning, std::string* content);
 

@@ -90,27 +90,37 @@ st=$?
 server_pid=
 if [ "$st" -ne 0 ]; then echo "FAIL: server exit status $st after SIGTERM"; cat "$tmp/server.err"; rc=1; fi
 
+# Starts `lathe serve` with these arguments (on a free port, served as "m"), its output in $tmp/side.{out,err}; sets
+# server_pid and url (empty when it did not start within 60 s).
+start_side_server() {
+  "$LATHE" serve --host 127.0.0.1 --port 0 --served-model-name m --kv-cache-memory 64M -t 2 "$@" \
+    > "$tmp/side.out" 2> "$tmp/side.err" &
+  server_pid=$!
+  url=
+  for _ in $(seq 1 1200); do
+    url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$tmp/side.out" | head -1)
+    [ -n "$url" ] && break
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+}
+stop_side_server() {
+  kill -TERM "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
+  server_pid=
+}
+
 # tool_choice "auto" on a real chat model (SmolLM2, when the test has it): content, and calls read back, in its own
-# template's Hermes format and in Llama 3's JSON format (the llama3 template).
+# template's Hermes format and in Llama 3's JSON format (the llama3 template). With a reasoning parser, as a Qwen3
+# would be served: the replies open no think block, so the tool grammars run as without one.
 if [ -n "${LATHE_SMOLLM2:-}" ] && [ -f "$LATHE_SMOLLM2" ]; then
   for template in chatml llama3; do
-    "$LATHE" serve -m "$LATHE_SMOLLM2" --host 127.0.0.1 --port 0 --served-model-name m --kv-cache-memory 64M \
-      --max-model-len 1024 -t 2 --chat-template "$template" > "$tmp/smol.out" 2> "$tmp/smol.err" &
-    server_pid=$!
-    url=
-    for _ in $(seq 1 1200); do
-      url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$tmp/smol.out" | head -1)
-      [ -n "$url" ] && break
-      kill -0 "$server_pid" 2>/dev/null || break
-      sleep 0.05
-    done
+    start_side_server -m "$LATHE_SMOLLM2" --max-model-len 1024 --chat-template "$template" --reasoning-parser qwen3
     if [ -z "$url" ]; then
-      echo "FAIL: the SmolLM2 server ($template) did not start"; cat "$tmp/smol.err"; rc=1
+      echo "FAIL: the SmolLM2 server ($template) did not start"; cat "$tmp/side.err"; rc=1
     elif ! "$VENV/bin/python" "$HERE/serve_test.py" tools-auto "$url" "$template"; then
-      echo "FAIL: tool calls on SmolLM2 ($template); the server's stderr ends:"; tail -20 "$tmp/smol.err"; rc=1
+      echo "FAIL: tool calls on SmolLM2 ($template); the server's stderr ends:"; tail -20 "$tmp/side.err"; rc=1
     fi
-    kill -TERM "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
-    server_pid=
+    stop_side_server
   done
 fi
 
@@ -123,6 +133,9 @@ out=$("$LATHE" serve -m "$MODEL" --reasoning-parser deepseek 2>&1); [ $? -ne 0 ]
   && echo "$out" | grep -q -- "--reasoning-parser: unknown reasoning parser 'deepseek'; lathe has: qwen3" \
   || { echo "FAIL: bad --reasoning-parser: $out"; rc=1; }
 
+out=$("$LATHE" serve -m "$MODEL" --structured-outputs-in-reasoning 2>&1); [ $? -ne 0 ] \
+  && echo "$out" | grep -q -- "--structured-outputs-in-reasoning: it applies with --reasoning-parser" \
+  || { echo "FAIL: --structured-outputs-in-reasoning alone: $out"; rc=1; }
 out=$("$LATHE" serve -m "$MODEL" --kv-cache-dtype int8 2>&1); [ $? -ne 0 ] \
   && echo "$out" | grep -q -- "--kv-cache-dtype 'int8': expected auto, f32, f16 or bf16" \
   || { echo "FAIL: bad --kv-cache-dtype: $out"; rc=1; }

@@ -637,6 +637,28 @@ TEST(OpenAiApi, ReasoningReaderSplitsThinkBlocksAtAnyPieceSize) {
   EXPECT_NE(CheckReasoningParser("deepseek").find("lathe has: qwen3"), std::string::npos);
 }
 
+TEST(OpenAiApi, ReasoningGateOnlyForChatGrammarsWithAParserAndThinking) {
+  auto gated = [](const std::string& body, bool chat, const std::string& parser, bool in_reasoning) {
+    CompletionRequest r;
+    EXPECT_FALSE(Parse(body, chat, &r)) << body;
+    SetReasoningGate(parser, in_reasoning, chat, &r);
+    EXPECT_EQ(r.sampling.reasoning_start.empty(), r.sampling.reasoning_end.empty());
+    return r.sampling.reasoning_start == "<think>" && r.sampling.reasoning_end == "</think>";
+  };
+  const std::string json_mode = R"({"messages": [{"role": "user", "content": "Q"}],
+      "response_format": {"type": "json_object"}})";
+  const std::string tools = R"({"messages": [{"role": "user", "content": "Q"}], "tools": [{"type": "function",
+      "function": {"name": "f", "parameters": {"type": "object"}}}]})";
+  EXPECT_TRUE(gated(json_mode, true, "qwen3", false));
+  EXPECT_TRUE(gated(tools, true, "qwen3", false));  // tool_choice "auto": its lazy grammar
+  EXPECT_FALSE(gated(json_mode, true, "", false));     // no parser
+  EXPECT_FALSE(gated(json_mode, true, "qwen3", true));  // --structured-outputs-in-reasoning
+  EXPECT_FALSE(gated(R"({"messages": [{"role": "user", "content": "Q"}]})", true, "qwen3", false));  // no grammar
+  EXPECT_FALSE(gated(R"({"prompt": "Q", "response_format": {"type": "json_object"}})", false, "qwen3", false));
+  EXPECT_FALSE(gated(R"({"messages": [{"role": "user", "content": "Q"}], "response_format": {"type": "json_object"},
+      "chat_template_kwargs": {"enable_thinking": false}})", true, "qwen3", false));
+}
+
 TEST(OpenAiApi, ReasoningFieldsInAndOut) {
   // Out: message.reasoning_content and .reasoning (vLLM's old and new names); content null when only reasoning.
   Choice c;

@@ -10,6 +10,9 @@
 #include <random>
 #include <set>
 
+#include "model/loader.h"
+#include "test_util.h"
+
 namespace lathe::serve {
 namespace {
 
@@ -414,6 +417,94 @@ TEST(SamplerGrammar, TokenTriggerStartsTheGrammarAfterThatToken) {
   // The same text as a plain token: free.
   EXPECT_EQ(DrawFavourites(p, 7, {0, 4, 5, 5}, 5, &active), (std::vector<int32_t>{0, 4, 5, 5}));
   EXPECT_FALSE(active);
+}
+
+// A reasoning gate (SamplingParams::reasoning_start/end, `--reasoning-parser`): a think block at the reply's start is
+// free text, and the grammar takes the reply after it, blanks first; a reply that opens otherwise is the grammar's.
+std::shared_ptr<CompiledGrammar> ThinkVocabGrammar(const char* gbnf) {
+  auto g = Grammar::Parse(gbnf);
+  EXPECT_TRUE(g.ok());
+  auto compiled = std::make_shared<CompiledGrammar>();
+  compiled->grammar = g.value();
+  compiled->vocab = std::make_shared<GrammarVocab>(
+      std::vector<std::string>{"<think>", "<", "think>", "</think>", "hmm", "{", "}", "\n\n", "x", "", "<tool_call>",
+                               "</think>{"},
+      std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1}, std::vector<int32_t>{9});
+  return compiled;
+}
+
+TEST(SamplerGrammar, ReasoningGateFreesTheThinkBlockAndConstrainsTheAnswer) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.grammar = ThinkVocabGrammar("root ::= \"{}\"");
+  p.reasoning_start = "<think>";
+  p.reasoning_end = "</think>";
+  bool active = false;
+  // "{" is second best everywhere. "<think>", then free text ("x" too), "</think>", a blank, and then the grammar:
+  // "x" is refused for "{", then only "}" may follow.
+  EXPECT_EQ(DrawFavourites(p, 12, {0, 4, 8, 3, 7, 8, 8, 8}, 5, &active),
+            (std::vector<int32_t>{0, 4, 8, 3, 7, 5, 6}));
+  EXPECT_TRUE(active);
+  // The grammar's first text in the token that closes the block.
+  EXPECT_EQ(DrawFavourites(p, 12, {0, 11, 8}, 5), (std::vector<int32_t>{0, 11, 6}));
+  // No think block: the grammar from the first token ("x" neither is the grammar's nor opens the block).
+  EXPECT_EQ(DrawFavourites(p, 12, {8, 8, 8}, 5), (std::vector<int32_t>{5, 6}));
+  // Only a token that begins with the whole tag opens the block (a model that spells it out is no reasoning
+  // model): "<" is refused.
+  EXPECT_EQ(DrawFavourites(p, 12, {1, 2, 8}, 5), (std::vector<int32_t>{5, 6}));
+  // Without the gate the grammar holds the whole reply: "<think>" is refused.
+  p.reasoning_start.clear();
+  EXPECT_EQ(DrawFavourites(p, 12, {0, 8, 8}, 5), (std::vector<int32_t>{5, 6}));
+}
+
+TEST(SamplerGrammar, ReasoningGateHoldsBackALazyGrammarsTrigger) {
+  // tool_choice "auto": the trigger inside the think block is reasoning; after it, the trigger starts the grammar.
+  SamplingParams p;
+  p.temperature = 0;
+  p.grammar = ThinkVocabGrammar("root ::= \"{}\"");
+  p.grammar_trigger = "<tool_call>";
+  p.reasoning_start = "<think>";
+  p.reasoning_end = "</think>";
+  bool active = true;
+  EXPECT_EQ(DrawFavourites(p, 12, {0, 10, 8, 3, 7, 8}, 5, &active), (std::vector<int32_t>{0, 10, 8, 3, 7, 8}));
+  EXPECT_FALSE(active);
+  EXPECT_EQ(DrawFavourites(p, 12, {0, 10, 8, 3, 10, 8, 8}, 5, &active),
+            (std::vector<int32_t>{0, 10, 8, 3, 10, 5, 6}));
+  EXPECT_TRUE(active);
+  // No think block: the trigger (which begins like "<think>") starts the grammar at once.
+  EXPECT_EQ(DrawFavourites(p, 12, {10, 8, 8}, 5, &active), (std::vector<int32_t>{10, 5, 6}));
+  EXPECT_TRUE(active);
+  // The trigger's first character, then free text: no grammar.
+  EXPECT_EQ(DrawFavourites(p, 12, {1, 8, 8}, 5, &active), (std::vector<int32_t>{1, 8, 8}));
+  EXPECT_FALSE(active);
+}
+
+TEST(SamplerGrammar, ReasoningGateOnQwen3sVocabulary) {
+  // Qwen3's tokenizer: "<think>" and "</think>" are single text tokens, so its replies open the gate.
+  auto tok = model::LoadTokenizer(lathe::testing::SharedPath("models/qwen3-tokenizer/tokenizer.json"));
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  auto one = [&](const char* text) {
+    const auto ids = (*tok)->Encode(text, /*add_bos=*/false, /*parse_special=*/true);
+    EXPECT_EQ(ids.size(), 1u) << text;
+    return ids.empty() ? -1 : ids[0];
+  };
+  const int32_t open = one("<think>"), close = one("</think>"), blank = one("\n\n"), x = one("x"), lb = one("{"),
+                rb = one("}");
+  auto g = Grammar::Parse("root ::= \"{\" \"}\"");
+  ASSERT_TRUE(g.ok());
+  auto compiled = std::make_shared<CompiledGrammar>();
+  compiled->grammar = g.value();
+  compiled->vocab = GrammarVocab::FromTokenizer(**tok);
+  SamplingParams p;
+  p.temperature = 0;
+  p.grammar = compiled;
+  p.reasoning_start = "<think>";
+  p.reasoning_end = "</think>";
+  const int64_t vocab = compiled->vocab->size();
+  EXPECT_EQ(DrawFavourites(p, vocab, {open, x, close, blank, x, x, x}, lb),
+            (std::vector<int32_t>{open, x, close, blank, lb, rb}));
+  p.reasoning_start.clear();  // without the gate the tag is refused
+  EXPECT_EQ(DrawFavourites(p, vocab, {open, x, x}, lb), (std::vector<int32_t>{lb, rb}));
 }
 
 }  // namespace
