@@ -33,7 +33,9 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
     matcher_ = std::make_unique<GrammarMatcher>(params.grammar->grammar, params.grammar->vocab, params.grammar->cache);
   }
   lazy_ = params.grammar && !params.grammar_trigger.empty();
-  if (params.grammar && !params.reasoning_start.empty() && !params.reasoning_end.empty()) gate_ = Gate::kUndecided;
+  if (params.grammar && !params.reasoning_start.empty() && !params.reasoning_end.empty()) {
+    gate_ = params.reasoning_open ? Gate::kReasoning : Gate::kUndecided;
+  }
 }
 
 void Sampler::WatchForTrigger(int32_t token) {

@@ -50,6 +50,8 @@ struct SamplingParams {
   // the grammar's from its first token (which may be the grammar's or open the block). Empty: the grammar holds the
   // whole reply. Only with a grammar.
   std::string reasoning_start, reasoning_end;
+  // The reply starts inside the think block (the prompt opened it, or vLLM's deepseek_r1): free up to reasoning_end.
+  bool reasoning_open = false;
   // Returns an error naming the field when a value is out of range.
   Status Validate() const;
 };

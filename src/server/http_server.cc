@@ -67,7 +67,8 @@ struct ChoiceState {
   std::string echo;  // completions with echo: the prompt text, sent before the first token's text
   Choice choice;
   std::string raw;   // tool calling: the generated text (choice.text is the content)
-  std::unique_ptr<ToolCallReader> reader;  // tool_choice "auto"
+  std::unique_ptr<ToolCallReader> reader;  // tool_choice "auto" or "required"
+  JsonMinifier minifier;                   // a named function's arguments
   std::unique_ptr<ReasoningReader> reasoning;  // chat with --reasoning-parser
 };
 
@@ -254,7 +255,6 @@ struct HttpServer::Impl {
         } else {
           r.sampling.grammar = g.value();
           structured->Inc();
-          SetReasoningGate(opt.reasoning_parser, opt.structured_outputs_in_reasoning, chat, &r);
         }
       }
       if (!perr) perr = ResolveTriggerToken(tok, &r);
@@ -275,8 +275,12 @@ struct HttpServer::Impl {
     }
     // Each prompt's token ids (chat: one, from the template; completions: one or a batch).
     std::vector<std::vector<int32_t>> prompt_ids;
+    bool reasoning_open = false;  // the prompt ends inside a think block its template opened
     if (chat) {
-      prompt_ids.push_back(tok.Encode(PromptText(r, tmpl), tok.add_bos() && !tmpl.text_has_bos(), true));
+      const std::string text = PromptText(r, tmpl);
+      reasoning_open = ReasoningOpenAtEnd(text);
+      SetReasoningGate(opt.reasoning_parser, opt.structured_outputs_in_reasoning, chat, reasoning_open, &r);
+      prompt_ids.push_back(tok.Encode(text, tok.add_bos() && !tmpl.text_has_bos(), true));
     } else {
       for (const auto& p : r.prompts) prompt_ids.push_back(p.is_ids ? p.ids : tok.Encode(p.text, tok.add_bos(), true));
     }
@@ -374,11 +378,14 @@ struct HttpServer::Impl {
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     auto call_id = [id](int c) { return "call_" + id.substr(id.find('-') + 1) + "_" + std::to_string(c) + "_"; };
     if (chat && !opt.reasoning_parser.empty()) {
-      for (int c = 0; c < n_choices; ++c) (*states)[c].reasoning = std::make_unique<ReasoningReader>();
-    }
-    if (r.tool_mode == "auto") {
       for (int c = 0; c < n_choices; ++c) {
-        (*states)[c].reader = std::make_unique<ToolCallReader>(call_id(c), r.tool_format);
+        (*states)[c].reasoning = std::make_unique<ReasoningReader>(opt.reasoning_parser, reasoning_open);
+      }
+    }
+    if (r.tool_mode == "auto" || r.tool_mode == "required") {
+      for (int c = 0; c < n_choices; ++c) {
+        (*states)[c].reader =
+            std::make_unique<ToolCallReader>(call_id(c), r.tool_format, /*list=*/r.tool_mode == "required");
       }
     }
     const int64_t created = (int64_t)std::time(nullptr);
@@ -456,18 +463,24 @@ struct HttpServer::Impl {
       }
       cs.raw += text;
       if (cs.reader) {
-        // tool_choice "auto": content as it comes, each call when its block closes.
+        // tool_choice "auto" (content as it comes, then calls) or "required" (a list of calls): each call's arguments
+        // as they come.
         cs.reader->Update(cs.raw, !delta->finish_reason.empty(), &delta->text, &delta->tool_calls);
         cs.choice.text += delta->text;
-        cs.choice.tool_calls.insert(cs.choice.tool_calls.end(), delta->tool_calls.begin(), delta->tool_calls.end());
+        AppendToolCalls(delta->tool_calls, &cs.choice.tool_calls);
         if (delta->finish_reason == "stop" && cs.reader->calls() > 0) {
           delta->finish_reason = cs.choice.finish_reason = "tool_calls";
         }
-      } else if (!delta->finish_reason.empty()) {
-        // A forced tool call: the text is the call's JSON, delivered whole as tool_calls when it ends (streamed too:
-        // one delta with the complete call).
-        cs.choice.tool_calls = ToolCallsFromText(r, cs.raw, call_id(ev.choice));
-        delta->tool_calls = cs.choice.tool_calls;
+      } else if (r.tool_mode == "named") {
+        // A named function: the text is its arguments, streamed as they come (blanks outside strings dropped, as
+        // the reader's) after a first delta with its id and name.
+        const std::string piece = cs.minifier.Push(text);
+        if (cs.choice.tool_calls.empty()) {
+          delta->tool_calls.push_back(ToolCall{call_id(ev.choice) + "0", r.tool_name, piece, 0});
+        } else if (!piece.empty()) {
+          delta->tool_calls.push_back(ToolCall{"", "", piece, 0});
+        }
+        AppendToolCalls(delta->tool_calls, &cs.choice.tool_calls);
         if (delta->finish_reason == "stop") delta->finish_reason = cs.choice.finish_reason = "tool_calls";
       }
     };

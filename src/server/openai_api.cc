@@ -328,7 +328,9 @@ std::vector<tokenizer::ChatMessage> PromptMessages(const CompletionRequest& r, c
 
 std::string PromptText(const CompletionRequest& r, const tokenizer::ChatTemplate& tmpl) {
   std::string text = tmpl.Apply(PromptMessages(r, tmpl), /*add_generation_prompt=*/true);
-  if (!r.enable_thinking && tmpl.think_blocks()) text += "<think>\n\n</think>\n\n";
+  if (!r.enable_thinking && tmpl.thinking_switch()) {  // as Qwen3's and Qwen3.5's jinja: an empty, closed block
+    text += tmpl.think_in_prompt() ? "\n</think>\n\n" : "<think>\n\n</think>\n\n";
+  }
   return text;
 }
 
@@ -607,38 +609,6 @@ json UsageJson(const Usage& u) {
 
 }  // namespace
 
-std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text,
-                                        const std::string& id_prefix) {
-  ToolCall call;
-  call.id = id_prefix + "0";
-  call.name = r.tool_name;
-  call.arguments = text;
-  if (r.tool_mode == "required") {  // a list of {"name", "arguments"} calls
-    auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-    const char* key = r.tool_format == ToolFormat::kLlama3Json ? "parameters" : "arguments";
-    if (j.is_object()) j = nlohmann::ordered_json::array({j});
-    if (j.is_discarded()) {  // the length ran out inside the list: the calls whose objects closed
-      j = nlohmann::ordered_json::array();
-      size_t p = text.find('[');
-      while (p != std::string::npos && (p = text.find_first_not_of(" \t\r\n,[", p)) != std::string::npos &&
-             text[p] == '{') {
-        const size_t end = ToolCallReader::ObjectEnd(text, p);
-        if (end == std::string::npos) break;
-        j.push_back(nlohmann::ordered_json::parse(text.substr(p, end - p), nullptr, /*allow_exceptions=*/false));
-        p = end;
-      }
-    }
-    std::vector<ToolCall> calls;
-    for (const auto& c : j.is_array() ? j : nlohmann::ordered_json::array()) {
-      if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains(key)) return {call};
-      calls.push_back({id_prefix + std::to_string(calls.size()), c["name"].get<std::string>(), SafeDump(c[key]),
-                       (int)calls.size()});
-    }
-    if (!calls.empty()) return calls;
-  }
-  return {call};
-}
-
 namespace {
 // The call's root becomes tool_call_json (JSON schema grammars never name a rule with '_', nor refer to root).
 std::string CallRule(const std::string& call_gbnf) {
@@ -689,6 +659,126 @@ bool ToolCallReader::Emit(const std::string& json_text, std::vector<ToolCall>* c
   call.arguments = SafeDump(j[key]);
   calls->push_back(std::move(call));
   return true;
+}
+
+namespace {
+
+enum class Header { kMatch, kPartial, kMismatch };
+
+// The header of a call object at text[p]: {"name": <string>, "<key>": { -- kMatch with the name and where the
+// arguments' "{" is, kPartial while the text ends inside it, kMismatch for anything else.
+Header ReadHeader(const std::string& text, size_t p, const std::string& key, std::string* name, size_t* args) {
+  size_t i = p;
+  // 1: matched (i moved past it); 2: the text ends inside it; 0: something else.
+  auto expect = [&](const std::string& s) {
+    const size_t n = std::min(s.size(), text.size() - i);
+    if (text.compare(i, n, s, 0, n) != 0) return 0;
+    if (n < s.size()) return 2;
+    i += s.size();
+    return 1;
+  };
+  auto blanks = [&] {
+    while (i < text.size() && IsSpace(text[i])) ++i;
+    return i < text.size();
+  };
+  for (const std::string& part : {std::string("{"), std::string("\"name\""), std::string(":")}) {
+    if (!blanks()) return Header::kPartial;
+    if (const int m = expect(part); m != 1) return m == 2 ? Header::kPartial : Header::kMismatch;
+  }
+  if (!blanks()) return Header::kPartial;
+  if (text[i] != '"') return Header::kMismatch;
+  size_t q = i + 1;
+  for (bool escaped = false; q < text.size(); ++q) {
+    if (escaped) {
+      escaped = false;
+    } else if (text[q] == '\\') {
+      escaped = true;
+    } else if (text[q] == '"') {
+      break;
+    }
+  }
+  if (q == text.size()) return Header::kPartial;
+  auto j = nlohmann::json::parse(text.begin() + (std::ptrdiff_t)i, text.begin() + (std::ptrdiff_t)q + 1, nullptr,
+                                 /*allow_exceptions=*/false);
+  if (!j.is_string()) return Header::kMismatch;
+  i = q + 1;
+  for (const std::string& part : {std::string(","), "\"" + key + "\"", std::string(":")}) {
+    if (!blanks()) return Header::kPartial;
+    if (const int m = expect(part); m != 1) return m == 2 ? Header::kPartial : Header::kMismatch;
+  }
+  if (!blanks()) return Header::kPartial;
+  if (text[i] != '{') return Header::kMismatch;
+  *name = j.get<std::string>();
+  *args = i;
+  return Header::kMatch;
+}
+
+}  // namespace
+
+void AppendToolCalls(const std::vector<ToolCall>& deltas, std::vector<ToolCall>* calls) {
+  for (const ToolCall& d : deltas) {
+    if (d.id.empty() && !calls->empty() && calls->back().index == d.index) {
+      calls->back().arguments += d.arguments;
+    } else {
+      calls->push_back(d);
+    }
+  }
+}
+
+ToolCallReader::CallRead ToolCallReader::ReadCall(const std::string& text, size_t p, size_t end,
+                                                  std::vector<ToolCall>* calls) {
+  if (!call_open_) {
+    std::string name;
+    size_t args = 0;
+    const Header h =
+        ReadHeader(text, p, format_ == ToolFormat::kLlama3Json ? "parameters" : "arguments", &name, &args);
+    if (h != Header::kMatch) {  // read whole once it closes (another key order, or not a call)
+      if (end == std::string::npos) return CallRead::kMore;
+      return Emit(text.substr(p, end - p), calls) ? CallRead::kDone : CallRead::kNotCall;
+    }
+    call_open_ = true;
+    args_at_ = args_sent_ = args;
+    args_minifier_ = JsonMinifier();
+    ToolCall call;
+    call.id = NextId();
+    call.index = n_calls_++;
+    call.name = std::move(name);
+    AppendToolCalls({call}, calls);
+  }
+  const size_t args_end = ObjectEnd(text, args_at_);
+  SendArguments(text, args_end == std::string::npos ? text.size() : args_end, calls);
+  if (end == std::string::npos) return CallRead::kMore;
+  call_open_ = false;
+  return CallRead::kDone;
+}
+
+std::string JsonMinifier::Push(std::string_view piece) {
+  std::string out;
+  for (const char c : piece) {
+    if (in_string_) {
+      out += c;
+      if (escaped_) {
+        escaped_ = false;
+      } else if (c == '\\') {
+        escaped_ = true;
+      } else if (c == '"') {
+        in_string_ = false;
+      }
+    } else if (!IsSpace(c)) {
+      out += c;
+      in_string_ = c == '"';
+    }
+  }
+  return out;
+}
+
+void ToolCallReader::SendArguments(const std::string& text, size_t upto, std::vector<ToolCall>* calls) {
+  if (upto <= args_sent_) return;
+  ToolCall piece;
+  piece.index = n_calls_ - 1;
+  piece.arguments = args_minifier_.Push(std::string_view(text).substr(args_sent_, upto - args_sent_));
+  args_sent_ = upto;
+  if (!piece.arguments.empty()) AppendToolCalls({piece}, calls);
 }
 
 size_t ToolCallReader::ObjectEnd(const std::string& text, size_t p) {
@@ -769,6 +859,10 @@ void ToolCallReader::UpdateMistral(const std::string& text, bool finished, std::
     }
   }
   if (list_open_) ReadCalls(text, ',', ']', calls);
+  if (finished && call_open_) {  // a call the end cut off keeps what it has
+    call_open_ = false;
+    sent_ = text.size();
+  }
   if (finished && sent_ < text.size()) GiveBack(text, ',', n_calls_ == 0 ? marker_end_ : sent_, content);
 }
 
@@ -777,12 +871,13 @@ void ToolCallReader::ReadCalls(const std::string& text, char sep, char close, st
     size_t p = sent_;
     while (p < text.size() && IsSpace(text[p])) ++p;
     if (p == text.size()) break;
-    if (close && n_calls_ > 0 && text[p] == close) {
+    const int before = n_calls_ - (call_open_ ? 1 : 0);  // calls that end before text[sent_]
+    if (close && before > 0 && text[p] == close) {
       list_closed_ = true;
       sent_ = p + 1;
       break;
     }
-    if (n_calls_ > 0) {  // after a call: the separator, then the next
+    if (before > 0) {  // after a call: the separator, then the next
       if (text[p] != sep) {
         failed_ = true;
         break;
@@ -796,8 +891,9 @@ void ToolCallReader::ReadCalls(const std::string& text, char sep, char close, st
       break;
     }
     const size_t end = ObjectEnd(text, p);
-    if (end == std::string::npos) break;  // not complete yet
-    if (!Emit(text.substr(p, end - p), calls)) {
+    const CallRead read = ReadCall(text, p, end, calls);
+    if (read == CallRead::kMore) break;  // not complete yet (its header and arguments stream meanwhile)
+    if (read == CallRead::kNotCall) {
       failed_ = true;
       break;
     }
@@ -833,12 +929,16 @@ void ToolCallReader::UpdateJson(const std::string& text, bool finished, std::str
   // Calls: complete JSON objects (braces counted outside strings), joined by ";". What they leave at the end (a
   // call cut off, or text that is not one) comes back as content, without the ";" before it.
   ReadCalls(text, ';', '\0', calls);
+  if (finished && call_open_) {  // a call the end cut off keeps what it has
+    call_open_ = false;
+    sent_ = text.size();
+  }
   if (finished && sent_ < text.size()) GiveBack(text, ';', sent_, content);
 }
 
 void ToolCallReader::Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls) {
+  if (format_ == ToolFormat::kMistral || list_) return UpdateMistral(text, finished, content, calls);
   if (format_ == ToolFormat::kLlama3Json) return UpdateJson(text, finished, content, calls);
-  if (format_ == ToolFormat::kMistral) return UpdateMistral(text, finished, content, calls);
   const std::string open = kToolCallOpen, close = kToolCallClose;
   if (!in_calls_) {
     const size_t at = text.find(open, sent_);
@@ -855,13 +955,42 @@ void ToolCallReader::Update(const std::string& text, bool finished, std::string*
       failed_ = true;  // text after the calls that is not another call
       break;
     }
-    const size_t c = text.find(close, p + open.size());
-    if (c == std::string::npos) break;  // not closed yet
-    if (!Emit(text.substr(p + open.size(), c - p - open.size()), calls)) {
+    if (text.size() - p < open.size()) break;  // the tag itself is not complete yet
+    size_t q = p + open.size();
+    while (q < text.size() && IsSpace(text[q])) ++q;
+    CallRead read = CallRead::kNotCall;
+    size_t c = std::string::npos;
+    if (q < text.size() && text[q] == '{') {
+      // The closing tag after the object (a "</tool_call>" inside its strings is not it); until both have come, the
+      // call's header and arguments as they come.
+      const size_t end = ObjectEnd(text, q);
+      if (end != std::string::npos) c = text.find(close, end);
+      if (c == std::string::npos) {
+        ReadCall(text, q, std::string::npos, calls);
+        break;
+      }
+      // Text between the object and the tag: not a call, unless its header made it one already.
+      std::string name;
+      size_t args = 0;
+      const bool tag_follows = text.find_first_not_of(" \t\r\n", end) == c;
+      if (tag_follows || call_open_ ||
+          ReadHeader(text, q, format_ == ToolFormat::kLlama3Json ? "parameters" : "arguments", &name, &args) ==
+              Header::kMatch) {
+        read = ReadCall(text, q, end, calls);
+      }
+    } else {
+      c = text.find(close, p + open.size());
+      if (c == std::string::npos) break;  // not closed yet
+    }
+    if (read == CallRead::kNotCall) {
       failed_ = true;
       break;
     }
     sent_ = c + close.size();
+  }
+  if (finished && call_open_) {  // a call the end cut off keeps what it has
+    call_open_ = false;
+    sent_ = text.size();
   }
   if (finished && sent_ < text.size()) {
     // A block the end cut off, or one that was not a call: its text as content. Whitespace after the calls is
@@ -874,25 +1003,34 @@ void ToolCallReader::Update(const std::string& text, bool finished, std::string*
 }
 
 std::string CheckReasoningParser(const std::string& name) {
-  if (name == "qwen3") return "";
-  return "unknown reasoning parser '" + name + "'; lathe has: qwen3 (<think>...</think>, as vLLM's qwen3)";
+  if (name == "qwen3" || name == "deepseek_r1") return "";
+  return "unknown reasoning parser '" + name +
+         "'; lathe has: qwen3 (<think>...</think>, as vLLM's qwen3), deepseek_r1 (reasoning from the reply's start "
+         "up to </think>, as vLLM's deepseek_r1)";
 }
 
-void SetReasoningGate(const std::string& reasoning_parser, bool in_reasoning, bool chat, CompletionRequest* r) {
+void SetReasoningGate(const std::string& reasoning_parser, bool in_reasoning, bool chat, bool open_in_prompt,
+                      CompletionRequest* r) {
   if (!chat || reasoning_parser.empty() || in_reasoning || !r->enable_thinking || r->grammar.empty()) return;
   r->sampling.reasoning_start = ReasoningReader::kOpen;
   r->sampling.reasoning_end = ReasoningReader::kClose;
+  r->sampling.reasoning_open = open_in_prompt || reasoning_parser == "deepseek_r1";
+}
+
+bool ReasoningOpenAtEnd(const std::string& prompt_text) {
+  const size_t open = prompt_text.rfind(ReasoningReader::kOpen);
+  return open != std::string::npos && prompt_text.find(ReasoningReader::kClose, open) == std::string::npos;
 }
 
 void ReasoningReader::Update(const std::string& piece, bool final, std::string* reasoning, std::string* content) {
   held_ += piece;
-  if (state_ == State::kStart) {
+  if (state_ == State::kStart || state_ == State::kInBlock) {
     if (held_.size() < kOpen.size() && kOpen.compare(0, held_.size(), held_) == 0 && !final) return;  // may open
     if (held_.compare(0, kOpen.size(), kOpen) == 0) {
       state_ = State::kReasoning;
       held_.erase(0, kOpen.size());
     } else {
-      state_ = State::kContent;
+      state_ = state_ == State::kInBlock ? State::kReasoning : State::kContent;
     }
   }
   if (state_ == State::kReasoning) {
@@ -961,8 +1099,12 @@ json CompletionChunk(const std::string& id, int64_t created, const std::string& 
       json calls = json::array();
       for (size_t k = 0; k < c.tool_calls.size(); ++k) {
         const ToolCall& t = c.tool_calls[k];
-        calls.push_back({{"index", t.index}, {"id", t.id}, {"type", "function"},
-                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        if (t.id.empty()) {  // the next piece of a call's arguments
+          calls.push_back({{"index", t.index}, {"function", {{"arguments", t.arguments}}}});
+        } else {
+          calls.push_back({{"index", t.index}, {"id", t.id}, {"type", "function"},
+                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        }
       }
       delta["tool_calls"] = calls;
     }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -108,9 +109,21 @@ struct TokenLogprobInfo {
 };
 
 struct ToolCall {
-  std::string id, name, arguments;  // arguments: JSON text as generated
-  int index = 0;                    // the call's place in its message (streamed deltas name it)
+  // arguments: the JSON text as generated, less the blanks outside strings. A streamed call's first delta has its
+  // id and name; the deltas after it (id and name empty) carry the next pieces of its arguments.
+  std::string id, name, arguments;
+  int index = 0;  // the call's place in its message (streamed deltas name it)
 };
+// Drops the blanks outside strings from JSON text that arrives in pieces (a call's arguments as they stream).
+class JsonMinifier {
+ public:
+  std::string Push(std::string_view piece);
+
+ private:
+  bool in_string_ = false, escaped_ = false;
+};
+// Appends streamed call deltas to the calls they belong to (a delta without an id extends the call of its index).
+void AppendToolCalls(const std::vector<ToolCall>& deltas, std::vector<ToolCall>* calls);
 
 struct Choice {
   int index = 0;
@@ -130,11 +143,6 @@ struct Usage {
 // Full (non-streaming) response bodies.
 nlohmann::json CompletionResponse(const std::string& id, int64_t created, const std::string& model,
                                   const std::vector<Choice>& choices, const Usage& usage, bool chat);
-// A tool-calling choice's generated text as OpenAI's tool_calls (ids id_prefix + 0, 1, ...): for "named" the text is
-// the arguments; for "required" it is a list of {"name", "arguments"} calls. A text that is not complete JSON (the
-// length ran out) is kept as one call's arguments as it is.
-std::vector<ToolCall> ToolCallsFromText(const CompletionRequest& r, const std::string& text,
-                                        const std::string& id_prefix);
 // tool_choice "auto": the tags around each call (kHermes), and the grammar of the text from the first tag on: the call
 // (`call_gbnf`, a grammar whose root is one {"name", "arguments"} object), its closing tag, and with `parallel`
 // more calls in tags. Whitespace (at most two spaces or newlines) may stand around the JSON and between calls.
@@ -166,7 +174,12 @@ std::string CheckReasoningParser(const std::string& name);
 // With a reasoning parser, a chat request's grammar (structured outputs, tool calls) starts after the reply's think
 // block, as vLLM runs structured outputs (SamplingParams::reasoning_start): unless `in_reasoning`
 // (--structured-outputs-in-reasoning, vLLM's enable_in_reasoning) or the request turned thinking off.
-void SetReasoningGate(const std::string& reasoning_parser, bool in_reasoning, bool chat, CompletionRequest* r);
+// `open_in_prompt` (or deepseek_r1): the reply starts inside the block.
+void SetReasoningGate(const std::string& reasoning_parser, bool in_reasoning, bool chat, bool open_in_prompt,
+                      CompletionRequest* r);
+// Whether a prompt's text ends inside an open think block ("<think>" with no "</think>" after it): the template's
+// generation prompt opened it (ChatTemplate::think_in_prompt).
+bool ReasoningOpenAtEnd(const std::string& prompt_text);
 
 // Splits a chat reply into reasoning and content as it streams, for `--reasoning-parser qwen3` (Qwen3, QwQ and other
 // models that think in <think>...</think>): a reply that opens with "<think>" is reasoning up to "</think>" and
@@ -176,20 +189,31 @@ void SetReasoningGate(const std::string& reasoning_parser, bool in_reasoning, bo
 class ReasoningReader {
  public:
   static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+  // `parser`: "qwen3" as above; "deepseek_r1" (vLLM's, for models whose prompt opens the block): the reply is
+  // reasoning from its start (a "<think>" there is dropped) up to "</think>". `open_in_prompt`: the prompt ends
+  // inside an open think block (ReasoningOpenAtEnd), so the reply starts in its reasoning, as for deepseek_r1.
+  explicit ReasoningReader(const std::string& parser = "qwen3", bool open_in_prompt = false)
+      : state_(open_in_prompt || parser == "deepseek_r1" ? State::kInBlock : State::kStart) {}
   // `piece`: the reply's next text; `final`: it is the last. Appends what can be given out now.
   void Update(const std::string& piece, bool final, std::string* reasoning, std::string* content);
 
  private:
-  enum class State { kStart, kReasoning, kContent } state_ = State::kStart;
+  // kInBlock: reasoning from the start, a leading "<think>" dropped.
+  enum class State { kStart, kInBlock, kReasoning, kContent } state_;
   std::string held_;
 };
 
 class ToolCallReader {
  public:
-  explicit ToolCallReader(std::string id_prefix, ToolFormat format = ToolFormat::kHermes)
-      : id_prefix_(std::move(id_prefix)), format_(format) {}
+  // list: the reply is a JSON list of calls from its start, [{...}, ...] (tool_choice "required"), whatever the
+  // format (which gives the arguments' key and the ids).
+  explicit ToolCallReader(std::string id_prefix, ToolFormat format = ToolFormat::kHermes, bool list = false)
+      : id_prefix_(std::move(id_prefix)), format_(format), list_(list), in_calls_(list) {}
   // `text` is everything generated so far (each call extends the last); `finished`: nothing more will come.
-  // Appends what can be sent now.
+  // Appends what can be sent now. A call goes out once its object has given its name and the start of its
+  // arguments ({"name": "...", "arguments": { -- "parameters" for Llama 3), then its arguments as they come (see
+  // ToolCall); cut off by the end, it keeps the arguments it has. An object in another key order goes out whole
+  // when it closes.
   void Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
   int calls() const { return n_calls_; }
   // Where the JSON object starting at text[p] ("{") ends (one past its "}"), or npos when it is not complete.
@@ -209,10 +233,19 @@ class ToolCallReader {
   void ContentUpTo(const std::string& text, size_t at, bool finished, const std::string& marker, std::string* content);
   std::string NextId();
   bool Emit(const std::string& json_text, std::vector<ToolCall>* calls);  // false: not a call
+  // Reads the call object at text[p] ("{"), whole (end: one past its "}") or as far as it has come (end npos).
+  enum class CallRead { kMore, kDone, kNotCall };
+  CallRead ReadCall(const std::string& text, size_t p, size_t end, std::vector<ToolCall>* calls);
+  // Sends the open call's arguments up to text[upto], blanks outside strings dropped.
+  void SendArguments(const std::string& text, size_t upto, std::vector<ToolCall>* calls);
+  bool call_open_ = false;  // a call's header is sent; its arguments stream from args_sent_
+  size_t args_at_ = 0, args_sent_ = 0;
+  JsonMinifier args_minifier_;
   std::string id_prefix_;
   ToolFormat format_;
-  size_t sent_ = 0;     // text[0, sent_) is read (sent as content, or calls)
+  bool list_ = false;
   bool in_calls_ = false;
+  size_t sent_ = 0;     // text[0, sent_) is read (sent as content, or calls)
   bool in_content_ = false;  // kLlama3Json: the reply is not a call
   bool failed_ = false;  // a block was not a call: the rest is content
   bool list_open_ = false, list_closed_ = false;  // kMistral: the calls' "[" and "]"

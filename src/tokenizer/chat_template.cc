@@ -136,6 +136,21 @@ ChatTemplate ChatTemplate::Detect(const std::string& jinja) {
     t.name_ = "chatml";
     t.default_system_ = ExtractDefaultSystem(jinja);
     t.think_blocks_ = jinja.find("<think>") != std::string::npos && jinja.find("reasoning_content") != std::string::npos;
+    t.thinking_switch_ = jinja.find("enable_thinking") != std::string::npos;
+    // Qwen3.5 trims every message's text: {%- set content = render_content(message.content, true)|trim %}.
+    for (size_t at = jinja.find("set content ="); at != std::string::npos; at = jinja.find("set content =", at + 1)) {
+      const std::string stmt = jinja.substr(at, jinja.find("%}", at) - at);
+      if (stmt.find("message.content") != std::string::npos && stmt.find("|trim") != std::string::npos) {
+        t.trims_content_ = true;
+      }
+    }
+    // The generation prompt's text, after the jinja's last add_generation_prompt: a string literal that ends the
+    // prompt with "<think>\n" (written with the escape "\n" in the jinja source), not the closed empty block.
+    const size_t gen = jinja.rfind("add_generation_prompt");
+    if (gen != std::string::npos) {
+      const std::string tail = jinja.substr(gen);
+      t.think_in_prompt_ = tail.find("<think>\\n'") != std::string::npos || tail.find("<think>\\n\"") != std::string::npos;
+    }
   } else if (jinja.find("<|start_header_id|>") != std::string::npos) {
     t.name_ = "llama3";
     if (jinja.find("Cutting Knowledge Date") != std::string::npos) {
@@ -190,7 +205,7 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
     }
     for (size_t i = 0; i < n; ++i) {
       const ChatMessage& m = messages[i];
-      std::string content = m.content;
+      std::string content = trims_content_ ? Trim(m.content) : m.content;
       if (think_blocks_ && m.role == "assistant") {
         std::string reasoning;
         size_t close = content.find("</think>");
@@ -217,7 +232,7 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
       out += content + "<|im_end|>\n";
       if (m.role == "assistant") reply_ends();
     }
-    if (add_generation_prompt) out += "<|im_start|>assistant\n";
+    if (add_generation_prompt) out += think_in_prompt_ ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n";
   } else if (name_ == "llama3") {
     out += "<|begin_of_text|>";
     size_t i = 0;

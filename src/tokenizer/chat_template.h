@@ -44,9 +44,14 @@ class ChatTemplate {
   // Strings that end an assistant turn (e.g. "<|im_end|>"), for stop detection.
   std::vector<std::string> StopStrings() const;
   const std::string& default_system() const { return default_system_; }
-  // Qwen3-style: replies after the last user turn carry <think> blocks (and enable_thinking=false closes an empty
-  // one in the prompt).
+  // Qwen3-style: replies after the last user turn carry <think> blocks.
   bool think_blocks() const { return think_blocks_; }
+  // The generation prompt opens the think block ("<|im_start|>assistant\n<think>\n": QwQ, Qwen3-Thinking-2507,
+  // Qwen3.5): the model's reply starts inside its reasoning.
+  bool think_in_prompt() const { return think_in_prompt_; }
+  // The jinja reads chat_template_kwargs.enable_thinking (Qwen3, Qwen3.5): false closes an empty think block in the
+  // prompt.
+  bool thinking_switch() const { return thinking_switch_; }
   // Llama 3.1-3.3 (a jinja that writes "Cutting Knowledge Date"): every prompt opens with a system turn holding the
   // knowledge cutoff and "Today Date: <date>", and tool results are written as JSON strings. The date is the
   // jinja's fixed "26 Jul 2024", or today's ("07 Dec 2026") for one that asks strftime_now (Llama 3.2), as
@@ -63,6 +68,9 @@ class ChatTemplate {
   // Qwen3-style chatml: the final assistant turn (after the last user turn) is written with a
   // <think>...</think> block, and reasoning in earlier turns is dropped.
   bool think_blocks_ = false;
+  bool think_in_prompt_ = false;
+  bool trims_content_ = false;  // Qwen3.5: every message's text is trimmed
+  bool thinking_switch_ = false;
   std::string date_;
 };
 

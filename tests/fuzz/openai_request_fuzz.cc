@@ -28,9 +28,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto g = lathe::serve::Grammar::Parse(r.grammar);
       (void)g.ok();
     }
-    if (!r.tool_mode.empty()) {
+    if (!r.tool_mode.empty()) {  // the body's text read back as a reply with calls
       lathe::server::Choice c;
-      c.tool_calls = lathe::server::ToolCallsFromText(r, text, "call_0");
+      lathe::server::ToolCallReader reader("call_0", r.tool_format, /*list=*/r.tool_mode == "required");
+      reader.Update(text, /*finished=*/true, &c.text, &c.tool_calls);
       (void)lathe::server::SafeDump(lathe::server::CompletionResponse("id", 0, r.model, {c}, {}, true));  // as the server
     }
     for (const auto& p : r.prompts) {

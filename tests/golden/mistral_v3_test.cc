@@ -188,7 +188,7 @@ TEST(MistralV3Golden, ServerAnswersWithToolCalls) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls") << r->body;
   EXPECT_TRUE(j["choices"][0]["message"]["content"].is_null()) << r->body;
   check_calls(j["choices"][0]["message"]["tool_calls"]);
-  // Streamed: the same calls, each in one delta.
+  // Streamed: the same calls, each a first delta with its id and name, then pieces of its arguments.
   auto s = client.Post("/v1/chat/completions", req + R"(, "stream": true})", "application/json");
   ASSERT_TRUE(s);
   ASSERT_EQ(s->status, 200);
@@ -204,10 +204,23 @@ TEST(MistralV3Golden, ServerAnswersWithToolCalls) {
     at = end;
   }
   EXPECT_EQ(finish, "tool_calls");
-  ASSERT_EQ(streamed.size(), j["choices"][0]["message"]["tool_calls"].size());
-  for (size_t i = 0; i < streamed.size(); ++i) {
-    EXPECT_EQ(streamed[i]["function"], j["choices"][0]["message"]["tool_calls"][i]["function"]);
-    EXPECT_EQ(streamed[i]["index"], (int)i);
+  nlohmann::json joined = nlohmann::json::array();
+  for (const auto& t : streamed) {
+    if (t.contains("id")) {
+      EXPECT_EQ(t["index"], (int)joined.size());
+      joined.push_back(t);
+    } else {
+      ASSERT_FALSE(joined.empty());
+      EXPECT_EQ(t["index"], (int)joined.size() - 1);
+      EXPECT_FALSE(t["function"].contains("name"));
+      joined.back()["function"]["arguments"] =
+          joined.back()["function"]["arguments"].get<std::string>() + t["function"]["arguments"].get<std::string>();
+    }
+  }
+  EXPECT_GT(streamed.size(), joined.size());
+  ASSERT_EQ(joined.size(), j["choices"][0]["message"]["tool_calls"].size());
+  for (size_t i = 0; i < joined.size(); ++i) {
+    EXPECT_EQ(joined[i]["function"], j["choices"][0]["message"]["tool_calls"][i]["function"]);
   }
   // Kept from [TOOL_CALLS], the model writes content.
   r = client.Post("/v1/chat/completions",

@@ -62,6 +62,7 @@ TEST(ToolChatGolden, SharegptToolDataRendersAsTheFamilysJinja) {
   size_t checked = 0;
   for (const auto& t : fixture["templates"]) {
     const std::string name = t["name"].get<std::string>();
+    if (t["training"].empty()) continue;  // a template held to its requests only (no tool format of ours)
     const bool hermes = t["family"] == "hermes";
     const std::string tok_path =
         lathe::testing::SharedPath(hermes ? "models/qwen3-tokenizer/tokenizer.json" : "models/llama3-tokenizer/tokenizer.json");

@@ -17,6 +17,30 @@ std::optional<ApiError> Parse(const std::string& body, bool chat, CompletionRequ
   return ParseCompletionRequest(json::parse(body), chat, r);
 }
 
+// Feeds `text` to a ToolCallReader `step` bytes at a time (then finished) and returns the content and the calls
+// (their streamed deltas joined as the server joins them; `deltas`: each Update's); `list`: tool_choice
+// "required"'s list of calls.
+std::pair<std::string, std::vector<ToolCall>> ReadToolCalls(const std::string& text, size_t step,
+                                                            std::vector<std::string>* pieces = nullptr,
+                                                            ToolFormat format = ToolFormat::kHermes,
+                                                            std::vector<std::vector<ToolCall>>* deltas = nullptr,
+                                                            bool list = false) {
+  ToolCallReader reader("call_x_", format, list);
+  std::string content;
+  std::vector<ToolCall> calls;
+  for (size_t n = 0;; n = std::min(text.size(), n + step)) {
+    std::string piece;
+    std::vector<ToolCall> delta;
+    reader.Update(text.substr(0, n), n == text.size(), &piece, &delta);
+    content += piece;
+    AppendToolCalls(delta, &calls);
+    if (pieces) pieces->push_back(piece);
+    if (deltas) deltas->push_back(delta);
+    if (n == text.size()) break;
+  }
+  return {content, calls};
+}
+
 // What a request's grammar makes of raw text: -1 refused, 0 a prefix, 1 complete (more may follow), 2 finished.
 int Verdict(const std::string& gbnf, const std::string& text) {
   auto g = serve::Grammar::Parse(gbnf);
@@ -88,23 +112,34 @@ TEST(OpenAiApi, ParsesForcedToolCalls) {
   EXPECT_FALSE(Accepts(r.grammar, R"([{"name": "ping", "arguments": {"city": "Paris"}}])"));
   EXPECT_FALSE(Accepts(r.grammar, R"([{"name": "other", "arguments": {}}])"));
   EXPECT_NE(r.tools_prompt.find(R"("name": "get_weather")"), std::string::npos) << r.tools_prompt;
-  auto calls = ToolCallsFromText(
-      r, R"([{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "ping", "arguments": {}}])", "call_1_");
-  ASSERT_EQ(calls.size(), 2u);
-  EXPECT_EQ(calls[0].name, "get_weather");
-  EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
-  EXPECT_EQ(calls[1].name, "ping");
-  EXPECT_EQ(calls[1].id, "call_1_1");
-  EXPECT_EQ(calls[1].index, 1);
-  // The length ran out inside the list: the calls that closed; before the first closed, the text as one call's
-  // arguments.
-  calls = ToolCallsFromText(r, R"([{"name": "ping", "arguments": {"s": "}{"}}, {"name": "get_weather", "argu)", "c_");
+  // The server reads the list back as it streams (ToolCallReader's list mode).
+  for (size_t step : {1, 4, 1000}) {
+    auto [content, calls] = ReadToolCalls(
+        R"([{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "ping", "arguments": {}}])", step, nullptr,
+        ToolFormat::kHermes, nullptr, /*list=*/true);
+    EXPECT_EQ(content, "");
+    ASSERT_EQ(calls.size(), 2u);
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(calls[1].name, "ping");
+    EXPECT_EQ(calls[1].id, "call_x_1");
+    EXPECT_EQ(calls[1].index, 1);
+  }
+  // The length ran out inside the list: the calls that closed, and one cut inside its arguments with what it has;
+  // one cut before its arguments began comes back as content.
+  auto [rest, calls] = ReadToolCalls(R"([{"name": "ping", "arguments": {"s": "}{"}}, {"name": "get_weather", "argu)", 3,
+                                     nullptr, ToolFormat::kHermes, nullptr, true);
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].name, "ping");
   EXPECT_EQ(calls[0].arguments, R"({"s":"}{"})");
-  calls = ToolCallsFromText(r, R"([{"name": "get_weather", "argu)", "call_1_");
+  EXPECT_EQ(rest, R"({"name": "get_weather", "argu)");
+  calls = ReadToolCalls(R"([{"name": "get_weather", "arguments": {"city": "Pa)", 3, nullptr, ToolFormat::kHermes, nullptr,
+                        true)
+              .second;
   ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0].arguments, R"([{"name": "get_weather", "argu)");
+  EXPECT_EQ(calls[0].arguments, R"({"city":"Pa)");
+  EXPECT_EQ(ReadToolCalls(R"([{"name": "get_weather", "argu)", 3, nullptr, ToolFormat::kHermes, nullptr, true).first,
+            R"([{"name": "get_weather", "argu)");
   // parallel_tool_calls false: exactly one.
   ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Paris?"}], "parallel_tool_calls": false, )" + tools +
                          R"(, "tool_choice": "required"})",
@@ -119,9 +154,12 @@ TEST(OpenAiApi, ParsesForcedToolCalls) {
   EXPECT_NE(r.tools_prompt.find("Call the function \"get_weather\": reply with its arguments only"), std::string::npos);
   EXPECT_TRUE(Accepts(r.grammar, R"({"city": "Oslo"})"));
   EXPECT_FALSE(Accepts(r.grammar, R"({})"));
-  calls = ToolCallsFromText(r, R"({"city": "Oslo"})", "call_2");
-  EXPECT_EQ(calls[0].name, "get_weather");
-  EXPECT_EQ(calls[0].arguments, R"({"city": "Oslo"})");
+  // Its arguments stream (the server's JsonMinifier drops the blanks outside strings, piece by piece).
+  JsonMinifier m;
+  std::string minified = m.Push("{\"city\": \"Os");
+  minified += m.Push("lo \\\" x\", \n  \"n\"");
+  minified += m.Push(": [1, 2]}");
+  EXPECT_EQ(minified, R"({"city":"Oslo \" x","n":[1,2]})");
   // "none": the tools are ignored.
   ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "x"}], )" + tools + R"(, "tool_choice": "none"})", true,
                      &r));
@@ -226,28 +264,86 @@ TEST(OpenAiApi, ParsesLlama3ToolCalls) {
                                          tools + "}"),
                              true, &r, nullptr, ToolFormat::kLlama3Json);
   ASSERT_FALSE(e);
-  auto calls = ToolCallsFromText(r, "[" + call1 + "]", "id");
+  auto calls = ReadToolCalls("[" + call1 + "]", 2, nullptr, ToolFormat::kLlama3Json, nullptr, /*list=*/true).second;
+  ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].name, "get_weather");
   EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
   EXPECT_EQ(ToolFormatFor("llama3"), ToolFormat::kLlama3Json);
   EXPECT_EQ(ToolFormatFor("chatml"), ToolFormat::kHermes);
 }
 
-// Feeds `text` to a ToolCallReader `step` bytes at a time (then finished) and returns the content and the calls.
-std::pair<std::string, std::vector<ToolCall>> ReadToolCalls(const std::string& text, size_t step,
-                                                            std::vector<std::string>* pieces = nullptr,
-                                                            ToolFormat format = ToolFormat::kHermes) {
-  ToolCallReader reader("call_x_", format);
-  std::string content;
-  std::vector<ToolCall> calls;
-  for (size_t n = 0;; n = std::min(text.size(), n + step)) {
-    std::string piece;
-    reader.Update(text.substr(0, n), n == text.size(), &piece, &calls);
-    content += piece;
-    if (pieces) pieces->push_back(piece);
-    if (n == text.size()) break;
+TEST(OpenAiApi, ToolCallReaderStreamsArguments) {
+  const std::string text =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par is\", \"days\": [1, 2]}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>";
+  for (ToolFormat format : {ToolFormat::kHermes, ToolFormat::kMistral, ToolFormat::kLlama3Json}) {
+    std::string t = text;
+    if (format == ToolFormat::kMistral) {
+      t = "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par is\", \"days\": [1, 2]}}, "
+          "{\"name\": \"ping\", \"arguments\": {}}]";
+    } else if (format == ToolFormat::kLlama3Json) {
+      t = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Par is\", \"days\": [1, 2]}}; "
+          "{\"name\": \"ping\", \"parameters\": {}}";
+    }
+    for (size_t step : {1, 2, 5, 1000}) {
+      std::vector<std::vector<ToolCall>> deltas;
+      auto [content, calls] = ReadToolCalls(t, step, nullptr, format, &deltas);
+      const std::string what = t + " step " + std::to_string(step);
+      EXPECT_EQ(content, "") << what;
+      ASSERT_EQ(calls.size(), 2u) << what;
+      // The arguments as generated, blanks outside strings dropped.
+      EXPECT_EQ(calls[0].arguments, R"({"city":"Par is","days":[1,2]})") << what;
+      EXPECT_EQ(calls[1].arguments, "{}") << what;
+      EXPECT_EQ(calls[1].name, "ping");
+      // Each call's first delta has its id and name; the rest only pieces of its arguments.
+      int firsts = 0, pieces_of_first = 0;
+      for (const auto& d : deltas) {
+        for (const ToolCall& c : d) {
+          if (!c.id.empty()) {
+            ++firsts;
+            EXPECT_EQ(c.id, calls[(size_t)c.index].id);
+            EXPECT_EQ(c.name, calls[(size_t)c.index].name);
+          } else {
+            EXPECT_TRUE(c.name.empty() && !c.arguments.empty()) << what;
+          }
+          pieces_of_first += c.index == 0;
+        }
+      }
+      EXPECT_EQ(firsts, 2) << what;
+      if (step == 1) {
+        EXPECT_GT(pieces_of_first, 20) << what;  // byte by byte: the arguments stream
+      } else if (step == 1000) {
+        EXPECT_EQ(pieces_of_first, 1) << what;
+      }
+    }
   }
-  return {content, calls};
+  // Cut off inside the arguments: the call keeps what it has; nothing goes back as content.
+  auto [cut, cut_calls] = ReadToolCalls("<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa", 3);
+  EXPECT_EQ(cut, "");
+  ASSERT_EQ(cut_calls.size(), 1u);
+  EXPECT_EQ(cut_calls[0].arguments, R"({"city":"Pa)");
+  // Another key order: the call goes out whole when its object closes.
+  std::vector<std::vector<ToolCall>> deltas;
+  auto [other, other_calls] = ReadToolCalls("<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>", 1,
+                                            nullptr, ToolFormat::kHermes, &deltas);
+  EXPECT_EQ(other, "");
+  ASSERT_EQ(other_calls.size(), 1u);
+  EXPECT_EQ(other_calls[0].name, "f");
+  EXPECT_EQ(other_calls[0].arguments, R"({"a":1})");
+  size_t n_deltas = 0;
+  for (const auto& d : deltas) n_deltas += d.size();
+  EXPECT_EQ(n_deltas, 1u);
+  // A closing tag inside an argument's string is the argument's.
+  auto [inner, inner_calls] =
+      ReadToolCalls("<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"</tool_call>\"}}</tool_call>", 4);
+  EXPECT_EQ(inner, "");
+  ASSERT_EQ(inner_calls.size(), 1u);
+  EXPECT_EQ(inner_calls[0].arguments, R"({"s":"</tool_call>"})");
+  // A streamed piece's chunk: only the index and the arguments' piece.
+  Choice c;
+  c.tool_calls = {{"", "", R"("Pa)", 1}};
+  json chunk = CompletionChunk("id", 0, "m", c, true, false)["choices"][0]["delta"]["tool_calls"][0];
+  EXPECT_EQ(chunk, json::parse(R"({"index": 1, "function": {"arguments": "\"Pa"}})"));
 }
 
 TEST(OpenAiApi, ToolCallReaderReadsContentAndCalls) {
@@ -634,14 +730,51 @@ TEST(OpenAiApi, ReasoningReaderSplitsThinkBlocksAtAnyPieceSize) {
   EXPECT_EQ(reasoning, "abc");
   EXPECT_EQ(content, "done");
   EXPECT_EQ(CheckReasoningParser("qwen3"), "");
+  EXPECT_EQ(CheckReasoningParser("deepseek_r1"), "");
   EXPECT_NE(CheckReasoningParser("deepseek").find("lathe has: qwen3"), std::string::npos);
+}
+
+TEST(OpenAiApi, ReasoningFromTheReplysStart) {
+  // deepseek_r1, or a prompt that opened the block (QwQ, Qwen3-Thinking-2507, Qwen3.5): reasoning from the start, a
+  // "<think>" there dropped, up to "</think>"; cut off before it, all reasoning.
+  auto split = [](const std::string& parser, bool open, const std::string& text, size_t step) {
+    ReasoningReader r(parser, open);
+    std::string reasoning, content;
+    for (size_t i = 0; i < text.size(); i += step) {
+      r.Update(text.substr(i, step), i + step >= text.size(), &reasoning, &content);
+    }
+    return std::make_pair(reasoning, content);
+  };
+  for (size_t step : {1, 3, 100}) {
+    EXPECT_EQ(split("deepseek_r1", false, "<think>abc</think>\n\nx", step), std::make_pair(std::string("abc"),
+                                                                                           std::string("\n\nx")));
+    EXPECT_EQ(split("deepseek_r1", false, "abc</think>x", step), std::make_pair(std::string("abc"), std::string("x")));
+    EXPECT_EQ(split("deepseek_r1", false, "abc", step), std::make_pair(std::string("abc"), std::string()));
+    EXPECT_EQ(split("qwen3", true, "abc</think>x", step), std::make_pair(std::string("abc"), std::string("x")));
+    EXPECT_EQ(split("qwen3", false, "abc</think>x", step), std::make_pair(std::string(), std::string("abc</think>x")));
+  }
+  EXPECT_TRUE(ReasoningOpenAtEnd("<|im_start|>assistant\n<think>\n"));
+  EXPECT_FALSE(ReasoningOpenAtEnd("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(ReasoningOpenAtEnd("<|im_start|>assistant\n"));
+  // The gate starts inside the block then.
+  CompletionRequest r;
+  ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Q"}], "response_format": {"type": "json_object"}})",
+                     true, &r));
+  SetReasoningGate("qwen3", false, true, /*open_in_prompt=*/true, &r);
+  EXPECT_TRUE(r.sampling.reasoning_open);
+  r.sampling = {};
+  SetReasoningGate("deepseek_r1", false, true, /*open_in_prompt=*/false, &r);
+  EXPECT_TRUE(r.sampling.reasoning_open && r.sampling.reasoning_start == "<think>");
+  r.sampling = {};
+  SetReasoningGate("qwen3", false, true, /*open_in_prompt=*/false, &r);
+  EXPECT_FALSE(r.sampling.reasoning_open);
 }
 
 TEST(OpenAiApi, ReasoningGateOnlyForChatGrammarsWithAParserAndThinking) {
   auto gated = [](const std::string& body, bool chat, const std::string& parser, bool in_reasoning) {
     CompletionRequest r;
     EXPECT_FALSE(Parse(body, chat, &r)) << body;
-    SetReasoningGate(parser, in_reasoning, chat, &r);
+    SetReasoningGate(parser, in_reasoning, chat, /*open_in_prompt=*/false, &r);
     EXPECT_EQ(r.sampling.reasoning_start.empty(), r.sampling.reasoning_end.empty());
     return r.sampling.reasoning_start == "<think>" && r.sampling.reasoning_end == "</think>";
   };

@@ -452,6 +452,10 @@ TEST(SamplerGrammar, ReasoningGateFreesTheThinkBlockAndConstrainsTheAnswer) {
   // Only a token that begins with the whole tag opens the block (a model that spells it out is no reasoning
   // model): "<" is refused.
   EXPECT_EQ(DrawFavourites(p, 12, {1, 2, 8}, 5), (std::vector<int32_t>{5, 6}));
+  // The prompt opened the block (reasoning_open): free from the first token up to "</think>".
+  p.reasoning_open = true;
+  EXPECT_EQ(DrawFavourites(p, 12, {4, 8, 3, 8, 8}, 5), (std::vector<int32_t>{4, 8, 3, 5, 6}));
+  p.reasoning_open = false;
   // Without the gate the grammar holds the whole reply: "<think>" is refused.
   p.reasoning_start.clear();
   EXPECT_EQ(DrawFavourites(p, 12, {0, 8, 8}, 5), (std::vector<int32_t>{5, 6}));

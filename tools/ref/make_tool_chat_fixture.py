@@ -66,7 +66,11 @@ REQUESTS = [
                           {"role": "tool", "tool_call_id": "c2", "content": "rain, 12 degrees"}],
      [WEATHER], "all"),  # Llama 3.1's jinja drops the content of a turn with a call
     # chat_template_kwargs (vLLM passes them to the jinja): Qwen3's thinking switch.
-    ("no_thinking", [{"role": "user", "content": "Hi"}], None, {"qwen3"}, {"enable_thinking": False}),
+    ("no_thinking", [{"role": "user", "content": "Hi"}], None, {"qwen3", "qwen3.5"}, {"enable_thinking": False}),
+    # An earlier reply's reasoning (vLLM passes reasoning_content to the jinja): dropped before the last query.
+    ("reasoning_history", [{"role": "user", "content": "2+2?"},
+                           {"role": "assistant", "content": "4", "reasoning_content": "Two plus two is four."},
+                           {"role": "user", "content": "And 3+3?"}], None, {"qwen3", "qwen3.5"}),
     ("parallel_calls", [{"role": "user", "content": "Weather in Rome and the time in Tokyo?"},
                         {"role": "assistant", "content": "",
                          "tool_calls": [call("r1", "get_weather", "{\"city\":\"Rome\"}"),
@@ -132,6 +136,9 @@ TEMPLATES = [
     ("qwen3", "Qwen-Qwen3-0.6B.jinja", "hermes", "", None),
     ("llama3.1", "meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3", "<|begin_of_text|>", None),
     ("llama3.2", "meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3", "<|begin_of_text|>", "07 Dec 2026"),
+    # Qwen3.5's generation prompt opens the think block ("<think>\n"); its tool calls are another format (XML
+    # <function=...> blocks, vLLM's qwen3_coder), so only its requests without tools ("plain").
+    ("qwen3.5", "Qwen3.5-4B.jinja", "plain", "", None),
 ]
 
 
@@ -188,6 +195,8 @@ def main():
         for cname, messages, tools, fams, *kwargs in REQUESTS:
             if fams != "all" and family not in fams and name not in fams:
                 continue
+            if family == "plain" and tools:
+                continue
             kwargs = kwargs[0] if kwargs else {}
             body = {"model": "m", "messages": messages}
             if tools:
@@ -197,7 +206,7 @@ def main():
             entry["requests"].append({"name": cname, "body": body,
                                       "text": render(jinja, messages, tools, True, bos, date, kwargs)})
         for cname, record, messages, tools, fams in TRAINING:
-            if fams != "all" and family not in fams:
+            if family == "plain" or (fams != "all" and family not in fams):
                 continue
             entry["training"].append({"name": cname, "record": record,
                                       "text": render(jinja, messages, tools, False, bos, date)})
