@@ -644,11 +644,24 @@ std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat
 
 namespace {
 bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+// One character inside a JSON string (after its opening quote): false when it is the closing quote. `escaped`
+// carries a backslash over to the next character.
+bool StaysInJsonString(char c, bool* escaped) {
+  if (*escaped) {
+    *escaped = false;
+    return true;
+  }
+  if (c == '\\') {
+    *escaped = true;
+    return true;
+  }
+  return c != '"';
+}
 }  // namespace
 
 bool ToolCallReader::Emit(const std::string& json_text, std::vector<ToolCall>* calls) {
   auto j = nlohmann::ordered_json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  const char* key = format_ == ToolFormat::kLlama3Json ? "parameters" : "arguments";
+  const char* key = ArgumentsKey();
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains(key) || !j[key].is_object()) {
     return false;
   }
@@ -688,15 +701,7 @@ Header ReadHeader(const std::string& text, size_t p, const std::string& key, std
   if (!blanks()) return Header::kPartial;
   if (text[i] != '"') return Header::kMismatch;
   size_t q = i + 1;
-  for (bool escaped = false; q < text.size(); ++q) {
-    if (escaped) {
-      escaped = false;
-    } else if (text[q] == '\\') {
-      escaped = true;
-    } else if (text[q] == '"') {
-      break;
-    }
-  }
+  for (bool escaped = false; q < text.size() && StaysInJsonString(text[q], &escaped);) ++q;
   if (q == text.size()) return Header::kPartial;
   auto j = nlohmann::json::parse(text.begin() + (std::ptrdiff_t)i, text.begin() + (std::ptrdiff_t)q + 1, nullptr,
                                  /*allow_exceptions=*/false);
@@ -730,8 +735,7 @@ ToolCallReader::CallRead ToolCallReader::ReadCall(const std::string& text, size_
   if (!call_open_) {
     std::string name;
     size_t args = 0;
-    const Header h =
-        ReadHeader(text, p, format_ == ToolFormat::kLlama3Json ? "parameters" : "arguments", &name, &args);
+    const Header h = ReadHeader(text, p, ArgumentsKey(), &name, &args);
     if (h != Header::kMatch) {  // read whole once it closes (another key order, or not a call)
       if (end == std::string::npos) return CallRead::kMore;
       return Emit(text.substr(p, end - p), calls) ? CallRead::kDone : CallRead::kNotCall;
@@ -757,13 +761,7 @@ std::string JsonMinifier::Push(std::string_view piece) {
   for (const char c : piece) {
     if (in_string_) {
       out += c;
-      if (escaped_) {
-        escaped_ = false;
-      } else if (c == '\\') {
-        escaped_ = true;
-      } else if (c == '"') {
-        in_string_ = false;
-      }
+      in_string_ = StaysInJsonString(c, &escaped_);
     } else if (!IsSpace(c)) {
       out += c;
       in_string_ = c == '"';
@@ -787,13 +785,7 @@ size_t ToolCallReader::ObjectEnd(const std::string& text, size_t p) {
   for (size_t i = p; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
+      in_string = StaysInJsonString(c, &escaped);
     } else if (c == '"') {
       in_string = true;
     } else if (c == '{' || c == '[') {
@@ -973,9 +965,7 @@ void ToolCallReader::Update(const std::string& text, bool finished, std::string*
       std::string name;
       size_t args = 0;
       const bool tag_follows = text.find_first_not_of(" \t\r\n", end) == c;
-      if (tag_follows || call_open_ ||
-          ReadHeader(text, q, format_ == ToolFormat::kLlama3Json ? "parameters" : "arguments", &name, &args) ==
-              Header::kMatch) {
+      if (tag_follows || call_open_ || ReadHeader(text, q, ArgumentsKey(), &name, &args) == Header::kMatch) {
         read = ReadCall(text, q, end, calls);
       }
     } else {

@@ -232,6 +232,8 @@ class ToolCallReader {
   // whitespace before it.
   void ContentUpTo(const std::string& text, size_t at, bool finished, const std::string& marker, std::string* content);
   std::string NextId();
+  // The key of a call's arguments: "parameters" for Llama 3's JSON calls, else "arguments".
+  const char* ArgumentsKey() const { return format_ == ToolFormat::kLlama3Json ? "parameters" : "arguments"; }
   bool Emit(const std::string& json_text, std::vector<ToolCall>* calls);  // false: not a call
   // Reads the call object at text[p] ("{"), whole (end: one past its "}") or as far as it has come (end npos).
   enum class CallRead { kMore, kDone, kNotCall };

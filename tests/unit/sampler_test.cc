@@ -433,12 +433,18 @@ std::shared_ptr<CompiledGrammar> ThinkVocabGrammar(const char* gbnf) {
   return compiled;
 }
 
-TEST(SamplerGrammar, ReasoningGateFreesTheThinkBlockAndConstrainsTheAnswer) {
+// Greedy, the grammar "{}" on that vocabulary, gated by <think> ... </think>.
+SamplingParams GatedParams() {
   SamplingParams p;
   p.temperature = 0;
   p.grammar = ThinkVocabGrammar("root ::= \"{}\"");
   p.reasoning_start = "<think>";
   p.reasoning_end = "</think>";
+  return p;
+}
+
+TEST(SamplerGrammar, ReasoningGateFreesTheThinkBlockAndConstrainsTheAnswer) {
+  SamplingParams p = GatedParams();
   bool active = false;
   // "{" is second best everywhere. "<think>", then free text ("x" too), "</think>", a blank, and then the grammar:
   // "x" is refused for "{", then only "}" may follow.
@@ -463,12 +469,8 @@ TEST(SamplerGrammar, ReasoningGateFreesTheThinkBlockAndConstrainsTheAnswer) {
 
 TEST(SamplerGrammar, ReasoningGateHoldsBackALazyGrammarsTrigger) {
   // tool_choice "auto": the trigger inside the think block is reasoning; after it, the trigger starts the grammar.
-  SamplingParams p;
-  p.temperature = 0;
-  p.grammar = ThinkVocabGrammar("root ::= \"{}\"");
+  SamplingParams p = GatedParams();
   p.grammar_trigger = "<tool_call>";
-  p.reasoning_start = "<think>";
-  p.reasoning_end = "</think>";
   bool active = true;
   EXPECT_EQ(DrawFavourites(p, 12, {0, 10, 8, 3, 7, 8}, 5, &active), (std::vector<int32_t>{0, 10, 8, 3, 7, 8}));
   EXPECT_FALSE(active);
