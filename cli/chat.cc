@@ -19,7 +19,8 @@ int RunChat(int argc, char** argv) {
   Args args("chat", "lathe chat -m MODEL [--system TEXT] [--template NAME]");
   AddModelFlags(args);
   args.Flag("--system", "system message");
-  args.Flag("--template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, mistral-v3, alpaca)");
+  args.Flag("--template", "chat template overriding the model's: a name (chatml, llama3, llama2, mistral, mistral-v3, alpaca) or a "
+            "jinja file (its format detected from its markers)");
   args.Flag("-n,--n-predict", "maximum tokens per reply", "512");
   args.Flag("-c,--ctx-size", "context length", "4096");
   AddKvCacheDTypeFlag(args);
@@ -48,7 +49,7 @@ int RunChat(int argc, char** argv) {
   if (Status gst = GrammarFromArgs(args, tok, &*sampling); !gst.ok()) return Fail("chat", gst);
   tokenizer::ChatTemplate tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
   if (args.Has("template")) {
-    auto t = tokenizer::ChatTemplate::ByName(args.Get("template"));
+    auto t = tokenizer::ChatTemplate::FromFlag("--template", args.Get("template"));
     if (!t.ok()) return Fail("chat", t.status());
     tmpl = *t;
   }

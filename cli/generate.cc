@@ -22,7 +22,8 @@ int RunGenerate(int argc, char** argv) {
   AddInt8PromptFlag(args);
   args.Bool("--chat", "wrap the prompt as a user message in the model's chat template");
   args.Flag("--system", "system message (with --chat)");
-  args.Flag("--template", "chat template name overriding the model's (chatml, llama3, llama2, mistral, mistral-v3, alpaca)");
+  args.Flag("--template", "chat template overriding the model's: a name (chatml, llama3, llama2, mistral, mistral-v3, alpaca) or a "
+            "jinja file (its format detected from its markers)");
   args.Bool("--no-bos", "do not prepend BOS");
   args.Bool("--ignore-eos", "keep generating after end-of-sequence tokens");
   args.Bool("--json", "print one JSON line {prompt_ids, ids, text} instead of streaming text");
@@ -53,7 +54,7 @@ int RunGenerate(int argc, char** argv) {
   if (args.On("chat")) {
     tokenizer::ChatTemplate tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
     if (args.Has("template")) {
-      auto t = tokenizer::ChatTemplate::ByName(args.Get("template"));
+      auto t = tokenizer::ChatTemplate::FromFlag("--template", args.Get("template"));
       if (!t.ok()) return Fail("generate", t.status());
       tmpl = *t;
     }

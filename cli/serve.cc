@@ -102,7 +102,8 @@ int RunServe(int argc, char** argv) {
             "write a Chrome trace of every forward op to this file at shutdown and print the top ops "
             "(events accumulate while serving: for a bounded session)");
   args.Flag("--chat-template",
-            "chat template name overriding the model's (chatml, llama3, llama2, mistral, mistral-v3, alpaca)");
+            "chat template overriding the model's: a name (chatml, llama3, llama2, mistral, mistral-v3, alpaca) or a "
+            "jinja file (its format detected from its markers)");
   args.Flag("--reasoning-parser",
             "split a chat reply's reasoning into message.reasoning_content, as vLLM's parser of that name: qwen3 "
             "(<think>...</think>)");
@@ -209,7 +210,7 @@ int RunServe(int argc, char** argv) {
   const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
   tokenizer::ChatTemplate tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
   if (args.Has("chat-template")) {
-    auto t = tokenizer::ChatTemplate::ByName(args.Get("chat-template"));
+    auto t = tokenizer::ChatTemplate::FromFlag("--chat-template", args.Get("chat-template"));
     if (!t.ok()) return Fail("serve", t.status());
     tmpl = *t;
   }

@@ -245,7 +245,7 @@ struct HttpServer::Impl {
       // A JSON schema's properties (a tool's parameters too) are generated in the order the request lists them.
       std::optional<nlohmann::ordered_json> ordered;
       if (NeedsKeyOrder(body)) ordered = nlohmann::ordered_json::parse(req.body);
-      perr = ParseCompletionRequest(body, chat, &r, ordered ? &*ordered : nullptr, ToolFormatFor(tmpl.name()));
+      perr = ParseCompletionRequest(body, chat, &r, ordered ? &*ordered : nullptr, ToolFormatFor(tmpl));
       if (!perr && !r.grammar.empty()) {
         auto g = CompileGrammar(r.grammar);
         if (!g.ok()) {
@@ -385,7 +385,8 @@ struct HttpServer::Impl {
     if (r.tool_mode == "auto" || r.tool_mode == "required") {
       for (int c = 0; c < n_choices; ++c) {
         (*states)[c].reader =
-            std::make_unique<ToolCallReader>(call_id(c), r.tool_format, /*list=*/r.tool_mode == "required");
+            std::make_unique<ToolCallReader>(call_id(c), r.tool_format, /*list=*/r.tool_mode == "required",
+                                             r.tool_parameters);
       }
     }
     const int64_t created = (int64_t)std::time(nullptr);

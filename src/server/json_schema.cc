@@ -296,7 +296,16 @@ const char* FormatRegex(const std::string& format) {
 
 class Converter {
  public:
-  explicit Converter(const ordered_json& root) : root_(root) {}
+  explicit Converter(const ordered_json& root, std::string prefix = "") : root_(root), prefix_(std::move(prefix)) {}
+
+  // The root's expression; the rules it refers to are appended to `rules`, the primitives it uses to `primitives`.
+  Result<std::string> Expression(std::string* rules, std::set<std::string>* primitives) {
+    std::string expr = Visit(root_, "root", "$");
+    if (!err_.ok()) return err_;
+    for (const auto& [name, body] : rules_) *rules += name + " ::= " + body + "\n";
+    primitives->insert(used_.begin(), used_.end());
+    return expr;
+  }
 
   Result<std::string> Run() {
     std::string expr = Visit(root_, "root", "$");
@@ -334,7 +343,7 @@ class Converter {
     return name;
   }
   std::string Unique(const std::string& hint) {
-    std::string base = Sanitize(hint), name = base;
+    std::string base = prefix_ + Sanitize(hint), name = base;
     for (int i = 1; rules_.count(name) || reserved_.count(name) || IsPrimitive(name); ++i) name = StrFormat("%s-%d", base.c_str(), i);
     reserved_.insert(name);
     return name;
@@ -731,6 +740,7 @@ class Converter {
   const ordered_json& root_;
   int depth_ = 0;
   Status err_;
+  std::string prefix_;  // of the rules made here
   std::map<std::string, std::string> rules_;
   std::set<std::string> reserved_;
   std::map<std::string, std::string> refs_;
@@ -767,6 +777,18 @@ std::string GbnfLiteral(const std::string& text) {
 }
 
 Result<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema) { return Converter(schema).Run(); }
+
+Result<std::string> JsonSchemaExpression(const nlohmann::ordered_json& schema, const std::string& prefix,
+                                         std::string* rules, std::set<std::string>* primitives) {
+  return Converter(schema, prefix).Expression(rules, primitives);
+}
+
+std::string JsonPrimitiveRules(const std::set<std::string>& used) {
+  std::string out;
+  for (const auto& p : kPrimitives)
+    if (used.count(p[0])) out += std::string(p[0]) + " ::= " + p[1] + "\n";
+  return out;
+}
 
 std::string JsonObjectGbnf() {
   std::string out = "root ::= object\n";

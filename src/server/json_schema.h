@@ -21,6 +21,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,13 @@ namespace lathe::server {
 // GBNF (start rule "root") for the instances of `schema`, whose key order is kept (members are generated in the
 // order `properties` lists them). Errors name the schema path ("$.properties.age") and the keyword.
 Result<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema);
+// For grammars that embed several schemas (XML tool calls): the GBNF expression for the instances of `schema`. The
+// rules it refers to are appended to `rules` (their names start with `prefix`, a GBNF name like "p0-"), and the
+// shared primitive rules it uses (ws, string, number, value, ...) are added to `primitives`, to be written once by
+// JsonPrimitiveRules.
+Result<std::string> JsonSchemaExpression(const nlohmann::ordered_json& schema, const std::string& prefix,
+                                         std::string* rules, std::set<std::string>* primitives);
+std::string JsonPrimitiveRules(const std::set<std::string>& used);
 // GBNF for any JSON object: OpenAI's JSON mode.
 std::string JsonObjectGbnf();
 // GBNF for exactly one of `choices` (vLLM's guided_choice).

@@ -6,8 +6,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <set>
 #include <string_view>
 
+#include "core/strings.h"
 #include "server/json_schema.h"
 #include "server/regex.h"
 #include "tokenizer/tokenizer.h"
@@ -223,6 +225,7 @@ std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, Comple
 std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionRequest* r) {
   const bool llama = r->tool_format == ToolFormat::kLlama3Json;
   const bool mistral = r->tool_format == ToolFormat::kMistral;
+  const bool xml = r->tool_format == ToolFormat::kQwen3Coder;
   const char* args_key = llama ? "parameters" : "arguments";
   using ojson = nlohmann::ordered_json;
   auto tools = b.find("tools");
@@ -261,6 +264,7 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
                                                                           : ojson{{"type", "object"}, {"properties", ojson::object()}};
     if (!params.is_object()) return Bad(p + ".function.parameters", p + ".function.parameters must be a JSON schema object");
     fns.push_back({name, params});
+    r->tool_parameters[name] = params;
   }
   ojson schema;
   if (choice == b.end() || choice->is_null() || *choice == "auto" || *choice == "required") {
@@ -268,7 +272,7 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
     r->tool_mode = choice != b.end() && *choice == "required" ? "required" : "auto";
     ojson alts = ojson::array();
     for (const auto& [name, params] : fns) {
-      if (SafeDump(params).find("\"$ref\"") != std::string::npos && fns.size() > 1) {
+      if (SafeDump(params).find("\"$ref\"") != std::string::npos && fns.size() > 1 && !(xml && r->tool_mode == "auto")) {
         return Bad("tools", "tools whose parameters use $ref are supported one at a time (several tools, or "
                             "'tool_choice' \"auto\" / \"required\" over them, need the references inlined); name the "
                             "function in 'tool_choice' or inline the definitions");
@@ -302,7 +306,12 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
   auto g = JsonSchemaToGbnf(schema);
   if (!g.ok()) return Bad("tools", g.status().message());
   r->grammar_param = "tools";
-  if (r->tool_mode == "auto") {
+  if (r->tool_mode == "auto" && xml) {  // Qwen3.5's XML calls after "<tool_call>"
+    auto x = XmlToolCallGbnf(fns, parallel);
+    if (!x.ok()) return Bad("tools", x.status().message());
+    r->grammar = x.value();
+    r->sampling.grammar_trigger = kToolCallOpen;
+  } else if (r->tool_mode == "auto") {
     r->grammar = ToolCallGbnf(g.value(), parallel, r->tool_format);
     r->sampling.grammar_trigger = llama ? "{" : mistral ? kMistralToolCalls : kToolCallOpen;
     r->sampling.grammar_trigger_at_start = llama;
@@ -643,6 +652,164 @@ std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat
 }
 
 namespace {
+
+// Text without "</parameter>" or "</function>" in it, as states of a matcher of the two words: xml-text has matched
+// nothing, xml-lt "<", xml-slash "</", xml-pK / xml-fK "</" and the first K letters of "parameter>" / "function>".
+// Neither word has a "<" after its first character, so on a mismatch the matcher restarts at xml-lt ("<") or at
+// xml-text. Each state may end the text.
+std::string XmlTextRules() {
+  std::string g = "xml-text ::= [^<] xml-text | \"<\" xml-lt | \"\"\n"
+                  "xml-lt ::= \"/\" xml-slash | \"<\" xml-lt | [^/<] xml-text | \"\"\n"
+                  "xml-slash ::= \"p\" xml-p1 | \"f\" xml-f1 | \"<\" xml-lt | [^pf<] xml-text | \"\"\n";
+  for (const std::string word : {"parameter>", "function>"}) {
+    for (size_t k = 1; k < word.size(); ++k) {
+      const std::string state = "xml-" + std::string(1, word[0]) + std::to_string(k);
+      const char c = word[k];
+      g += state + " ::= ";
+      if (k + 1 < word.size()) g += GbnfLiteral(std::string(1, c)) + " xml-" + word[0] + std::to_string(k + 1) + " | ";
+      g += "\"<\" xml-lt | [^" + std::string(1, c) + "<] xml-text | \"\"\n";
+    }
+  }
+  return g;
+}
+
+// A parameter schema whose value is written as text: a string, or a schema that says nothing of its type.
+bool XmlTextParameter(const nlohmann::ordered_json& s) {
+  if (s.is_boolean()) return true;
+  if (!s.is_object()) return false;
+  if (auto t = s.find("type"); t != s.end()) return *t == "string";
+  for (const char* k : {"properties", "items", "anyOf", "oneOf", "allOf", "$ref", "enum", "const", "minimum", "maximum"})
+    if (s.contains(k)) return false;
+  return true;
+}
+
+}  // namespace
+
+Result<std::string> XmlToolCallGbnf(const std::vector<std::pair<std::string, nlohmann::ordered_json>>& tools,
+                                    bool parallel) {
+  using ojson = nlohmann::ordered_json;
+  std::string rules, calls;
+  std::set<std::string> primitives;
+  bool text_used = false;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const auto& [name, params] = tools[i];
+    if (name.find_first_of("<>\n") != std::string::npos) {
+      return Status::Error("tool name '" + name + "' cannot be written in an XML call (it has '<', '>' or a newline)");
+    }
+    std::string body = GbnfLiteral("<function=" + name + ">\n");
+    const ojson props = params.contains("properties") && params["properties"].is_object() ? params["properties"] : ojson::object();
+    std::set<std::string> required;
+    if (params.contains("required") && params["required"].is_array()) {
+      for (const auto& k : params["required"])
+        if (k.is_string()) required.insert(k.get<std::string>());
+    }
+    size_t j = 0;
+    for (auto it = props.begin(); it != props.end(); ++it, ++j) {
+      const std::string& key = it.key();
+      if (key.find_first_of("<>\n") != std::string::npos) {
+        return Status::Error("tool '" + name + "': parameter name '" + key +
+                             "' cannot be written in an XML call (it has '<', '>' or a newline)");
+      }
+      ojson sub = it.value();
+      std::string value;
+      std::vector<std::string> texts;  // a const or an enum of strings: the texts themselves
+      if (sub.is_object() && sub.contains("const")) {
+        if (sub["const"].is_string()) texts.push_back(GbnfLiteral(sub["const"].get<std::string>()));
+      } else if (sub.is_object() && sub.contains("enum") && sub["enum"].is_array() && !sub["enum"].empty()) {
+        for (const auto& v : sub["enum"]) {
+          if (!v.is_string()) {
+            texts.clear();
+            break;
+          }
+          texts.push_back(GbnfLiteral(v.get<std::string>()));
+        }
+      }
+      if (sub.is_object() && sub.contains("type") && sub["type"] == "boolean" && !sub.contains("const") &&
+          !sub.contains("enum")) {
+        // JSON's, or Python's as the jinja writes a call's booleans (str(True)); the reader takes both.
+        texts = {"\"true\"", "\"false\"", "\"True\"", "\"False\""};
+      }
+      if (!texts.empty()) {
+        value = GbnfAlternatives(texts);
+      } else if (XmlTextParameter(sub)) {
+        value = "xml-text";
+        text_used = true;
+      } else {
+        if (sub.is_object()) {  // references into the parameters' definitions resolve from the parameter's schema
+          for (const char* k : {"$defs", "definitions"})
+            if (params.contains(k) && !sub.contains(k)) sub[k] = params[k];
+        }
+        auto e = JsonSchemaExpression(sub, "tc" + std::to_string(i) + "-" + std::to_string(j) + "-", &rules, &primitives);
+        if (!e.ok()) return Status::Error("tool '" + name + "', parameter '" + key + "': " + e.status().message());
+        value = e.value();
+      }
+      const std::string param = GbnfLiteral("<parameter=" + key + ">\n") + " " + value + " " +
+                                GbnfLiteral("\n</parameter>\n");
+      body += " " + (required.count(key) ? param : "( " + param + " )?");
+    }
+    body += " " + GbnfLiteral("</function>");
+    rules += "tc" + std::to_string(i) + " ::= " + body + "\n";
+    calls += (calls.empty() ? "" : " | ") + std::string("tc") + std::to_string(i);
+  }
+  std::string g = "root ::= tool_call_ws xml-call tool_call_ws " + GbnfLiteral(kToolCallClose) +
+                  (parallel ? " tool_call_more" : "") + "\n";
+  g += "tool_call_ws ::= [ \\n]{0,2}\n";
+  if (parallel) {
+    g += "tool_call_more ::= ( tool_call_ws " + GbnfLiteral(kToolCallOpen) + " tool_call_ws xml-call tool_call_ws " +
+         GbnfLiteral(kToolCallClose) + " )* tool_call_ws\n";
+  }
+  g += "xml-call ::= " + calls + "\n" + rules;
+  if (text_used) g += XmlTextRules();
+  return g + JsonPrimitiveRules(primitives);
+}
+
+nlohmann::ordered_json XmlParameterValue(const std::string& text, const nlohmann::ordered_json& parameters,
+                                         const std::string& key) {
+  using ojson = nlohmann::ordered_json;
+  auto lower = [](std::string t) {
+    for (char& c : t) c = (char)std::tolower((unsigned char)c);
+    return t;
+  };
+  if (lower(text) == "null") return nullptr;
+  const ojson* schema = nullptr;
+  if (parameters.is_object() && parameters.contains("properties") && parameters["properties"].is_object() &&
+      parameters["properties"].contains(key)) {
+    schema = &parameters["properties"][key];
+  }
+  if (!schema) return text;
+  std::string type = "string";
+  if (schema->is_object() && schema->contains("type")) {
+    const ojson& t = (*schema)["type"];
+    type = t.is_string() ? lower(Trim(t.get<std::string>())) : "list of types";
+  }
+  auto starts = [&](const char* p) { return type.rfind(p, 0) == 0; };
+  for (const char* t : {"string", "str", "text", "varchar", "char", "enum"})
+    if (type == t) return text;
+  const std::string trimmed = Trim(text);
+  if (starts("int") || starts("uint") || starts("long") || starts("short") || starts("unsigned")) {
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(trimmed.c_str(), &end, 10);
+    if (!trimmed.empty() && errno == 0 && *end == '\0') return v;
+    return text;
+  }
+  if (starts("num") || starts("float")) {
+    char* end = nullptr;
+    const double v = std::strtod(trimmed.c_str(), &end);
+    if (trimmed.empty() || *end != '\0' || !std::isfinite(v)) return text;
+    if (v == std::trunc(v) && std::fabs(v) < 9.2e18) return (long long)v;
+    return v;
+  }
+  if (type == "boolean" || type == "bool" || type == "binary") return lower(text) == "true";
+  // object, array and the rest: the JSON the text holds, or a Python literal, else the text.
+  auto j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_discarded()) return j;
+  if (trimmed == "True" || trimmed == "False") return trimmed == "True";
+  if (trimmed == "None") return nullptr;
+  return text;
+}
+
+namespace {
 bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 // One character inside a JSON string (after its opening quote): false when it is the closing quote. `escaped`
 // carries a backslash over to the next character.
@@ -931,6 +1098,7 @@ void ToolCallReader::UpdateJson(const std::string& text, bool finished, std::str
 void ToolCallReader::Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls) {
   if (format_ == ToolFormat::kMistral || list_) return UpdateMistral(text, finished, content, calls);
   if (format_ == ToolFormat::kLlama3Json) return UpdateJson(text, finished, content, calls);
+  if (format_ == ToolFormat::kQwen3Coder) return UpdateXml(text, finished, content, calls);
   const std::string open = kToolCallOpen, close = kToolCallClose;
   if (!in_calls_) {
     const size_t at = text.find(open, sent_);
@@ -985,6 +1153,118 @@ void ToolCallReader::Update(const std::string& text, bool finished, std::string*
   if (finished && sent_ < text.size()) {
     // A block the end cut off, or one that was not a call: its text as content. Whitespace after the calls is
     // dropped.
+    size_t p = sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (p < text.size() || n_calls_ == 0) content->append(text, sent_, std::string::npos);
+    sent_ = text.size();
+  }
+}
+
+void ToolCallReader::UpdateXml(const std::string& text, bool finished, std::string* content,
+                               std::vector<ToolCall>* calls) {
+  static const std::string open = kToolCallOpen, close = kToolCallClose, fn = "<function=", fn_close = "</function>",
+                           param = "<parameter=", param_close = "</parameter>";
+  if (!in_calls_) {
+    const size_t at = text.find(open, sent_);
+    ContentUpTo(text, at, finished, open, content);
+    if (at == std::string::npos) return;
+    sent_ = at;
+    in_calls_ = true;
+  }
+  // 1: `s` is at text[p]; 2: the text ends inside it; 0: something else.
+  auto at = [&](size_t p, const std::string& s) {
+    const size_t n = std::min(s.size(), text.size() - p);
+    if (text.compare(p, n, s, 0, n) != 0) return 0;
+    return n < s.size() ? 2 : 1;
+  };
+  auto send = [&](std::string piece) {
+    ToolCall d;
+    d.index = n_calls_ - 1;
+    d.arguments = std::move(piece);
+    AppendToolCalls({d}, calls);
+  };
+  while (!failed_) {
+    size_t p = sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (p == text.size()) break;
+    if (call_open_) {
+      if (const int m = at(p, param); m != 0) {
+        if (m == 2) break;
+        const size_t key_end = text.find('>', p + param.size());
+        if (key_end == std::string::npos) break;
+        const size_t v = key_end + 1;
+        const size_t pe = text.find(param_close, v), fe = text.find(fn_close, v);
+        const size_t end = std::min(pe, fe);
+        if (end == std::string::npos) break;  // the value has not ended yet
+        std::string value = text.substr(v, end - v);
+        if (!value.empty() && value.front() == '\n') value.erase(0, 1);
+        if (!value.empty() && value.back() == '\n') value.pop_back();
+        const std::string key = text.substr(p + param.size(), key_end - p - param.size());
+        const nlohmann::ordered_json* params = parameters_.contains(xml_name_) ? &parameters_[xml_name_] : nullptr;
+        send(std::string(xml_params_++ ? "," : "") + SafeDump(nlohmann::ordered_json(key)) + ":" +
+             SafeDump(XmlParameterValue(value, params ? *params : nlohmann::ordered_json(), key)));
+        sent_ = end == pe ? pe + param_close.size() : fe;
+        continue;
+      }
+      if (const int m = at(p, fn_close); m != 0) {
+        if (m == 2) break;
+        send("}");
+        call_open_ = false;
+        xml_after_fn_ = true;
+        sent_ = p + fn_close.size();
+        continue;
+      }
+      // Other text inside the call: skipped up to the next parameter or the call's end.
+      const size_t next = std::min(text.find(param, p), text.find(fn_close, p));
+      if (next == std::string::npos) break;
+      sent_ = next;
+      continue;
+    }
+    if (xml_after_fn_) {
+      xml_after_fn_ = false;
+      if (const int m = at(p, close); m != 0) {
+        if (m == 2) {
+          xml_after_fn_ = true;
+          break;
+        }
+        sent_ = p + close.size();
+        continue;
+      }
+    }
+    // A call's opening: "<tool_call>", blanks, "<function=NAME>".
+    if (const int m = at(p, open); m != 1) {
+      if (m == 0) failed_ = true;  // text after the calls that is not another call
+      break;
+    }
+    size_t q = p + open.size();
+    while (q < text.size() && IsSpace(text[q])) ++q;
+    if (q == text.size()) break;
+    if (const int m = at(q, fn); m != 1) {
+      if (m == 0) failed_ = true;  // a block that is not an XML call: content
+      break;
+    }
+    const size_t name_end = text.find('>', q + fn.size());
+    if (name_end == std::string::npos) break;
+    xml_name_ = text.substr(q + fn.size(), name_end - q - fn.size());
+    if (xml_name_.empty() || xml_name_.find_first_of("<\n") != std::string::npos) {
+      failed_ = true;
+      break;
+    }
+    ToolCall call;
+    call.id = NextId();
+    call.index = n_calls_++;
+    call.name = xml_name_;
+    call.arguments = "{";
+    AppendToolCalls({call}, calls);
+    call_open_ = true;
+    xml_params_ = 0;
+    sent_ = name_end + 1;
+  }
+  if (finished && call_open_) {  // a call the end cut off keeps what it has
+    call_open_ = false;
+    sent_ = text.size();
+  }
+  if (finished && sent_ < text.size()) {  // what is not a call, as content; blanks after the calls dropped
     size_t p = sent_;
     while (p < text.size() && IsSpace(text[p])) ++p;
     if (p < text.size() || n_calls_ == 0) content->append(text, sent_, std::string::npos);

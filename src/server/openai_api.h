@@ -74,6 +74,9 @@ struct CompletionRequest {
   std::string tool_name;   // named: the function
   std::string tools_prompt;
   ToolFormat tool_format = ToolFormat::kHermes;
+  // Each tool's parameters schema by the tool's name: kQwen3Coder's calls give their arguments as text, read as the
+  // types these declare.
+  nlohmann::ordered_json tool_parameters = nlohmann::ordered_json::object();
   // chat_template_kwargs.enable_thinking (Qwen3's switch): false closes an empty think block in the prompt, so the
   // reply is the answer alone.
   bool enable_thinking = true;
@@ -152,6 +155,22 @@ inline constexpr char kToolCallOpen[] = "<tool_call>";
 inline constexpr char kToolCallClose[] = "</tool_call>";
 inline constexpr char kMistralToolCalls[] = "[TOOL_CALLS]";
 std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat format = ToolFormat::kHermes);
+// tool_choice "auto" for kQwen3Coder (Qwen3.5): the grammar after the "<tool_call>" trigger, a call of one of `tools`
+// (name, parameters schema) as XML, "<function=NAME>" and then each parameter in the order `properties` lists them
+// (the required ones always, the others optional): "<parameter=KEY>\nVALUE\n</parameter>\n" and "</function>", and
+// the closing tag (more calls in tags with `parallel`). A string parameter's value is its text (any text without
+// "</parameter>" or "</function>" in it; an enum or const of strings: one of them), a boolean is true or false (or
+// Python's True / False, as the jinja writes them), other values are JSON of their schema (JsonSchemaExpression),
+// which XmlParameterValue reads back.
+Result<std::string> XmlToolCallGbnf(const std::vector<std::pair<std::string, nlohmann::ordered_json>>& tools,
+                                    bool parallel);
+// A kQwen3Coder call's parameter text as the JSON value the tool's schema declares, as vLLM's qwen3_coder parser
+// converts it: "null" (any case) -> null; a key the schema does not list, or a string type -> the text; integer types
+// -> an integer; number types -> a number (an integer when whole); boolean -> text == "true" (any case); other types
+// (object, array, a list of types) -> the JSON (or Python literal: True, False, None) it holds, else the text. Text
+// that is not of its type stays a string.
+nlohmann::ordered_json XmlParameterValue(const std::string& text, const nlohmann::ordered_json& parameters,
+                                         const std::string& key);
 // tool_choice "required": a JSON list of calls, one or more (exactly one without `parallel`).
 std::string RequiredCallsGbnf(const std::string& call_gbnf, bool parallel);
 
@@ -207,8 +226,11 @@ class ToolCallReader {
  public:
   // list: the reply is a JSON list of calls from its start, [{...}, ...] (tool_choice "required"), whatever the
   // format (which gives the arguments' key and the ids).
-  explicit ToolCallReader(std::string id_prefix, ToolFormat format = ToolFormat::kHermes, bool list = false)
-      : id_prefix_(std::move(id_prefix)), format_(format), list_(list), in_calls_(list) {}
+  // `parameters`: each tool's parameters schema by name (CompletionRequest::tool_parameters), for kQwen3Coder.
+  explicit ToolCallReader(std::string id_prefix, ToolFormat format = ToolFormat::kHermes, bool list = false,
+                          nlohmann::ordered_json parameters = nlohmann::ordered_json::object())
+      : id_prefix_(std::move(id_prefix)), format_(format), list_(list), in_calls_(list),
+        parameters_(std::move(parameters)) {}
   // `text` is everything generated so far (each call extends the last); `finished`: nothing more will come.
   // Appends what can be sent now. A call goes out once its object has given its name and the start of its
   // arguments ({"name": "...", "arguments": { -- "parameters" for Llama 3), then its arguments as they come (see
@@ -222,6 +244,11 @@ class ToolCallReader {
  private:
   // kLlama3Json's Update.
   void UpdateJson(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
+  // kQwen3Coder's Update: content, then <tool_call> blocks of XML calls. A call goes out at "<function=NAME>" with
+  // arguments "{", each parameter once its value has ended (",", the key and the value as compact JSON) and "}" at
+  // "</function>". Read leniently, as vLLM's qwen3_coder parser: a value ends at "</parameter>" or at
+  // "</function>"; other text inside a call is skipped.
+  void UpdateXml(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
   // kMistral's Update.
   void UpdateMistral(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
   // Reads the calls after sent_: {...} objects, `sep` between them, until `close` (none when '\0').
@@ -253,6 +280,10 @@ class ToolCallReader {
   bool list_open_ = false, list_closed_ = false;  // kMistral: the calls' "[" and "]"
   size_t marker_end_ = 0;  // kMistral: where the text after [TOOL_CALLS] starts
   int n_calls_ = 0;
+  nlohmann::ordered_json parameters_;  // kQwen3Coder: the tools' parameters schemas by name
+  std::string xml_name_;        // kQwen3Coder: the open call's function
+  int xml_params_ = 0;          // its parameters sent so far
+  bool xml_after_fn_ = false;   // after a call's "</function>": its "</tool_call>" may follow
 };
 
 // One streaming chunk (the `data:` payload). For chat, `first` adds the assistant role delta.

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <ctime>
+#include <fstream>
+#include <iterator>
 
 #include "core/strings.h"
 #include "tokenizer/tool_turns.h"
@@ -130,6 +132,26 @@ Result<ChatTemplate> ChatTemplate::ByName(const std::string& name) {
   return Status::Error("unknown chat template '" + name + "'; valid: chatml, llama3, llama2, mistral, mistral-v3, alpaca");
 }
 
+Result<ChatTemplate> ChatTemplate::FromFlag(const std::string& flag, const std::string& value) {
+  for (const char* n : kNames)
+    if (value == n) return ByName(value);
+  std::ifstream f(value, std::ios::binary);
+  if (!f) {
+    return Status::Error(flag + " '" + value + "': neither a chat template name (chatml, llama3, llama2, mistral, "
+                         "mistral-v3, alpaca) nor a readable jinja file");
+  }
+  const std::string jinja((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  bool known = false;
+  for (const char* marker : {"<|im_start|>", "<|start_header_id|>", "[INST]", "### Instruction"})
+    known = known || jinja.find(marker) != std::string::npos;
+  if (!known) {
+    return Status::Error(flag + " " + value + ": a jinja chat template in a format lathe does not render (it knows "
+                         "chatml <|im_start|>, Llama 3 <|start_header_id|>, Llama 2 / Mistral [INST] and alpaca "
+                         "### Instruction templates)");
+  }
+  return Detect(jinja);
+}
+
 ChatTemplate ChatTemplate::Detect(const std::string& jinja) {
   ChatTemplate t;
   if (jinja.find("<|im_start|>") != std::string::npos) {
@@ -137,6 +159,10 @@ ChatTemplate ChatTemplate::Detect(const std::string& jinja) {
     t.default_system_ = ExtractDefaultSystem(jinja);
     t.think_blocks_ = jinja.find("<think>") != std::string::npos && jinja.find("reasoning_content") != std::string::npos;
     t.thinking_switch_ = jinja.find("enable_thinking") != std::string::npos;
+    t.xml_tool_calls_ = jinja.find("<function=") != std::string::npos && jinja.find("<parameter=") != std::string::npos;
+    // Qwen3's jinja: {%- if loop.last or (not loop.last and reasoning_content) %} inside the last-query test.
+    t.think_after_query_ = t.think_blocks_ && jinja.find("last_query_index") != std::string::npos &&
+                           jinja.find("loop.last or") == std::string::npos;
     // Qwen3.5 trims every message's text: {%- set content = render_content(message.content, true)|trim %}.
     for (size_t at = jinja.find("set content ="); at != std::string::npos; at = jinja.find("set content =", at + 1)) {
       const std::string stmt = jinja.substr(at, jinja.find("%}", at) - at);
@@ -218,8 +244,9 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
         }
         out += "<|im_start|>assistant\n";
         begin = out.size();
-        if (i > last_query && (i + 1 == n || !reasoning.empty())) {
-          out += "<think>\n" + Strip(reasoning, '\n') + "\n</think>\n\n" + LStrip(content, '\n');
+        if (i > last_query && (think_after_query_ || i + 1 == n || !reasoning.empty())) {
+          out += "<think>\n" + (trims_content_ ? Trim(reasoning) : Strip(reasoning, '\n')) + "\n</think>\n\n" +
+                 LStrip(content, '\n');
         } else {
           out += content;
         }

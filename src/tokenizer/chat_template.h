@@ -23,6 +23,10 @@ class ChatTemplate {
   // Picks the template matching a jinja chat template's markers; chatml when unrecognized or empty.
   // Keeps a default system prompt written into the jinja text (SmolLM2 has one).
   static ChatTemplate Detect(const std::string& jinja);
+  // A command line's template (`--chat-template` / `--template`, as vLLM's --chat-template): a name (ByName), or the
+  // path of a jinja file, detected from its markers (Detect). Errors name `flag` and list the names; a file whose
+  // markers lathe does not know is refused, not served as chatml.
+  static Result<ChatTemplate> FromFlag(const std::string& flag, const std::string& value);
 
   const std::string& name() const { return name_; }
   // The prompt text for the conversation, exactly as the model's jinja renders it; with
@@ -52,6 +56,8 @@ class ChatTemplate {
   // The jinja reads chat_template_kwargs.enable_thinking (Qwen3, Qwen3.5): false closes an empty think block in the
   // prompt.
   bool thinking_switch() const { return thinking_switch_; }
+  // The jinja writes tool calls as XML <function=...> blocks (Qwen3.5; ToolFormat::kQwen3Coder).
+  bool xml_tool_calls() const { return xml_tool_calls_; }
   // Llama 3.1-3.3 (a jinja that writes "Cutting Knowledge Date"): every prompt opens with a system turn holding the
   // knowledge cutoff and "Today Date: <date>", and tool results are written as JSON strings. The date is the
   // jinja's fixed "26 Jul 2024", or today's ("07 Dec 2026") for one that asks strftime_now (Llama 3.2), as
@@ -71,6 +77,9 @@ class ChatTemplate {
   bool think_in_prompt_ = false;
   bool trims_content_ = false;  // Qwen3.5: every message's text is trimmed
   bool thinking_switch_ = false;
+  bool xml_tool_calls_ = false;
+  // Qwen3.5: every reply after the last user turn gets a think block (Qwen3: the last one, or one with reasoning).
+  bool think_after_query_ = false;
   std::string date_;
 };
 

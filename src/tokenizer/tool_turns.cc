@@ -39,15 +39,40 @@ void PyJsonTo(const ojson& j, std::string* out) {
   }
 }
 
+// Qwen3.5's jinja, after the tools.
+constexpr char kQwen3CoderInstructions[] =
+    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
+    "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- "
+    "Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural "
+    "language BEFORE the function call, but NOT after\n- If there is no function call available, answer the "
+    "question like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>";
+
 constexpr char kToolResponseOpen[] = "<tool_response>\n";
 constexpr char kToolResponseClose[] = "\n</tool_response>";
 
 }  // namespace
 
-ToolFormat ToolFormatFor(const std::string& template_name) {
-  if (template_name == "llama3") return ToolFormat::kLlama3Json;
-  if (template_name == "mistral-v3") return ToolFormat::kMistral;
+ToolFormat ToolFormatFor(const ChatTemplate& tmpl) {
+  if (tmpl.name() == "llama3") return ToolFormat::kLlama3Json;
+  if (tmpl.name() == "mistral-v3") return ToolFormat::kMistral;
+  if (tmpl.name() == "chatml" && tmpl.xml_tool_calls()) return ToolFormat::kQwen3Coder;
   return ToolFormat::kHermes;
+}
+
+std::string XmlParameterText(const ojson& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_object() || value.is_array()) return PyJson(value);
+  if (value.is_boolean()) return value.get<bool>() ? "True" : "False";
+  if (value.is_null()) return "None";
+  if (value.is_number_float()) {  // Python's repr of a float: shortest round trip, ".0" on whole numbers
+    std::string t = Dump(value);
+    if (t.find_first_of(".eEn") == std::string::npos) t += ".0";
+    return t;
+  }
+  return Dump(value);
 }
 
 std::string PyJson(const ojson& j) {
@@ -83,6 +108,19 @@ std::string ToolCallsText(ToolFormat format, const std::string& content, const s
     return "[TOOL_CALLS]" + PyJson(list);
   }
   std::string out;
+  if (format == ToolFormat::kQwen3Coder) {  // Qwen3.5's jinja: the calls after "\n\n" when there is content
+    out = Trim(content);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      out += (i > 0 ? "\n" : out.empty() ? "" : "\n\n") + std::string("<tool_call>\n<function=") + calls[i].name + ">\n";
+      if (calls[i].arguments.is_object()) {
+        for (auto it = calls[i].arguments.begin(); it != calls[i].arguments.end(); ++it) {
+          out += "<parameter=" + it.key() + ">\n" + XmlParameterText(it.value()) + "\n</parameter>\n";
+        }
+      }
+      out += "</function>\n</tool_call>";
+    }
+    return out;
+  }
   if (format == ToolFormat::kLlama3Json) {  // Llama 3.1's jinja: {"name": "...", "parameters": <tojson>}
     for (const ToolCallTurn& c : calls) {
       out += (out.empty() ? "" : "; ") + std::string("{\"name\": \"") + c.name + "\", \"parameters\": " +
@@ -105,12 +143,18 @@ void AppendToolResult(ToolFormat format, const std::string& content, const std::
     ojson res = {{"content", JsonOrText(content)}};
     if (!call_id.empty()) res["call_id"] = call_id;
     messages->push_back({"tool", PyJson(res)});
-  } else if (format == ToolFormat::kLlama3Json) {
+    return;
+  }
+  if (format == ToolFormat::kLlama3Json) {
     messages->push_back({"ipython", content});
-  } else if (follows_tool_result && !messages->empty() && messages->back().role == "user") {
-    messages->back().content += "\n" + std::string(kToolResponseOpen) + content + kToolResponseClose;
+    return;
+  }
+  // Qwen3.5's jinja trims each message's text, a tool's result too.
+  const std::string text = format == ToolFormat::kQwen3Coder ? Trim(content) : content;
+  if (follows_tool_result && !messages->empty() && messages->back().role == "user") {
+    messages->back().content += "\n" + std::string(kToolResponseOpen) + text + kToolResponseClose;
   } else {
-    messages->push_back({"user", kToolResponseOpen + content + kToolResponseClose});
+    messages->push_back({"user", kToolResponseOpen + text + kToolResponseClose});
   }
 }
 
@@ -131,6 +175,20 @@ std::string ToolsPrompt(ToolFormat format, const ojson& tools, ToolMode mode, co
     described.push_back(std::move(d));
   }
   if (format == ToolFormat::kMistral) return PyJson(described);  // the grammar says the rest
+  if (format == ToolFormat::kQwen3Coder) {  // Qwen3.5's jinja
+    std::string out = "# Tools\n\nYou have access to the following functions:\n\n<tools>";
+    for (const ojson& d : described) out += "\n" + PyJson(d);
+    out += "\n</tools>";
+    if (mode == ToolMode::kNamed) {
+      out += "\n\nCall the function \"" + named + "\": reply with its arguments only, as a JSON object.";
+    } else if (mode == ToolMode::kRequired) {
+      out += "\n\nCall one or more of the functions: return a JSON list of objects with function name and arguments: "
+             "[{\"name\": <function-name>, \"arguments\": <args-json-object>}]";
+    } else {
+      out += kQwen3CoderInstructions;
+    }
+    return out;
+  }
   const bool llama = format == ToolFormat::kLlama3Json;
   const std::string call_shape =
       std::string("{\"name\": <function-name>, \"") + (llama ? "parameters" : "arguments") + "\": <args-json-object>}";
@@ -175,6 +233,12 @@ std::vector<ChatMessage> WithToolsPrompt(std::vector<ChatMessage> messages, Tool
       messages[0].content += (messages[0].content.empty() ? "" : "\n\n") + tools_prompt;
     }
     messages.insert(messages.begin(), {"environment", "ipython"});
+    return messages;
+  }
+  if (format == ToolFormat::kQwen3Coder) {  // Qwen3.5's jinja: the tools first, then the system text (no default)
+    if (messages.empty() || messages[0].role != "system") messages.insert(messages.begin(), {"system", ""});
+    const std::string system = Trim(messages[0].content);
+    messages[0].content = tools_prompt + (system.empty() ? "" : "\n\n" + system);
     return messages;
   }
   if (messages.empty() || messages[0].role != "system") messages.insert(messages.begin(), {"system", tmpl.default_system()});

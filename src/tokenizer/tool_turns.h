@@ -21,10 +21,19 @@ namespace lathe::tokenizer {
 // kMistral (Mistral's v3 instruct format, mistral_common's InstructTokenizerV3): the tools as [AVAILABLE_TOOLS] JSON
 // before the last user message, calls as [TOOL_CALLS] and a JSON list of {"name", "arguments"[, "id"]}, results as
 // [TOOL_RESULTS] {"content", "call_id"} blocks.
-enum class ToolFormat { kHermes, kLlama3Json, kMistral };
+// kQwen3Coder (Qwen3.5, whose jinja writes XML calls; vLLM's "qwen3_coder" tool parser): the tools as JSON lines in
+// <tools></tools> at the top of the system message, its own instructions after them and the system text last;
+// a call is "<tool_call>\n<function=NAME>\n" then "<parameter=KEY>\nVALUE\n</parameter>\n" per argument (a string
+// as is, an object or a list as JSON, other values as Python's str() writes them) and "</function>\n</tool_call>";
+// results as kHermes.
+enum class ToolFormat { kHermes, kLlama3Json, kMistral, kQwen3Coder };
 
-// The format for a chat template (ChatTemplate::name()): llama3 -> kLlama3Json, mistral-v3 -> kMistral, others kHermes.
-ToolFormat ToolFormatFor(const std::string& template_name);
+// The format for a chat template: llama3 -> kLlama3Json, mistral-v3 -> kMistral, a chatml jinja that writes
+// <function=...> calls (ChatTemplate::xml_tool_calls) -> kQwen3Coder, others kHermes.
+ToolFormat ToolFormatFor(const ChatTemplate& tmpl);
+// A call argument's text in a kQwen3Coder call: a string as is, an object or a list as JSON (PyJson), true / false /
+// null as True / False / None, a number as Python's str() writes it (jinja's `string` filter).
+std::string XmlParameterText(const nlohmann::ordered_json& value);
 
 // JSON text as Python's json.dumps(x, ensure_ascii=False) writes it (", " and ": " between items), keys in the
 // object's order: how jinja's `tojson` (transformers' renderer) and mistral_common write JSON into prompts.

@@ -277,7 +277,7 @@ std::pair<int64_t, int64_t> InferSeqLen(int64_t source_len, int64_t target_len, 
 }
 
 Result<std::vector<tokenizer::ChatMessage>> ChatMessages(const Example& ex, const tokenizer::ChatTemplate& tmpl) {
-  const tokenizer::ToolFormat format = tokenizer::ToolFormatFor(tmpl.name());
+  const tokenizer::ToolFormat format = tokenizer::ToolFormatFor(tmpl);
   std::vector<tokenizer::ChatMessage> out;
   std::string prev;
   std::vector<std::string> ids;  // the last call turn's ids: the results after it answer them in order

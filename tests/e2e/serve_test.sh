@@ -110,11 +110,19 @@ stop_side_server() {
 }
 
 # tool_choice "auto" on a real chat model (SmolLM2, when the test has it): content, and calls read back, in its own
-# template's Hermes format and in Llama 3's JSON format (the llama3 template). With a reasoning parser, as a Qwen3
-# would be served: the replies open no think block, so the tool grammars run as without one.
+# template's Hermes format, in Llama 3's JSON format (the llama3 template) and in Qwen3.5's XML calls (its jinja given
+# as a file). With a reasoning parser, as a Qwen3 would be served: the replies open no think block, so the tool
+# grammars run as without one.
 if [ -n "${LATHE_SMOLLM2:-}" ] && [ -f "$LATHE_SMOLLM2" ]; then
-  for template in chatml llama3; do
-    start_side_server -m "$LATHE_SMOLLM2" --max-model-len 1024 --chat-template "$template" --reasoning-parser qwen3
+  # Qwen3.5's jinja (from the golden fixture) as a file: its XML calls (vLLM's qwen3_coder format).
+  python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["templates"]; sys.stdout.write([x for x in t if x["name"] == "qwen3.5"][0]["jinja"])' \
+    "$LATHE_SOURCE/tests/golden/fixtures/chat_templates/tool_renderings.json" > "$tmp/qwen3.5.jinja"
+  for template in chatml llama3 qwen3.5; do
+    if [ "$template" = qwen3.5 ]; then
+      start_side_server -m "$LATHE_SMOLLM2" --max-model-len 1024 --chat-template "$tmp/qwen3.5.jinja"
+    else
+      start_side_server -m "$LATHE_SMOLLM2" --max-model-len 1024 --chat-template "$template" --reasoning-parser qwen3
+    fi
     if [ -z "$url" ]; then
       echo "FAIL: the SmolLM2 server ($template) did not start"; cat "$tmp/side.err"; rc=1
     elif ! "$VENV/bin/python" "$HERE/serve_test.py" tools-auto "$url" "$template"; then

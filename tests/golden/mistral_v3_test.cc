@@ -44,7 +44,7 @@ TEST(MistralV3Golden, RequestsTokenizeAsMistralCommonEncodesThem) {
     const nlohmann::ordered_json& body = c["request"];
     server::CompletionRequest r;
     auto err = server::ParseCompletionRequest(nlohmann::json::parse(body.dump()), /*chat=*/true, &r, &body,
-                                              server::ToolFormatFor(tmpl->name()));
+                                              server::ToolFormatFor(*tmpl));
     ASSERT_FALSE(err) << name << ": " << err->message;
     const std::string text = tmpl->Apply(server::PromptMessages(r, *tmpl), /*add_generation_prompt=*/true);
     ASSERT_TRUE(tmpl->text_has_bos());
@@ -126,7 +126,7 @@ TEST(MistralV3Golden, DetectedFromTheJinja) {
   const auto v3 = tokenizer::ChatTemplate::Detect(
       "{%- if tools %}[AVAILABLE_TOOLS] {{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST] {{ m.content }}[/INST]");
   EXPECT_EQ(v3.name(), "mistral-v3");
-  EXPECT_EQ(server::ToolFormatFor(v3.name()), server::ToolFormat::kMistral);
+  EXPECT_EQ(server::ToolFormatFor(v3), server::ToolFormat::kMistral);
 }
 
 // The whole path in `lathe serve`, in-process: a random model on the v3 vocabulary with the mistral-v3 template.

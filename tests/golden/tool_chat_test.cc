@@ -48,13 +48,13 @@ TEST(ToolChatGolden, RequestsRenderAsTheFamilysJinja) {
       const ojson& body = c["body"];
       server::CompletionRequest r;
       auto err = server::ParseCompletionRequest(nlohmann::json::parse(body.dump()), /*chat=*/true, &r, &body,
-                                                tokenizer::ToolFormatFor(tmpl.name()));
+                                                tokenizer::ToolFormatFor(tmpl));
       ASSERT_FALSE(err) << what << ": " << err->message;
       EXPECT_EQ(server::PromptText(r, tmpl), c["text"].get<std::string>()) << what;
       ++checked;
     }
   }
-  EXPECT_GE(checked, 26u);
+  EXPECT_GE(checked, 35u);
 }
 
 TEST(ToolChatGolden, SharegptToolDataRendersAsTheFamilysJinja) {
@@ -63,9 +63,10 @@ TEST(ToolChatGolden, SharegptToolDataRendersAsTheFamilysJinja) {
   for (const auto& t : fixture["templates"]) {
     const std::string name = t["name"].get<std::string>();
     if (t["training"].empty()) continue;  // a template held to its requests only (no tool format of ours)
-    const bool hermes = t["family"] == "hermes";
-    const std::string tok_path =
-        lathe::testing::SharedPath(hermes ? "models/qwen3-tokenizer/tokenizer.json" : "models/llama3-tokenizer/tokenizer.json");
+    const std::string family = t["family"].get<std::string>();
+    const bool hermes = family == "hermes", xml = family == "qwen3_coder";  // else llama3
+    const std::string tok_path = lathe::testing::SharedPath(
+        hermes || xml ? "models/qwen3-tokenizer/tokenizer.json" : "models/llama3-tokenizer/tokenizer.json");
     LATHE_REQUIRE_FILE(tok_path);
     auto tok = model::LoadTokenizer(tok_path);
     ASSERT_TRUE(tok.ok()) << tok.status().message();
@@ -107,12 +108,13 @@ TEST(ToolChatGolden, SharegptToolDataRendersAsTheFamilysJinja) {
       for (const auto& [b, e] : replies) replies_text += want.substr(b, e - b);
       EXPECT_EQ((*tok)->Decode(labelled), replies_text) << what;
       // Calls are targets, results are not.
-      EXPECT_NE(replies_text.find(hermes ? "<tool_call>\n{\"name\": " : "{\"name\": "), std::string::npos) << what;
-      EXPECT_EQ(replies_text.find(hermes ? "<tool_response>" : "ipython"), std::string::npos) << what;
+      EXPECT_NE(replies_text.find(hermes ? "<tool_call>\n{\"name\": " : xml ? "<tool_call>\n<function=" : "{\"name\": "),
+                std::string::npos) << what;
+      EXPECT_EQ(replies_text.find(hermes || xml ? "<tool_response>" : "ipython"), std::string::npos) << what;
       ++checked;
     }
   }
-  EXPECT_GE(checked, 10u);
+  EXPECT_GE(checked, 13u);
 }
 
 // Bad tool data names the record and what was expected, before any work.

@@ -268,8 +268,8 @@ TEST(OpenAiApi, ParsesLlama3ToolCalls) {
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].name, "get_weather");
   EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
-  EXPECT_EQ(ToolFormatFor("llama3"), ToolFormat::kLlama3Json);
-  EXPECT_EQ(ToolFormatFor("chatml"), ToolFormat::kHermes);
+  EXPECT_EQ(ToolFormatFor(tokenizer::ChatTemplate::ByName("llama3").value()), ToolFormat::kLlama3Json);
+  EXPECT_EQ(ToolFormatFor(tokenizer::ChatTemplate::ByName("chatml").value()), ToolFormat::kHermes);
 }
 
 TEST(OpenAiApi, ToolCallReaderStreamsArguments) {
@@ -446,8 +446,8 @@ TEST(OpenAiApi, ParsesMistralToolCalls) {
   EXPECT_EQ(r.messages[2].role, "tool");
   EXPECT_EQ(r.messages[2].content, R"({"content": {"t": 18}, "call_id": "c1"})");
   EXPECT_EQ(r.messages[3].content, R"({"content": "pong", "call_id": "c2"})");
-  EXPECT_EQ(ToolFormatFor("mistral-v3"), ToolFormat::kMistral);
-  EXPECT_EQ(ToolFormatFor("mistral"), ToolFormat::kHermes);
+  EXPECT_EQ(ToolFormatFor(tokenizer::ChatTemplate::ByName("mistral-v3").value()), ToolFormat::kMistral);
+  EXPECT_EQ(ToolFormatFor(tokenizer::ChatTemplate::ByName("mistral").value()), ToolFormat::kHermes);
 }
 
 TEST(OpenAiApi, ToolCallReaderReadsMistralCalls) {

@@ -75,5 +75,34 @@ TEST(ChatTemplate, ByNameAndStops) {
   EXPECT_TRUE(ChatTemplate::ByName("llama3")->text_has_bos());
 }
 
+// --chat-template / --template: a name, or a jinja file detected from its markers (Qwen3.5's: chatml with XML tool
+// calls and the think block opened in the prompt); a file lathe cannot render, or neither, is refused by the flag.
+TEST(ChatTemplate, FromFlagTakesANameOrAJinjaFile) {
+  auto named = ChatTemplate::FromFlag("--chat-template", "llama3");
+  ASSERT_TRUE(named.ok()) << named.status().message();
+  EXPECT_EQ(named->name(), "llama3");
+  lathe::testing::ScopedTempDir dir;
+  const std::string jinja = dir.path + "/t.jinja";
+  std::ofstream(jinja) << "{%- for message in messages %}{{- '<|im_start|>' + message.role }}{%- endfor %}"
+                          "{%- if tools %}<tool_call>\\n<function=x>\\n<parameter=y>{%- endif %}"
+                          "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}"
+                          "{%- set r = message.reasoning_content %}{%- endif %}";
+  auto file = ChatTemplate::FromFlag("--chat-template", jinja);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_EQ(file->name(), "chatml");
+  EXPECT_TRUE(file->xml_tool_calls());
+  EXPECT_TRUE(file->think_in_prompt());
+  const std::string other = dir.path + "/other.jinja";
+  std::ofstream(other) << "{{ bos_token }}<|User|>{{ messages[0].content }}";
+  auto e = ChatTemplate::FromFlag("--template", other);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--template " + other + ": a jinja chat template in a format lathe does not"),
+            std::string::npos) << e.status().message();
+  e = ChatTemplate::FromFlag("--chat-template", "chatmlx");
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--chat-template 'chatmlx': neither a chat template name (chatml, llama3"),
+            std::string::npos) << e.status().message();
+}
+
 }  // namespace
 }  // namespace lathe::tokenizer

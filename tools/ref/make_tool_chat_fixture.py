@@ -77,7 +77,16 @@ REQUESTS = [
                                         call("t1", "time_in", "{\"zone\":\"Asia/Tokyo\",\"as_24h\":true}")]},
                         {"role": "tool", "tool_call_id": "r1", "content": "sunny, 25 degrees"},
                         {"role": "tool", "tool_call_id": "t1", "content": "{\"time\": \"21:04\"}"}],
-     [WEATHER, CLOCK], {"hermes"}),
+     [WEATHER, CLOCK], {"hermes", "qwen3_coder"}),
+    # Arguments of every JSON type: Qwen3.5's XML calls write strings as is, objects and lists as JSON, the rest as
+    # Python's str() (True, 1.5, 2.0, None).
+    ("typed_arguments", [{"role": "user", "content": "Time in UTC?"},
+                         {"role": "assistant", "content": "Checking.",
+                          "tool_calls": [call("u1", "time_in", "{\"zone\": \"UTC\", \"as_24h\": false, \"offset\": 1.5, "
+                                                               "\"days\": 2.0, \"n\": 3, \"tz\": null, "
+                                                               "\"opts\": {\"a\": [1, \"x\"]}}")]},
+                         {"role": "tool", "tool_call_id": "u1", "content": "  12:00  "}],
+     [CLOCK], {"hermes", "qwen3_coder"}),
 ]
 
 
@@ -126,7 +135,7 @@ TRAINING = [
       {"role": "assistant", "content": None,
        "tool_calls": [call("x", "get_weather", {"city": "Rome"}), call("y", "get_weather", {"city": "Oslo"})]},
       {"role": "tool", "content": "Rome: sunny"}, {"role": "assistant", "content": "Rome is sunny."}],
-     [WEATHER], {"hermes"}),
+     [WEATHER], {"hermes", "qwen3_coder"}),
 ]
 
 # (fixture name, jinja file in llama.cpp's models/templates, tool family, bos token, date_string or None)
@@ -136,9 +145,9 @@ TEMPLATES = [
     ("qwen3", "Qwen-Qwen3-0.6B.jinja", "hermes", "", None),
     ("llama3.1", "meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3", "<|begin_of_text|>", None),
     ("llama3.2", "meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3", "<|begin_of_text|>", "07 Dec 2026"),
-    # Qwen3.5's generation prompt opens the think block ("<think>\n"); its tool calls are another format (XML
-    # <function=...> blocks, vLLM's qwen3_coder), so only its requests without tools ("plain").
-    ("qwen3.5", "Qwen3.5-4B.jinja", "plain", "", None),
+    # Qwen3.5's generation prompt opens the think block ("<think>\n"); its tool calls are XML <function=...> blocks
+    # (vLLM's qwen3_coder tool parser).
+    ("qwen3.5", "Qwen3.5-4B.jinja", "qwen3_coder", "", None),
 ]
 
 
