@@ -51,4 +51,11 @@ std::string Nearest(const std::string& word, const std::vector<std::string>& can
   return best_d <= std::max<int>(2, (int)word.size() / 3) ? best : "";
 }
 
+size_t MarkerPrefixAtEnd(std::string_view text, std::string_view marker) {
+  for (size_t k = std::min(text.size(), marker.empty() ? 0 : marker.size() - 1); k > 0; --k) {
+    if (text.substr(text.size() - k) == marker.substr(0, k)) return k;
+  }
+  return 0;
+}
+
 }  // namespace lathe

@@ -981,14 +981,8 @@ std::string ToolCallReader::NextId() {
 void ToolCallReader::ContentUpTo(const std::string& text, size_t at, bool finished, const std::string& marker,
                                  std::string* content) {
   size_t end = at == std::string::npos ? text.size() : at;
-  if (at == std::string::npos && !finished) {
-    // Hold back a tail that may begin the marker.
-    for (size_t k = std::min(marker.size() - 1, end - sent_); k > 0; --k) {
-      if (text.compare(end - k, k, marker, 0, k) == 0) {
-        end -= k;
-        break;
-      }
-    }
+  if (at == std::string::npos && !finished) {  // hold back a tail that may begin the marker
+    end -= MarkerPrefixAtEnd(std::string_view(text).substr(sent_, end - sent_), marker);
   }
   // Whitespace before a call (or before what may be one) is not content.
   if (at != std::string::npos || !finished)
@@ -1310,16 +1304,7 @@ void ReasoningReader::Update(const std::string& piece, bool final, std::string* 
       held_.erase(0, close + kClose.size());
       state_ = State::kContent;
     } else {
-      // Keep back a tail that could be the start of "</think>".
-      size_t keep = 0;
-      if (!final) {
-        for (size_t k = std::min(held_.size(), kClose.size() - 1); k > 0; --k) {
-          if (kClose.compare(0, k, held_, held_.size() - k, k) == 0) {
-            keep = k;
-            break;
-          }
-        }
-      }
+      const size_t keep = final ? 0 : MarkerPrefixAtEnd(held_, kClose);  // what may begin "</think>" waits
       *reasoning += held_.substr(0, held_.size() - keep);
       held_.erase(0, held_.size() - keep);
       return;

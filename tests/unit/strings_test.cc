@@ -21,5 +21,15 @@ TEST(Strings, NearestPrefersPrefixRelations) {
   EXPECT_EQ(Nearest("completely_different", flags), "");
 }
 
+TEST(Strings, MarkerPrefixAtEnd) {
+  EXPECT_EQ(MarkerPrefixAtEnd("abc </thi", "</think>"), 5u);
+  EXPECT_EQ(MarkerPrefixAtEnd("abc <", "</think>"), 1u);
+  EXPECT_EQ(MarkerPrefixAtEnd("abc </think>", "</think>"), 0u);  // the whole marker is not held back
+  EXPECT_EQ(MarkerPrefixAtEnd("abc <<", "<<x"), 2u);             // the longest end that begins it
+  EXPECT_EQ(MarkerPrefixAtEnd("abc", "</think>"), 0u);
+  EXPECT_EQ(MarkerPrefixAtEnd("", "</think>"), 0u);
+  EXPECT_EQ(MarkerPrefixAtEnd("<", ""), 0u);
+}
+
 }  // namespace
 }  // namespace lathe
