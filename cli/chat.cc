@@ -19,7 +19,7 @@ int RunChat(int argc, char** argv) {
   Args args("chat", "lathe chat -m MODEL [--system TEXT] [--template NAME]");
   AddModelFlags(args);
   args.Flag("--system", "system message");
-  args.Flag("--template", "chat template overriding the model's: a name (chatml, llama3, llama2, mistral, mistral-v3, alpaca) or a "
+  args.Flag("--template", "chat template overriding the model's: a name (chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1) or a "
             "jinja file (its format detected from its markers)");
   args.Flag("-n,--n-predict", "maximum tokens per reply", "512");
   args.Flag("-c,--ctx-size", "context length", "4096");

@@ -22,7 +22,7 @@ int RunGenerate(int argc, char** argv) {
   AddInt8PromptFlag(args);
   args.Bool("--chat", "wrap the prompt as a user message in the model's chat template");
   args.Flag("--system", "system message (with --chat)");
-  args.Flag("--template", "chat template overriding the model's: a name (chatml, llama3, llama2, mistral, mistral-v3, alpaca) or a "
+  args.Flag("--template", "chat template overriding the model's: a name (chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1) or a "
             "jinja file (its format detected from its markers)");
   args.Bool("--no-bos", "do not prepend BOS");
   args.Bool("--ignore-eos", "keep generating after end-of-sequence tokens");

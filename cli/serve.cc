@@ -102,7 +102,7 @@ int RunServe(int argc, char** argv) {
             "write a Chrome trace of every forward op to this file at shutdown and print the top ops "
             "(events accumulate while serving: for a bounded session)");
   args.Flag("--chat-template",
-            "chat template overriding the model's: a name (chatml, llama3, llama2, mistral, mistral-v3, alpaca) or a "
+            "chat template overriding the model's: a name (chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1) or a "
             "jinja file (its format detected from its markers)");
   args.Flag("--reasoning-parser",
             "split a chat reply's reasoning into message.reasoning_content, as vLLM's parser of that name: qwen3 "

@@ -404,15 +404,13 @@ std::optional<ApiError> ParseCompletionRequest(const json& b, bool chat, Complet
       tokenizer::ChatMessage msg;
       msg.role = role;
       if (auto e = Content(m.value("content", json(nullptr)), p + ".content", &msg.content)) return e;
-      // An earlier reply's reasoning, as vLLM's reasoning_content / reasoning: back into <think> tags, which a
-      // thinking template (Qwen3's) keeps for the turns after the last user message and drops before it.
+      // An earlier reply's reasoning, as vLLM's reasoning_content / reasoning: a thinking template (Qwen3's) writes it
+      // for the turns after the last user message and drops it before; the others leave it out, as their jinja.
       for (const char* key : {"reasoning_content", "reasoning"}) {
         auto rc = m.find(key);
         if (role != "assistant" || rc == m.end() || rc->is_null()) continue;
         if (!rc->is_string()) return Bad(p + "." + key, p + "." + key + " must be a string");
-        if (!rc->get<std::string>().empty() && msg.content.find("</think>") == std::string::npos) {
-          msg.content = "<think>\n" + rc->get<std::string>() + "\n</think>\n\n" + msg.content;
-        }
+        msg.reasoning = rc->get<std::string>();
         break;
       }
       // Tool turns as the model family writes them (tokenizer/tool_turns.h).

@@ -1,4 +1,4 @@
-// Chat templates (chatml, llama3, llama2, mistral, mistral-v3, alpaca) rendered in C++ to match what each
+// Chat templates (chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1) rendered in C++ to match what each
 // family's jinja produces, detection from a jinja's markers, and default system prompt extraction.
 #include "tokenizer/chat_template.h"
 
@@ -13,7 +13,12 @@
 namespace lathe::tokenizer {
 namespace {
 
-constexpr const char* kNames[] = {"chatml", "llama3", "llama2", "mistral", "mistral-v3", "alpaca"};
+constexpr const char* kNames[] = {"chatml", "llama3", "llama2", "mistral", "mistral-v3", "alpaca", "deepseek-r1"};
+// DeepSeek-R1's special tokens (fullwidth bars, U+2581 in the sentence tokens).
+constexpr char kDeepSeekBos[] = "<\uFF5Cbegin\u2581of\u2581sentence\uFF5C>";
+constexpr char kDeepSeekEos[] = "<\uFF5Cend\u2581of\u2581sentence\uFF5C>";
+constexpr char kDeepSeekUser[] = "<\uFF5CUser\uFF5C>";
+constexpr char kDeepSeekAssistant[] = "<\uFF5CAssistant\uFF5C>";
 constexpr char kAlpacaPreamble[] =
     "Below is an instruction that describes a task. Write a response that appropriately completes the request.";
 
@@ -129,7 +134,7 @@ Result<ChatTemplate> ChatTemplate::ByName(const std::string& name) {
       return t;
     }
   }
-  return Status::Error("unknown chat template '" + name + "'; valid: chatml, llama3, llama2, mistral, mistral-v3, alpaca");
+  return Status::Error("unknown chat template '" + name + "'; valid: chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1");
 }
 
 Result<ChatTemplate> ChatTemplate::FromFlag(const std::string& flag, const std::string& value) {
@@ -142,12 +147,12 @@ Result<ChatTemplate> ChatTemplate::FromFlag(const std::string& flag, const std::
   }
   const std::string jinja((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   bool known = false;
-  for (const char* marker : {"<|im_start|>", "<|start_header_id|>", "[INST]", "### Instruction"})
+  for (const char* marker : {"<|im_start|>", "<|start_header_id|>", "[INST]", "### Instruction", kDeepSeekUser})
     known = known || jinja.find(marker) != std::string::npos;
   if (!known) {
     return Status::Error(flag + " " + value + ": a jinja chat template in a format lathe does not render (it knows "
-                         "chatml <|im_start|>, Llama 3 <|start_header_id|>, Llama 2 / Mistral [INST] and alpaca "
-                         "### Instruction templates)");
+                         "chatml <|im_start|>, Llama 3 <|start_header_id|>, Llama 2 / Mistral [INST], alpaca "
+                         "### Instruction and DeepSeek-R1 templates)");
   }
   return Detect(jinja);
 }
@@ -196,6 +201,10 @@ ChatTemplate ChatTemplate::Detect(const std::string& jinja) {
     t.name_ = jinja.find("<<SYS>>") != std::string::npos           ? "llama2"
               : jinja.find("[AVAILABLE_TOOLS]") != std::string::npos ? "mistral-v3"
                                                                      : "mistral";
+  } else if (jinja.find(kDeepSeekUser) != std::string::npos && jinja.find(kDeepSeekAssistant) != std::string::npos) {
+    t.name_ = "deepseek-r1";  // the R1 distills (Qwen, Llama); their newer jinja opens the think block in the prompt
+    const size_t gen = jinja.rfind("add_generation_prompt");
+    t.think_in_prompt_ = gen != std::string::npos && jinja.find("<think>\\n'", gen) != std::string::npos;
   } else if (jinja.find("### Instruction") != std::string::npos) {
     t.name_ = "alpaca";
   } else {
@@ -233,9 +242,9 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
       const ChatMessage& m = messages[i];
       std::string content = trims_content_ ? Trim(m.content) : m.content;
       if (think_blocks_ && m.role == "assistant") {
-        std::string reasoning;
+        std::string reasoning = m.reasoning;
         size_t close = content.find("</think>");
-        if (close != std::string::npos) {
+        if (m.reasoning.empty() && close != std::string::npos) {
           size_t last_close = content.rfind("</think>");
           std::string before = RStrip(content.substr(0, close), '\n');
           size_t open = before.rfind("<think>");
@@ -285,6 +294,26 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
       if (m.role == "assistant") reply_ends();
     }
     if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  } else if (name_ == "deepseek-r1") {
+    // DeepSeek-R1's jinja: BOS and the last system message's text, then user and assistant turns; an earlier reply
+    // keeps only its text after the last "</think>". Other roles are written as user turns.
+    std::string system;
+    for (const ChatMessage& m : messages)
+      if (m.role == "system") system = m.content;
+    out += kDeepSeekBos + system;
+    for (const ChatMessage& m : messages) {
+      if (m.role == "system") continue;
+      if (m.role == "assistant") {
+        out += kDeepSeekAssistant;
+        begin = out.size();
+        const size_t close = m.content.rfind("</think>");
+        out += (close == std::string::npos ? m.content : m.content.substr(close + 8)) + kDeepSeekEos;
+        reply_ends();
+      } else {
+        out += kDeepSeekUser + m.content;
+      }
+    }
+    if (add_generation_prompt) out += std::string(kDeepSeekAssistant) + (think_in_prompt_ ? "<think>\n" : "");
   } else if (name_ == "mistral-v3") {
     out = ApplyMistralV3(messages, replies);
   } else if (name_ == "llama2" || name_ == "mistral") {
@@ -332,6 +361,7 @@ std::vector<std::string> ChatTemplate::StopStrings() const {
   if (name_ == "chatml") return {"<|im_end|>", "<|endoftext|>"};
   if (name_ == "llama3") return {"<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"};
   if (name_ == "alpaca") return {"### Instruction:", "</s>"};
+  if (name_ == "deepseek-r1") return {kDeepSeekEos};
   return {"</s>"};
 }
 

@@ -1,5 +1,5 @@
-// Chat templates by name (chatml, llama3, llama2, mistral, mistral-v3, alpaca), chosen from a model's jinja
-// template by its markers when it has one, overridable by name. Renders messages to the prompt
+// Chat templates by name (chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1), chosen from a model's
+// jinja template by its markers when it has one, overridable by name. Renders messages to the prompt
 // text the model was trained on.
 #pragma once
 
@@ -14,11 +14,14 @@ namespace lathe::tokenizer {
 struct ChatMessage {
   std::string role;  // system | user | assistant
   std::string content;
+  // An assistant turn's reasoning given apart from its content (vLLM's reasoning_content): templates with think
+  // blocks (Qwen3's) write it as the jinja writes message.reasoning_content, the others leave it out.
+  std::string reasoning = {};
 };
 
 class ChatTemplate {
  public:
-  // name: chatml | llama3 | llama2 | mistral | mistral-v3 | alpaca. Error lists the valid names.
+  // name: chatml | llama3 | llama2 | mistral | mistral-v3 | alpaca | deepseek-r1. Error lists the valid names.
   static Result<ChatTemplate> ByName(const std::string& name);
   // Picks the template matching a jinja chat template's markers; chatml when unrecognized or empty.
   // Keeps a default system prompt written into the jinja text (SmolLM2 has one).
@@ -43,7 +46,8 @@ class ChatTemplate {
                     std::vector<std::pair<size_t, size_t>>* replies = nullptr) const;
   // True when Apply's text already starts with the BOS token text.
   bool text_has_bos() const {
-    return name_ == "llama3" || name_ == "llama2" || name_ == "mistral" || name_ == "mistral-v3";
+    return name_ == "llama3" || name_ == "llama2" || name_ == "mistral" || name_ == "mistral-v3" ||
+           name_ == "deepseek-r1";
   }
   // Strings that end an assistant turn (e.g. "<|im_end|>"), for stop detection.
   std::vector<std::string> StopStrings() const;

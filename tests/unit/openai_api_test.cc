@@ -807,11 +807,16 @@ TEST(OpenAiApi, ReasoningFieldsInAndOut) {
   c.reasoning.clear();
   c.text = "hi";
   EXPECT_FALSE(CompletionResponse("id", 0, "m", {c}, Usage{}, true)["choices"][0]["message"].contains("reasoning"));
-  // In: an assistant turn's reasoning_content goes back into <think> tags; chat_template_kwargs.enable_thinking.
+  // In: an assistant turn's reasoning_content is kept apart, for the template to write where its jinja does;
+  // chat_template_kwargs.enable_thinking.
   CompletionRequest r;
   ASSERT_FALSE(Parse(R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A",
       "reasoning_content": "because"}], "chat_template_kwargs": {"enable_thinking": false}})", true, &r));
-  EXPECT_EQ(r.messages[1].content, "<think>\nbecause\n</think>\n\nA");
+  EXPECT_EQ(r.messages[1].content, "A");
+  EXPECT_EQ(r.messages[1].reasoning, "because");
+  // A template without think blocks leaves it out (SmolLM2's chatml), as its jinja does.
+  EXPECT_EQ(tokenizer::ChatTemplate::ByName("chatml")->Apply(r.messages, false), "<|im_start|>user\nQ<|im_end|>\n"
+            "<|im_start|>assistant\nA<|im_end|>\n");
   EXPECT_FALSE(r.enable_thinking);
   auto e = Parse(R"({"messages": [{"role": "user", "content": "Q"}], "chat_template_kwargs": {"enable_thinking": 1}})",
                  true, &r);

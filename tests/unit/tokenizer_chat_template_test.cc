@@ -73,6 +73,12 @@ TEST(ChatTemplate, ByNameAndStops) {
   EXPECT_EQ(ChatTemplate::Detect("").name(), "chatml");
   EXPECT_EQ(ChatTemplate::ByName("llama3")->StopStrings()[0], "<|eot_id|>");
   EXPECT_TRUE(ChatTemplate::ByName("llama3")->text_has_bos());
+  // DeepSeek-R1's distills: the sentence tokens end a reply, and the text opens with BOS.
+  auto r1 = ChatTemplate::ByName("deepseek-r1");
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(r1->StopStrings(), std::vector<std::string>{"<\uFF5Cend\u2581of\u2581sentence\uFF5C>"});
+  EXPECT_TRUE(r1->text_has_bos());
+  EXPECT_NE(bad.status().message().find("deepseek-r1"), std::string::npos);
 }
 
 // --chat-template / --template: a name, or a jinja file detected from its markers (Qwen3.5's: chatml with XML tool

@@ -70,7 +70,11 @@ REQUESTS = [
     # An earlier reply's reasoning (vLLM passes reasoning_content to the jinja): dropped before the last query.
     ("reasoning_history", [{"role": "user", "content": "2+2?"},
                            {"role": "assistant", "content": "4", "reasoning_content": "Two plus two is four."},
-                           {"role": "user", "content": "And 3+3?"}], None, {"qwen3", "qwen3.5"}),
+                           {"role": "user", "content": "And 3+3?"}], None, {"qwen3", "qwen3.5", "deepseek-r1"}),
+    # A reply's think block left in its content: DeepSeek-R1's jinja keeps the text after the last </think>.
+    ("think_in_content", [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Sky?"},
+                          {"role": "assistant", "content": "<think>\nBlue, by day.\n</think>\n\nBlue."},
+                          {"role": "user", "content": "Grass?"}], None, {"deepseek-r1"}),
     ("parallel_calls", [{"role": "user", "content": "Weather in Rome and the time in Tokyo?"},
                         {"role": "assistant", "content": "",
                          "tool_calls": [call("r1", "get_weather", "{\"city\":\"Rome\"}"),
@@ -148,6 +152,9 @@ TEMPLATES = [
     # Qwen3.5's generation prompt opens the think block ("<think>\n"); its tool calls are XML <function=...> blocks
     # (vLLM's qwen3_coder tool parser).
     ("qwen3.5", "Qwen3.5-4B.jinja", "qwen3_coder", "", None),
+    # The DeepSeek-R1 distills (Llama and Qwen): the prompt opens the think block; their tool format is not lathe's.
+    ("deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "plain", "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+     None),
 ]
 
 
