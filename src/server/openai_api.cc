@@ -629,6 +629,21 @@ std::string RequiredCallsGbnf(const std::string& call_gbnf, bool parallel) {
          "tool_call_ws ::= [ \\n]{0,2}\n" + CallRule(call_gbnf);
 }
 
+namespace {
+// The rules of calls in <tool_call> tags after the first tag (the lazy grammar's trigger): the call (rule `call`), its
+// closing tag, and with `parallel` more calls in tags; at most two spaces or newlines around each.
+std::string TaggedCallsGbnf(const std::string& call, bool parallel) {
+  std::string g = "root ::= tool_call_ws " + call + " tool_call_ws " + GbnfLiteral(kToolCallClose) +
+                  (parallel ? " tool_call_more" : "") + "\n";
+  g += "tool_call_ws ::= [ \\n]{0,2}\n";
+  if (parallel) {
+    g += "tool_call_more ::= ( tool_call_ws " + GbnfLiteral(kToolCallOpen) + " tool_call_ws " + call + " tool_call_ws " +
+         GbnfLiteral(kToolCallClose) + " )* tool_call_ws\n";
+  }
+  return g;
+}
+}  // namespace
+
 std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat format) {
   const std::string body = CallRule(call_gbnf);
   if (format == ToolFormat::kLlama3Json) {
@@ -639,14 +654,7 @@ std::string ToolCallGbnf(const std::string& call_gbnf, bool parallel, ToolFormat
            (parallel ? " ( tool_call_ws \",\" tool_call_ws tool_call_json )*" : "") + " tool_call_ws \"]\"\n" +
            "tool_call_ws ::= [ \\n]{0,2}\n" + body;
   }
-  std::string g = "root ::= tool_call_ws tool_call_json tool_call_ws " + GbnfLiteral(kToolCallClose) +
-                  (parallel ? " tool_call_more" : "") + "\n";
-  g += "tool_call_ws ::= [ \\n]{0,2}\n";
-  if (parallel) {
-    g += "tool_call_more ::= ( tool_call_ws " + GbnfLiteral(kToolCallOpen) + " tool_call_ws tool_call_json tool_call_ws " +
-         GbnfLiteral(kToolCallClose) + " )* tool_call_ws\n";
-  }
-  return g + body;
+  return TaggedCallsGbnf("tool_call_json", parallel) + body;
 }
 
 namespace {
@@ -749,14 +757,7 @@ Result<std::string> XmlToolCallGbnf(const std::vector<std::pair<std::string, nlo
     rules += "tc" + std::to_string(i) + " ::= " + body + "\n";
     calls += (calls.empty() ? "" : " | ") + std::string("tc") + std::to_string(i);
   }
-  std::string g = "root ::= tool_call_ws xml-call tool_call_ws " + GbnfLiteral(kToolCallClose) +
-                  (parallel ? " tool_call_more" : "") + "\n";
-  g += "tool_call_ws ::= [ \\n]{0,2}\n";
-  if (parallel) {
-    g += "tool_call_more ::= ( tool_call_ws " + GbnfLiteral(kToolCallOpen) + " tool_call_ws xml-call tool_call_ws " +
-         GbnfLiteral(kToolCallClose) + " )* tool_call_ws\n";
-  }
-  g += "xml-call ::= " + calls + "\n" + rules;
+  std::string g = TaggedCallsGbnf("xml-call", parallel) + "xml-call ::= " + calls + "\n" + rules;
   if (text_used) g += XmlTextRules();
   return g + JsonPrimitiveRules(primitives);
 }
@@ -1087,18 +1088,37 @@ void ToolCallReader::UpdateJson(const std::string& text, bool finished, std::str
   if (finished && sent_ < text.size()) GiveBack(text, ';', sent_, content);
 }
 
+bool ToolCallReader::FirstTag(const std::string& text, bool finished, std::string* content) {
+  if (in_calls_) return true;
+  const size_t at = text.find(kToolCallOpen, sent_);
+  ContentUpTo(text, at, finished, kToolCallOpen, content);
+  if (at == std::string::npos) return false;
+  sent_ = at;
+  in_calls_ = true;
+  return true;
+}
+
+void ToolCallReader::FinishTagged(const std::string& text, std::string* content) {
+  if (call_open_) {  // a call the end cut off keeps what it has
+    call_open_ = false;
+    sent_ = text.size();
+  }
+  if (sent_ < text.size()) {
+    // A block the end cut off, or one that was not a call: its text as content. Whitespace after the calls is
+    // dropped.
+    size_t p = sent_;
+    while (p < text.size() && IsSpace(text[p])) ++p;
+    if (p < text.size() || n_calls_ == 0) content->append(text, sent_, std::string::npos);
+    sent_ = text.size();
+  }
+}
+
 void ToolCallReader::Update(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls) {
   if (format_ == ToolFormat::kMistral || list_) return UpdateMistral(text, finished, content, calls);
   if (format_ == ToolFormat::kLlama3Json) return UpdateJson(text, finished, content, calls);
   if (format_ == ToolFormat::kQwen3Coder) return UpdateXml(text, finished, content, calls);
   const std::string open = kToolCallOpen, close = kToolCallClose;
-  if (!in_calls_) {
-    const size_t at = text.find(open, sent_);
-    ContentUpTo(text, at, finished, open, content);
-    if (at == std::string::npos) return;
-    sent_ = at;
-    in_calls_ = true;
-  }
+  if (!FirstTag(text, finished, content)) return;
   while (!failed_) {
     size_t p = sent_;
     while (p < text.size() && IsSpace(text[p])) ++p;
@@ -1138,31 +1158,14 @@ void ToolCallReader::Update(const std::string& text, bool finished, std::string*
     }
     sent_ = c + close.size();
   }
-  if (finished && call_open_) {  // a call the end cut off keeps what it has
-    call_open_ = false;
-    sent_ = text.size();
-  }
-  if (finished && sent_ < text.size()) {
-    // A block the end cut off, or one that was not a call: its text as content. Whitespace after the calls is
-    // dropped.
-    size_t p = sent_;
-    while (p < text.size() && IsSpace(text[p])) ++p;
-    if (p < text.size() || n_calls_ == 0) content->append(text, sent_, std::string::npos);
-    sent_ = text.size();
-  }
+  if (finished) FinishTagged(text, content);
 }
 
 void ToolCallReader::UpdateXml(const std::string& text, bool finished, std::string* content,
                                std::vector<ToolCall>* calls) {
   static const std::string open = kToolCallOpen, close = kToolCallClose, fn = "<function=", fn_close = "</function>",
                            param = "<parameter=", param_close = "</parameter>";
-  if (!in_calls_) {
-    const size_t at = text.find(open, sent_);
-    ContentUpTo(text, at, finished, open, content);
-    if (at == std::string::npos) return;
-    sent_ = at;
-    in_calls_ = true;
-  }
+  if (!FirstTag(text, finished, content)) return;
   // 1: `s` is at text[p]; 2: the text ends inside it; 0: something else.
   auto at = [&](size_t p, const std::string& s) {
     const size_t n = std::min(s.size(), text.size() - p);
@@ -1252,16 +1255,7 @@ void ToolCallReader::UpdateXml(const std::string& text, bool finished, std::stri
     xml_params_ = 0;
     sent_ = name_end + 1;
   }
-  if (finished && call_open_) {  // a call the end cut off keeps what it has
-    call_open_ = false;
-    sent_ = text.size();
-  }
-  if (finished && sent_ < text.size()) {  // what is not a call, as content; blanks after the calls dropped
-    size_t p = sent_;
-    while (p < text.size() && IsSpace(text[p])) ++p;
-    if (p < text.size() || n_calls_ == 0) content->append(text, sent_, std::string::npos);
-    sent_ = text.size();
-  }
+  if (finished) FinishTagged(text, content);
 }
 
 std::string CheckReasoningParser(const std::string& name) {

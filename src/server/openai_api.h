@@ -244,6 +244,11 @@ class ToolCallReader {
  private:
   // kLlama3Json's Update.
   void UpdateJson(const std::string& text, bool finished, std::string* content, std::vector<ToolCall>* calls);
+  // kHermes and kQwen3Coder: the content before the first <tool_call> (ContentUpTo); true once the tag has come.
+  bool FirstTag(const std::string& text, bool finished, std::string* content);
+  // kHermes and kQwen3Coder at the end: a call cut off keeps what it has; text after the calls that is not one is
+  // content (blanks after the calls dropped).
+  void FinishTagged(const std::string& text, std::string* content);
   // kQwen3Coder's Update: content, then <tool_call> blocks of XML calls. A call goes out at "<function=NAME>" with
   // arguments "{", each parameter once its value has ended (",", the key and the value as compact JSON) and "}" at
   // "</function>". Read leniently, as vLLM's qwen3_coder parser: a value ends at "</parameter>" or at

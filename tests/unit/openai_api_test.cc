@@ -7,6 +7,7 @@
 #include <cctype>
 
 #include "serve/grammar.h"
+#include "tool_call_util.h"
 
 namespace lathe::server {
 namespace {
@@ -26,19 +27,7 @@ std::pair<std::string, std::vector<ToolCall>> ReadToolCalls(const std::string& t
                                                             std::vector<std::vector<ToolCall>>* deltas = nullptr,
                                                             bool list = false) {
   ToolCallReader reader("call_x_", format, list);
-  std::string content;
-  std::vector<ToolCall> calls;
-  for (size_t n = 0;; n = std::min(text.size(), n + step)) {
-    std::string piece;
-    std::vector<ToolCall> delta;
-    reader.Update(text.substr(0, n), n == text.size(), &piece, &delta);
-    content += piece;
-    AppendToolCalls(delta, &calls);
-    if (pieces) pieces->push_back(piece);
-    if (deltas) deltas->push_back(delta);
-    if (n == text.size()) break;
-  }
-  return {content, calls};
+  return lathe::testing::FeedToolCallReader(reader, text, step, pieces, deltas);
 }
 
 // What a request's grammar makes of raw text: -1 refused, 0 a prefix, 1 complete (more may follow), 2 finished.

@@ -9,6 +9,7 @@
 #include "grammar_util.h"
 #include "server/openai_api.h"
 #include "tokenizer/tool_turns.h"
+#include "tool_call_util.h"
 
 namespace lathe::server {
 namespace {
@@ -38,17 +39,7 @@ ojson XmlParameters() {
 // deltas joined as the server joins them.
 std::pair<std::string, std::vector<ToolCall>> XmlRead(const std::string& text, size_t step) {
   ToolCallReader reader("call_q_", ToolFormat::kQwen3Coder, /*list=*/false, XmlParameters());
-  std::string content;
-  std::vector<ToolCall> calls;
-  for (size_t n = 0;; n = std::min(text.size(), n + step)) {
-    std::string piece;
-    std::vector<ToolCall> delta;
-    reader.Update(text.substr(0, n), n == text.size(), &piece, &delta);
-    content += piece;
-    AppendToolCalls(delta, &calls);
-    if (n == text.size()) break;
-  }
-  return {content, calls};
+  return lathe::testing::FeedToolCallReader(reader, text, step);
 }
 
 // The request's "auto" grammar (XmlToolCallGbnf over XmlTools) accepts `text` (what follows "<tool_call>") whole.
