@@ -222,6 +222,16 @@ std::optional<ApiError> StructuredOutput(const nlohmann::ordered_json& b, Comple
 //   [{"name": ..., "arguments": {...}}, ...] (a grammar from the start, as vLLM's).
 // - {"type": "function", "function": {"name": ...}}: the output is that function's arguments object.
 // - "none": the tools are ignored.
+// The tools as the model's template describes them, for the request's tool_mode.
+std::optional<ApiError> ToolsPrompt(const nlohmann::ordered_json& tools, CompletionRequest* r) {
+  r->tools_prompt = tokenizer::ToolsPrompt(r->tool_format, tools,
+                                           r->tool_mode == "named"      ? tokenizer::ToolMode::kNamed
+                                           : r->tool_mode == "required" ? tokenizer::ToolMode::kRequired
+                                                                        : tokenizer::ToolMode::kAuto,
+                                           r->tool_name);
+  return std::nullopt;
+}
+
 std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionRequest* r) {
   const bool llama = r->tool_format == ToolFormat::kLlama3Json;
   const bool mistral = r->tool_format == ToolFormat::kMistral;
@@ -272,7 +282,8 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
     r->tool_mode = choice != b.end() && *choice == "required" ? "required" : "auto";
     ojson alts = ojson::array();
     for (const auto& [name, params] : fns) {
-      if (SafeDump(params).find("\"$ref\"") != std::string::npos && fns.size() > 1 && !(xml && r->tool_mode == "auto")) {
+      if (xml && r->tool_mode == "auto") break;  // XML calls: a grammar per tool (below), no JSON union
+      if (SafeDump(params).find("\"$ref\"") != std::string::npos && fns.size() > 1) {
         return Bad("tools", "tools whose parameters use $ref are supported one at a time (several tools, or "
                             "'tool_choice' \"auto\" / \"required\" over them, need the references inlined); name the "
                             "function in 'tool_choice' or inline the definitions");
@@ -303,15 +314,17 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
     return Bad(choice != b.end() && !choice->is_null() ? "tool_choice" : "tools",
                "tool calls and '" + r->grammar_param + "' both constrain the output; give one (or tool_choice \"none\")");
   }
-  auto g = JsonSchemaToGbnf(schema);
-  if (!g.ok()) return Bad("tools", g.status().message());
   r->grammar_param = "tools";
   if (r->tool_mode == "auto" && xml) {  // Qwen3.5's XML calls after "<tool_call>"
     auto x = XmlToolCallGbnf(fns, parallel);
     if (!x.ok()) return Bad("tools", x.status().message());
     r->grammar = x.value();
     r->sampling.grammar_trigger = kToolCallOpen;
-  } else if (r->tool_mode == "auto") {
+    return ToolsPrompt(*tools, r);
+  }
+  auto g = JsonSchemaToGbnf(schema);
+  if (!g.ok()) return Bad("tools", g.status().message());
+  if (r->tool_mode == "auto") {
     r->grammar = ToolCallGbnf(g.value(), parallel, r->tool_format);
     r->sampling.grammar_trigger = llama ? "{" : mistral ? kMistralToolCalls : kToolCallOpen;
     r->sampling.grammar_trigger_at_start = llama;
@@ -321,12 +334,7 @@ std::optional<ApiError> ToolCalling(const nlohmann::ordered_json& b, CompletionR
   } else {
     r->grammar = g.value();
   }
-  r->tools_prompt = tokenizer::ToolsPrompt(r->tool_format, *tools,
-                                           r->tool_mode == "named"      ? tokenizer::ToolMode::kNamed
-                                           : r->tool_mode == "required" ? tokenizer::ToolMode::kRequired
-                                                                        : tokenizer::ToolMode::kAuto,
-                                           r->tool_name);
-  return std::nullopt;
+  return ToolsPrompt(*tools, r);
 }
 
 }  // namespace
@@ -729,9 +737,7 @@ Result<std::string> XmlToolCallGbnf(const std::vector<std::pair<std::string, nlo
           }
           texts.push_back(GbnfLiteral(v.get<std::string>()));
         }
-      }
-      if (sub.is_object() && sub.contains("type") && sub["type"] == "boolean" && !sub.contains("const") &&
-          !sub.contains("enum")) {
+      } else if (sub.is_object() && sub.contains("type") && sub["type"] == "boolean") {
         // JSON's, or Python's as the jinja writes a call's booleans (str(True)); the reader takes both.
         texts = {"\"true\"", "\"false\"", "\"True\"", "\"False\""};
       }
