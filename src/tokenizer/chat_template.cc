@@ -1,5 +1,5 @@
-// Chat templates (chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1) rendered in C++ to match what each
-// family's jinja produces, detection from a jinja's markers, and default system prompt extraction.
+// Chat templates (chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1) rendered in C++ to match what
+// each family's jinja produces, detection from a jinja's markers, and default system prompt extraction.
 #include "tokenizer/chat_template.h"
 
 #include <cstdio>
@@ -134,7 +134,8 @@ Result<ChatTemplate> ChatTemplate::ByName(const std::string& name) {
       return t;
     }
   }
-  return Status::Error("unknown chat template '" + name + "'; valid: chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1");
+  return Status::Error("unknown chat template '" + name +
+                       "'; valid: chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1");
 }
 
 Result<ChatTemplate> ChatTemplate::FromFlag(const std::string& flag, const std::string& value) {
@@ -143,7 +144,7 @@ Result<ChatTemplate> ChatTemplate::FromFlag(const std::string& flag, const std::
   std::ifstream f(value, std::ios::binary);
   if (!f) {
     return Status::Error(flag + " '" + value + "': neither a chat template name (chatml, llama3, llama2, mistral, "
-                         "mistral-v3, alpaca) nor a readable jinja file");
+                         "mistral-v3, alpaca, deepseek-r1) nor a readable jinja file");
   }
   const std::string jinja((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   bool known = false;
