@@ -848,6 +848,13 @@ bool ToolCallReader::Emit(const std::string& json_text, std::vector<ToolCall>* c
 
 namespace {
 
+// Whether `s` is at text[p]: 1 it is, 2 the text ends inside it (a prefix of it is there), 0 something else.
+int MatchAt(const std::string& text, size_t p, const std::string& s) {
+  const size_t n = std::min(s.size(), text.size() - p);
+  if (text.compare(p, n, s, 0, n) != 0) return 0;
+  return n < s.size() ? 2 : 1;
+}
+
 enum class Header { kMatch, kPartial, kMismatch };
 
 // The header of a call object at text[p]: {"name": <string>, "<key>": { -- kMatch with the name and where the
@@ -856,11 +863,9 @@ Header ReadHeader(const std::string& text, size_t p, const std::string& key, std
   size_t i = p;
   // 1: matched (i moved past it); 2: the text ends inside it; 0: something else.
   auto expect = [&](const std::string& s) {
-    const size_t n = std::min(s.size(), text.size() - i);
-    if (text.compare(i, n, s, 0, n) != 0) return 0;
-    if (n < s.size()) return 2;
-    i += s.size();
-    return 1;
+    const int m = MatchAt(text, i, s);
+    if (m == 1) i += s.size();
+    return m;
   };
   auto blanks = [&] {
     while (i < text.size() && IsSpace(text[i])) ++i;
@@ -1129,11 +1134,10 @@ void ToolCallReader::Update(const std::string& text, bool finished, std::string*
     size_t p = sent_;
     while (p < text.size() && IsSpace(text[p])) ++p;
     if (p == text.size()) break;
-    if (text.compare(p, std::min(open.size(), text.size() - p), open, 0, std::min(open.size(), text.size() - p)) != 0) {
-      failed_ = true;  // text after the calls that is not another call
-      break;
+    if (const int m = MatchAt(text, p, open); m != 1) {
+      if (m == 0) failed_ = true;  // text after the calls that is not another call
+      break;                       // (2: the tag itself is not complete yet)
     }
-    if (text.size() - p < open.size()) break;  // the tag itself is not complete yet
     size_t q = p + open.size();
     while (q < text.size() && IsSpace(text[q])) ++q;
     CallRead read = CallRead::kNotCall;
@@ -1172,12 +1176,7 @@ void ToolCallReader::UpdateXml(const std::string& text, bool finished, std::stri
   static const std::string open = kToolCallOpen, close = kToolCallClose, fn = "<function=", fn_close = "</function>",
                            param = "<parameter=", param_close = "</parameter>";
   if (!FirstTag(text, finished, content)) return;
-  // 1: `s` is at text[p]; 2: the text ends inside it; 0: something else.
-  auto at = [&](size_t p, const std::string& s) {
-    const size_t n = std::min(s.size(), text.size() - p);
-    if (text.compare(p, n, s, 0, n) != 0) return 0;
-    return n < s.size() ? 2 : 1;
-  };
+  auto at = [&](size_t p, const std::string& s) { return MatchAt(text, p, s); };
   auto send = [&](std::string piece) {
     ToolCall d;
     d.index = n_calls_ - 1;
