@@ -73,8 +73,7 @@ double MeasureReadBandwidth(ThreadPool& pool, size_t bytes) {
 double DecodeWeightBytes(const model::ModelWeights& w) {
   double b = (double)w.output.nbytes() + (double)w.tok_embd.row_bytes() + (double)w.output_norm.nbytes();
   for (const auto& l : w.layers) {
-    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate,
-                            &l.w_up, &l.w_down}) {
+    for (const Tensor* t : l.All()) {
       if (t->data) b += (double)t->nbytes();
     }
   }

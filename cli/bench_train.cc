@@ -131,8 +131,7 @@ double BaseBytes(const model::ModelWeights& w) {
   double b =
       bytes(w.tok_embd) + bytes(w.output_norm) + (w.output.data != w.tok_embd.data ? bytes(w.output) : 0);
   for (const model::LayerWeights& l : w.layers) {
-    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm,
-                            &l.w_gate, &l.w_up, &l.w_down})
+    for (const Tensor* t : l.All())
       b += bytes(*t);
   }
   return b;

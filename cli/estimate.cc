@@ -59,8 +59,9 @@ std::vector<std::string> SplitComma(const std::string& s) {
 int RunEstimate(int argc, char** argv) {
   Args args("estimate",
             "lathe estimate (MODEL | --arch NAME | --params 7B) [--method lora] [--precision bf16] [--batch 4] [--seq 512] ...");
-  args.Flag("--arch", "named architecture (llama-7b, llama-13b, llama-70b, llama3-8b, mistral-7b, qwen2.5-0.5b, "
-                      "qwen2.5-7b, smollm2-135m, smollm2-360m, smollm2-1.7b)");
+  std::string archs;
+  for (const std::string& n : train::NamedArchitectures()) archs += (archs.empty() ? "" : ", ") + n;
+  args.Flag("--arch", "named architecture (" + archs + ")");
   args.Flag("--params", "parameter count (7B, 135M); shape from --arch (default llama-7b)");
   args.Bool("--inference", "estimate inference (weights + KV cache) instead of training");
   args.Flag("--method", "full | freeze | lora | qlora", "lora");

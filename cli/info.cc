@@ -35,8 +35,7 @@ int RunInfo(int argc, char** argv) {
   if (!c.tied_embeddings) add(w.output);
   add(w.output_norm);
   for (const auto& l : w.layers) {
-    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate,
-                            &l.w_up, &l.w_down}) {
+    for (const Tensor* t : l.All()) {
       add(*t);
     }
   }

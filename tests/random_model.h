@@ -53,6 +53,10 @@ inline model::ModelWeights RandomModelWeights(const model::ModelConfig& c, uint3
     L.w_gate = rnd({c.ffn_dim, c.dim});
     L.w_up = rnd({c.ffn_dim, c.dim});
     L.w_down = rnd({c.dim, c.ffn_dim});
+    if (c.qk_norm) {
+      L.q_norm = ones(c.head_dim);
+      L.k_norm = ones(c.head_dim);
+    }
     w.layers.push_back(L);
   }
   return w;

@@ -11,6 +11,7 @@ int64_t ModelConfig::ParamCount() const {
                       + q_dim() * dim                         // o
                       + 3 * dim * ffn_dim;                    // gate, up, down
   if (qkv_bias) per_layer += q_dim() + 2 * kv_dim();
+  if (qk_norm) per_layer += 2 * head_dim;
   int64_t n = n_layers * per_layer + vocab_size * dim + dim;  // + embedding + final norm
   if (!tied_embeddings) n += vocab_size * dim;
   return n;
@@ -25,14 +26,15 @@ std::string ModelConfig::Summary() const {
                        (long long)n_layers);
   }
   return StrFormat("%s: %lld layers, dim %lld, heads %lld/%lld (head_dim %lld), ffn %lld, vocab %lld, "
-                   "rope theta %g %s%s, %s head%s%s",
+                   "rope theta %g %s%s, %s head%s%s%s",
                    arch.c_str(), (long long)n_layers, (long long)dim, (long long)n_heads, (long long)n_kv_heads,
                    (long long)head_dim, (long long)ffn_dim, (long long)vocab_size, rope_theta,
                    rope_style == RopeStyle::kInterleaved ? "interleaved" : "half-split",
                    rope_scaling.type == RopeScaling::Type::kLlama3   ? " (llama3 scaling)"
                    : rope_scaling.type == RopeScaling::Type::kLinear ? " (linear scaling)"
                                                                      : "",
-                   tied_embeddings ? "tied" : "untied", qkv_bias ? ", qkv bias" : "", window.c_str());
+                   tied_embeddings ? "tied" : "untied", qkv_bias ? ", qkv bias" : "", qk_norm ? ", q/k norm" : "",
+                   window.c_str());
 }
 
 }  // namespace lathe::model

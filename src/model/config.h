@@ -21,7 +21,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string arch = "llama";  // llama | mistral | qwen2 (smollm2 and llama3 are "llama")
+  std::string arch = "llama";  // llama | mistral | qwen2 | qwen3 (smollm2 and llama3 are "llama")
   int64_t n_layers = 0;
   int64_t dim = 0;             // hidden size
   int64_t n_heads = 0;
@@ -37,6 +37,9 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tied_embeddings = false;
   bool qkv_bias = false;       // qwen2
+  // qwen3: each head's q and k RMS-normalized over head_dim (weights q_norm, k_norm of head_dim, shared by the
+  // heads, eps norm_eps) after the projections and before RoPE.
+  bool qk_norm = false;
   // Sliding-window attention (mistral, qwen2 with use_sliding_window): in the layers that use it a
   // query at position t sees keys (t - sliding_window, t] only, as transformers masks it. 0 = none.
   int64_t sliding_window = 0;

@@ -9,8 +9,8 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
   ModelConfig c;
   LATHE_ASSIGN_OR_RETURN(c.arch, g.GetString("general.architecture"));
   const std::string& a = c.arch;
-  if (a != "llama" && a != "mistral" && a != "qwen2") {
-    return Status::Error(StrFormat("%s: architecture '%s' is not supported (supported: llama, mistral, qwen2)",
+  if (a != "llama" && a != "mistral" && a != "qwen2" && a != "qwen3") {
+    return Status::Error(StrFormat("%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3)",
                                    g.path().c_str(), a.c_str()));
   }
   LATHE_ASSIGN_OR_RETURN(c.n_layers, g.GetInt(a + ".block_count"));
@@ -29,7 +29,9 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
   LATHE_ASSIGN_OR_RETURN(theta, g.GetFloatOr(a + ".rope.freq_base", 10000.0));
   c.norm_eps = (float)eps;
   c.rope_theta = (float)theta;
-  if (c.n_heads <= 0 || c.dim % c.n_heads != 0) {
+  // The head size is attention.key_length where the file has it (Qwen3: 128 for any hidden size), else
+  // embedding_length / head_count.
+  if (c.n_heads <= 0 || (!g.Find(a + ".attention.key_length") && c.dim % c.n_heads != 0)) {
     return Status::Error(StrFormat("%s: %s.attention.head_count %lld does not divide embedding_length %lld",
                                    g.path().c_str(), a.c_str(), (long long)c.n_heads, (long long)c.dim));
   }
@@ -47,9 +49,10 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
                                    g.path().c_str(), a.c_str(), scaling.c_str()));
   }
   // llama.cpp rotates interleaved pairs for llama (Q/K were permuted by the converter) and
-  // halves (NEOX) for qwen2.
-  c.rope_style = a == "qwen2" ? RopeStyle::kHalfSplit : RopeStyle::kInterleaved;
+  // halves (NEOX) for qwen2 and qwen3.
+  c.rope_style = a == "qwen2" || a == "qwen3" ? RopeStyle::kHalfSplit : RopeStyle::kInterleaved;
   c.qkv_bias = g.FindTensor("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = a == "qwen3";
   c.tied_embeddings = g.FindTensor("output.weight") == nullptr;
   const formats::GgufTensorInfo* emb = g.FindTensor("token_embd.weight");
   if (!emb) return Status::Error(g.path() + ": missing tensor 'token_embd.weight'");
@@ -117,6 +120,10 @@ Result<ModelWeights> LoadGgufWeights(std::shared_ptr<formats::GgufFile> gp) {
       LATHE_ASSIGN_OR_RETURN(l.bq, Vector(w, g, p + "attn_q.bias"));
       LATHE_ASSIGN_OR_RETURN(l.bk, Vector(w, g, p + "attn_k.bias"));
       LATHE_ASSIGN_OR_RETURN(l.bv, Vector(w, g, p + "attn_v.bias"));
+    }
+    if (w.config.qk_norm) {
+      LATHE_ASSIGN_OR_RETURN(l.q_norm, Vector(w, g, p + "attn_q_norm.weight"));
+      LATHE_ASSIGN_OR_RETURN(l.k_norm, Vector(w, g, p + "attn_k_norm.weight"));
     }
   }
   LATHE_RETURN_IF_ERROR(w.Validate(g.path()));

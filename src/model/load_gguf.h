@@ -1,4 +1,4 @@
-// Builds ModelWeights from a GGUF file (llama, mistral, qwen2 architectures); the tensors stay
+// Builds ModelWeights from a GGUF file (llama, mistral, qwen2, qwen3 architectures); the tensors stay
 // in the mapping in their stored dtype.
 #pragma once
 

@@ -192,9 +192,11 @@ Result<ModelConfig> ParseHfConfig(const std::string& json_text, const std::strin
   if (arch_name == "LlamaForCausalLM" || (arch_name.empty() && model_type == "llama")) c.arch = "llama";
   else if (arch_name == "MistralForCausalLM" || (arch_name.empty() && model_type == "mistral")) c.arch = "mistral";
   else if (arch_name == "Qwen2ForCausalLM" || (arch_name.empty() && model_type == "qwen2")) c.arch = "qwen2";
+  else if (arch_name == "Qwen3ForCausalLM" || (arch_name.empty() && model_type == "qwen3")) c.arch = "qwen3";
   else {
     return Status::Error(StrFormat("%s: architecture '%s' (model_type '%s') is not supported; lathe loads "
-                                   "LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM", source.c_str(),
+                                   "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM",
+                                   source.c_str(),
                                    arch_name.c_str(), model_type.c_str()));
   }
   LATHE_ASSIGN_OR_RETURN(std::string act, cfg.Str("hidden_act", "silu"));
@@ -225,6 +227,11 @@ Result<ModelConfig> ParseHfConfig(const std::string& json_text, const std::strin
     LATHE_RETURN_IF_ERROR(ParseQwen2SlidingWindow(cfg, &c));
   } else {
     LATHE_ASSIGN_OR_RETURN(c.qkv_bias, cfg.Bool("attention_bias", false));
+    if (c.arch == "qwen3") {
+      // Qwen3: q_norm / k_norm per head; the sliding-window switches as Qwen2's (off in every released model).
+      c.qk_norm = true;
+      LATHE_RETURN_IF_ERROR(ParseQwen2SlidingWindow(cfg, &c));
+    }
     if (c.arch == "mistral") {
       // transformers' MistralConfig: absent = 4096, null = no window (Mistral 7B v0.2 on).
       if (!cfg.IsNull("sliding_window")) {
@@ -402,6 +409,10 @@ Result<ModelWeights> LoadHfModelDir(const std::string& dir) {
       LATHE_ASSIGN_OR_RETURN(l.bq, r.Vector(p + "self_attn.q_proj.bias", c.q_dim()));
       LATHE_ASSIGN_OR_RETURN(l.bk, r.Vector(p + "self_attn.k_proj.bias", c.kv_dim()));
       LATHE_ASSIGN_OR_RETURN(l.bv, r.Vector(p + "self_attn.v_proj.bias", c.kv_dim()));
+    }
+    if (c.qk_norm) {
+      LATHE_ASSIGN_OR_RETURN(l.q_norm, r.Vector(p + "self_attn.q_norm.weight", c.head_dim));
+      LATHE_ASSIGN_OR_RETURN(l.k_norm, r.Vector(p + "self_attn.k_norm.weight", c.head_dim));
     }
     LATHE_ASSIGN_OR_RETURN(l.w_gate, r.Matrix(p + "mlp.gate_proj.weight", {c.ffn_dim, c.dim}));
     LATHE_ASSIGN_OR_RETURN(l.w_up, r.Matrix(p + "mlp.up_proj.weight", {c.ffn_dim, c.dim}));

@@ -323,6 +323,19 @@ Status TrainModelImpl::Init() {
       Ly.n1 = {W.attn_norm.as<float>(), nullptr};
       Ly.n2 = {W.ffn_norm.as<float>(), nullptr};
     }
+    if (c.qk_norm) {  // qwen3: HF's parameter order puts them after o_proj, before the MLP (names sort apart anyway)
+      if (train_all) {
+        float* qn = MasterOf(W.q_norm);
+        float* kn = MasterOf(W.k_norm);
+        Ly.qn = {qn, NewGrad(c.head_dim)};
+        Ly.kn = {kn, NewGrad(c.head_dim)};
+        AddParam(pre + "self_attn.q_norm.weight", {c.head_dim}, qn, Ly.qn.g, false);
+        AddParam(pre + "self_attn.k_norm.weight", {c.head_dim}, kn, Ly.kn.g, false);
+      } else {
+        Ly.qn = {W.q_norm.as<float>(), nullptr};
+        Ly.kn = {W.k_norm.as<float>(), nullptr};
+      }
+    }
     if (Ly.trainable) lowest_trainable_layer_ = std::min(lowest_trainable_layer_, l);
   }
   if (full) {
@@ -427,7 +440,7 @@ RowGroupWorker::RowGroupWorker(TrainModelImpl& m, ThreadPool& shared_pool)
   // Layers below the lowest trainable one have no backward: their forward borrows set 0, which
   // that layer's own forward then overwrites.
   acts_.resize(opt_.gradient_checkpointing ? 1 : std::max<int64_t>(c_.n_layers - lowest_trainable_layer_, 1));
-  normdw_.resize((size_t)kNormGradParts * c_.dim);
+  normdw_.resize((size_t)kNormGradParts * std::max(c_.dim, c_.head_dim));
   bf16dot_ = opt_.bf16 && UsesBf16Dot();
   keep16_ = ActivationsAsBf16(bf16dot_);
   recompute_xmid_ =
@@ -585,6 +598,12 @@ void RowGroupWorker::Prepare(const TrainBatch& b, int64_t row0) {
     }
     if (opt_.method == FinetuneMethod::kLora)
       for (auto& mid : a.mid) mid.resize(N * opt_.lora_rank);
+    if (c.qk_norm) {
+      a.qraw.resize(N * qd);
+      a.kraw.resize(N * kvd);
+      a.rstdq.resize(N * c.n_heads);
+      a.rstdk.resize(N * c.n_kv_heads);
+    }
   }
   if (recompute_xmid_) xmid_.resize(N * dim);
   xf_.resize(N * dim);
@@ -613,6 +632,15 @@ const float* RowGroupWorker::Round(const float* x, int64_t n, std::vector<float>
 // see the same mask without storing it.
 const float* RowGroupWorker::Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& s) {
   const double p = opt_.lora_dropout;
+  if (s.capacity() < (size_t)(N_ * in)) {
+    // Room for the widest LoRA input at once: grown module by module (o's q_dim, then down's ffn) the vector would
+    // double past it, and the memory plan counts N x the widest input.
+    int64_t widest = in;
+    for (const Layer& Ly : layers_)
+      for (const Lin& L : Ly.lin)
+        if (L.lora.on) widest = std::max(widest, L.in);
+    s.reserve(N_ * widest);
+  }
   s.resize(N_ * in);
   float* o = s.data();
   const uint64_t key = SplitMix(SplitMix(opt_.seed ^ 0x6c6f7261ull) ^ (step_ * 1315423911ull) ^ ((uint64_t)layer << 40) ^
@@ -626,25 +654,23 @@ const float* RowGroupWorker::Dropped(const float* x, int64_t in, int64_t layer, 
   return o;
 }
 
-void RowGroupWorker::RmsFwd(float* out, float* rstd, const float* x, const float* w) {
-  const int64_t C = c_.dim;
-  ScopedOp op(opt_.profiler, "rmsnorm_fwd", 3.0 * N_ * C, 8.0 * N_ * C);
-  Par(N_, 16, [&](int64_t b, int64_t e, int) {
+void RowGroupWorker::RmsFwd(float* out, float* rstd, const float* x, const float* w, int64_t rows, int64_t C) {
+  ScopedOp op(opt_.profiler, "rmsnorm_fwd", 3.0 * rows * C, 8.0 * rows * C);
+  Par(rows, 16, [&](int64_t b, int64_t e, int) {
     kernels::RmsNormForward(out + b * C, rstd + b, x + b * C, w, e - b, C, c_.norm_eps);
   });
 }
 
 void RowGroupWorker::RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w,
-                            const float* rstd) {
-  const int64_t C = c_.dim;
-  ScopedOp op(opt_.profiler, "rmsnorm_bwd", 6.0 * N_ * C, 12.0 * N_ * C);
+                            const float* rstd, int64_t rows, int64_t C) {
+  ScopedOp op(opt_.profiler, "rmsnorm_bwd", 6.0 * rows * C, 12.0 * rows * C);
   // One dw row per chunk (also a throwaway target when the norm is frozen), summed in chunk order:
   // the pool hands chunks to whichever thread claims them, so rows keyed by thread index would
   // make dw depend on the schedule, and a chunk count that followed the threads would make it
   // depend on the thread count (full / freeze runs would not resume bit-identically on another).
-  const int64_t grain = (N_ + kNormGradParts - 1) / kNormGradParts, parts = (N_ + grain - 1) / grain;
-  std::fill(normdw_.begin(), normdw_.end(), 0.0f);
-  Par(N_, grain, [&](int64_t b, int64_t e, int) {
+  const int64_t grain = (rows + kNormGradParts - 1) / kNormGradParts, parts = (rows + grain - 1) / grain;
+  std::fill(normdw_.begin(), normdw_.begin() + parts * C, 0.0f);
+  Par(rows, grain, [&](int64_t b, int64_t e, int) {
     float* tdw = &normdw_[b / grain * C];
     kernels::RmsNormBackward(dx + b * C, tdw, dout + b * C, x + b * C, w, rstd + b, e - b, C);
   });
@@ -864,9 +890,15 @@ void RowGroupWorker::BlockForward(int64_t l, const float* x_in, float* x_out, Ac
   RmsFwd(xn, a.rstd1.data(), x_in, Ly.n1.w);
   using M = LoraModule;
   const Work w = WorkOf(a);
-  LinForward(Ly.lin[(int)M::kQ], xn, w.q, a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
-  LinForward(Ly.lin[(int)M::kK], xn, w.k, a.mid[(int)M::kK].data(), l, (int)M::kK, train);
+  // qwen3: q and k as projected go to qraw / kraw, their per-head norms to the working q / k.
+  const bool qkn = c.qk_norm;
+  LinForward(Ly.lin[(int)M::kQ], xn, qkn ? a.qraw.data() : w.q, a.mid[(int)M::kQ].data(), l, (int)M::kQ, train);
+  LinForward(Ly.lin[(int)M::kK], xn, qkn ? a.kraw.data() : w.k, a.mid[(int)M::kK].data(), l, (int)M::kK, train);
   LinForward(Ly.lin[(int)M::kV], xn, w.v, a.mid[(int)M::kV].data(), l, (int)M::kV, train);
+  if (qkn) {
+    RmsFwd(w.q, a.rstdq.data(), a.qraw.data(), Ly.qn.w, N * H, hd);
+    RmsFwd(w.k, a.rstdk.data(), a.kraw.data(), Ly.kn.w, N * KV, hd);
+  }
   float *q = w.q, *k = w.k;
   {
     ScopedOp rope_op(opt_.profiler, "rope_fwd", 0, 8.0 * N * (qd + kvd));
@@ -1017,13 +1049,19 @@ void RowGroupWorker::BlockBackward(int64_t l, Acts& a, float* dres, bool need_dx
       kernels::RopeBackward(dk + b * kvd, dk + b * kvd, &cos_[b * half], &sin_[b * half], e - b, KV, hd, layout);
     });
   }
+  if (c.qk_norm) {  // through qwen3's per-head norms: the gradients of q and k as projected
+    dqraw_.resize(N * qd);
+    dkraw_.resize(N * kvd);
+    RmsBwd(dqraw_.data(), Ly.qn.g, dq, a.qraw.data(), Ly.qn.w, a.rstdq.data(), N * H, hd);
+    RmsBwd(dkraw_.data(), Ly.kn.g, dk, a.kraw.data(), Ly.kn.w, a.rstdk.data(), N * KV, hd);
+    dq = dqraw_.data();
+    dk = dkraw_.data();
+  }
   // Below the lowest trainable layer nothing needs d(block input): skip the q/k/v input gradients.
   const bool dxn = need_dx || Ly.n1.g;
   RmsFwd(xn, a.rstd1.data(), &res_[l * N * dim], Ly.n1.w);
-  LinBackward(Ly.lin[(int)M::kQ], dq_.data(), xn, a.mid[(int)M::kQ].data(), dxn_.data(), false, dxn, l,
-              (int)M::kQ);
-  LinBackward(Ly.lin[(int)M::kK], dk_.data(), xn, a.mid[(int)M::kK].data(), dxn_.data(), true, dxn, l,
-              (int)M::kK);
+  LinBackward(Ly.lin[(int)M::kQ], dq, xn, a.mid[(int)M::kQ].data(), dxn_.data(), false, dxn, l, (int)M::kQ);
+  LinBackward(Ly.lin[(int)M::kK], dk, xn, a.mid[(int)M::kK].data(), dxn_.data(), true, dxn, l, (int)M::kK);
   LinBackward(Ly.lin[(int)M::kV], dv_.data(), xn, a.mid[(int)M::kV].data(), dxn_.data(), true, dxn, l,
               (int)M::kV);
   if (!dxn) return;
@@ -1388,13 +1426,14 @@ void RowGroupWorker::AddAllocatedBytes(TrainMemory& m) const {
   m.gradients += cap(grads_store_);
   m.activations += cap(res_) + cap(xf_) + cap(rstdf_) + cap(xmid_);
   for (const Acts& a : acts_) {
-    for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up})
+    for (const auto* v : {&a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.lse, &a.xmid, &a.rstd2, &a.gate, &a.up, &a.qraw,
+                          &a.kraw, &a.rstdq, &a.rstdk})
       m.activations += cap(*v);
     for (const auto* v : {&a.q16, &a.k16, &a.v16, &a.att16, &a.gate16, &a.up16}) m.activations += cap(*v);
     for (const auto& v : a.mid) m.activations += cap(v);
   }
-  for (const auto* v : {&dxf_, &dres_, &dtmp_, &scratch_out_, &ckpt_out_, &d_att_, &dq_, &dk_, &dv_, &dgate_,
-                        &dup_, &dh_, &dxn_, &rx_, &rx2_, &rdy_, &xd_, &lscr_, &lmid_, &ltmp_, &dmid_, &rmid_,
+  for (const auto* v : {&dxf_, &dres_, &dtmp_, &scratch_out_, &ckpt_out_, &d_att_, &dq_, &dk_, &dv_, &dqraw_,
+                        &dkraw_, &dgate_, &dup_, &dh_, &dxn_, &rx_, &rx2_, &rdy_, &xd_, &lscr_, &lmid_, &ltmp_, &dmid_, &rmid_,
                         &normdw_, &cos_, &sin_, &xn_, &h_, &wq_, &wk_, &wv_, &watt_, &wgate_, &wup_})
     m.temporary += cap(*v);
   m.temporary += cap(targets_) + cap(head_later_.a) + cap(head_later_.b) + cap(head_later_.tokens);

@@ -48,6 +48,7 @@ struct Norm {
 
 struct Layer {
   Norm n1, n2;
+  Norm qn, kn;  // qwen3's per-head q / k norms (w null when the model has none)
   std::array<Lin, kMods> lin;
   bool trainable = false;  // any parameter (full/freeze weights or LoRA) in this layer
 };
@@ -59,6 +60,8 @@ struct Layer {
 // ActivationsAsBf16.
 struct Acts {
   std::vector<float> rstd1, q, k, v, att, lse, xmid, rstd2, gate, up;
+  // qwen3 (ModelConfig::qk_norm): q and k as projected, before their per-head norm, and each head's 1 / rms.
+  std::vector<float> qraw, kraw, rstdq, rstdk;
   std::vector<uint16_t> q16, k16, v16, att16, gate16, up16;
   std::array<std::vector<float>, kMods> mid;  // LoRA x A^T, (N, r)
 };
@@ -196,8 +199,14 @@ class RowGroupWorker {
   // B's weight gradient in the backward, so the gradient is that of the product the forward computed.
   const float* ScaledMid(const LoraParam& p, const float* mid);
   const float* Dropped(const float* x, int64_t in, int64_t layer, int mod, std::vector<float>& scratch);
-  void RmsFwd(float* out, float* rstd, const float* x, const float* w);
-  void RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd);
+  // RMSNorm of the group's N_ rows of dim (rows, C: of another width, e.g. q's heads of head_dim).
+  void RmsFwd(float* out, float* rstd, const float* x, const float* w) { RmsFwd(out, rstd, x, w, N_, c_.dim); }
+  void RmsFwd(float* out, float* rstd, const float* x, const float* w, int64_t rows, int64_t C);
+  void RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd) {
+    RmsBwd(dx, dw, dout, x, w, rstd, N_, c_.dim);
+  }
+  void RmsBwd(float* dx, float* dw, const float* dout, const float* x, const float* w, const float* rstd, int64_t rows,
+              int64_t C);
   void Par(int64_t n, int64_t grain, RangeFn fn) { pool_->ParallelFor(n, grain, fn); }
 
   // The model's shared state this worker reads (written only between calls).
@@ -248,7 +257,7 @@ class RowGroupWorker {
   // The loss's head-gradient pairs of the group, added in group order after its dx (kernels::HeadGradParts):
   // full bf16 on W > 1 workers, so a group's loss does not wait for the earlier groups' whole losses.
   kernels::HeadGradParts head_later_;
-  std::vector<float> d_att_, dq_, dk_, dv_, dgate_, dup_, dh_, dxn_;
+  std::vector<float> d_att_, dq_, dk_, dv_, dgate_, dup_, dh_, dxn_, dqraw_, dkraw_;
   std::vector<float> rx_, rx2_, rdy_, xd_, lscr_, lmid_, ltmp_, dmid_, rmid_, normdw_;
   std::vector<float> xn_, h_;  // the current block's normed input and SwiGLU output (N, dim), (N, ffn)
   bool bf16dot_ = false;       // opt_.bf16 && UsesBf16Dot(): Bf16Dot()

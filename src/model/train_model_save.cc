@@ -121,12 +121,15 @@ Status TrainModelImpl::SavePeftAdapter(const std::string& dir, const std::string
 Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
   const ModelConfig& c = c_;
   LATHE_RETURN_IF_ERROR(formats::MakeDirs(dir));
-  const bool qwen = c.arch == "qwen2", mistral = c.arch == "mistral";
+  const bool qwen3 = c.arch == "qwen3", qwen = c.arch == "qwen2" || qwen3, mistral = c.arch == "mistral";
   nlohmann::json j;
-  j["architectures"] = {qwen ? "Qwen2ForCausalLM" : mistral ? "MistralForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = qwen ? "qwen2" : mistral ? "mistral" : "llama";
+  j["architectures"] = {qwen3  ? "Qwen3ForCausalLM"
+                        : qwen ? "Qwen2ForCausalLM"
+                        : mistral ? "MistralForCausalLM"
+                                  : "LlamaForCausalLM"};
+  j["model_type"] = qwen3 ? "qwen3" : qwen ? "qwen2" : mistral ? "mistral" : "llama";
   j["attention_dropout"] = 0.0;
-  if (!qwen) j["attention_bias"] = false;
+  if (!qwen || qwen3) j["attention_bias"] = false;
   if (!qwen && !mistral) j["mlp_bias"] = false;
   j["head_dim"] = c.head_dim;
   j["hidden_act"] = "silu";
@@ -217,6 +220,10 @@ Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
         (void)bs;
         add(key + ".bias", {L.out}, std::move(b));
       }
+    }
+    if (c.qk_norm) {
+      add(pre + "self_attn.q_norm.weight", {c.head_dim}, std::vector<float>(Ly.qn.w, Ly.qn.w + c.head_dim));
+      add(pre + "self_attn.k_norm.weight", {c.head_dim}, std::vector<float>(Ly.kn.w, Ly.kn.w + c.head_dim));
     }
     add(pre + "input_layernorm.weight", {c.dim}, std::vector<float>(Ly.n1.w, Ly.n1.w + c.dim));
     add(pre + "post_attention_layernorm.weight", {c.dim}, std::vector<float>(Ly.n2.w, Ly.n2.w + c.dim));

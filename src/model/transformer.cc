@@ -417,6 +417,11 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
     Rows(T, 4.0 * (q_dim + kv_dim), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const int64_t pos = row_pos_[t];
+        if (c.qk_norm) {  // qwen3: each head's q and k RMS-normalized over head_dim, before RoPE
+          kernels::RmsNorm(&q_[t * q_dim], L.q_norm.as<float>(), &q_[t * q_dim], c.n_heads, c.head_dim, c.norm_eps);
+          kernels::RmsNorm(&k_[t * kv_dim], L.k_norm.as<float>(), &k_[t * kv_dim], c.n_kv_heads, c.head_dim,
+                           c.norm_eps);
+        }
         ApplyRope(&q_[t * q_dim], c.n_heads, pos);
         ApplyRope(&k_[t * kv_dim], c.n_kv_heads, pos);
         store.Write(l, row_block_[t], pos % bs, &k_[t * kv_dim], &v_[t * kv_dim]);

@@ -10,8 +10,7 @@ double ModelWeights::StoredBytes() const {
   double b = (double)tok_embd.nbytes() + (double)output_norm.nbytes();
   if (output.data && output.data != tok_embd.data) b += (double)output.nbytes();
   for (const LayerWeights& l : layers) {
-    for (const Tensor* t :
-         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+    for (const Tensor* t : l.All())
       if (t->data) b += (double)t->nbytes();
   }
   return b;
@@ -92,8 +91,12 @@ Status ModelWeights::Validate(const std::string& source) const {
       LATHE_RETURN_IF_ERROR(CheckShape(source, p + "k bias", l.bk, {c.kv_dim()}));
       LATHE_RETURN_IF_ERROR(CheckShape(source, p + "v bias", l.bv, {c.kv_dim()}));
     }
-    for (const Tensor* n : {&l.attn_norm, &l.ffn_norm}) {
-      if (n->dtype != DType::kF32) return Status::Error(source + ": " + p + "norm weights must be f32");
+    if (c.qk_norm) {
+      LATHE_RETURN_IF_ERROR(CheckShape(source, p + "q norm", l.q_norm, {c.head_dim}));
+      LATHE_RETURN_IF_ERROR(CheckShape(source, p + "k norm", l.k_norm, {c.head_dim}));
+    }
+    for (const Tensor* n : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm}) {
+      if (n->data && n->dtype != DType::kF32) return Status::Error(source + ": " + p + "norm weights must be f32");
     }
   }
   return Status::Ok();

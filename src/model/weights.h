@@ -4,6 +4,7 @@
 #pragma once
 
 #include <any>
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,8 +19,14 @@ struct LayerWeights {
   Tensor attn_norm;              // (dim)        f32
   Tensor wq, wk, wv, wo;         // (q_dim, dim), (kv_dim, dim), (kv_dim, dim), (dim, q_dim)
   Tensor bq, bk, bv;             // (q_dim), (kv_dim), (kv_dim) f32; data == nullptr when absent
+  Tensor q_norm, k_norm;         // (head_dim) f32 (qwen3's per-head q/k RMSNorm); data == nullptr when absent
   Tensor ffn_norm;               // (dim)        f32
   Tensor w_gate, w_up, w_down;   // (ffn, dim), (ffn, dim), (dim, ffn)
+
+  // Every tensor of the layer; an absent one has data == nullptr.
+  std::array<const Tensor*, 14> All() const {
+    return {&attn_norm, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &q_norm, &k_norm, &ffn_norm, &w_gate, &w_up, &w_down};
+  }
 };
 
 struct ModelWeights {

@@ -33,6 +33,11 @@ int64_t LinearParamsPerLayer(const model::ModelConfig& c) {
   return n;
 }
 
+// A block's parameters besides its linears: both norms, the q/k/v biases (qwen2), the q/k norms (qwen3).
+int64_t NormBiasParamsPerLayer(const model::ModelConfig& c) {
+  return 2 * c.dim + (c.qkv_bias ? c.q_dim() + 2 * c.kv_dim() : 0) + (c.qk_norm ? 2 * c.head_dim : 0);
+}
+
 // Everything that is not a linear layer of a block: embeddings, head, norms, biases.
 int64_t OtherParams(const model::ModelConfig& c) { return c.ParamCount() - c.n_layers * LinearParamsPerLayer(c); }
 
@@ -121,6 +126,7 @@ double ActivationBytes(const model::ModelConfig& c, const TrainSetup& s) {
   // after RoPE, the attention output, SwiGLU's gate, up and product, LoRA's x·A (r per target);
   // plus f32 rstd of both norms and the attention logsumexp per head.
   double per_layer_elems = 4.0 * c.dim + 2.0 * c.q_dim() + 2.0 * c.kv_dim() + 3.0 * c.ffn_dim + lora_r;
+  if (c.qk_norm) per_layer_elems += c.q_dim() + c.kv_dim();  // qwen3: q and k before their norms
   double per_layer = tokens * (per_layer_elems * a + (2.0 + c.n_heads) * 4);
   double final_norm = tokens * (2.0 * c.dim * a + 4);
   if (s.grad_checkpointing) {
@@ -190,10 +196,9 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   }
   // Full / freeze: a trainable tensor's f32 master is the only copy the model reads; the base
   // tensor's pages are dropped once it is copied (file-backed base) or it is trained in place.
-  const int64_t bias_params = c.qkv_bias ? qd + 2 * kvd : 0;
   const int64_t base_trainable = s.method == "full"     ? P
                                  : s.method == "freeze" ? std::min(s.freeze_trainable_layers, L) *
-                                                              (LinearParamsPerLayer(c) + 2 * dim + bias_params)
+                                                              (LinearParamsPerLayer(c) + NormBiasParamsPerLayer(c))
                                                         : 0;
   // LoRA / freeze over an f32 base on the bf16 dot product: frozen linears as bf16 copies, their f32 pages
   // dropped (model::FrozenLinearsAsBf16). Only where the base is counted as stored: the other weight lines
@@ -262,7 +267,6 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                   "casts them", (long long)frozen_linear_params));
   }
   int64_t trainable = 0, shadowed = 0;
-  const int64_t bias = c.qkv_bias ? qd + 2 * kvd : 0;
   // Trained linears, LoRA pairs and a trained head have bf16 / fp16 shadows unless their products round the f32
   // masters as they pack them (bf16 mode on the bf16 dot product: model::LinearShadows, TrainedHeadShadow).
   const bool lin_shadows = model::LinearShadows(s.precision == "bf16", s.precision == "fp16");
@@ -272,7 +276,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                (model::TrainedHeadShadow(s.precision == "bf16", s.precision == "fp16", dim) ? V * dim : 0);
   } else if (s.method == "freeze") {
     const int64_t n = std::min(s.freeze_trainable_layers, L);
-    trainable = n * (LinearParamsPerLayer(c) + 2 * dim + bias);
+    trainable = n * (LinearParamsPerLayer(c) + NormBiasParamsPerLayer(c));
     shadowed = lin_shadows ? n * LinearParamsPerLayer(c) : 0;
   } else {
     trainable = LoraParams(c, s.lora_targets, s.lora_rank);
@@ -323,7 +327,10 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   // (the mid residual not kept where the backward recomputes it: model::RecomputesMidResidual; one worker buffer)
   const bool xmid_again = model::RecomputesMidResidual(bf16_dot, lora, s.grad_checkpointing);
   const double halved = 2.0 * qd + 2.0 * kvd + 2.0 * ffn;
-  const double per_set = (xmid_again ? 0.0 : 1.0) * dim + (acts16 ? 0.5 : 1.0) * halved + 2 + c.n_heads + 7.0 * r;
+  // qwen3: q and k as projected (before their norms) and each head's 1 / rms, in f32.
+  const double qk_raw = c.qk_norm ? (double)qd + kvd + c.n_heads + c.n_kv_heads : 0.0;
+  const double per_set =
+      (xmid_again ? 0.0 : 1.0) * dim + (acts16 ? 0.5 : 1.0) * halved + 2 + c.n_heads + 7.0 * r + qk_raw;
   // Freeze: layers below the trained ones have no backward and save nothing.
   const double sets = s.grad_checkpointing     ? 1
                       : s.method == "freeze" ? (double)std::min(s.freeze_trainable_layers, L)
@@ -350,7 +357,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     // wrote: no overlap, and the pages stay resident.
     const int64_t layers = s.method == "full" ? L : std::min(s.freeze_trainable_layers, L);
     const double dropped = 4 * N * layers * (2.0 * dim + (acts16 ? 0.5 : 1.0) * halved);
-    const double layer_grads = 4.0 * layers * (LinearParamsPerLayer(c) + 2 * dim + bias);
+    const double layer_grads = 4.0 * layers * (LinearParamsPerLayer(c) + NormBiasParamsPerLayer(c));
     add("overlap", -std::min(dropped, layer_grads),
         StrFormat("-min(dropped activations %.0f B, layer gradients %.0f B): saved tensors of %lld trained layers "
                   "are handed back as the backward writes those layers' gradients",
@@ -364,6 +371,7 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
     }
   }
   double scratch = (6.0 + (s.grad_checkpointing ? 1 : 0)) * dim + 2.0 * qd + 2.0 * kvd + 4.0 * ffn;
+  if (c.qk_norm) scratch += qd + kvd;  // the gradients of q and k before their norms
   // bf16 mode on the bf16 dot product: the linears' kernels round their operands as they pack them (every base
   // dtype: a quantized or f16 one is dequantized a few rows at a time and rounded as packed), so only the loss's
   // x is rounded into a buffer (RowGroupWorker::LinForward).
@@ -378,7 +386,8 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
   const double chunk = std::min<double>(s.loss_chunk_tokens, N);
   const double half = c.head_dim / 2;
   add("temporary",
-      W * 4 * (N * (scratch + 2 * half + 1) + (double)model::kNormGradParts * dim) + 4.0 * 2 * c.max_seq_len * half,
+      W * 4 * (N * (scratch + 2 * half + 1) + (double)model::kNormGradParts * std::max(dim, c.head_dim)) +
+          4.0 * 2 * c.max_seq_len * half,
       StrFormat("(%.0f tokens x 4 B x %.0f (block backward scratch, bf16 roundings, LoRA buffers, RoPE, targets) "
                 "+ %lld norm-gradient partial rows)%s + RoPE tables",
                 N, scratch + 2 * half + 1, (long long)model::kNormGradParts, per_worker.c_str()));
@@ -619,7 +628,7 @@ Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& s
         StrFormat("%lld params x %.0f B (%s weights)%s", (long long)P, wb, s.precision.c_str(),
                   shard_params > 1 ? " / world (ZeRO-3)" : ""));
   } else if (s.method == "freeze") {
-    int64_t per_layer = LinearParamsPerLayer(c) + 2 * c.dim + (c.qkv_bias ? c.q_dim() + 2 * c.kv_dim() : 0);
+    int64_t per_layer = LinearParamsPerLayer(c) + NormBiasParamsPerLayer(c);
     trainable = std::min(s.freeze_trainable_layers, c.n_layers) * per_layer;
     add("weights", "device", P * wb / shard_params,
         StrFormat("%lld params x %.0f B (%s); the last %lld layers train", (long long)P, wb, s.precision.c_str(),
@@ -724,6 +733,8 @@ Result<model::ModelConfig> NamedArchitecture(const std::string& name) {
     int64_t layers, dim, heads, kv_heads, ffn, vocab, ctx;
     float theta;
     bool tied, bias;
+    int64_t head_dim = 0;  // 0: dim / heads
+    bool qk_norm = false;
   };
   static const Arch kArchs[] = {
       {"llama-7b", "llama", 32, 4096, 32, 32, 11008, 32000, 4096, 10000, false, false},
@@ -736,6 +747,10 @@ Result<model::ModelConfig> NamedArchitecture(const std::string& name) {
       {"smollm2-135m", "llama", 30, 576, 9, 3, 1536, 49152, 8192, 100000, true, false},
       {"smollm2-360m", "llama", 32, 960, 15, 5, 2560, 49152, 8192, 100000, true, false},
       {"smollm2-1.7b", "llama", 24, 2048, 32, 32, 8192, 49152, 8192, 130000, true, false},
+      {"qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 151936, 40960, 1000000, true, false, 128, true},
+      {"qwen3-1.7b", "qwen3", 28, 2048, 16, 8, 6144, 151936, 40960, 1000000, true, false, 128, true},
+      {"qwen3-4b", "qwen3", 36, 2560, 32, 8, 9728, 151936, 40960, 1000000, true, false, 128, true},
+      {"qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 151936, 40960, 1000000, false, false, 128, true},
   };
   for (const Arch& a : kArchs) {
     if (name != a.name) continue;
@@ -745,7 +760,8 @@ Result<model::ModelConfig> NamedArchitecture(const std::string& name) {
     c.dim = a.dim;
     c.n_heads = a.heads;
     c.n_kv_heads = a.kv_heads;
-    c.head_dim = a.dim / a.heads;
+    c.head_dim = a.head_dim > 0 ? a.head_dim : a.dim / a.heads;
+    c.qk_norm = a.qk_norm;
     c.rope_dim = c.head_dim;
     c.ffn_dim = a.ffn;
     c.vocab_size = a.vocab;
@@ -763,8 +779,8 @@ Result<model::ModelConfig> NamedArchitecture(const std::string& name) {
 }
 
 std::vector<std::string> NamedArchitectures() {
-  return {"llama-7b", "llama-13b", "llama-70b", "llama3-8b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b",
-          "smollm2-135m", "smollm2-360m", "smollm2-1.7b"};
+  return {"llama-7b",     "llama-13b",    "llama-70b",    "llama3-8b",  "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b",
+          "smollm2-135m", "smollm2-360m", "smollm2-1.7b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",     "qwen3-8b"};
 }
 
 }  // namespace lathe::train

@@ -124,7 +124,8 @@ Result<MemoryPlan> PlanTraining(const model::ModelConfig& c, const TrainSetup& s
 MemoryPlan PlanInference(const model::ModelConfig& c, const InferSetup& s);
 
 // Named architectures for estimating without a model file (llama-7b, llama-13b, llama-70b,
-// llama3-8b, mistral-7b, qwen2.5-0.5b, qwen2.5-7b, smollm2-135m, smollm2-360m, smollm2-1.7b).
+// llama3-8b, mistral-7b, qwen2.5-0.5b, qwen2.5-7b, smollm2-135m, smollm2-360m, smollm2-1.7b,
+// qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b).
 Result<model::ModelConfig> NamedArchitecture(const std::string& name);
 std::vector<std::string> NamedArchitectures();
 

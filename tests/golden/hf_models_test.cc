@@ -1,7 +1,7 @@
 // Small random Llama-family models made with transformers (tools/ref/make_random_models.py):
 // lathe's logits and rope frequencies equal PyTorch's within the tolerances in MANIFEST.json.
-// Covers GQA ratios, tied/untied heads, qwen2 qkv bias, llama3 rope scaling, mistral, sliding-window
-// attention (mistral, qwen2 per layer), bf16.
+// Covers GQA ratios, tied/untied heads, qwen2 qkv bias, qwen3 q/k norms (HF dir and a GGUF written by gguf-py),
+// llama3 rope scaling, mistral, sliding-window attention (mistral, qwen2 per layer), bf16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 
 #include "core/cpu.h"
 #include "formats/safetensors.h"
+#include "model/load_gguf.h"
 #include "model/load_hf.h"
 #include "model/transformer.h"
 #include "test_util.h"
@@ -33,6 +34,7 @@ struct Case {
   std::string name;
   std::string expected_tensor;  // which reference logits to compare to
   std::string tolerance_key;
+  bool gguf = false;  // load the fixture's "gguf" file instead of its HF model dir
 };
 
 class HfGolden : public ::testing::TestWithParam<Case> {};
@@ -52,7 +54,14 @@ TEST_P(HfGolden, LogitsMatchTransformers) {
     nlohmann::json tol = fx["tolerances"][key];
     double atol = tol["logits_atol"], rtol = tol["logits_rtol"];
     std::string root = lathe::testing::SourceDir() + "/";
-    auto w = LoadHfModelDir(root + fx["model_dir"].get<std::string>());
+    Result<ModelWeights> w = Status::Error("unset");
+    if (c.gguf) {
+      auto g = formats::GgufFile::Open(root + fx["gguf"].get<std::string>());
+      ASSERT_TRUE(g.ok()) << g.status().message();
+      w = LoadGgufWeights(std::shared_ptr<formats::GgufFile>(std::move(*g)));
+    } else {
+      w = LoadHfModelDir(root + fx["model_dir"].get<std::string>());
+    }
     ASSERT_TRUE(w.ok()) << w.status().message();
     auto exp = formats::SafetensorsFile::Open(root + fx["expected"].get<std::string>());
     ASSERT_TRUE(exp.ok()) << exp.status().message();
@@ -106,9 +115,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"llama_gqa_tied", "logits", "float32"}, Case{"llama_gqa4_untied", "logits", "float32"},
                       Case{"qwen2_bias", "logits", "float32"}, Case{"llama3_rope", "logits", "float32"},
                       Case{"mistral", "logits", "float32"}, Case{"mistral_swa", "logits", "float32"},
-                      Case{"qwen2_swa", "logits", "float32"},
+                      Case{"qwen2_swa", "logits", "float32"}, Case{"qwen3", "logits", "float32"},
+                      Case{"qwen3", "logits", "float32", true},
                       Case{"llama_gqa_tied_bf16", "logits_f32_compute", "bf16_weights_f32_compute"}),
-    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name + (i.param.gguf ? "_gguf" : ""); });
 
 }  // namespace
 }  // namespace lathe::model

@@ -303,11 +303,11 @@ TEST(TrainModelRowGroups, WorkersGiveTheSameBitsOnAnyThreadCount) {
 }
 
 // Full / freeze workers on the other shared gradients: an untied head and embedding (each in group
-// order, the embedding at each group's end) and qwen2's q/k/v biases. Two workers on two threads,
+// order, the embedding at each group's end), qwen2's q/k/v biases and qwen3's q/k norms. Two workers on two threads,
 // three groups (the third runs on worker 0 after worker 1's), give one worker's bits; full bf16 too,
 // where the workers add the head's gradient after their losses (HeadGradParts).
 TEST(TrainModelRowGroups, FullWorkersOnUntiedAndBiasModelsGiveOneWorkersBits) {
-  for (const char* name : {"llama_gqa4_untied", "qwen2_bias"}) {
+  for (const char* name : {"llama_gqa4_untied", "qwen2_bias", "qwen3"}) {
     auto w = LoadBase(name);
     ASSERT_TRUE(w.ok()) << name;
     Batch b;
@@ -385,12 +385,16 @@ TEST(TrainModelLoraPlus, FusedProductsEqualTheSeparateOnes) {
     }
 }
 
+// (qwen3: its q / k norms and their saved inputs recomputed with the block.)
 TEST(TrainModelCheckpointing, EqualsNoCheckpointing) {
-  auto w = LoadBase("llama_gqa_tied");
+ for (const char* name : {"llama_gqa_tied", "qwen3"}) {
+  SCOPED_TRACE(name);
+  auto w = LoadBase(name);
   ASSERT_TRUE(w.ok());
-  Fixture f("train_llama_gqa_tied");
+  Fixture f(std::string("train_") + name);
   Batch b = FixtureBatch(f);
-  Batch p = FixtureBatch(f, "packed_ids", "packed_labels", "packed_seg");
+  std::vector<Batch> batches = {b};
+  if (f.Has("packed_ids")) batches.push_back(FixtureBatch(f, "packed_ids", "packed_labels", "packed_seg"));
   ThreadPool pool(2);
   TrainModelOptions full_bf16 = Full();
   full_bf16.bf16 = true;
@@ -403,8 +407,8 @@ TEST(TrainModelCheckpointing, EqualsNoCheckpointing) {
     // Full bf16 on the bf16 dot product recomputes each block's mid residual from its input and attention output
     // (RecomputesMidResidual) where checkpointing recomputes the whole block: the same products on the same bits.
     const bool xmid_again = RecomputesMidResidual(o.bf16 && UsesBf16Dot(), o.method == FinetuneMethod::kLora, false);
-    for (const Batch* batch : {&b, &p}) {
-      Grads a = RunSteps(*plain, {*batch}, 10), c = RunSteps(*ckpt, {*batch}, 10);
+    for (const Batch& batch : batches) {
+      Grads a = RunSteps(*plain, {batch}, 10), c = RunSteps(*ckpt, {batch}, 10);
       EXPECT_EQ(a.loss, c.loss);
       EXPECT_LE(WorstErr(c, a), 1e-6);
       if (xmid_again) {
@@ -412,6 +416,7 @@ TEST(TrainModelCheckpointing, EqualsNoCheckpointing) {
       }
     }
   }
+ }
 }
 
 TEST(TrainModelDropout, SeededMasksChangeGradientsDeterministically) {
@@ -435,9 +440,11 @@ TEST(TrainModelDropout, SeededMasksChangeGradientsDeterministically) {
 // without; a stale restore of them gives ~1.9).
 // Limits: 5e-3 and 5e-2.
 TEST(TrainModelBf16, CloseToF32) {
-  auto w = LoadBase("llama_gqa_tied");
+ for (const char* name : {"llama_gqa_tied", "qwen3"}) {
+  SCOPED_TRACE(name);
+  auto w = LoadBase(name);
   ASSERT_TRUE(w.ok());
-  Fixture f("train_llama_gqa_tied");
+  Fixture f(std::string("train_") + name);
   Batch b = FixtureBatch(f);
   ThreadPool pool(2);
   for (TrainModelOptions o : {Lora(), Full()}) {
@@ -448,12 +455,13 @@ TEST(TrainModelBf16, CloseToF32) {
     NonZeroB(*b16);
     Grads a = RunSteps(*f32, {b}, 32), c = RunSteps(*b16, {b}, 32);
     double e = WorstErr(c, a);
-    std::printf("bf16 (%s): loss %.6g vs f32 %.6g, worst grad normalized error %.3g\n",
+    std::printf("bf16 (%s, %s): loss %.6g vs f32 %.6g, worst grad normalized error %.3g\n", name,
                 o.method == FinetuneMethod::kLora ? "lora" : "full", c.loss, a.loss, e);
     EXPECT_NEAR(c.loss, a.loss, 5e-3 * a.loss);
     EXPECT_LT(e, 5e-2);
     EXPECT_GT(e, 1e-5);  // the rounding is really applied
   }
+ }
 }
 
 // Full bf16 reads the trained head from its f32 masters at every loss chunk (on avx512_bf16 CPUs: rounded as it is
@@ -581,14 +589,16 @@ TEST(TrainModelQuantizedBase, GradientsThroughFrozenLlamaQuantizeTypesEqualTheDe
 }
 
 TEST(TrainModelFreeze, LastLayerTrainsWithTheFullFineTuningGradients) {
-  auto w = LoadBase("llama_gqa_tied");
+ for (const char* name : {"llama_gqa_tied", "qwen3"}) {
+  SCOPED_TRACE(name);
+  auto w = LoadBase(name);
   ASSERT_TRUE(w.ok());
-  Fixture f("train_full_llama_gqa_tied");
+  Fixture f(std::string("train_full_") + name);
   ThreadPool pool(2);
   TrainModelOptions o = Freeze();
   auto m = Make(*w, pool, o);
-  ASSERT_EQ(m->params().size(), 9u);  // 7 linear weights + 2 norms of layer 1
   const ModelConfig& c = w->config;
+  ASSERT_EQ(m->params().size(), c.qk_norm ? 11u : 9u);  // 7 linear weights + 2 norms (+ q/k norms) of layer 1
   EXPECT_EQ(m->trainable_count(), (c.ParamCount() - c.vocab_size * c.dim - c.dim) / 2);  // one of two layers
   Batch b = FixtureBatch(f);
   RunSteps(*m, {b}, f.F64("n_targets"));
@@ -602,6 +612,7 @@ TEST(TrainModelFreeze, LastLayerTrainsWithTheFullFineTuningGradients) {
   auto mq = Make(q, pool, o);
   auto l = mq->ForwardBackward(b.View(), 32);
   ASSERT_TRUE(l.ok()) << l.status().message();
+ }
 }
 
 // Full fine-tuning on 2 threads must be bit-reproducible run to run: the pool hands chunks to

@@ -161,7 +161,8 @@ TEST_P(PeftSave, RoundTripsAndInferenceMatchesTheTrainingForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bases, PeftSave,
-                         ::testing::Values("llama_gqa_tied", "qwen2_bias", "stories260k", "mistral_swa", "qwen2_swa"));
+                         ::testing::Values("llama_gqa_tied", "qwen2_bias", "stories260k", "mistral_swa", "qwen2_swa",
+                                           "qwen3"));
 
 // The committed adapters in tests/golden/fixtures/train_interop/<name>/adapter were written by
 // InteropModel and loaded by PEFT (tools/ref/check_peft_interop.py), which stored its logits.
@@ -216,7 +217,7 @@ TEST_P(PeftInterop, SameBytesAsTheCommittedAdapterAndPeftLogits) {
   EXPECT_NEAR(*loss, LossFromLogits(wl, b, w->config.vocab_size), 1e-5 * *loss);
 }
 
-INSTANTIATE_TEST_SUITE_P(Bases, PeftInterop, ::testing::Values("qwen2_bias", "stories260k"));
+INSTANTIATE_TEST_SUITE_P(Bases, PeftInterop, ::testing::Values("qwen2_bias", "stories260k", "qwen3"));
 
 TEST(HfSave, RoundTripThroughTheHfLoaderGivesTheSameLoss) {
   auto w = LoadBase("qwen2_bias");

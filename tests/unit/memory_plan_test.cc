@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "core/cpu.h"
 #include "core/strings.h"
 
@@ -23,6 +25,13 @@ model::ModelConfig Arch(const std::string& name) { return NamedArchitecture(name
 TEST(MemoryPlan, FamiliarWeightFigures) {
   model::ModelConfig c = Arch("llama-7b");
   EXPECT_EQ(c.ParamCount(), 6738415616);  // Llama-2-7B's published parameter count
+  // Qwen3's model cards: 0.6B (0.44B non-embedding), 8.2B (6.95B non-embedding); head_dim 128 and the q/k norms.
+  for (auto [name, total, non_embedding] : {std::tuple{"qwen3-0.6b", 0.6e9, 0.44e9}, {"qwen3-8b", 8.2e9, 6.95e9}}) {
+    model::ModelConfig q = Arch(name);
+    const double emb = (double)q.vocab_size * q.dim * (q.tied_embeddings ? 1 : 2);
+    EXPECT_NEAR((double)q.ParamCount(), total, 0.05e9) << name;
+    EXPECT_NEAR((double)q.ParamCount() - emb, non_embedding, 0.005e9) << name;
+  }
   InferSetup s;
   s.param_count = 7'000'000'000;
   s.weight_dtype = DType::kF32;
@@ -176,8 +185,8 @@ TEST(MemoryPlanLathe, PackedHeadOnlyOverAnUnquantizedBase) {
   }
 }
 
-TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
-  const model::ModelConfig c = TinyConfig(160);
+// The plan of every setting equals what TrainModel allocates for model c (run by the tests below).
+void CheckPlanMatchesTrainModelAllocations(const model::ModelConfig& c) {
   model::ModelWeights w = RandomWeights(c);
   ASSERT_TRUE(w.Validate("random").ok()) << w.Validate("random").message();
   const int64_t B = 2, T = 24;
@@ -309,6 +318,16 @@ TEST(MemoryPlanLathe, MatchesTrainModelAllocations) {
     MemoryPlan pi = PlanTraining(c, s).value();
     EXPECT_DOUBLE_EQ(pi.Bytes("weights"), s.base_weight_bytes - (double)in_place.base_released + (double)in_place.weights);
   }
+}
+
+TEST(MemoryPlanLathe, MatchesTrainModelAllocations) { CheckPlanMatchesTrainModelAllocations(TinyConfig(160)); }
+
+// qwen3: the q / k norms' saved inputs, their gradients' scratch, and a head_dim (32) above dim / heads.
+TEST(MemoryPlanLathe, MatchesTrainModelAllocationsWithQkNorms) {
+  model::ModelConfig c = testing::SmallLlamaConfig(2, 64, 4, 2, 32, 160);
+  c.arch = "qwen3";
+  c.qk_norm = true;
+  CheckPlanMatchesTrainModelAllocations(c);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 """PEFT / transformers interop of what lathe's TrainModel writes (tests/golden/train_save_test.cc).
 
 Step 1 (C++): the PeftInterop test, run with LATHE_TRAIN_INTEROP_OUT=DIR, writes for each base
-(qwen2_bias = the committed random HF model, stories260k = the llama2.c .bin, Meta interleaved
+(qwen2_bias and qwen3 = committed random HF models, stories260k = the llama2.c .bin, Meta interleaved
 q/k) DIR/<name>/adapter (TrainModel::SavePeftAdapter of a deterministic LoRA: r=4, alpha=8, all 7
 modules, A from seed 7, B from a fixed formula) and DIR/<name>/hf (TrainModel::SaveHfModel of the
 untouched full model, f32).
@@ -38,7 +38,7 @@ import fixture_util as fu
 from make_train_fixture import load_base
 
 GENERATOR = "tools/ref/check_peft_interop.py"
-NAMES = ["qwen2_bias", "stories260k"]
+NAMES = ["qwen2_bias", "stories260k", "qwen3"]
 T = 20
 
 
@@ -95,7 +95,7 @@ def main():
     measured = {name: check(name, args.src) for name in NAMES}
     fu.update_manifest({"train_interop": {
         "what": "adapters written by lathe's TrainModel::SavePeftAdapter (deterministic: A seed 7, B fixed formula; "
-                "qwen2_bias and stories260K with Meta-interleaved q/k) loaded by PEFT: every tensor loaded, PEFT's "
+                "qwen2_bias, qwen3 and stories260K with Meta-interleaved q/k) loaded by PEFT: every tensor loaded, PEFT's "
                 "re-save byte-identical; PEFT's logits on 20 seeded ids. Also lathe's SaveHfModel dirs loaded by "
                 "transformers (no missing/unexpected keys, base logits).",
         "expected": "tests/golden/fixtures/train_interop/<name>/expected.safetensors (+ adapter/)",

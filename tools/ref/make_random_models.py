@@ -13,6 +13,9 @@ What it makes, under tests/golden/fixtures/ (paths relative to the repo root):
   qwen2_swa/            qwen2 with use_sliding_window, window 6, max_window_layers 1 (layer 1
                         slides, layer 0 does not); config.json without layer_types, as the
                         Qwen2/2.5 Hub configs are                                       (f32)
+  qwen3/                qwen3: per-head q/k RMSNorm (q_norm, k_norm) before RoPE, no biases, 4/2 heads,
+                        head_dim 32 != dim/heads, tied, rope theta 1e6; plus model.gguf, the same
+                        weights written with gguf-py's llama.cpp tensor names and qwen3.* keys (f32)
 Each fixture dir holds model/ (config.json, generation_config.json, model.safetensors exactly as
 save_pretrained writes them, except llama3_rope's config.json, see above) and expected.safetensors
 (input_ids, logits, hidden_states, rope_inv_freq; see MANIFEST.json for each tensor). Entries are
@@ -33,8 +36,9 @@ import os
 import shutil
 
 import torch
+import gguf
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 import fixture_util as fu
 
@@ -101,7 +105,47 @@ SPECS = [
                 "on (layer 1 slides, layer 0 sees everything), q/k/v bias, tied; config.json "
                 "without layer_types (as the Qwen2/2.5 Hub configs), so the layers come from "
                 "max_window_layers"),
+    dict(name="qwen3", seed=1008, seq_len=32, cls=Qwen3ForCausalLM, cfg=Qwen3Config,
+         kw=dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+                 rms_norm_eps=1e-6, max_position_embeddings=256, attention_bias=False,
+                 use_sliding_window=False,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+         gguf_copy=True,
+         covers="qwen3: q_norm / k_norm (RMSNorm over head_dim, one weight shared by the heads) on q and k "
+                "after the projections and before RoPE; no q/k/v bias; GQA 4q/2kv with head_dim 32 so "
+                "q_dim 128 != hidden 64; tied; eps 1e-6; rope theta 1e6. model.gguf: the same f32 "
+                "weights under llama.cpp's names (gguf-py's tensor map for MODEL_ARCH.QWEN3) and "
+                "qwen3.* metadata, as convert_hf_to_gguf.py writes a Qwen3 (NEOX rope: no q/k permutation)"),
 ]
+
+
+def write_gguf(model, path):
+    """The model's f32 weights as a GGUF, named by gguf-py's map for its architecture (llama.cpp's own)."""
+    cfg = model.config
+    arch = gguf.MODEL_ARCH.QWEN3
+    w = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        new = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert new, name
+        w.add_tensor(new, t.detach().float().contiguous().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def init_weights(model, seed):
@@ -213,6 +257,30 @@ def bug_sensitivity(model, ids, logits):
                 layer.self_attn.sliding_window = None
         out["sliding_window_ignored"] = run(no_window)
 
+    if getattr(model.model.layers[0].self_attn, "q_norm", None) is not None:
+        def no_qk_norm(m):  # the per-head q / k norms left out
+            for layer in m.model.layers:
+                layer.self_attn.q_norm = torch.nn.Identity()
+                layer.self_attn.k_norm = torch.nn.Identity()
+        out["qk_norm_dropped"] = run(no_qk_norm)
+
+        def qk_norm_over_all_heads(m):  # one RMS over all of q's (k's) heads instead of each head's
+            for layer in m.model.layers:
+                a = layer.self_attn
+                for name in ("q_norm", "k_norm"):
+                    norm = getattr(a, name)
+
+                    class Whole(torch.nn.Module):
+                        def __init__(self, inner):
+                            super().__init__()
+                            self.inner = inner
+
+                        def forward(self, x):  # x: (B, T, heads, head_dim)
+                            v = x.float().pow(2).mean((-2, -1), keepdim=True)
+                            return self.inner.weight * (x.float() * torch.rsqrt(v + self.inner.variance_epsilon))
+                    setattr(a, name, Whole(norm))
+        out["qk_norm_over_all_heads"] = run(qk_norm_over_all_heads)
+
     rp = cfg.rope_parameters
     if rp.get("rope_type") == "llama3":
         def unscaled(m):
@@ -286,6 +354,8 @@ def make_one(spec):
     expected = {"input_ids": ids, "logits": logits, "hidden_states": hidden,
                 "rope_inv_freq": inv_freq}
     fu.save_expected(fdir, expected)
+    if spec.get("gguf_copy"):
+        write_gguf(model, os.path.join(fdir, "model.gguf"))
     desc = {
         "input_ids": "the token ids fed as one sequence, positions 0..T-1 (no BOS added)",
         "logits": "model(input_ids).logits[0] in f32: (T, vocab), causal, every position",
@@ -304,6 +374,7 @@ def make_one(spec):
         "input_ids_seed": spec["seed"] + 77,
         "weights_dtype": "float32",
         "tensors": fu.describe(expected, desc),
+        **({"gguf": fu.rel(os.path.join(fdir, "model.gguf"))} if spec.get("gguf_copy") else {}),
         "tolerances": f32_tolerances(err64, bugs),
         "measured": {"max_abs_f32_vs_f64_logits": float(f"{err64:.3g}"), **stats(logits),
                      "bug_sensitivity": bugs},

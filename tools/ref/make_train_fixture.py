@@ -2,7 +2,7 @@
 """Golden losses and gradients for lathe's training forward/backward (tests/golden/train_grad_test.cc).
 
 For each base model (the committed random HF models llama_gqa_tied, qwen2_bias, llama_gqa4_untied,
-mistral_swa and qwen2_swa (sliding-window attention), and stories260K rebuilt as a transformers model from the llama2.c .bin as make_stories_fixture.py
+mistral_swa and qwen2_swa (sliding-window attention), qwen3 (q/k norms), and stories260K rebuilt as a transformers model from the llama2.c .bin as make_stories_fixture.py
 does), with transformers (eager attention) + PEFT in float64 on one thread:
   * a fixed batch: B=2 rows of T=24 tokens; row 0 full with its first 5 labels -100 (a masked
     prompt), row 1 has 16 real tokens then 8 pad tokens (id 0, labels -100), plus two more -100.
@@ -12,7 +12,7 @@ does), with transformers (eager attention) + PEFT in float64 on one thread:
     kaiming-uniform init (seeded), B seeded N(0, 0.02^2) so dA is non-zero; both stored as
     lora.init.<peft key> (HF layout). Stored: lora.loss_sum, lora.grad.<peft key> for every A and B.
     rsLoRA (same A/B, alpha/sqrt(r)): rslora.loss_sum and rslora.grad.* (llama_gqa_tied only).
-  * full fine-tuning (llama_gqa_tied: tied head; qwen2_bias: biases, untied), in its own dir
+  * full fine-tuning (llama_gqa_tied: tied head; qwen2_bias: biases, untied; qwen3: q/k norms), in its own dir
     train_full_<name>/ to keep each file under ~300 KB: full.loss_sum and full.grad.<hf key> of
     every parameter (embedding, norms, biases, head). For untied models the embedding gradient is
     stored only for the rows of the tokens in the batch (full.embed_rows; the others are zero).
@@ -26,8 +26,9 @@ does), with transformers (eager attention) + PEFT in float64 on one thread:
 float32 runs of the same computations are compared with the float64 ones and the worst normalized
 error (max |a - b| / max |b| per tensor) is recorded in MANIFEST.json as the f32 error budget.
 
-Run (~30 s on one core):  $LATHE_REF_VENV/bin/python tools/ref/make_train_fixture.py
+Run (~30 s on one core):  $LATHE_REF_VENV/bin/python tools/ref/make_train_fixture.py [--only NAME ...]
 """
+import argparse
 import copy
 import os
 
@@ -247,6 +248,9 @@ def make(name, extras):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", help="base models to (re)make; default all")
+    args = ap.parse_args()
     fu.setup_torch()
     torch.set_default_dtype(torch.float32)
     entries = {}
@@ -255,8 +259,11 @@ def main():
              ("llama_gqa4_untied", set()),
              ("stories260k", set()),
              ("mistral_swa", set()),  # sliding window 8 < T = 24, every layer
-             ("qwen2_swa", set())]  # window 6 in layer 1 only
+             ("qwen2_swa", set()),  # window 6 in layer 1 only
+             ("qwen3", {"full", "full_adamw"})]  # q/k norms: LoRA through them, full trains them
     for name, extras in specs:
+        if args.only and name not in args.only:
+            continue
         entries["train_" + name] = make(name, extras)
     fu.update_manifest(entries, GENERATOR)
 
