@@ -6,6 +6,7 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <string_view>
 
 #include "core/strings.h"
 #include "tokenizer/tool_turns.h"
@@ -14,6 +15,22 @@ namespace lathe::tokenizer {
 namespace {
 
 constexpr const char* kNames[] = {"chatml", "llama3", "llama2", "mistral", "mistral-v3", "alpaca", "deepseek-r1"};
+// LLaMA-Factory's template names (src/llamafactory/data/template.py) that render as chatml, and how they differ.
+struct LlamaFactoryChatml {
+  const char* name;
+  const char* default_system;
+  bool reasoning;  // ReasoningTemplate: empty think blocks before the replies
+};
+constexpr LlamaFactoryChatml kLlamaFactoryChatml[] = {
+    {"qwen", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", false},
+    {"qwen3", "", true},
+    {"qwen3_nothink", "", false},
+    {"smollm", "", false},
+    {"smollm2", "You are a helpful AI assistant named SmolLM, trained by Hugging Face.", false},
+};
+constexpr char kTemplateNames[] =
+    "chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1, and LLaMA-Factory's qwen, qwen3, "
+    "qwen3_nothink, smollm, smollm2";
 // DeepSeek-R1's special tokens (fullwidth bars, U+2581 in the sentence tokens).
 constexpr char kDeepSeekBos[] = "<\uFF5Cbegin\u2581of\u2581sentence\uFF5C>";
 constexpr char kDeepSeekEos[] = "<\uFF5Cend\u2581of\u2581sentence\uFF5C>";
@@ -22,6 +39,24 @@ constexpr char kDeepSeekAssistant[] = "<\uFF5CAssistant\uFF5C>";
 constexpr char kAlpacaPreamble[] =
     "Below is an instruction that describes a task. Write a response that appropriately completes the request.";
 
+
+// LLaMA-Factory's remove_thought: every "<think>\n...\n</think>\n\n" (shortest match) removed, then leading newlines.
+std::string RemoveThoughts(const std::string& s) {
+  static constexpr std::string_view kOpen = "<think>\n", kClose = "\n</think>\n\n";
+  std::string out;
+  size_t at = 0;
+  for (;;) {
+    const size_t open = s.find(kOpen, at);
+    const size_t close = open == std::string::npos ? open : s.find(kClose, open + kOpen.size());
+    if (close == std::string::npos) break;
+    out.append(s, at, open - at);
+    at = close + kClose.size();
+  }
+  out.append(s, at, std::string::npos);
+  size_t b = 0;
+  while (b < out.size() && out[b] == '\n') ++b;
+  return out.substr(b);
+}
 
 // Python's lstrip(chars) / rstrip(chars) for ASCII characters (strip() is Trim in core/strings.h).
 std::string LStrip(const std::string& s, char c) {
@@ -134,17 +169,24 @@ Result<ChatTemplate> ChatTemplate::ByName(const std::string& name) {
       return t;
     }
   }
-  return Status::Error("unknown chat template '" + name +
-                       "'; valid: chatml, llama3, llama2, mistral, mistral-v3, alpaca, deepseek-r1");
+  for (const LlamaFactoryChatml& lf : kLlamaFactoryChatml) {
+    if (name == lf.name) {
+      ChatTemplate t;
+      t.name_ = "chatml";
+      t.default_system_ = lf.default_system;
+      t.reasoning_replies_ = lf.reasoning;
+      return t;
+    }
+  }
+  return Status::Error("unknown chat template '" + name + "'; valid: " + kTemplateNames);
 }
 
 Result<ChatTemplate> ChatTemplate::FromFlag(const std::string& flag, const std::string& value) {
-  for (const char* n : kNames)
-    if (value == n) return ByName(value);
+  if (auto by_name = ByName(value); by_name.ok()) return by_name;
   std::ifstream f(value, std::ios::binary);
   if (!f) {
-    return Status::Error(flag + " '" + value + "': neither a chat template name (chatml, llama3, llama2, mistral, "
-                         "mistral-v3, alpaca, deepseek-r1) nor a readable jinja file");
+    return Status::Error(flag + " '" + value + "': neither a chat template name (" + kTemplateNames +
+                         ") nor a readable jinja file");
   }
   const std::string jinja((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   bool known = false;
@@ -242,6 +284,18 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
     for (size_t i = 0; i < n; ++i) {
       const ChatMessage& m = messages[i];
       std::string content = trims_content_ ? Trim(m.content) : m.content;
+      if (reasoning_replies_ && m.role == "assistant") {  // LLaMA-Factory's ReasoningTemplate
+        if (!enable_thinking_) content = RemoveThoughts(content);
+        out += "<|im_start|>assistant\n";
+        const bool empty_block = content.find("<think>") == std::string::npos &&
+                                 content.find("</think>") == std::string::npos;
+        if (empty_block && !enable_thinking_) out += "<think>\n\n</think>\n\n";
+        begin = out.size();
+        if (empty_block && enable_thinking_) out += "<think>\n\n</think>\n\n";
+        out += content + "<|im_end|>\n";
+        reply_ends();
+        continue;
+      }
       if (think_blocks_ && m.role == "assistant") {
         std::string reasoning = m.reasoning;
         size_t close = content.find("</think>");
@@ -269,7 +323,10 @@ std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages, bool a
       out += content + "<|im_end|>\n";
       if (m.role == "assistant") reply_ends();
     }
-    if (add_generation_prompt) out += think_in_prompt_ ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n";
+    if (add_generation_prompt) {
+      out += think_in_prompt_ ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n";
+      if (reasoning_replies_ && !enable_thinking_) out += "<think>\n\n</think>\n\n";
+    }
   } else if (name_ == "llama3") {
     out += "<|begin_of_text|>";
     size_t i = 0;

@@ -21,7 +21,11 @@ struct ChatMessage {
 
 class ChatTemplate {
  public:
-  // name: chatml | llama3 | llama2 | mistral | mistral-v3 | alpaca | deepseek-r1. Error lists the valid names.
+  // name: chatml | llama3 | llama2 | mistral | mistral-v3 | alpaca | deepseek-r1, or one of LLaMA-Factory's
+  // template names that render as chatml, rendered as LLaMA-Factory renders them (its `template:` key):
+  // qwen (Qwen2 / 2.5: Qwen's default system prompt), qwen3 (LLaMA-Factory's reasoning template: an empty think
+  // block before every reply that has none, see set_enable_thinking), qwen3_nothink, smollm, smollm2 (SmolLM2's
+  // default system prompt). Error lists the valid names.
   static Result<ChatTemplate> ByName(const std::string& name);
   // Picks the template matching a jinja chat template's markers; chatml when unrecognized or empty.
   // Keeps a default system prompt written into the jinja text (SmolLM2 has one).
@@ -67,6 +71,12 @@ class ChatTemplate {
   // jinja's fixed "26 Jul 2024", or today's ("07 Dec 2026") for one that asks strftime_now (Llama 3.2), as
   // transformers renders it. Empty for other templates.
   const std::string& date() const { return date_; }
+  // LLaMA-Factory's `qwen3` (ReasoningTemplate): every assistant reply without "<think>" / "</think>" in it gets
+  // "<think>\n\n</think>\n\n" before it. With thinking on (LLaMA-Factory's enable_thinking, default true) that block
+  // is part of the reply (a training target); off, every reply's <think>...</think> blocks are removed and the empty
+  // block closes the prompt instead.
+  bool reasoning_replies() const { return reasoning_replies_; }
+  void set_enable_thinking(bool on) { enable_thinking_ = on; }
   // Pins the date (training pins the jinja's own fallback so a run's tokens do not change from day to day).
   void set_date(const std::string& date) {
     if (!date_.empty()) date_ = date;
@@ -85,6 +95,8 @@ class ChatTemplate {
   // Qwen3.5: every reply after the last user turn gets a think block (Qwen3: the last one, or one with reasoning).
   bool think_after_query_ = false;
   std::string date_;
+  bool reasoning_replies_ = false;  // LLaMA-Factory's qwen3
+  bool enable_thinking_ = true;
 };
 
 }  // namespace lathe::tokenizer

@@ -137,6 +137,7 @@ const std::map<std::string, Setter>& Table() {
       {"group_by_length", Bool(&TrainConfig::group_by_length)},
       {"train_on_prompt", Bool(&TrainConfig::train_on_prompt)},
       {"mask_history", Bool(&TrainConfig::mask_history)},
+      {"enable_thinking", Bool(&TrainConfig::enable_thinking)},
       {"per_device_train_batch_size", Int(&TrainConfig::per_device_train_batch_size, 1)},
       {"per_device_eval_batch_size", Int(&TrainConfig::per_device_eval_batch_size, 1)},
       {"gradient_accumulation_steps", Int(&TrainConfig::gradient_accumulation_steps, 1)},

@@ -38,6 +38,7 @@ struct TrainConfig {
   bool group_by_length = false;  // HF's: micro-batches of similar-length samples (less padding)
   bool train_on_prompt = false;
   bool mask_history = false;
+  bool enable_thinking = true;  // LLaMA-Factory's: the qwen3 template's empty think blocks are targets (true) or prompt
   // training
   int64_t per_device_train_batch_size = 1;
   int64_t per_device_eval_batch_size = 1;

@@ -65,6 +65,7 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   const double rss_loaded = (double)monitor::ProcessRssBytes();
   const tokenizer::Tokenizer& tok = *lm.tokenizer;
   if (c.template_name.empty()) tmpl = tokenizer::ChatTemplate::Detect(tok.chat_template());
+  tmpl.set_enable_thinking(c.enable_thinking);
   // A Llama 3.2 jinja writes today's date into every prompt; training pins its own fallback date so the samples
   // (and a resumed run's losses) do not depend on the day.
   tmpl.set_date("26 Jul 2024");
