@@ -34,13 +34,13 @@ std::vector<std::string> SplitDocuments(const std::string& text, const std::stri
 Result<NllResult> EvaluateNll(model::Transformer& tf, const tokenizer::Tokenizer& tok,
                               const std::vector<std::string>& documents, int64_t max_len, int64_t batch_tokens,
                               DType kv_dtype) {
-  if (tok.bos_id() < 0) return Status::Error("evaluation needs a BOS token to condition the first token on");
   const int64_t V = tf.config().vocab_size;
   std::vector<std::vector<int32_t>> seqs;
   NllResult res;
   for (const std::string& d : documents) {
     std::vector<int32_t> ids = tok.Encode(d, false, false);
-    ids.insert(ids.begin(), tok.bos_id());
+    // Without a BOS token (Qwen's vocabularies) the first token only conditions the rest, as transformers' loss.
+    if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
     if ((int64_t)ids.size() > max_len) ids.resize(max_len);
     if (ids.size() < 2) continue;
     res.bytes += (int64_t)d.size();

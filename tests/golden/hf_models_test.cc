@@ -12,6 +12,8 @@
 #include "formats/safetensors.h"
 #include "model/load_gguf.h"
 #include "model/load_hf.h"
+#include "model/loader.h"
+#include "tools/eval.h"
 #include "model/transformer.h"
 #include "test_util.h"
 
@@ -119,6 +121,33 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3", "logits", "float32", true},
                       Case{"llama_gqa_tied_bf16", "logits_f32_compute", "bf16_weights_f32_compute"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name + (i.param.gguf ? "_gguf" : ""); });
+
+// lathe eval on a vocabulary without BOS (Qwen's): the qwen3 fixture's byte-level tokenizer.json (HF tokenizers)
+// encodes eval_text as transformers did, and EvaluateNll scores the tokens after the first, as transformers' loss.
+TEST(HfGoldenEval, NoBosTokenizerScoresAsTransformersLoss) {
+  nlohmann::json fx = Manifest()["qwen3"];
+  ASSERT_FALSE(fx.is_null());
+  const std::string root = lathe::testing::SourceDir() + "/";
+  auto lm = LoadModel(root + fx["model_dir"].get<std::string>());
+  ASSERT_TRUE(lm.ok()) << lm.status().message();
+  const tokenizer::Tokenizer& tok = *(*lm)->tokenizer;
+  EXPECT_LT(tok.bos_id(), 0);
+  auto exp = formats::SafetensorsFile::Open(root + fx["expected"].get<std::string>());
+  ASSERT_TRUE(exp.ok());
+  const Tensor ids_t = (*exp)->GetTensor("eval_ids").value();
+  const std::string text = fx["eval_text"].get<std::string>();
+  std::vector<int32_t> want_ids(ids_t.as<int64_t>(), ids_t.as<int64_t>() + ids_t.numel());
+  EXPECT_EQ(tok.Encode(text, false, false), want_ids);
+  ThreadPool pool(2);
+  Transformer tf((*lm)->weights, pool, TransformerOptions{});
+  auto r = tools::EvaluateNll(tf, tok, {text}, 512);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->tokens, (int64_t)want_ids.size() - 1);
+  const double want = (*exp)->GetTensor("eval_mean_nll").value().as<double>()[0];
+  EXPECT_NEAR(r->mean_nll(), want, 1e-5 * want);
+  std::printf("qwen3 eval without BOS: mean NLL %.7f (transformers %.7f) over %lld tokens\n", r->mean_nll(), want,
+              (long long)r->tokens);
+}
 
 }  // namespace
 }  // namespace lathe::model

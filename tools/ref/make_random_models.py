@@ -15,7 +15,9 @@ What it makes, under tests/golden/fixtures/ (paths relative to the repo root):
                         Qwen2/2.5 Hub configs are                                       (f32)
   qwen3/                qwen3: per-head q/k RMSNorm (q_norm, k_norm) before RoPE, no biases, 4/2 heads,
                         head_dim 32 != dim/heads, tied, rope theta 1e6; plus model.gguf, the same
-                        weights written with gguf-py's llama.cpp tensor names and qwen3.* keys (f32)
+                        weights written with gguf-py's llama.cpp tensor names and qwen3.* keys (f32);
+                        model/tokenizer.json: a 256-byte BPE without BOS (HF tokenizers), and eval_ids /
+                        eval_mean_nll: transformers' loss on EVAL_TEXT, for lathe eval without a BOS
 Each fixture dir holds model/ (config.json, generation_config.json, model.safetensors exactly as
 save_pretrained writes them, except llama3_rope's config.json, see above) and expected.safetensors
 (input_ids, logits, hidden_states, rope_inv_freq; see MANIFEST.json for each tensor). Entries are
@@ -110,13 +112,29 @@ SPECS = [
                  rms_norm_eps=1e-6, max_position_embeddings=256, attention_bias=False,
                  use_sliding_window=False,
                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-         gguf_copy=True,
+         gguf_copy=True, byte_tokenizer=True,
          covers="qwen3: q_norm / k_norm (RMSNorm over head_dim, one weight shared by the heads) on q and k "
                 "after the projections and before RoPE; no q/k/v bias; GQA 4q/2kv with head_dim 32 so "
                 "q_dim 128 != hidden 64; tied; eps 1e-6; rope theta 1e6. model.gguf: the same f32 "
                 "weights under llama.cpp's names (gguf-py's tensor map for MODEL_ARCH.QWEN3) and "
                 "qwen3.* metadata, as convert_hf_to_gguf.py writes a Qwen3 (NEOX rope: no q/k permutation)"),
 ]
+
+
+EVAL_TEXT = "Once upon a time, a small robot found a red ball in the park. It rolled the ball to a dog."
+
+
+def write_byte_tokenizer(model_dir):
+    """A byte-level BPE tokenizer.json over the 256 bytes (token id = byte value), no merges and no BOS token,
+    made by HF's tokenizers library, as Qwen's vocabularies have no BOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(os.path.join(model_dir, "tokenizer.json"))
+    return tok
 
 
 def write_gguf(model, path):
@@ -356,6 +374,16 @@ def make_one(spec):
     fu.save_expected(fdir, expected)
     if spec.get("gguf_copy"):
         write_gguf(model, os.path.join(fdir, "model.gguf"))
+    eval_entry = {}
+    if spec.get("byte_tokenizer"):
+        tok = write_byte_tokenizer(mdir)
+        eval_ids = torch.tensor(tok.encode(EVAL_TEXT).ids, dtype=torch.int64)
+        with torch.no_grad():  # transformers' loss: mean NLL of tokens 1.. given their prefix
+            nll = model(input_ids=eval_ids[None], labels=eval_ids[None]).loss.item()
+        expected["eval_ids"] = eval_ids
+        expected["eval_mean_nll"] = torch.tensor([nll], dtype=torch.float64)
+        fu.save_expected(fdir, expected)
+        eval_entry = {"eval_text": EVAL_TEXT}
     desc = {
         "input_ids": "the token ids fed as one sequence, positions 0..T-1 (no BOS added)",
         "logits": "model(input_ids).logits[0] in f32: (T, vocab), causal, every position",
@@ -364,6 +392,8 @@ def make_one(spec):
                          "norm(h) last, so logits = hidden_states[L] @ lm_head^T)",
         "rope_inv_freq": "rotary inv_freq per pair (head_dim/2), after rope scaling; attention_scaling "
                          f"= {attn_scaling}",
+        "eval_ids": "model/tokenizer.json's ids of eval_text (no BOS)",
+        "eval_mean_nll": "transformers' loss (labels = eval_ids): mean NLL of eval_ids[1:] given their prefix",
     }
     entries = {name: {
         "what": spec["covers"],
@@ -375,6 +405,7 @@ def make_one(spec):
         "weights_dtype": "float32",
         "tensors": fu.describe(expected, desc),
         **({"gguf": fu.rel(os.path.join(fdir, "model.gguf"))} if spec.get("gguf_copy") else {}),
+        **eval_entry,
         "tolerances": f32_tolerances(err64, bugs),
         "measured": {"max_abs_f32_vs_f64_logits": float(f"{err64:.3g}"), **stats(logits),
                      "bug_sensitivity": bugs},
