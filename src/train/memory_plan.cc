@@ -337,9 +337,10 @@ MemoryPlan PlanLathe(const model::ModelConfig& c, const TrainSetup& s) {
                                              : (double)L;
   add("activations", W * 4 * N * ((L + 1.0) * dim + sets * per_set + dim + 1 + (xmid_again ? dim : 0)),
       StrFormat("%.0f tokens (one row group)%s x 4 B x (residual stream (%lld + 1) x dim + %.0f saved set(s) x (%s%s"
-                "(2 q_dim + 2 kv_dim + 2 ffn) + heads + 2%s) + final norm%s)",
+                "(2 q_dim + 2 kv_dim + 2 ffn) + heads + 2%s%s) + final norm%s)",
                 N, per_worker.c_str(), (long long)L, sets, xmid_again ? "" : "dim + ", acts16 ? "1/2 x bf16 " : "",
-                r ? " + 7 r" : "", xmid_again ? " + the mid residual, recomputed per block" : ""));
+                r ? " + 7 r" : "", c.qk_norm ? " + q_dim + kv_dim + heads + kv_heads (q, k before their norms)" : "",
+                xmid_again ? " + the mid residual, recomputed per block" : ""));
   if (s.method == "full" && c.tied_embeddings) {
     // The loss of every group adds into the tied embedding / head gradient before the embedding's
     // share does (the same order on any worker count): each row's input gradient waits.

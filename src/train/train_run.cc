@@ -72,7 +72,11 @@ Result<TrainSummary> RunTraining(const TrainConfig& config, const RunOptions& o)
   if (o.log) {
     std::fprintf(o.log, "model: %s (%s) %s\n", c.model_name_or_path.c_str(), lm.format.c_str(),
                  lm.weights.config.Summary().c_str());
-    if (c.stage == "sft") std::fprintf(o.log, "template: %s\n", tmpl.name().c_str());
+    if (c.stage == "sft") {
+      const bool alias = !c.template_name.empty() && c.template_name != tmpl.name();  // LLaMA-Factory's qwen3, ...
+      std::fprintf(o.log, "template: %s%s%s%s\n", alias ? c.template_name.c_str() : "", alias ? " (" : "",
+                   tmpl.name().c_str(), alias ? ")" : "");
+    }
     for (const std::string& k : c.ignored_keys)
       std::fprintf(o.log, "note: key '%s' has no effect in lathe\n", k.c_str());
   }
