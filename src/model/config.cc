@@ -11,6 +11,7 @@ int64_t ModelConfig::ParamCount() const {
                       + q_dim() * dim                         // o
                       + 3 * dim * ffn_dim;                    // gate, up, down
   if (qkv_bias) per_layer += q_dim() + 2 * kv_dim();
+  if (o_bias) per_layer += dim;
   if (qk_norm) per_layer += 2 * head_dim;
   int64_t n = n_layers * per_layer + vocab_size * dim + dim;  // + embedding + final norm
   if (!tied_embeddings) n += vocab_size * dim;
@@ -33,7 +34,7 @@ std::string ModelConfig::Summary() const {
                    rope_scaling.type == RopeScaling::Type::kLlama3   ? " (llama3 scaling)"
                    : rope_scaling.type == RopeScaling::Type::kLinear ? " (linear scaling)"
                                                                      : "",
-                   tied_embeddings ? "tied" : "untied", qkv_bias ? ", qkv bias" : "", qk_norm ? ", q/k norm" : "",
+                   tied_embeddings ? "tied" : "untied", qkv_bias ? (o_bias ? ", q/k/v/o bias" : ", qkv bias") : o_bias ? ", o bias" : "", qk_norm ? ", q/k norm" : "",
                    window.c_str());
 }
 

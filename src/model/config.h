@@ -36,7 +36,8 @@ struct ModelConfig {
   RopeStyle rope_style = RopeStyle::kHalfSplit;
   RopeScaling rope_scaling;
   bool tied_embeddings = false;
-  bool qkv_bias = false;       // qwen2
+  bool qkv_bias = false;       // qwen2; llama / qwen3 with attention_bias
+  bool o_bias = false;         // llama / qwen3 with attention_bias: o_proj has a bias too (qwen2's has none)
   // qwen3: each head's q and k RMS-normalized over head_dim (weights q_norm, k_norm of head_dim, shared by the
   // heads, eps norm_eps) after the projections and before RoPE.
   bool qk_norm = false;

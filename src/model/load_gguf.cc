@@ -52,6 +52,7 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
   // halves (NEOX) for qwen2 and qwen3.
   c.rope_style = a == "qwen2" || a == "qwen3" ? RopeStyle::kHalfSplit : RopeStyle::kInterleaved;
   c.qkv_bias = g.FindTensor("blk.0.attn_q.bias") != nullptr;
+  c.o_bias = g.FindTensor("blk.0.attn_output.bias") != nullptr;
   c.qk_norm = a == "qwen3";
   c.tied_embeddings = g.FindTensor("output.weight") == nullptr;
   const formats::GgufTensorInfo* emb = g.FindTensor("token_embd.weight");
@@ -120,6 +121,9 @@ Result<ModelWeights> LoadGgufWeights(std::shared_ptr<formats::GgufFile> gp) {
       LATHE_ASSIGN_OR_RETURN(l.bq, Vector(w, g, p + "attn_q.bias"));
       LATHE_ASSIGN_OR_RETURN(l.bk, Vector(w, g, p + "attn_k.bias"));
       LATHE_ASSIGN_OR_RETURN(l.bv, Vector(w, g, p + "attn_v.bias"));
+    }
+    if (w.config.o_bias) {
+      LATHE_ASSIGN_OR_RETURN(l.bo, Vector(w, g, p + "attn_output.bias"));
     }
     if (w.config.qk_norm) {
       LATHE_ASSIGN_OR_RETURN(l.q_norm, Vector(w, g, p + "attn_q_norm.weight"));

@@ -225,8 +225,12 @@ Result<ModelConfig> ParseHfConfig(const std::string& json_text, const std::strin
   if (c.arch == "qwen2") {
     c.qkv_bias = true;  // Qwen2 always has q/k/v biases; its config has no switch for it
     LATHE_RETURN_IF_ERROR(ParseQwen2SlidingWindow(cfg, &c));
-  } else {
+  } else if (c.arch != "mistral") {  // transformers' Mistral has no biases (nor the key)
+    // Llama / Qwen3 attention_bias: q, k, v and o projections all have biases.
     LATHE_ASSIGN_OR_RETURN(c.qkv_bias, cfg.Bool("attention_bias", false));
+    c.o_bias = c.qkv_bias;
+  }
+  if (c.arch != "qwen2") {
     if (c.arch == "qwen3") {
       // Qwen3: q_norm / k_norm per head; the sliding-window switches as Qwen2's (off in every released model).
       c.qk_norm = true;
@@ -409,6 +413,9 @@ Result<ModelWeights> LoadHfModelDir(const std::string& dir) {
       LATHE_ASSIGN_OR_RETURN(l.bq, r.Vector(p + "self_attn.q_proj.bias", c.q_dim()));
       LATHE_ASSIGN_OR_RETURN(l.bk, r.Vector(p + "self_attn.k_proj.bias", c.kv_dim()));
       LATHE_ASSIGN_OR_RETURN(l.bv, r.Vector(p + "self_attn.v_proj.bias", c.kv_dim()));
+    }
+    if (c.o_bias) {
+      LATHE_ASSIGN_OR_RETURN(l.bo, r.Vector(p + "self_attn.o_proj.bias", c.dim));
     }
     if (c.qk_norm) {
       LATHE_ASSIGN_OR_RETURN(l.q_norm, r.Vector(p + "self_attn.q_norm.weight", c.head_dim));

@@ -264,7 +264,7 @@ Status TrainModelImpl::Init() {
     Layer& Ly = layers_[l];
     const bool train_all = full || (opt_.method == FinetuneMethod::kFreeze && l >= c.n_layers - opt_.freeze_trainable_layers);
     const Tensor* ws[kMods] = {&W.wq, &W.wk, &W.wv, &W.wo, &W.w_gate, &W.w_up, &W.w_down};
-    const Tensor* bs[kMods] = {&W.bq, &W.bk, &W.bv, nullptr, nullptr, nullptr, nullptr};
+    const Tensor* bs[kMods] = {&W.bq, &W.bk, &W.bv, &W.bo, nullptr, nullptr, nullptr};
     std::string pre = StrFormat("model.layers.%lld.", (long long)l);
     for (int m = 0; m < kMods; ++m) {
       Lin& L = Ly.lin[m];

@@ -129,7 +129,7 @@ Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
                                   : "LlamaForCausalLM"};
   j["model_type"] = qwen3 ? "qwen3" : qwen ? "qwen2" : mistral ? "mistral" : "llama";
   j["attention_dropout"] = 0.0;
-  if (!qwen || qwen3) j["attention_bias"] = false;
+  if (!qwen || qwen3) j["attention_bias"] = c.qkv_bias || c.o_bias;  // llama / qwen3: biases on q, k, v and o
   if (!qwen && !mistral) j["mlp_bias"] = false;
   j["head_dim"] = c.head_dim;
   j["hidden_act"] = "silu";
@@ -203,9 +203,7 @@ Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
   add("model.embed_tokens.weight", {c.vocab_size, c.dim}, whole(embed_master_, base_.tok_embd));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& Ly = layers_[l];
-    const LayerWeights& W = base_.layers[l];
     std::string pre = StrFormat("model.layers.%lld.", (long long)l);
-    const Tensor* bs[3] = {&W.bq, &W.bk, &W.bv};
     for (int m = 0; m < kMods; ++m) {
       const Lin& L = Ly.lin[m];
       std::string key = pre + (m <= (int)LoraModule::kO ? "self_attn." : "mlp.") + LoraModuleName((LoraModule)m);
@@ -214,10 +212,9 @@ Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
         w = ToHfRows(w.data(), m == (int)LoraModule::kQ ? c.n_heads : c.n_kv_heads, L.in);
       }
       add(key + ".weight", {L.out, L.in}, std::move(w));
-      if (m < 3 && L.bias) {
+      if (L.bias) {
         std::vector<float> b(L.bias, L.bias + L.out);
         if (m < 2) b = ToHfRows(b.data(), m == 0 ? c.n_heads : c.n_kv_heads, 1);
-        (void)bs;
         add(key + ".bias", {L.out}, std::move(b));
       }
     }

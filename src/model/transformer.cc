@@ -438,6 +438,9 @@ Status Transformer::ForwardPaged(KvBlockStore& store, std::span<const PagedSeqIn
       Attention(store, l, batch);
     }
     Linear("matmul_o", att_.data(), T, L.wo, xb_.data(), l, LoraModule::kO);
+    if (c.o_bias) {
+      for (int64_t t = 0; t < T; ++t) kernels::Axpy(&xb_[t * dim], 1.0f, L.bo.as<float>(), dim);
+    }
     {
       ScopedOp op(prof, "residual_norm", 5.0 * T * dim, 3 * norm_bytes);
       Rows(T, 5.0 * dim, [&](int64_t b, int64_t e) {

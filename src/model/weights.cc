@@ -91,6 +91,7 @@ Status ModelWeights::Validate(const std::string& source) const {
       LATHE_RETURN_IF_ERROR(CheckShape(source, p + "k bias", l.bk, {c.kv_dim()}));
       LATHE_RETURN_IF_ERROR(CheckShape(source, p + "v bias", l.bv, {c.kv_dim()}));
     }
+    if (c.o_bias) LATHE_RETURN_IF_ERROR(CheckShape(source, p + "o bias", l.bo, {c.dim}));
     if (c.qk_norm) {
       LATHE_RETURN_IF_ERROR(CheckShape(source, p + "q norm", l.q_norm, {c.head_dim}));
       LATHE_RETURN_IF_ERROR(CheckShape(source, p + "k norm", l.k_norm, {c.head_dim}));

@@ -20,12 +20,13 @@ struct LayerWeights {
   Tensor wq, wk, wv, wo;         // (q_dim, dim), (kv_dim, dim), (kv_dim, dim), (dim, q_dim)
   Tensor bq, bk, bv;             // (q_dim), (kv_dim), (kv_dim) f32; data == nullptr when absent
   Tensor q_norm, k_norm;         // (head_dim) f32 (qwen3's per-head q/k RMSNorm); data == nullptr when absent
+  Tensor bo;                     // (dim) f32 o_proj bias (attention_bias); data == nullptr when absent
   Tensor ffn_norm;               // (dim)        f32
   Tensor w_gate, w_up, w_down;   // (ffn, dim), (ffn, dim), (dim, ffn)
 
   // Every tensor of the layer; an absent one has data == nullptr.
-  std::array<const Tensor*, 14> All() const {
-    return {&attn_norm, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &q_norm, &k_norm, &ffn_norm, &w_gate, &w_up, &w_down};
+  std::array<const Tensor*, 15> All() const {
+    return {&attn_norm, &wq, &wk, &wv, &wo, &bq, &bk, &bv, &bo, &q_norm, &k_norm, &ffn_norm, &w_gate, &w_up, &w_down};
   }
 };
 

@@ -33,9 +33,11 @@ int64_t LinearParamsPerLayer(const model::ModelConfig& c) {
   return n;
 }
 
-// A block's parameters besides its linears: both norms, the q/k/v biases (qwen2), the q/k norms (qwen3).
+// A block's parameters besides its linears: both norms, the q/k/v biases (qwen2; llama's attention_bias with o's
+// too), the q/k norms (qwen3).
 int64_t NormBiasParamsPerLayer(const model::ModelConfig& c) {
-  return 2 * c.dim + (c.qkv_bias ? c.q_dim() + 2 * c.kv_dim() : 0) + (c.qk_norm ? 2 * c.head_dim : 0);
+  return 2 * c.dim + (c.qkv_bias ? c.q_dim() + 2 * c.kv_dim() : 0) + (c.o_bias ? c.dim : 0) +
+         (c.qk_norm ? 2 * c.head_dim : 0);
 }
 
 // Everything that is not a linear layer of a block: embeddings, head, norms, biases.

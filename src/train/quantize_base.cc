@@ -76,7 +76,7 @@ Result<QuantizeBaseReport> QuantizeBaseWeights(model::ModelWeights* w, DType dty
   if (w->output.data != w->tok_embd.data) add(w->output, false);
   add(w->output_norm, false);
   for (const model::LayerWeights& lw : w->layers) {
-    for (const Tensor* t : {&lw.attn_norm, &lw.ffn_norm, &lw.bq, &lw.bk, &lw.bv, &lw.q_norm, &lw.k_norm}) add(*t, false);
+    for (const Tensor* t : {&lw.attn_norm, &lw.ffn_norm, &lw.bq, &lw.bk, &lw.bv, &lw.bo, &lw.q_norm, &lw.k_norm}) add(*t, false);
     for (const Tensor* t : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) add(*t, true);
   }
   return r;

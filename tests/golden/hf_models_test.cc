@@ -1,6 +1,6 @@
 // Small random Llama-family models made with transformers (tools/ref/make_random_models.py):
 // lathe's logits and rope frequencies equal PyTorch's within the tolerances in MANIFEST.json.
-// Covers GQA ratios, tied/untied heads, qwen2 qkv bias, qwen3 q/k norms (HF dir and a GGUF written by gguf-py),
+// Covers GQA ratios, tied/untied heads, qwen2 qkv bias, llama attention_bias (q/k/v/o), qwen3 q/k norms (HF dir and a GGUF written by gguf-py),
 // llama3 rope scaling, mistral, sliding-window attention (mistral, qwen2 per layer), bf16.
 #include <gtest/gtest.h>
 
@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2_bias", "logits", "float32"}, Case{"llama3_rope", "logits", "float32"},
                       Case{"mistral", "logits", "float32"}, Case{"mistral_swa", "logits", "float32"},
                       Case{"qwen2_swa", "logits", "float32"}, Case{"qwen3", "logits", "float32"},
-                      Case{"qwen3", "logits", "float32", true},
+                      Case{"qwen3", "logits", "float32", true}, Case{"llama_attn_bias", "logits", "float32"},
                       Case{"llama_gqa_tied_bf16", "logits_f32_compute", "bf16_weights_f32_compute"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name + (i.param.gguf ? "_gguf" : ""); });
 

@@ -128,7 +128,7 @@ TEST_P(TrainLora, LossGradientsAndAdamWMatchPeft) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TrainLora,
                          ::testing::Values("llama_gqa_tied", "qwen2_bias", "llama_gqa4_untied", "stories260k",
-                                           "mistral_swa", "qwen2_swa", "qwen3"));
+                                           "mistral_swa", "qwen2_swa", "qwen3", "llama_attn_bias"));
 
 class TrainFull : public ::testing::TestWithParam<std::string> {};
 
@@ -149,7 +149,8 @@ TEST_P(TrainFull, LossAndEveryGradientMatchTorch) {
   if (f.Has("full.adamw_losses")) CheckAdamW(*m, f, b, "full.adamw_losses");
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, TrainFull, ::testing::Values("llama_gqa_tied", "qwen2_bias", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, TrainFull,
+                         ::testing::Values("llama_gqa_tied", "qwen2_bias", "qwen3", "llama_attn_bias"));
 
 }  // namespace
 }  // namespace lathe::model

@@ -217,7 +217,7 @@ TEST_P(PeftInterop, SameBytesAsTheCommittedAdapterAndPeftLogits) {
   EXPECT_NEAR(*loss, LossFromLogits(wl, b, w->config.vocab_size), 1e-5 * *loss);
 }
 
-INSTANTIATE_TEST_SUITE_P(Bases, PeftInterop, ::testing::Values("qwen2_bias", "stories260k", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Bases, PeftInterop, ::testing::Values("qwen2_bias", "stories260k", "qwen3", "llama_attn_bias"));
 
 TEST(HfSave, RoundTripThroughTheHfLoaderGivesTheSameLoss) {
   auto w = LoadBase("qwen2_bias");

@@ -137,13 +137,15 @@ TEST(LoadHf, ConfigVariants) {
   EXPECT_EQ(c->rope_scaling.factor, 2.0f);
   EXPECT_TRUE(c->tied_embeddings);
   EXPECT_TRUE(c->qkv_bias);
+  EXPECT_TRUE(c->o_bias);  // transformers' LlamaAttention: attention_bias puts a bias on o_proj too
   EXPECT_FLOAT_EQ(c->norm_eps, 1e-6f);
   EXPECT_EQ(c->max_seq_len, 2048);
 
   auto m = ParseHfConfig(R"({"architectures":["MistralForCausalLM"],"hidden_size":64,"intermediate_size":128,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":100,
-      "sliding_window":4096,"head_dim":16,"rope_scaling":null})", "mistral.json");
+      "sliding_window":4096,"head_dim":16,"rope_scaling":null,"attention_bias":true})", "mistral.json");
   ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_FALSE(m->qkv_bias || m->o_bias);  // transformers' Mistral has no biases, whatever the key says
   EXPECT_EQ(m->arch, "mistral");
   EXPECT_EQ(m->sliding_window, 4096);
   EXPECT_EQ(m->head_dim, 16);

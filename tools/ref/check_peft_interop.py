@@ -38,7 +38,7 @@ import fixture_util as fu
 from make_train_fixture import load_base
 
 GENERATOR = "tools/ref/check_peft_interop.py"
-NAMES = ["qwen2_bias", "stories260k", "qwen3"]
+NAMES = ["qwen2_bias", "stories260k", "qwen3", "llama_attn_bias"]
 T = 20
 
 

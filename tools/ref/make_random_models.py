@@ -13,6 +13,7 @@ What it makes, under tests/golden/fixtures/ (paths relative to the repo root):
   qwen2_swa/            qwen2 with use_sliding_window, window 6, max_window_layers 1 (layer 1
                         slides, layer 0 does not); config.json without layer_types, as the
                         Qwen2/2.5 Hub configs are                                       (f32)
+  llama_attn_bias/      llama with attention_bias: q/k/v and o_proj biases, 4/2 heads, untied       (f32)
   qwen3/                qwen3: per-head q/k RMSNorm (q_norm, k_norm) before RoPE, no biases, 4/2 heads,
                         head_dim 32 != dim/heads, tied, rope theta 1e6; plus model.gguf, the same
                         weights written with gguf-py's llama.cpp tensor names and qwen3.* keys (f32);
@@ -107,6 +108,12 @@ SPECS = [
                 "on (layer 1 slides, layer 0 sees everything), q/k/v bias, tied; config.json "
                 "without layer_types (as the Qwen2/2.5 Hub configs), so the layers come from "
                 "max_window_layers"),
+    dict(name="llama_attn_bias", seed=1009, seq_len=32, cls=LlamaForCausalLM, cfg=LlamaConfig,
+         kw=dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, attention_bias=True,
+                 rms_norm_eps=1e-5, max_position_embeddings=256,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+         covers="llama with attention_bias: biases on q, k, v AND o_proj (transformers' LlamaAttention), "
+                "GQA 4q/2kv, untied"),
     dict(name="qwen3", seed=1008, seq_len=32, cls=Qwen3ForCausalLM, cfg=Qwen3Config,
          kw=dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
                  rms_norm_eps=1e-6, max_position_embeddings=256, attention_bias=False,
@@ -263,6 +270,12 @@ def bug_sensitivity(model, ids, logits):
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.zero_()
         out["qkv_bias_dropped"] = run(nobias)
+
+    if getattr(model.model.layers[0].self_attn.o_proj, "bias", None) is not None:
+        def no_o_bias(m):
+            for layer in m.model.layers:
+                layer.self_attn.o_proj.bias.zero_()
+        out["o_bias_dropped"] = run(no_o_bias)
 
     if getattr(cfg, "sliding_window", None) and "sliding_attention" in (getattr(cfg, "layer_types", None) or
                                                                         ["sliding_attention"]):

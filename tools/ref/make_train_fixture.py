@@ -260,7 +260,8 @@ def main():
              ("stories260k", set()),
              ("mistral_swa", set()),  # sliding window 8 < T = 24, every layer
              ("qwen2_swa", set()),  # window 6 in layer 1 only
-             ("qwen3", {"full", "full_adamw"})]  # q/k norms: LoRA through them, full trains them
+             ("qwen3", {"full", "full_adamw"}),  # q/k norms: LoRA through them, full trains them
+             ("llama_attn_bias", {"full"})]  # q/k/v/o biases
     for name, extras in specs:
         if args.only and name not in args.only:
             continue
