@@ -312,29 +312,18 @@ Status TrainModelImpl::Init() {
       SetEff(L);
       if (L.master || L.lora.on) Ly.trainable = true;
     }
-    if (train_all) {
-      float* n1 = MasterOf(W.attn_norm);
-      float* n2 = MasterOf(W.ffn_norm);
-      Ly.n1 = {n1, NewGrad(c.dim)};
-      Ly.n2 = {n2, NewGrad(c.dim)};
-      AddParam(pre + "input_layernorm.weight", {c.dim}, n1, Ly.n1.g, false);
-      AddParam(pre + "post_attention_layernorm.weight", {c.dim}, n2, Ly.n2.g, false);
-    } else {
-      Ly.n1 = {W.attn_norm.as<float>(), nullptr};
-      Ly.n2 = {W.ffn_norm.as<float>(), nullptr};
-    }
-    if (c.qk_norm) {  // qwen3: HF's parameter order puts them after o_proj, before the MLP (names sort apart anyway)
-      if (train_all) {
-        float* qn = MasterOf(W.q_norm);
-        float* kn = MasterOf(W.k_norm);
-        Ly.qn = {qn, NewGrad(c.head_dim)};
-        Ly.kn = {kn, NewGrad(c.head_dim)};
-        AddParam(pre + "self_attn.q_norm.weight", {c.head_dim}, qn, Ly.qn.g, false);
-        AddParam(pre + "self_attn.k_norm.weight", {c.head_dim}, kn, Ly.kn.g, false);
-      } else {
-        Ly.qn = {W.q_norm.as<float>(), nullptr};
-        Ly.kn = {W.k_norm.as<float>(), nullptr};
-      }
+    // A norm weight: its f32 master and gradient when the layer trains, else read as loaded.
+    const auto norm = [&](const Tensor& t, int64_t n, const std::string& name) -> Norm {
+      if (!train_all) return {t.as<float>(), nullptr};
+      float *master = MasterOf(t), *grad = NewGrad(n);
+      AddParam(pre + name, {n}, master, grad, false);
+      return {master, grad};
+    };
+    Ly.n1 = norm(W.attn_norm, c.dim, "input_layernorm.weight");
+    Ly.n2 = norm(W.ffn_norm, c.dim, "post_attention_layernorm.weight");
+    if (c.qk_norm) {  // qwen3
+      Ly.qn = norm(W.q_norm, c.head_dim, "self_attn.q_norm.weight");
+      Ly.kn = norm(W.k_norm, c.head_dim, "self_attn.k_norm.weight");
     }
     if (Ly.trainable) lowest_trainable_layer_ = std::min(lowest_trainable_layer_, l);
   }
