@@ -89,15 +89,14 @@ bool IsBlankText(const std::string& b) { return !b.empty() && b.find_first_not_o
 bool Sampler::MaskGate(float* logits, int64_t vocab) {
   const GrammarVocab& gv = *params_.grammar->vocab;
   const int32_t n = (int32_t)std::min<int64_t>(vocab, gv.size());
+  matcher_->AllowedTokens(&allowed_);
   if (gate_ == Gate::kUndecided) {
     // The first token: the grammar's, or one that opens the think block.
-    matcher_->AllowedTokens(&allowed_);
     const std::string& start = params_.reasoning_start;
     for (int32_t i = 0; i < n && i < (int32_t)allowed_.size(); ++i) {
       if (!allowed_[i] && gv.bytes(i).compare(0, start.size(), start) == 0) allowed_[i] = 1;
     }
   } else {  // kAfter: the grammar's first tokens, or blanks
-    matcher_->AllowedTokens(&allowed_);
     for (int32_t i = 0; i < n && i < (int32_t)allowed_.size(); ++i) {
       if (!allowed_[i] && gv.is_text(i) && IsBlankText(gv.bytes(i))) allowed_[i] = 1;
     }
@@ -232,15 +231,17 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
   }
   int32_t chosen = -1;
   bool accepted = false;  // the grammar has taken `chosen` already
+  // Nothing allowed (a grammar's dead end: a schema no text satisfies): end the text.
+  const auto end_text = [&] {
+    const auto& ends = params_.grammar->vocab->end_ids();
+    return ends.empty() ? 0 : ends[0];
+  };
   // A reasoning gate masks while the reply may still become (or has just ended) its think block; none inside it,
   // nor before a lazy grammar's wait.
   const bool gated = gate_ != Gate::kNone;
   const bool gate_masks = gate_ == Gate::kAfter || (gate_ == Gate::kUndecided && !lazy_);
   if (gated) {
-    if (gate_masks && !MaskGate(logits, vocab)) {
-      const auto& ends = params_.grammar->vocab->end_ids();
-      chosen = ends.empty() ? 0 : ends[0];
-    }
+    if (gate_masks && !MaskGate(logits, vocab)) chosen = end_text();
   } else if (matcher_) {
     // Greedy: the best token is usually allowed, and trying it alone costs microseconds; otherwise (and
     // always when drawing) the whole mask, so the draw is over the allowed tokens' renormalized probabilities.
@@ -251,11 +252,7 @@ int32_t Sampler::Sample(float* logits, int64_t vocab, int n_top, std::vector<Tok
         accepted = true;
       }
     }
-    if (chosen < 0 && !MaskByGrammar(logits, vocab)) {
-      // Nothing allowed: the grammar has a dead end here (a schema no text satisfies). End the text.
-      const auto& ends = params_.grammar->vocab->end_ids();
-      chosen = ends.empty() ? 0 : ends[0];
-    }
+    if (chosen < 0 && !MaskByGrammar(logits, vocab)) chosen = end_text();
   }
   if (chosen >= 0) {
     // decided by the grammar above
