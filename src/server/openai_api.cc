@@ -1200,9 +1200,8 @@ void ToolCallReader::UpdateXml(const std::string& text, bool finished, std::stri
         if (!value.empty() && value.front() == '\n') value.erase(0, 1);
         if (!value.empty() && value.back() == '\n') value.pop_back();
         const std::string key = text.substr(p + param.size(), key_end - p - param.size());
-        const nlohmann::ordered_json* params = parameters_.contains(xml_name_) ? &parameters_[xml_name_] : nullptr;
         send(std::string(xml_params_++ ? "," : "") + SafeDump(nlohmann::ordered_json(key)) + ":" +
-             SafeDump(XmlParameterValue(value, params ? *params : nlohmann::ordered_json(), key)));
+             SafeDump(XmlParameterValue(value, xml_schema_, key)));
         sent_ = end == pe ? pe + param_close.size() : fe;
         continue;
       }
@@ -1258,6 +1257,8 @@ void ToolCallReader::UpdateXml(const std::string& text, bool finished, std::stri
     AppendToolCalls({call}, calls);
     call_open_ = true;
     xml_params_ = 0;
+    const auto schema = parameters_.find(xml_name_);
+    xml_schema_ = schema == parameters_.end() ? nlohmann::ordered_json() : *schema;
     sent_ = name_end + 1;
   }
   if (finished) FinishTagged(text, content);

@@ -287,6 +287,7 @@ class ToolCallReader {
   int n_calls_ = 0;
   nlohmann::ordered_json parameters_;  // kQwen3Coder: the tools' parameters schemas by name
   std::string xml_name_;        // kQwen3Coder: the open call's function
+  nlohmann::ordered_json xml_schema_;  // and its parameters' schema (null when the tool is not listed)
   int xml_params_ = 0;          // its parameters sent so far
   bool xml_after_fn_ = false;   // after a call's "</function>": its "</tool_call>" may follow
 };
