@@ -33,9 +33,11 @@ std::string ModelConfig::Summary() const {
                    rope_style == RopeStyle::kInterleaved ? "interleaved" : "half-split",
                    rope_scaling.type == RopeScaling::Type::kLlama3   ? " (llama3 scaling)"
                    : rope_scaling.type == RopeScaling::Type::kLinear ? " (linear scaling)"
+                   : rope_scaling.type == RopeScaling::Type::kYarn   ? " (yarn scaling)"
                                                                      : "",
-                   tied_embeddings ? "tied" : "untied", qkv_bias ? (o_bias ? ", q/k/v/o bias" : ", qkv bias") : o_bias ? ", o bias" : "", qk_norm ? ", q/k norm" : "",
-                   window.c_str());
+                   tied_embeddings ? "tied" : "untied",
+                   qkv_bias ? (o_bias ? ", q/k/v/o bias" : ", qkv bias") : o_bias ? ", o bias" : "",
+                   qk_norm ? ", q/k norm" : "", window.c_str());
 }
 
 }  // namespace lathe::model

@@ -13,11 +13,18 @@ enum class RopeStyle {
 };
 
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3 } type = Type::kNone;
+  enum class Type { kNone, kLinear, kLlama3, kYarn } type = Type::kNone;
   float factor = 1.0f;
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int64_t original_max_position = 8192;
+  // YaRN (Qwen2.5 / Qwen3 long context): the ramp between extrapolated and interpolated frequencies over the
+  // pairs from beta_fast to beta_slow rotations in original_max_position (floored / ceiled when truncate), and
+  // cos / sin scaled by attention_factor (0.1 ln(factor) + 1 unless given).
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  bool truncate = true;
+  float attention_factor = 1.0f;
 };
 
 struct ModelConfig {

@@ -1,6 +1,7 @@
 // GGUF -> ModelWeights: llama.cpp's tensor names and metadata keys.
 #include "model/load_gguf.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace lathe::model {
@@ -44,8 +45,27 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
     LATHE_ASSIGN_OR_RETURN(f, g.GetFloat(a + ".rope.scaling.factor"));
     c.rope_scaling.type = RopeScaling::Type::kLinear;
     c.rope_scaling.factor = (float)f;
+  } else if (scaling == "yarn") {
+    // llama.cpp's YaRN (as convert_hf_to_gguf writes Qwen's): the same ramp as transformers', beta 32 / 1 unless
+    // given, cos / sin scaled by attn_factor x (1 + 0.1 ln factor).
+    RopeScaling& r = c.rope_scaling;
+    r.type = RopeScaling::Type::kYarn;
+    double f, attn, fast, slow;
+    LATHE_ASSIGN_OR_RETURN(f, g.GetFloat(a + ".rope.scaling.factor"));
+    LATHE_ASSIGN_OR_RETURN(r.original_max_position, g.GetInt(a + ".rope.scaling.original_context_length"));
+    LATHE_ASSIGN_OR_RETURN(attn, g.GetFloatOr(a + ".rope.scaling.attn_factor", 1.0));
+    LATHE_ASSIGN_OR_RETURN(fast, g.GetFloatOr(a + ".rope.scaling.yarn_beta_fast", 32.0));
+    LATHE_ASSIGN_OR_RETURN(slow, g.GetFloatOr(a + ".rope.scaling.yarn_beta_slow", 1.0));
+    if (!(f > 0) || r.original_max_position <= 0 || !(fast > 0) || !(slow > 0)) {
+      return Status::Error(StrFormat("%s: %s.rope.scaling: yarn needs a positive factor, original_context_length "
+                                     "and betas", g.path().c_str(), a.c_str()));
+    }
+    r.factor = (float)f;
+    r.beta_fast = (float)fast;
+    r.beta_slow = (float)slow;
+    r.attention_factor = (float)(attn * (f > 1 ? 1.0 + 0.1 * std::log(f) : 1.0));
   } else if (scaling != "none") {
-    return Status::Error(StrFormat("%s: %s.rope.scaling.type '%s' is not supported (none, linear)",
+    return Status::Error(StrFormat("%s: %s.rope.scaling.type '%s' is not supported (none, linear, yarn)",
                                    g.path().c_str(), a.c_str(), scaling.c_str()));
   }
   // llama.cpp rotates interleaved pairs for llama (Q/K were permuted by the converter) and

@@ -157,8 +157,33 @@ Status ParseRopeScaling(const Obj& cfg, const json* scaling, const std::string& 
     c->rope_scaling.low_freq_factor = (float)lo;
     c->rope_scaling.high_freq_factor = (float)hi;
     c->rope_scaling.original_max_position = orig;
+  } else if (type == "yarn") {
+    // transformers' _compute_yarn_parameters: factor, original_max_position_embeddings (absent: the model's
+    // max_position_embeddings, as standardize_rope_params fills it), beta_fast / beta_slow, truncate,
+    // attention_factor (or derived from factor, mscale and mscale_all_dim).
+    RopeScaling& r = c->rope_scaling;
+    r.type = RopeScaling::Type::kYarn;
+    LATHE_ASSIGN_OR_RETURN(double f, s.Num("factor"));
+    LATHE_ASSIGN_OR_RETURN(r.original_max_position, s.Int("original_max_position_embeddings", c->max_seq_len));
+    if (r.original_max_position <= 0) return s.Err("original_max_position_embeddings", "must be positive");
+    r.factor = (float)f;
+    LATHE_ASSIGN_OR_RETURN(double fast, s.Num("beta_fast", 32));
+    LATHE_ASSIGN_OR_RETURN(double slow, s.Num("beta_slow", 1));
+    if (!(fast > 0 && slow > 0)) return s.Err("beta_fast", "and beta_slow must be positive");
+    r.beta_fast = (float)fast;
+    r.beta_slow = (float)slow;
+    LATHE_ASSIGN_OR_RETURN(r.truncate, s.Bool("truncate", true));
+    const auto mscale = [&](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    if (s.Has("attention_factor") && !s.IsNull("attention_factor")) {
+      LATHE_ASSIGN_OR_RETURN(double a, s.Num("attention_factor"));
+      r.attention_factor = (float)a;
+    } else {
+      LATHE_ASSIGN_OR_RETURN(double m, s.Num("mscale", 0));
+      LATHE_ASSIGN_OR_RETURN(double m_all, s.Num("mscale_all_dim", 0));
+      r.attention_factor = (float)(m != 0 && m_all != 0 ? mscale(f, m) / mscale(f, m_all) : mscale(f, 1));
+    }
   } else {
-    return s.Err("rope_type", "is \"" + type + "\"; lathe supports default, linear and llama3");
+    return s.Err("rope_type", "is \"" + type + "\"; lathe supports default, linear, llama3 and yarn");
   }
   if (!(c->rope_scaling.factor > 0)) return s.Err("factor", "must be positive");
   return Status::Ok();

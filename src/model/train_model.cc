@@ -359,8 +359,8 @@ Status TrainModelImpl::Init() {
   for (int64_t p = 0; p < c.max_seq_len; ++p)
     for (int64_t i = 0; i < half; ++i) {
       float angle = (float)p * inv_freq_[i];
-      pos_cos_[p * half + i] = (float)std::cos((double)angle);
-      pos_sin_[p * half + i] = (float)std::sin((double)angle);
+      pos_cos_[p * half + i] = (float)std::cos((double)angle) * RopeCosSinScale(c);
+      pos_sin_[p * half + i] = (float)std::sin((double)angle) * RopeCosSinScale(c);
     }
   if (FrozenHeadAsBf16(opt_.bf16 && UsesBf16Dot(), full, head_eff_.dtype, c.dim, quantized_base_)) {
     // bf16 mode with a frozen head stored in another dtype (f32, f16, a GGUF block type): the loss takes it as

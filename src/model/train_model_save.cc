@@ -150,6 +150,14 @@ Status TrainModelImpl::SaveHfModel(const std::string& dir, bool bf16) const {
                          {"low_freq_factor", s.low_freq_factor},
                          {"high_freq_factor", s.high_freq_factor},
                          {"original_max_position_embeddings", s.original_max_position}};
+  } else if (s.type == RopeScaling::Type::kYarn) {
+    j["rope_scaling"] = {{"rope_type", "yarn"},
+                         {"factor", s.factor},
+                         {"original_max_position_embeddings", s.original_max_position},
+                         {"beta_fast", s.beta_fast},
+                         {"beta_slow", s.beta_slow},
+                         {"truncate", s.truncate},
+                         {"attention_factor", s.attention_factor}};
   } else {
     j["rope_scaling"] = nullptr;
   }

@@ -107,6 +107,24 @@ std::vector<float> RopeInvFreq(const ModelConfig& c, const float* freq_divisors)
     for (int64_t i = 0; i < half; ++i) inv[i] /= freq_divisors[i];
   } else if (s.type == RopeScaling::Type::kLinear) {
     for (float& f : inv) f /= s.factor;
+  } else if (s.type == RopeScaling::Type::kYarn) {
+    // transformers' _compute_yarn_parameters (float32 as torch computes it).
+    const double dim = (double)c.rope_dim, base = c.rope_theta;
+    const auto correction_dim = [&](double rotations) {
+      return dim * std::log((double)s.original_max_position / (rotations * 2 * M_PI)) / (2 * std::log(base));
+    };
+    double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+    if (s.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;
+    for (int64_t i = 0; i < half; ++i) {
+      const float pos_freq = std::pow(c.rope_theta, (float)(2 * i) / (float)c.rope_dim);
+      const float extrapolation = 1.0f / pos_freq, interpolation = 1.0f / (s.factor * pos_freq);
+      const float ramp = std::clamp(((float)i - (float)low) / (float)(high - low), 0.0f, 1.0f);
+      const float extrapolation_factor = 1.0f - ramp;
+      inv[i] = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+    }
   } else if (s.type == RopeScaling::Type::kLlama3) {
     // transformers' _compute_llama3_parameters.
     float old_ctx = (float)s.original_max_position;
@@ -125,9 +143,14 @@ std::vector<float> RopeInvFreq(const ModelConfig& c, const float* freq_divisors)
   return inv;
 }
 
+float RopeCosSinScale(const ModelConfig& c) {
+  return c.rope_scaling.type == RopeScaling::Type::kYarn ? c.rope_scaling.attention_factor : 1.0f;
+}
+
 Transformer::Transformer(const ModelWeights& weights, ThreadPool& pool, TransformerOptions options)
     : w_(weights), pool_(pool), options_(options) {
   inv_freq_ = RopeInvFreq(w_.config, w_.rope_freqs.data ? w_.rope_freqs.as<float>() : nullptr);
+  rope_scale_ = RopeCosSinScale(w_.config);
   scores_.resize(pool.size());
   if (options_.strip_float_weights) {
     std::vector<const Tensor*> linears = {&w_.output};
@@ -178,8 +201,8 @@ void Transformer::EnsureRopeTable(int64_t n_pos) {
   for (int64_t p = rope_pos_; p < new_n; ++p) {
     for (int64_t i = 0; i < half; ++i) {
       float angle = (float)p * inv_freq_[i];  // float32 product, as transformers and llama2.c
-      rope_cos_[p * half + i] = (float)std::cos((double)angle);
-      rope_sin_[p * half + i] = (float)std::sin((double)angle);
+      rope_cos_[p * half + i] = (float)std::cos((double)angle) * rope_scale_;
+      rope_sin_[p * half + i] = (float)std::sin((double)angle) * rope_scale_;
     }
   }
   rope_pos_ = new_n;

@@ -220,6 +220,7 @@ class Transformer {
   TransformerOptions options_;
   std::vector<float> inv_freq_;           // (rope_dim / 2)
   std::vector<float> rope_cos_, rope_sin_;  // (n_pos, rope_dim / 2)
+  float rope_scale_ = 1.0f;                 // RopeCosSinScale: YaRN's attention factor
   int64_t rope_pos_ = 0;
   // Scratch, grown as needed and reused across calls.
   // Runs of consecutive rows with the same activation precision (see PagedSeqInput::sampled_rows):
@@ -256,5 +257,7 @@ class Transformer {
 // Rope inverse frequencies for a config (theta, rope_dim, linear or llama3 scaling, or the
 // per-frequency divisors of a GGUF rope_freqs tensor when given).
 std::vector<float> RopeInvFreq(const ModelConfig& c, const float* freq_divisors);
+// What RoPE's cos and sin are multiplied by (transformers' attention_scaling): YaRN's attention factor, else 1.
+float RopeCosSinScale(const ModelConfig& c);
 
 }  // namespace lathe::model

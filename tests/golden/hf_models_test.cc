@@ -119,6 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mistral", "logits", "float32"}, Case{"mistral_swa", "logits", "float32"},
                       Case{"qwen2_swa", "logits", "float32"}, Case{"qwen3", "logits", "float32"},
                       Case{"qwen3", "logits", "float32", true}, Case{"llama_attn_bias", "logits", "float32"},
+                      Case{"qwen3_yarn", "logits", "float32"}, Case{"qwen3_yarn", "logits", "float32", true},
                       Case{"llama_gqa_tied_bf16", "logits_f32_compute", "bf16_weights_f32_compute"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name + (i.param.gguf ? "_gguf" : ""); });
 

@@ -128,7 +128,7 @@ TEST_P(TrainLora, LossGradientsAndAdamWMatchPeft) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TrainLora,
                          ::testing::Values("llama_gqa_tied", "qwen2_bias", "llama_gqa4_untied", "stories260k",
-                                           "mistral_swa", "qwen2_swa", "qwen3", "llama_attn_bias"));
+                                           "mistral_swa", "qwen2_swa", "qwen3", "llama_attn_bias", "qwen3_yarn"));
 
 class TrainFull : public ::testing::TestWithParam<std::string> {};
 

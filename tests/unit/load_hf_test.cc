@@ -3,6 +3,8 @@
 #include "model/load_hf.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -146,6 +148,21 @@ TEST(LoadHf, ConfigVariants) {
       "sliding_window":4096,"head_dim":16,"rope_scaling":null,"attention_bias":true})", "mistral.json");
   ASSERT_TRUE(m.ok()) << m.status().message();
   EXPECT_FALSE(m->qkv_bias || m->o_bias);  // transformers' Mistral has no biases, whatever the key says
+
+  // YaRN as Qwen's long-context configs write it: the attention factor derived from the factor.
+  auto y = ParseHfConfig(R"({"architectures":["Qwen3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+      "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":32,"vocab_size":100,
+      "rope_scaling":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768}})", "yarn.json");
+  ASSERT_TRUE(y.ok()) << y.status().message();
+  EXPECT_EQ(y->rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(y->rope_scaling.original_max_position, 32768);
+  EXPECT_FLOAT_EQ(y->rope_scaling.attention_factor, (float)(1 + 0.1 * std::log(4.0)));
+  // Without original_max_position_embeddings: max_position_embeddings, as transformers' standardize_rope_params.
+  auto no_orig = ParseHfConfig(R"({"architectures":["Qwen3ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+      "num_hidden_layers":2,"num_attention_heads":4,"vocab_size":100,"max_position_embeddings":4096,
+      "rope_scaling":{"rope_type":"yarn","factor":4}})", "yarn.json");
+  ASSERT_TRUE(no_orig.ok()) << no_orig.status().message();
+  EXPECT_EQ(no_orig->rope_scaling.original_max_position, 4096);
   EXPECT_EQ(m->arch, "mistral");
   EXPECT_EQ(m->sliding_window, 4096);
   EXPECT_EQ(m->head_dim, 16);
@@ -194,8 +211,10 @@ TEST(LoadHf, ConfigVariants) {
            {R"({"architectures":["GPT2LMHeadModel"]})", "GPT2LMHeadModel"},
            {R"({"architectures":["LlamaForCausalLM"],"hidden_size":64})", "'intermediate_size' is missing"},
            {R"({"architectures":["LlamaForCausalLM"],"hidden_size":"64"})", "'hidden_size' must be an integer"},
-           {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"rope_scaling":{"rope_type":"yarn","factor":4}})",
-            "yarn"},
+           {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"rope_scaling":{"rope_type":"dynamic","factor":4}})",
+            "\"dynamic\"; lathe supports default, linear, llama3 and yarn"},
+           {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"rope_scaling":{"rope_type":"yarn"}})",
+            "'rope_scaling.factor' is missing"},
            {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"rope_scaling":{"rope_type":"llama3","factor":8}})",
             "rope_scaling.low_freq_factor' is missing"},
            {R"({"architectures":["LlamaForCausalLM"],)" + base + R"(,"hidden_act":"gelu"})", "gelu"},

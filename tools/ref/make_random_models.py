@@ -13,6 +13,7 @@ What it makes, under tests/golden/fixtures/ (paths relative to the repo root):
   qwen2_swa/            qwen2 with use_sliding_window, window 6, max_window_layers 1 (layer 1
                         slides, layer 0 does not); config.json without layer_types, as the
                         Qwen2/2.5 Hub configs are                                       (f32)
+  qwen3_yarn/           qwen3 with YaRN rope scaling (factor 4 over an original context of 32), 64 positions (f32)
   llama_attn_bias/      llama with attention_bias: q/k/v and o_proj biases, 4/2 heads, untied       (f32)
   qwen3/                qwen3: per-head q/k RMSNorm (q_norm, k_norm) before RoPE, no biases, 4/2 heads,
                         head_dim 32 != dim/heads, tied, rope theta 1e6; plus model.gguf, the same
@@ -108,6 +109,16 @@ SPECS = [
                 "on (layer 1 slides, layer 0 sees everything), q/k/v bias, tied; config.json "
                 "without layer_types (as the Qwen2/2.5 Hub configs), so the layers come from "
                 "max_window_layers"),
+    dict(name="qwen3_yarn", seed=1010, seq_len=64, cls=Qwen3ForCausalLM, cfg=Qwen3Config,
+         kw=dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+                 rms_norm_eps=1e-6, max_position_embeddings=256, attention_bias=False, use_sliding_window=False,
+                 rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                  "original_max_position_embeddings": 32}),
+         gguf_copy=True,
+         covers="qwen3 with YaRN rope scaling (factor 4, original context 32, beta 32 / 1, theta 1e4: pairs 0-2 "
+                "ramp from extrapolated to interpolated frequencies, cos / sin scaled by 1 + 0.1 ln 4), 64 "
+                "positions, as Qwen's long-context config writes it; model.gguf with qwen3.rope.scaling.* as convert_hf_to_gguf "
+                "writes them"),
     dict(name="llama_attn_bias", seed=1009, seq_len=32, cls=LlamaForCausalLM, cfg=LlamaConfig,
          kw=dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, attention_bias=True,
                  rms_norm_eps=1e-5, max_position_embeddings=256,
@@ -157,7 +168,12 @@ def write_gguf(model, path):
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    rp = cfg.rope_parameters
+    w.add_rope_freq_base(rp["rope_theta"])
+    if rp.get("rope_type") == "yarn":  # as convert_hf_to_gguf.py writes a Qwen rope_scaling
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rp["factor"])
+        w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
@@ -313,6 +329,10 @@ def bug_sensitivity(model, ids, logits):
         out["qk_norm_over_all_heads"] = run(qk_norm_over_all_heads)
 
     rp = cfg.rope_parameters
+    if rp.get("rope_type") == "yarn":
+        def no_attention_factor(m):  # the ramp's frequencies, cos / sin unscaled
+            m.model.rotary_emb.attention_scaling = 1.0
+        out["yarn_attention_factor_ignored"] = run(no_attention_factor)
     if rp.get("rope_type") == "llama3":
         def unscaled(m):
             base = rp["rope_theta"]

@@ -261,7 +261,8 @@ def main():
              ("mistral_swa", set()),  # sliding window 8 < T = 24, every layer
              ("qwen2_swa", set()),  # window 6 in layer 1 only
              ("qwen3", {"full", "full_adamw"}),  # q/k norms: LoRA through them, full trains them
-             ("llama_attn_bias", {"full"})]  # q/k/v/o biases
+             ("llama_attn_bias", {"full"}),  # q/k/v/o biases
+             ("qwen3_yarn", set())]  # YaRN rope tables in the training forward / backward
     for name, extras in specs:
         if args.only and name not in args.only:
             continue
