@@ -39,8 +39,9 @@ Result<NllResult> EvaluateNll(model::Transformer& tf, const tokenizer::Tokenizer
   NllResult res;
   for (const std::string& d : documents) {
     std::vector<int32_t> ids = tok.Encode(d, false, false);
-    // Without a BOS token (Qwen's vocabularies) the first token only conditions the rest, as transformers' loss.
-    if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
+    // A BOS where the tokenizer adds one (as transformers' tokenizer and llama.cpp's perplexity do); without one
+    // (Qwen's, SmolLM2's) the first token only conditions the rest, as in transformers' loss.
+    if (tok.add_bos() && tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
     if ((int64_t)ids.size() > max_len) ids.resize(max_len);
     if (ids.size() < 2) continue;
     res.bytes += (int64_t)d.size();

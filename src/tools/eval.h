@@ -27,9 +27,10 @@ struct NllResult {
 std::vector<std::string> SplitDocuments(const std::string& text, const std::string& separator);
 
 // Scores every document: ids = [BOS] + Encode(doc), cut to max_len tokens; every token after
-// the first is scored. A tokenizer without a BOS token (Qwen's) scores Encode(doc) the same way: its first token is
-// context only, as in transformers' loss (bytes still count the whole document). Documents are batched up to
-// `batch_tokens` tokens per forward call.
+// the first is scored. A tokenizer that adds no BOS (Qwen's, SmolLM2's: add_bos() false, as transformers' tokenizer
+// and llama.cpp's perplexity read it) scores Encode(doc) the same way: its first token is context only, as in
+// transformers' loss (bytes still count the whole document). Documents are batched up to `batch_tokens` tokens per
+// forward call.
 Result<NllResult> EvaluateNll(model::Transformer& tf, const tokenizer::Tokenizer& tok,
                               const std::vector<std::string>& documents, int64_t max_len,
                               int64_t batch_tokens = 2048, DType kv_dtype = DType::kF32);
