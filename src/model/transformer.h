@@ -221,6 +221,7 @@ class Transformer {
   std::vector<float> inv_freq_;           // (rope_dim / 2)
   std::vector<float> rope_cos_, rope_sin_;  // (n_pos, rope_dim / 2)
   float rope_scale_ = 1.0f;                 // RopeCosSinScale: YaRN's attention factor
+  std::vector<float> refine_cut_;  // RefineLogits: each row's cut
   int64_t rope_pos_ = 0;
   // Scratch, grown as needed and reused across calls.
   // Runs of consecutive rows with the same activation precision (see PagedSeqInput::sampled_rows):
