@@ -295,10 +295,14 @@ void Transformer::RefineLogits(const float* rows, int64_t n_rows, float* logits)
   constexpr int64_t kChunk = 4096;
   const int64_t chunks = (V + kChunk - 1) / kChunk;
   refine_cut_.resize(n_rows);
+  double candidates = 0;
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* row = logits + r * V;
-    refine_cut_[r] = row[kernels::Argmax(row, V)] - kExactLogitMargin;
+    const float cut = row[kernels::Argmax(row, V)] - kExactLogitMargin;
+    refine_cut_[r] = cut;
+    for (int64_t v = 0; v < V; ++v) candidates += row[v] >= cut;
   }
+  // The usual few candidates (a peaked distribution) stay on the calling thread, as before: no wake-up per token.
   pool_.ParallelFor(n_rows * chunks, 1, [&](int64_t b, int64_t e, int) {
     std::vector<float> wrow(dim);
     for (int64_t task = b; task < e; ++task) {
@@ -310,7 +314,7 @@ void Transformer::RefineLogits(const float* rows, int64_t n_rows, float* logits)
         row[v] = kernels::Dot(rows + r * dim, wrow.data(), dim);
       }
     }
-  });
+  }, candidates * 4.0 * dim);
 }
 
 Status Transformer::Forward(KvCache& cache, std::span<const SeqInput> batch, std::vector<float>* logits) {
