@@ -356,12 +356,7 @@ Status TrainModelImpl::Init() {
   const int64_t half = (int64_t)inv_freq_.size();
   pos_cos_.resize(c.max_seq_len * half);
   pos_sin_.resize(c.max_seq_len * half);
-  for (int64_t p = 0; p < c.max_seq_len; ++p)
-    for (int64_t i = 0; i < half; ++i) {
-      float angle = (float)p * inv_freq_[i];
-      pos_cos_[p * half + i] = (float)std::cos((double)angle) * RopeCosSinScale(c);
-      pos_sin_[p * half + i] = (float)std::sin((double)angle) * RopeCosSinScale(c);
-    }
+  RopeCosSinRows(inv_freq_, RopeCosSinScale(c), 0, c.max_seq_len, pos_cos_.data(), pos_sin_.data());
   if (FrozenHeadAsBf16(opt_.bf16 && UsesBf16Dot(), full, head_eff_.dtype, c.dim, quantized_base_)) {
     // bf16 mode with a frozen head stored in another dtype (f32, f16, a GGUF block type): the loss takes it as
     // bf16, as autocast casts a model loaded in bf16, so its logits and dx run on vdpbf16ps like a bf16 head's

@@ -147,6 +147,18 @@ float RopeCosSinScale(const ModelConfig& c) {
   return c.rope_scaling.type == RopeScaling::Type::kYarn ? c.rope_scaling.attention_factor : 1.0f;
 }
 
+void RopeCosSinRows(const std::vector<float>& inv_freq, float scale, int64_t p0, int64_t n_pos, float* cos,
+                    float* sin) {
+  const int64_t half = (int64_t)inv_freq.size();
+  for (int64_t p = p0; p < n_pos; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = (float)p * inv_freq[i];  // float32 product, as transformers and llama2.c
+      cos[(p - p0) * half + i] = (float)std::cos((double)angle) * scale;
+      sin[(p - p0) * half + i] = (float)std::sin((double)angle) * scale;
+    }
+  }
+}
+
 Transformer::Transformer(const ModelWeights& weights, ThreadPool& pool, TransformerOptions options)
     : w_(weights), pool_(pool), options_(options) {
   inv_freq_ = RopeInvFreq(w_.config, w_.rope_freqs.data ? w_.rope_freqs.as<float>() : nullptr);
@@ -198,13 +210,7 @@ void Transformer::EnsureRopeTable(int64_t n_pos) {
   int64_t new_n = std::max(n_pos, rope_pos_ * 2);
   rope_cos_.resize(new_n * half);
   rope_sin_.resize(new_n * half);
-  for (int64_t p = rope_pos_; p < new_n; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      float angle = (float)p * inv_freq_[i];  // float32 product, as transformers and llama2.c
-      rope_cos_[p * half + i] = (float)std::cos((double)angle) * rope_scale_;
-      rope_sin_[p * half + i] = (float)std::sin((double)angle) * rope_scale_;
-    }
-  }
+  RopeCosSinRows(inv_freq_, rope_scale_, rope_pos_, new_n, &rope_cos_[rope_pos_ * half], &rope_sin_[rope_pos_ * half]);
   rope_pos_ = new_n;
 }
 

@@ -260,5 +260,9 @@ class Transformer {
 std::vector<float> RopeInvFreq(const ModelConfig& c, const float* freq_divisors);
 // What RoPE's cos and sin are multiplied by (transformers' attention_scaling): YaRN's attention factor, else 1.
 float RopeCosSinScale(const ModelConfig& c);
+// cos / sin (n_pos - p0, inv_freq.size()) of positions [p0, n_pos): float32 angles as transformers and llama2.c,
+// times `scale` (RopeCosSinScale). The inference and training rope tables.
+void RopeCosSinRows(const std::vector<float>& inv_freq, float scale, int64_t p0, int64_t n_pos, float* cos,
+                    float* sin);
 
 }  // namespace lathe::model

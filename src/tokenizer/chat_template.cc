@@ -40,6 +40,13 @@ constexpr char kAlpacaPreamble[] =
     "Below is an instruction that describes a task. Write a response that appropriately completes the request.";
 
 
+// Python's lstrip(chars) / rstrip(chars) for ASCII characters (strip() is Trim in core/strings.h).
+std::string LStrip(const std::string& s, char c) {
+  size_t b = 0;
+  while (b < s.size() && s[b] == c) ++b;
+  return s.substr(b);
+}
+
 // LLaMA-Factory's remove_thought: every "<think>\n...\n</think>\n\n" (shortest match) removed, then leading newlines.
 std::string RemoveThoughts(const std::string& s) {
   static constexpr std::string_view kOpen = "<think>\n", kClose = "\n</think>\n\n";
@@ -53,17 +60,9 @@ std::string RemoveThoughts(const std::string& s) {
     at = close + kClose.size();
   }
   out.append(s, at, std::string::npos);
-  size_t b = 0;
-  while (b < out.size() && out[b] == '\n') ++b;
-  return out.substr(b);
+  return LStrip(out, '\n');
 }
 
-// Python's lstrip(chars) / rstrip(chars) for ASCII characters (strip() is Trim in core/strings.h).
-std::string LStrip(const std::string& s, char c) {
-  size_t b = 0;
-  while (b < s.size() && s[b] == c) ++b;
-  return s.substr(b);
-}
 std::string RStrip(const std::string& s, char c) {
   size_t e = s.size();
   while (e > 0 && s[e - 1] == c) --e;
